@@ -1,0 +1,1 @@
+"""Built-in model specs (YAML), shipped as package data."""

@@ -1,0 +1,1 @@
+"""Built-in hardware profiles (JSON), shipped as package data."""
