@@ -1,0 +1,357 @@
+"""``derive(cut, schedule, model, P, M, owners) -> Plan``: placement, collectives and order.
+
+The order is one acyclic event graph with typed edges; ``Plan.nodes(r)`` is rank ``r``'s event list.
+Collective events (Gather, Scatter, Send, RecvGrad) occupy links, not ranks, so they appear in the
+graph but in no rank's list; compute events, the loss, reduces and the step barrier occupy ranks.
+Consecutive events of one rank are joined by Sequence edges, so a topological order of the graph is
+a deadlock-free execution.
+
+Backward work is gated per stage by Lemma 1 (:mod:`mpipe_tune.algebra.footprint`) over the stages of
+the step in input-to-loss order; the seam table gates its backward comm per region the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from mpipe_tune.algebra import order as programs
+from mpipe_tune.algebra.events import (
+    Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier,
+)
+from mpipe_tune.algebra.footprint import footprint
+from mpipe_tune.algebra.model import Model
+from mpipe_tune.algebra.placement import (
+    ByLayer, ByMicrobatch, RegionPlacement, balanced_counts, round_robin, slabs_from_counts,
+    validate_counts, validate_owners,
+)
+from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, validate_schedule
+from mpipe_tune.errors import MpipeError, NotSupportedError
+
+_SEAM_COMMS = {
+    (Layout.REPLICATED, Layout.SHARDED): (Comm.GATHER, Comm.SCATTER),
+    (Layout.SHARDED, Layout.SHARDED): (Comm.SEND, Comm.RECV_GRAD),
+    (Layout.SHARDED, Layout.REPLICATED): (Comm.SCATTER, Comm.GATHER),
+}
+
+
+@dataclass(frozen=True)
+class Owners:
+    """Owner choices for derive; anything left None takes its default."""
+
+    slab_counts: tuple[tuple[int, ...], ...] | None = None
+    """Per Sharded region (in order), each rank's slab layer count."""
+    microbatch: tuple[int, ...] | None = None
+    """ByMicrobatch owners of the Replicated region: rank of microbatch 0, 1, ...; default round-robin."""
+    layer_weights: tuple[float, ...] | None = None
+    """Per model layer, the cost used to balance default slabs; default one per layer."""
+
+
+@dataclass(frozen=True)
+class Seam:
+    src_region: int
+    dst_region: int
+    fwd: Comm
+    bwd: Comm | None
+
+    def __str__(self) -> str:
+        bwd = self.bwd.value if self.bwd else "-"
+        return f"({self.src_region},{self.dst_region}): {self.fwd.value} / {bwd}"
+
+
+@dataclass(frozen=True)
+class Collectives:
+    seams: tuple[Seam, ...]
+    reduces: tuple[tuple[int, Group], ...]
+
+
+@dataclass(frozen=True)
+class Order:
+    events: tuple[Event, ...]
+    edges: tuple[tuple[int, int, EdgeKind], ...]
+    """(source index, target index, kind) into ``events``."""
+    nodes: tuple[tuple[int, ...], ...]
+    """Per rank, the indices of its events in the order it runs them."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    cut: Cut
+    schedule: Schedule
+    num_ranks: int
+    num_microbatches: int
+    placement: tuple[RegionPlacement, ...]
+    collectives: Collectives
+    order: Order
+    stages: tuple[Stage, ...] = field(default=())
+    """Sharded stages in wavefront order; stage index = position here."""
+
+    def nodes(self, rank: int) -> tuple[Event, ...]:
+        return tuple(self.order.events[i] for i in self.order.nodes[rank])
+
+    @cached_property
+    def index(self) -> dict[Event, int]:
+        return {event: i for i, event in enumerate(self.order.events)}
+
+    def graph(self):
+        """The order as a networkx DiGraph (events as nodes, ``kind`` on edges): the readable reference."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        g.add_nodes_from(self.order.events)
+        for s, t, kind in self.order.edges:
+            g.add_edge(self.order.events[s], self.order.events[t], kind=kind)
+        return g
+
+    def sharded_regions(self) -> tuple[int, ...]:
+        return tuple(p.region for p in self.placement if p.layout is Layout.SHARDED)
+
+    def slab(self, region: int, rank: int) -> tuple[int, int]:
+        """The layers ``[start, stop)`` that ``Fwd(region, rank, m)`` runs."""
+        p = self.placement[region - 1]
+        return p.owner.slabs[rank] if isinstance(p.owner, ByLayer) else p.layers
+
+
+def derive(
+    cut: Cut,
+    schedule: Schedule,
+    model: Model,
+    num_ranks: int,
+    num_microbatches: int,
+    owners: Owners | None = None,
+) -> Plan:
+    """Map a valid ``(cut, schedule)`` and a model to placement, collectives and order."""
+    owners = owners or Owners()
+    P, M = num_ranks, num_microbatches
+    if not isinstance(P, int) or P < 1:
+        raise MpipeError(f"--pp is {P}, but the pipeline degree P must be an integer >= 1")
+    if not isinstance(M, int) or M < 1:
+        raise MpipeError(f"--microbatches is {M}, but the microbatch count M must be an integer >= 1")
+    validate_schedule(cut, schedule, model.num_layers)
+    if not any(model.trainable_bits()):
+        raise MpipeError(f"model '{model.name}' has no trainable layer, so a training step has no backward; unfreeze a block")
+    _validate_supported(schedule, P, M)
+
+    placement = _place(cut, schedule, model, P, M, owners)
+    region_trainable = [any(model.layers[i].trainable for i in range(*p.layers)) for p in placement]
+    collectives = _collectives(schedule, region_trainable)
+    return _build_order(cut, schedule, model, P, M, placement, collectives)
+
+
+def _validate_supported(schedule: Schedule, P: int, M: int) -> None:
+    layouts = schedule.layouts()
+    for j, layout in enumerate(layouts[1:], start=2):
+        if layout is Layout.REPLICATED:
+            raise NotSupportedError(
+                f"schedule '{schedule}': transpose in region {j} (interior or sink) is valid in the algebra but "
+                f"not supported yet; use transpose only on region 1"
+            )
+    sharded = [s for s in schedule.skeletons if s.layout is Layout.SHARDED]
+    if not sharded:
+        raise NotSupportedError(
+            f"schedule '{schedule}': a lone transpose region (the whole model replicated) is a sink transpose, "
+            f"not supported yet; add a Sharded region after it, e.g. 'transpose,1f1b'"
+        )
+    if len(set(sharded)) > 1:
+        raise NotSupportedError(
+            f"schedule '{schedule}': mixing 1f1b and gpipe in one wavefront is not supported yet; "
+            f"use the same skeleton for every Sharded region"
+        )
+    if sharded[0] is Skeleton.ONE_F_ONE_B and len(sharded) > 1 and M % P != 0:
+        raise NotSupportedError(
+            f"schedule '{schedule}' interleaves {len(sharded)} Sharded regions, which needs the microbatch count "
+            f"to be a multiple of P; got M={M}, P={P} (use M={-(-M // P) * P})"
+        )
+
+
+def _place(cut: Cut, schedule: Schedule, model: Model, P: int, M: int, owners: Owners) -> tuple[RegionPlacement, ...]:
+    weights = owners.layer_weights or (1.0,) * model.num_layers
+    assert len(weights) == model.num_layers, "one layer weight per model layer"
+    sharded_count = sum(1 for s in schedule.skeletons if s.layout is Layout.SHARDED)
+    if owners.slab_counts is not None and len(owners.slab_counts) != sharded_count:
+        raise MpipeError(
+            f"--slabs gives {len(owners.slab_counts)} region(s) of counts but schedule '{schedule}' has "
+            f"{sharded_count} Sharded region(s); give {P} counts per Sharded region, {P * sharded_count} in all"
+        )
+    placement = []
+    sharded_index = 0
+    for j, ((start, stop), skeleton) in enumerate(zip(cut.regions(model.num_layers), schedule.skeletons), start=1):
+        if skeleton.layout is Layout.REPLICATED:
+            mb_owners = owners.microbatch if owners.microbatch is not None else round_robin(M, P)
+            validate_owners(mb_owners, P, M)
+            placement.append(RegionPlacement(j, (start, stop), Layout.REPLICATED, ByMicrobatch(tuple(mb_owners))))
+            continue
+        if stop - start < P:
+            raise MpipeError(
+                f"region {j} ({skeleton.value}) has {stop - start} layer(s) but P={P} ranks each need a slab of at "
+                f"least one layer; move the cut or lower --pp"
+            )
+        if owners.slab_counts is not None:
+            counts = tuple(owners.slab_counts[sharded_index])
+            validate_counts(counts, j, stop - start, P)
+        else:
+            counts = balanced_counts(weights[start:stop], P)
+        placement.append(RegionPlacement(j, (start, stop), Layout.SHARDED, ByLayer(slabs_from_counts(start, counts))))
+        sharded_index += 1
+    return tuple(placement)
+
+
+def _collectives(schedule: Schedule, region_trainable: Sequence[bool]) -> Collectives:
+    gates = footprint(region_trainable)
+    layouts = schedule.layouts()
+    seams = []
+    for j in range(1, len(layouts)):
+        fwd, bwd = _SEAM_COMMS[(layouts[j - 1], layouts[j])]
+        # Region j+1 (1-based) sends its input gradient iff a region before it is trainable.
+        seams.append(Seam(j, j + 1, fwd, bwd if gates.sends_grad[j] else None))
+    reduces = tuple(
+        (j, Group.REPLICA if layout is Layout.REPLICATED else Group.DATA)
+        for j, (layout, reduce) in enumerate(zip(layouts, gates.reduces), start=1)
+        if reduce
+    )
+    return Collectives(tuple(seams), reduces)
+
+
+class _Builder:
+    """Accumulates events and edges; events are added once and referred to by index."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.index: dict[Event, int] = {}
+        self.edges: dict[tuple[int, int], EdgeKind] = {}
+
+    def add(self, event: Event) -> int:
+        i = self.index.get(event)
+        if i is None:
+            i = self.index[event] = len(self.events)
+            self.events.append(event)
+        return i
+
+    def edge(self, src: Event, dst: Event, kind: EdgeKind) -> None:
+        key = (self.add(src), self.add(dst))
+        self.edges.setdefault(key, kind)
+
+
+def _build_order(
+    cut: Cut, schedule: Schedule, model: Model, P: int, M: int,
+    placement: tuple[RegionPlacement, ...], collectives: Collectives,
+) -> Plan:
+    source = placement[0] if placement[0].layout is Layout.REPLICATED else None
+    sharded = [p.region for p in placement if p.layout is Layout.SHARDED]
+    v = len(sharded)
+    stages: list[Stage] = [(j, r) for j in sharded for r in range(P)]
+
+    def trainable(start: int, stop: int) -> bool:
+        return any(model.layers[i].trainable for i in range(start, stop))
+
+    unit_bits = ([trainable(*source.layers)] if source else []) + [
+        trainable(*placement[j - 1].owner.slabs[r]) for j, r in stages
+    ]
+    gates = footprint(unit_bits)
+    offset = 1 if source else 0
+    stage_sends = {s: gates.sends_grad[i + offset] for i, s in enumerate(stages)}
+    stage_has_bwd = {s: gates.receives_grad[i + offset] for i, s in enumerate(stages)}
+    stage_reduces = {s: gates.reduces[i + offset] for i, s in enumerate(stages)}
+
+    b = _Builder()
+    barrier = StepBarrier()
+    last = stages[-1]
+    for m in range(M):
+        fwds = [Fwd(j, r, m) for j, r in stages]
+        if source:
+            owner = source.owner.owners[m]
+            enc = Fwd(source.region, owner, m)
+            gather = Coll(Comm.GATHER, (source.region, owner), stages[0], m)
+            b.edge(enc, gather, EdgeKind.ACTIVATION)
+            b.edge(gather, fwds[0], EdgeKind.ACTIVATION)
+        for (s, t), f_s, f_t in zip(zip(stages, stages[1:]), fwds, fwds[1:]):
+            send = Coll(Comm.SEND, s, t, m)
+            b.edge(f_s, send, EdgeKind.ACTIVATION)
+            b.edge(send, f_t, EdgeKind.ACTIVATION)
+        loss = Loss(m)
+        b.edge(fwds[-1], loss, EdgeKind.ACTIVATION)
+        if stage_has_bwd[last]:
+            b.edge(loss, Bwd(*last, m), EdgeKind.TURNAROUND)
+        for i in reversed(range(len(stages))):
+            s = stages[i]
+            if not stage_has_bwd[s]:
+                continue
+            bwd = Bwd(*s, m)
+            b.edge(fwds[i], bwd, EdgeKind.ACTIVATION)
+            if stage_reduces[s]:
+                b.edge(bwd, DpReduce(s[0], Group.DATA, s[1]), EdgeKind.ACCUMULATE)
+            if stage_sends[s]:
+                if i > 0:
+                    grad = Coll(Comm.RECV_GRAD, s, stages[i - 1], m)
+                    b.edge(bwd, grad, EdgeKind.GRADIENT)
+                    b.edge(grad, Bwd(*stages[i - 1], m), EdgeKind.GRADIENT)
+                else:
+                    assert source is not None
+                    scatter = Coll(Comm.SCATTER, s, (source.region, source.owner.owners[m]), m)
+                    enc_bwd = Bwd(source.region, source.owner.owners[m], m)
+                    b.edge(bwd, scatter, EdgeKind.GRADIENT)
+                    b.edge(scatter, enc_bwd, EdgeKind.GRADIENT)
+                    b.edge(Fwd(source.region, source.owner.owners[m], m), enc_bwd, EdgeKind.ACTIVATION)
+                    if gates.reduces[0]:
+                        b.edge(enc_bwd, DpReduce(source.region, Group.REPLICA), EdgeKind.ACCUMULATE)
+    replica_reduce = DpReduce(source.region, Group.REPLICA) if source and gates.reduces[0] else None
+    for event in b.events[:]:
+        if isinstance(event, DpReduce):
+            b.edge(event, barrier, EdgeKind.SEQUENCE)
+
+    skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
+    nodes = []
+    for r in range(P):
+        if skeleton is Skeleton.GPIPE:
+            program = programs.gpipe(M, v)
+        elif v == 1:
+            program = programs.one_f_one_b(r, P, M)
+        else:
+            program = programs.interleaved_one_f_one_b(r, P, M, v)
+        seq: list[Event] = []
+        if source:
+            seq.extend(Fwd(source.region, r, m) for m in source.owner.microbatches_of(r))
+        for op, chunk, m in program:
+            stage = (sharded[chunk], r)
+            if op == "F":
+                seq.append(Fwd(*stage, m))
+                if stage == last:
+                    seq.append(Loss(m))
+            elif stage_has_bwd[stage]:
+                seq.append(Bwd(*stage, m))
+        if source and gates.receives_grad[0]:
+            seq.extend(Bwd(source.region, r, m) for m in source.owner.microbatches_of(r))
+        if replica_reduce is not None:
+            seq.append(replica_reduce)
+        seq.extend(DpReduce(j, Group.DATA, r) for j in sharded if stage_reduces[(j, r)])
+        seq.append(barrier)
+        for a, c in zip(seq, seq[1:]):
+            b.edge(a, c, EdgeKind.SEQUENCE)
+        nodes.append(tuple(b.add(e) for e in seq))
+
+    order = Order(
+        events=tuple(b.events),
+        edges=tuple((s, t, kind) for (s, t), kind in b.edges.items()),
+        nodes=tuple(nodes),
+    )
+    assert _is_acyclic(len(order.events), order.edges), "derive built a cyclic order"
+    return Plan(cut, schedule, P, M, placement, collectives, order, tuple(stages))
+
+
+def _is_acyclic(num_events: int, edges: Sequence[tuple[int, int, EdgeKind]]) -> bool:
+    indegree = [0] * num_events
+    succ: list[list[int]] = [[] for _ in range(num_events)]
+    for s, t, _ in edges:
+        succ[s].append(t)
+        indegree[t] += 1
+    ready = [i for i in range(num_events) if indegree[i] == 0]
+    seen = 0
+    while ready:
+        i = ready.pop()
+        seen += 1
+        for t in succ[i]:
+            indegree[t] -= 1
+            if indegree[t] == 0:
+                ready.append(t)
+    return seen == num_events

@@ -1,0 +1,144 @@
+"""Events and edges of the order graph, with one-line text forms that parse back exactly.
+
+A *stage* is a pair (region, rank); regions are 1-based as in the paper, ranks and microbatches
+0-based. Text forms:
+
+==========================  =====================================================
+``F2.0#3``                  Fwd(region 2, rank 0, mb 3)
+``B2.0#3``                  Bwd(region 2, rank 0, mb 3)
+``gather(1.3>2.0)#3``       Coll(Gather, from stage (1, 3) to stage (2, 0), mb 3)
+``L#3``                     Loss(mb 3)
+``reduce(1,replica)``       DpReduce(region 1, ReplicaGroup) over every rank
+``reduce(2,data,r1)``       DpReduce(region 2, DataGroup) of rank 1's slab
+``barrier``                 StepBarrier
+==========================  =====================================================
+
+>>> parse_event("gather(1.3>2.0)#3")
+Coll(comm=<Comm.GATHER: 'gather'>, src=(1, 3), dst=(2, 0), mb=3)
+>>> str(parse_event("B2.0#3"))
+'B2.0#3'
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Union
+
+from mpipe_tune.errors import MpipeError
+
+Stage = tuple[int, int]
+"""(region, rank)."""
+
+
+class Comm(enum.Enum):
+    GATHER = "gather"
+    SCATTER = "scatter"
+    SEND = "send"
+    RECV_GRAD = "recvgrad"
+
+
+class Group(enum.Enum):
+    REPLICA = "replica"
+    DATA = "data"
+
+
+class EdgeKind(enum.Enum):
+    ACTIVATION = "activation"
+    GRADIENT = "gradient"
+    TURNAROUND = "turnaround"
+    ACCUMULATE = "accumulate"
+    SEQUENCE = "sequence"
+
+
+@dataclass(frozen=True)
+class Fwd:
+    region: int
+    rank: int
+    mb: int
+
+    def __str__(self) -> str:
+        return f"F{self.region}.{self.rank}#{self.mb}"
+
+
+@dataclass(frozen=True)
+class Bwd:
+    region: int
+    rank: int
+    mb: int
+
+    def __str__(self) -> str:
+        return f"B{self.region}.{self.rank}#{self.mb}"
+
+
+@dataclass(frozen=True)
+class Coll:
+    """A transfer of microbatch ``mb``'s activation (forward comms) or gradient (backward comms)
+    from stage ``src`` to stage ``dst``. It occupies a link, not a rank."""
+
+    comm: Comm
+    src: Stage
+    dst: Stage
+    mb: int
+
+    @property
+    def seam(self) -> tuple[int, int]:
+        """The (region, region) pair it crosses; equal regions for a stage boundary inside a region."""
+        return (self.src[0], self.dst[0])
+
+    def __str__(self) -> str:
+        return f"{self.comm.value}({self.src[0]}.{self.src[1]}>{self.dst[0]}.{self.dst[1]})#{self.mb}"
+
+
+@dataclass(frozen=True)
+class Loss:
+    mb: int
+
+    def __str__(self) -> str:
+        return f"L#{self.mb}"
+
+
+@dataclass(frozen=True)
+class DpReduce:
+    """Weight-gradient reduce of a region over its group. ReplicaGroup reduces span every rank
+    (``rank`` is None); a DataGroup reduce is per pipeline rank, over that rank's data-parallel peers."""
+
+    region: int
+    group: Group
+    rank: int | None = None
+
+    def __str__(self) -> str:
+        suffix = "" if self.rank is None else f",r{self.rank}"
+        return f"reduce({self.region},{self.group.value}{suffix})"
+
+
+@dataclass(frozen=True)
+class StepBarrier:
+    def __str__(self) -> str:
+        return "barrier"
+
+
+Event = Union[Fwd, Bwd, Coll, Loss, DpReduce, StepBarrier]
+
+_COMPUTE = re.compile(r"([FB])(\d+)\.(\d+)#(\d+)")
+_COLL = re.compile(r"(gather|scatter|send|recvgrad)\((\d+)\.(\d+)>(\d+)\.(\d+)\)#(\d+)")
+_LOSS = re.compile(r"L#(\d+)")
+_REDUCE = re.compile(r"reduce\((\d+),(replica|data)(?:,r(\d+))?\)")
+
+
+def parse_event(text: str) -> Event:
+    """Parse the text form of an event (the inverse of ``str``)."""
+    if m := _COMPUTE.fullmatch(text):
+        cls = Fwd if m[1] == "F" else Bwd
+        return cls(int(m[2]), int(m[3]), int(m[4]))
+    if m := _COLL.fullmatch(text):
+        return Coll(Comm(m[1]), (int(m[2]), int(m[3])), (int(m[4]), int(m[5])), int(m[6]))
+    if m := _LOSS.fullmatch(text):
+        return Loss(int(m[1]))
+    if m := _REDUCE.fullmatch(text):
+        return DpReduce(int(m[1]), Group(m[2]), None if m[3] is None else int(m[3]))
+    if text == "barrier":
+        return StepBarrier()
+    raise MpipeError(f"'{text}' is not an event; expected forms like F2.0#3, B2.0#3, gather(1.3>2.0)#3, L#3, reduce(2,data,r0), barrier")
+

@@ -1,0 +1,220 @@
+"""The model: an ordered list of layers ``u1..uL``.
+
+Each layer has a name, a block (``encoder``, ``projector``, ``llm``, ...), a trainable bit and a cost
+descriptor. A layer's *stream* is ``image`` for encoder blocks and ``text`` for the others; its work in
+a microbatch scales with that stream's tokens. The algebra reads only the layer count and the
+trainable bits; the cost descriptor is carried for the cost model.
+
+A model file is YAML::
+
+    name: example
+    layers:
+      - {name: vit, block: encoder, repeat: 4, fwd_s_per_token: 1.0e-6, bwd_s_per_token: 2.0e-6}
+      - {name: decoder, block: llm, repeat: 8, fwd_s_per_token: 2.0e-6, bwd_s_per_token: 4.0e-6}
+
+``repeat`` expands one entry into that many layers (named ``decoder.0``, ``decoder.1``, ...). A layer
+gives either explicit costs (``fwd_s_per_token``, ``bwd_s_per_token``, optional
+``boundary_bytes_per_token``) or an architecture ``kind`` with its dimensions. A pairing file gives
+``compose`` instead of ``layers``: a list of model names or files, or inline ``{layers: [...]}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Union
+
+from mpipe_tune.errors import MpipeError
+
+ENCODER_BLOCK = "encoder"
+_STRUCTURAL_KEYS = ("name", "block", "trainable", "repeat", "kind")
+_EXPLICIT_KEYS = ("fwd_s_per_token", "bwd_s_per_token", "boundary_bytes_per_token")
+
+
+@dataclass(frozen=True)
+class ExplicitCost:
+    """Seconds per token of the layer's stream, given directly (tests and quick studies)."""
+
+    fwd_s_per_token: float
+    bwd_s_per_token: float
+    """The full backward (input and weight gradient); a frozen layer that only passes the gradient
+    through pays half of it."""
+    boundary_bytes_per_token: float = 0.0
+    """Bytes per token of the layer's output, what a stage boundary after it sends."""
+
+
+@dataclass(frozen=True)
+class ArchCost:
+    """An architecture kind and its dimensions; :mod:`mpipe_tune.cost.arch` interprets them."""
+
+    kind: str
+    dims: tuple[tuple[str, Any], ...]
+
+    def dims_dict(self) -> dict[str, Any]:
+        return dict(self.dims)
+
+
+CostDescriptor = Union[ExplicitCost, ArchCost]
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    block: str
+    trainable: bool
+    cost: CostDescriptor
+
+    @property
+    def stream(self) -> str:
+        """``image`` for encoder layers, ``text`` for every other layer."""
+        return "image" if self.block == ENCODER_BLOCK else "text"
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    layers: tuple[Layer, ...]
+    source: str = ""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def trainable_bits(self) -> tuple[bool, ...]:
+        return tuple(layer.trainable for layer in self.layers)
+
+    def blocks(self) -> tuple[str, ...]:
+        """Block names in first-appearance order."""
+        return tuple(dict.fromkeys(layer.block for layer in self.layers))
+
+    def with_frozen(self, blocks: tuple[str, ...]) -> Model:
+        """A copy with every layer of the given blocks frozen (``trainable = False``)."""
+        unknown = [b for b in blocks if b not in self.blocks()]
+        if unknown:
+            raise MpipeError(
+                f"--frozen {','.join(unknown)}: model '{self.name}' has no such block; "
+                f"its blocks are {', '.join(self.blocks())}"
+            )
+        layers = tuple(
+            Layer(u.name, u.block, u.trainable and u.block not in blocks, u.cost) for u in self.layers
+        )
+        return Model(self.name, layers, self.source)
+
+    def content_hash(self) -> str:
+        """sha256 over the layers (names, blocks, trainable bits, costs): what a plan was made for."""
+        payload = [
+            [u.name, u.block, u.trainable, type(u.cost).__name__, _cost_fields(u.cost)]
+            for u in self.layers
+        ]
+        text = json.dumps({"name": self.name, "layers": payload}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cost_fields(cost: CostDescriptor) -> list:
+    if isinstance(cost, ExplicitCost):
+        return [cost.fwd_s_per_token, cost.bwd_s_per_token, cost.boundary_bytes_per_token]
+    return [cost.kind, [list(kv) for kv in cost.dims]]
+
+
+def parse_model(
+    data: Any,
+    *,
+    where: str,
+    resolve: Callable[[str], Any] | None = None,
+) -> Model:
+    """Build a :class:`Model` from the parsed YAML ``data`` of a model file.
+
+    ``where`` names the file in messages. ``resolve(name)`` returns the parsed data of another model
+    for ``compose`` entries. Architecture dimensions are checked by the cost model, not here.
+    """
+    if not isinstance(data, Mapping):
+        raise MpipeError(f"{where}: a model file must be a mapping with 'name' and 'layers', got {type(data).__name__}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise MpipeError(f"{where}: field 'name' must be a non-empty string; add e.g. 'name: my-model'")
+    if ("layers" in data) == ("compose" in data):
+        raise MpipeError(f"{where}: give exactly one of 'layers' (a list of layers) or 'compose' (a list of models)")
+    if "layers" in data:
+        layers = _parse_layer_list(data["layers"], where=where)
+    else:
+        layers = _parse_compose(data["compose"], where=where, resolve=resolve)
+    if not layers:
+        raise MpipeError(f"{where}: the model has no layers; list at least one under 'layers'")
+    return Model(name=name, layers=tuple(layers), source=str(data.get("source", "")))
+
+
+def _parse_compose(entries: Any, *, where: str, resolve: Callable[[str], Any] | None) -> list[Layer]:
+    if not isinstance(entries, list) or not entries:
+        raise MpipeError(f"{where}: 'compose' must be a non-empty list of model names or {{layers: [...]}} entries")
+    layers: list[Layer] = []
+    for index, entry in enumerate(entries):
+        if isinstance(entry, str):
+            if resolve is None:
+                raise MpipeError(f"{where}: compose[{index}] names model '{entry}', but no model library is available")
+            layers.extend(parse_model(resolve(entry), where=entry, resolve=resolve).layers)
+        elif isinstance(entry, Mapping) and "layers" in entry:
+            layers.extend(_parse_layer_list(entry["layers"], where=f"{where} compose[{index}]"))
+        else:
+            raise MpipeError(f"{where}: compose[{index}] must be a model name or a mapping with 'layers', got {entry!r}")
+    return layers
+
+
+def _parse_layer_list(entries: Any, *, where: str) -> list[Layer]:
+    if not isinstance(entries, list):
+        raise MpipeError(f"{where}: 'layers' must be a list of layer entries, got {type(entries).__name__}")
+    layers: list[Layer] = []
+    for index, entry in enumerate(entries):
+        layers.extend(_parse_layer(entry, where=f"{where} layers[{index}]"))
+    return layers
+
+
+def _parse_layer(entry: Any, *, where: str) -> list[Layer]:
+    if not isinstance(entry, Mapping):
+        raise MpipeError(f"{where}: a layer must be a mapping with name, block and costs, got {entry!r}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise MpipeError(f"{where}: field 'name' must be a non-empty string")
+    where = f"{where} ('{name}')"
+    block = entry.get("block")
+    if not isinstance(block, str) or not block:
+        raise MpipeError(f"{where}: field 'block' must be a block name such as 'encoder', 'projector' or 'llm'")
+    trainable = entry.get("trainable", True)
+    if not isinstance(trainable, bool):
+        raise MpipeError(f"{where}: field 'trainable' must be true or false, got {trainable!r}")
+    repeat = entry.get("repeat", 1)
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+        raise MpipeError(f"{where}: field 'repeat' must be an integer >= 1, got {repeat!r}")
+    cost = _parse_cost(entry, where=where)
+    if repeat == 1:
+        return [Layer(name, block, trainable, cost)]
+    return [Layer(f"{name}.{i}", block, trainable, cost) for i in range(repeat)]
+
+
+def _parse_cost(entry: Mapping, *, where: str) -> CostDescriptor:
+    explicit = [key for key in _EXPLICIT_KEYS if key in entry]
+    if "kind" in entry:
+        if explicit:
+            raise MpipeError(f"{where}: give either 'kind' with dimensions or explicit costs ({', '.join(explicit)}), not both")
+        kind = entry["kind"]
+        if not isinstance(kind, str):
+            raise MpipeError(f"{where}: field 'kind' must be an architecture kind name, got {kind!r}")
+        dims = tuple(sorted((k, v) for k, v in entry.items() if k not in _STRUCTURAL_KEYS))
+        return ArchCost(kind=kind, dims=dims)
+    if "fwd_s_per_token" not in entry or "bwd_s_per_token" not in entry:
+        raise MpipeError(
+            f"{where}: a layer needs costs: either 'fwd_s_per_token' and 'bwd_s_per_token' (seconds per token) "
+            f"or an architecture 'kind' with its dimensions"
+        )
+    unknown = [k for k in entry if k not in _STRUCTURAL_KEYS + _EXPLICIT_KEYS]
+    if unknown:
+        raise MpipeError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))} for an explicit-cost layer; "
+                         f"allowed: {', '.join(_STRUCTURAL_KEYS[:-1] + _EXPLICIT_KEYS)}")
+    values = {}
+    for key in explicit:
+        value = entry[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value:
+            raise MpipeError(f"{where}: field '{key}' must be a number >= 0 in SI units (seconds or bytes), got {value!r}")
+        values[key] = float(value)
+    return ExplicitCost(**values)
