@@ -1,0 +1,409 @@
+"""Hardware profiles: the device numbers every event duration is computed from.
+
+A profile is a JSON file (schema version 1, format in ``DESIGN.md`` section 8) holding a device's
+per-dtype peak FLOP/s, memory bandwidth and capacity, calibrated efficiencies, and alpha-beta link
+costs per link class and collective. Every number carries its provenance: ``source`` (one of
+:data:`SOURCES`), and optionally ``ref`` (what exactly the number is and where it came from), ``date``
+and, for measured numbers, ``fit_r2`` and ``sizes_bytes``. A link entry may add ``alpha_source`` when
+its latency has another origin than its bandwidth (a datasheet bandwidth with an assumed latency).
+
+All numbers are SI base units given as plain JSON numbers: bytes, seconds, bytes per second, FLOP/s.
+Built-in profiles live in ``profiles/`` (package data ``mpipe_tune.profiles``); :func:`load_profile`
+takes their file stem or a path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import math
+import os
+import tempfile
+from decimal import Decimal
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from mpipe_tune.errors import MpipeError
+
+SCHEMA_VERSION = 1
+SOURCES = ("datasheet", "measured", "assumed", "ideal")
+"""``datasheet``: a vendor figure, a lead rather than a measurement; ``measured``: fitted by the profiler;
+``assumed``: a typical value chosen by hand; ``ideal``: a closed-form test value, not a device."""
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+LINK_CLASSES = ("intra_node", "inter_node")
+COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter")
+_TOP_KEYS = {
+    "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
+    "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes",
+}
+_OPTIONAL_TOP_KEYS = {"notes"}
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    """Alpha-beta cost of one message step: ``alpha_s + beta_s_per_byte * size_bytes`` seconds."""
+
+    alpha_s: float
+    """Latency per step, seconds."""
+    beta_s_per_byte: float
+    """Inverse bandwidth, seconds per byte (``1 / bytes_per_s``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class HardwareProfile:
+    """One device kind's numbers, validated; build it with :func:`parse_profile` or :func:`load_profile`."""
+
+    name: str
+    device: str
+    devices_per_node: int
+    peak_flops_per_s: Mapping[str, float]
+    """dtype -> peak dense FLOP/s."""
+    memory_bytes_per_s: float
+    """Device memory bandwidth, bytes per second."""
+    memory_capacity_bytes: float
+    efficiency: Mapping[str, float]
+    """Layer kind (or ``"default"``) -> achieved fraction of peak, in (0, 1]."""
+    links: Mapping[tuple[str, str], LinkCost]
+    """(link class, collective) -> cost."""
+    provenance: Mapping[str, Mapping[str, Any]]
+    """Dotted field path (``"links.intra_node.p2p"``, ``"peak_flops_per_s.bf16"``) -> provenance."""
+    source_path: str | None = None
+    notes: str = ""
+
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``."""
+        if dtype not in self.peak_flops_per_s:
+            raise MpipeError(
+                f"profile {self.name!r} has no peak_flops_per_s for dtype {dtype!r}; it has "
+                f"{sorted(self.peak_flops_per_s)}: pick one of those or add the dtype to the profile"
+            )
+        return self.peak_flops_per_s[dtype]
+
+    def efficiency_for(self, kind: str) -> float:
+        """Efficiency of layer kind ``kind``, or the profile's ``"default"``."""
+        return self.efficiency.get(kind, self.efficiency["default"])
+
+    def link(self, collective: str, *, inter_node: bool = False) -> LinkCost:
+        """Cost of ``collective`` on the intra- or inter-node link class, falling back to its ``p2p``."""
+        if collective not in COLLECTIVES:
+            raise MpipeError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+        link_class = "inter_node" if inter_node else "intra_node"
+        return self.links.get((link_class, collective), self.links[(link_class, "p2p")])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile as its JSON form (schema version 1); ``parse_profile(p.to_dict())`` equals ``p``."""
+
+        def number(path: str, value: float) -> dict[str, Any]:
+            return {"value": value, **_thaw(self.provenance[path])}
+
+        links: dict[str, dict[str, Any]] = {}
+        for (link_class, collective), cost in self.links.items():
+            path = f"links.{link_class}.{collective}"
+            links.setdefault(link_class, {})[collective] = {
+                "alpha_s": cost.alpha_s,
+                "beta_s_per_byte": cost.beta_s_per_byte,
+                **_thaw(self.provenance[path]),
+            }
+        data = {
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name,
+            "device": self.device,
+            "devices_per_node": self.devices_per_node,
+            "peak_flops_per_s": {
+                d: number(f"peak_flops_per_s.{d}", v) for d, v in self.peak_flops_per_s.items()
+            },
+            "memory_bytes_per_s": number("memory_bytes_per_s", self.memory_bytes_per_s),
+            "memory_capacity_bytes": number("memory_capacity_bytes", self.memory_capacity_bytes),
+            "efficiency": {k: number(f"efficiency.{k}", v) for k, v in self.efficiency.items()},
+            "links": links,
+        }
+        if self.notes:
+            data["notes"] = self.notes
+        return data
+
+    @cached_property
+    def _hash(self) -> str:
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def content_hash(self) -> str:
+        """sha256 hex digest of the canonical JSON of the data (not of ``source_path``)."""
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HardwareProfile):
+            return NotImplemented
+        return self.content_hash() == other.content_hash()
+
+    def __hash__(self) -> int:
+        return hash(self.content_hash())
+
+
+def estimate_collective_s(link: LinkCost, collective: str, size_bytes: float, group_size: int) -> float:
+    """Seconds for ``collective`` of ``size_bytes`` over ``group_size`` ranks on ``link``.
+
+    ``size_bytes`` is the message for ``p2p``, the reduced buffer for ``all_reduce`` and the full
+    (gathered) buffer for ``all_gather``, ``gather`` and ``scatter``. With ``a`` = alpha, ``b`` = beta,
+    ``n`` = size and ``g`` = group size:
+
+    - ``p2p``: ``a + b*n`` (``g`` is ignored except that ``g == 1`` costs nothing);
+    - ``all_reduce`` (ring: reduce-scatter then all-gather): ``2(g-1) * (a + b*n/g)``;
+    - ``all_gather`` (ring), ``gather`` and ``scatter`` (linear, root link bound): ``(g-1) * (a + b*n/g)``.
+
+    A group of one costs 0.0. An empty payload (``n == 0``) with ``g > 1`` still pays the alpha terms.
+
+    >>> estimate_collective_s(LinkCost(1e-5, 1e-9), "all_reduce", 4e6, 4)
+    0.00606
+    """
+    assert size_bytes >= 0 and group_size >= 1, (size_bytes, group_size)
+    if collective not in COLLECTIVES:
+        raise MpipeError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    if group_size == 1:
+        return 0.0
+    a, b, n, g = link.alpha_s, link.beta_s_per_byte, float(size_bytes), group_size
+    if collective == "p2p":
+        return a + b * n
+    steps = 2 * (g - 1) if collective == "all_reduce" else g - 1
+    return steps * (a + b * n / g)
+
+
+# ---------------------------------------------------------------------------------------- parsing
+
+
+def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
+    """Validate ``data`` (the JSON form) and build the profile; ``where`` names it in messages."""
+    v = _Validator(where)
+    if not isinstance(data, Mapping):
+        v.fail("", data, "must be a JSON object", "write the profile as an object of fields")
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        v.fail(unknown[0], data[unknown[0]], "is not a profile field",
+               f"remove it or use one of {sorted(_TOP_KEYS)}")
+    for key in sorted(_TOP_KEYS - _OPTIONAL_TOP_KEYS):
+        if key not in data:
+            v.fail(key, _MISSING, "is required", "add it (see profiles/ideal.json for the format)")
+    if data["schema_version"] != SCHEMA_VERSION or isinstance(data["schema_version"], bool):
+        v.fail("schema_version", data["schema_version"], f"must be {SCHEMA_VERSION}",
+               "convert the file to schema version 1")
+    name = v.text("name", data["name"])
+    device = v.text("device", data["device"])
+    notes = v.text("notes", data["notes"]) if "notes" in data else ""
+    dpn = data["devices_per_node"]
+    if not isinstance(dpn, int) or isinstance(dpn, bool) or dpn < 1:
+        v.fail("devices_per_node", dpn, "must be an integer >= 1", "give the devices in one node")
+
+    peaks = v.table("peak_flops_per_s", data["peak_flops_per_s"], allowed=DTYPES)
+    peak_flops = {d: v.number(f"peak_flops_per_s.{d}", e, positive=True) for d, e in peaks.items()}
+    memory_bps = v.number("memory_bytes_per_s", data["memory_bytes_per_s"], positive=True)
+    capacity = v.number("memory_capacity_bytes", data["memory_capacity_bytes"], positive=True)
+
+    effs = v.table("efficiency", data["efficiency"], allowed=None)
+    if "default" not in effs:
+        v.fail("efficiency.default", _MISSING, "is required", 'add {"value": 1.0, "source": "assumed"}')
+    efficiency = {}
+    for kind, entry in effs.items():
+        value = v.number(f"efficiency.{kind}", entry, positive=True)
+        if value > 1:
+            v.fail(f"efficiency.{kind}.value", value, "must lie in (0, 1]",
+                   "give the achieved fraction of peak, e.g. 0.45")
+        efficiency[kind] = value
+
+    classes = v.table("links", data["links"], allowed=LINK_CLASSES)
+    links = {}
+    for link_class in LINK_CLASSES:
+        if link_class not in classes:
+            v.fail(f"links.{link_class}", _MISSING, "is required",
+                   "add the link class with at least a p2p entry")
+        entries = v.table(f"links.{link_class}", classes[link_class], allowed=COLLECTIVES)
+        if "p2p" not in entries:
+            v.fail(f"links.{link_class}.p2p", _MISSING, "is required",
+                   "add a p2p entry; other collectives fall back to it")
+        for collective, entry in entries.items():
+            links[(link_class, collective)] = v.link(f"links.{link_class}.{collective}", entry)
+
+    return HardwareProfile(
+        name=name, device=device, devices_per_node=dpn,
+        peak_flops_per_s=MappingProxyType(peak_flops), memory_bytes_per_s=memory_bps,
+        memory_capacity_bytes=capacity, efficiency=MappingProxyType(efficiency),
+        links=MappingProxyType(links), provenance=MappingProxyType(v.provenance),
+        notes=notes,
+    )
+
+
+class _Validator:
+    """Checks one profile's fields, collecting provenance; every failure is one MpipeError line."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.provenance: dict[str, Mapping[str, Any]] = {}
+
+    def fail(self, path: str, value: Any, must: str, fix: str) -> None:
+        shown = _to_json(value) if isinstance(value, float) and math.isfinite(value) else repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        got = "is missing and" if value is _MISSING else f"= {shown}:"
+        raise MpipeError(f"{self.where}: {path or '<top level>'} {got} {must}; {fix}")
+
+    def text(self, path: str, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            self.fail(path, value, "must be a non-empty string", "quote it")
+        return value
+
+    def table(self, path: str, value: Any, allowed: tuple[str, ...] | None) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping) or not value:
+            self.fail(path, value, "must be a non-empty JSON object", "see profiles/ideal.json")
+        for key in value:
+            if allowed is not None and key not in allowed:
+                self.fail(f"{path}.{key}", value[key], f"is not a known key of {path}",
+                          f"use one of {', '.join(allowed)}")
+            if allowed is None and (not isinstance(key, str) or not key.strip()):
+                self.fail(f"{path}.{key}", value[key], "needs a non-empty name", "name the entry")
+        return value
+
+    def scalar(self, path: str, value: Any, *, positive: bool) -> float:
+        if isinstance(value, str):
+            self.fail(path, value, "must be a plain JSON number",
+                      "numbers are SI base units (bytes, seconds, bytes/s, FLOP/s) written as plain "
+                      "numbers, e.g. 80e9 rather than \"80 GB\"")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.fail(path, value, "must be a finite number", "write a plain JSON number")
+        if positive and value <= 0:
+            self.fail(path, value, "must be > 0", "give the positive figure in SI base units")
+        if not positive and value < 0:
+            self.fail(path, value, "must be >= 0", "give a non-negative figure in SI base units")
+        return float(value)
+
+    def origin(self, path: str, entry: Mapping[str, Any], numbers: tuple[str, ...]) -> None:
+        """Check and record the provenance keys of ``entry`` (all keys but ``numbers``)."""
+        if "source" not in entry:
+            self.fail(f"{path}.source", _MISSING, f"is required, one of {', '.join(SOURCES)}",
+                      "say where the number comes from")
+        for key in ("source", "alpha_source"):
+            if key in entry and entry[key] not in SOURCES:
+                self.fail(f"{path}.{key}", entry[key], f"must be one of {', '.join(SOURCES)}",
+                          "pick the one that says how the number was obtained")
+        for key in ("ref", "date", "alpha_ref"):
+            if key in entry and not isinstance(entry[key], str):
+                self.fail(f"{path}.{key}", entry[key], "must be a string", "quote it")
+        if "fit_r2" in entry:
+            r2 = entry["fit_r2"]
+            if isinstance(r2, bool) or not isinstance(r2, (int, float)) or not r2 <= 1:
+                self.fail(f"{path}.fit_r2", r2, "must be a number <= 1", "write the fit's R^2")
+        self.provenance[path] = _freeze({k: x for k, x in entry.items() if k not in numbers})
+
+    def number(self, path: str, entry: Any, *, positive: bool) -> float:
+        if not isinstance(entry, Mapping):
+            if isinstance(entry, str):
+                self.scalar(path, entry, positive=positive)
+            self.fail(path, entry, 'must be an object {"value": ..., "source": ...}',
+                      "wrap the number with its provenance")
+        if "value" not in entry:
+            self.fail(f"{path}.value", _MISSING, "is required", "add the number")
+        value = self.scalar(f"{path}.value", entry["value"], positive=positive)
+        self.origin(path, entry, ("value",))
+        return value
+
+    def link(self, path: str, entry: Any) -> LinkCost:
+        if not isinstance(entry, Mapping):
+            self.fail(path, entry, 'must be an object {"alpha_s": ..., "beta_s_per_byte": ..., '
+                      '"source": ...}', "write the link cost as an object")
+        numbers = ("alpha_s", "beta_s_per_byte")
+        for key in numbers:
+            if key not in entry:
+                self.fail(f"{path}.{key}", _MISSING, "is required", f"add {key} in SI base units")
+        cost = LinkCost(*(self.scalar(f"{path}.{k}", entry[k], positive=False) for k in numbers))
+        self.origin(path, entry, numbers)
+        return cost
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(x) for k, x in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(x) for x in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(x) for k, x in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(x) for x in value]
+    return value
+
+
+# ------------------------------------------------------------------------------------ load / dump
+
+
+def _to_json(value: Any, depth: int = 0) -> str:
+    """Indented JSON whose large round numbers read as ``9.89e+14`` rather than ``989000000000000.0``."""
+    pad, inner = "  " * depth, "  " * (depth + 1)
+    if isinstance(value, Mapping):
+        items = [f"{inner}{json.dumps(str(k))}: {_to_json(x, depth + 1)}" for k, x in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}" if items else "{}"
+    if isinstance(value, (list, tuple)):
+        if all(not isinstance(x, (Mapping, list, tuple)) for x in value):
+            return "[" + ", ".join(_to_json(x) for x in value) + "]"
+        return "[\n" + ",\n".join(inner + _to_json(x, depth + 1) for x in value) + f"\n{pad}]"
+    if isinstance(value, float) and math.isfinite(value) and abs(value) >= 1e6 and value.is_integer():
+        return format(Decimal(repr(value)).normalize(), "e").replace("e+", "e")
+    return json.dumps(value)
+
+
+def _builtin_dir() -> Path:
+    try:
+        return Path(str(importlib.resources.files("mpipe_tune.profiles")))
+    except ModuleNotFoundError:  # running from a source checkout without installing
+        return Path(__file__).resolve().parents[2] / "profiles"
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped with the tool (file stems in ``profiles/``), sorted."""
+    return sorted(p.stem for p in _builtin_dir().glob("*.json"))
+
+
+def load_profile(spec: str | os.PathLike) -> HardwareProfile:
+    """Load a built-in profile by name (``"h100-sxm"``) or a profile JSON file by path."""
+    text = os.fspath(spec)
+    is_path = not isinstance(spec, str) or text.endswith(".json") or os.sep in text or "/" in text
+    if is_path:
+        path = Path(text)
+    elif text in builtin_profiles():
+        path = _builtin_dir() / f"{text}.json"
+    else:
+        raise MpipeError(
+            f"unknown hardware profile {text!r}; built-in profiles: {', '.join(builtin_profiles())}; "
+            "or give the path of a profile .json file"
+        )
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MpipeError(f"{path}: cannot read the profile ({exc.strerror or exc}); check the path") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise MpipeError(
+            f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); fix the syntax"
+        ) from None
+    return replace(parse_profile(data, where=str(path)), source_path=str(path))
+
+
+def dump_profile(profile_dict: Mapping | HardwareProfile, path: str | os.PathLike) -> None:
+    """Validate, then write the profile as JSON to ``path`` atomically (temporary file + rename)."""
+    data = profile_dict.to_dict() if isinstance(profile_dict, HardwareProfile) else dict(profile_dict)
+    parse_profile(data, where=os.fspath(path))
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(_to_json(data) + "\n")
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
