@@ -197,7 +197,7 @@ GOOD = {"image_tokens": 256, "text_tokens": 1024}
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ([GOOD], "<top level> = 'list': must be a mapping with a 'microbatches' list"),
+        ([GOOD], r"<top level> = \[\{.*\}\]: must be a mapping with a 'microbatches' list"),
         ({}, "microbatches is missing and must be a non-empty list"),
         ({"microbatches": []}, r"microbatches = \[\]: must be a non-empty list"),
         ({"microbatches": [GOOD], "seed": 1}, "seed = 1: is not a workload field"),
@@ -214,9 +214,11 @@ GOOD = {"image_tokens": 256, "text_tokens": 1024}
         ({"microbatches": [{"image_tokens": 1, "text_tokens": True}]}, r"microbatches\[0\]\.text_tokens = True"),
         ({"microbatches": [{**GOOD, "images": [100, 100]}]},
          r"microbatches\[0\]\.images = \[100, 100\]: must sum to image_tokens = 256"),
-        ({"microbatches": [{**GOOD, "images": [256, 0]}]}, r"microbatches\[0\]\.images\[1\] = 0: must be an integer >= 1"),
+        ({"microbatches": [{**GOOD, "images": [256, 0]}]},
+         r"microbatches\[0\]\.images\[1\] = 0: must be an integer >= 1"),
         ({"microbatches": [{**GOOD, "images": 256}]}, r"microbatches\[0\]\.images = 256: must be a list"),
-        ({"microbatches": [{**GOOD, "video_tokens": 9}]}, r"microbatches\[0\]\.video_tokens = 9: is not a microbatch field"),
+        ({"microbatches": [{**GOOD, "video_tokens": 9}]},
+         r"microbatches\[0\]\.video_tokens = 9: is not a microbatch field"),
     ],
 )
 def test_parse_errors_name_the_entry_and_field(data: object, message: str) -> None:
