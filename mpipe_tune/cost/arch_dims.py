@@ -1,0 +1,170 @@
+"""Architecture kinds, their dimension fields, and the check a model spec's dimensions must pass.
+
+Each layer of a model spec that names an architecture ``kind`` carries its dimensions as plain keys.
+:data:`ARCH_KINDS` lists the fields each kind needs, :data:`OPTIONAL_DIMS` the fields it may have and
+their defaults (``None`` where the default is derived from other fields, or where the field belongs
+to a variant, such as the MLA fields, that is off by default). :func:`validate_arch` is the boundary
+check the model loader calls; the cost formulas in :mod:`mpipe_tune.cost.arch_layers` assume it passed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+
+from mpipe_tune.errors import MpipeError
+
+ARCH_KINDS: dict[str, tuple[str, ...]] = {
+    "embedding": ("vocab", "hidden"),
+    "dense_block": ("hidden", "heads", "ffn"),
+    "moe_block": ("hidden", "heads", "experts", "top_k", "moe_ffn"),
+    "lm_head": ("hidden", "vocab"),
+    "vit_block": ("hidden", "heads", "ffn", "merge_factor"),
+    "patch_embed": ("hidden", "patch_size", "merge_factor"),
+    "merger": ("hidden", "out_hidden", "merge_factor"),
+    "projector": ("in_hidden", "hidden"),
+}
+"""Kind name -> the dimension fields a layer of that kind must give."""
+
+IMAGE_STREAM_KINDS: frozenset[str] = frozenset({"vit_block", "patch_embed", "merger", "projector"})
+"""Kinds that work on a microbatch's image tokens; every other kind works on its text tokens."""
+
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_MLA_REQUIRED = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_GQA_FIELDS = ("kv_heads", "head_dim")
+
+_DECODER_ATTENTION: dict[str, object] = {
+    "attention": "gqa",  # gqa (multi-head and grouped-query) or mla (DeepSeek's multi-head latent attention)
+    "kv_heads": None,  # gqa: key/value heads; None means heads (plain multi-head attention)
+    "head_dim": None,  # gqa: None means hidden // heads
+    "qkv_bias": False,  # biases on the q, k and v projections (Qwen2)
+    "q_lora_rank": None,  # mla: None means q is projected straight from the hidden state
+    "kv_lora_rank": None,
+    "qk_nope_head_dim": None,
+    "qk_rope_head_dim": None,
+    "v_head_dim": None,
+}
+
+OPTIONAL_DIMS: dict[str, dict[str, object]] = {
+    "embedding": {},
+    "dense_block": {**_DECODER_ATTENTION, "activation": "swiglu"},
+    "moe_block": {**_DECODER_ATTENTION, "activation": "swiglu", "shared_experts": 0},
+    "lm_head": {},
+    "vit_block": {"head_dim": None, "activation": "gelu", "bias": True},
+    "patch_embed": {"in_channels": 3, "temporal_patch": 1, "bias": False, "positions": 0},
+    "merger": {},
+    "projector": {"depth": 2, "ffn": None},
+}
+"""Kind -> optional dimension field -> its default."""
+
+_COUNT_FIELDS = frozenset({"shared_experts", "positions"})  # integers >= 0; every other number is > 0
+_FLAG_FIELDS = frozenset({"qkv_bias", "bias"})
+_CHOICE_FIELDS: dict[str, tuple[str, ...]] = {
+    "attention": ("gqa", "mla"),
+    "activation": ("swiglu", "gelu"),
+}
+_DEPTHS = (1, 2)
+
+
+def validate_arch(kind: str, dims: Mapping[str, object], *, where: str) -> None:
+    """Raise :class:`MpipeError` unless ``dims`` are valid dimensions for an architecture ``kind``.
+
+    The message is one line that starts with ``where`` and names the field, the value, what must hold
+    and how to fix it.
+    """
+    if kind not in ARCH_KINDS:
+        raise MpipeError(f"{where}: unknown kind {kind!r}; use one of {', '.join(sorted(ARCH_KINDS))}")
+    required = ARCH_KINDS[kind]
+    optional = OPTIONAL_DIMS[kind]
+    for field in required:
+        if field not in dims:
+            raise MpipeError(
+                f"{where}: missing field {field!r}; kind {kind!r} needs {', '.join(required)}; add {field}: <int>"
+            )
+    known = (*required, *optional)
+    for field in dims:
+        if field not in known:
+            close = difflib.get_close_matches(str(field), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise MpipeError(
+                f"{where}: unknown field {field!r} for kind {kind!r}; {hint}known fields: {', '.join(known)}"
+            )
+    for field, value in dims.items():
+        if value is None and field in optional and optional[field] is None:
+            continue
+        _check_value(field, value, where=where)
+    _check_relations(kind, resolve_dims(kind, dims, derive=False), where=where)
+
+
+def resolve_dims(kind: str, dims: Mapping[str, object], *, derive: bool = True) -> dict[str, object]:
+    """Return ``dims`` with the defaults of ``kind`` filled in (and, with ``derive``, ``head_dim``)."""
+    full = {**OPTIONAL_DIMS[kind], **dims}
+    if not derive or full.get("attention") == "mla":
+        return full
+    if "head_dim" in full and full["head_dim"] is None:
+        full["head_dim"] = full["hidden"] // full["heads"]
+    if "kv_heads" in full and full["kv_heads"] is None:
+        full["kv_heads"] = full["heads"]
+    return full
+
+
+def _check_value(field: str, value: object, *, where: str) -> None:
+    if field in _CHOICE_FIELDS:
+        choices = _CHOICE_FIELDS[field]
+        if value not in choices:
+            raise MpipeError(f"{where}: field {field!r} = {value!r} must be one of {', '.join(choices)}")
+        return
+    if field in _FLAG_FIELDS:
+        if not isinstance(value, bool):
+            raise MpipeError(f"{where}: field {field!r} = {value!r} must be true or false")
+        return
+    lowest = 0 if field in _COUNT_FIELDS else 1
+    if not isinstance(value, int) or isinstance(value, bool) or value < lowest:
+        what = "an integer >= 0" if lowest == 0 else "a positive integer"
+        raise MpipeError(f"{where}: field {field!r} = {value!r} must be {what}; correct it in the model file")
+
+
+def _check_relations(kind: str, dims: Mapping[str, object], *, where: str) -> None:
+    """Checks between fields, on dimensions whose single values already passed."""
+    if kind in ("dense_block", "moe_block"):
+        _check_decoder_attention(dims, where=where)
+    elif kind == "vit_block" and dims["head_dim"] is None:
+        _check_divides("heads", dims["heads"], "hidden", dims["hidden"], where=where, fix="or set head_dim")
+    if kind == "moe_block" and dims["top_k"] > dims["experts"]:
+        raise MpipeError(
+            f"{where}: field 'top_k' = {dims['top_k']} must be <= 'experts' = {dims['experts']}; "
+            f"a token cannot be routed to more experts than there are"
+        )
+    if kind == "projector" and dims["depth"] not in _DEPTHS:
+        raise MpipeError(f"{where}: field 'depth' = {dims['depth']!r} must be 1 or 2 (linear layers in the projector)")
+
+
+def _check_decoder_attention(dims: Mapping[str, object], *, where: str) -> None:
+    if dims["attention"] == "mla":
+        for field in _GQA_FIELDS:
+            if dims[field] is not None:
+                raise MpipeError(
+                    f"{where}: field {field!r} applies to attention: gqa only; remove it or set attention: gqa "
+                    f"(MLA uses {', '.join(_MLA_FIELDS)})"
+                )
+        for field in _MLA_REQUIRED:
+            if dims[field] is None:
+                raise MpipeError(f"{where}: missing field {field!r}, which attention: mla needs; add {field}: <int>")
+        return
+    for field in _MLA_FIELDS:
+        if dims[field] is not None:
+            raise MpipeError(
+                f"{where}: field {field!r} applies to attention: mla only; remove it or set attention: mla"
+            )
+    if dims["kv_heads"] is not None:
+        _check_divides("kv_heads", dims["kv_heads"], "heads", dims["heads"], where=where, fix="")
+    if dims["head_dim"] is None:
+        _check_divides("heads", dims["heads"], "hidden", dims["hidden"], where=where, fix="or set head_dim")
+
+
+def _check_divides(name: str, value: object, of_name: str, of_value: object, *, where: str, fix: str) -> None:
+    if of_value % value != 0:
+        raise MpipeError(
+            f"{where}: field {name!r} = {value} must divide {of_name!r} = {of_value}; "
+            f"choose a divisor of {of_value} {fix}".rstrip()
+        )

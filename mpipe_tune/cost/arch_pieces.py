@@ -1,0 +1,175 @@
+"""The kernels a layer is made of, each costed for one tensor-parallel rank.
+
+A :class:`Piece` is one kernel (a matmul, the attention core, a pointwise op, a lookup, a collective)
+with its forward, input-gradient and weight-gradient work. Sizes are in *elements*; the caller turns
+them into bytes with the dtype. The rules, shared by every kind:
+
+- matmul ``[tokens, in] x [in, out]``: forward ``2*tokens*in*out`` FLOPs; the input gradient and the
+  weight gradient each cost the same again. The forward reads the weights and the input and writes
+  the output; the input-gradient pass reads the weights and the output gradient and writes the input
+  gradient; the weight-gradient pass reads the saved input and the output gradient and writes the
+  weight gradient. It keeps its input for the backward.
+- attention core (scores and values, weightless): a fused (flash-attention style) kernel that never
+  writes the score matrix to memory. It reads q, k, v, writes the output, keeps all four for the
+  backward, and its backward costs twice its forward FLOPs, all of it input gradient.
+- pointwise (norms, activations, residual adds, softmax, token permutes): reads its inputs, writes its
+  output; the backward costs twice the forward FLOPs, reads what it kept and the output gradient and
+  writes the input gradient. Norm weights are tiny; their gradients are counted with the input
+  gradient, as fused norm kernels produce both at once.
+- lookup (embedding rows): no FLOPs forward; the backward scatter-adds the output gradient into the
+  rows, one FLOP per element, counted as weight gradient.
+
+Tensor parallelism follows Megatron-LM: a ``column`` matmul splits its output features over the ranks,
+a ``row`` matmul its input features (its output is a partial sum that an all-reduce completes), and a
+``replicated`` one runs whole on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Split = Literal["column", "row", "replicated"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One kernel of one layer on one microbatch, per tensor-parallel rank (sizes in elements)."""
+
+    fwd_flops: float = 0.0
+    fwd_elems: float = 0.0
+    """Elements read and written by the forward (weights and activations)."""
+    dgrad_flops: float = 0.0
+    dgrad_elems: float = 0.0
+    wgrad_flops: float = 0.0
+    wgrad_elems: float = 0.0
+    saved: tuple[tuple[str, float], ...] = ()
+    """(tensor name, elements) kept for the backward; a name shared by two pieces is one tensor."""
+    comm_elems: float = 0.0
+    """Elements all-reduced over the tensor-parallel group in the forward."""
+    params: int = 0
+    """Parameters this piece owns in the full layer (not split by tensor parallelism, every expert)."""
+    active_params: int = 0
+    """Parameters one token touches in the full layer (for MoE experts: its top-k, not all)."""
+
+
+def matmul(
+    input_name: str,
+    tokens: float,
+    in_features: int,
+    out_features: int,
+    *,
+    split: Split,
+    tp_degree: int,
+    bias: bool = False,
+    copies: int = 1,
+    copies_read: float = 1.0,
+    copies_per_token: int = 1,
+) -> Piece:
+    """A linear layer applied to ``tokens`` rows of ``input_name``.
+
+    ``copies`` weight matrices exist (MoE experts); the forward reads ``copies_read`` of them (those its
+    tokens are routed to) and each token uses ``copies_per_token``. ``tokens`` counts rows over all
+    copies (for routed experts: tokens times top-k).
+    """
+    in_rank, out_rank = in_features, out_features
+    if split == "column":
+        out_rank = out_features / tp_degree
+    elif split == "row":
+        in_rank = in_features / tp_degree
+    weights_per_copy = in_features * out_features + (out_features if bias else 0)
+    weight_rank_elems = copies_read * (in_rank * out_rank + (out_rank if bias else 0))
+    flops = 2.0 * tokens * in_rank * out_rank
+    input_elems = tokens * in_rank
+    output_elems = tokens * out_rank
+    return Piece(
+        fwd_flops=flops,
+        fwd_elems=weight_rank_elems + input_elems + output_elems,
+        dgrad_flops=flops,
+        dgrad_elems=weight_rank_elems + output_elems + input_elems,
+        wgrad_flops=flops,
+        wgrad_elems=input_elems + output_elems + weight_rank_elems,
+        saved=((input_name, input_elems),),
+        params=copies * weights_per_copy,
+        active_params=copies_per_token * weights_per_copy,
+    )
+
+
+def attention(
+    seq_lens: Sequence[int],
+    *,
+    heads: float,
+    kv_heads: float,
+    qk_head_dim: int,
+    v_head_dim: int,
+    names: tuple[str, str, str, str] = ("q", "k", "v", "attn_out"),
+) -> Piece:
+    """Attention scores and values over independent sequences of ``seq_lens`` tokens.
+
+    ``heads`` and ``kv_heads`` are per rank. Every sequence is charged its full square of scores:
+    bidirectional attention needs it, and for causal attention this is the convention of Megatron-LM's
+    FLOPs formula (a causal kernel skips about half, which the calibrated efficiency absorbs).
+    """
+    tokens = sum(seq_lens)
+    flops = sum(2.0 * s * s * heads * (qk_head_dim + v_head_dim) for s in seq_lens)
+    q_elems = tokens * heads * qk_head_dim
+    k_elems = tokens * kv_heads * qk_head_dim
+    v_elems = tokens * kv_heads * v_head_dim
+    out_elems = tokens * heads * v_head_dim
+    qkv_elems = q_elems + k_elems + v_elems
+    q_name, k_name, v_name, out_name = names
+    return Piece(
+        fwd_flops=flops,
+        fwd_elems=qkv_elems + out_elems,
+        dgrad_flops=2.0 * flops,
+        dgrad_elems=qkv_elems + 2.0 * out_elems + qkv_elems,  # read q,k,v,o,do; write dq,dk,dv
+        saved=((q_name, q_elems), (k_name, k_elems), (v_name, v_elems), (out_name, out_elems)),
+    )
+
+
+def pointwise(
+    read_elems: float,
+    write_elems: float,
+    flops: float,
+    *,
+    saved: tuple[tuple[str, float], ...] = (),
+    params: int = 0,
+) -> Piece:
+    """An elementwise or row-wise kernel (its few weights, e.g. a norm's gain, are in ``params``)."""
+    saved_elems = sum(elems for _, elems in saved)
+    return Piece(
+        fwd_flops=flops,
+        fwd_elems=read_elems + write_elems + params,
+        dgrad_flops=2.0 * flops,
+        dgrad_elems=saved_elems + write_elems + read_elems + 2 * params,
+        saved=saved,
+        params=params,
+        active_params=params,
+    )
+
+
+def lookup(tokens: float, rows: int, width: int, *, tp_degree: int) -> Piece:
+    """Embedding lookup of ``tokens`` rows from a ``rows x width`` table split by rows over the ranks."""
+    rows_read = min(tokens, rows) / tp_degree
+    output_elems = tokens * width
+    return Piece(
+        fwd_elems=rows_read * width + output_elems,
+        wgrad_flops=tokens * width / tp_degree,
+        wgrad_elems=output_elems + 2.0 * rows_read * width,  # read the output gradient, add into the rows
+        params=rows * width,
+        active_params=rows * width,
+    )
+
+
+def all_reduce(elems: float, *, tp_degree: int) -> Piece:
+    """A tensor-parallel all-reduce of ``elems`` elements (nothing when there is one rank)."""
+    return Piece(comm_elems=elems if tp_degree > 1 else 0.0)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """The pieces of one layer and the elements of its output tensor (full, not split)."""
+
+    pieces: tuple[Piece, ...]
+    boundary_elems: float
