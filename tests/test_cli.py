@@ -1,0 +1,103 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mpipe_tune.cli import main
+
+
+def run_cli(*args):
+    """Run the real console entry point in a subprocess: exit code, stdout, stderr."""
+    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *args], capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_predict_json_reports_makespan_and_per_rank_figures(capsys):
+    assert main(["predict", "--pp", "4", "--microbatches", "8", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["makespan_s"] > 0
+    assert [r["rank"] for r in record["ranks"]] == [0, 1, 2, 3]
+    for r in record["ranks"]:
+        assert {"busy_s", "bubble_s", "spill_s"} <= set(r)
+        assert r["busy_s"] + r["bubble_s"] == pytest.approx(record["makespan_s"])
+
+
+def test_transpose_beats_encoder_in_first_stage_on_the_example(capsys):
+    main(["predict", "--json"])
+    mpipe = json.loads(capsys.readouterr().out)["makespan_s"]
+    main(["predict", "--schedule", "1f1b", "--cut", "", "--json"])
+    baseline = json.loads(capsys.readouterr().out)["makespan_s"]
+    assert mpipe < baseline
+
+
+def test_derive_json_lists_placement_collectives_and_orders(capsys):
+    assert main(["derive", "--pp", "2", "--microbatches", "4", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["collectives"]["seams"] == [{"seam": [1, 2], "fwd": "gather", "bwd": "scatter"}]
+    assert record["placement"][0]["owners"] == [0, 1, 0, 1]
+    assert record["nodes"][0][0] == "F1.0#0" and record["nodes"][1][-1] == "barrier"
+
+
+def test_frozen_encoder_has_no_scatter(capsys):
+    main(["derive", "--pp", "2", "--microbatches", "4", "--frozen", "encoder,projector", "--json"])
+    record = json.loads(capsys.readouterr().out)
+    assert record["collectives"]["seams"][0]["bwd"] is None
+    assert not any(e.startswith("B1.") for nodes in record["nodes"] for e in nodes)
+
+
+def test_gantt_picture_is_written(tmp_path):
+    out = tmp_path / "g.png"
+    code, stdout, _ = run_cli("predict", "--gantt", str(out))
+    assert code == 0 and out.stat().st_size > 10_000
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--cut", "99"], "boundary 1 is 99"),
+    (["--cut", "5,3", "--schedule", "transpose,1f1b,1f1b"], "increase strictly"),
+    (["--schedule", "transpose,zigzag"], "'zigzag', which is not a skeleton"),
+    (["--pp", "0"], "P must be an integer >= 1"),
+    (["--microbatches", "0", "--workload", "balanced"], "microbatch"),
+    (["--owner", "0,1,2,9,0,1,2,3"], "owned by rank 9"),
+    (["--model", "nope"], "neither a file nor a built-in model"),
+    (["--profile", "nope"], "nope"),
+    (["--workload", "nope"], "nope"),
+    (["--frozen", "vision"], "no such block"),
+    (["--slabs", "1,2,3"], "multiple of --pp"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, words):
+    code, stdout, stderr = run_cli("predict", *args)
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr
+    assert words in lines[0]
+
+
+@pytest.mark.parametrize("content,words", [
+    ("name: x\nlayers: 5\n", "'layers' must be a list"),
+    ("name: x\nlayers:\n  - {name: a, block: llm}\n", "needs costs"),
+    ("name: x\nlayers:\n  - {name: a, block: llm, fwd_s_per_token: -1, bwd_s_per_token: 1}\n", "'fwd_s_per_token' must be a number >= 0"),
+    ("name: x\nlayers: [\n", "not valid YAML"),
+    ("name: x\nlayers:\n  - {name: a, block: llm, kind: warp_block, hidden: 4}\n", "warp_block"),
+])
+def test_malformed_model_file_is_one_line_and_exit_2(tmp_path, content, words):
+    path = tmp_path / "m.yaml"
+    path.write_text(content)
+    code, _, stderr = run_cli("predict", "--model", str(path))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and words in stderr
+
+
+def test_malformed_profile_and_workload_files_are_one_line_and_exit_2(tmp_path):
+    bad_profile = tmp_path / "p.json"
+    bad_profile.write_text("{not json")
+    code, _, stderr = run_cli("predict", "--profile", str(bad_profile))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    workload = tmp_path / "w.yaml"
+    workload.write_text("microbatches:\n  - {image_tokens: 10, text_tokens: 20}\n  - {image_tokens: -1, text_tokens: 20}\n")
+    code, _, stderr = run_cli("predict", "--workload", str(workload))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "image_tokens" in stderr
+    good = tmp_path / "g.yaml"
+    good.write_text("microbatches:\n" + "  - {image_tokens: 10, text_tokens: 20}\n" * 3)
+    code, _, stderr = run_cli("predict", "--workload", str(good), "--microbatches", "4")
+    assert code == 2 and "3 microbatches" in stderr
