@@ -83,6 +83,7 @@ def draw_gantt(plan: Plan, start_s: np.ndarray, durations_s: np.ndarray, path: s
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=130)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         plt.close(fig)

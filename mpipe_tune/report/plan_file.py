@@ -1,0 +1,149 @@
+"""``plan.json``: a schema-versioned, static plan that the runtime executes and ``show`` re-predicts.
+
+Layout (schema_version 1)::
+
+    {
+      "schema": "mpipe-tune/plan", "schema_version": 1, "tool_version": "0.1.0",
+      "inputs": {
+        "model":    {"spec": "tiny-vit-llm", "name": "...", "frozen": ["encoder"], "hash": "<sha256>"},
+        "profile":  {"spec": "ideal", "name": "ideal", "hash": "<sha256>"},
+        "workload": {"name": "...", "hash": "<sha256>", "microbatches": [{"image_tokens": .., "text_tokens": .., "images": [..]}]}
+      },
+      "candidate": {"schedule": "transpose,1f1b", "cut": [9], "pp": 4, "tp": 1, "dp": 1, "dtype": "bf16",
+                    "microbatches": 8, "slabs": [[4, 4, 4, 4]], "owners": [0, 1, 2, 3, 0, 1, 2, 3]},
+      "placement": [...], "collectives": {...},
+      "order": {"events": ["F1.0#0", ...], "edges": [[src, dst, "activation"], ...],
+                "nodes": [[event index, ...] per rank]},
+      "predicted": {"makespan_s": .., "ranks": [...], "durations_s": [seconds per event]}
+    }
+
+The workload's microbatches are stored in full, so a plan runs and re-predicts without its source
+file. Loading validates the schema and every event text; :func:`load_plan` errors are one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mpipe_tune import __version__
+from mpipe_tune.algebra.events import EdgeKind, parse_event
+from mpipe_tune.cost.workload import Workload, parse_workload, workload_hash, workload_to_dict
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.report.tables import derivation_record, prediction_record
+
+SCHEMA = "mpipe-tune/plan"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan was made from: enough to re-derive and re-predict it."""
+
+    model_spec: str
+    frozen: tuple[str, ...]
+    profile_spec: str
+
+
+def plan_record(prediction, model, workload: Workload, profile, options, inputs: PlanInputs) -> dict[str, Any]:
+    plan = prediction.plan
+    derivation = derivation_record(plan)
+    replicated = [p for p in derivation["placement"] if "owners" in p]
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "inputs": {
+            "model": {"spec": inputs.model_spec, "name": model.name, "frozen": list(inputs.frozen),
+                      "hash": model.content_hash()},
+            "profile": {"spec": inputs.profile_spec, "name": profile.name, "hash": profile.content_hash()},
+            "workload": {"name": workload.name, "hash": workload_hash(workload),
+                         "microbatches": workload_to_dict(workload)["microbatches"]},
+        },
+        "candidate": {
+            "schedule": str(plan.schedule),
+            "cut": list(plan.cut.boundaries),
+            "pp": plan.num_ranks,
+            "tp": options.tp_degree,
+            "dp": options.dp_degree,
+            "dtype": options.dtype,
+            "microbatches": plan.num_microbatches,
+            "slabs": [[b - a for a, b in p["slabs"]] for p in derivation["placement"] if "slabs" in p],
+            "owners": replicated[0]["owners"] if replicated else None,
+        },
+        "placement": derivation["placement"],
+        "collectives": derivation["collectives"],
+        "order": {
+            "events": [str(e) for e in plan.order.events],
+            "edges": [[s, t, kind.value] for s, t, kind in plan.order.edges],
+            "nodes": [list(nodes) for nodes in plan.order.nodes],
+        },
+        "predicted": {
+            **{k: v for k, v in prediction_record(prediction, model, workload, profile, options).items()
+               if k in ("makespan_s", "bubble_share", "ranks")},
+            "durations_s": [float(d) for d in prediction.timeline.durations_s],
+        },
+    }
+
+
+def dump_plan(record: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write atomically: a crash leaves the old file or the new one, never half of one."""
+    path = Path(path)
+    if not path.parent.exists():
+        raise MpipeError(f"--out {path}: folder {path.parent} does not exist; create it or pick another path")
+    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_plan(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and validate a plan file; returns its record with ``order.events`` still as text."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except OSError as exc:
+        raise MpipeError(f"cannot read plan file {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise MpipeError(f"plan file {path} is not valid JSON (line {exc.lineno}: {exc.msg}); re-create it with 'mpipe-tune plan --out'") from None
+    where = f"plan file {path}"
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
+        raise MpipeError(f"{where} is not an mpipe-tune plan (field 'schema' must be '{SCHEMA}')")
+    if record.get("schema_version") != SCHEMA_VERSION:
+        raise MpipeError(f"{where} has schema_version {record.get('schema_version')!r}; this mpipe-tune reads "
+                         f"version {SCHEMA_VERSION}: re-create the plan with this version")
+    for key in ("inputs", "candidate", "placement", "collectives", "order", "predicted"):
+        if not isinstance(record.get(key), (dict, list)):
+            raise MpipeError(f"{where}: field '{key}' is missing or malformed; the file is corrupt, re-create it")
+    order = record["order"]
+    try:
+        events = [parse_event(text) for text in order["events"]]
+        num = len(events)
+        for s, t, kind in order["edges"]:
+            EdgeKind(kind)
+            assert 0 <= s < num and 0 <= t < num
+        nodes = order["nodes"]
+        assert len(nodes) == record["candidate"]["pp"]
+        assert all(0 <= i < num for rank_nodes in nodes for i in rank_nodes)
+        assert len(record["predicted"]["durations_s"]) == num
+        parse_workload({"microbatches": record["inputs"]["workload"]["microbatches"]}, where=where)
+    except (KeyError, TypeError, ValueError, AssertionError) as exc:
+        detail = str(exc) if isinstance(exc, MpipeError) else type(exc).__name__
+        raise MpipeError(f"{where}: the order section is corrupt ({detail}); re-create the plan") from None
+    return record
+
+
+def workload_of(record: dict[str, Any]) -> Workload:
+    """The plan's stored microbatches as a Workload."""
+    w = record["inputs"]["workload"]
+    return parse_workload({"microbatches": w["microbatches"], "name": w["name"]}, where="plan file")
