@@ -46,6 +46,7 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel degree (default 1)")
     parser.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
+    parser.add_argument("--recompute", action="store_true", help="full activation recomputation in every layer")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -68,7 +69,7 @@ def load_candidate(args: argparse.Namespace):
     for flag, value in (("--tp", args.tp), ("--dp", args.dp)):
         if value < 1:
             raise MpipeError(f"{flag} is {value}, but parallel degrees must be integers >= 1")
-    options = CostOptions(dtype=args.dtype, tp_degree=args.tp, dp_degree=args.dp)
+    options = CostOptions(dtype=args.dtype, tp_degree=args.tp, dp_degree=args.dp, recompute=args.recompute)
     options.dtype_bytes()
     profile.peak(args.dtype)
     slab_counts = None

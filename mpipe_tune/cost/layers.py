@@ -41,6 +41,11 @@ class CostOptions:
     """Optimizer state per parameter (Adam with fp32 master weights and two moments: 12 bytes)."""
     grad_bytes_per_param: float = 4.0
     """Gradient bytes per parameter (fp32 accumulation)."""
+    shard_optimizer: bool = True
+    """Optimizer state sharded over the data-parallel group (a distributed optimizer, ZeRO-1)."""
+    recompute: bool = False
+    """Full activation recomputation: each layer keeps only its input for the backward, which first
+    re-runs the layer's forward."""
 
     def dtype_bytes(self) -> int:
         if self.dtype not in DTYPE_BYTES:
@@ -59,25 +64,30 @@ class LayerTable:
     saved_bytes: np.ndarray
     param_count: np.ndarray
     """Shape (num_layers,): full-layer parameters (before tensor-parallel splitting)."""
+    recompute_s: np.ndarray
+    """The forward re-run before a layer's backward under recomputation (zeros without it)."""
 
     def backward_s(self, model: Model) -> np.ndarray:
         """Backward seconds under the footprint: a layer computes its input gradient iff some layer
         before it is trainable, and its weight gradient iff it is trainable."""
         trainable = np.array(model.trainable_bits(), dtype=bool)
         needs_dgrad = np.concatenate(([False], np.cumsum(trainable)[:-1] > 0))
-        return self.dgrad_s * needs_dgrad[:, None] + self.wgrad_s * trainable[:, None]
+        runs = needs_dgrad | trainable
+        return (self.dgrad_s * needs_dgrad[:, None] + self.wgrad_s * trainable[:, None]
+                + self.recompute_s * runs[:, None])
 
 
 def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile, options: CostOptions) -> LayerTable:
     rows = [_layer_row(layer.cost, layer.block, workload.microbatches, profile, options) for layer in model.layers]
-    columns = list(zip(*rows))
+    fwd, dgrad, wgrad, boundary, saved = (np.array(column) for column in zip(*rows))
     return LayerTable(
-        fwd_s=np.array(columns[0]),
-        dgrad_s=np.array(columns[1]),
-        wgrad_s=np.array(columns[2]),
-        boundary_bytes=np.array(columns[3]),
-        saved_bytes=np.array(columns[4]),
+        fwd_s=fwd,
+        dgrad_s=dgrad,
+        wgrad_s=wgrad,
+        boundary_bytes=boundary,
+        saved_bytes=boundary if options.recompute else saved,
         param_count=np.array([_param_count(layer.cost) for layer in model.layers], dtype=float),
+        recompute_s=fwd if options.recompute else np.zeros_like(fwd),
     )
 
 

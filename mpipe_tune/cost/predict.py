@@ -9,6 +9,7 @@ from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.schedule import Cut, Schedule
 from mpipe_tune.cost.durations import estimate_durations
 from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table
+from mpipe_tune.cost.memory import MemoryReport, estimate_memory
 from mpipe_tune.cost.profile import HardwareProfile
 from mpipe_tune.cost.timing import Timeline, read_timeline
 from mpipe_tune.cost.workload import Workload
@@ -20,6 +21,7 @@ class Prediction:
     plan: Plan
     timeline: Timeline
     table: LayerTable
+    memory: MemoryReport
 
 
 def layer_weights(model: Model, table: LayerTable) -> tuple[float, ...]:
@@ -52,5 +54,7 @@ def predict(
     owners = Owners(slab_counts=slab_counts, microbatch=microbatch_owners, layer_weights=layer_weights(model, table))
     plan = derive(cut, schedule, model, num_ranks, M, owners)
     durations = estimate_durations(plan, model, table, profile, options)
-    return Prediction(plan, read_timeline(plan, durations), table)
+    timeline = read_timeline(plan, durations)
+    memory = estimate_memory(plan, model, table, options, timeline, profile.memory_capacity_bytes)
+    return Prediction(plan, timeline, table, memory)
 

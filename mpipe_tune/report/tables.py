@@ -43,6 +43,7 @@ def derivation_record(plan: Plan) -> dict[str, Any]:
 def prediction_record(prediction, model, workload, profile, options) -> dict[str, Any]:
     t = prediction.timeline
     plan = prediction.plan
+    mem = prediction.memory
     record = {
         "model": model.name,
         "profile": profile.name,
@@ -59,9 +60,13 @@ def prediction_record(prediction, model, workload, profile, options) -> dict[str
         "bubble_share": sum(t.bubble_s) / (t.makespan_s * plan.num_ranks) if t.makespan_s > 0 else 0.0,
         "ranks": [
             {"rank": r, "busy_s": t.busy_s[r], "bubble_s": t.bubble_s[r], "spill_s": t.spill_s[r],
-             "encoder_s": t.encoder_s[r], "warmup_slack_s": t.warmup_slack_s[r]}
+             "encoder_s": t.encoder_s[r], "warmup_slack_s": t.warmup_slack_s[r],
+             "memory": {"static_bytes": mem.static_bytes[r], "activation_peak_bytes": mem.activation_peak_bytes[r],
+                        "peak_bytes": mem.peak_bytes[r], "over_capacity": mem.over_capacity[r]}}
             for r in range(plan.num_ranks)
         ],
+        "memory_capacity_bytes": mem.capacity_bytes,
+        "fits_memory": mem.fits,
     }
     return record
 
@@ -76,14 +81,15 @@ def print_prediction(record: dict[str, Any]) -> None:
           f"dp={record['dp']}  M={record['microbatches']}  dtype {record['dtype']}")
     print(f"predicted step time: {record['makespan_s'] * 1e3:.3f} ms   bubble share {record['bubble_share']:.1%}\n")
     header = f"{'rank':>4} {'busy ms':>10} {'bubble ms':>10} {'encoder ms':>10} {'slack ms':>10} {'spill ms':>10}"
-    extra = "memory" in record["ranks"][0]
-    print(header + (f" {'peak GiB':>9}" if extra else ""))
+    print(header + f" {'peak GiB':>9}")
     for r in record["ranks"]:
         line = (f"{r['rank']:>4} {_ms(r['busy_s'])} {_ms(r['bubble_s'])} {_ms(r['encoder_s'])} "
                 f"{_ms(r['warmup_slack_s'])} {_ms(r['spill_s'])}")
-        if extra:
-            line += f" {r['memory']['peak_bytes'] / 2**30:9.2f}" + ("  OVER" if r["memory"]["over_capacity"] else "")
+        line += f" {r['memory']['peak_bytes'] / 2**30:9.2f}" + ("  OVER" if r["memory"]["over_capacity"] else "")
         print(line)
+    capacity = record["memory_capacity_bytes"] / 2**30
+    verdict = "fits" if record["fits_memory"] else "does NOT fit"
+    print(f"\nmemory: the plan {verdict} the profile's {capacity:.4g} GiB per device")
 
 
 def print_derivation(record: dict[str, Any]) -> None:
