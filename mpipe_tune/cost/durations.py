@@ -10,6 +10,9 @@
 
 Ranks are laid out with tensor parallelism innermost, then data, then pipeline, so pipeline rank
 ``r`` starts at device ``r * tp * dp`` and ``devices_per_node`` decides which links are inter-node.
+
+:class:`DurationModel` compiles a plan once into index arrays, so that durations for a new layer
+table (another workload) are a few numpy gathers, with no per-event Python on the hot path.
 """
 
 from __future__ import annotations
@@ -25,47 +28,82 @@ from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 _LINK_OF_COMM = {Comm.SEND: "p2p", Comm.RECV_GRAD: "p2p", Comm.GATHER: "gather", Comm.SCATTER: "scatter"}
 
 
+class DurationModel:
+    """A plan's events as arrays: which slab and microbatch each compute event reads, which tensor
+    each transfer carries and at what alpha-beta rate, and the fixed cost of each reduce."""
+
+    def __init__(self, plan: Plan, model: Model, profile: HardwareProfile, options: CostOptions) -> None:
+        self.model = model
+        events = plan.order.events
+        n = len(events)
+        devices_per_rank = options.tp_degree * options.dp_degree
+        self.fwd_idx, self.bwd_idx, self.coll_idx = [], [], []
+        fwd_slab, bwd_slab, coll_tensor = [], [], []
+        alpha, beta = [], []
+        self._reduces: list[tuple[int, DpReduce]] = []
+        for i, event in enumerate(events):
+            if isinstance(event, Fwd):
+                self.fwd_idx.append(i)
+                fwd_slab.append((*plan.slab(event.region, event.rank), event.mb))
+            elif isinstance(event, Bwd):
+                self.bwd_idx.append(i)
+                bwd_slab.append((*plan.slab(event.region, event.rank), event.mb))
+            elif isinstance(event, Coll) and event.src[1] != event.dst[1]:
+                producer = event.src if event.comm in (Comm.SEND, Comm.GATHER) else event.dst
+                self.coll_idx.append(i)
+                coll_tensor.append((plan.slab(*producer)[1] - 1, event.mb))
+                node_src = (event.src[1] * devices_per_rank) // profile.devices_per_node
+                node_dst = (event.dst[1] * devices_per_rank) // profile.devices_per_node
+                link = profile.link(_LINK_OF_COMM[event.comm], inter_node=node_src != node_dst)
+                alpha.append(link.alpha_s)  # a point-to-point transfer: alpha + beta * n
+                beta.append(link.beta_s_per_byte)
+            elif isinstance(event, DpReduce):
+                self._reduces.append((i, event))
+        # Flat indices into the (layers + 1, M) prefix sums and the (layers, M) boundary table.
+        M = plan.num_microbatches
+        fwd_slab = np.array(fwd_slab, dtype=np.int64).reshape(-1, 3)
+        bwd_slab = np.array(bwd_slab, dtype=np.int64).reshape(-1, 3)
+        coll_tensor = np.array(coll_tensor, dtype=np.int64).reshape(-1, 2)
+        self.fwd_hi, self.fwd_lo = fwd_slab[:, 1] * M + fwd_slab[:, 2], fwd_slab[:, 0] * M + fwd_slab[:, 2]
+        self.bwd_hi, self.bwd_lo = bwd_slab[:, 1] * M + bwd_slab[:, 2], bwd_slab[:, 0] * M + bwd_slab[:, 2]
+        self.coll_flat = coll_tensor[:, 0] * M + coll_tensor[:, 1]
+        self.fwd_idx = np.array(self.fwd_idx, dtype=np.int64)
+        self.bwd_idx = np.array(self.bwd_idx, dtype=np.int64)
+        self.coll_idx = np.array(self.coll_idx, dtype=np.int64)
+        self.alpha = np.array(alpha)
+        self.beta = np.array(beta)
+        self.num_events = n
+        self.plan, self.profile, self.options = plan, profile, options
+        self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
+
+    def durations(self, table: LayerTable) -> np.ndarray:
+        """Seconds per event, aligned with ``plan.order.events``."""
+        out = np.zeros(self.num_events)
+        fwd = _prefix(table.fwd_s)
+        bwd = _prefix(table.backward_s(self.model))
+        if self._reduce_s is None:
+            self._reduce_s = np.array([_reduce_s(self.plan, e, self.model, table, self.profile, self.options)
+                                       for _, e in self._reduces])
+            self._reduce_idx = np.array([i for i, _ in self._reduces], dtype=np.int64)
+        out[self._reduce_idx] = self._reduce_s
+        fwd, bwd = fwd.ravel(), bwd.ravel()
+        out[self.fwd_idx] = fwd[self.fwd_hi] - fwd[self.fwd_lo]
+        out[self.bwd_idx] = bwd[self.bwd_hi] - bwd[self.bwd_lo]
+        out[self.coll_idx] = self.alpha + self.beta * table.boundary_bytes.ravel()[self.coll_flat]
+        return out
+
+
 def estimate_durations(
     plan: Plan, model: Model, table: LayerTable, profile: HardwareProfile, options: CostOptions
 ) -> np.ndarray:
     """Seconds per event, aligned with ``plan.order.events``."""
-    fwd_prefix = _prefix(table.fwd_s)
-    bwd_prefix = _prefix(table.backward_s(model))
-    devices_per_rank = options.tp_degree * options.dp_degree
-    durations = np.zeros(len(plan.order.events))
-    for i, event in enumerate(plan.order.events):
-        if isinstance(event, (Fwd, Bwd)):
-            start, stop = plan.slab(event.region, event.rank)
-            prefix = fwd_prefix if isinstance(event, Fwd) else bwd_prefix
-            durations[i] = prefix[stop, event.mb] - prefix[start, event.mb]
-        elif isinstance(event, Coll):
-            durations[i] = _transfer_s(plan, event, table, profile, devices_per_rank)
-        elif isinstance(event, DpReduce):
-            durations[i] = _reduce_s(plan, event, model, table, profile, options)
-    return durations
+    return DurationModel(plan, model, profile, options).durations(table)
 
 
 def _prefix(per_layer: np.ndarray) -> np.ndarray:
-    return np.vstack((np.zeros((1, per_layer.shape[1])), np.cumsum(per_layer, axis=0)))
-
-
-def _node_of(rank: int, devices_per_rank: int, devices_per_node: int) -> int:
-    return (rank * devices_per_rank) // devices_per_node
-
-
-def _transfer_s(plan: Plan, event: Coll, table: LayerTable, profile: HardwareProfile, devices_per_rank: int) -> float:
-    src_rank, dst_rank = event.src[1], event.dst[1]
-    if src_rank == dst_rank:
-        return 0.0
-    forward = event.comm in (Comm.SEND, Comm.GATHER)
-    producer = event.src if forward else event.dst  # the stage whose output the tensor is
-    last_layer = plan.slab(*producer)[1] - 1
-    size_bytes = float(table.boundary_bytes[last_layer, event.mb])
-    inter = _node_of(src_rank, devices_per_rank, profile.devices_per_node) != _node_of(
-        dst_rank, devices_per_rank, profile.devices_per_node
-    )
-    link = profile.link(_LINK_OF_COMM[event.comm], inter_node=inter)
-    return estimate_collective_s(link, "p2p", size_bytes, 2)
+    out = np.zeros((per_layer.shape[0] + 1, per_layer.shape[1]))
+    np.cumsum(per_layer, axis=0, out=out[1:])
+    return out
 
 
 def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, profile: HardwareProfile, options: CostOptions) -> float:

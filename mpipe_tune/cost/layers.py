@@ -70,11 +70,16 @@ class LayerTable:
     def backward_s(self, model: Model) -> np.ndarray:
         """Backward seconds under the footprint: a layer computes its input gradient iff some layer
         before it is trainable, and its weight gradient iff it is trainable."""
-        trainable = np.array(model.trainable_bits(), dtype=bool)
-        needs_dgrad = np.concatenate(([False], np.cumsum(trainable)[:-1] > 0))
-        runs = needs_dgrad | trainable
-        return (self.dgrad_s * needs_dgrad[:, None] + self.wgrad_s * trainable[:, None]
-                + self.recompute_s * runs[:, None])
+        needs_dgrad, trainable, runs = _footprint_masks(model.trainable_bits())
+        return self.dgrad_s * needs_dgrad + self.wgrad_s * trainable + self.recompute_s * runs
+
+
+@lru_cache(maxsize=256)
+def _footprint_masks(trainable_bits: tuple[bool, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-layer column masks: computes its input gradient, its weight gradient, runs a backward."""
+    trainable = np.array(trainable_bits, dtype=bool)
+    needs_dgrad = np.concatenate(([False], np.cumsum(trainable)[:-1] > 0))
+    return needs_dgrad[:, None], trainable[:, None], (needs_dgrad | trainable)[:, None]
 
 
 def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile, options: CostOptions) -> LayerTable:
