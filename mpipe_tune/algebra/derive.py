@@ -73,6 +73,8 @@ class Order:
     """(source index, target index, kind) into ``events``."""
     nodes: tuple[tuple[int, ...], ...]
     """Per rank, the indices of its events in the order it runs them."""
+    topo: tuple[int, ...] = ()
+    """A topological order of the graph (sequence edges included): a deadlock-free execution."""
 
 
 @dataclass(frozen=True)
@@ -229,8 +231,7 @@ class _Builder:
         return i
 
     def edge(self, src: Event, dst: Event, kind: EdgeKind) -> None:
-        key = (self.add(src), self.add(dst))
-        self.edges.setdefault(key, kind)
+        self.edges.setdefault((self.add(src), self.add(dst)), kind)
 
 
 def _build_order(
@@ -253,6 +254,8 @@ def _build_order(
     stage_sends = {s: gates.sends_grad[i + offset] for i, s in enumerate(stages)}
     stage_has_bwd = {s: gates.receives_grad[i + offset] for i, s in enumerate(stages)}
     stage_reduces = {s: gates.reduces[i + offset] for i, s in enumerate(stages)}
+    source_bwd = bool(source) and gates.receives_grad[0]
+    replica_reduce = DpReduce(source.region, Group.REPLICA) if source and gates.reduces[0] else None
 
     b = _Builder()
     barrier = StepBarrier()
@@ -281,24 +284,24 @@ def _build_order(
             b.edge(fwds[i], bwd, EdgeKind.ACTIVATION)
             if stage_reduces[s]:
                 b.edge(bwd, DpReduce(s[0], Group.DATA, s[1]), EdgeKind.ACCUMULATE)
-            if stage_sends[s]:
-                if i > 0:
-                    grad = Coll(Comm.RECV_GRAD, s, stages[i - 1], m)
-                    b.edge(bwd, grad, EdgeKind.GRADIENT)
-                    b.edge(grad, Bwd(*stages[i - 1], m), EdgeKind.GRADIENT)
-                else:
-                    assert source is not None
-                    scatter = Coll(Comm.SCATTER, s, (source.region, source.owner.owners[m]), m)
-                    enc_bwd = Bwd(source.region, source.owner.owners[m], m)
-                    b.edge(bwd, scatter, EdgeKind.GRADIENT)
-                    b.edge(scatter, enc_bwd, EdgeKind.GRADIENT)
-                    b.edge(Fwd(source.region, source.owner.owners[m], m), enc_bwd, EdgeKind.ACTIVATION)
-                    if gates.reduces[0]:
-                        b.edge(enc_bwd, DpReduce(source.region, Group.REPLICA), EdgeKind.ACCUMULATE)
-    replica_reduce = DpReduce(source.region, Group.REPLICA) if source and gates.reduces[0] else None
-    for event in b.events[:]:
-        if isinstance(event, DpReduce):
-            b.edge(event, barrier, EdgeKind.SEQUENCE)
+            if not stage_sends[s]:
+                continue
+            if i > 0:
+                grad = Coll(Comm.RECV_GRAD, s, stages[i - 1], m)
+                b.edge(bwd, grad, EdgeKind.GRADIENT)
+                b.edge(grad, Bwd(*stages[i - 1], m), EdgeKind.GRADIENT)
+            else:
+                assert source is not None
+                owner = source.owner.owners[m]
+                scatter = Coll(Comm.SCATTER, s, (source.region, owner), m)
+                enc_bwd = Bwd(source.region, owner, m)
+                b.edge(bwd, scatter, EdgeKind.GRADIENT)
+                b.edge(scatter, enc_bwd, EdgeKind.GRADIENT)
+                b.edge(Fwd(source.region, owner, m), enc_bwd, EdgeKind.ACTIVATION)
+                if replica_reduce:
+                    b.edge(enc_bwd, replica_reduce, EdgeKind.ACCUMULATE)
+    for key in [e for e in b.events if isinstance(e, DpReduce)]:
+        b.edge(key, barrier, EdgeKind.SEQUENCE)
 
     skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
     nodes = []
@@ -320,38 +323,39 @@ def _build_order(
                     seq.append(Loss(m))
             elif stage_has_bwd[stage]:
                 seq.append(Bwd(*stage, m))
-        if source and gates.receives_grad[0]:
+        if source_bwd:
             seq.extend(Bwd(source.region, r, m) for m in source.owner.microbatches_of(r))
         if replica_reduce is not None:
             seq.append(replica_reduce)
         seq.extend(DpReduce(j, Group.DATA, r) for j in sharded if stage_reduces[(j, r)])
         seq.append(barrier)
-        for a, c in zip(seq, seq[1:]):
-            b.edge(a, c, EdgeKind.SEQUENCE)
-        nodes.append(tuple(b.add(e) for e in seq))
+        ids = [b.add(key) for key in seq]
+        for a, c in zip(ids, ids[1:]):
+            b.edges.setdefault((a, c), EdgeKind.SEQUENCE)
+        nodes.append(tuple(ids))
 
-    order = Order(
-        events=tuple(b.events),
-        edges=tuple((s, t, kind) for (s, t), kind in b.edges.items()),
-        nodes=tuple(nodes),
-    )
-    assert _is_acyclic(len(order.events), order.edges), "derive built a cyclic order"
+    edges = tuple((s, t, kind) for (s, t), kind in b.edges.items())
+    topo = topological_order(len(b.events), edges)
+    assert topo is not None, "derive built a cyclic order"
+    order = Order(events=tuple(b.events), edges=edges, nodes=tuple(nodes), topo=tuple(topo))
     return Plan(cut, schedule, P, M, placement, collectives, order, tuple(stages))
 
 
-def _is_acyclic(num_events: int, edges: Sequence[tuple[int, int, EdgeKind]]) -> bool:
+def topological_order(num_events: int, edges: Sequence[tuple[int, int, EdgeKind]]) -> list[int] | None:
+    """Kahn's algorithm, lowest index first among ready events; None when the graph has a cycle."""
     indegree = [0] * num_events
     succ: list[list[int]] = [[] for _ in range(num_events)]
     for s, t, _ in edges:
         succ[s].append(t)
         indegree[t] += 1
     ready = [i for i in range(num_events) if indegree[i] == 0]
-    seen = 0
+    ready.reverse()
+    order = []
     while ready:
         i = ready.pop()
-        seen += 1
+        order.append(i)
         for t in succ[i]:
             indegree[t] -= 1
             if indegree[t] == 0:
                 ready.append(t)
-    return seen == num_events
+    return order if len(order) == num_events else None

@@ -13,8 +13,8 @@ A *stage* is a pair (region, rank); regions are 1-based as in the paper, ranks a
 ``barrier``                 StepBarrier
 ==========================  =====================================================
 
->>> parse_event("gather(1.3>2.0)#3")
-Coll(comm=<Comm.GATHER: 'gather'>, src=(1, 3), dst=(2, 0), mb=3)
+>>> parse_event("gather(1.3>2.0)#3") == Coll(Comm.GATHER, (1, 3), (2, 0), 3)
+True
 >>> str(parse_event("B2.0#3"))
 'B2.0#3'
 """
@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
-from typing import Union
+from typing import NamedTuple, Union
 
 from mpipe_tune.errors import MpipeError
 
@@ -32,16 +31,20 @@ Stage = tuple[int, int]
 """(region, rank)."""
 
 
-class Comm(enum.Enum):
+class Comm(str, enum.Enum):
     GATHER = "gather"
     SCATTER = "scatter"
     SEND = "send"
     RECV_GRAD = "recvgrad"
 
+    __hash__ = str.__hash__  # C-level hashing: events are dict keys on the hot path
 
-class Group(enum.Enum):
+
+class Group(str, enum.Enum):
     REPLICA = "replica"
     DATA = "data"
+
+    __hash__ = str.__hash__
 
 
 class EdgeKind(enum.Enum):
@@ -52,28 +55,32 @@ class EdgeKind(enum.Enum):
     SEQUENCE = "sequence"
 
 
-@dataclass(frozen=True)
-class Fwd:
+# Events are immutable named tuples: hashing and equality run in C, which the order builder, the
+# memory pass and the plan index do thousands of times per candidate. The trailing ``tag`` keeps
+# events of different kinds with equal fields apart (Fwd(1, 0, 0) != Bwd(1, 0, 0)).
+
+
+class Fwd(NamedTuple):
     region: int
     rank: int
     mb: int
+    tag: str = "F"
 
     def __str__(self) -> str:
         return f"F{self.region}.{self.rank}#{self.mb}"
 
 
-@dataclass(frozen=True)
-class Bwd:
+class Bwd(NamedTuple):
     region: int
     rank: int
     mb: int
+    tag: str = "B"
 
     def __str__(self) -> str:
         return f"B{self.region}.{self.rank}#{self.mb}"
 
 
-@dataclass(frozen=True)
-class Coll:
+class Coll(NamedTuple):
     """A transfer of microbatch ``mb``'s activation (forward comms) or gradient (backward comms)
     from stage ``src`` to stage ``dst``. It occupies a link, not a rank."""
 
@@ -81,6 +88,7 @@ class Coll:
     src: Stage
     dst: Stage
     mb: int
+    tag: str = "C"
 
     @property
     def seam(self) -> tuple[int, int]:
@@ -91,30 +99,31 @@ class Coll:
         return f"{self.comm.value}({self.src[0]}.{self.src[1]}>{self.dst[0]}.{self.dst[1]})#{self.mb}"
 
 
-@dataclass(frozen=True)
-class Loss:
+class Loss(NamedTuple):
     mb: int
+    tag: str = "L"
 
     def __str__(self) -> str:
         return f"L#{self.mb}"
 
 
-@dataclass(frozen=True)
-class DpReduce:
+class DpReduce(NamedTuple):
     """Weight-gradient reduce of a region over its group. ReplicaGroup reduces span every rank
     (``rank`` is None); a DataGroup reduce is per pipeline rank, over that rank's data-parallel peers."""
 
     region: int
     group: Group
     rank: int | None = None
+    tag: str = "R"
 
     def __str__(self) -> str:
         suffix = "" if self.rank is None else f",r{self.rank}"
         return f"reduce({self.region},{self.group.value}{suffix})"
 
 
-@dataclass(frozen=True)
-class StepBarrier:
+class StepBarrier(NamedTuple):
+    tag: str = "S"
+
     def __str__(self) -> str:
         return "barrier"
 

@@ -83,7 +83,12 @@ def _footprint_masks(trainable_bits: tuple[bool, ...]) -> tuple[np.ndarray, np.n
 
 
 def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile, options: CostOptions) -> LayerTable:
-    rows = [_layer_row(layer.cost, layer.block, workload.microbatches, profile, options) for layer in model.layers]
+    unique: dict[tuple, tuple] = {}  # repeated layers share one cost descriptor: compute each once
+    for layer in model.layers:
+        key = (layer.cost, layer.block)
+        if key not in unique:
+            unique[key] = _layer_row(layer.cost, layer.block, workload.microbatches, profile, options)
+    rows = [unique[(layer.cost, layer.block)] for layer in model.layers]
     fwd, dgrad, wgrad, boundary, saved = (np.array(column) for column in zip(*rows))
     return LayerTable(
         fwd_s=fwd,
@@ -96,6 +101,7 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
     )
 
 
+@lru_cache(maxsize=4096)
 def _param_count(cost) -> int:
     return arch.param_count(cost.kind, cost.dims_dict()) if isinstance(cost, ArchCost) else 0
 

@@ -25,16 +25,17 @@ class CompiledOrder:
 
     def __init__(self, plan: Plan) -> None:
         n = len(plan.order.events)
+        topo = plan.order.topo
+        position = [0] * n
+        for k, event in enumerate(topo):
+            position[event] = k
         preds: list[list[int]] = [[] for _ in range(n)]
         for s, t, _ in plan.order.edges:
-            preds[t].append(s)
-        topo = _topological_order(n, preds)
-        position = {event: k for k, event in enumerate(topo)}
+            preds[position[t]].append(position[s])
         self.num_events = n
         self.topo = np.array(topo, dtype=np.int64)
-        # Predecessors re-indexed into topological positions, for a loop over plain lists.
-        self._preds = [tuple(position[p] for p in preds[e]) for e in topo]
-        self._topo_list = topo
+        # Predecessors in topological positions, for a loop over plain lists.
+        self._preds = [tuple(p) for p in preds]
 
     def finish_times(self, durations: np.ndarray) -> np.ndarray:
         """Finish time of every event (indexed like ``plan.order.events``)."""
@@ -53,26 +54,6 @@ class CompiledOrder:
 
     def makespan(self, durations: np.ndarray) -> float:
         return float(self.finish_times(durations).max(initial=0.0))
-
-
-def _topological_order(n: int, preds: list[list[int]]) -> list[int]:
-    indegree = [len(p) for p in preds]
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for t, ps in enumerate(preds):
-        for s in ps:
-            succ[s].append(t)
-    ready = [i for i in range(n) if indegree[i] == 0]
-    ready.reverse()
-    order = []
-    while ready:
-        i = ready.pop()
-        order.append(i)
-        for t in succ[i]:
-            indegree[t] -= 1
-            if indegree[t] == 0:
-                ready.append(t)
-    assert len(order) == n, "the order graph has a cycle"
-    return order
 
 
 def longest_path_reference(plan: Plan, durations: np.ndarray) -> np.ndarray:
