@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -80,12 +81,22 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
     ("name: x\nlayers:\n  - {name: a, block: llm, fwd_s_per_token: -1, bwd_s_per_token: 1}\n", "'fwd_s_per_token' must be a number >= 0"),
     ("name: x\nlayers: [\n", "not valid YAML"),
     ("name: x\nlayers:\n  - {name: a, block: llm, kind: warp_block, hidden: 4}\n", "warp_block"),
+    ("name: x\nlayers:\n  - {name: a, block: llm, kind: dense_block, hidden: -64, heads: 4, ffn: 128}\n", "hidden"),
 ])
 def test_malformed_model_file_is_one_line_and_exit_2(tmp_path, content, words):
     path = tmp_path / "m.yaml"
     path.write_text(content)
     code, _, stderr = run_cli("predict", "--model", str(path))
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and words in stderr
+
+
+def test_profile_with_units_in_a_number_is_one_line_and_exit_2(tmp_path):
+    data = json.loads((Path(__file__).parents[1] / "profiles" / "ideal.json").read_text())
+    data["memory_capacity_bytes"]["value"] = "80 GB"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    code, _, stderr = run_cli("predict", "--profile", str(path))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "memory_capacity_bytes" in stderr
 
 
 def test_malformed_profile_and_workload_files_are_one_line_and_exit_2(tmp_path):
