@@ -10,7 +10,7 @@ Layout (schema_version 1)::
         "workload": {"name": "...", "hash": "<sha256>", "microbatches": [{"image_tokens": .., "text_tokens": .., "images": [..]}]}
       },
       "candidate": {"schedule": "transpose,1f1b", "cut": [9], "pp": 4, "tp": 1, "dp": 1, "dtype": "bf16",
-                    "microbatches": 8, "slabs": [[4, 4, 4, 4]], "owners": [0, 1, 2, 3, 0, 1, 2, 3]},
+                    "recompute": false, "microbatches": 8, "slabs": [[4, 4, 4, 4]], "owners": [0, 1, 2, 3, 0, 1, 2, 3]},
       "placement": [...], "collectives": {...},
       "order": {"events": ["F1.0#0", ...], "edges": [[src, dst, "activation"], ...],
                 "nodes": [[event index, ...] per rank]},
@@ -34,7 +34,7 @@ from mpipe_tune import __version__
 from mpipe_tune.algebra.events import EdgeKind, parse_event
 from mpipe_tune.cost.workload import Workload, parse_workload, workload_hash, workload_to_dict
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.tables import derivation_record, prediction_record
+from mpipe_tune.report.tables import candidate_record, derivation_record, prediction_record
 
 SCHEMA = "mpipe-tune/plan"
 SCHEMA_VERSION = 1
@@ -65,13 +65,7 @@ def plan_record(prediction, model, workload: Workload, profile, options, inputs:
                          "microbatches": workload_to_dict(workload)["microbatches"]},
         },
         "candidate": {
-            "schedule": str(plan.schedule),
-            "cut": list(plan.cut.boundaries),
-            "pp": plan.num_ranks,
-            "tp": options.tp_degree,
-            "dp": options.dp_degree,
-            "dtype": options.dtype,
-            "microbatches": plan.num_microbatches,
+            **candidate_record(plan, options),
             "slabs": [[b - a for a, b in p["slabs"]] for p in derivation["placement"] if "slabs" in p],
             "owners": replicated[0]["owners"] if replicated else None,
         },

@@ -40,6 +40,20 @@ def derivation_record(plan: Plan) -> dict[str, Any]:
     }
 
 
+def candidate_record(plan: Plan, options) -> dict[str, Any]:
+    """The schedule and degrees a prediction was made for (the cost options included)."""
+    return {
+        "schedule": str(plan.schedule),
+        "cut": list(plan.cut.boundaries),
+        "pp": plan.num_ranks,
+        "tp": options.tp_degree,
+        "dp": options.dp_degree,
+        "dtype": options.dtype,
+        "recompute": options.recompute,
+        "microbatches": plan.num_microbatches,
+    }
+
+
 def prediction_record(prediction, model, workload, profile, options) -> dict[str, Any]:
     t = prediction.timeline
     plan = prediction.plan
@@ -48,13 +62,7 @@ def prediction_record(prediction, model, workload, profile, options) -> dict[str
         "model": model.name,
         "profile": profile.name,
         "workload": workload.name,
-        "schedule": str(plan.schedule),
-        "cut": list(plan.cut.boundaries),
-        "pp": plan.num_ranks,
-        "tp": options.tp_degree,
-        "dp": options.dp_degree,
-        "dtype": options.dtype,
-        "microbatches": plan.num_microbatches,
+        **candidate_record(plan, options),
         "placement": placement_record(plan),
         "makespan_s": t.makespan_s,
         "bubble_share": sum(t.bubble_s) / (t.makespan_s * plan.num_ranks) if t.makespan_s > 0 else 0.0,
