@@ -1,0 +1,117 @@
+"""What the runtime builds from a model spec, checked without torch: layer kinds, the tensor that
+flows between consecutive layers, and each layer's output shape for a microbatch.
+
+The flow of a multimodal model, one torch module per model layer::
+
+    (nothing) -patch_embed-> patches [image_tokens*merge, hidden] -vit_block*-> patches
+              -merger-> image tokens [image_tokens, out_hidden] -projector?-> image tokens [.., hidden]
+              -embedding-> sequence [text_tokens, hidden] (image tokens spliced in front of the text)
+              -dense_block* / moe_block*-> sequence -lm_head-> loss (a scalar)
+
+A text-only model starts at ``embedding``. Every layer's input is the previous layer's output, so a
+slab ``[start, stop)`` is those modules applied in turn, and the tensor crossing a boundary after
+layer ``l`` has shape :func:`output_shape` ``(l, mb)``, which both ends compute from the workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mpipe_tune.algebra.model import ArchCost, Model
+from mpipe_tune.cost.arch_dims import resolve_dims
+from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.errors import MpipeError, NotSupportedError
+
+# The kind of tensor each kind takes and gives: None (no input), "patches", "image", "sequence", "loss".
+_FLOW: dict[str, tuple[tuple[str | None, ...], str]] = {
+    "patch_embed": ((None,), "patches"),
+    "vit_block": (("patches",), "patches"),
+    "merger": (("patches",), "image"),
+    "projector": (("image",), "image"),
+    "embedding": ((None, "image"), "sequence"),
+    "dense_block": (("sequence",), "sequence"),
+    "moe_block": (("sequence",), "sequence"),
+    "lm_head": (("sequence",), "loss"),
+}
+SUPPORTED_KINDS = tuple(_FLOW)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    index: int
+    name: str
+    kind: str
+    dims: tuple[tuple[str, Any], ...]
+    """Resolved dimensions (defaults filled in)."""
+    trainable: bool
+
+    def dim(self, key: str) -> Any:
+        return dict(self.dims)[key]
+
+
+def blueprint(model: Model) -> tuple[LayerSpec, ...]:
+    """The runtime's layer list for ``model``; a model it cannot build gets a one-line error."""
+    specs = []
+    flowing: str | None = None
+    width: int | None = None
+    merge: int | None = None
+    for index, layer in enumerate(model.layers):
+        where = f"model '{model.name}' layer {index} ('{layer.name}')"
+        if not isinstance(layer.cost, ArchCost):
+            raise MpipeError(
+                f"{where} has explicit per-token costs, so the runtime cannot build it; run a model whose layers "
+                f"give an architecture kind ({', '.join(SUPPORTED_KINDS)}), or use --compute emulated"
+            )
+        kind = layer.cost.kind
+        if kind not in _FLOW:
+            raise NotSupportedError(f"{where}: kind {kind!r} has no runtime module; supported: {', '.join(SUPPORTED_KINDS)}")
+        dims = resolve_dims(kind, layer.cost.dims_dict())
+        if dims.get("attention") == "mla":
+            raise NotSupportedError(f"{where}: multi-head latent attention (attention: mla) is not supported by the runtime yet; use gqa")
+        takes, gives = _FLOW[kind]
+        if flowing not in takes:
+            got = "nothing (it is the first layer)" if flowing is None else f"a {flowing} tensor"
+            want = " or ".join("nothing" if t is None else f"a {t} tensor" for t in takes)
+            raise MpipeError(f"{where}: kind {kind!r} takes {want} but the layer before it gives {got}; "
+                             f"order the layers patch_embed, vit_block, merger, projector, embedding, blocks, lm_head")
+        in_width = {"projector": dims.get("in_hidden"), "merger": dims["hidden"]}.get(kind, dims.get("hidden"))
+        if flowing is not None and width != in_width:
+            raise MpipeError(f"{where}: input width {in_width} differs from the previous layer's output width {width}; "
+                             f"make the dimensions agree")
+        if "merge_factor" in dims:
+            if merge is not None and dims["merge_factor"] != merge:
+                raise MpipeError(f"{where}: merge_factor {dims['merge_factor']} differs from the encoder's {merge}")
+            merge = dims["merge_factor"]
+        flowing, width = gives, dims["out_hidden"] if kind == "merger" else dims.get("hidden")
+        specs.append(LayerSpec(index, layer.name, kind, tuple(sorted(dims.items())), layer.trainable))
+    if flowing != "loss":
+        raise MpipeError(f"model '{model.name}': the runtime needs an lm_head as the last layer (it computes the loss); "
+                         f"the last layer gives a {flowing} tensor")
+    return tuple(specs)
+
+
+def output_shape(spec: LayerSpec, mb: Microbatch) -> tuple[int, ...]:
+    """Shape of layer ``spec``'s output on microbatch ``mb`` (what a stage boundary after it carries)."""
+    kind = spec.kind
+    if kind in ("patch_embed", "vit_block"):
+        return (mb.image_tokens * spec.dim("merge_factor"), spec.dim("hidden"))
+    if kind == "merger":
+        return (mb.image_tokens, spec.dim("out_hidden"))
+    if kind == "lm_head":
+        return ()
+    rows = mb.image_tokens if kind == "projector" else mb.text_tokens
+    return (rows, spec.dim("hidden"))
+
+
+def validate_workload(specs: Sequence[LayerSpec], microbatches: Sequence[Microbatch]) -> None:
+    """Image tokens are spliced into the sequence, so they must fit in it."""
+    if not any(s.kind == "merger" for s in specs):
+        return
+    for m, mb in enumerate(microbatches):
+        if mb.image_tokens > mb.text_tokens:
+            raise MpipeError(
+                f"workload microbatch {m} has {mb.image_tokens} image tokens but a sequence of {mb.text_tokens}: "
+                f"the runtime splices image tokens into the sequence, so image_tokens <= text_tokens must hold"
+            )

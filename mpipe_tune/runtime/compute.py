@@ -1,0 +1,132 @@
+"""What a rank does for each compute event, real or emulated.
+
+:class:`RealCompute` runs the rank's slabs of the MLLM with autograd. :class:`EmulatedCompute`
+builds no model and sleeps for each compute event's predicted duration (``predicted.durations_s``
+of the plan), so that the executor's transfers and waits can be timed against the prediction with
+many ranks on few cores. Both answer the same calls from :class:`~mpipe_tune.runtime.executor.Executor`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Group
+from mpipe_tune.runtime.data import MicrobatchInputs
+from mpipe_tune.runtime.mllm import LayerStack
+from mpipe_tune.runtime.plan_view import PlanView
+
+
+class RealCompute:
+    def __init__(self, view: PlanView, rank: int, stack: LayerStack, *, seed: int, dtype: torch.dtype,
+                 device: torch.device, lr: float) -> None:
+        self.view = view
+        self.rank = rank
+        self.stack = stack
+        self.seed = seed
+        self.dtype = dtype
+        self.device = device
+        self.lr = lr
+        self._bwd_of: dict[tuple[int, int], int] = {
+            (e.region, e.mb): i for i in view.nodes[rank] if isinstance(e := view.events[i], Bwd)
+        }
+        self.begin_step()
+
+    def begin_step(self) -> None:
+        self._inputs: dict[int, MicrobatchInputs] = {}
+        self._saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self.losses: dict[int, float] = {}
+        self.stack.zero_grads()
+
+    def _microbatch(self, m: int) -> MicrobatchInputs:
+        if m not in self._inputs:
+            self._inputs[m] = MicrobatchInputs(self.view.microbatches[m], m, self.seed, self.dtype, self.device)
+        return self._inputs[m]
+
+    def forward(self, index: int, event: Fwd, x: torch.Tensor | None) -> torch.Tensor:
+        start, stop = self.view.slab(event.region, event.rank)
+        track = self.view.records_autograd(event)
+        if x is not None:
+            bwd = self._bwd_of.get((event.region, event.mb))
+            x = x.detach().requires_grad_(bwd is not None and self.view.needs_input_grad(bwd))
+        with torch.set_grad_enabled(track):
+            y = self.stack.run(start, stop, x, self._microbatch(event.mb))
+        if track:
+            self._saved[(event.region, event.mb)] = (x, y)
+        if index in self.view.loss_source.values():
+            self._outputs[index] = y
+        return y.detach()
+
+    def loss(self, index: int) -> None:
+        source = self.view.loss_source[index]
+        self.losses[self.view.events[source].mb] = float(self._outputs.pop(source).detach())
+
+    def backward(self, index: int, event: Bwd, grad: torch.Tensor | None) -> torch.Tensor | None:
+        x, y = self._saved.pop((event.region, event.mb))
+        if index in self.view.loss_fed:
+            torch.autograd.backward(y)
+        else:
+            assert grad is not None, f"{event} has no output gradient"
+            torch.autograd.backward(y, grad)
+        if not self.view.needs_input_grad(index):
+            return None
+        assert x is not None
+        return x.grad if x.grad is not None else torch.zeros_like(x)
+
+    def reduce(self, index: int, event: DpReduce) -> None:
+        if event.group is not Group.REPLICA:
+            return  # a DataGroup of one member (dp = 1): nothing to reduce
+        grads = [p.grad for p in self.stack.trainable_parameters(range(*self.view.reduce_layers(event, self.rank)))]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Plain SGD (written out: building a torch.optim optimizer imports torch._dynamo, seconds per rank)."""
+        for p in self.stack.trainable_parameters():
+            p.add_(p.grad, alpha=-self.lr)
+
+
+class EmulatedCompute:
+    """Sleeps for each compute event's predicted seconds; reduces are a real one-element all-reduce
+    padded to their predicted seconds."""
+
+    def __init__(self, view: PlanView, rank: int, device: torch.device) -> None:
+        self.view = view
+        self.device = device
+        self.losses: dict[int, float] = {}
+
+    def begin_step(self) -> None:
+        pass
+
+    def _sleep(self, index: int, started: float) -> None:
+        remaining = started + self.view.durations_s[index] - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+
+    def forward(self, index: int, event: Fwd, x: None) -> None:
+        self._sleep(index, time.perf_counter())
+
+    def loss(self, index: int) -> None:
+        pass
+
+    def backward(self, index: int, event: Bwd, grad: None) -> None:
+        self._sleep(index, time.perf_counter())
+
+    def reduce(self, index: int, event: DpReduce) -> None:
+        started = time.perf_counter()
+        if event.group is Group.REPLICA:
+            dist.all_reduce(torch.zeros(1, device=self.device))
+        self._sleep(index, started)
+
+    def update(self) -> None:
+        pass

@@ -1,0 +1,248 @@
+"""Starting ranks: a local spawner that watches its children, or the environment ``torchrun`` sets.
+
+Backends by device: ``cpu`` -> gloo, ``cuda`` -> NCCL, ``npu`` -> HCCL through torch_npu, which is
+imported only for ``npu``. Every device check runs before any process or process group exists.
+
+The local spawner starts one process per rank from a fork server that has imported torch once, joins
+them through a TCP store the parent holds on a free loopback port, and watches them: when one rank
+raises or dies, the others are killed within seconds and :class:`RankFailed` names the rank that
+failed first. Each process group also has an operation timeout, so a rank blocked on a peer that
+will never answer gives up on its own under ``torchrun`` too.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from mpipe_tune.errors import MpipeError
+
+BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_KILL_GRACE_S = 2.0
+_SETTLE_S = 0.5  # after a first failure, how long other ranks get to report their own
+
+
+# Imported once by the fork server instead of once per rank. The first backward from an explicit
+# output gradient imports torch's symbolic shapes (and sympy): about 2 s per process otherwise.
+_PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "mpipe_tune.runtime.worker"]
+
+
+class RankFailed(RuntimeError):
+    """A rank raised or died; the message names it, ``details`` holds its traceback when known."""
+
+    details: str = ""
+
+
+@dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device_kind: str
+    backend: str
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device("cpu") if self.device_kind == "cpu" else torch.device(self.device_kind, self.local_rank)
+
+
+def disable_backend_autoload() -> None:
+    """Keep an installed but broken device plugin (torch_npu) from breaking ``import torch``; the npu
+    device imports torch_npu explicitly instead. Must run before torch is first imported."""
+    os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+
+def under_torchrun() -> bool:
+    return all(v in os.environ for v in TORCHRUN_VARS)
+
+
+def torchrun_world_size() -> int:
+    return int(os.environ["WORLD_SIZE"])
+
+
+def check_device(device_kind: str, local_ranks: int) -> None:
+    """One-line errors for a device this host cannot give ``local_ranks`` ranks."""
+    if device_kind not in BACKENDS:
+        raise MpipeError(f"--device {device_kind!r}: use one of {', '.join(BACKENDS)}")
+    import torch
+
+    if device_kind == "cuda":
+        if not torch.cuda.is_available():
+            raise MpipeError("--device cuda: no CUDA GPU is visible to torch (torch.cuda.is_available() is False); use --device cpu")
+        if torch.cuda.device_count() < local_ranks:
+            raise MpipeError(f"--device cuda: {local_ranks} local ranks need one GPU each but {torch.cuda.device_count()} "
+                             f"are visible; NCCL cannot put two ranks on one GPU")
+    elif device_kind == "npu":
+        _import_torch_npu()
+        if not torch.npu.is_available() or torch.npu.device_count() < local_ranks:
+            raise MpipeError(f"--device npu: torch_npu sees {torch.npu.device_count()} Ascend NPU(s) but {local_ranks} local "
+                             f"ranks need one each; check the CANN driver and ASCEND_RT_VISIBLE_DEVICES")
+
+
+def _import_torch_npu() -> None:
+    try:
+        import torch_npu  # noqa: F401  (registers the npu device and HCCL)
+    except Exception as exc:  # any failure of a binary plugin: missing, ABI mismatch, no CANN
+        detail = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise MpipeError(
+            f"--device npu: torch_npu is not usable ({type(exc).__name__}: {detail}); install the torch_npu build "
+            f"matching this torch and the Ascend CANN toolkit (if a broken torch_npu breaks 'import torch', set "
+            f"TORCH_DEVICE_BACKEND_AUTOLOAD=0)"
+        ) from None
+
+
+def _init_rank(rank: int, world_size: int, local_rank: int, device_kind: str, timeout_s: float, store=None) -> RankContext:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if device_kind == "npu":
+        _import_torch_npu()
+        torch.npu.set_device(local_rank)
+    elif device_kind == "cuda":
+        torch.cuda.set_device(local_rank)
+    backend = BACKENDS[device_kind]
+    kwargs = {"store": store} if store is not None else {"init_method": "env://"}
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs)
+    return RankContext(rank, world_size, local_rank, device_kind, backend)
+
+
+def run_under_torchrun(fn: Callable[..., Any], args: tuple, device_kind: str, *, timeout_s: float) -> Any:
+    """Run ``fn(ctx, *args)`` as the rank ``torchrun`` started; returns its result (rank 0's matters)."""
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    ctx = _init_rank(rank, world, int(os.environ.get("LOCAL_RANK", rank)), device_kind, timeout_s)
+    try:
+        return fn(ctx, *args)
+    except Exception as exc:
+        raise RankFailed(f"rank {rank} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
+    finally:
+        dist.destroy_process_group()
+
+
+def launch_local(
+    fn: Callable[..., Any],
+    args: tuple,
+    world_size: int,
+    device_kind: str = "cpu",
+    *,
+    timeout_s: float = 300.0,
+    deadline_s: float | None = None,
+) -> Any:
+    """Run ``fn(ctx, *args)`` on ``world_size`` local ranks and return rank 0's result.
+
+    ``fn`` must be importable by name (a module-level function). ``timeout_s`` bounds each collective
+    and transfer; ``deadline_s``, when given, bounds the whole run. Raises :class:`RankFailed`.
+    """
+    import torch.distributed as dist
+
+    disable_backend_autoload()
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
+    store = dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    with tempfile.TemporaryDirectory(prefix="mpipe-run-") as scratch:
+        procs = [
+            context.Process(
+                target=_child_main,
+                args=(rank, world_size, store.port, device_kind, timeout_s, scratch, fn, args),
+                name=f"mpipe-rank{rank}",
+            )
+            for rank in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        _watch(procs, scratch, deadline_s)
+        result_file = Path(scratch) / "result.pkl"
+        return pickle.loads(result_file.read_bytes()) if result_file.exists() else None
+
+
+def _watch(procs: list, scratch: str, deadline_s: float | None) -> None:
+    started = time.monotonic()
+    alive = {p.sentinel: (rank, p) for rank, p in enumerate(procs)}
+    failures: list[tuple[float, int, str, str]] = []
+    first_seen = 0.0
+    try:
+        while alive:
+            if failures and time.monotonic() >= first_seen + _SETTLE_S:
+                break
+            for sentinel in multiprocessing.connection.wait(list(alive), timeout=0.1 if failures else 1.0):
+                rank, p = alive.pop(sentinel)
+                p.join()
+                if p.exitcode != 0:
+                    first_seen = first_seen or time.monotonic()
+                    failures.append(_failure_of(rank, p.exitcode, scratch))
+            if deadline_s is not None and time.monotonic() - started > deadline_s and not failures:
+                ranks = sorted(rank for rank, _ in alive.values())
+                raise RankFailed(f"the run passed its deadline of {deadline_s:g} s; rank(s) {ranks} were still running and were killed")
+    finally:
+        _kill([p for _, p in alive.values()])
+    if failures:
+        _when, _rank, message, details = min(failures)
+        others = len(failures) - 1
+        error = RankFailed(message + (f" ({others} other rank(s) failed after it)" if others else ""))
+        error.details = details
+        raise error
+
+
+def _failure_of(rank: int, exitcode: int, scratch: str) -> tuple[float, int, str, str]:
+    """(when, rank, one-line message, traceback) of a rank that exited non-zero."""
+    error_file = Path(scratch) / f"rank{rank}.err"
+    if error_file.exists():
+        when, line, details = error_file.read_text().split("\n", 2)
+        return float(when), rank, line, details
+    how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}"
+    return time.time(), rank, f"rank {rank} died: its process {how}", ""
+
+
+def _kill(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + _KILL_GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _child_main(rank, world_size, port, device_kind, timeout_s, scratch, fn, args) -> None:
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timedelta(seconds=timeout_s))
+        ctx = _init_rank(rank, world_size, rank, device_kind, timeout_s, store)
+        result = fn(ctx, *args)
+        if rank == 0:
+            tmp = Path(scratch) / "result.pkl.tmp"
+            tmp.write_bytes(pickle.dumps(result))
+            tmp.rename(Path(scratch) / "result.pkl")
+        dist.destroy_process_group()
+    except BaseException as exc:
+        message = f"rank {rank} failed: {type(exc).__name__}: {_first_line(exc)}"
+        (Path(scratch) / f"rank{rank}.err").write_text(f"{time.time()}\n{message}\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""

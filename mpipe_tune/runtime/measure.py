@@ -1,0 +1,87 @@
+"""Measured step times beside the prediction, and the per-event Chrome/Perfetto trace.
+
+Each rank times its own events on its own clock; steps start after a barrier, so rank ``r``'s times
+are laid out from its own step start (the barrier's exit skew, well under a millisecond on one host,
+is the alignment error). A step's time is the slowest rank's, from its step start to the end of its
+optimizer update. Pure Python: the records come from :class:`~mpipe_tune.runtime.executor.StepRecord`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from mpipe_tune.runtime.plan_view import PlanView
+
+
+def step_times_s(per_rank: Sequence[Sequence[Any]]) -> list[float]:
+    """Per step, the slowest rank's step time."""
+    num_steps = len(per_rank[0])
+    return [max(steps[k].end - steps[k].start for steps in per_rank) for k in range(num_steps)]
+
+
+def summary(view: PlanView, per_rank: Sequence[Sequence[Any]], **about: Any) -> dict[str, Any]:
+    """The ``--json`` record: measured beside predicted, the ratio, per-step times and losses.
+
+    The measured step time is the median over steps after the first (which pays one-time warm-up),
+    or the only step's time when there is one."""
+    times = step_times_s(per_rank)
+    measured = statistics.median(times[1:]) if len(times) > 1 else times[0]
+    predicted = view.predicted_step_s
+    losses = []
+    for k in range(len(times)):
+        per_mb = {m: loss for steps in per_rank for m, loss in steps[k].losses.items()}
+        losses.append(sum(per_mb.values()) if per_mb else None)
+    return {
+        "plan": view.path,
+        "schedule": view.schedule,
+        "pp": view.num_ranks,
+        "microbatches": view.num_microbatches,
+        **about,
+        "steps": len(times),
+        "step_times_s": times,
+        "loss_sums": losses,
+        "measured_step_s": measured,
+        "predicted_step_s": predicted,
+        "ratio": measured / predicted if predicted > 0 else None,
+        "busy_s": [_busy_s(steps[-1]) for steps in per_rank],
+    }
+
+
+def _busy_s(step: Any) -> float:
+    return sum(end - start for _i, _ready, start, end in step.spans) + step.update_s
+
+
+def chrome_trace(view: PlanView, per_rank: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """Chrome/Perfetto ``traceEvents``: one process per rank, one slice per event run (its wait for
+    inputs in ``args.wait_us``, its predicted duration in ``args.predicted_us``), and one slice per step."""
+    events: list[dict[str, Any]] = []
+    times = step_times_s(per_rank)
+    for rank, steps in enumerate(per_rank):
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "events"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "steps"}})
+        offset = 0.0
+        for k, step in enumerate(steps):
+            def us(t: float) -> float:
+                return round((t - step.start + offset) * 1e6, 3)
+
+            events.append({"name": f"step {k}", "ph": "X", "pid": rank, "tid": 1, "ts": us(step.start),
+                           "dur": round((step.end - step.start) * 1e6, 3), "args": {"step": k}})
+            for index, ready, start, end in step.spans:
+                events.append({
+                    "name": str(view.events[index]), "cat": type(view.events[index]).__name__, "ph": "X",
+                    "pid": rank, "tid": 0, "ts": us(start), "dur": round((end - start) * 1e6, 3),
+                    "args": {"step": k, "wait_us": round((start - ready) * 1e6, 3),
+                             "predicted_us": round(view.durations_s[index] * 1e6, 3)},
+                })
+            offset += times[k]
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def dump_trace(trace: dict[str, Any], path: str | os.PathLike) -> None:
+    with open(path, "w") as f:
+        json.dump(trace, f)

@@ -1,0 +1,74 @@
+"""The MLLM as a dict of per-layer modules, and the single-process reference step.
+
+A rank builds only the layers it holds (:meth:`PlanView.layers_of`); the reference builds them all.
+Gradient names are ``"<layer index>.<parameter name>"`` so that a rank's gradients and the
+reference's can be compared one to one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.runtime.blueprint import LayerSpec
+from mpipe_tune.runtime.data import MicrobatchInputs
+from mpipe_tune.runtime.layers import build_layer
+
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LayerStack:
+    """The modules of some layers of a model, keyed by model layer index."""
+
+    specs: tuple[LayerSpec, ...]
+    modules: dict[int, nn.Module]
+
+    @classmethod
+    def build(cls, specs: Sequence[LayerSpec], indices: Iterable[int], *, seed: int, dtype: torch.dtype,
+              device: torch.device) -> LayerStack:
+        modules = {i: build_layer(specs[i], seed=seed, dtype=dtype, device=device) for i in sorted(set(indices))}
+        return cls(tuple(specs), modules)
+
+    def run(self, start: int, stop: int, x: torch.Tensor | None, inputs: MicrobatchInputs) -> torch.Tensor:
+        for i in range(start, stop):
+            x = self.modules[i](x, inputs)
+        return x
+
+    def trainable_parameters(self, layers: Iterable[int] | None = None) -> list[nn.Parameter]:
+        """Trainable parameters of the given layers (default: every layer held)."""
+        chosen = self.modules if layers is None else [i for i in layers if i in self.modules]
+        return [p for i in sorted(chosen) for p in self.modules[i].parameters() if p.requires_grad]
+
+    def named_gradients(self) -> dict[str, torch.Tensor]:
+        return {f"{i}.{name}": p.grad.detach().cpu().clone()
+                for i, m in self.modules.items() for name, p in m.named_parameters() if p.requires_grad}
+
+    def zero_grads(self) -> None:
+        """Every trainable parameter gets a zero gradient (not None), so reduces see fixed shapes even
+        when a rank ran no microbatch through a layer."""
+        for p in self.trainable_parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.zero_()
+
+
+def reference_step(
+    specs: Sequence[LayerSpec], microbatches: Sequence[Microbatch], *, seed: int,
+    dtype: torch.dtype = torch.float64, device: torch.device = torch.device("cpu"),
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """One step of the whole model in one process: the summed loss over the microbatches and every
+    trainable parameter's gradient (of that sum)."""
+    stack = LayerStack.build(specs, range(len(specs)), seed=seed, dtype=dtype, device=device)
+    stack.zero_grads()
+    total = 0.0
+    for m, mb in enumerate(microbatches):
+        loss = stack.run(0, len(specs), None, MicrobatchInputs(mb, m, seed, dtype, device))
+        loss.backward()
+        total += float(loss.detach())
+    return total, stack.named_gradients()

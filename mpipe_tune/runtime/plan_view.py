@@ -1,0 +1,251 @@
+"""A plan file read for execution: per-rank event lists and the transfers between them.
+
+The runtime decides nothing about a schedule; everything it does is read off the plan's order
+graph, generically for every event:
+
+- a rank event's incoming edges from ``Coll`` events are what it receives before it runs, its
+  outgoing edges to ``Coll`` events what it sends after it runs;
+- a transfer produced by a ``Fwd`` carries that forward's output (an activation), one produced by a
+  ``Bwd`` carries the gradient of that backward's input; the consumer uses it as its input
+  (``Fwd``) or as the gradient of its output (``Bwd``);
+- a ``Bwd`` computes its input gradient only if it has an outgoing transfer (the footprint gates
+  are already in the graph), and a stage's ``Fwd`` records autograd only if its ``Bwd`` exists;
+- a ``Bwd`` fed by a ``Loss`` starts the backward from that microbatch's loss.
+
+Both ends of a transfer compute its shape from the stored workload (the output shape of the layer
+at the boundary), so variable image sizes need no shape header on the wire.
+
+Nothing here imports torch: the CLI runs these checks before any process starts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Event, Fwd, Group, Loss, StepBarrier, parse_event
+from mpipe_tune.algebra.model import Model
+from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.errors import MpipeError, NotSupportedError
+from mpipe_tune.report.plan_file import load_plan, workload_of
+
+Stage = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One ``Coll`` event as the runtime sees it: who produces it, who consumes it, what it carries."""
+
+    index: int
+    """The Coll's event index (also the message tag)."""
+    producer: int
+    """Event index of the Fwd or Bwd that produces the payload."""
+    consumer: int
+    """Event index of the Fwd or Bwd that consumes it."""
+    src_rank: int
+    dst_rank: int
+    gradient: bool
+    """True when the payload is a gradient (produced by a Bwd)."""
+    boundary_layer: int
+    """The model layer whose output (or output gradient) travels."""
+    mb: int
+
+    @property
+    def is_local(self) -> bool:
+        return self.src_rank == self.dst_rank
+
+
+@dataclass(frozen=True)
+class PlanView:
+    path: str
+    record: dict[str, Any] = field(repr=False)
+    events: tuple[Event, ...]
+    nodes: tuple[tuple[int, ...], ...]
+    """Per rank, its event indices in the order it runs them."""
+    microbatches: tuple[Microbatch, ...]
+    durations_s: tuple[float, ...]
+    predicted_step_s: float
+    region_layers: dict[int, tuple[int, int]]
+    """Region -> its layers [start, stop)."""
+    stage_slabs: dict[Stage, tuple[int, int]]
+    """Sharded stage (region, rank) -> its slab [start, stop)."""
+    recvs: dict[int, tuple[Transfer, ...]]
+    sends: dict[int, tuple[Transfer, ...]]
+    loss_source: dict[int, int]
+    """Loss event index -> the Fwd event whose output is the microbatch's loss."""
+    loss_fed: dict[int, int]
+    """Bwd event index -> the Loss event that starts it."""
+    backward_stages: frozenset[tuple[int, int, int]]
+    """(region, rank, mb) that have a Bwd event."""
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def num_microbatches(self) -> int:
+        return len(self.microbatches)
+
+    @property
+    def schedule(self) -> str:
+        return str(self.record["candidate"]["schedule"])
+
+    def slab(self, region: int, rank: int) -> tuple[int, int]:
+        """The layers ``Fwd(region, rank, m)`` runs: its slab, or the whole region when replicated."""
+        return self.stage_slabs.get((region, rank), self.region_layers[region])
+
+    def layers_of(self, rank: int) -> tuple[int, ...]:
+        """Model layer indices rank ``rank`` must hold: its slabs, plus every region it reduces
+        (the whole replicated region, even when it owns none of its microbatches)."""
+        layers: set[int] = set()
+        for i in self.nodes[rank]:
+            event = self.events[i]
+            if isinstance(event, (Fwd, Bwd)):
+                layers.update(range(*self.slab(event.region, event.rank)))
+            elif isinstance(event, DpReduce):
+                start, stop = self.reduce_layers(event, rank)
+                layers.update(range(start, stop))
+        return tuple(sorted(layers))
+
+    def reduce_layers(self, event: DpReduce, rank: int) -> tuple[int, int]:
+        if event.group is Group.REPLICA:
+            return self.region_layers[event.region]
+        return self.slab(event.region, rank if event.rank is None else event.rank)
+
+    def needs_input_grad(self, bwd_index: int) -> bool:
+        return bool(self.sends.get(bwd_index))
+
+    def records_autograd(self, fwd: Fwd) -> bool:
+        return (fwd.region, fwd.rank, fwd.mb) in self.backward_stages
+
+
+def read_plan_file(path: str, model: Model | None = None) -> PlanView:
+    """Load and check a plan file; with ``model``, check it is the model the plan was made for."""
+    record = load_plan(path)
+    view = _view(path, record)
+    if model is not None:
+        validate_model_matches(view, model)
+    return view
+
+
+def validate_model_matches(view: PlanView, model: Model) -> None:
+    wanted = view.record["inputs"]["model"]
+    if model.content_hash() != wanted.get("hash"):
+        frozen = ",".join(wanted.get("frozen") or []) or "none"
+        raise MpipeError(
+            f"plan file {view.path} was made for model '{wanted.get('name')}' (spec {wanted.get('spec')!r}, "
+            f"frozen {frozen}), but model '{model.name}' given here differs (content hash mismatch); "
+            f"pass the plan's --model, or re-plan for this model"
+        )
+    last = max(stop for _, stop in view.region_layers.values())
+    if last != model.num_layers:
+        raise MpipeError(f"plan file {view.path} covers {last} layers but model '{model.name}' has {model.num_layers}")
+
+
+def validate_runnable(view: PlanView, world_size: int | None = None) -> None:
+    """What this runtime cannot run, as one-line errors, before any process group exists."""
+    candidate = view.record["candidate"]
+    for key, what in (("tp", "tensor"), ("dp", "data")):
+        if candidate.get(key, 1) != 1:
+            raise NotSupportedError(
+                f"plan file {view.path} has {key}={candidate[key]}: the runtime runs pipeline parallelism only "
+                f"({what}-parallel degree 1); re-plan with --{key} 1"
+            )
+    if world_size is not None and world_size != view.num_ranks:
+        raise MpipeError(
+            f"plan file {view.path} is for P={view.num_ranks} pipeline ranks but the world size is {world_size}; "
+            f"launch {view.num_ranks} processes (torchrun --nproc-per-node {view.num_ranks}) or re-plan with --pp {world_size}"
+        )
+
+
+def _view(path: str, record: dict[str, Any]) -> PlanView:
+    try:
+        return _build_view(path, record)
+    except (KeyError, TypeError, ValueError, IndexError, AssertionError) as exc:
+        if isinstance(exc, MpipeError):
+            raise
+        raise MpipeError(
+            f"plan file {path}: placement or order is corrupt ({type(exc).__name__}: {exc}); re-create the plan"
+        ) from None
+
+
+def _build_view(path: str, record: dict[str, Any]) -> PlanView:
+    order = record["order"]
+    events = tuple(parse_event(text) for text in order["events"])
+    nodes = tuple(tuple(int(i) for i in rank_nodes) for rank_nodes in order["nodes"])
+    microbatches = workload_of(record).microbatches
+    assert len(microbatches) == record["candidate"]["microbatches"], "workload length differs from M"
+
+    region_layers: dict[int, tuple[int, int]] = {}
+    stage_slabs: dict[Stage, tuple[int, int]] = {}
+    for p in record["placement"]:
+        start, stop = p["layers"]
+        region_layers[int(p["region"])] = (int(start), int(stop))
+        for rank, (a, b) in enumerate(p.get("slabs") or []):
+            stage_slabs[(int(p["region"]), rank)] = (int(a), int(b))
+
+    preds: dict[int, list[int]] = defaultdict(list)
+    succs: dict[int, list[int]] = defaultdict(list)
+    for s, t, _kind in order["edges"]:
+        succs[int(s)].append(int(t))
+        preds[int(t)].append(int(s))
+
+    rank_of: dict[int, int] = {}
+    for rank, rank_nodes in enumerate(nodes):
+        for i in rank_nodes:
+            event = events[i]
+            assert not isinstance(event, Coll), f"Coll event {event} in rank {rank}'s list"
+            if isinstance(event, (Fwd, Bwd)):
+                assert event.rank == rank, f"event {event} listed on rank {rank}"
+            rank_of.setdefault(i, rank)
+
+    def slab(region: int, rank: int) -> tuple[int, int]:
+        return stage_slabs.get((region, rank), region_layers[region])
+
+    recvs: dict[int, list[Transfer]] = defaultdict(list)
+    sends: dict[int, list[Transfer]] = defaultdict(list)
+    for i, event in enumerate(events):
+        if not isinstance(event, Coll):
+            continue
+        (producer,), (consumer,) = preds[i], succs[i]
+        p_event, c_event = events[producer], events[consumer]
+        assert isinstance(p_event, (Fwd, Bwd)) and isinstance(c_event, (Fwd, Bwd)), f"{event} joins {p_event} and {c_event}"
+        gradient = isinstance(p_event, Bwd)
+        start, stop = slab(p_event.region, p_event.rank)
+        boundary = start - 1 if gradient else stop - 1
+        assert boundary >= 0, f"{event} carries the gradient of the model input"
+        t = Transfer(i, producer, consumer, rank_of[producer], rank_of[consumer], gradient, boundary, event.mb)
+        sends[producer].append(t)
+        recvs[consumer].append(t)
+
+    loss_source: dict[int, int] = {}
+    loss_fed: dict[int, int] = {}
+    for i, event in enumerate(events):
+        if isinstance(event, Loss):
+            (source,) = [p for p in preds[i] if isinstance(events[p], Fwd)]
+            loss_source[i] = source
+            for t in succs[i]:
+                if isinstance(events[t], Bwd):
+                    loss_fed[t] = i
+    backward_stages = frozenset((e.region, e.rank, e.mb) for e in events if isinstance(e, Bwd))
+    for i in rank_of:
+        assert isinstance(events[i], (Fwd, Bwd, Loss, DpReduce, StepBarrier)), events[i]
+
+    durations = tuple(float(d) for d in record["predicted"]["durations_s"])
+    return PlanView(
+        path=str(path),
+        record=record,
+        events=events,
+        nodes=nodes,
+        microbatches=microbatches,
+        durations_s=durations,
+        predicted_step_s=float(record["predicted"]["makespan_s"]),
+        region_layers=region_layers,
+        stage_slabs=stage_slabs,
+        recvs={k: tuple(sorted(v, key=lambda t: t.index)) for k, v in recvs.items()},
+        sends={k: tuple(sorted(v, key=lambda t: t.index)) for k, v in sends.items()},
+        loss_source=loss_source,
+        loss_fed=loss_fed,
+        backward_stages=backward_stages,
+    )

@@ -1,0 +1,119 @@
+"""Point-to-point transfers of one rank: non-blocking sends, receives posted in the sender's order.
+
+- A transfer between two stages on the same rank is a local hand-off (no communication).
+- Sends are ``isend``: the sender never blocks; handles (and their tensors) are kept until
+  :meth:`Transport.finish` at the step barrier.
+- Receives are posted per source rank in the order that source issues its sends (read off the plan:
+  the source's event order, each event's sends by event index). NCCL matches point-to-point messages
+  of a pair in issue order, ignoring tags; posting in the sender's order makes every backend match
+  the right message to the right buffer. Gloo also gets the Coll's event index as tag.
+- Both ends know every payload's shape (from the workload); an empty payload (a microbatch without
+  images crossing an image-stream seam) is not sent at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from mpipe_tune.runtime.plan_view import PlanView, Transfer
+
+
+class Transport:
+    def __init__(
+        self,
+        view: PlanView,
+        rank: int,
+        *,
+        shape_of: Callable[[Transfer], tuple[int, ...]],
+        dtype: torch.dtype,
+        device: torch.device,
+        link_delay_s: Callable[[Transfer], float] | None = None,
+    ) -> None:
+        """``link_delay_s`` (emulation): the payload is the sender's clock, and a receive returns no
+        earlier than that time plus the transfer's delay, as the cost model's link would."""
+        self.rank = rank
+        self.shape_of = shape_of
+        self.dtype = dtype
+        self.device = device
+        self.link_delay_s = link_delay_s
+        self._mailbox: dict[int, torch.Tensor | None] = {}
+        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._posted: dict[int, tuple[dist.Work, torch.Tensor]] = {}
+        self._queues = self._incoming_queues(view)
+        self._fresh_queues = {src: tuple(q) for src, q in self._queues.items()}
+
+    def _incoming_queues(self, view: PlanView) -> dict[int, deque[Transfer]]:
+        queues: dict[int, deque[Transfer]] = defaultdict(deque)
+        for src, nodes in enumerate(view.nodes):
+            if src == self.rank:
+                continue
+            for i in nodes:
+                for t in view.sends.get(i, ()):
+                    if t.dst_rank == self.rank and self._travels(t):
+                        queues[src].append(t)
+        return queues
+
+    def _travels(self, t: Transfer) -> bool:
+        return not t.is_local and (self.link_delay_s is not None or _numel(self.shape_of(t)) > 0)
+
+    def send(self, t: Transfer, tensor: torch.Tensor | None) -> None:
+        if t.is_local:
+            self._mailbox[t.index] = tensor
+            return
+        if not self._travels(t):
+            return
+        if self.link_delay_s is not None:
+            tensor = torch.tensor([time.perf_counter()], dtype=torch.float64, device=self.device)
+        else:
+            assert tensor is not None and tuple(tensor.shape) == self.shape_of(t), (t, None if tensor is None else tensor.shape)
+            tensor = tensor.detach().contiguous()
+        self._sends.append((dist.isend(tensor, t.dst_rank, tag=t.index), tensor))
+
+    def recv(self, t: Transfer) -> torch.Tensor | None:
+        if t.is_local:
+            return self._mailbox.pop(t.index)
+        if not self._travels(t):
+            return torch.empty(self.shape_of(t), dtype=self.dtype, device=self.device)
+        queue = self._queues[t.src_rank]
+        while t.index not in self._posted:
+            ahead = queue.popleft()
+            self._posted[ahead.index] = self._post(ahead)
+        work, buffer = self._posted.pop(t.index)
+        work.wait()
+        if self.link_delay_s is not None:
+            _sleep_until(float(buffer.item()) + self.link_delay_s(t))
+            return None
+        return buffer
+
+    def _post(self, t: Transfer) -> tuple[dist.Work, torch.Tensor]:
+        if self.link_delay_s is not None:
+            buffer = torch.empty(1, dtype=torch.float64, device=self.device)
+        else:
+            buffer = torch.empty(self.shape_of(t), dtype=self.dtype, device=self.device)
+        return dist.irecv(buffer, t.src_rank, tag=t.index), buffer
+
+    def finish(self) -> None:
+        """End of step: every send has completed and every receive was consumed."""
+        for work, _tensor in self._sends:
+            work.wait()
+        self._sends.clear()
+        assert not self._posted and not self._mailbox and not any(self._queues.values()), "unconsumed transfers"
+        self._queues = {src: deque(q) for src, q in self._fresh_queues.items()}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _sleep_until(deadline: float) -> None:
+    remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
