@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from mpipe_tune.cli_run import Run
 from mpipe_tune.errors import MpipeError
 
 
@@ -173,7 +174,7 @@ class Profiles(Command):
         return 0
 
 
-COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles()]
+COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Run()]
 
 
 def build_parser() -> argparse.ArgumentParser:

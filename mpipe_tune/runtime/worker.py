@@ -7,65 +7,21 @@ same P pays the process start-up once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from mpipe_tune.algebra.model import Model
-from mpipe_tune.runtime.blueprint import blueprint, output_shape, validate_workload
+from mpipe_tune.runtime.blueprint import blueprint, output_shape
 from mpipe_tune.runtime.compute import EmulatedCompute, RealCompute
 from mpipe_tune.runtime.executor import Executor
+from mpipe_tune.runtime.job import RunJob, resolve_model
 from mpipe_tune.runtime.launch import RankContext
 from mpipe_tune.runtime.measure import chrome_trace, summary
 from mpipe_tune.runtime.mllm import DTYPES, LayerStack
-from mpipe_tune.runtime.plan_view import PlanView, read_plan_file, validate_model_matches, validate_runnable
+from mpipe_tune.runtime.plan_view import read_plan_file, validate_runnable
 from mpipe_tune.runtime.transport import Transport
-
-COMPUTE_MODES = ("real", "emulated")
-
-
-@dataclass(frozen=True)
-class RunJob:
-    plan_path: str
-    model_spec: str | None = None
-    """Built-in model name or YAML file; default: the spec stored in the plan."""
-    steps: int = 3
-    compute: str = "real"
-    """``real``: run the MLLM; ``emulated``: sleep each compute event's predicted duration."""
-    dtype: str = "fp32"
-    seed: int = 0
-    lr: float = 1e-3
-    trace: bool = False
-    """Return the Chrome trace with rank 0's result."""
-    grads_dir: str | None = None
-    """Checks: each rank saves its first step's gradients and losses (before the update) here."""
-
-
-def resolve_model(view: PlanView, model_spec: str | None) -> Model:
-    """The plan's model (or ``model_spec``) with the plan's frozen blocks, checked against its hash."""
-    from mpipe_tune.specs import load_model
-
-    inputs = view.record["inputs"]["model"]
-    model = load_model(model_spec or inputs["spec"])
-    frozen = tuple(inputs.get("frozen") or ())
-    if frozen:
-        model = model.with_frozen(frozen)
-    validate_model_matches(view, model)
-    return model
-
-
-def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
-    """Every check that needs no process group; one-line :class:`MpipeError` on failure."""
-    view = read_plan_file(job.plan_path)
-    model = resolve_model(view, job.model_spec)
-    validate_runnable(view, world_size)
-    if job.compute == "real":
-        validate_workload(blueprint(model), view.microbatches)
-    return view
-
 
 def run_jobs(ctx: RankContext, jobs: list[RunJob]) -> list[dict[str, Any]] | None:
     results = [run_job(ctx, job) for job in jobs]

@@ -1,0 +1,94 @@
+"""``mpipe-tune run``: execute a plan file on torch.distributed and set the measurement beside the prediction.
+
+Everything that can be wrong with the inputs is checked here first (plan file, model, world size,
+device), with one line and exit code 2, before any process or process group exists. torch is
+imported only inside :meth:`Run.take_action`, so the planner's CLI works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from mpipe_tune.errors import MpipeError
+
+
+class Run:
+    """The ``run`` subcommand (the ``mpipe_tune.cli.Command`` interface, duck-typed: subclassing it would
+    import ``mpipe_tune.cli`` back half-initialised under ``python -m mpipe_tune.cli``)."""
+
+    name = "run"
+    help = "run a plan file on local ranks (or under torchrun) and compare the step time with the prediction"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("plan", help="plan.json written by the planner")
+        parser.add_argument("--model", default=None, help="built-in model name or YAML file (default: the one the plan names)")
+        parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "npu"),
+                            help="cpu (gloo), cuda (NCCL) or npu (HCCL via torch_npu); default cpu")
+        parser.add_argument("--steps", type=int, default=3, help="training steps to run (default 3)")
+        parser.add_argument("--compute", default="real", choices=("real", "emulated"),
+                            help="real: run the MLLM; emulated: wait each compute event's predicted time, "
+                                 "transfers stay real (default real)")
+        parser.add_argument("--dtype", default="fp32", help="real compute dtype: fp32, fp64, bf16, fp16 (default fp32)")
+        parser.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic batches (default 0)")
+        parser.add_argument("--trace", default=None, help="write the measured per-event Chrome/Perfetto trace to this JSON file")
+        parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+    def take_action(self, args: argparse.Namespace) -> int:
+        from mpipe_tune.runtime import launch
+        from mpipe_tune.runtime.job import RunJob, preflight
+
+        launch.disable_backend_autoload()  # before the first import of torch
+        job = RunJob(args.plan, model_spec=args.model, steps=args.steps, compute=args.compute, dtype=args.dtype,
+                     seed=args.seed, trace=bool(args.trace))
+        if args.trace and not Path(args.trace).resolve().parent.is_dir():
+            raise MpipeError(f"--trace {args.trace}: folder {Path(args.trace).parent} does not exist; create it or pick another path")
+        torchrun = launch.under_torchrun()
+        view = preflight(job, launch.torchrun_world_size() if torchrun else None)
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if torchrun else view.num_ranks
+        launch.check_device(args.device, local_ranks)
+
+        from mpipe_tune.runtime.worker import run_jobs
+
+        try:
+            if torchrun:
+                results = launch.run_under_torchrun(run_jobs, ([job],), args.device, timeout_s=600.0)
+            else:
+                results = launch.launch_local(run_jobs, ([job],), view.num_ranks, args.device, timeout_s=600.0)
+        except launch.RankFailed as exc:
+            if exc.details:
+                print(exc.details.rstrip(), file=sys.stderr)
+            print(f"mpipe-tune run: error: {exc}", file=sys.stderr)
+            return 1
+        if results is None:  # a torchrun rank other than 0
+            return 0
+        result = results[0]
+        if args.trace:
+            from mpipe_tune.runtime.measure import dump_trace
+
+            dump_trace(result["trace"], args.trace)
+            result["summary"]["trace"] = args.trace
+        if args.json:
+            print(json.dumps(result["summary"], indent=2))
+        else:
+            print_run(result["summary"])
+        return 0
+
+
+def print_run(record: dict) -> None:
+    what = f"compute {record['compute']}" + (f" {record['dtype']}" if record.get("dtype") else "")
+    print(f"plan {record['plan']}: <{record['schedule']}> P={record['pp']} M={record['microbatches']} "
+          f"on {record['device']} ({record['backend']}), {what}")
+    print("step times ms: " + " ".join(f"{t * 1e3:.3f}" for t in record["step_times_s"]))
+    losses = [f"{x:.6g}" for x in record["loss_sums"] if x is not None]
+    if losses and record["compute"] == "real":
+        print("summed loss per step: " + " ".join(losses))
+    basis = "median of steps 2.." if record["steps"] > 1 else "one step"
+    ratio = f"{record['ratio']:.3f}" if record["ratio"] is not None else "-"
+    print(f"measured step time {record['measured_step_s'] * 1e3:.3f} ms ({basis}{record['steps'] if record['steps'] > 1 else ''}), "
+          f"predicted {record['predicted_step_s'] * 1e3:.3f} ms, measured/predicted {ratio}")
+    if record.get("trace"):
+        print(f"trace written to {record['trace']}")
