@@ -97,8 +97,8 @@ class RealCompute:
 
 
 class EmulatedCompute:
-    """Sleeps for each compute event's predicted seconds; reduces are a real one-element all-reduce
-    padded to their predicted seconds."""
+    """Sleeps for each compute event's predicted seconds; a ReplicaGroup reduce is a real one-element
+    all-reduce (the join of every rank) followed by its predicted seconds."""
 
     def __init__(self, view: PlanView, rank: int, device: torch.device) -> None:
         self.view = view
@@ -123,10 +123,9 @@ class EmulatedCompute:
         self._sleep(index, time.perf_counter())
 
     def reduce(self, index: int, event: DpReduce) -> None:
-        started = time.perf_counter()
-        if event.group is Group.REPLICA:
+        if event.group is Group.REPLICA:  # joins every rank, as the shared event does in the order graph
             dist.all_reduce(torch.zeros(1, device=self.device))
-        self._sleep(index, started)
+        self._sleep(index, time.perf_counter())
 
     def update(self) -> None:
         pass

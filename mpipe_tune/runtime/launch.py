@@ -78,6 +78,8 @@ def check_device(device_kind: str, local_ranks: int) -> None:
     """One-line errors for a device this host cannot give ``local_ranks`` ranks."""
     if device_kind not in BACKENDS:
         raise MpipeError(f"--device {device_kind!r}: use one of {', '.join(BACKENDS)}")
+    if device_kind == "cpu":
+        return
     import torch
 
     if device_kind == "cuda":
