@@ -1,0 +1,124 @@
+"""``mpipe-tune profile``: measure this host's roofline and links and write a hardware profile."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mpipe_tune.errors import MpipeError
+
+_DEVICES = ("cpu", "cuda", "npu")
+
+
+class Profile:
+    """The ``profile`` subcommand (the ``mpipe_tune.cli.Command`` interface).
+
+    It does not subclass ``Command``: under ``python -m mpipe_tune.cli`` that module runs twice (as
+    ``__main__`` and as ``mpipe_tune.cli``), and a subclass would import it back half-initialized.
+    """
+
+    name = "profile"
+    help = "measure peak FLOP/s, memory bandwidth and alpha-beta links of this host into a profile JSON"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--device", required=True, help="device to measure: cpu, cuda or npu")
+        parser.add_argument("--nproc", type=int, default=2,
+                            help="processes (one device each) for the link measurement, >= 2 (default 2)")
+        parser.add_argument("--dtypes", default="fp32,bf16",
+                            help="comma-separated dtypes whose peak FLOP/s to measure (default fp32,bf16)")
+        parser.add_argument("--quick", action="store_true",
+                            help="a reduced sweep (small sizes, few repeats): a smoke test in seconds")
+        parser.add_argument("--out", required=True, help="profile file to write, e.g. profiles/NAME.json")
+        parser.add_argument("--name", default=None, help="profile name (default: the --out file's stem)")
+
+    def take_action(self, args: argparse.Namespace) -> int:
+        device, dtypes, out, name = validate_request(args)
+        from tqdm import tqdm
+
+        from mpipe_tune.cost.profile import dump_profile, load_profile
+        from mpipe_tune.profiler.build import assemble_profile, count_steps, profile_device
+        from mpipe_tune.profiler.settings import sweep_settings
+
+        begin = time.monotonic()
+        total = count_steps(dtypes, sweep_settings(device, quick=args.quick))
+        with tqdm(total=total, desc=f"profile {device}", unit="pt", file=sys.stderr, disable=None,
+                  dynamic_ncols=True) as bar:
+            def progress(label: str) -> None:
+                bar.set_postfix_str(label, refresh=False)
+                bar.update()
+
+            measurements = profile_device(device, args.nproc, dtypes, quick=args.quick, progress=progress)
+        dump_profile(assemble_profile(measurements, name=name), out)
+        print_summary(load_profile(out), out, time.monotonic() - begin)
+        return 0
+
+
+def validate_request(args: argparse.Namespace) -> tuple[str, tuple[str, ...], Path, str]:
+    """Check every argument before anything is measured; returns (device, dtypes, out, name)."""
+    from mpipe_tune.cost.profile import DTYPES
+    from mpipe_tune.profiler.roofline import TORCH_DTYPES
+
+    device = args.device
+    if device not in _DEVICES:
+        raise MpipeError(f"--device {device!r} is not a device the profiler knows; use one of {', '.join(_DEVICES)}")
+    if args.nproc < 2:
+        raise MpipeError(f"--nproc is {args.nproc}, but the alpha-beta sweep needs at least 2 processes "
+                         "(one link has two ends); give --nproc 2 or more")
+    dtypes = tuple(dict.fromkeys(d.strip() for d in args.dtypes.split(",") if d.strip()))
+    if not dtypes:
+        raise MpipeError("--dtypes is empty; give at least one dtype, e.g. --dtypes fp32,bf16")
+    for dtype in dtypes:
+        if dtype not in DTYPES:
+            raise MpipeError(f"--dtypes: {dtype!r} is not a dtype; use some of {', '.join(TORCH_DTYPES)}")
+        if dtype not in TORCH_DTYPES:
+            raise MpipeError(f"--dtypes: {dtype!r} has no plain torch.matmul to measure it with; measure it "
+                             f"elsewhere and add it to the profile by hand, or use some of {', '.join(TORCH_DTYPES)}")
+        if dtype == "tf32" and device != "cuda":
+            raise MpipeError(f"--dtypes: 'tf32' is a CUDA matmul mode, not available with --device {device}; "
+                             "measure fp32 instead")
+    out = Path(args.out)
+    if out.suffix != ".json":
+        raise MpipeError(f"--out {args.out!r} must end in .json, so that --profile reads it as a file")
+    if out.is_dir():
+        raise MpipeError(f"--out {args.out!r} is a directory; give a file path such as {out / 'NAME.json'}")
+    _check_writable(out)
+    name = args.name if args.name is not None else out.stem
+    if not name.strip():
+        raise MpipeError("--name is empty; give the profile a name or leave --name out")
+    return device, dtypes, out, name
+
+
+def _check_writable(out: Path) -> None:
+    """Create and remove a scratch file beside ``out``, so a bad path fails before minutes of measuring."""
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise MpipeError(f"--out {str(out)!r}: the directory {str(parent)!r} does not exist; create it first")
+    try:
+        fd, scratch = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".probe", dir=parent)
+    except OSError as exc:
+        raise MpipeError(f"--out {str(out)!r}: cannot write in {str(parent)!r} ({exc.strerror or exc}); "
+                         "choose a writable path") from None
+    os.close(fd)
+    os.unlink(scratch)
+
+
+def print_summary(profile, out: Path, elapsed_s: float) -> None:
+    """A readable table of the profile just written."""
+    print(f"wrote {out} (profile {profile.name!r}) in {elapsed_s:.0f} s")
+    print(f"  device  {profile.device}")
+    for dtype, value in profile.peak_flops_per_s.items():
+        print(f"  peak {dtype:5s} {value / 1e12:9.4g} TFLOP/s")
+    print(f"  memory     {profile.memory_bytes_per_s / 1e9:9.4g} GB/s, "
+          f"capacity {profile.memory_capacity_bytes / 2**30:.4g} GiB")
+    print(f"  {'link (intra_node)':18s} {'alpha':>10s} {'bandwidth':>12s} {'R^2 log t':>10s} {'group':>6s}")
+    for (link_class, collective), cost in profile.links.items():
+        if link_class != "intra_node":
+            continue
+        origin = profile.provenance[f"links.{link_class}.{collective}"]
+        bandwidth = f"{1e-9 / cost.beta_s_per_byte:.4g} GB/s" if cost.beta_s_per_byte else "inf"
+        print(f"  {collective:18s} {cost.alpha_s * 1e6:7.3g} us {bandwidth:>12s} "
+              f"{origin.get('fit_r2', float('nan')):10.4f} {origin.get('group_size', ''):>6}")

@@ -1,0 +1,95 @@
+"""Alpha-beta fits: ``t = alpha + beta * n`` from a timing table, and back to a per-step link cost.
+
+Pure numpy; no torch. The fit minimises the *relative* error ``sum(((t_i - a - b n_i) / t_i)^2)``, so an
+8-byte message whose time is all latency weighs as much as a 16 MiB one whose time is all bandwidth (an
+ordinary least-squares fit on seconds would be decided by the largest messages alone and leave alpha to
+chance). Both coefficients are kept non-negative, as the profile schema requires: when the free fit
+gives a negative one, the better of the two one-coefficient fits is taken instead.
+
+``fit_r2`` is the coefficient of determination of ``log(t)``: on a sweep that spans six decades of
+size it says how well the line follows the measurements at every scale, which an R^2 on raw seconds
+(always close to 1, carried by the largest message) does not.
+
+A collective's whole time over ``g`` ranks is what the profiler measures; :func:`to_link_cost` turns
+the fitted line into the per-step :class:`LinkCost` that ``estimate_collective_s`` multiplies back up,
+reading the step counts off ``estimate_collective_s`` itself so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpipe_tune.cost.profile import LinkCost, estimate_collective_s
+
+
+@dataclass(frozen=True)
+class AlphaBetaFit:
+    """The line ``time_s = alpha_s + beta_s_per_byte * size_bytes`` fitted to one timing table."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+    fit_r2: float
+    """R^2 of ``log(time)`` (see the module docstring)."""
+
+    def predict_s(self, size_bytes: float | np.ndarray) -> float | np.ndarray:
+        return self.alpha_s + self.beta_s_per_byte * size_bytes
+
+
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> AlphaBetaFit:
+    """Fit ``t = alpha + beta * n`` to one time per size, minimising relative error, both coefficients >= 0.
+
+    >>> f = fit_alpha_beta([8, 1024, 2**20], [1e-5 + 1e-9 * n for n in (8, 1024, 2**20)])
+    >>> round(f.alpha_s * 1e6, 6), round(f.beta_s_per_byte * 1e9, 6), round(f.fit_r2, 6)
+    (10.0, 1.0, 1.0)
+    """
+    n = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    assert n.shape == t.shape and n.ndim == 1 and len(n) >= 2, (n.shape, t.shape)
+    assert np.all(n >= 0) and np.all(t > 0), "sizes must be >= 0 and times > 0"
+    # Rows divided by t: the residuals are relative errors.
+    design = np.column_stack([np.ones_like(n), n]) / t[:, None]
+    target = np.ones_like(t)
+    (alpha, beta), *_ = np.linalg.lstsq(design, target, rcond=None)
+    if alpha < 0 or beta < 0:
+        candidates = []
+        # beta only: minimise sum((1 - b n/t)^2); alpha only: sum((1 - a/t)^2).
+        x = n / t
+        candidates.append((0.0, float(x.sum() / (x @ x)) if x @ x > 0 else 0.0))
+        y = 1.0 / t
+        candidates.append((float(y.sum() / (y @ y)), 0.0))
+        alpha, beta = min(candidates, key=lambda ab: _relative_sse(n, t, *ab))
+    alpha, beta = float(alpha), float(beta)
+    return AlphaBetaFit(alpha, beta, _log_r2(t, alpha + beta * n))
+
+
+def _relative_sse(n: np.ndarray, t: np.ndarray, alpha: float, beta: float) -> float:
+    return float(np.sum(((t - alpha - beta * n) / t) ** 2))
+
+
+def _log_r2(measured: np.ndarray, predicted: np.ndarray) -> float:
+    log_t = np.log(measured)
+    log_p = np.log(np.maximum(predicted, np.finfo(float).tiny))
+    total = float(np.sum((log_t - log_t.mean()) ** 2))
+    residual = float(np.sum((log_t - log_p) ** 2))
+    return 1.0 - residual / total if total > 0 else (1.0 if residual == 0 else 0.0)
+
+
+def step_multipliers(collective: str, group_size: int) -> tuple[float, float]:
+    """``(A, B)`` with ``estimate_collective_s(link, collective, n, g) == A*alpha + B*beta*n``.
+
+    Read off ``estimate_collective_s`` with unit links, so the profiler inverts exactly the closed forms
+    the cost model uses (``all_reduce`` over 2 ranks: ``(2, 1)``; ``gather`` over 4: ``(3, 0.75)``).
+    """
+    assert group_size >= 2, group_size
+    a = estimate_collective_s(LinkCost(1.0, 0.0), collective, 0.0, group_size)
+    b = estimate_collective_s(LinkCost(0.0, 1.0), collective, 1.0, group_size)
+    return a, b
+
+
+def to_link_cost(fit: AlphaBetaFit, collective: str, group_size: int) -> LinkCost:
+    """The per-step link cost whose ``estimate_collective_s`` over ``group_size`` reproduces ``fit``'s line."""
+    a, b = step_multipliers(collective, group_size)
+    return LinkCost(fit.alpha_s / a, fit.beta_s_per_byte / b)

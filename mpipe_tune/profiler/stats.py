@@ -1,0 +1,34 @@
+"""Repeat statistics: the median of a set of timings and its spread (interquartile range)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and interquartile range of repeated measurements of one quantity."""
+
+    median: float
+    iqr: float
+    """Third quartile minus first quartile (0 for a single repeat)."""
+    num_repeats: int
+
+    @property
+    def relative_iqr(self) -> float:
+        return self.iqr / self.median if self.median else 0.0
+
+
+def summarize(samples: Sequence[float]) -> Spread:
+    """Median and IQR of ``samples`` (linear interpolation between order statistics).
+
+    >>> summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    Spread(median=3.0, iqr=2.0, num_repeats=5)
+    """
+    values = np.asarray(samples, dtype=float)
+    assert values.ndim == 1 and len(values) >= 1, values.shape
+    q1, median, q3 = np.percentile(values, [25, 50, 75])
+    return Spread(float(median), float(q3 - q1), len(values))

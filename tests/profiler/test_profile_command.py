@@ -1,0 +1,140 @@
+"""`mpipe-tune profile`: a reduced real sweep, the assembled profile, and one-line user errors."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpipe_tune.cost.profile import COLLECTIVES, LINK_CLASSES, load_profile, parse_profile
+from mpipe_tune.profiler.build import Measurements, assemble_profile
+from mpipe_tune.profiler.fit import fit_alpha_beta, to_link_cost
+from mpipe_tune.profiler.links import LinkSweep
+from mpipe_tune.profiler.roofline import RatePoint, RateSweep
+from mpipe_tune.profiler.stats import summarize
+
+
+def run_profile(*args, env=None, timeout=180):
+    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "profile", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_quick_cpu_sweep_writes_a_profile_that_loads(tmp_path):
+    out = tmp_path / "quick.json"
+    code, stdout, stderr = run_profile("--device", "cpu", "--nproc", "2", "--quick", "--out", str(out))
+    assert code == 0, stderr
+    profile = load_profile(out)
+    assert profile.name == "quick" and profile.devices_per_node == 2
+    assert set(profile.peak_flops_per_s) == {"fp32", "bf16"}
+    assert profile.memory_bytes_per_s > 0 and profile.memory_capacity_bytes > 0
+    for collective in COLLECTIVES:
+        for link_class in LINK_CLASSES:
+            assert (link_class, collective) in profile.links
+        origin = profile.provenance[f"links.intra_node.{collective}"]
+        assert origin["source"] == "measured" and origin["fit_r2"] <= 1
+        assert len(origin["sizes_bytes"]) == len(origin["median_s"]) == len(origin["iqr_s"]) >= 6
+        # The stored per-step cost is the fit of the stored medians, inverted for the group size.
+        line = fit_alpha_beta(origin["sizes_bytes"], origin["median_s"])
+        link = to_link_cost(line, collective, origin["group_size"])
+        assert profile.link(collective) == pytest.approx(link)
+        inter = profile.provenance[f"links.inter_node.{collective}"]
+        assert inter["source"] == "assumed" and "not measured" in inter["ref"]
+        assert profile.link(collective, inter_node=True) == profile.link(collective)
+    assert profile.provenance["peak_flops_per_s.fp32"]["source"] == "measured"
+    assert "wrote" in stdout and "p2p" in stdout
+    assert [p.name for p in tmp_path.iterdir()] == ["quick.json"]  # no scratch or temporary files left
+
+
+def _measurements(quick=False):
+    def sweep(collective, g, alpha, beta):
+        sizes = (8, 1024, 2**20)
+        return LinkSweep(collective, g, sizes, tuple((alpha + beta * n,) * 3 for n in sizes))
+
+    return Measurements(
+        device="cpu", device_name="test cpu", nproc=2, devices_per_node=2, torch_version="0.0",
+        peak_flops={"fp32": RateSweep((RatePoint(256, summarize([1e10, 2e10])), RatePoint(512, summarize([3e10]))))},
+        memory=RateSweep((RatePoint(2**26, summarize([1e10, 1.2e10, 1.1e10])),)),
+        memory_capacity_bytes=8e9, memory_capacity_ref="test",
+        links={c: sweep(c, 2, 1e-4, 1e-9) for c in COLLECTIVES}, quick=quick,
+    )
+
+
+def test_assembled_profile_parses_and_inverts_the_closed_forms():
+    data = assemble_profile(_measurements(), name="t", date="2026-01-01")
+    profile = parse_profile(json.loads(json.dumps(data)), where="test")
+    assert profile.peak("fp32") == 3e10
+    assert profile.memory_bytes_per_s == pytest.approx(1.1e10)
+    assert profile.link("p2p").alpha_s == pytest.approx(1e-4)
+    # all_reduce over 2 ranks: t = 2a + b n, so the per-step cost is (5e-5, 1e-9).
+    assert profile.link("all_reduce").alpha_s == pytest.approx(5e-5)
+    assert profile.link("all_reduce").beta_s_per_byte == pytest.approx(1e-9)
+    assert profile.link("gather").beta_s_per_byte == pytest.approx(2e-9)
+    assert profile.provenance["links.intra_node.gather"]["date"] == "2026-01-01"
+    quick = assemble_profile(_measurements(quick=True), name="t")
+    assert "--quick" in quick["notes"] and "smoke test" in quick["links"]["intra_node"]["p2p"]["ref"]
+
+
+HAS_CUDA = importlib.util.find_spec("torch") is not None and __import__("torch").cuda.is_available()
+HAS_TORCH_NPU = importlib.util.find_spec("torch_npu") is not None
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--device", "tpu"], "'tpu' is not a device"),
+    (["--device", "cpu", "--nproc", "1"], "at least 2 processes"),
+    (["--device", "cpu", "--dtypes", "fp32,fp7"], "'fp7' is not a dtype"),
+    (["--device", "cpu", "--dtypes", "fp8"], "no plain torch.matmul"),
+    (["--device", "cpu", "--dtypes", "tf32"], "CUDA matmul mode"),
+    (["--device", "cpu", "--dtypes", ","], "--dtypes is empty"),
+    pytest.param(["--device", "cuda"], "no CUDA device is visible",
+                 marks=pytest.mark.skipif(HAS_CUDA, reason="this host has a CUDA GPU")),
+    pytest.param(["--device", "npu"], "needs torch_npu",
+                 marks=pytest.mark.skipif(HAS_TORCH_NPU, reason="torch_npu is installed")),
+])
+def test_bad_request_is_one_line_exit_2_and_writes_nothing(tmp_path, args, words):
+    out = tmp_path / "p.json"
+    code, stdout, stderr = run_profile(*args, "--out", str(out), timeout=60)
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert words in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("out,words", [
+    ("missing-dir/p.json", "does not exist"),
+    ("p.yaml", "must end in .json"),
+    ("adir.json", "is a directory"),
+    ("/sys/p.json", "cannot write in"),
+])
+def test_bad_out_path_is_one_line_exit_2_and_writes_nothing(tmp_path, out, words):
+    (tmp_path / "adir.json").mkdir()
+    path = out if out.startswith("/") else str(tmp_path / out)
+    code, _, stderr = run_profile("--device", "cpu", "--quick", "--out", path, timeout=60)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert words in stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["adir.json"]
+
+
+def test_without_torch_the_planner_imports_and_profile_says_what_to_install(tmp_path):
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "import mpipe_tune.cli as cli\n"
+              "assert 'profile' in [c.name for c in cli.COMMANDS]\n"
+              f"sys.exit(cli.main(['profile', '--device', 'cpu', '--quick', '--out', {str(tmp_path / 'p.json')!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "needs torch" in proc.stderr and "mpipe-tune[torch]" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("preset,expected", [(None, "0"), ("1", "1")])
+def test_backend_autoload_is_switched_off_for_cpu_unless_the_user_set_it(preset, expected):
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    if preset is not None:
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = preset
+    script = ("import os\nfrom mpipe_tune.profiler.device import import_torch\nimport_torch('cpu')\n"
+              "print(os.environ['TORCH_DEVICE_BACKEND_AUTOLOAD'])\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == expected
