@@ -1,0 +1,37 @@
+"""Runtime test helpers: plans of the tiny test model, made with the planner's own functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mpipe_tune.algebra.schedule import Cut, parse_schedule
+from mpipe_tune.cost.layers import CostOptions
+from mpipe_tune.cost.predict import predict
+from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
+from mpipe_tune.specs import load_model, load_profile
+
+TEST_MODEL = str(Path(__file__).with_name("tiny-mllm.yaml"))
+"""Every kind the runtime builds (12 layers: 5 image-stream, then embedding .. lm_head)."""
+FIRST_LLM = 5
+
+# Images differ per microbatch (one microbatch has none); text lengths differ too.
+WORKLOAD = Workload(
+    (Microbatch(3, 8, (1, 2)), Microbatch(0, 6), Microbatch(4, 10, (4,)), Microbatch(4, 7, (2, 1, 1))),
+    "runtime-test",
+)
+
+
+def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int, *, frozen: tuple[str, ...] = (),
+              model_spec: str = TEST_MODEL, workload: Workload = WORKLOAD, profile: str = "ideal") -> Path:
+    """Predict one candidate and write its plan.json; returns the path."""
+    model = load_model(model_spec)
+    if frozen:
+        model = model.with_frozen(frozen)
+    hw = load_profile(profile)
+    options = CostOptions()
+    prediction = predict(Cut(cut), parse_schedule(schedule), model, workload, hw, num_ranks, options=options)
+    name = f"{schedule.replace(',', '_')}-p{num_ranks}" + ("-frozen" if frozen else "") + ".json"
+    path = Path(folder) / name
+    dump_plan(plan_record(prediction, model, workload, hw, options, PlanInputs(model_spec, frozen, profile)), path)
+    return path
