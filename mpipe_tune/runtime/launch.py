@@ -127,6 +127,8 @@ def run_under_torchrun(fn: Callable[..., Any], args: tuple, device_kind: str, *,
     """Run ``fn(ctx, *args)`` as the rank ``torchrun`` started; returns its result (rank 0's matters)."""
     import torch.distributed as dist
 
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see _PRELOAD: keep it out of the first step)
+
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     ctx = _init_rank(rank, world, int(os.environ.get("LOCAL_RANK", rank)), device_kind, timeout_s)
     try:

@@ -44,8 +44,23 @@ class Transport:
         self._mailbox: dict[int, torch.Tensor | None] = {}
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
         self._posted: dict[int, tuple[dist.Work, torch.Tensor]] = {}
+        self._pairs = sorted({(min(t.src_rank, t.dst_rank), max(t.src_rank, t.dst_rank))
+                              for ts in view.sends.values() for t in ts if not t.is_local})
         self._queues = self._incoming_queues(view)
         self._fresh_queues = {src: tuple(q) for src, q in self._queues.items()}
+
+    def connect(self) -> None:
+        """Open every rank pair that exchanges transfers, one pair at a time in one global order.
+
+        NCCL and HCCL create a pair's communicator on its first message and block until both ends
+        join; opening them here, in an order every rank agrees on, keeps that first message from
+        deadlocking inside a step. (Gloo is connected already; it runs the same code.)"""
+        token = torch.zeros(1, device=self.device)
+        for low, high in self._pairs:
+            if self.rank == low:
+                dist.send(token, high)
+            elif self.rank == high:
+                dist.recv(token, low)
 
     def _incoming_queues(self, view: PlanView) -> dict[int, deque[Transfer]]:
         queues: dict[int, deque[Transfer]] = defaultdict(deque)

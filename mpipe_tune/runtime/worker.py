@@ -43,6 +43,7 @@ def run_job(ctx: RankContext, job: RunJob) -> dict[str, Any] | None:
         compute = EmulatedCompute(view, rank, device)
         transport = Transport(view, rank, dtype=torch.float64, device=device, shape_of=lambda t: (1,),
                               link_delay_s=lambda t: view.durations_s[t.index])
+    transport.connect()
     executor = Executor(view, rank, compute, transport)
     records = []
     for step in range(job.steps):
