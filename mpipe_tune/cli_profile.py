@@ -32,11 +32,14 @@ class Profile:
                             help="comma-separated dtypes whose peak FLOP/s to measure (default fp32,bf16)")
         parser.add_argument("--quick", action="store_true",
                             help="a reduced sweep (small sizes, few repeats): a smoke test in seconds")
+        parser.add_argument("--calibrate", default=None, metavar="MODEL",
+                            help="also fit per-layer-kind efficiencies by timing the runtime's layers of this "
+                                 "model (built-in name or YAML file) in the first of --dtypes")
         parser.add_argument("--out", required=True, help="profile file to write, e.g. profiles/NAME.json")
         parser.add_argument("--name", default=None, help="profile name (default: the --out file's stem)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        device, dtypes, out, name = validate_request(args)
+        device, dtypes, out, name, calibration = validate_request(args)
         from tqdm import tqdm
 
         from mpipe_tune.cost.profile import dump_profile, load_profile
@@ -44,21 +47,23 @@ class Profile:
         from mpipe_tune.profiler.settings import sweep_settings
 
         begin = time.monotonic()
-        total = count_steps(dtypes, sweep_settings(device, quick=args.quick))
+        total = count_steps(dtypes, sweep_settings(device, quick=args.quick), calibration)
         with tqdm(total=total, desc=f"profile {device}", unit="pt", file=sys.stderr, disable=None,
                   dynamic_ncols=True) as bar:
             def progress(label: str) -> None:
                 bar.set_postfix_str(label, refresh=False)
                 bar.update()
 
-            measurements = profile_device(device, args.nproc, dtypes, quick=args.quick, progress=progress)
+            measurements = profile_device(device, args.nproc, dtypes, quick=args.quick, progress=progress,
+                                          calibration=calibration)
         dump_profile(assemble_profile(measurements, name=name), out)
         print_summary(load_profile(out), out, time.monotonic() - begin)
         return 0
 
 
-def validate_request(args: argparse.Namespace) -> tuple[str, tuple[str, ...], Path, str]:
-    """Check every argument before anything is measured; returns (device, dtypes, out, name)."""
+def validate_request(args: argparse.Namespace):
+    """Check every argument before anything is measured; returns (device, dtypes, out, name, calibration
+    model or None)."""
     from mpipe_tune.cost.profile import DTYPES
     from mpipe_tune.profiler.roofline import TORCH_DTYPES
 
@@ -89,7 +94,14 @@ def validate_request(args: argparse.Namespace) -> tuple[str, tuple[str, ...], Pa
     name = args.name if args.name is not None else out.stem
     if not name.strip():
         raise MpipeError("--name is empty; give the profile a name or leave --name out")
-    return device, dtypes, out, name
+    calibration = None
+    if args.calibrate is not None:
+        from mpipe_tune.profiler.calibrate import calibration_layers
+        from mpipe_tune.specs import load_model
+
+        calibration = load_model(args.calibrate)
+        calibration_layers(calibration)  # a model the runtime cannot build fails here, in one line
+    return device, dtypes, out, name, calibration
 
 
 def _check_writable(out: Path) -> None:
@@ -114,6 +126,10 @@ def print_summary(profile, out: Path, elapsed_s: float) -> None:
         print(f"  peak {dtype:5s} {value / 1e12:9.4g} TFLOP/s")
     print(f"  memory     {profile.memory_bytes_per_s / 1e9:9.4g} GB/s, "
           f"capacity {profile.memory_capacity_bytes / 2**30:.4g} GiB")
+    for kind, value in profile.efficiency.items():
+        origin = profile.provenance[f"efficiency.{kind}"]
+        fit = f"  (rms relative error {origin['rms_relative_error']:.0%})" if "rms_relative_error" in origin else ""
+        print(f"  efficiency {kind:14s} {value:8.4g}{fit}")
     print(f"  {'link (intra_node)':18s} {'alpha':>10s} {'bandwidth':>12s} {'R^2 log t':>10s} {'group':>6s}")
     for (link_class, collective), cost in profile.links.items():
         if link_class != "intra_node":

@@ -4,7 +4,11 @@
 measurements into the JSON form ``parse_profile`` accepts, every number with its provenance:
 ``source: "measured"``, the date, a ``ref`` that says how it was measured, and the raw medians and
 spreads behind it. The inter-node link class, which a single-host run cannot see, is a copy of the
-intra-node one marked ``assumed``. Efficiencies are not calibrated here (``default`` 1.0, ``assumed``).
+intra-node one marked ``assumed``. Efficiencies are fitted per layer kind when a calibration model is
+given (plus a ``default`` fitted over all its kinds); without one, ``default`` is 1.0, ``assumed``.
+
+On CPU one device is one of the ``nproc`` processes: the roofline and the layer timings run with that
+process's share of the cores (:func:`~mpipe_tune.profiler.device.device_share`).
 """
 
 from __future__ import annotations
@@ -14,9 +18,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.profile import SCHEMA_VERSION
-from mpipe_tune.profiler.device import BACKENDS, check_device, device_name, import_torch, memory_capacity_bytes
-from mpipe_tune.profiler.fit import fit_alpha_beta, to_link_cost
+from mpipe_tune.profiler.calibrate import LayerPoint, calibration_layers, time_layers
+from mpipe_tune.profiler.device import (
+    BACKENDS,
+    check_device,
+    device_name,
+    device_share,
+    import_torch,
+    memory_capacity_bytes,
+    threads_per_process,
+)
+from mpipe_tune.profiler.fit import fit_alpha_beta, fit_efficiency, to_link_cost
 from mpipe_tune.profiler.links import LINK_COLLECTIVES, LinkSweep, measure_links
 from mpipe_tune.profiler.roofline import RateSweep, measure_memory_bandwidth, measure_peak_flops
 from mpipe_tune.profiler.settings import SweepSettings, sweep_settings
@@ -38,26 +52,41 @@ class Measurements:
     memory_capacity_ref: str
     links: Mapping[str, LinkSweep]
     quick: bool
+    threads_per_process: int | None = None
+    """CPU threads of one device (process); None for accelerators."""
+    layer_points: tuple[LayerPoint, ...] = ()
+    calibration_model: str | None = None
+    calibration_dtype: str | None = None
 
 
-def count_steps(dtypes: tuple[str, ...], settings: SweepSettings) -> int:
-    """Progress steps of a run: one per matrix size and dtype, one for the copy, one per link repeat pass."""
-    return len(dtypes) * len(settings.matmul_sizes) + 1 + len(LINK_COLLECTIVES) * settings.link_repeats
+def count_steps(dtypes: tuple[str, ...], settings: SweepSettings, calibration: Model | None = None) -> int:
+    """Progress steps of a run: one per matrix size and dtype, one for the copy, one per calibration
+    layer and token count, one per link repeat pass."""
+    layers = len(calibration_layers(calibration)) if calibration is not None else 0
+    return (len(dtypes) * len(settings.matmul_sizes) + 1 + layers * len(settings.calibration_tokens)
+            + len(LINK_COLLECTIVES) * settings.link_repeats)
 
 
 def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: bool,
-                   progress: Callable[[str], None]) -> Measurements:
-    """Measure ``device``: peak FLOP/s of each dtype, memory bandwidth, and links over ``nproc`` processes."""
+                   progress: Callable[[str], None], calibration: Model | None = None) -> Measurements:
+    """Measure ``device``: peak FLOP/s of each dtype, memory bandwidth, the layers of ``calibration``
+    (in the first dtype), and links over ``nproc`` processes."""
     torch = import_torch(device)
     check_device(torch, device, nproc)
     settings = sweep_settings(device, quick=quick)
-    peaks = {dtype: measure_peak_flops(torch, device, dtype, settings, progress) for dtype in dtypes}
-    memory = measure_memory_bandwidth(torch, device, settings, progress)
+    with device_share(torch, device, nproc):
+        peaks = {dtype: measure_peak_flops(torch, device, dtype, settings, progress) for dtype in dtypes}
+        memory = measure_memory_bandwidth(torch, device, settings, progress)
+        points = () if calibration is None else tuple(
+            time_layers(torch, device, calibration, dtypes[0], settings, progress))
     capacity, capacity_ref = memory_capacity_bytes(torch, device, nproc)
     links = measure_links(device, nproc, settings, progress)
     per_node = nproc if device == "cpu" else getattr(torch, device).device_count()
-    return Measurements(device, device_name(torch, device), nproc, per_node, torch.__version__, peaks,
-                        memory, capacity, capacity_ref, links, quick)
+    return Measurements(
+        device, device_name(torch, device), nproc, per_node, torch.__version__, peaks, memory, capacity,
+        capacity_ref, links, quick, threads_per_process(nproc) if device == "cpu" else None, points,
+        calibration.name if calibration is not None else None, dtypes[0] if calibration is not None else None,
+    )
 
 
 def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> dict[str, Any]:
@@ -65,13 +94,14 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
     date = date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     measured = {"source": "measured", "date": date}
     how = "" if not m.quick else " (--quick sweep: small sizes, few repeats; a smoke test, not a profile to plan with)"
+    share = f" with {m.threads_per_process} thread(s), one process's share of the cores" if m.threads_per_process else ""
 
     peaks = {}
     for dtype, sweep in m.peak_flops.items():
         best = sweep.best
         peaks[dtype] = {
             "value": best.rate.median, **measured,
-            "ref": f"best median rate of torch.matmul on {m.device} over square sizes "
+            "ref": f"best median rate of torch.matmul on {m.device}{share} over square sizes "
                    f"{[p.size for p in sweep.points]}, reached at n={best.size} "
                    f"(2 n^3 FLOP per product, {best.rate.num_repeats} repeats){how}",
             "matrix_sizes": [p.size for p in sweep.points],
@@ -81,7 +111,7 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
     copy = m.memory.best
     memory = {
         "value": copy.rate.median, **measured,
-        "ref": f"median rate of copying a {copy.size / 2**20:.0f} MiB tensor on {m.device}, bytes read plus "
+        "ref": f"median rate of copying a {copy.size / 2**20:.0f} MiB tensor on {m.device}{share}, bytes read plus "
                f"written, {copy.rate.num_repeats} repeats{how}",
         "iqr_bytes_per_s": copy.rate.iqr,
     }
@@ -122,15 +152,47 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
         "devices_per_node": m.devices_per_node,
         "notes": f"measured by mpipe-tune profile --device {m.device} --nproc {m.nproc}"
                  f"{' --quick' if m.quick else ''} with torch {m.torch_version} on {date}. "
-                 "Efficiencies are not calibrated yet (default 1.0) and the inter-node links are a copy of "
-                 "the intra-node ones.",
+                 + (f"Efficiencies fitted to the runtime's layers of model {m.calibration_model!r} in "
+                    f"{m.calibration_dtype}. " if m.layer_points else "Efficiencies are not calibrated (default 1.0). ")
+                 + "The inter-node links are a copy of the intra-node ones.",
         "peak_flops_per_s": peaks,
         "memory_bytes_per_s": memory,
         "memory_capacity_bytes": capacity,
-        "efficiency": {"default": {
-            "value": 1.0, "source": "assumed",
-            "ref": "uncalibrated: the profiler measures the roofline only; per-layer-kind efficiencies "
-                   "need the runtime's layers",
-        }},
+        "efficiency": _efficiencies(m, measured, how),
         "links": {"intra_node": intra, "inter_node": inter},
     }
+
+
+def _efficiencies(m: Measurements, measured: Mapping[str, str], how: str) -> dict[str, Any]:
+    """Per-kind efficiency entries fitted to the layer timings, and ``default`` fitted to all of them."""
+    if not m.layer_points:
+        return {"default": {
+            "value": 1.0, "source": "assumed",
+            "ref": "uncalibrated: profile with --calibrate MODEL to fit per-layer-kind efficiencies to the "
+                   "runtime's layers",
+        }}
+    peak = m.peak_flops[m.calibration_dtype].best.rate.median
+    bandwidth = m.memory.best.rate.median
+    groups: dict[str, list[LayerPoint]] = {}
+    for point in m.layer_points:
+        groups.setdefault(point.kind, []).append(point)
+    entries = {}
+    for kind, points in [("default", list(m.layer_points)), *sorted(groups.items())]:
+        fitted = fit_efficiency([p.flops for p in points], [p.bytes_moved for p in points],
+                                [p.seconds.median for p in points], peak_flops_per_s=peak, bytes_per_s=bandwidth)
+        what = "every calibrated layer kind" if kind == "default" else f"the runtime's {kind} layers"
+        entries[kind] = {
+            "value": fitted.efficiency, **measured,
+            "ref": f"{what} of model {m.calibration_model!r} timed forward and backward in {m.calibration_dtype} "
+                   f"on {m.device}; the efficiency minimising the relative error of max(W / (eff * peak), "
+                   f"D / bandwidth) against the medians, with this profile's {m.calibration_dtype} peak and "
+                   f"bandwidth and the cost model's W and D{how}",
+            "rms_relative_error": fitted.rms_relative_error,
+            "layers": [p.layer_name for p in points],
+            "tokens": [p.tokens for p in points],
+            "phase": [p.phase for p in points],
+            "median_s": [p.seconds.median for p in points],
+            "iqr_s": [p.seconds.iqr for p in points],
+            "predicted_s": list(fitted.predicted_s),
+        }
+    return entries

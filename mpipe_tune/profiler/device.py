@@ -21,7 +21,8 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
 from mpipe_tune.errors import MpipeError
@@ -102,6 +103,26 @@ def memory_capacity_bytes(torch: ModuleType, device: str, nproc: int) -> tuple[f
         return float(total), f"torch.{device}.get_device_properties(0).total_memory"
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return float(total // nproc), f"physical host memory ({total / 2**30:.1f} GiB) divided by {nproc} processes"
+
+
+def threads_per_process(nproc: int) -> int:
+    """CPU threads one of ``nproc`` processes gets on this host (at least one)."""
+    return max(1, (os.cpu_count() or 1) // nproc)
+
+
+@contextmanager
+def device_share(torch: ModuleType, device: str, nproc: int) -> Iterator[None]:
+    """Run the block on one device's share of the host: on CPU a device is one of ``nproc`` processes,
+    so torch runs with that process's share of the cores; accelerators are whole devices already."""
+    if device != "cpu":
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads_per_process(nproc))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 class Timer:

@@ -93,3 +93,44 @@ def to_link_cost(fit: AlphaBetaFit, collective: str, group_size: int) -> LinkCos
     """The per-step link cost whose ``estimate_collective_s`` over ``group_size`` reproduces ``fit``'s line."""
     a, b = step_multipliers(collective, group_size)
     return LinkCost(fit.alpha_s / a, fit.beta_s_per_byte / b)
+
+
+# ----------------------------------------------------------------------------- layer efficiency
+
+
+@dataclass(frozen=True)
+class EfficiencyFit:
+    """The efficiency that makes the roofline ``max(W / (eff * F), D / B)`` follow measured layer times."""
+
+    efficiency: float
+    rms_relative_error: float
+    """Root mean square of ``(predicted - measured) / measured`` over the points, at ``efficiency``."""
+    predicted_s: tuple[float, ...]
+
+
+def roofline_s(flops, bytes_moved, *, efficiency: float, peak_flops_per_s: float, bytes_per_s: float):
+    """The cost model's compute-event seconds: ``max(W / (eff * F), D / B)`` (element-wise on arrays)."""
+    return np.maximum(np.asarray(flops, dtype=float) / (efficiency * peak_flops_per_s),
+                      np.asarray(bytes_moved, dtype=float) / bytes_per_s)
+
+
+def fit_efficiency(flops: Sequence[float], bytes_moved: Sequence[float], times_s: Sequence[float], *,
+                   peak_flops_per_s: float, bytes_per_s: float) -> EfficiencyFit:
+    """The efficiency in (0, 1] minimising the relative error of :func:`roofline_s` against ``times_s``.
+
+    The error is not smooth in the efficiency (the max switches terms), so it is minimised on a fine
+    logarithmic grid from 1e-6 to 1 (0.1% steps).
+
+    >>> f = fit_efficiency([1e9, 4e9], [0, 0], [0.04, 0.16], peak_flops_per_s=1e11, bytes_per_s=1e10)
+    >>> round(f.efficiency, 3), round(f.rms_relative_error, 3)
+    (0.25, 0.0)
+    """
+    t = np.asarray(times_s, dtype=float)
+    assert t.ndim == 1 and len(t) >= 1 and np.all(t > 0), t
+    grid = np.geomspace(1e-6, 1.0, 13_817)  # ratio 1.001 between neighbours
+    flops_a = np.asarray(flops, dtype=float)[None, :]
+    bytes_a = np.asarray(bytes_moved, dtype=float)[None, :]
+    predicted = np.maximum(flops_a / (grid[:, None] * peak_flops_per_s), bytes_a / bytes_per_s)
+    errors = np.sqrt(np.mean(((predicted - t) / t) ** 2, axis=1))
+    best = int(np.argmin(errors))
+    return EfficiencyFit(float(grid[best]), float(errors[best]), tuple(float(p) for p in predicted[best]))

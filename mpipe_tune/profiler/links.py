@@ -20,7 +20,6 @@ the full gathered buffer for the others (each rank holds ``size / g`` of it). Pa
 from __future__ import annotations
 
 import multiprocessing
-import os
 import queue as queue_module
 import random
 import time
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.profiler.device import BACKENDS, Timer, calls_for, import_torch
+from mpipe_tune.profiler.device import BACKENDS, Timer, calls_for, import_torch, threads_per_process
 from mpipe_tune.profiler.settings import SweepSettings
 
 LINK_COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter")
@@ -116,7 +115,7 @@ def _worker(rank: int, nproc: int, device: str, port: int, settings: SweepSettin
         import torch.distributed as dist
 
         if device == "cpu":
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+            torch.set_num_threads(threads_per_process(nproc))
             where = "cpu"
         else:
             getattr(torch, device).set_device(rank)

@@ -28,6 +28,10 @@ class SweepSettings:
     min_repeat_s: float
     """One timed repeat batches back-to-back calls until it lasts at least this long, so that short
     calls are not measured at the timer's resolution."""
+    calibration_tokens: tuple[int, ...]
+    """Microbatch sizes (image and text tokens) at which each layer is timed for its efficiency."""
+    calibration_max_point_s: float
+    """Stop growing a layer's token count once its forward plus backward takes longer than this."""
 
 
 def sweep_settings(device: str, *, quick: bool) -> SweepSettings:
@@ -37,14 +41,17 @@ def sweep_settings(device: str, *, quick: bool) -> SweepSettings:
             matmul_sizes=(64, 128, 256), matmul_max_call_s=0.05, copy_bytes=16 * MiB,
             message_sizes_bytes=tuple(4**k for k in range(1, 9)),  # 4 B .. 64 KiB
             warmup=1, repeats=3, link_repeats=5, min_repeat_s=5e-4,
+            calibration_tokens=(16, 64), calibration_max_point_s=0.2,
         )
     messages = tuple(4**k for k in range(1, 13))  # 4 B .. 16 MiB, powers of 4
     if device == "cpu":
         return SweepSettings(
             matmul_sizes=(256, 512, 1024, 2048, 4096), matmul_max_call_s=0.5, copy_bytes=512 * MiB,
             message_sizes_bytes=messages, warmup=3, repeats=7, link_repeats=25, min_repeat_s=1e-2,
+            calibration_tokens=(64, 256, 1024), calibration_max_point_s=1.0,
         )
     return SweepSettings(
         matmul_sizes=(1024, 2048, 4096, 8192, 16384), matmul_max_call_s=0.5, copy_bytes=1024 * MiB,
         message_sizes_bytes=messages, warmup=5, repeats=10, link_repeats=20, min_repeat_s=2e-3,
+        calibration_tokens=(256, 1024, 4096), calibration_max_point_s=1.0,
     )

@@ -7,7 +7,7 @@ import pytest
 
 from mpipe_tune.cost.profile import COLLECTIVES, LinkCost, estimate_collective_s
 from mpipe_tune.profiler import device, fit, links, stats
-from mpipe_tune.profiler.fit import fit_alpha_beta, step_multipliers, to_link_cost
+from mpipe_tune.profiler.fit import fit_alpha_beta, fit_efficiency, roofline_s, step_multipliers, to_link_cost
 from mpipe_tune.profiler.stats import summarize
 
 SIZES = [4**k for k in range(1, 13)]  # 4 B .. 16 MiB, the CPU sweep's sizes
@@ -84,6 +84,18 @@ def test_all_reduce_inversion_matches_the_ring_closed_form():
     assert step_multipliers("p2p", 2) == (1.0, 1.0)
     link = to_link_cost(fit.AlphaBetaFit(6e-5, 3e-9, 1.0), "all_reduce", 4)
     assert (link.alpha_s, link.beta_s_per_byte) == pytest.approx((1e-5, 2e-9))
+
+
+def test_efficiency_fit_recovers_the_compute_share_and_ignores_memory_bound_points():
+    peak, bandwidth = 1e11, 1e10
+    flops = np.array([1e8, 1e9, 1e10, 1e6])
+    bytes_moved = np.array([1e6, 1e7, 1e8, 1e8])  # the last point is memory bound at any efficiency >= 0.001
+    times = roofline_s(flops, bytes_moved, efficiency=0.3, peak_flops_per_s=peak, bytes_per_s=bandwidth)
+    f = fit_efficiency(flops, bytes_moved, times, peak_flops_per_s=peak, bytes_per_s=bandwidth)
+    assert f.efficiency == pytest.approx(0.3, rel=2e-3) and f.rms_relative_error < 2e-3
+    # Faster than the roofline allows: the efficiency stays at its bound of 1.
+    f = fit_efficiency([1e9], [0.0], [1e-3], peak_flops_per_s=peak, bytes_per_s=bandwidth)
+    assert f.efficiency == 1.0 and f.rms_relative_error == pytest.approx(9.0)
 
 
 def test_summarize_gives_median_and_interquartile_range():

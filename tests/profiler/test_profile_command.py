@@ -10,6 +10,7 @@ import pytest
 
 from mpipe_tune.cost.profile import COLLECTIVES, LINK_CLASSES, load_profile, parse_profile
 from mpipe_tune.profiler.build import Measurements, assemble_profile
+from mpipe_tune.profiler.calibrate import LayerPoint
 from mpipe_tune.profiler.fit import fit_alpha_beta, to_link_cost
 from mpipe_tune.profiler.links import LinkSweep
 from mpipe_tune.profiler.roofline import RatePoint, RateSweep
@@ -24,7 +25,8 @@ def run_profile(*args, env=None, timeout=180):
 
 def test_quick_cpu_sweep_writes_a_profile_that_loads(tmp_path):
     out = tmp_path / "quick.json"
-    code, stdout, stderr = run_profile("--device", "cpu", "--nproc", "2", "--quick", "--out", str(out))
+    code, stdout, stderr = run_profile("--device", "cpu", "--nproc", "2", "--quick", "--calibrate", "tiny-vit-llm",
+                                       "--out", str(out))
     assert code == 0, stderr
     profile = load_profile(out)
     assert profile.name == "quick" and profile.devices_per_node == 2
@@ -44,11 +46,17 @@ def test_quick_cpu_sweep_writes_a_profile_that_loads(tmp_path):
         assert inter["source"] == "assumed" and "not measured" in inter["ref"]
         assert profile.link(collective, inter_node=True) == profile.link(collective)
     assert profile.provenance["peak_flops_per_s.fp32"]["source"] == "measured"
+    kinds = {"default", "patch_embed", "vit_block", "merger", "embedding", "dense_block", "lm_head"}
+    assert set(profile.efficiency) == kinds
+    for kind in kinds:
+        origin = profile.provenance[f"efficiency.{kind}"]
+        assert origin["source"] == "measured" and 0 < profile.efficiency_for(kind) <= 1
+        assert len(origin["median_s"]) == len(origin["predicted_s"]) == len(origin["tokens"]) >= 2
     assert "wrote" in stdout and "p2p" in stdout
     assert [p.name for p in tmp_path.iterdir()] == ["quick.json"]  # no scratch or temporary files left
 
 
-def _measurements(quick=False):
+def _measurements(quick=False, layer_points=()):
     def sweep(collective, g, alpha, beta):
         sizes = (8, 1024, 2**20)
         return LinkSweep(collective, g, sizes, tuple((alpha + beta * n,) * 3 for n in sizes))
@@ -58,7 +66,9 @@ def _measurements(quick=False):
         peak_flops={"fp32": RateSweep((RatePoint(256, summarize([1e10, 2e10])), RatePoint(512, summarize([3e10]))))},
         memory=RateSweep((RatePoint(2**26, summarize([1e10, 1.2e10, 1.1e10])),)),
         memory_capacity_bytes=8e9, memory_capacity_ref="test",
-        links={c: sweep(c, 2, 1e-4, 1e-9) for c in COLLECTIVES}, quick=quick,
+        links={c: sweep(c, 2, 1e-4, 1e-9) for c in COLLECTIVES}, quick=quick, threads_per_process=1,
+        layer_points=layer_points, calibration_model="m" if layer_points else None,
+        calibration_dtype="fp32" if layer_points else None,
     )
 
 
@@ -73,8 +83,24 @@ def test_assembled_profile_parses_and_inverts_the_closed_forms():
     assert profile.link("all_reduce").beta_s_per_byte == pytest.approx(1e-9)
     assert profile.link("gather").beta_s_per_byte == pytest.approx(2e-9)
     assert profile.provenance["links.intra_node.gather"]["date"] == "2026-01-01"
+    assert profile.efficiency == {"default": 1.0}
+    assert profile.provenance["efficiency.default"]["source"] == "assumed"
     quick = assemble_profile(_measurements(quick=True), name="t")
     assert "--quick" in quick["notes"] and "smoke test" in quick["links"]["intra_node"]["p2p"]["ref"]
+
+
+def test_assembled_efficiencies_are_fitted_per_kind_against_the_measured_peak():
+    # Peak 3e10 FLOP/s, bandwidth 1.1e10 B/s (from _measurements); compute-bound points.
+    def point(kind, flops, eff):
+        return LayerPoint(kind, kind, 64, "fwd", flops, 1.0, summarize([flops / (eff * 3e10)]))
+
+    points = (point("vit_block", 1e9, 0.5), point("vit_block", 4e9, 0.5), point("dense_block", 1e9, 0.1))
+    profile = parse_profile(assemble_profile(_measurements(layer_points=points), name="t"), where="test")
+    assert profile.efficiency_for("vit_block") == pytest.approx(0.5, rel=2e-3)
+    assert profile.efficiency_for("dense_block") == pytest.approx(0.1, rel=2e-3)
+    assert 0.1 < profile.efficiency["default"] < 0.5
+    origin = profile.provenance["efficiency.vit_block"]
+    assert origin["source"] == "measured" and origin["rms_relative_error"] < 2e-3 and origin["tokens"] == (64, 64)
 
 
 HAS_CUDA = importlib.util.find_spec("torch") is not None and __import__("torch").cuda.is_available()
@@ -88,6 +114,8 @@ HAS_TORCH_NPU = importlib.util.find_spec("torch_npu") is not None
     (["--device", "cpu", "--dtypes", "fp8"], "no plain torch.matmul"),
     (["--device", "cpu", "--dtypes", "tf32"], "CUDA matmul mode"),
     (["--device", "cpu", "--dtypes", ","], "--dtypes is empty"),
+    (["--device", "cpu", "--calibrate", "nope"], "nope"),
+    (["--device", "cpu", "--calibrate", "example-mllm"], "explicit per-token costs"),
     pytest.param(["--device", "cuda"], "no CUDA device is visible",
                  marks=pytest.mark.skipif(HAS_CUDA, reason="this host has a CUDA GPU")),
     pytest.param(["--device", "npu"], "needs torch_npu",
