@@ -29,6 +29,7 @@ class RealCompute:
         self.dtype = dtype
         self.device = device
         self.lr = lr
+        self._loss_sources = frozenset(view.loss_source.values())
         self._bwd_of: dict[tuple[int, int], int] = {
             (e.region, e.mb): i for i in view.nodes[rank] if isinstance(e := view.events[i], Bwd)
         }
@@ -56,7 +57,7 @@ class RealCompute:
             y = self.stack.run(start, stop, x, self._microbatch(event.mb))
         if track:
             self._saved[(event.region, event.mb)] = (x, y)
-        if index in self.view.loss_source.values():
+        if index in self._loss_sources:
             self._outputs[index] = y
         return y.detach()
 

@@ -134,7 +134,9 @@ def run_under_torchrun(fn: Callable[..., Any], args: tuple, device_kind: str, *,
     try:
         return fn(ctx, *args)
     except Exception as exc:
-        raise RankFailed(f"rank {rank} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
+        error = RankFailed(f"rank {rank} failed: {type(exc).__name__}: {_first_line(exc)}")
+        error.details = traceback.format_exc()
+        raise error from exc
     finally:
         dist.destroy_process_group()
 

@@ -138,9 +138,6 @@ def validate_model_matches(view: PlanView, model: Model) -> None:
             f"frozen {frozen}), but model '{model.name}' given here differs (content hash mismatch); "
             f"pass the plan's --model, or re-plan for this model"
         )
-    last = max(stop for _, stop in view.region_layers.values())
-    if last != model.num_layers:
-        raise MpipeError(f"plan file {view.path} covers {last} layers but model '{model.name}' has {model.num_layers}")
 
 
 def validate_runnable(view: PlanView, world_size: int | None = None) -> None:

@@ -112,8 +112,9 @@ def test_a_world_size_other_than_P_is_refused_before_any_process_group(plan):
     (lambda text: text.replace('"F2.', '"X2.', 1), "not an event"),
     (lambda text: json.dumps({**json.loads(text), "placement": [{"region": 1}]}), "corrupt"),
     (lambda text: json.dumps({**json.loads(text), "schema": "other"}), "not an mpipe-tune plan"),
+    (lambda text: text.replace('"tp": 1', '"tp": 2'), "tensor-parallel degree 1"),
 ])
-def test_a_corrupt_plan_file_is_refused(plan, tmp_path, damage, words):
+def test_a_corrupt_or_unrunnable_plan_file_is_refused(plan, tmp_path, damage, words):
     bad = tmp_path / "bad.json"
     bad.write_text(damage(open(plan).read()))
     assert_one_line_exit_2(run_cli(str(bad)), words)
