@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from mpipe_tune.cli_plan import Plan, Show
 from mpipe_tune.cli_profile import Profile
 from mpipe_tune.cli_run import Run
 from mpipe_tune.errors import MpipeError
@@ -175,7 +176,7 @@ class Profiles(Command):
         return 0
 
 
-COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run()]
+COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Plan(), Show()]
 
 
 def build_parser() -> argparse.ArgumentParser:

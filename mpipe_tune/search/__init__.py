@@ -1,0 +1,29 @@
+"""Planning: owner-map policies, baselines in the algebra, the search space, and the search driver.
+
+The driver (:func:`run_search`) is the only place Optuna is imported; it is loaded on first use so
+that importing the rest of the planner stays cheap.
+"""
+
+from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline, even_split
+from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.search.compare import comparison_rows, evaluate_baselines, format_rows
+from mpipe_tune.search.evaluate import Evaluation, Evaluator
+from mpipe_tune.search.owners import POLICIES, greedy_owners, max_spill, optimal_owners, owners_for
+from mpipe_tune.search.problem import Problem, pack
+from mpipe_tune.search.space import SearchSpace, SpaceOptions
+
+_DRIVER = ("DEFAULT_STORAGE", "SAMPLERS", "SearchResult", "run_search", "default_study_name")
+
+__all__ = [
+    "BASELINES", "Candidate", "Evaluation", "Evaluator", "POLICIES", "Problem", "REFERENCE", "SearchSpace",
+    "SpaceOptions", "baseline", "comparison_rows", "evaluate_baselines", "even_split", "format_rows",
+    "greedy_owners", "max_spill", "optimal_owners", "owners_for", "pack", *_DRIVER,
+]
+
+
+def __getattr__(name: str):
+    if name in _DRIVER:
+        from mpipe_tune.search import driver
+
+        return getattr(driver, name)
+    raise AttributeError(f"module 'mpipe_tune.search' has no attribute {name!r}")

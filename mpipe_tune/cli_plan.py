@@ -1,0 +1,256 @@
+"""``mpipe-tune plan`` (search for the best static plan, beside the baselines) and ``mpipe-tune show``.
+
+Both classes follow the ``mpipe_tune.cli.Command`` interface by duck typing (``name``, ``help``,
+``add_arguments``, ``take_action``): subclassing it would import ``mpipe_tune.cli`` back half-initialised.
+Everything heavy (the cost model, Optuna) is imported inside ``take_action``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mpipe_tune.errors import MpipeError
+
+EXAMPLE_DEVICES = 4
+DEFAULT_TRIALS = 100
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise MpipeError(f"{flag} '{text}': expected integers >= 1 separated by commas, e.g. {flag} 2,4")
+    return values
+
+
+def _problem(args: argparse.Namespace):
+    """The model (frozen blocks applied), profile, and the search Problem the arguments describe."""
+    from mpipe_tune.cost.layers import CostOptions
+    from mpipe_tune.cost.workload import MIXES
+    from mpipe_tune.search import Problem
+    from mpipe_tune.specs import load_model, load_profile, load_workload
+
+    model = load_model(args.model)
+    frozen = tuple(b.strip() for b in args.frozen.split(",") if b.strip())
+    if frozen:
+        model = model.with_frozen(frozen)
+    profile = load_profile(args.profile)
+    options = CostOptions(dtype=args.dtype, recompute=args.recompute)
+    options.dtype_bytes()
+    profile.peak(args.dtype)
+    if args.workload in MIXES:
+        global_batch = args.global_batch or 4 * args.devices
+        problem = Problem(model, profile, args.devices, global_batch, mix=args.workload, num_samples=args.samples,
+                          seed=args.seed, options=options)
+    else:
+        workload = load_workload(args.workload)
+        problem = Problem(model, profile, args.devices, args.global_batch or len(workload), workload=workload,
+                          options=options)
+    return problem, frozen
+
+
+def _space_options(args: argparse.Namespace):
+    from mpipe_tune.search import SpaceOptions
+    from mpipe_tune.search.owners import POLICIES
+
+    owners = tuple(p.strip() for p in args.owners.split(",") if p.strip())
+    unknown = [p for p in owners if p not in POLICIES]
+    if unknown or not owners:
+        raise MpipeError(f"--owners {args.owners!r}: use policies from {', '.join(POLICIES)}, separated by commas")
+    skeletons = tuple(s.strip() for s in args.skeletons.split(",") if s.strip())
+    if not skeletons or any(s not in ("1f1b", "gpipe") for s in skeletons):
+        raise MpipeError(f"--skeletons {args.skeletons!r}: use Sharded skeletons 1f1b and/or gpipe, e.g. 1f1b,gpipe")
+    for flag, value in (("--max-microbatches", args.max_microbatches), ("--max-chunks", args.max_chunks)):
+        if value < 1:
+            raise MpipeError(f"{flag} is {value}, but it must be an integer >= 1")
+    pins = {k: _int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None for k in ("pp", "tp", "dp")}
+    return SpaceOptions(skeletons=skeletons, max_chunks=args.max_chunks, cut_window=args.cut_window,
+                        owner_policies=owners, max_microbatches=args.max_microbatches, **pins)
+
+
+def _draw(evaluator, evaluation, path: str, title: str) -> None:
+    from mpipe_tune.report.gantt import draw_gantt
+
+    prediction, _ = evaluator.prediction(evaluation.candidate)
+    t = prediction.timeline
+    draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms")
+
+
+class Plan:
+    name = "plan"
+    help = "search for the fastest static plan that fits memory and compare it with the baselines"
+
+    def add_arguments(self, parser):
+        g = parser.add_argument_group("problem")
+        g.add_argument("--model", default="example-mllm", help="built-in model name or YAML file (default: example-mllm)")
+        g.add_argument("--profile", default="ideal", help="built-in hardware profile or JSON file (default: ideal)")
+        g.add_argument("--workload", default="balanced",
+                       help="built-in mix name (sampled) or a workload file holding one step's sequences (default: balanced)")
+        g.add_argument("--devices", type=int, default=EXAMPLE_DEVICES, help=f"device count (default {EXAMPLE_DEVICES})")
+        g.add_argument("--global-batch", type=int, default=None,
+                       help="sequences per step over all replicas, fixed for every plan (default: 4 x devices, or the file's length)")
+        g.add_argument("--samples", type=int, default=4, help="sampled steps the objective averages over (default 4)")
+        g.add_argument("--seed", type=int, default=0, help="seed of the sampled steps and of the sampler (default 0)")
+        g.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder")
+        g.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
+        g.add_argument("--recompute", action="store_true", help="full activation recomputation in every layer")
+        s = parser.add_argument_group("search space")
+        s.add_argument("--pp", default=None, help="allowed pipeline degrees, e.g. 4,8 (default: any)")
+        s.add_argument("--tp", default=None, help="allowed tensor-parallel degrees (default: divisors of a node)")
+        s.add_argument("--dp", default=None, help="allowed data-parallel degrees (default: any)")
+        s.add_argument("--skeletons", default="1f1b,gpipe", help="Sharded skeletons to use (default 1f1b,gpipe)")
+        s.add_argument("--max-chunks", type=int, default=2, help="most interleaved Sharded regions per rank (default 2)")
+        s.add_argument("--cut-window", type=int, default=1,
+                       help="layers either side of the encoder/backbone seam a transpose cut may move (default 1)")
+        s.add_argument("--owners", default="round-robin,greedy,optimal", help="owner policies to search")
+        s.add_argument("--max-microbatches", type=int, default=64, help="largest microbatch count (default 64)")
+        d = parser.add_argument_group("search")
+        d.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
+                       help=f"finished trials the study should hold; a rerun continues up to it (default {DEFAULT_TRIALS})")
+        d.add_argument("--timeout", type=float, default=None, help="stop sampling after this many seconds")
+        d.add_argument("--storage", default=None, help="Optuna RDB URL (default sqlite:///mpipe-tune.db in this folder)")
+        d.add_argument("--study", default=None, help="study name (default: derived from the problem)")
+        d.add_argument("--sampler", default="tpe", help="tpe (default), nsga2 or random")
+        d.add_argument("--exhaustive", action="store_true", help="evaluate every point of the space")
+        d.add_argument("--no-progress", action="store_true", help="no progress bar")
+        o = parser.add_argument_group("output")
+        o.add_argument("--out", default="plan.json", help="plan file to write (default plan.json)")
+        o.add_argument("--gantt", default=None, help="draw the best plan's timeline to this PNG")
+        o.add_argument("--gantt-baseline", default=None, help="draw the Megatron-style baseline's timeline to this PNG")
+        o.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+    def take_action(self, args):
+        from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
+        from mpipe_tune.search import (DEFAULT_STORAGE, REFERENCE, Evaluator, SearchSpace, comparison_rows,
+                                       evaluate_baselines, format_rows, run_search)
+
+        problem, frozen = _problem(args)
+        evaluator = Evaluator(problem)
+        space = SearchSpace(problem, evaluator.reference_weights(), _space_options(args))
+        storage = args.storage or DEFAULT_STORAGE
+        result = run_search(space, evaluator, storage=storage, study_name=args.study, n_trials=args.trials,
+                            timeout_s=args.timeout, seed=args.seed, sampler=args.sampler,
+                            exhaustive=True if args.exhaustive else None, progress=not args.no_progress)
+        if result.best is None:
+            if result.least_memory is None:
+                raise MpipeError(f"no trial finished (timeout {args.timeout} s); raise --timeout")
+            least = result.least_memory
+            raise MpipeError(
+                f"no plan fits memory: of {result.num_trials} plans tried the smallest peak is "
+                f"{least.peak_bytes / 2**30:.1f} GiB ({least.candidate}) against {least.capacity_bytes / 2**30:.1f} GiB "
+                f"per device of '{problem.profile.name}'; add devices, try --recompute, or freeze blocks"
+            )
+        best = result.best
+        baselines = evaluate_baselines(evaluator, space, best)
+        rows = comparison_rows(best, baselines)
+        prediction, workload = evaluator.prediction(best.candidate)
+        options = problem.options_for(best.candidate.tp, best.candidate.dp)
+        record = plan_record(prediction, problem.model, workload, problem.profile, options,
+                             PlanInputs(args.model, frozen, args.profile))
+        summary = {
+            "objective": "mean predicted step time over the sampled steps",
+            "candidate": best.candidate.to_dict(),
+            "global_batch": problem.global_batch, "samples": problem.samples, "seed": problem.seed,
+            "workload_source": problem.source_name, "devices": problem.devices,
+            "study": result.study_name, "storage": result.storage, "mode": result.mode,
+            "trials": result.num_trials, "new_trials": result.num_new, "evaluated": result.num_evaluated,
+            "space_size": result.space_size, "wall_s": result.wall_s, "interrupted": result.interrupted,
+            "comparison": rows,
+        }
+        record["search"] = summary
+        dump_plan(record, args.out)
+        if args.gantt:
+            _draw(evaluator, best, args.gantt, f"best <{best.candidate.schedule}>")
+        reference = dict(baselines).get(REFERENCE)
+        if args.gantt_baseline:
+            if reference is None:
+                raise MpipeError(f"--gantt-baseline: the {REFERENCE} baseline does not exist at {best.candidate.degrees}")
+            _draw(evaluator, reference, args.gantt_baseline, "Megatron-style <1f1b>")
+        if args.json:
+            print(json.dumps({**summary, "plan_file": args.out}, indent=2))
+        else:
+            p = problem
+            print(f"planning {p.model.name} on {p.devices} x {p.profile.name}, workload {p.source_name}: "
+                  f"{p.global_batch} sequences per step, mean over {p.samples} sampled step(s)")
+            what = (f"{result.space_size} points enumerated" if result.mode == "exhaustive"
+                    else f"sampler {args.sampler}")
+            print(f"study '{result.study_name}' in {storage}: {result.num_trials} trials ({result.num_new} new, "
+                  f"{result.num_evaluated} plans evaluated, {what}) in {result.wall_s:.1f} s\n")
+            print(format_rows(rows))
+            print(f"\nbest: {best.candidate}")
+            print(f"plan written to {args.out}" + (f", timeline to {args.gantt}" if args.gantt else "")
+                  + (f", baseline timeline to {args.gantt_baseline}" if args.gantt_baseline else ""))
+        if result.interrupted:
+            print(f"interrupted after {result.num_trials} trials; rerun the same command to continue the study",
+                  file=sys.stderr)
+            return 130
+        return 0
+
+
+class Show:
+    name = "show"
+    help = "reload a plan file, check its inputs and re-predict it"
+
+    def add_arguments(self, parser):
+        parser.add_argument("plan", help="plan.json written by 'mpipe-tune plan'")
+        parser.add_argument("--gantt", default=None, help="draw the plan's timeline to this PNG")
+        parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+    def take_action(self, args):
+        from mpipe_tune.algebra.schedule import Cut, parse_schedule
+        from mpipe_tune.cost.layers import CostOptions
+        from mpipe_tune.cost.predict import predict
+        from mpipe_tune.cost.workload import workload_hash
+        from mpipe_tune.report.plan_file import load_plan, workload_of
+        from mpipe_tune.report.tables import prediction_record, print_prediction
+        from mpipe_tune.specs import load_model, load_profile
+
+        record = load_plan(args.plan)
+        inputs, c = record["inputs"], record["candidate"]
+        model = load_model(inputs["model"]["spec"])
+        if inputs["model"]["frozen"]:
+            model = model.with_frozen(tuple(inputs["model"]["frozen"]))
+        profile = load_profile(inputs["profile"]["spec"])
+        workload = workload_of(record)
+        for what, spec, now, then in (
+            ("model", inputs["model"]["spec"], model.content_hash(), inputs["model"]["hash"]),
+            ("profile", inputs["profile"]["spec"], profile.content_hash(), inputs["profile"]["hash"]),
+            ("workload", inputs["workload"]["name"], workload_hash(workload), inputs["workload"]["hash"]),
+        ):
+            if now != then:
+                raise MpipeError(f"{args.plan}: the {what} '{spec}' has changed since the plan was made (hash "
+                                 f"{now[:12]} now, {then[:12]} in the plan); re-plan with 'mpipe-tune plan'")
+        options = CostOptions(dtype=c["dtype"], tp_degree=c["tp"], dp_degree=c["dp"], recompute=c.get("recompute", False))
+        prediction = predict(Cut(tuple(c["cut"])), parse_schedule(c["schedule"]), model, workload, profile, c["pp"],
+                             slab_counts=tuple(tuple(s) for s in c["slabs"]),
+                             microbatch_owners=tuple(c["owners"]) if c["owners"] is not None else None, options=options)
+        recorded = record["predicted"]["makespan_s"]
+        now_s = prediction.timeline.makespan_s
+        if args.gantt:
+            from mpipe_tune.report.gantt import draw_gantt
+
+            t = prediction.timeline
+            draw_gantt(prediction.plan, t.start_s, t.durations_s, args.gantt,
+                       title=f"{model.name} <{c['schedule']}> on {profile.name}: step {now_s * 1e3:.4g} ms")
+        out = prediction_record(prediction, model, workload, profile, options)
+        if args.json:
+            print(json.dumps({**out, "recorded_makespan_s": recorded, "search": record.get("search")}, indent=2))
+            return 0
+        print_prediction(out)
+        same = abs(now_s - recorded) <= 1e-9 * max(1.0, abs(recorded))
+        print(f"\nrecorded step time {recorded * 1e3:.3f} ms; re-predicted {now_s * 1e3:.3f} ms"
+              + ("" if same else "  (differs: the cost model changed since the plan was made)"))
+        search = record.get("search")
+        if search:
+            from mpipe_tune.search.compare import format_rows
+
+            print(f"\nsearch: study '{search['study']}', {search['trials']} trials, mean over {search['samples']} "
+                  f"sampled step(s) of {search['global_batch']} sequences\n")
+            print(format_rows(search["comparison"]))
+        if args.gantt:
+            print(f"\nGantt picture written to {args.gantt}")
+        return 0

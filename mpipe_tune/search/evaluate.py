@@ -1,0 +1,240 @@
+"""Evaluating candidates: one static plan, its predicted step time over the sampled steps.
+
+A candidate is one static plan: its slabs are fixed before any step is seen (balanced by the
+expected layer cost over the sampled steps, or given), and the same order runs every step. The
+transposed region's owner map is the one part that follows each step's data: ``round-robin`` is
+static, while ``greedy`` and ``optimal`` are per-step rules over the step's encode costs, which are
+known from its image sizes before the step starts. Their slack ``w_r`` is read off the round-robin
+prediction of the same step (the slack does not depend on who encodes).
+
+The evaluator composes the cost model's public passes exactly as :func:`mpipe_tune.cost.predict.
+predict` does (layer table, derive, durations, timeline, memory), but derives and compiles each
+order once for all sampled steps and caches layer tables, orders and results, since a search
+revisits the same pieces many times.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from mpipe_tune.algebra.derive import Owners, Plan, derive
+from mpipe_tune.algebra.placement import balanced_counts
+from mpipe_tune.algebra.schedule import Layout
+from mpipe_tune.cost.durations import DurationModel
+from mpipe_tune.cost.layers import LayerTable, build_layer_table
+from mpipe_tune.cost.predict import Prediction, layer_weights, predict
+from mpipe_tune.cost.timing import CompiledOrder, Timeline, read_timeline
+from mpipe_tune.cost.workload import Workload
+from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.search.owners import owners_for
+from mpipe_tune.search.problem import Problem
+
+try:  # the cost model's memory estimate (per-rank peak bytes)
+    from mpipe_tune.cost.memory import estimate_memory
+except ImportError:  # pragma: no cover - an older cost model without it: every plan counts as fitting
+    estimate_memory = None
+
+
+def estimate_peaks(plan: Plan, model, table: LayerTable, options, timeline: Timeline, profile) -> tuple[float, ...] | None:
+    """Per-rank peak memory in bytes, or None when the cost model has no memory estimate."""
+    if estimate_memory is None:
+        return None
+    return tuple(estimate_memory(plan, model, table, options, timeline, profile.memory_capacity_bytes).peak_bytes)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One sampled step of one plan."""
+
+    makespan_s: float
+    bubble_share: float
+    max_spill_s: float
+    peak_bytes: float | None
+    slack_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    candidate: Candidate
+    makespans_s: tuple[float, ...]
+    """Predicted step time of each sampled step."""
+    bubble_share: float
+    """Mean over steps of the idle share of rank-time."""
+    max_spill_s: float
+    """Mean over steps of the largest per-rank encoder spill."""
+    peak_bytes: float | None
+    """The largest per-rank peak over all steps; None when memory is not estimated."""
+    capacity_bytes: float
+    slab_counts: tuple[tuple[int, ...], ...]
+
+    @property
+    def mean_s(self) -> float:
+        return float(np.mean(self.makespans_s))
+
+    @property
+    def p90_s(self) -> float:
+        return float(np.percentile(self.makespans_s, 90))
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes is None or self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def memory_excess_bytes(self) -> float:
+        """How far the peak is over capacity (<= 0: fits); Optuna's constraint value."""
+        return 0.0 if self.peak_bytes is None else self.peak_bytes - self.capacity_bytes
+
+
+class Evaluator:
+    """Predicts candidates of one problem, with caches shared across candidates."""
+
+    def __init__(self, problem: Problem, *, max_cached_orders: int = 48) -> None:
+        self.problem = problem
+        self._tables: dict[tuple, tuple[Workload, LayerTable]] = {}
+        self._weights: dict[tuple, tuple[float, ...]] = {}
+        self._orders: OrderedDict[tuple, tuple[Plan, CompiledOrder]] = OrderedDict()
+        self._max_orders = max_cached_orders
+        self._durations: OrderedDict[tuple, DurationModel] = OrderedDict()
+        self._steps: dict[tuple, StepResult] = {}
+        self._results: dict[Candidate, Evaluation] = {}
+
+    @property
+    def num_evaluated(self) -> int:
+        """Distinct candidates evaluated so far."""
+        return len(self._results)
+
+    # ----------------------------------------------------------------------------- inputs
+
+    def reference_weights(self) -> tuple[float, ...]:
+        """Expected seconds per layer of one sequence (tp = 1): what the space balances cuts by."""
+        p = self.problem
+        workload = Workload(p.sequences(0, min(p.global_batch, 16)), "reference")
+        table = build_layer_table(p.model, workload, p.profile, p.options_for(1, 1))
+        return layer_weights(p.model, table)
+
+    def table(self, sample: int, tp: int, dp: int, num_microbatches: int) -> tuple[Workload, LayerTable]:
+        key = (sample, tp, dp, num_microbatches)
+        if key not in self._tables:
+            p = self.problem
+            workload = p.replica_workload(sample, dp, num_microbatches)
+            self._tables[key] = (workload, build_layer_table(p.model, workload, p.profile, p.options_for(tp, dp)))
+        return self._tables[key]
+
+    def expected_layer_weights(self, tp: int, dp: int, num_microbatches: int) -> tuple[float, ...]:
+        """Per layer, expected forward + backward seconds over all sampled steps."""
+        key = (tp, dp, num_microbatches)
+        if key not in self._weights:
+            per_sample = [layer_weights(self.problem.model, self.table(k, tp, dp, num_microbatches)[1])
+                          for k in range(self.problem.samples)]
+            self._weights[key] = tuple(float(w) for w in np.mean(per_sample, axis=0))
+        return self._weights[key]
+
+    def slab_counts(self, c: Candidate) -> tuple[tuple[int, ...], ...]:
+        """The candidate's slabs: given, or the balanced partition of each Sharded region."""
+        if c.slab_counts is not None:
+            return c.slab_counts
+        cut, schedule = c.parsed()
+        weights = self.expected_layer_weights(c.tp, c.dp, c.num_microbatches)
+        regions = cut.regions(self.problem.model.num_layers)
+        return tuple(
+            balanced_counts(weights[start:stop], c.pp)
+            for (start, stop), layout in zip(regions, schedule.layouts()) if layout is Layout.SHARDED
+        )
+
+    # ------------------------------------------------------------------------- evaluation
+
+    def evaluate(self, c: Candidate) -> Evaluation:
+        """Predict ``c`` on every sampled step (cached)."""
+        key = replace(c, label="")
+        if key in self._results:
+            return replace(self._results[key], candidate=c)
+        slabs = self.slab_counts(c)
+        steps = [self._step(c, slabs, k) for k in range(self.problem.samples)]
+        peaks = [s.peak_bytes for s in steps]
+        result = Evaluation(
+            candidate=c,
+            makespans_s=tuple(s.makespan_s for s in steps),
+            bubble_share=float(np.mean([s.bubble_share for s in steps])),
+            max_spill_s=float(np.mean([s.max_spill_s for s in steps])),
+            peak_bytes=None if None in peaks else max(peaks),
+            capacity_bytes=self.problem.profile.memory_capacity_bytes,
+            slab_counts=slabs,
+        )
+        self._results[key] = result
+        return result
+
+    def owners(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
+        """The transposed region's owner map of ``c`` on step ``sample`` (None without a transpose)."""
+        if not c.has_transpose:
+            return None
+        slabs = self.slab_counts(c)
+        if c.owner_policy in (None, "round-robin"):
+            return self._order(c, slabs, None)[0].placement[0].owner.owners
+        slack = self._step(replace(c, owner_policy="round-robin"), slabs, sample).slack_s
+        return owners_for(c.owner_policy, self._encode_s(c, sample), slack)
+
+    def prediction(self, c: Candidate, sample: int = 0) -> tuple[Prediction, Workload]:
+        """The full prediction of ``c`` on one step, by the cost model's own ``predict`` with the
+        slabs and owners made explicit: what plan.json records and ``show`` re-predicts."""
+        p = self.problem
+        workload, _ = self.table(sample, c.tp, c.dp, c.num_microbatches)
+        cut, schedule = c.parsed()
+        prediction = predict(cut, schedule, p.model, workload, p.profile, c.pp,
+                             slab_counts=self.slab_counts(c), microbatch_owners=self.owners(c, sample),
+                             options=p.options_for(c.tp, c.dp))
+        return prediction, workload
+
+    # ---------------------------------------------------------------------------- internals
+
+    def _encode_s(self, c: Candidate, sample: int) -> np.ndarray:
+        """Encode (transposed-region forward) seconds of each microbatch of step ``sample``."""
+        _, table = self.table(sample, c.tp, c.dp, c.num_microbatches)
+        return table.fwd_s[: c.cut[0]].sum(axis=0)
+
+    def _order(self, c: Candidate, slabs, owners) -> tuple[Plan, CompiledOrder]:
+        key = (c.schedule, c.cut, c.pp, c.num_microbatches, slabs, owners)
+        if key in self._orders:
+            self._orders.move_to_end(key)
+            return self._orders[key]
+        cut, schedule = c.parsed()
+        plan = derive(cut, schedule, self.problem.model, c.pp, c.num_microbatches,
+                      Owners(slab_counts=slabs, microbatch=owners))
+        self._orders[key] = (plan, CompiledOrder(plan))
+        if len(self._orders) > self._max_orders:
+            self._orders.popitem(last=False)
+        return self._orders[key]
+
+    def _duration_model(self, plan: Plan, options) -> DurationModel:
+        key = (id(plan), options.tp_degree, options.dp_degree)
+        model = self._durations.get(key)
+        if model is None or model.plan is not plan:
+            model = self._durations[key] = DurationModel(plan, self.problem.model, self.problem.profile, options)
+            if len(self._durations) > self._max_orders:
+                self._durations.popitem(last=False)
+        return model
+
+    def _step(self, c: Candidate, slabs, sample: int) -> StepResult:
+        owners = None
+        if c.has_transpose and c.owner_policy not in (None, "round-robin"):
+            owners = self.owners(c, sample)
+        key = (c.schedule, c.cut, c.pp, c.tp, c.dp, c.num_microbatches, slabs, owners, sample)
+        if key in self._steps:
+            return self._steps[key]
+        p = self.problem
+        plan, compiled = self._order(c, slabs, owners)
+        _, table = self.table(sample, c.tp, c.dp, c.num_microbatches)
+        options = p.options_for(c.tp, c.dp)
+        t = read_timeline(plan, self._duration_model(plan, options).durations(table), compiled)
+        peaks = estimate_peaks(plan, p.model, table, options, t, p.profile)
+        result = StepResult(
+            makespan_s=t.makespan_s,
+            bubble_share=sum(t.bubble_s) / (t.makespan_s * c.pp) if t.makespan_s > 0 else 0.0,
+            max_spill_s=max(t.spill_s),
+            peak_bytes=None if peaks is None else max(peaks),
+            slack_s=tuple(t.warmup_slack_s),
+        )
+        self._steps[key] = result
+        return result

@@ -1,0 +1,217 @@
+"""The search space: a tree of choices whose every leaf is a valid, derivable candidate.
+
+Choices, each one's options computed from the earlier ones, so that no invalid point exists:
+
+1. ``degrees``: ``(pp, tp, dp)`` with ``pp * tp * dp`` = the device count, ``tp`` dividing the
+   devices of one node, ``dp`` dividing the global batch, ``pp >= 2``;
+2. ``schedule``: a skeleton list in normal form from the grammar ``[transpose,] S{v}`` with ``S``
+   one Sharded skeleton and ``v`` woven regions (``v > 1`` is interleaving), kept only when some cut
+   gives every Sharded region at least ``pp`` layers and some microbatch count fits it;
+3. ``cut``: for a transpose, its boundary at the encoder/backbone seam or up to ``cut_window``
+   layers either side; the boundaries between woven Sharded regions balance their expected cost;
+4. ``microbatches``: divisors of the replica's sequences, at least ``pp`` (when possible), at most
+   ``max_microbatches``, multiples of ``pp`` for interleaved 1F1B;
+5. ``owners``: the transposed region's owner policy (``optimal`` only for small ``M``).
+
+:meth:`SearchSpace.build` walks the tree with a ``choose(name, options)`` callback: Optuna's
+``suggest_categorical`` for sampling, an odometer for exhaustive enumeration. A choice whose options
+depend on earlier choices gets a parameter name that carries them (``microbatches[4|8|16]``), so
+Optuna never sees one name with two option sets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mpipe_tune.algebra.placement import balanced_counts
+from mpipe_tune.algebra.schedule import Skeleton
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.search.owners import POLICIES
+from mpipe_tune.search.problem import Problem
+
+Choose = Callable[[str, Sequence[Any]], Any]
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    skeletons: tuple[str, ...] = ("1f1b", "gpipe")
+    """Sharded skeletons the wavefront may use."""
+    max_chunks: int = 2
+    """Most Sharded regions woven into one wavefront (2: plain and interleaved with two chunks)."""
+    transpose: bool = True
+    """Also search schedules that transpose the encoder."""
+    cut_window: int = 1
+    """Layers either side of the encoder/backbone seam the transpose boundary may move."""
+    owner_policies: tuple[str, ...] = POLICIES
+    optimal_max_microbatches: int = 12
+    """``optimal`` owners (exact branch and bound) only up to this many microbatches."""
+    max_microbatches: int = 64
+    min_pp: int = 2
+    pp: tuple[int, ...] | None = None
+    """Allowed pipeline degrees (None: any)."""
+    tp: tuple[int, ...] | None = None
+    dp: tuple[int, ...] | None = None
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class SearchSpace:
+    def __init__(self, problem: Problem, weights: Sequence[float], options: SpaceOptions = SpaceOptions()) -> None:
+        """``weights``: expected seconds per layer, used to balance the cuts between woven regions."""
+        self.problem = problem
+        self.options = options
+        self.weights = tuple(weights)
+        model = problem.model
+        self.num_layers = model.num_layers
+        blocks = [u.block for u in model.layers]
+        self.encoder_end = next((i for i, b in enumerate(blocks) if b != "encoder"), 0)
+        self.backbone_start = next((i for i, b in enumerate(blocks) if b == "llm"), self.encoder_end)
+        self.family = self._family()
+        self.cut_window = tuple(range(max(1, self.encoder_end - options.cut_window),
+                                      min(self.num_layers - 1, self.backbone_start + options.cut_window) + 1))
+        self._schedules: dict[tuple[int, int], list[str]] = {}
+        self.degrees = self._degrees()
+
+    # ------------------------------------------------------------------------------- pieces
+
+    def _family(self) -> list[str]:
+        firsts = [()]
+        if self.options.transpose and self.encoder_end > 0:
+            firsts.append((Skeleton.TRANSPOSE.value,))
+        out = []
+        for first in firsts:
+            for skeleton in self.options.skeletons:
+                for v in range(1, self.options.max_chunks + 1):
+                    out.append(",".join(first + (skeleton,) * v))
+        return out
+
+    def woven_cut(self, start: int, chunks: int, pp: int) -> tuple[int, ...] | None:
+        """Boundaries splitting layers ``[start, L)`` into ``chunks`` Sharded regions of balanced
+        expected cost (equal layer counts if that leaves a region under ``pp`` layers); None when
+        no split gives every region ``pp`` layers."""
+        n = self.num_layers - start
+        if n < chunks * pp:
+            return None
+        counts = balanced_counts(self.weights[start:], chunks) if chunks > 1 else (n,)
+        if min(counts) < pp:
+            counts = tuple(n // chunks + (1 if i < n % chunks else 0) for i in range(chunks))
+        boundaries, at = [], start
+        for count in counts[:-1]:
+            at += count
+            boundaries.append(at)
+        return tuple(boundaries)
+
+    def transpose_cuts(self, pp: int, chunks: int) -> list[int]:
+        return [b for b in self.cut_window if self.woven_cut(b, chunks, pp) is not None]
+
+    def microbatch_choices(self, pp: int, dp: int, schedule: str) -> list[int]:
+        skeletons = schedule.split(",")
+        interleaved = skeletons.count(Skeleton.ONE_F_ONE_B.value) > 1
+        options = [d for d in divisors(self.problem.global_batch // dp) if d <= self.options.max_microbatches]
+        if interleaved:
+            return [d for d in options if d % pp == 0]
+        full = [d for d in options if d >= pp]
+        return full or options[-1:]
+
+    def owner_choices(self, num_microbatches: int) -> list[str]:
+        return [p for p in self.options.owner_policies
+                if p != "optimal" or num_microbatches <= self.options.optimal_max_microbatches]
+
+    def schedules(self, pp: int, dp: int) -> list[str]:
+        key = (pp, dp)
+        if key not in self._schedules:
+            out = []
+            for schedule in self.family:
+                skeletons = schedule.split(",")
+                transpose = skeletons[0] == Skeleton.TRANSPOSE.value
+                chunks = len(skeletons) - transpose
+                cut_ok = (self.transpose_cuts(pp, chunks) if transpose else self.woven_cut(0, chunks, pp) is not None)
+                if cut_ok and self.microbatch_choices(pp, dp, schedule):
+                    out.append(schedule)
+            self._schedules[key] = out
+        return self._schedules[key]
+
+    def _degrees(self) -> list[tuple[int, int, int]]:
+        o, N, G = self.options, self.problem.devices, self.problem.global_batch
+        per_node = self.problem.profile.devices_per_node
+        out = []
+        for tp in divisors(per_node):
+            if N % tp or (o.tp is not None and tp not in o.tp):
+                continue
+            for pp in divisors(N // tp):
+                dp = N // (tp * pp)
+                if pp < o.min_pp or (o.pp is not None and pp not in o.pp) or (o.dp is not None and dp not in o.dp):
+                    continue
+                if G % dp == 0 and self.schedules(pp, dp):
+                    out.append((pp, tp, dp))
+        if not out:
+            pins = "".join(f", --{k} {','.join(map(str, v))}" for k, v in (("pp", o.pp), ("tp", o.tp), ("dp", o.dp)) if v)
+            raise MpipeError(
+                f"no (pp, tp, dp) with pp*tp*dp = {N} devices gives a plan: pp must be >= {o.min_pp} with at "
+                f"least one layer per stage (model '{self.problem.model.name}' has {self.num_layers} layers), tp must "
+                f"divide the {per_node} devices per node of profile '{self.problem.profile.name}', dp must divide "
+                f"--global-batch {G}{pins}; change --devices or --global-batch"
+            )
+        return sorted(out)
+
+    # ------------------------------------------------------------------------------ the tree
+
+    def param_name(self, name: str, options: Sequence[Any], full: Sequence[Any] | None) -> str:
+        if full is not None and list(options) == list(full):
+            return name
+        return f"{name}[{'|'.join(map(str, options))}]"
+
+    def build(self, choose: Choose) -> Candidate:
+        """Walk the choices with ``choose(param_name, options) -> option``; return the leaf."""
+        names = [f"pp{pp}-tp{tp}-dp{dp}" for pp, tp, dp in self.degrees]
+        pp, tp, dp = self.degrees[names.index(choose("degrees", names))]
+        schedules = self.schedules(pp, dp)
+        schedule = choose(self.param_name("schedule", schedules, self.family), schedules)
+        skeletons = schedule.split(",")
+        transpose = skeletons[0] == Skeleton.TRANSPOSE.value
+        chunks = len(skeletons) - transpose
+        if transpose:
+            cuts = self.transpose_cuts(pp, chunks)
+            boundary = choose(self.param_name("cut", cuts, self.cut_window), cuts)
+            cut = (boundary, *self.woven_cut(boundary, chunks, pp))
+        else:
+            cut = self.woven_cut(0, chunks, pp)
+        counts = self.microbatch_choices(pp, dp, schedule)
+        num_microbatches = choose(self.param_name("microbatches", counts, None), counts)
+        policy = None
+        if transpose:
+            policies = self.owner_choices(num_microbatches)
+            policy = choose(self.param_name("owners", policies, self.options.owner_policies), policies)
+        return Candidate(schedule, cut, pp, tp, dp, num_microbatches, policy)
+
+    def enumerate(self) -> Iterator[tuple[dict[str, Any], Candidate]]:
+        """Every leaf once, with the parameters that select it."""
+        path: list[int] = []
+        while True:
+            sizes: list[int] = []
+            params: dict[str, Any] = {}
+
+            def choose(name: str, options: Sequence[Any]) -> Any:
+                depth = len(sizes)
+                sizes.append(len(options))
+                if depth == len(path):
+                    path.append(0)
+                params[name] = options[path[depth]]
+                return params[name]
+
+            candidate = self.build(choose)
+            yield params, candidate
+            del path[len(sizes):]
+            while path and path[-1] + 1 >= sizes[len(path) - 1]:
+                path.pop()
+            if not path:
+                return
+            path[-1] += 1
+
+    def size(self) -> int:
+        return sum(1 for _ in self.enumerate())
