@@ -121,8 +121,9 @@ def _worker(rank: int, nproc: int, device: str, port: int, settings: SweepSettin
             getattr(torch, device).set_device(rank)
             where = f"{device}:{rank}"
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=_DIST_TIMEOUT_S))
+        bound = {} if device == "cpu" else {"device_id": torch.device(where)}
         dist.init_process_group(BACKENDS[device], store=store, rank=rank, world_size=nproc,
-                                timeout=timedelta(seconds=_DIST_TIMEOUT_S))
+                                timeout=timedelta(seconds=_DIST_TIMEOUT_S), **bound)
         sweep = _Sweep(torch, dist, where, Timer(torch, device), rank, nproc, settings)
         result = {}
         for collective in LINK_COLLECTIVES:
@@ -160,7 +161,7 @@ class _Sweep:
             order = list(points)
             random.Random(repeat).shuffle(order)
             for size in order:
-                self.dist.barrier()
+                self._barrier()
                 samples[size].append(self.timer.seconds_per_call(points[size], calls[size]))
             if messages is not None:
                 messages.put(("progress", f"{collective} repeat {repeat + 1}"))
@@ -196,12 +197,17 @@ class _Sweep:
 
     def _calibrate(self, op: Callable[[], object]) -> int:
         """Warm ``op`` up, then return how many back-to-back calls make one repeat (same on every rank)."""
-        self.dist.barrier()
+        self._barrier()
         for _ in range(max(1, self.settings.warmup)):
             op()
-        self.dist.barrier()
+        self._barrier()
         first = self._slowest([self.timer.seconds_per_call(op)])[0]
         return calls_for(first, self.settings.min_repeat_s, _MAX_CALLS)
+
+    def _barrier(self) -> None:
+        """All ranks here, and nothing of theirs still queued on the device, before a timed repeat."""
+        self.dist.barrier()
+        self.timer.synchronize()
 
     def _slowest(self, times: list[float]) -> list[float]:
         values = self.torch.tensor(times, dtype=self.torch.float32, device=self.where)
