@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import FIRST_LLM, make_plan  # noqa: E402
+from runtime_plans import FIRST_LLM, TEST_MODEL, make_plan  # noqa: E402
 
 from mpipe_tune.cli import main  # noqa: E402
 from mpipe_tune.cost.workload import Microbatch, Workload  # noqa: E402
@@ -63,6 +63,6 @@ def test_emulated_run_needs_no_architecture_and_never_beats_the_prediction(tmp_p
 
 
 def test_table_output(plan, capsys):
-    assert main(["run", str(plan), "--steps", "1"]) == 0
+    assert main(["run", str(plan), "--steps", "1", "--model", TEST_MODEL]) == 0
     stdout = capsys.readouterr().out
     assert "<transpose,1f1b> P=2 M=4 on cpu (gloo)" in stdout and "measured/predicted" in stdout

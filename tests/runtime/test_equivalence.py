@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import FIRST_LLM, TEST_MODEL, WORKLOAD, make_plan  # noqa: E402
+from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, make_plan  # noqa: E402
 
 from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
 from mpipe_tune.runtime.job import RunJob  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import FIRST_LLM, TEST_MODEL, make_plan  # noqa: E402
+from runtime_plans import FIRST_LLM, make_plan  # noqa: E402
 
 from mpipe_tune.runtime.compute import RealCompute  # noqa: E402
 from mpipe_tune.runtime.job import RunJob  # noqa: E402

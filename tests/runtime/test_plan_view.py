@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FIRST_LLM, TEST_MODEL, WORKLOAD, make_plan
+from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, make_plan
 
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, Fwd
 from mpipe_tune.cost.workload import Microbatch, Workload

@@ -1,4 +1,8 @@
-"""Runtime test helpers: plans of the tiny test model, made with the planner's own functions."""
+"""Runtime test helpers: plans of the tiny test model, made with the planner's own functions.
+
+A plain module with a unique name (not a conftest.py): the tests import it by name, and so do the
+rank processes that unpickle the test's worker functions.
+"""
 
 from __future__ import annotations
 
