@@ -53,6 +53,8 @@ def main() -> int:
                        str(args.nproc), "--out", str(out)]
             if args.calibrate:
                 command += ["--calibrate", args.calibrate]
+            if args.save:
+                command += ["--name", Path(args.save).stem]
             begin = time.monotonic()
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
             walls.append(time.monotonic() - begin)
