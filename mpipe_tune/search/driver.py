@@ -103,7 +103,7 @@ def _make_sampler(name: str, seed: int):
 def _open_study(storage: str, study_name: str, key: str):
     try:
         study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True)
-    except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as exc:
+    except Exception as exc:  # bad URL, missing driver, unreadable file: whatever the RDB layer raises
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise MpipeError(f"--storage {storage}: cannot open the Optuna storage ({detail}); give an RDB URL such as "
                          f"sqlite:///mpipe-tune.db") from None
@@ -166,10 +166,13 @@ def run_search(
     exhaustive: bool | None = None,
     progress: bool = True,
     sync_every_s: float = 10.0,
+    refine: bool = True,
     on_trial: Callable[[Evaluation], None] | None = None,
 ) -> SearchResult:
     """Run (or continue) the study until it holds ``n_trials`` finished trials, ``timeout_s`` passes
-    or Ctrl-C; ``exhaustive=None`` enumerates when the space has at most ``n_trials`` points."""
+    or Ctrl-C; ``exhaustive=None`` enumerates when the space has at most ``n_trials`` points.
+    ``refine``: spend the second half of the budget hill-climbing from the best point (see
+    :func:`_run_sampled`)."""
     if n_trials < 1:
         raise MpipeError(f"--trials is {n_trials}, but at least one trial is needed")
     start = time.perf_counter()
@@ -190,7 +193,7 @@ def run_search(
             new = _run_exhaustive(space, evaluator, study, stored, timeout_s, start, progress, on_trial)
         else:
             new = _run_sampled(space, evaluator, study, stored, n_trials, timeout_s, start, seed, sampler, progress,
-                               sync_every_s, on_trial)
+                               sync_every_s, on_trial, refine)
     except KeyboardInterrupt:
         interrupted = True
     trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "candidate" in _info(t)]
@@ -260,34 +263,56 @@ def _distributions(space: SearchSpace, params: dict) -> dict[str, CategoricalDis
 
 
 def _run_sampled(space, evaluator, study, stored, n_trials, timeout_s, start, seed, sampler_name, progress,
-                 sync_every_s, on_trial) -> int:
+                 sync_every_s, on_trial, refine) -> int:
+    """Sampler trials, and (``refine``) once half the budget is spent, hill-climbing: while the best
+    point has neighbours (one choice changed) not yet tried, the next trial is one of them; when none
+    is left the sampler proposes again, and a new best restarts the climb."""
     remaining = n_trials - len(stored)
     if remaining <= 0:
         return 0
     mirror = optuna.create_study(direction="minimize", sampler=_make_sampler(sampler_name, seed + len(stored)))
-    known = set()
+    known, tried = set(), set()
+    best: tuple[float, dict] | None = None
     for t in stored:
         mirror.add_trial(t)
-        known.add(_info(t)["uid"])
+        known.add(_info(t).get("uid"))
+        tried.add(Candidate.from_dict(_info(t)["candidate"]))
+        if _info(t)["memory_excess_gib"] <= 0 and (best is None or t.value < best[0]):
+            best = (t.value, t.params)
+    explore_until = len(stored) + (remaining // 2 if refine else remaining)
     worker = uuid.uuid4().hex[:12]
     last_sync = time.perf_counter()
+    queue: list[tuple[dict, Candidate]] = []
     bar = _Progress(remaining, progress, "plan")
     new = 0
     try:
         while new < remaining:
             if timeout_s is not None and time.perf_counter() - start > timeout_s:
                 break
+            if refine and best is not None and len(stored) + new >= explore_until:
+                queue = [(p, c) for p, c in queue if c not in tried]
+                if queue:
+                    mirror.enqueue_trial(queue.pop(0)[0])
             trial = mirror.ask()
-            candidate = space.build(lambda name, options: trial.suggest_categorical(name, list(options)))
+            params: dict = {}
+
+            def choose(name, options):
+                params[name] = trial.suggest_categorical(name, list(options))
+                return params[name]
+
+            candidate = space.build(choose)
             e = evaluator.evaluate(candidate)
             info = _trial_attr(e, f"{worker}-{new}")
             trial.set_user_attr(ATTR, info)
             if _HAS_SET_CONSTRAINT:
                 trial.set_constraint("memory", info["memory_excess_gib"])
-            frozen = mirror.tell(trial, e.mean_s)
-            study.add_trial(frozen)
+            study.add_trial(mirror.tell(trial, e.mean_s))
             known.add(info["uid"])
+            tried.add(candidate)
             new += 1
+            if e.fits and (best is None or e.mean_s < best[0]):
+                best = (e.mean_s, params)
+                queue = space.neighbors(params) if refine else []
             bar.update(e)
             if on_trial:
                 on_trial(e)
@@ -298,6 +323,7 @@ def _run_sampled(space, evaluator, study, stored, n_trials, timeout_s, start, se
                     if uid is not None and uid not in known:
                         mirror.add_trial(t)
                         known.add(uid)
+                        tried.add(Candidate.from_dict(_info(t)["candidate"]))
                 remaining = n_trials - len(known) + new  # other workers count toward the study's total
     finally:
         bar.close()

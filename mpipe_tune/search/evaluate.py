@@ -173,8 +173,17 @@ class Evaluator:
         slabs = self.slab_counts(c)
         if c.owner_policy in (None, "round-robin"):
             return self._order(c, slabs, None)[0].placement[0].owner.owners
-        slack = self._step(replace(c, owner_policy="round-robin"), slabs, sample).slack_s
-        return owners_for(c.owner_policy, self._encode_s(c, sample), slack)
+        return owners_for(c.owner_policy, self.encode_s(c, sample), self.slack_s(c, sample))
+
+    def slack_s(self, c: Candidate, sample: int) -> tuple[float, ...]:
+        """Per rank, the warmup slack ``w_r`` of ``c``'s round-robin plan on step ``sample``."""
+        rr = replace(c, owner_policy="round-robin")
+        return self._step(rr, self.slab_counts(rr), sample).slack_s
+
+    def encode_s(self, c: Candidate, sample: int) -> np.ndarray:
+        """Encode (transposed-region forward) seconds of each microbatch of step ``sample``."""
+        _, table = self.table(sample, c.tp, c.dp, c.num_microbatches)
+        return table.fwd_s[: c.cut[0]].sum(axis=0)
 
     def prediction(self, c: Candidate, sample: int = 0) -> tuple[Prediction, Workload]:
         """The full prediction of ``c`` on one step, by the cost model's own ``predict`` with the
@@ -188,11 +197,6 @@ class Evaluator:
         return prediction, workload
 
     # ---------------------------------------------------------------------------- internals
-
-    def _encode_s(self, c: Candidate, sample: int) -> np.ndarray:
-        """Encode (transposed-region forward) seconds of each microbatch of step ``sample``."""
-        _, table = self.table(sample, c.tp, c.dp, c.num_microbatches)
-        return table.fwd_s[: c.cut[0]].sum(axis=0)
 
     def _order(self, c: Candidate, slabs, owners) -> tuple[Plan, CompiledOrder]:
         key = (c.schedule, c.cut, c.pp, c.num_microbatches, slabs, owners)

@@ -19,7 +19,7 @@ the global batch's sequences, and there is one sample.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.layers import CostOptions
@@ -76,7 +76,12 @@ class Problem:
         """The first ``count`` sequences of sampled step ``sample``."""
         if self.workload is not None:
             return self.workload.microbatches[:count]
-        return sample_workload(self.mix, count, self.seed + sample).microbatches
+        return self._step_sequences(sample)[:count]
+
+    @lru_cache(maxsize=64)  # noqa: B019 - problems are few and long-lived
+    def _step_sequences(self, sample: int) -> tuple[Microbatch, ...]:
+        """All ``global_batch`` sequences of step ``sample`` (a prefix is the same draw, whatever its length)."""
+        return sample_workload(self.mix, self.global_batch, self.seed + sample).microbatches
 
     def replica_workload(self, sample: int, dp: int, num_microbatches: int) -> Workload:
         """Step ``sample``'s share of one replica, packed into ``num_microbatches`` microbatches."""

@@ -215,3 +215,52 @@ class SearchSpace:
 
     def size(self) -> int:
         return sum(1 for _ in self.enumerate())
+
+    def neighbors(self, params: dict[str, Any]) -> list[tuple[dict[str, Any], Candidate]]:
+        """The points that differ from ``params``'s point in one choice, deepest choice first.
+
+        Choices below the changed one keep their value where it is still an option (by the choice's
+        base name: ``microbatches[2|4]`` and ``microbatches[4|8]`` are one choice), else take the
+        nearest number or the first option.
+        """
+        path: list[tuple[str, list[Any]]] = []
+
+        def follow(name: str, options: Sequence[Any]) -> Any:
+            path.append((name, list(options)))
+            return params[name] if params.get(name) in options else options[0]
+
+        self.build(follow)
+        by_base = {_base(name): value for name, value in params.items()}
+        out = []
+        for depth in reversed(range(len(path))):
+            name, options = path[depth]
+            for alternative in options:
+                if alternative == params.get(name):
+                    continue
+                new: dict[str, Any] = {}
+
+                def choose(n: str, opts: Sequence[Any]) -> Any:
+                    level = len(new)
+                    if level < depth:
+                        value = params[n]
+                    elif level == depth:
+                        value = alternative
+                    else:
+                        value = _nearest(by_base.get(_base(n)), list(opts))
+                    new[n] = value
+                    return value
+
+                out.append((new, self.build(choose)))
+        return out
+
+
+def _base(name: str) -> str:
+    return name.split("[", 1)[0]
+
+
+def _nearest(value: Any, options: list[Any]) -> Any:
+    if value in options:
+        return value
+    if isinstance(value, int) and all(isinstance(o, int) for o in options):
+        return min(options, key=lambda o: (abs(o - value), o))
+    return options[0]

@@ -1,0 +1,102 @@
+from dataclasses import replace
+
+import optuna
+import pytest
+
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
+from mpipe_tune.specs import load_model, load_profile
+
+MODEL = load_model("example-mllm")
+PROFILE = load_profile("ideal")
+
+
+def make(devices=2, batch=4, samples=1, profile=PROFILE, model=MODEL, **space):
+    problem = Problem(model, profile, devices, batch, mix="balanced", num_samples=samples, seed=3)
+    evaluator = Evaluator(problem)
+    return SearchSpace(problem, evaluator.reference_weights(), SpaceOptions(**space)), evaluator
+
+
+def exhaustive_optimum(space, evaluator):
+    evaluations = [evaluator.evaluate(c) for _, c in space.enumerate()]
+    return min((e for e in evaluations if e.fits), key=lambda e: e.mean_s), evaluations
+
+
+def url(tmp_path, name="s.db"):
+    return f"sqlite:///{tmp_path / name}"
+
+
+def test_exhaustive_search_finds_the_known_optimum_and_records_every_point(tmp_path):
+    space, evaluator = make(owner_policies=("round-robin", "greedy"))
+    optimum, evaluations = exhaustive_optimum(space, evaluator)
+    result = run_search(space, evaluator, storage=url(tmp_path), n_trials=10_000, progress=False)
+    assert result.mode == "exhaustive" and result.space_size == len(evaluations) == result.num_trials
+    assert result.best.candidate == optimum.candidate
+    assert result.best.mean_s == optimum.mean_s
+    study = optuna.load_study(study_name=result.study_name, storage=url(tmp_path))
+    assert study.best_value == optimum.mean_s
+    # A rerun finds nothing left to evaluate.
+    again = run_search(space, evaluator, storage=url(tmp_path), n_trials=10_000, progress=False)
+    assert again.num_new == 0 and again.num_trials == result.num_trials
+
+
+def test_optuna_gets_within_one_percent_of_the_exhaustive_optimum_on_a_small_space(tmp_path):
+    space, evaluator = make(devices=4, batch=8, samples=2, skeletons=("1f1b",), owner_policies=("round-robin", "greedy"))
+    optimum, evaluations = exhaustive_optimum(space, evaluator)
+    trials = len(evaluations) // 3
+    result = run_search(space, evaluator, storage=url(tmp_path), n_trials=trials, exhaustive=False, seed=0,
+                        progress=False)
+    assert result.mode == "optuna" and result.num_trials == trials
+    assert result.best.mean_s <= 1.01 * optimum.mean_s
+
+
+def test_a_rerun_keeps_finished_trials_and_continues_the_study(tmp_path):
+    space, evaluator = make(devices=4, batch=8)
+    first = run_search(space, evaluator, storage=url(tmp_path), n_trials=6, exhaustive=False, progress=False)
+    study = optuna.load_study(study_name=first.study_name, storage=url(tmp_path))
+    before = [(t.number, t.params, t.value) for t in study.trials]
+    second = run_search(space, evaluator, storage=url(tmp_path), n_trials=10, exhaustive=False, progress=False)
+    assert (first.num_trials, second.num_trials, second.num_new) == (6, 10, 4)
+    after = optuna.load_study(study_name=first.study_name, storage=url(tmp_path)).trials
+    assert [(t.number, t.params, t.value) for t in after[:6]] == before
+    assert second.best.mean_s <= first.best.mean_s
+
+
+def test_plans_over_memory_are_infeasible_not_penalised(tmp_path):
+    model = load_model("tiny-vit-llm")
+    space, evaluator = make(model=model, devices=4, batch=8)
+    unconstrained, _ = exhaustive_optimum(space, evaluator)
+    capacity = unconstrained.peak_bytes * 0.99  # the fastest plan no longer fits
+    space, evaluator = make(model=model, devices=4, batch=8, profile=replace(PROFILE, memory_capacity_bytes=capacity))
+    optimum, evaluations = exhaustive_optimum(space, evaluator)
+    assert any(not e.fits and e.mean_s < optimum.mean_s for e in evaluations), "the capacity should bind"
+    result = run_search(space, evaluator, storage=url(tmp_path), n_trials=10_000, progress=False)
+    assert result.best.candidate == optimum.candidate and result.best.fits
+    sampled = run_search(space, evaluator, storage=url(tmp_path, "t.db"), n_trials=60, exhaustive=False, progress=False)
+    assert sampled.best.fits
+    study = optuna.load_study(study_name=sampled.study_name, storage=url(tmp_path, "t.db"))
+    assert all((t.constraints["memory"] > 0) == (t.user_attrs["mpipe"]["peak_bytes"] > capacity) for t in study.trials)
+    assert study.best_trial.constraints["memory"] <= 0
+
+
+def test_nothing_fits_gives_no_best_but_the_least_memory_plan(tmp_path):
+    space, evaluator = make(model=load_model("tiny-vit-llm"), profile=replace(PROFILE, memory_capacity_bytes=1.0))
+    result = run_search(space, evaluator, storage=url(tmp_path), n_trials=10_000, progress=False)
+    assert result.best is None
+    assert result.least_memory.peak_bytes == min(evaluator.evaluate(c).peak_bytes for _, c in space.enumerate())
+
+
+def test_a_study_is_for_one_problem_only(tmp_path):
+    space, evaluator = make()
+    run_search(space, evaluator, storage=url(tmp_path), study_name="mine", n_trials=3, exhaustive=False, progress=False)
+    other_space, other = make(batch=8)
+    with pytest.raises(MpipeError, match="study 'mine' .* another planning problem"):
+        run_search(other_space, other, storage=url(tmp_path), study_name="mine", n_trials=3, progress=False)
+
+
+def test_bad_storage_and_trials_are_user_errors(tmp_path):
+    space, evaluator = make()
+    with pytest.raises(MpipeError, match="--storage"):
+        run_search(space, evaluator, storage="nosuchdb://x", n_trials=3, progress=False)
+    with pytest.raises(MpipeError, match="--trials"):
+        run_search(space, evaluator, storage=url(tmp_path), n_trials=0, progress=False)

@@ -1,0 +1,89 @@
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from mpipe_tune.algebra import Cut, parse_schedule
+from mpipe_tune.cost.predict import predict
+from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.search import Candidate, Evaluator, Problem, pack
+from mpipe_tune.search.owners import max_spill
+from mpipe_tune.specs import load_model, load_profile
+
+MODEL = load_model("example-mllm")
+PROFILE = load_profile("ideal")
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    return Evaluator(Problem(MODEL, PROFILE, 4, 16, mix="image-heavy", num_samples=3, seed=5))
+
+
+def test_pack_concatenates_sequences_and_their_images():
+    a, b = Microbatch(10, 100, (4, 6)), Microbatch(0, 100)
+    assert pack((a,)) is a
+    assert pack((a, b, Microbatch(7, 50))) == Microbatch(17, 250, (4, 6, 7))
+
+
+def test_the_global_batch_is_the_same_work_for_every_microbatch_count(evaluator):
+    problem = evaluator.problem
+    for dp in (1, 2):
+        totals = set()
+        for M in (1, 2, 4, 16 // dp):
+            w = problem.replica_workload(1, dp, M)
+            assert len(w) == M
+            totals.add((sum(mb.image_tokens for mb in w.microbatches), sum(mb.text_tokens for mb in w.microbatches)))
+        assert len(totals) == 1
+    assert problem.replica_workload(0, 2, 8).microbatches == problem.sequences(0, 8)
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "greedy", "optimal"])
+def test_each_sampled_step_matches_the_cost_models_own_predict(evaluator, policy):
+    c = Candidate("transpose,1f1b", (9,), pp=4, tp=1, dp=1, num_microbatches=8, owner_policy=policy)
+    e = evaluator.evaluate(c)
+    assert len(e.makespans_s) == 3
+    for sample in range(3):
+        workload, _ = evaluator.table(sample, 1, 1, 8)
+        owners = evaluator.owners(c, sample)
+        p = predict(Cut((9,)), parse_schedule("transpose,1f1b"), MODEL, workload, PROFILE, 4,
+                    slab_counts=e.slab_counts, microbatch_owners=owners)
+        assert p.timeline.makespan_s == pytest.approx(e.makespans_s[sample], rel=1e-12)
+    assert e.mean_s == pytest.approx(np.mean(e.makespans_s))
+    assert min(e.makespans_s) <= e.p90_s <= max(e.makespans_s)
+
+
+def test_one_static_slab_partition_serves_every_sampled_step(evaluator):
+    c = Candidate("1f1b", (), pp=4, tp=1, dp=1, num_microbatches=8)
+    slabs = evaluator.slab_counts(c)
+    for sample in range(3):
+        prediction, _ = evaluator.prediction(c, sample)
+        assert prediction.plan.placement[0].owner.counts() == slabs[0]
+
+
+def test_per_step_owner_policies_reduce_the_spill_the_model_predicts(evaluator):
+    rr = Candidate("transpose,1f1b", (9,), pp=4, tp=1, dp=1, num_microbatches=8, owner_policy="round-robin")
+    for k in range(3):
+        encode, slack = evaluator.encode_s(rr, k), evaluator.slack_s(rr, k)
+        spills = {p: max_spill(evaluator.owners(replace(rr, owner_policy=p), k), encode, slack)
+                  for p in ("round-robin", "greedy", "optimal")}
+        assert spills["optimal"] <= spills["greedy"] + 1e-12 <= spills["round-robin"] + 1e-12
+
+
+def test_memory_capacity_decides_feasibility():
+    model = load_model("tiny-vit-llm")
+    problem = Problem(model, PROFILE, 2, 4, mix="balanced", num_samples=1)
+    e = Evaluator(problem).evaluate(Candidate("1f1b", (), pp=2, tp=1, dp=1, num_microbatches=4))
+    assert e.peak_bytes > 0 and e.fits and e.memory_excess_bytes < 0
+    tight = Problem(model, replace(PROFILE, memory_capacity_bytes=e.peak_bytes / 2), 2, 4, mix="balanced", num_samples=1)
+    e2 = Evaluator(tight).evaluate(Candidate("1f1b", (), pp=2, tp=1, dp=1, num_microbatches=4))
+    assert not e2.fits and e2.memory_excess_bytes == pytest.approx(e.peak_bytes / 2)
+
+
+def test_a_workload_file_is_one_step_of_the_global_batch():
+    workload = Problem(MODEL, PROFILE, 2, 6, mix="balanced").replica_workload(0, 1, 6)
+    problem = Problem(MODEL, PROFILE, 2, 6, workload=workload, num_samples=5)
+    assert problem.samples == 1
+    assert problem.replica_workload(0, 2, 3).microbatches == workload.microbatches[:3]
+    with pytest.raises(MpipeError, match="holds 6 sequences but --global-batch is 8"):
+        Problem(MODEL, PROFILE, 2, 8, workload=workload)

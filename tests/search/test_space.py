@@ -1,0 +1,89 @@
+import optuna
+import pytest
+
+from mpipe_tune.algebra import Owners, derive, normalize, parse_schedule, validate_schedule
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
+from mpipe_tune.specs import load_model, load_profile
+
+
+@pytest.fixture(scope="module")
+def example():
+    problem = Problem(load_model("example-mllm"), load_profile("ideal"), 4, 8, mix="balanced", num_samples=1)
+    return SearchSpace(problem, Evaluator(problem).reference_weights())
+
+
+def assert_valid(space, c):
+    model = space.problem.model
+    cut, schedule = c.parsed()
+    validate_schedule(cut, schedule, model.num_layers)
+    assert normalize(cut, schedule) == (cut, schedule), "not in normal form"
+    assert c.pp * c.tp * c.dp == space.problem.devices
+    assert space.problem.global_batch % (c.dp * c.num_microbatches) == 0
+    assert (c.owner_policy is not None) == c.has_transpose
+    plan = derive(cut, schedule, model, c.pp, c.num_microbatches, Owners())
+    assert len(plan.order.nodes) == c.pp
+
+
+def test_the_schedule_family_is_in_normal_form_and_valid(example):
+    assert "transpose,1f1b" in example.family and "1f1b,1f1b" in example.family
+    for text in example.family:
+        schedule = parse_schedule(text)
+        assert schedule.is_normal()
+    assert not any("transpose,transpose" in s for s in example.family)
+
+
+def test_every_enumerated_point_is_valid_derivable_and_distinct(example):
+    points = list(example.enumerate())
+    candidates = [c for _, c in points]
+    assert len(set(candidates)) == len(candidates) == example.size()
+    for c in candidates:
+        assert_valid(example, c)
+    # The tree covers every degree, schedule and owner policy the space allows.
+    assert {(c.pp, c.tp, c.dp) for c in candidates} == set(example.degrees)
+    assert {c.schedule for c in candidates} == set(example.family)
+    assert {c.owner_policy for c in candidates} == {None, "round-robin", "greedy", "optimal"}
+
+
+@pytest.mark.parametrize("sampler", [optuna.samplers.RandomSampler(seed=1), optuna.samplers.TPESampler(seed=1)])
+def test_optuna_never_samples_an_invalid_point(example, sampler):
+    study = optuna.create_study(sampler=sampler)
+    seen = set()
+    for _ in range(80):
+        trial = study.ask()
+        c = example.build(lambda name, options: trial.suggest_categorical(name, list(options)))
+        assert_valid(example, c)
+        seen.add(c)
+        study.tell(trial, float(len(seen)))
+    assert len(seen) > 10
+
+
+def test_interleaving_gets_multiples_of_p_and_regions_of_p_layers(example):
+    for _, c in example.enumerate():
+        if c.schedule.split(",").count("1f1b") > 1:
+            assert c.num_microbatches % c.pp == 0
+        edges = (0, *c.cut, example.num_layers)
+        sharded = [hi - lo for (lo, hi), s in zip(zip(edges, edges[1:]), c.schedule.split(",")) if s != "transpose"]
+        assert min(sharded) >= c.pp
+
+
+def test_transpose_cuts_stay_near_the_encoder_backbone_seam(example):
+    cuts = {c.cut[0] for _, c in example.enumerate() if c.has_transpose}
+    assert cuts == {7, 8, 9, 10}  # encoder ends at 8, the backbone starts at 9 (after the projector)
+
+
+def test_pins_restrict_the_degrees():
+    problem = Problem(load_model("example-mllm"), load_profile("ideal"), 8, 16, mix="balanced", num_samples=1)
+    space = SearchSpace(problem, [1.0] * 25, SpaceOptions(pp=(4,), owner_policies=("greedy",)))
+    assert space.degrees == [(4, 1, 2), (4, 2, 1)]
+    assert {c.owner_policy for _, c in space.enumerate()} <= {None, "greedy"}
+
+
+@pytest.mark.parametrize("devices,batch,words", [
+    (1, 4, "no (pp, tp, dp) with pp*tp*dp = 1 devices"),
+    (29, 29, "pp must be >= 2 with at least one layer per stage"),  # prime, more than 25 layers
+])
+def test_impossible_device_counts_are_a_user_error(devices, batch, words):
+    problem = Problem(load_model("example-mllm"), load_profile("ideal"), devices, batch, mix="balanced", num_samples=1)
+    with pytest.raises(MpipeError, match=words.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+        SearchSpace(problem, [1.0] * 25)
