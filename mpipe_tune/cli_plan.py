@@ -39,7 +39,7 @@ def _problem(args: argparse.Namespace):
     if frozen:
         model = model.with_frozen(frozen)
     profile = load_profile(args.profile)
-    options = CostOptions(dtype=args.dtype, recompute=args.recompute)
+    options = CostOptions(dtype=args.dtype)
     options.dtype_bytes()
     profile.peak(args.dtype)
     if args.workload in MIXES:
@@ -68,8 +68,9 @@ def _space_options(args: argparse.Namespace):
         if value < 1:
             raise MpipeError(f"{flag} is {value}, but it must be an integer >= 1")
     pins = {k: _int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None for k in ("pp", "tp", "dp")}
+    recompute = {"off": (False,), "on": (True,), "search": (False, True)}[args.recompute]
     return SpaceOptions(skeletons=skeletons, max_chunks=args.max_chunks, cut_window=args.cut_window,
-                        owner_policies=owners, max_microbatches=args.max_microbatches, **pins)
+                        owner_policies=owners, max_microbatches=args.max_microbatches, recompute=recompute, **pins)
 
 
 def _draw(evaluator, evaluation, path: str, title: str) -> None:
@@ -97,7 +98,8 @@ class Plan:
         g.add_argument("--seed", type=int, default=0, help="seed of the sampled steps and of the sampler (default 0)")
         g.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder")
         g.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
-        g.add_argument("--recompute", action="store_true", help="full activation recomputation in every layer")
+        g.add_argument("--recompute", default="off", choices=("off", "on", "search"),
+                       help="full activation recomputation: off (default), on, or search both")
         s = parser.add_argument_group("search space")
         s.add_argument("--pp", default=None, help="allowed pipeline degrees, e.g. 4,8 (default: any)")
         s.add_argument("--tp", default=None, help="allowed tensor-parallel degrees (default: divisors of a node)")
@@ -142,13 +144,13 @@ class Plan:
             raise MpipeError(
                 f"no plan fits memory: of {result.num_trials} plans tried the smallest peak is "
                 f"{least.peak_bytes / 2**30:.1f} GiB ({least.candidate}) against {least.capacity_bytes / 2**30:.1f} GiB "
-                f"per device of '{problem.profile.name}'; add devices, try --recompute, or freeze blocks"
+                f"per device of '{problem.profile.name}'; add devices, try --recompute search, or freeze blocks"
             )
         best = result.best
         baselines = evaluate_baselines(evaluator, space, best)
         rows = comparison_rows(best, baselines)
         prediction, workload = evaluator.prediction(best.candidate)
-        options = problem.options_for(best.candidate.tp, best.candidate.dp)
+        options = evaluator.options(best.candidate)
         record = plan_record(prediction, problem.model, workload, problem.profile, options,
                              PlanInputs(args.model, frozen, args.profile))
         summary = {

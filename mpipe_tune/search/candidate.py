@@ -36,8 +36,15 @@ class Candidate:
     ``None`` for schedules without a transpose."""
     slab_counts: tuple[tuple[int, ...], ...] | None = None
     """Per Sharded region, each rank's layer count; ``None``: balanced by expected layer cost."""
+    recompute: bool = False
+    """Full activation recomputation (less memory, one more forward per backward)."""
     label: str = ""
     """A baseline's name (``megatron``, ...); empty for searched candidates."""
+
+    @property
+    def setting(self) -> tuple[int, int, int, bool]:
+        """What a layer table depends on besides the step: (tp, dp, M, recompute)."""
+        return (self.tp, self.dp, self.num_microbatches, self.recompute)
 
     def parsed(self) -> tuple[Cut, Schedule]:
         return Cut(self.cut), parse_schedule(self.schedule)
@@ -54,14 +61,15 @@ class Candidate:
         cut = ",".join(map(str, self.cut)) or "-"
         owners = f"  owners {self.owner_policy}" if self.owner_policy else ""
         slabs = "  slabs " + "/".join("-".join(map(str, c)) for c in self.slab_counts) if self.slab_counts else ""
-        return f"<{self.schedule}> cut {cut}  {self.degrees}  M={self.num_microbatches}{owners}{slabs}"
+        recompute = "  recompute" if self.recompute else ""
+        return f"<{self.schedule}> cut {cut}  {self.degrees}  M={self.num_microbatches}{owners}{slabs}{recompute}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schedule": self.schedule, "cut": list(self.cut), "pp": self.pp, "tp": self.tp, "dp": self.dp,
             "microbatches": self.num_microbatches, "owner_policy": self.owner_policy,
             "slab_counts": [list(c) for c in self.slab_counts] if self.slab_counts else None,
-            "label": self.label,
+            "recompute": self.recompute, "label": self.label,
         }
 
     @classmethod
@@ -70,5 +78,6 @@ class Candidate:
         return cls(
             schedule=data["schedule"], cut=tuple(data["cut"]), pp=int(data["pp"]), tp=int(data["tp"]),
             dp=int(data["dp"]), num_microbatches=int(data["microbatches"]), owner_policy=data.get("owner_policy"),
-            slab_counts=tuple(tuple(c) for c in slabs) if slabs else None, label=data.get("label", ""),
+            slab_counts=tuple(tuple(c) for c in slabs) if slabs else None, recompute=bool(data.get("recompute", False)),
+            label=data.get("label", ""),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline
@@ -10,12 +11,15 @@ from mpipe_tune.search.space import SearchSpace
 
 
 def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluation) -> list[tuple[str, Evaluation | None]]:
-    """Every baseline at the best plan's degrees and microbatch count (None where it does not exist)."""
+    """Every baseline at the best plan's degrees, microbatch count and recomputation setting (None
+    where it does not exist)."""
     c = best.candidate
     vpp_counts = space.microbatch_choices(c.pp, c.dp, "1f1b,1f1b")
     out = []
     for name in BASELINES:
         candidate = baseline(name, evaluator.problem.model, c.pp, c.tp, c.dp, c.num_microbatches, vpp_counts)
+        if candidate is not None:
+            candidate = replace(candidate, recompute=c.recompute)  # the same memory policy as the best plan
         out.append((name, None if candidate is None else evaluator.evaluate(candidate)))
     return out
 
@@ -30,6 +34,7 @@ def row(label: str, e: Evaluation, reference: Evaluation | None) -> dict[str, An
         "slabs": [list(s) for s in e.slab_counts],
         "pp": c.pp, "tp": c.tp, "dp": c.dp,
         "microbatches": c.num_microbatches,
+        "recompute": c.recompute,
         "step_s": e.mean_s,
         "p90_s": e.p90_s,
         "step_samples_s": list(e.makespans_s),

@@ -13,9 +13,15 @@ SQLite, 48 s in memory, on the 2-core benchmark machine).
 memory excess (GiB over capacity, <= 0 when it fits) as an Optuna constraint, which TPE and NSGA-II
 use to steer away, and which ``best`` respects.
 
-**Exhaustive.** When the space has no more points than the trial budget (or when asked), every
-point not yet in the study is evaluated and added as a trial with the same parameters the sampler
-would use; the exhaustive optimum is then exact and also serves as the sampler's yardstick.
+**Bounds.** Once a plan that fits is known, a candidate whose lower bound
+(:meth:`Evaluator.lower_bound`, no derive needed) is already slower is not evaluated: its trial
+records the bound, marked inexact, which can never be the best. Exhaustive search visits points in
+increasing bound order and stops evaluating at the first bound above the best that fits, so it
+stays exact.
+
+**Refinement.** In sampled mode, once half the budget is spent, the next trial is a not yet tried
+neighbour of the best point (one choice changed), while one is left; otherwise the sampler proposes.
+A new best restarts the climb.
 
 Optuna is imported here and nowhere else in the package.
 """
@@ -24,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 import uuid
 import warnings
@@ -42,6 +47,9 @@ from mpipe_tune.search.space import SearchSpace
 
 DEFAULT_STORAGE = "sqlite:///mpipe-tune.db"
 SAMPLERS = ("tpe", "nsga2", "random")
+ATTR = "mpipe"
+"""The one user attribute of a trial (each attribute is a row in an RDB: fewer rows, faster writes)."""
+_PRUNE_MARGIN = 1e-9
 _GIB = 2.0**30
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; older: constraints_func
 
@@ -54,13 +62,15 @@ class SearchResult:
     best: Evaluation | None
     """The best plan that fits memory; None when no evaluated plan fits."""
     least_memory: Evaluation | None
-    """The plan with the smallest peak memory (what to report when nothing fits)."""
+    """The evaluated plan with the smallest peak memory (what to report when nothing fits)."""
     num_trials: int
     """Finished trials in the study, earlier runs included."""
     num_new: int
     """Trials this run added."""
     num_evaluated: int
-    """Distinct candidates this run evaluated (repeats of a candidate are served from a cache)."""
+    """Distinct candidates this run predicted in full (repeats come from a cache)."""
+    num_bounded: int
+    """Candidates this run settled by their lower bound alone."""
     space_size: int | None
     """Points in the space, when enumerated (exhaustive mode)."""
     mode: str
@@ -89,15 +99,53 @@ def default_study_name(evaluator: Evaluator, space: SearchSpace) -> str:
     return f"{p.model.name}.{p.profile.name}.{p.source_name}.{p.devices}dev.{problem_key(evaluator, space)[:8]}"
 
 
-def _make_sampler(name: str, seed: int):
-    constraints = {} if _HAS_SET_CONSTRAINT else {"constraints_func": lambda t: (_info(t)["memory_excess_gib"],)}
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, **constraints)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, **constraints)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise MpipeError(f"--sampler {name!r} is unknown; use one of {', '.join(SAMPLERS)}")
+def run_search(
+    space: SearchSpace,
+    evaluator: Evaluator,
+    *,
+    storage: str = DEFAULT_STORAGE,
+    study_name: str | None = None,
+    n_trials: int = 200,
+    timeout_s: float | None = None,
+    seed: int = 0,
+    sampler: str = "tpe",
+    exhaustive: bool | None = None,
+    progress: bool = True,
+    refine: bool = True,
+    prune: bool = True,
+    sync_every_s: float = 10.0,
+    on_trial: Callable[[Evaluation], None] | None = None,
+) -> SearchResult:
+    """Run (or continue) the study until it holds ``n_trials`` finished trials, ``timeout_s`` passes
+    or Ctrl-C. ``exhaustive=None`` enumerates when the space has at most ``n_trials`` points;
+    ``refine`` and ``prune`` switch the hill-climbing and the bounds described above."""
+    if n_trials < 1:
+        raise MpipeError(f"--trials is {n_trials}, but at least one trial is needed")
+    if sampler not in SAMPLERS:
+        raise MpipeError(f"--sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}")
+    start = time.perf_counter()
+    study_name = study_name or default_study_name(evaluator, space)
+    study = _open_study(storage, study_name, problem_key(evaluator, space))
+    run = _Run(space, evaluator, study, timeout_s, start, progress, prune, on_trial)
+    size = None
+    if exhaustive is None:
+        exhaustive = _count_up_to(space, n_trials + 1) <= n_trials
+    try:
+        if exhaustive:
+            size = run.exhaustive()
+        else:
+            run.sampled(n_trials, seed, sampler, refine, sync_every_s)
+    except KeyboardInterrupt:
+        run.interrupted = True
+    finally:
+        run.close()
+    best, least = _best_of(_stored(study), evaluator)
+    return SearchResult(best, least, len(_stored(study)), run.new, run.evaluated, run.bounded, size,
+                        "exhaustive" if exhaustive else "optuna", study_name, storage, run.interrupted,
+                        time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------------------- study
 
 
 def _open_study(storage: str, study_name: str, key: str):
@@ -116,91 +164,22 @@ def _open_study(storage: str, study_name: str, key: str):
     return study
 
 
-ATTR = "mpipe"
-"""The one user attribute of a trial (one row per attribute in an RDB: fewer rows, faster writes)."""
-
-
-def _trial_attr(e: Evaluation, uid: str) -> dict:
-    return {
-        "candidate": e.candidate.to_dict(), "mean_s": e.mean_s, "p90_s": e.p90_s, "bubble_share": e.bubble_share,
-        "peak_bytes": e.peak_bytes, "memory_excess_gib": e.memory_excess_bytes / _GIB, "uid": uid,
-    }
-
-
 def _info(trial) -> dict:
     return trial.user_attrs.get(ATTR, {})
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool, label: str) -> None:
-        self.bar = None
-        if enabled and total > 0:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=label, unit="trial", dynamic_ncols=True, leave=False)
-        self.best = math.inf
-
-    def update(self, e: Evaluation) -> None:
-        if e.fits and e.mean_s < self.best:
-            self.best = e.mean_s
-        if self.bar is not None:
-            self.bar.update(1)
-            if self.best < math.inf:
-                self.bar.set_postfix_str(f"best {self.best * 1e3:.4g} ms", refresh=False)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+def _stored(study) -> list:
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "candidate" in _info(t)]
 
 
-def run_search(
-    space: SearchSpace,
-    evaluator: Evaluator,
-    *,
-    storage: str = DEFAULT_STORAGE,
-    study_name: str | None = None,
-    n_trials: int = 200,
-    timeout_s: float | None = None,
-    seed: int = 0,
-    sampler: str = "tpe",
-    exhaustive: bool | None = None,
-    progress: bool = True,
-    sync_every_s: float = 10.0,
-    refine: bool = True,
-    on_trial: Callable[[Evaluation], None] | None = None,
-) -> SearchResult:
-    """Run (or continue) the study until it holds ``n_trials`` finished trials, ``timeout_s`` passes
-    or Ctrl-C; ``exhaustive=None`` enumerates when the space has at most ``n_trials`` points.
-    ``refine``: spend the second half of the budget hill-climbing from the best point (see
-    :func:`_run_sampled`)."""
-    if n_trials < 1:
-        raise MpipeError(f"--trials is {n_trials}, but at least one trial is needed")
-    start = time.perf_counter()
-    key = problem_key(evaluator, space)
-    study_name = study_name or default_study_name(evaluator, space)
-    study = _open_study(storage, study_name, key)
-    stored = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "candidate" in _info(t)]
-    size = None
-    if exhaustive is None:
-        counted = _count_up_to(space, n_trials + 1)
-        exhaustive = counted <= n_trials
-    evaluated_before = evaluator.num_evaluated
-    interrupted = False
-    new = 0
-    try:
-        if exhaustive:
-            size = space.size()
-            new = _run_exhaustive(space, evaluator, study, stored, timeout_s, start, progress, on_trial)
-        else:
-            new = _run_sampled(space, evaluator, study, stored, n_trials, timeout_s, start, seed, sampler, progress,
-                               sync_every_s, on_trial, refine)
-    except KeyboardInterrupt:
-        interrupted = True
-    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "candidate" in _info(t)]
-    best, least = _best_of(trials, evaluator)
-    return SearchResult(best, least, len(trials), new, evaluator.num_evaluated - evaluated_before, size,
-                        "exhaustive" if exhaustive else "optuna", study_name, storage, interrupted,
-                        time.perf_counter() - start)
+def _best_of(trials, evaluator: Evaluator) -> tuple[Evaluation | None, Evaluation | None]:
+    """The best exact trial that fits and the exact trial with the least memory, as Evaluations."""
+    exact = [t for t in trials if _info(t).get("exact", True)]
+    feasible = [t for t in exact if _info(t)["memory_excess_gib"] <= 0]
+    best = min(feasible, key=lambda t: (t.value, t.number), default=None)
+    least = min(exact, key=lambda t: (_info(t)["memory_excess_gib"], t.value), default=None)
+    as_eval = (lambda t: None if t is None else evaluator.evaluate(Candidate.from_dict(_info(t)["candidate"])))
+    return as_eval(best), as_eval(least)
 
 
 def _count_up_to(space: SearchSpace, limit: int) -> int:
@@ -212,42 +191,13 @@ def _count_up_to(space: SearchSpace, limit: int) -> int:
     return count
 
 
-def _best_of(trials, evaluator: Evaluator) -> tuple[Evaluation | None, Evaluation | None]:
-    """Re-evaluate (from the cache when possible) the best feasible trial and the least-memory one."""
-    feasible = [t for t in trials if _info(t)["memory_excess_gib"] <= 0]
-    best = min(feasible, key=lambda t: (t.value, t.number), default=None)
-    least = min(trials, key=lambda t: (_info(t)["memory_excess_gib"], t.value), default=None)
-    as_eval = (lambda t: None if t is None else evaluator.evaluate(Candidate.from_dict(_info(t)["candidate"])))
-    return as_eval(best), as_eval(least)
-
-
-def _run_exhaustive(space, evaluator, study, stored, timeout_s, start, progress, on_trial) -> int:
-    done = {json.dumps(_info(t)["candidate"], sort_keys=True) for t in stored}
-    points = []
-    for params, candidate in space.enumerate():
-        if json.dumps(candidate.to_dict(), sort_keys=True) not in done:
-            points.append((params, candidate))
-    bar = _Progress(len(points), progress, "plan (exhaustive)")
-    worker = uuid.uuid4().hex[:12]
-    new = 0
-    try:
-        for params, candidate in points:
-            if timeout_s is not None and time.perf_counter() - start > timeout_s:
-                break
-            e = evaluator.evaluate(candidate)
-            info = _trial_attr(e, f"{worker}-{new}")
-            system = {"constraints:memory": info["memory_excess_gib"]} if _HAS_SET_CONSTRAINT else {}
-            study.add_trial(optuna.trial.create_trial(
-                params=params, distributions=_distributions(space, params), value=e.mean_s,
-                user_attrs={ATTR: info}, system_attrs=system,
-            ))
-            new += 1
-            bar.update(e)
-            if on_trial:
-                on_trial(e)
-    finally:
-        bar.close()
-    return new
+def _make_sampler(name: str, seed: int):
+    constraints = {} if _HAS_SET_CONSTRAINT else {"constraints_func": lambda t: (_info(t)["memory_excess_gib"],)}
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, **constraints)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, **constraints)
+    return optuna.samplers.RandomSampler(seed=seed)
 
 
 def _distributions(space: SearchSpace, params: dict) -> dict[str, CategoricalDistribution]:
@@ -262,35 +212,107 @@ def _distributions(space: SearchSpace, params: dict) -> dict[str, CategoricalDis
     return out
 
 
-def _run_sampled(space, evaluator, study, stored, n_trials, timeout_s, start, seed, sampler_name, progress,
-                 sync_every_s, on_trial, refine) -> int:
-    """Sampler trials, and (``refine``) once half the budget is spent, hill-climbing: while the best
-    point has neighbours (one choice changed) not yet tried, the next trial is one of them; when none
-    is left the sampler proposes again, and a new best restarts the climb."""
-    remaining = n_trials - len(stored)
-    if remaining <= 0:
-        return 0
-    mirror = optuna.create_study(direction="minimize", sampler=_make_sampler(sampler_name, seed + len(stored)))
-    known, tried = set(), set()
-    best: tuple[float, dict] | None = None
-    for t in stored:
-        mirror.add_trial(t)
-        known.add(_info(t).get("uid"))
-        tried.add(Candidate.from_dict(_info(t)["candidate"]))
-        if _info(t)["memory_excess_gib"] <= 0 and (best is None or t.value < best[0]):
-            best = (t.value, t.params)
-    explore_until = len(stored) + (remaining // 2 if refine else remaining)
-    worker = uuid.uuid4().hex[:12]
-    last_sync = time.perf_counter()
-    queue: list[tuple[dict, Candidate]] = []
-    bar = _Progress(remaining, progress, "plan")
-    new = 0
-    try:
-        while new < remaining:
-            if timeout_s is not None and time.perf_counter() - start > timeout_s:
+# ----------------------------------------------------------------------------------------- run
+
+
+class _Run:
+    """One run's bookkeeping: the incumbent, what was tried, counters, the progress bar."""
+
+    def __init__(self, space, evaluator, study, timeout_s, start, progress, prune, on_trial) -> None:
+        self.space, self.evaluator, self.study = space, evaluator, study
+        self.timeout_s, self.start, self.progress, self.prune, self.on_trial = timeout_s, start, progress, prune, on_trial
+        self.stored = _stored(study)
+        self.tried = {Candidate.from_dict(_info(t)["candidate"]) for t in self.stored}
+        exact = [t.value for t in self.stored if _info(t).get("exact", True) and _info(t)["memory_excess_gib"] <= 0]
+        self.incumbent = min(exact, default=None)
+        self.worker = uuid.uuid4().hex[:12]
+        self.new = self.evaluated = self.bounded = 0
+        self.interrupted = False
+        self.bar = None
+
+    def out_of_time(self) -> bool:
+        return self.timeout_s is not None and time.perf_counter() - self.start > self.timeout_s
+
+    def open_bar(self, total: int, label: str) -> None:
+        if self.progress and total > 0:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=label, unit="trial", dynamic_ncols=True, leave=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def evaluate(self, c: Candidate) -> Evaluation:
+        """The candidate's evaluation, or its bound when that cannot beat the best fitting plan."""
+        if self.prune and self.incumbent is not None:
+            if self.evaluator.lower_bound(c) > self.incumbent * (1 + _PRUNE_MARGIN):
+                self.bounded += 1
+                return self.evaluator.bounded(c)
+        before = self.evaluator.num_evaluated
+        e = self.evaluator.evaluate(c)
+        self.evaluated += self.evaluator.num_evaluated - before
+        if e.fits and (self.incumbent is None or e.mean_s < self.incumbent):
+            self.incumbent = e.mean_s
+        return e
+
+    def info(self, e: Evaluation) -> dict:
+        uid = f"{self.worker}-{self.new}"
+        self.new += 1
+        self.tried.add(e.candidate)
+        if self.bar is not None:
+            self.bar.update(1)
+            if self.incumbent is not None:
+                self.bar.set_postfix_str(f"best {self.incumbent * 1e3:.4g} ms", refresh=False)
+        if self.on_trial:
+            self.on_trial(e)
+        return {
+            "candidate": e.candidate.to_dict(), "mean_s": e.mean_s, "p90_s": e.p90_s, "exact": e.exact,
+            "bubble_share": None if not e.exact else e.bubble_share, "peak_bytes": e.peak_bytes,
+            "memory_excess_gib": e.memory_excess_bytes / _GIB, "uid": uid,
+        }
+
+    def exhaustive(self) -> int:
+        """Every point not yet in the study, in increasing bound order; returns the space size."""
+        points = [(p, c) for p, c in self.space.enumerate()]
+        todo = [(p, c) for p, c in points if c not in self.tried]
+        if self.prune:
+            todo.sort(key=lambda pc: self.evaluator.lower_bound(pc[1]))
+        self.open_bar(len(todo), "plan (exhaustive)")
+        for params, candidate in todo:
+            if self.out_of_time():
                 break
-            if refine and best is not None and len(stored) + new >= explore_until:
-                queue = [(p, c) for p, c in queue if c not in tried]
+            e = self.evaluate(candidate)
+            if not e.exact:  # sorted by bound: every later point is bounded too
+                self.bounded = len(todo) - self.new
+                break
+            info = self.info(e)
+            system = {"constraints:memory": info["memory_excess_gib"]} if _HAS_SET_CONSTRAINT else {}
+            self.study.add_trial(optuna.trial.create_trial(
+                params=params, distributions=_distributions(self.space, params), value=e.mean_s,
+                user_attrs={ATTR: info}, system_attrs=system,
+            ))
+        return len(points)
+
+    def sampled(self, n_trials: int, seed: int, sampler: str, refine: bool, sync_every_s: float) -> None:
+        remaining = n_trials - len(self.stored)
+        if remaining <= 0:
+            return
+        mirror = optuna.create_study(direction="minimize", sampler=_make_sampler(sampler, seed + len(self.stored)))
+        known, best = set(), None
+        for t in self.stored:
+            mirror.add_trial(t)
+            known.add(_info(t).get("uid"))
+            if _info(t).get("exact", True) and _info(t)["memory_excess_gib"] <= 0 and (best is None or t.value < best[0]):
+                best = (t.value, t.params)
+        explore_until = len(self.stored) + (remaining // 2 if refine else remaining)
+        queue = self.space.neighbors(best[1]) if refine and best else []
+        last_sync = time.perf_counter()
+        self.open_bar(remaining, "plan")
+        done = 0
+        while done < remaining and not self.out_of_time():
+            if refine and len(self.stored) + done >= explore_until:
+                queue = [(p, c) for p, c in queue if c not in self.tried]
                 if queue:
                     mirror.enqueue_trial(queue.pop(0)[0])
             trial = mirror.ask()
@@ -300,31 +322,23 @@ def _run_sampled(space, evaluator, study, stored, n_trials, timeout_s, start, se
                 params[name] = trial.suggest_categorical(name, list(options))
                 return params[name]
 
-            candidate = space.build(choose)
-            e = evaluator.evaluate(candidate)
-            info = _trial_attr(e, f"{worker}-{new}")
+            e = self.evaluate(self.space.build(choose))
+            info = self.info(e)
             trial.set_user_attr(ATTR, info)
             if _HAS_SET_CONSTRAINT:
                 trial.set_constraint("memory", info["memory_excess_gib"])
-            study.add_trial(mirror.tell(trial, e.mean_s))
+            self.study.add_trial(mirror.tell(trial, e.mean_s))
             known.add(info["uid"])
-            tried.add(candidate)
-            new += 1
-            if e.fits and (best is None or e.mean_s < best[0]):
+            done += 1
+            if e.exact and e.fits and (best is None or e.mean_s < best[0]):
                 best = (e.mean_s, params)
-                queue = space.neighbors(params) if refine else []
-            bar.update(e)
-            if on_trial:
-                on_trial(e)
+                queue = self.space.neighbors(params) if refine else []
             if time.perf_counter() - last_sync > sync_every_s:
                 last_sync = time.perf_counter()
-                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                for t in _stored(self.study):
                     uid = _info(t).get("uid")
                     if uid is not None and uid not in known:
                         mirror.add_trial(t)
                         known.add(uid)
-                        tried.add(Candidate.from_dict(_info(t)["candidate"]))
-                remaining = n_trials - len(known) + new  # other workers count toward the study's total
-    finally:
-        bar.close()
-    return new
+                        self.tried.add(Candidate.from_dict(_info(t)["candidate"]))
+                remaining = n_trials - len(known) + done  # other workers count toward the study's total

@@ -69,6 +69,9 @@ class Evaluation:
     """The largest per-rank peak over all steps; None when memory is not estimated."""
     capacity_bytes: float
     slab_counts: tuple[tuple[int, ...], ...]
+    exact: bool = True
+    """False for a lower bound standing in for a plan that cannot beat a known one (see
+    :meth:`Evaluator.bounded`): its step times are bounds, its other figures unknown."""
 
     @property
     def mean_s(self) -> float:
@@ -115,20 +118,23 @@ class Evaluator:
         table = build_layer_table(p.model, workload, p.profile, p.options_for(1, 1))
         return layer_weights(p.model, table)
 
-    def table(self, sample: int, tp: int, dp: int, num_microbatches: int) -> tuple[Workload, LayerTable]:
-        key = (sample, tp, dp, num_microbatches)
+    def options(self, c: Candidate):
+        return self.problem.options_for(c.tp, c.dp, c.recompute)
+
+    def table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable]:
+        """Step ``sample``'s replica workload for ``c`` and its layer table."""
+        key = (sample, *c.setting)
         if key not in self._tables:
             p = self.problem
-            workload = p.replica_workload(sample, dp, num_microbatches)
-            self._tables[key] = (workload, build_layer_table(p.model, workload, p.profile, p.options_for(tp, dp)))
+            workload = p.replica_workload(sample, c.dp, c.num_microbatches)
+            self._tables[key] = (workload, build_layer_table(p.model, workload, p.profile, self.options(c)))
         return self._tables[key]
 
-    def expected_layer_weights(self, tp: int, dp: int, num_microbatches: int) -> tuple[float, ...]:
+    def expected_layer_weights(self, c: Candidate) -> tuple[float, ...]:
         """Per layer, expected forward + backward seconds over all sampled steps."""
-        key = (tp, dp, num_microbatches)
+        key = c.setting
         if key not in self._weights:
-            per_sample = [layer_weights(self.problem.model, self.table(k, tp, dp, num_microbatches)[1])
-                          for k in range(self.problem.samples)]
+            per_sample = [layer_weights(self.problem.model, self.table(k, c)[1]) for k in range(self.problem.samples)]
             self._weights[key] = tuple(float(w) for w in np.mean(per_sample, axis=0))
         return self._weights[key]
 
@@ -137,7 +143,7 @@ class Evaluator:
         if c.slab_counts is not None:
             return c.slab_counts
         cut, schedule = c.parsed()
-        weights = self.expected_layer_weights(c.tp, c.dp, c.num_microbatches)
+        weights = self.expected_layer_weights(c)
         regions = cut.regions(self.problem.model.num_layers)
         return tuple(
             balanced_counts(weights[start:stop], c.pp)
@@ -166,6 +172,48 @@ class Evaluator:
         self._results[key] = result
         return result
 
+    def bounded(self, c: Candidate) -> Evaluation:
+        """The lower bound of ``c`` as an inexact Evaluation (step times bounds, no memory figure)."""
+        return Evaluation(c, tuple(self.lower_bounds(c)), bubble_share=float("nan"), max_spill_s=float("nan"),
+                          peak_bytes=None, capacity_bytes=self.problem.profile.memory_capacity_bytes,
+                          slab_counts=self.slab_counts(c), exact=False)
+
+    def lower_bound(self, c: Candidate) -> float:
+        """Mean over the sampled steps of :meth:`lower_bounds`: never above ``evaluate(c).mean_s``."""
+        return float(np.mean(self.lower_bounds(c)))
+
+    def lower_bounds(self, c: Candidate) -> list[float]:
+        """Per sampled step, a lower bound on ``c``'s step time from the layer table alone (no
+        derive, no order), a hundred times cheaper than evaluating it.
+
+        Rank ``r`` runs all its backbone work ``W_r`` serially; its first forward waits
+        for microbatch 0's forwards on ranks ``< r`` (first Sharded region), and after its last
+        backward (microbatch ``M-1``'s, first Sharded region, in every program) those ranks still
+        run theirs; and all the work, encodes included, shares ``P`` ranks. Transfers and reduces
+        only add time, so ``max(max_r fill_r + W_r + drain_r, total / P)`` bounds the makespan.
+        """
+        slabs = self.slab_counts(c)
+        cut, schedule = c.parsed()
+        regions = [r for r, layout in zip(cut.regions(self.problem.model.num_layers), schedule.layouts())
+                   if layout is Layout.SHARDED]
+        bounds = []
+        for sample in range(self.problem.samples):
+            _, table = self.table(sample, c)
+            fwd, bwd = table.fwd_s, table.backward_s(self.problem.model)
+            work = fwd.sum(axis=1) + bwd.sum(axis=1)  # per layer, over the step's microbatches
+            busy = np.zeros(c.pp)
+            for (start, _), counts in zip(regions, slabs):
+                edges = start + np.concatenate(([0], np.cumsum(counts)))
+                busy += np.add.reduceat(work[start:edges[-1]], edges[:-1] - start)
+            start, counts = regions[0][0], slabs[0]
+            edges = start + np.concatenate(([0], np.cumsum(counts)))
+            first = np.add.reduceat(fwd[start:edges[-1], 0], edges[:-1] - start)
+            last = np.add.reduceat(bwd[start:edges[-1], -1], edges[:-1] - start)
+            chain = np.concatenate(([0.0], np.cumsum(first + last)[:-1]))
+            total = work.sum()
+            bounds.append(max(float((chain + busy).max()), float(total) / c.pp))
+        return bounds
+
     def owners(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
         """The transposed region's owner map of ``c`` on step ``sample`` (None without a transpose)."""
         if not c.has_transpose:
@@ -182,18 +230,18 @@ class Evaluator:
 
     def encode_s(self, c: Candidate, sample: int) -> np.ndarray:
         """Encode (transposed-region forward) seconds of each microbatch of step ``sample``."""
-        _, table = self.table(sample, c.tp, c.dp, c.num_microbatches)
+        _, table = self.table(sample, c)
         return table.fwd_s[: c.cut[0]].sum(axis=0)
 
     def prediction(self, c: Candidate, sample: int = 0) -> tuple[Prediction, Workload]:
         """The full prediction of ``c`` on one step, by the cost model's own ``predict`` with the
         slabs and owners made explicit: what plan.json records and ``show`` re-predicts."""
         p = self.problem
-        workload, _ = self.table(sample, c.tp, c.dp, c.num_microbatches)
+        workload, _ = self.table(sample, c)
         cut, schedule = c.parsed()
         prediction = predict(cut, schedule, p.model, workload, p.profile, c.pp,
                              slab_counts=self.slab_counts(c), microbatch_owners=self.owners(c, sample),
-                             options=p.options_for(c.tp, c.dp))
+                             options=self.options(c))
         return prediction, workload
 
     # ---------------------------------------------------------------------------- internals
@@ -224,13 +272,13 @@ class Evaluator:
         owners = None
         if c.has_transpose and c.owner_policy not in (None, "round-robin"):
             owners = self.owners(c, sample)
-        key = (c.schedule, c.cut, c.pp, c.tp, c.dp, c.num_microbatches, slabs, owners, sample)
+        key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, sample)
         if key in self._steps:
             return self._steps[key]
         p = self.problem
         plan, compiled = self._order(c, slabs, owners)
-        _, table = self.table(sample, c.tp, c.dp, c.num_microbatches)
-        options = p.options_for(c.tp, c.dp)
+        _, table = self.table(sample, c)
+        options = self.options(c)
         t = read_timeline(plan, self._duration_model(plan, options).durations(table), compiled)
         peaks = estimate_peaks(plan, p.model, table, options, t, p.profile)
         result = StepResult(

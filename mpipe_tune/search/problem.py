@@ -43,7 +43,7 @@ class Problem:
     """Sampled steps the objective averages over (1 for a workload file)."""
     seed: int = 0
     options: CostOptions = field(default_factory=CostOptions)
-    """Cost options other than the degrees (dtype, ...); tp and dp are set per candidate."""
+    """Cost options other than those a candidate sets (tp, dp, recompute): dtype, optimizer bytes, ..."""
 
     def __post_init__(self) -> None:
         assert (self.mix is None) != (self.workload is None), "give a mix or a workload"
@@ -65,8 +65,8 @@ class Problem:
     def samples(self) -> int:
         return 1 if self.workload is not None else self.num_samples
 
-    def options_for(self, tp: int, dp: int) -> CostOptions:
-        return replace(self.options, tp_degree=tp, dp_degree=dp)
+    def options_for(self, tp: int, dp: int, recompute: bool = False) -> CostOptions:
+        return replace(self.options, tp_degree=tp, dp_degree=dp, recompute=recompute)
 
     @cached_property
     def source_name(self) -> str:

@@ -11,7 +11,8 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
    layers either side; the boundaries between woven Sharded regions balance their expected cost;
 4. ``microbatches``: divisors of the replica's sequences, at least ``pp`` (when possible), at most
    ``max_microbatches``, multiples of ``pp`` for interleaved 1F1B;
-5. ``owners``: the transposed region's owner policy (``optimal`` only for small ``M``).
+5. ``owners``: the transposed region's owner policy (``optimal`` only for small ``M``);
+6. ``recompute``: full activation recomputation or not, when both are searched.
 
 :meth:`SearchSpace.build` walks the tree with a ``choose(name, options)`` callback: Optuna's
 ``suggest_categorical`` for sampling, an odometer for exhaustive enumeration. A choice whose options
@@ -49,6 +50,8 @@ class SpaceOptions:
     optimal_max_microbatches: int = 12
     """``optimal`` owners (exact branch and bound) only up to this many microbatches."""
     max_microbatches: int = 64
+    recompute: tuple[bool, ...] = (False,)
+    """Activation recomputation settings to try: ``(False,)``, ``(True,)`` or ``(False, True)``."""
     min_pp: int = 2
     pp: tuple[int, ...] | None = None
     """Allowed pipeline degrees (None: any)."""
@@ -187,7 +190,9 @@ class SearchSpace:
         if transpose:
             policies = self.owner_choices(num_microbatches)
             policy = choose(self.param_name("owners", policies, self.options.owner_policies), policies)
-        return Candidate(schedule, cut, pp, tp, dp, num_microbatches, policy)
+        settings = list(self.options.recompute)
+        recompute = choose("recompute", settings) if len(settings) > 1 else settings[0]
+        return Candidate(schedule, cut, pp, tp, dp, num_microbatches, policy, recompute=recompute)
 
     def enumerate(self) -> Iterator[tuple[dict[str, Any], Candidate]]:
         """Every leaf once, with the parameters that select it."""

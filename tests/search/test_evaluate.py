@@ -44,7 +44,7 @@ def test_each_sampled_step_matches_the_cost_models_own_predict(evaluator, policy
     e = evaluator.evaluate(c)
     assert len(e.makespans_s) == 3
     for sample in range(3):
-        workload, _ = evaluator.table(sample, 1, 1, 8)
+        workload, _ = evaluator.table(sample, c)
         owners = evaluator.owners(c, sample)
         p = predict(Cut((9,)), parse_schedule("transpose,1f1b"), MODEL, workload, PROFILE, 4,
                     slab_counts=e.slab_counts, microbatch_owners=owners)
@@ -87,3 +87,21 @@ def test_a_workload_file_is_one_step_of_the_global_batch():
     assert problem.replica_workload(0, 2, 3).microbatches == workload.microbatches[:3]
     with pytest.raises(MpipeError, match="holds 6 sequences but --global-batch is 8"):
         Problem(MODEL, PROFILE, 2, 8, workload=workload)
+
+
+def test_the_lower_bound_never_exceeds_the_prediction():
+    from mpipe_tune.search import SearchSpace
+
+    for model in (MODEL, load_model("tiny-vit-llm")):
+        problem = Problem(model, PROFILE, 4, 8, mix="image-heavy", num_samples=2)
+        evaluator = Evaluator(problem)
+        space = SearchSpace(problem, evaluator.reference_weights())
+        ratios = []
+        for _, c in space.enumerate():
+            e = evaluator.evaluate(c)
+            bounds = evaluator.lower_bounds(c)
+            assert all(b <= m * (1 + 1e-12) for b, m in zip(bounds, e.makespans_s)), c
+            ratios.append(evaluator.lower_bound(c) / e.mean_s)
+        assert np.median(ratios) > 0.5  # and it is not trivially loose
+    bounded = evaluator.bounded(c)
+    assert not bounded.exact and bounded.peak_bytes is None and bounded.mean_s == evaluator.lower_bound(c)

@@ -87,3 +87,21 @@ def test_impossible_device_counts_are_a_user_error(devices, batch, words):
     problem = Problem(load_model("example-mllm"), load_profile("ideal"), devices, batch, mix="balanced", num_samples=1)
     with pytest.raises(MpipeError, match=words.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
         SearchSpace(problem, [1.0] * 25)
+
+
+def test_recomputation_can_be_a_choice(example):
+    both = SearchSpace(example.problem, example.weights, SpaceOptions(recompute=(False, True)))
+    candidates = [c for _, c in both.enumerate()]
+    assert len(candidates) == 2 * example.size()
+    assert {c.recompute for c in candidates} == {False, True}
+    assert all(not c.recompute for _, c in example.enumerate())
+
+
+def test_neighbours_differ_in_one_choice_and_are_valid(example):
+    params, c = next(p for p in example.enumerate() if p[1].has_transpose and p[1].pp == 4)
+    neighbours = example.neighbors(params)
+    assert neighbours and all(n != c for _, n in neighbours)
+    assert any(n.owner_policy != c.owner_policy and n.num_microbatches == c.num_microbatches for _, n in neighbours)
+    assert any((n.pp, n.tp, n.dp) != (c.pp, c.tp, c.dp) for _, n in neighbours)
+    for _, n in neighbours:
+        assert_valid(example, n)
