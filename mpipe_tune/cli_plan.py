@@ -178,10 +178,11 @@ class Plan:
             p = problem
             print(f"planning {p.model.name} on {p.devices} x {p.profile.name}, workload {p.source_name}: "
                   f"{p.global_batch} sequences per step, mean over {p.samples} sampled step(s)")
-            what = (f"{result.space_size} points enumerated" if result.mode == "exhaustive"
-                    else f"sampler {args.sampler}")
-            print(f"study '{result.study_name}' in {storage}: {result.num_trials} trials ({result.num_new} new, "
-                  f"{result.num_evaluated} plans evaluated, {what}) in {result.wall_s:.1f} s\n")
+            repeats = result.num_new - result.num_evaluated - result.num_bounded
+            how = (f"{result.space_size} points, exhaustive" if result.mode == "exhaustive" else f"sampler {args.sampler}")
+            print(f"study '{result.study_name}' in {storage}: {result.num_trials} trials in {result.wall_s:.1f} s "
+                  f"({how}; this run: {result.num_evaluated} plans predicted, {result.num_bounded} settled by their "
+                  f"lower bound" + (f", {repeats} repeats" if repeats > 0 else "") + ")\n")
             print(format_rows(rows))
             print(f"\nbest: {best.candidate}")
             print(f"plan written to {args.out}" + (f", timeline to {args.gantt}" if args.gantt else "")

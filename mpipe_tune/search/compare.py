@@ -54,9 +54,9 @@ def comparison_rows(best: Evaluation, baselines: list[tuple[str, Evaluation | No
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
-    """A fixed-width table: one line per plan."""
+    """A fixed-width table: one line per plan (a peak over capacity is marked ``!``)."""
     header = (f"{'plan':<10} {'schedule':<20} {'cut':<7} {'owners':<11} {'pp/tp/dp':<9} {'M':>4} "
-              f"{'step ms':>10} {'p90 ms':>10} {'speedup':>8} {'bubble':>7} {'peak GiB':>9}")
+              f"{'step ms':>10} {'p90 ms':>10} {'speedup':>8} {'bubble':>7} {'peak GiB':>9} {'recomp':>6}")
     lines = [header, "-" * len(header)]
     for r in rows:
         speedup = f"{r['speedup']:.3f}x" if r["speedup"] is not None else "-"
@@ -66,6 +66,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['plan']:<10} {r['schedule']:<20} {cut:<7} {r['owners'] or '-':<11} "
             f"{degrees:<9} {r['microbatches']:>4} {r['step_s'] * 1e3:>10.3f} "
-            f"{r['p90_s'] * 1e3:>10.3f} {speedup:>8} {r['bubble_share']:>7.1%} {peak:>9}"
+            f"{r['p90_s'] * 1e3:>10.3f} {speedup:>8} {r['bubble_share']:>7.1%} {peak:>9} "
+            f"{'yes' if r.get('recompute') else 'no':>6}"
         )
     return "\n".join(lines)

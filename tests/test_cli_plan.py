@@ -1,0 +1,158 @@
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mpipe_tune.cli import main
+from mpipe_tune.cost.profile import dump_profile
+from mpipe_tune.specs import load_profile
+
+SMALL = ["--devices", "2", "--global-batch", "4", "--samples", "1", "--no-progress"]
+
+
+def plan(tmp_path, *args):
+    """Run ``plan`` in-process with the study and plan file under tmp_path."""
+    return main(["plan", "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--out", str(tmp_path / "plan.json"), *args])
+
+
+def one_line_error(capsys, code, words):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert words in lines[0], lines[0]
+
+
+def test_default_plan_and_show(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--no-progress"]) == 0  # the built-in example, default storage in the working folder
+    out = capsys.readouterr().out
+    assert (tmp_path / "mpipe-tune.db").exists() and (tmp_path / "plan.json").exists()
+    for name in ("best", "megatron", "disttrain", "vpp", "gpipe", "mpipe-rr"):
+        assert f"\n{name} " in out
+    assert main(["show", "plan.json", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["makespan_s"] == pytest.approx(shown["recorded_makespan_s"], rel=1e-12)
+    assert shown["search"]["comparison"][0]["plan"] == "best"
+
+
+def test_plan_json_compares_the_best_with_every_baseline(tmp_path, capsys):
+    assert plan(tmp_path, "--devices", "4", "--global-batch", "8", "--samples", "2", "--no-progress", "--json") == 0
+    record = json.loads(capsys.readouterr().out)
+    rows = {r["plan"]: r for r in record["comparison"]}
+    assert set(rows) == {"best", "megatron", "disttrain", "vpp", "gpipe", "mpipe-rr"}
+    assert rows["megatron"]["speedup"] == 1.0
+    assert rows["best"]["step_s"] <= min(r["step_s"] for r in rows.values())
+    best = rows["best"]
+    assert all((r["pp"], r["tp"], r["dp"]) == (best["pp"], best["tp"], best["dp"]) for r in rows.values())
+    assert best["p90_s"] >= min(best["step_samples_s"]) and len(best["step_samples_s"]) == 2
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert written["search"]["candidate"]["schedule"] == best["schedule"]
+    assert written["candidate"]["slabs"] == best["slabs"]
+
+
+def test_gantt_pictures_of_the_best_plan_and_the_baseline(tmp_path, capsys):
+    best, baseline = tmp_path / "best.png", tmp_path / "megatron.png"
+    assert plan(tmp_path, *SMALL, "--gantt", str(best), "--gantt-baseline", str(baseline)) == 0
+    for path in (best, baseline):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["show", str(tmp_path / "plan.json"), "--gantt", str(tmp_path / "shown.png")]) == 0
+    assert "recorded step time" in capsys.readouterr().out and (tmp_path / "shown.png").exists()
+
+
+def tiny_capacity_profile(tmp_path):
+    data = load_profile("ideal").to_dict()
+    data["name"] = "tiny-memory"
+    data["memory_capacity_bytes"]["value"] = 1e6
+    path = tmp_path / "tiny-memory.json"
+    dump_profile(data, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--devices", "1"], "no (pp, tp, dp) with pp*tp*dp = 1 devices gives a plan"),
+    (["--devices", "29", "--global-batch", "29"], "has 25 layers"),
+    (["--devices", "4", "--pp", "3"], "--pp 3"),
+    (["--owners", "lottery"], "--owners 'lottery'"),
+    (["--skeletons", "zigzag"], "--skeletons 'zigzag'"),
+    (["--sampler", "annealing"], "--sampler 'annealing'"),
+    (["--trials", "0"], "--trials is 0"),
+    (["--storage", "nosuchdb://x"], "--storage nosuchdb://x: cannot open"),
+    (["--model", "nope"], "neither a file nor a built-in model"),
+    (["--workload", "nope"], "unknown workload 'nope'"),
+])
+def test_impossible_or_malformed_requests_exit_2_with_one_line(tmp_path, capsys, args, words):
+    one_line_error(capsys, plan(tmp_path, *SMALL, *args), words)
+
+
+def test_a_model_that_fits_no_plan_exits_2(tmp_path, capsys):
+    code = plan(tmp_path, *SMALL, "--model", "tiny-vit-llm", "--profile", tiny_capacity_profile(tmp_path))
+    one_line_error(capsys, code, "no plan fits memory: of ")
+
+
+def test_show_refuses_a_plan_whose_inputs_changed(tmp_path, capsys):
+    model = tmp_path / "m.yaml"
+    model.write_text((Path(__file__).parents[1] / "models" / "tiny-vit-llm.yaml").read_text())
+    assert plan(tmp_path, *SMALL, "--model", str(model)) == 0
+    capsys.readouterr()
+    plan_file = tmp_path / "plan.json"
+    assert main(["show", str(plan_file)]) == 0
+    capsys.readouterr()
+    model.write_text(model.read_text().replace("ffn: 128", "ffn: 192"))
+    one_line_error(capsys, main(["show", str(plan_file)]), "the model")
+    model.write_text(model.read_text().replace("ffn: 192", "ffn: 128"))
+    record = json.loads(plan_file.read_text())
+    record["inputs"]["workload"]["microbatches"][0]["text_tokens"] += 1
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps(record))
+    one_line_error(capsys, main(["show", str(tampered)]), "the workload")
+    record["inputs"]["workload"]["microbatches"][0]["text_tokens"] -= 1
+    record["inputs"]["profile"]["hash"] = "0" * 64
+    tampered.write_text(json.dumps(record))
+    one_line_error(capsys, main(["show", str(tampered)]), "the profile 'ideal' has changed")
+
+
+def complete_trials(db):
+    if not db.exists():
+        return []
+    try:
+        with sqlite3.connect(db, timeout=5) as con:
+            return con.execute("SELECT number, value FROM trials JOIN trial_values USING (trial_id) "
+                               "WHERE state = 'COMPLETE' ORDER BY number").fetchall()
+    except sqlite3.OperationalError:  # tables not created yet
+        return []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_a_killed_plan_resumes_with_every_finished_trial_kept(tmp_path, sig):
+    db = tmp_path / "study.db"
+    args = [sys.executable, "-m", "mpipe_tune.cli", "plan", "--devices", "8", "--global-batch", "32",
+            "--storage", f"sqlite:///{db}", "--study", "resume", "--out", str(tmp_path / "plan.json"), "--no-progress"]
+    proc = subprocess.Popen([*args, "--trials", "5000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(complete_trials(db)) < 8:
+            assert proc.poll() is None and time.monotonic() < deadline, "the search did not get going"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "rerun the same command to continue" in err
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    before = complete_trials(db)
+    target = len(before) + 4
+    rerun = subprocess.run([*args, "--trials", str(target), "--json"], capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    after = complete_trials(db)
+    assert after[:len(before)] == before and len(after) == target
+    record = json.loads(rerun.stdout)
+    assert record["trials"] == target and record["new_trials"] == 4
