@@ -19,6 +19,10 @@ records the bound, marked inexact, which can never be the best. Exhaustive searc
 increasing bound order and stops evaluating at the first bound above the best that fits, so it
 stays exact.
 
+**Memory** is estimated only for plans that could become the best (faster than the best that fits,
+or when none fits yet): a slower plan's trial records no peak and counts as fitting, harmlessly, as
+it can never be the best.
+
 **Refinement.** In sampled mode, once half the budget is spent, the next trial is a not yet tried
 neighbour of the best point (one choice changed), while one is left; otherwise the sampler proposes.
 A new best restarts the climb.
@@ -68,7 +72,7 @@ class SearchResult:
     num_new: int
     """Trials this run added."""
     num_evaluated: int
-    """Distinct candidates this run predicted in full (repeats come from a cache)."""
+    """Distinct candidates this run predicted in full (whether or not the evaluator had them cached)."""
     num_bounded: int
     """Candidates this run settled by their lower bound alone."""
     space_size: int | None
@@ -103,7 +107,7 @@ def run_search(
     space: SearchSpace,
     evaluator: Evaluator,
     *,
-    storage: str = DEFAULT_STORAGE,
+    storage: str | None = DEFAULT_STORAGE,
     study_name: str | None = None,
     n_trials: int = 200,
     timeout_s: float | None = None,
@@ -140,7 +144,7 @@ def run_search(
     finally:
         run.close()
     best, least = _best_of(_stored(study), evaluator)
-    return SearchResult(best, least, len(_stored(study)), run.new, run.evaluated, run.bounded, size,
+    return SearchResult(best, least, len(_stored(study)), run.new, len(run.predicted), run.bounded, size,
                         "exhaustive" if exhaustive else "optuna", study_name, storage, run.interrupted,
                         time.perf_counter() - start)
 
@@ -148,7 +152,8 @@ def run_search(
 # --------------------------------------------------------------------------------------- study
 
 
-def _open_study(storage: str, study_name: str, key: str):
+def _open_study(storage: str | None, study_name: str, key: str):
+    """The study in ``storage`` (an RDB URL; None: in memory, for benchmarks and tests)."""
     try:
         study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True)
     except Exception as exc:  # bad URL, missing driver, unreadable file: whatever the RDB layer raises
@@ -177,7 +182,8 @@ def _best_of(trials, evaluator: Evaluator) -> tuple[Evaluation | None, Evaluatio
     exact = [t for t in trials if _info(t).get("exact", True)]
     feasible = [t for t in exact if _info(t)["memory_excess_gib"] <= 0]
     best = min(feasible, key=lambda t: (t.value, t.number), default=None)
-    least = min(exact, key=lambda t: (_info(t)["memory_excess_gib"], t.value), default=None)
+    measured = [t for t in exact if _info(t)["peak_bytes"] is not None]
+    least = min(measured, key=lambda t: (_info(t)["memory_excess_gib"], t.value), default=None)
     as_eval = (lambda t: None if t is None else evaluator.evaluate(Candidate.from_dict(_info(t)["candidate"])))
     return as_eval(best), as_eval(least)
 
@@ -226,7 +232,8 @@ class _Run:
         exact = [t.value for t in self.stored if _info(t).get("exact", True) and _info(t)["memory_excess_gib"] <= 0]
         self.incumbent = min(exact, default=None)
         self.worker = uuid.uuid4().hex[:12]
-        self.new = self.evaluated = self.bounded = 0
+        self.new = self.bounded = 0
+        self.predicted: set[Candidate] = set()
         self.interrupted = False
         self.bar = None
 
@@ -249,9 +256,10 @@ class _Run:
             if self.evaluator.lower_bound(c) > self.incumbent * (1 + _PRUNE_MARGIN):
                 self.bounded += 1
                 return self.evaluator.bounded(c)
-        before = self.evaluator.num_evaluated
-        e = self.evaluator.evaluate(c)
-        self.evaluated += self.evaluator.num_evaluated - before
+        e = self.evaluator.evaluate(c, memory=False)
+        if self.incumbent is None or e.mean_s < self.incumbent:  # it could be the best: does it fit?
+            e = self.evaluator.evaluate(c)
+        self.predicted.add(c)
         if e.fits and (self.incumbent is None or e.mean_s < self.incumbent):
             self.incumbent = e.mean_s
         return e

@@ -66,7 +66,8 @@ class Evaluation:
     max_spill_s: float
     """Mean over steps of the largest per-rank encoder spill."""
     peak_bytes: float | None
-    """The largest per-rank peak over all steps; None when memory is not estimated."""
+    """The largest per-rank peak over all steps; None when memory was not estimated (see
+    :meth:`Evaluator.evaluate`), and then the plan counts as fitting."""
     capacity_bytes: float
     slab_counts: tuple[tuple[int, ...], ...]
     exact: bool = True
@@ -127,7 +128,10 @@ class Evaluator:
         if key not in self._tables:
             p = self.problem
             workload = p.replica_workload(sample, c.dp, c.num_microbatches)
-            self._tables[key] = (workload, build_layer_table(p.model, workload, p.profile, self.options(c)))
+            # Layer costs do not depend on dp; building with dp = 1 lets the cost model's per-layer
+            # cache serve every dp (the predict() equality tests check this stays true).
+            options = replace(self.options(c), dp_degree=1)
+            self._tables[key] = (workload, build_layer_table(p.model, workload, p.profile, options))
         return self._tables[key]
 
     def expected_layer_weights(self, c: Candidate) -> tuple[float, ...]:
@@ -152,13 +156,15 @@ class Evaluator:
 
     # ------------------------------------------------------------------------- evaluation
 
-    def evaluate(self, c: Candidate) -> Evaluation:
-        """Predict ``c`` on every sampled step (cached)."""
+    def evaluate(self, c: Candidate, *, memory: bool = True) -> Evaluation:
+        """Predict ``c`` on every sampled step (cached). ``memory=False`` skips the memory estimate
+        (``peak_bytes`` None), the dearest part after derive, for plans that lose on time anyway."""
         key = replace(c, label="")
-        if key in self._results:
-            return replace(self._results[key], candidate=c)
+        cached = self._results.get(key)
+        if cached is not None and (not memory or cached.peak_bytes is not None or estimate_memory is None):
+            return replace(cached, candidate=c)
         slabs = self.slab_counts(c)
-        steps = [self._step(c, slabs, k) for k in range(self.problem.samples)]
+        steps = [self._step(c, slabs, k, memory) for k in range(self.problem.samples)]
         peaks = [s.peak_bytes for s in steps]
         result = Evaluation(
             candidate=c,
@@ -226,7 +232,7 @@ class Evaluator:
     def slack_s(self, c: Candidate, sample: int) -> tuple[float, ...]:
         """Per rank, the warmup slack ``w_r`` of ``c``'s round-robin plan on step ``sample``."""
         rr = replace(c, owner_policy="round-robin")
-        return self._step(rr, self.slab_counts(rr), sample).slack_s
+        return self._step(rr, self.slab_counts(rr), sample, memory=False).slack_s
 
     def encode_s(self, c: Candidate, sample: int) -> np.ndarray:
         """Encode (transposed-region forward) seconds of each microbatch of step ``sample``."""
@@ -268,19 +274,20 @@ class Evaluator:
                 self._durations.popitem(last=False)
         return model
 
-    def _step(self, c: Candidate, slabs, sample: int) -> StepResult:
+    def _step(self, c: Candidate, slabs, sample: int, memory: bool) -> StepResult:
         owners = None
         if c.has_transpose and c.owner_policy not in (None, "round-robin"):
             owners = self.owners(c, sample)
         key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, sample)
-        if key in self._steps:
-            return self._steps[key]
+        cached = self._steps.get(key)
+        if cached is not None and (not memory or cached.peak_bytes is not None or estimate_memory is None):
+            return cached
         p = self.problem
         plan, compiled = self._order(c, slabs, owners)
         _, table = self.table(sample, c)
         options = self.options(c)
         t = read_timeline(plan, self._duration_model(plan, options).durations(table), compiled)
-        peaks = estimate_peaks(plan, p.model, table, options, t, p.profile)
+        peaks = estimate_peaks(plan, p.model, table, options, t, p.profile) if memory else None
         result = StepResult(
             makespan_s=t.makespan_s,
             bubble_share=sum(t.bubble_s) / (t.makespan_s * c.pp) if t.makespan_s > 0 else 0.0,

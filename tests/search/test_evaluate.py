@@ -49,6 +49,26 @@ def test_each_sampled_step_matches_the_cost_models_own_predict(evaluator, policy
         p = predict(Cut((9,)), parse_schedule("transpose,1f1b"), MODEL, workload, PROFILE, 4,
                     slab_counts=e.slab_counts, microbatch_owners=owners)
         assert p.timeline.makespan_s == pytest.approx(e.makespans_s[sample], rel=1e-12)
+
+
+@pytest.mark.parametrize("model_name", ["tiny-vit-llm", "qwen2vl-vit-llama3-8b"])
+def test_architecture_models_with_tp_and_dp_match_predict(model_name):
+    model = load_model(model_name)
+    profile = load_profile("h100-sxm")
+    problem = Problem(model, profile, 16, 16, mix="balanced", num_samples=2)
+    evaluator = Evaluator(problem)
+    cut = next(i for i, u in enumerate(model.layers) if u.block == "llm")
+    for c in (Candidate("transpose,1f1b", (cut,), 2, 2, 4, 4, "greedy", recompute=True),
+              Candidate("1f1b", (), 4, 2, 2, 4)):
+        e = evaluator.evaluate(c)
+        for sample in range(2):
+            workload, _ = evaluator.table(sample, c)
+            p = predict(*c.parsed(), model, workload, profile, c.pp, slab_counts=e.slab_counts,
+                        microbatch_owners=evaluator.owners(c, sample), options=problem.options_for(c.tp, c.dp, c.recompute))
+            assert p.timeline.makespan_s == pytest.approx(e.makespans_s[sample], rel=1e-12)
+        peaks = [max(evaluator.prediction(c, k)[0].memory.peak_bytes) for k in range(2)]
+        assert e.peak_bytes == pytest.approx(max(peaks), rel=1e-12)
+        assert evaluator.evaluate(c, memory=False).mean_s == e.mean_s
     assert e.mean_s == pytest.approx(np.mean(e.makespans_s))
     assert min(e.makespans_s) <= e.p90_s <= max(e.makespans_s)
 
