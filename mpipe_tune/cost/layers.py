@@ -9,8 +9,11 @@ the layer's parameter count.
   stream; the backward splits evenly into dgrad and wgrad (as for a linear layer); no memory figures.
 - Architecture layers: FLOPs and bytes from :mod:`mpipe_tune.cost.arch`, timed by the roofline
   ``max(W / (eff * F), D / B)`` with the profile's peak F for the dtype, its memory bandwidth B and its
-  efficiency for the layer kind. With ``tp_degree > 1`` the forward and the dgrad each pay the
-  layer's tensor-parallel all-reduces over the intra-node link.
+  efficiency for the layer kind (the forward's, or the backward's for dgrad and wgrad, which differ
+  where the profile says so). A layer that has tokens to work on also pays the profile's fixed
+  seconds per call for its kind: once per forward, and once per backward it runs (``bwd_overhead_s``,
+  charged under the same footprint as the backward). With ``tp_degree > 1`` the forward and the dgrad
+  each pay the layer's tensor-parallel all-reduces over the intra-node link.
 """
 
 from __future__ import annotations
@@ -66,12 +69,16 @@ class LayerTable:
     """Shape (num_layers,): full-layer parameters (before tensor-parallel splitting)."""
     recompute_s: np.ndarray
     """The forward re-run before a layer's backward under recomputation (zeros without it)."""
+    bwd_overhead_s: np.ndarray
+    """Fixed seconds of one backward call of the layer, paid whenever its backward runs (zeros where
+    the profile gives no per-call overhead)."""
 
     def backward_s(self, model: Model) -> np.ndarray:
         """Backward seconds under the footprint: a layer computes its input gradient iff some layer
-        before it is trainable, and its weight gradient iff it is trainable."""
+        before it is trainable, and its weight gradient iff it is trainable; it runs a backward (and
+        pays its per-call overhead and any recomputation) iff it does either."""
         needs_dgrad, trainable, runs = _footprint_masks(model.trainable_bits())
-        return self.dgrad_s * needs_dgrad + self.wgrad_s * trainable + self.recompute_s * runs
+        return self.dgrad_s * needs_dgrad + self.wgrad_s * trainable + (self.recompute_s + self.bwd_overhead_s) * runs
 
 
 @lru_cache(maxsize=256)
@@ -89,7 +96,7 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         if key not in unique:
             unique[key] = _layer_row(layer.cost, layer.block, workload.microbatches, profile, options)
     rows = [unique[(layer.cost, layer.block)] for layer in model.layers]
-    fwd, dgrad, wgrad, boundary, saved = (np.array(column) for column in zip(*rows))
+    fwd, dgrad, wgrad, boundary, saved, bwd_overhead = (np.array(column) for column in zip(*rows))
     return LayerTable(
         fwd_s=fwd,
         dgrad_s=dgrad,
@@ -98,6 +105,7 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         saved_bytes=boundary if options.recompute else saved,
         param_count=np.array([_param_count(layer.cost) for layer in model.layers], dtype=float),
         recompute_s=fwd if options.recompute else np.zeros_like(fwd),
+        bwd_overhead_s=bwd_overhead,
     )
 
 
@@ -112,9 +120,9 @@ def _layer_row(cost, block: str, microbatches, profile, options):
         tokens = np.array([mb.image_tokens if image else mb.text_tokens for mb in microbatches], dtype=float)
         bwd = cost.bwd_s_per_token * tokens
         zeros = np.zeros_like(tokens)
-        return cost.fwd_s_per_token * tokens, bwd / 2, bwd / 2, cost.boundary_bytes_per_token * tokens, zeros
+        return cost.fwd_s_per_token * tokens, bwd / 2, bwd / 2, cost.boundary_bytes_per_token * tokens, zeros, zeros
     values = np.array([_arch_seconds(cost, mb, profile, options) for mb in microbatches], dtype=float)
-    return tuple(values[:, i] for i in range(5))
+    return tuple(values[:, i] for i in range(6))
 
 
 @lru_cache(maxsize=65536)
@@ -122,13 +130,16 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
     work = arch.estimate_arch_work(
         cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.tp_degree
     )
-    peak = profile.peak(options.dtype) * profile.efficiency_for(cost.kind)
+    fwd_peak = profile.peak(options.dtype) * profile.efficiency_for(cost.kind)
+    bwd_peak = profile.peak(options.dtype) * profile.backward_efficiency_for(cost.kind)
     bandwidth = profile.memory_bytes_per_s
     tp_s = 0.0
     if options.tp_degree > 1 and work.tp_comm_bytes > 0:
         link = profile.link("all_reduce", inter_node=options.tp_degree > profile.devices_per_node)
         tp_s = estimate_collective_s(link, "all_reduce", work.tp_comm_bytes, options.tp_degree)
-    fwd = max(work.fwd_flops / peak, work.fwd_bytes / bandwidth) + tp_s
-    dgrad = max(work.dgrad_flops / peak, work.dgrad_bytes / bandwidth) + tp_s
-    wgrad = max(work.wgrad_flops / peak, work.wgrad_bytes / bandwidth)
-    return fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes
+    tokens = mb.image_tokens if cost.kind in arch.IMAGE_STREAM_KINDS else mb.text_tokens
+    fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if tokens > 0 else (0.0, 0.0)
+    fwd = fwd_call_s + max(work.fwd_flops / fwd_peak, work.fwd_bytes / bandwidth) + tp_s
+    dgrad = max(work.dgrad_flops / bwd_peak, work.dgrad_bytes / bandwidth) + tp_s
+    wgrad = max(work.wgrad_flops / bwd_peak, work.wgrad_bytes / bandwidth)
+    return fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s

@@ -7,6 +7,12 @@ costs per link class and collective. Every number carries its provenance: ``sour
 and, for measured numbers, ``fit_r2`` and ``sizes_bytes``. A link entry may add ``alpha_source`` when
 its latency has another origin than its bandwidth (a datasheet bandwidth with an assumed latency).
 
+An efficiency entry's ``value`` is the achieved fraction of peak for a layer kind's forward and, unless
+the entry gives ``backward_value``, its backward too. Optional ``forward_overhead_s`` and
+``backward_overhead_s`` are fixed seconds per layer call on top of the roofline (framework dispatch,
+small kernels that the roofline of the FLOPs cannot see); absent, they are 0. The profiler fits all four
+per layer kind when it calibrates (:mod:`mpipe_tune.profiler.calibrate`).
+
 All numbers are SI base units given as plain JSON numbers: bytes, seconds, bytes per second, FLOP/s.
 Built-in profiles live in ``profiles/`` (package data ``mpipe_tune.profiles``); :func:`load_profile`
 takes their file stem or a path.
@@ -22,7 +28,7 @@ import os
 import tempfile
 from decimal import Decimal
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -42,6 +48,8 @@ _TOP_KEYS = {
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes",
 }
 _OPTIONAL_TOP_KEYS = {"notes"}
+_EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s")
+"""Optional numbers of an efficiency entry besides ``value`` (not provenance)."""
 _MISSING = object()
 
 
@@ -75,6 +83,10 @@ class HardwareProfile:
     """Dotted field path (``"links.intra_node.p2p"``, ``"peak_flops_per_s.bf16"``) -> provenance."""
     source_path: str | None = None
     notes: str = ""
+    backward_efficiency: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Layer kind -> efficiency of its backward, for the entries that give ``backward_value``."""
+    call_overhead_s: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
+    """Layer kind -> (forward, backward) fixed seconds per call, for the entries that give either."""
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``."""
@@ -86,8 +98,20 @@ class HardwareProfile:
         return self.peak_flops_per_s[dtype]
 
     def efficiency_for(self, kind: str) -> float:
-        """Efficiency of layer kind ``kind``, or the profile's ``"default"``."""
+        """Efficiency of layer kind ``kind``'s forward (its entry's ``value``), or the ``"default"`` one's."""
         return self.efficiency.get(kind, self.efficiency["default"])
+
+    def backward_efficiency_for(self, kind: str) -> float:
+        """Efficiency of ``kind``'s backward: its entry's ``backward_value``, else the entry's ``value``
+        (the entry is ``kind``'s, or ``"default"`` when the profile has none for ``kind``)."""
+        entry = kind if kind in self.efficiency else "default"
+        return self.backward_efficiency.get(entry, self.efficiency[entry])
+
+    def call_overhead_for(self, kind: str) -> tuple[float, float]:
+        """(forward, backward) fixed seconds per call of a ``kind`` layer; (0, 0) unless its entry (or
+        ``"default"``'s, when the profile has none for ``kind``) gives them."""
+        entry = kind if kind in self.efficiency else "default"
+        return self.call_overhead_s.get(entry, (0.0, 0.0))
 
     def link(self, collective: str, *, inter_node: bool = False) -> LinkCost:
         """Cost of ``collective`` on the intra- or inter-node link class, falling back to its ``p2p``."""
@@ -120,12 +144,20 @@ class HardwareProfile:
             },
             "memory_bytes_per_s": number("memory_bytes_per_s", self.memory_bytes_per_s),
             "memory_capacity_bytes": number("memory_capacity_bytes", self.memory_capacity_bytes),
-            "efficiency": {k: number(f"efficiency.{k}", v) for k, v in self.efficiency.items()},
+            "efficiency": {k: self._efficiency_entry(k) for k in self.efficiency},
             "links": links,
         }
         if self.notes:
             data["notes"] = self.notes
         return data
+
+    def _efficiency_entry(self, kind: str) -> dict[str, Any]:
+        entry: dict[str, Any] = {"value": self.efficiency[kind]}
+        if kind in self.backward_efficiency:
+            entry["backward_value"] = self.backward_efficiency[kind]
+        if kind in self.call_overhead_s:
+            entry["forward_overhead_s"], entry["backward_overhead_s"] = self.call_overhead_s[kind]
+        return {**entry, **_thaw(self.provenance[f"efficiency.{kind}"])}
 
     @cached_property
     def _hash(self) -> str:
@@ -206,13 +238,18 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
     effs = v.table("efficiency", data["efficiency"], allowed=None)
     if "default" not in effs:
         v.fail("efficiency.default", _MISSING, "is required", 'add {"value": 1.0, "source": "assumed"}')
-    efficiency = {}
+    efficiency, backward_efficiency, call_overhead = {}, {}, {}
     for kind, entry in effs.items():
-        value = v.number(f"efficiency.{kind}", entry, positive=True)
-        if value > 1:
-            v.fail(f"efficiency.{kind}.value", value, "must lie in (0, 1]",
-                   "give the achieved fraction of peak, e.g. 0.45")
-        efficiency[kind] = value
+        path = f"efficiency.{kind}"
+        efficiency[kind] = v.efficiency(f"{path}.value", v.number(path, entry, positive=True,
+                                                                    extras=_EFFICIENCY_EXTRAS))
+        if "backward_value" in entry:
+            backward = v.scalar(f"{path}.backward_value", entry["backward_value"], positive=True)
+            backward_efficiency[kind] = v.efficiency(f"{path}.backward_value", backward)
+        if "forward_overhead_s" in entry or "backward_overhead_s" in entry:
+            call_overhead[kind] = tuple(
+                v.scalar(f"{path}.{key}", entry[key], positive=False) if key in entry else 0.0
+                for key in ("forward_overhead_s", "backward_overhead_s"))
 
     classes = v.table("links", data["links"], allowed=LINK_CLASSES)
     links = {}
@@ -232,7 +269,8 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         peak_flops_per_s=MappingProxyType(peak_flops), memory_bytes_per_s=memory_bps,
         memory_capacity_bytes=capacity, efficiency=MappingProxyType(efficiency),
         links=MappingProxyType(links), provenance=MappingProxyType(v.provenance),
-        notes=notes,
+        notes=notes, backward_efficiency=MappingProxyType(backward_efficiency),
+        call_overhead_s=MappingProxyType(call_overhead),
     )
 
 
@@ -296,7 +334,9 @@ class _Validator:
                 self.fail(f"{path}.fit_r2", r2, "must be a number <= 1", "write the fit's R^2")
         self.provenance[path] = _freeze({k: x for k, x in entry.items() if k not in numbers})
 
-    def number(self, path: str, entry: Any, *, positive: bool) -> float:
+    def number(self, path: str, entry: Any, *, positive: bool, extras: tuple[str, ...] = ()) -> float:
+        """The entry's ``value``; ``extras`` are further numbers of the entry (kept out of its provenance,
+        checked by the caller)."""
         if not isinstance(entry, Mapping):
             if isinstance(entry, str):
                 self.scalar(path, entry, positive=positive)
@@ -305,7 +345,12 @@ class _Validator:
         if "value" not in entry:
             self.fail(f"{path}.value", _MISSING, "is required", "add the number")
         value = self.scalar(f"{path}.value", entry["value"], positive=positive)
-        self.origin(path, entry, ("value",))
+        self.origin(path, entry, ("value", *extras))
+        return value
+
+    def efficiency(self, path: str, value: float) -> float:
+        if value > 1:
+            self.fail(path, value, "must lie in (0, 1]", "give the achieved fraction of peak, e.g. 0.45")
         return value
 
     def link(self, path: str, entry: Any) -> LinkCost:

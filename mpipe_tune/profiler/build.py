@@ -4,8 +4,10 @@
 measurements into the JSON form ``parse_profile`` accepts, every number with its provenance:
 ``source: "measured"``, the date, a ``ref`` that says how it was measured, and the raw medians and
 spreads behind it. The inter-node link class, which a single-host run cannot see, is a copy of the
-intra-node one marked ``assumed``. Efficiencies are fitted per layer kind when a calibration model is
-given (plus a ``default`` fitted over all its kinds); without one, ``default`` is 1.0, ``assumed``.
+intra-node one marked ``assumed``. When a calibration model is given, each layer kind (and a
+``default`` over all its kinds) gets a forward efficiency (``value``), a ``backward_value`` and fixed
+seconds per forward and backward call, fitted to its layers' timings; without one, ``default`` is 1.0,
+``assumed``, and no call overhead.
 
 On CPU one device is one of the ``nproc`` processes: the roofline and the layer timings run with that
 process's share of the cores (:func:`~mpipe_tune.profiler.device.device_share`).
@@ -14,13 +16,21 @@ process's share of the cores (:func:`~mpipe_tune.profiler.device.device_share`).
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.profile import SCHEMA_VERSION
-from mpipe_tune.profiler.calibrate import LayerPoint, calibration_layers, time_layers
+from mpipe_tune.profiler.calibrate import (
+    MIN_SIZES_FOR_OVERHEAD,
+    LayerFit,
+    LayerPoint,
+    calibration_layers,
+    fit_layer_timing,
+    time_layers,
+)
 from mpipe_tune.profiler.device import (
     BACKENDS,
     check_device,
@@ -30,7 +40,7 @@ from mpipe_tune.profiler.device import (
     memory_capacity_bytes,
     threads_per_process,
 )
-from mpipe_tune.profiler.fit import fit_alpha_beta, fit_efficiency, to_link_cost
+from mpipe_tune.profiler.fit import fit_alpha_beta, to_link_cost
 from mpipe_tune.profiler.links import LINK_COLLECTIVES, LinkSweep, measure_links
 from mpipe_tune.profiler.roofline import RateSweep, measure_memory_bandwidth, measure_peak_flops
 from mpipe_tune.profiler.settings import SweepSettings, sweep_settings
@@ -59,21 +69,30 @@ class Measurements:
     calibration_dtype: str | None = None
 
 
-def count_steps(dtypes: tuple[str, ...], settings: SweepSettings, calibration: Model | None = None) -> int:
+def count_steps(dtypes: tuple[str, ...], settings: SweepSettings, calibration: Model | None = None,
+                calibration_tokens: tuple[int, ...] | None = None) -> int:
     """Progress steps of a run: one per matrix size and dtype, one for the copy, one per calibration
     layer and token count, one per link repeat pass."""
     layers = len(calibration_layers(calibration)) if calibration is not None else 0
-    return (len(dtypes) * len(settings.matmul_sizes) + 1 + layers * len(settings.calibration_tokens)
+    sizes = len(calibration_tokens or settings.calibration_tokens)
+    return (len(dtypes) * len(settings.matmul_sizes) + 1 + layers * sizes
             + len(LINK_COLLECTIVES) * settings.link_repeats)
 
 
 def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: bool,
-                   progress: Callable[[str], None], calibration: Model | None = None) -> Measurements:
+                   progress: Callable[[str], None], calibration: Model | None = None,
+                   calibration_tokens: tuple[int, ...] | None = None) -> Measurements:
     """Measure ``device``: peak FLOP/s of each dtype, memory bandwidth, the layers of ``calibration``
-    (in the first dtype), and links over ``nproc`` processes."""
+    (in the first dtype), and links over ``nproc`` processes.
+
+    ``calibration_tokens`` replaces the sweep's layer sizes (rows per layer call, see
+    :mod:`~mpipe_tune.profiler.calibrate`): give the range of the microbatches that will be planned."""
     torch = import_torch(device)
     check_device(torch, device, nproc)
     settings = sweep_settings(device, quick=quick)
+    if calibration_tokens:
+        assert all(n >= 1 for n in calibration_tokens), calibration_tokens
+        settings = replace(settings, calibration_tokens=tuple(calibration_tokens))
     with device_share(torch, device, nproc):
         peaks = {dtype: measure_peak_flops(torch, device, dtype, settings, progress) for dtype in dtypes}
         memory = measure_memory_bandwidth(torch, device, settings, progress)
@@ -164,7 +183,9 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
 
 
 def _efficiencies(m: Measurements, measured: Mapping[str, str], how: str) -> dict[str, Any]:
-    """Per-kind efficiency entries fitted to the layer timings, and ``default`` fitted to all of them."""
+    """Per-kind entries fitted to the layer timings, and ``default`` fitted to all of them: the forward
+    points give ``value`` and ``forward_overhead_s``, the backward points ``backward_value`` and
+    ``backward_overhead_s``."""
     if not m.layer_points:
         return {"default": {
             "value": 1.0, "source": "assumed",
@@ -178,21 +199,42 @@ def _efficiencies(m: Measurements, measured: Mapping[str, str], how: str) -> dic
         groups.setdefault(point.kind, []).append(point)
     entries = {}
     for kind, points in [("default", list(m.layer_points)), *sorted(groups.items())]:
-        fitted = fit_efficiency([p.flops for p in points], [p.bytes_moved for p in points],
-                                [p.seconds.median for p in points], peak_flops_per_s=peak, bytes_per_s=bandwidth)
+        fits: dict[str, LayerFit] = {}
+        predicted = [0.0] * len(points)
+        squares = 0.0
+        for phase in ("fwd", "bwd"):
+            chosen = [i for i, p in enumerate(points) if p.phase == phase]
+            if not chosen:
+                continue
+            fit = fit_layer_timing([points[i].flops for i in chosen], [points[i].bytes_moved for i in chosen],
+                                   [points[i].seconds.median for i in chosen], peak_flops_per_s=peak,
+                                   bytes_per_s=bandwidth)
+            fits[phase] = fit
+            squares += fit.rms_relative_error**2 * len(chosen)
+            for i, seconds in zip(chosen, fit.predicted_s):
+                predicted[i] = seconds
+        forward = fits.get("fwd") or fits["bwd"]
+        numbers: dict[str, float] = {"value": forward.efficiency}
+        if "fwd" in fits and "bwd" in fits:
+            numbers["backward_value"] = fits["bwd"].efficiency
+        numbers["forward_overhead_s"] = forward.overhead_s
+        numbers["backward_overhead_s"] = fits["bwd"].overhead_s if "bwd" in fits else 0.0
         what = "every calibrated layer kind" if kind == "default" else f"the runtime's {kind} layers"
         entries[kind] = {
-            "value": fitted.efficiency, **measured,
+            **numbers, **measured,
             "ref": f"{what} of model {m.calibration_model!r} timed forward and backward in {m.calibration_dtype} "
-                   f"on {m.device}; the efficiency minimising the relative error of max(W / (eff * peak), "
-                   f"D / bandwidth) against the medians, with this profile's {m.calibration_dtype} peak and "
-                   f"bandwidth and the cost model's W and D{how}",
-            "rms_relative_error": fitted.rms_relative_error,
+                   f"on {m.device}; per phase, the efficiency and the fixed seconds per call (>= 0, fitted from "
+                   f"{MIN_SIZES_FOR_OVERHEAD} sizes up) minimising the relative error of overhead + max(W / "
+                   f"(eff * peak), D / bandwidth) against the medians, with this profile's {m.calibration_dtype} "
+                   f"peak and bandwidth and the cost model's W and D{how}",
+            "rms_relative_error": math.sqrt(squares / len(points)),
             "layers": [p.layer_name for p in points],
             "tokens": [p.tokens for p in points],
             "phase": [p.phase for p in points],
+            "flops": [p.flops for p in points],
+            "bytes": [p.bytes_moved for p in points],
             "median_s": [p.seconds.median for p in points],
             "iqr_s": [p.seconds.iqr for p in points],
-            "predicted_s": list(fitted.predicted_s),
+            "predicted_s": predicted,
         }
     return entries

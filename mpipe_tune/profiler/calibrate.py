@@ -1,11 +1,14 @@
-"""Per-layer-kind efficiency: time the runtime's own layer modules and fit the roofline to them.
+"""Per-layer-kind efficiency and call overhead: time the runtime's own layer modules, fit the roofline.
 
 For each distinct layer (kind and dimensions) of a model, the runtime's module
 (:func:`mpipe_tune.runtime.layers.build_layer`) runs a training forward and a backward on synthetic
-microbatches of a few token counts; the cost model's FLOPs and bytes for the same layer and
-microbatch (:func:`mpipe_tune.cost.arch.estimate_arch_work`) and the profile's measured peak and
-bandwidth then give, per kind, the efficiency that makes ``max(W / (eff * F), D / B)`` follow the
-measured medians best (:func:`~mpipe_tune.profiler.fit.fit_efficiency`).
+microbatches of a few sizes; the cost model's FLOPs and bytes for the same layer and microbatch
+(:func:`mpipe_tune.cost.arch.estimate_arch_work`) and the profile's measured peak and bandwidth then
+give, per kind and per phase (forward, backward), the efficiency and the fixed seconds per call that
+make ``overhead + max(W / (eff * F), D / B)`` follow the measured medians best
+(:func:`fit_layer_timing`). A size of ``n`` tokens means ``n`` rows through the layer: a text
+sequence of ``n`` tokens, and one image of ``n`` ViT patches (``n / merge_factor`` image tokens) for
+the image-stream kinds, so that a ViT block and a decoder block are timed on matrices of one size.
 
 The backward is compared with the weight gradient plus, when the layer's input needs a gradient (every
 kind but ``patch_embed`` and ``embedding``, which are timed on no input tensor), the input gradient: what
@@ -15,11 +18,14 @@ layer once one forward plus backward takes longer than the settings allow.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from types import ModuleType
 
-from mpipe_tune.algebra.model import Model
+import numpy as np
+
+from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.layers import DTYPE_BYTES
 from mpipe_tune.cost.workload import Microbatch
@@ -38,6 +44,7 @@ class LayerPoint:
     layer_name: str
     kind: str
     tokens: int
+    """Rows through the layer: text tokens, or ViT patches for an image-stream kind."""
     phase: str
     """``"fwd"`` or ``"bwd"``."""
     flops: float
@@ -76,7 +83,7 @@ def time_layers(torch: ModuleType, device: str, model: Model, dtype: str, settin
         module = build_layer(replace(spec, trainable=True), seed=0, dtype=torch_dtype, device=where)
         has_input = spec.kind not in _NO_INPUT_KINDS
         for position, tokens in enumerate(settings.calibration_tokens):
-            mb = Microbatch(image_tokens=tokens, text_tokens=tokens)
+            mb = calibration_microbatch(model, tokens)
             inputs = MicrobatchInputs(mb, 0, 0, torch_dtype, where)
             x = None
             if has_input:
@@ -96,6 +103,65 @@ def time_layers(torch: ModuleType, device: str, model: Model, dtype: str, settin
                 break
         del module
     return points
+
+
+def calibration_microbatch(model: Model, tokens: int) -> Microbatch:
+    """A microbatch of ``tokens`` text tokens and one image of about ``tokens`` ViT patches.
+
+    >>> from mpipe_tune.specs import load_model
+    >>> calibration_microbatch(load_model("tiny-vit-llm"), 64)
+    Microbatch(image_tokens=16, text_tokens=64, images=())
+    """
+    merge = next((layer.cost.dims_dict()["merge_factor"] for layer in model.layers
+                  if isinstance(layer.cost, ArchCost) and "merge_factor" in layer.cost.dims_dict()), 1)
+    return Microbatch(image_tokens=max(1, math.ceil(tokens / merge)), text_tokens=tokens)
+
+
+@dataclass(frozen=True)
+class LayerFit:
+    """``overhead_s + max(W / (efficiency * F), D / B)`` fitted to one phase of one layer kind."""
+
+    efficiency: float
+    overhead_s: float
+    rms_relative_error: float
+    """Root mean square of ``(predicted - measured) / measured`` over the points."""
+    predicted_s: tuple[float, ...]
+
+
+MIN_SIZES_FOR_OVERHEAD = 3
+"""Distinct work sizes a group of points needs before a per-call overhead is fitted besides the
+efficiency (two parameters from two sizes would follow any noise exactly)."""
+
+
+def fit_layer_timing(flops: Sequence[float], bytes_moved: Sequence[float], times_s: Sequence[float], *,
+                     peak_flops_per_s: float, bytes_per_s: float) -> LayerFit:
+    """The efficiency in (0, 1] and overhead >= 0 minimising the relative error against ``times_s``.
+
+    For each efficiency on a logarithmic grid from 1e-6 to 1 (0.1% steps) the best overhead has a
+    closed form (relative least squares, clipped at 0); the pair with the smallest error wins. With
+    fewer than :data:`MIN_SIZES_FOR_OVERHEAD` distinct FLOP counts the overhead is 0.
+
+    >>> f = fit_layer_timing([1e9, 2e9, 4e9], [0, 0, 0], [0.011, 0.021, 0.041],
+    ...                      peak_flops_per_s=1e11, bytes_per_s=1e10)
+    >>> round(f.efficiency, 2), round(f.overhead_s, 4), round(f.rms_relative_error, 4)
+    (1.0, 0.001, 0.0)
+    """
+    t = np.asarray(times_s, dtype=float)
+    w = np.asarray(flops, dtype=float)
+    assert t.ndim == 1 and len(t) >= 1 and np.all(t > 0) and w.shape == t.shape, (w, t)
+    grid = np.geomspace(1e-6, 1.0, 13_817)  # ratio 1.001 between neighbours
+    roof = np.maximum(w[None, :] / (grid[:, None] * peak_flops_per_s),
+                      np.asarray(bytes_moved, dtype=float)[None, :] / bytes_per_s)
+    if len(np.unique(w)) >= MIN_SIZES_FOR_OVERHEAD:
+        inv2 = 1.0 / t**2
+        overhead = np.maximum(0.0, ((t - roof) * inv2).sum(axis=1) / inv2.sum())
+    else:
+        overhead = np.zeros(len(grid))
+    predicted = roof + overhead[:, None]
+    errors = np.sqrt(np.mean(((predicted - t) / t) ** 2, axis=1))
+    best = int(np.argmin(errors))
+    return LayerFit(float(grid[best]), float(overhead[best]), float(errors[best]),
+                    tuple(float(x) for x in predicted[best]))
 
 
 def _time_training_step(torch, timer: Timer, module, x, inputs, settings: SweepSettings) -> tuple[Spread, Spread]:

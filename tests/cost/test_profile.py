@@ -167,6 +167,10 @@ _DELETE = object()
         ("links.intra_node.p2p.beta_s_per_byte", "1 ns", "SI base units"),
         ("efficiency.default.value", 1.5, r"efficiency\.default\.value = 1\.5: must lie in \(0, 1\]"),
         ("efficiency.default.value", 0.0, r"efficiency\.default\.value = 0\.0: must be > 0"),
+        ("efficiency.default.backward_value", 1.2, r"efficiency\.default\.backward_value = 1\.2: must lie in \(0, 1\]"),
+        ("efficiency.default.backward_value", 0, r"efficiency\.default\.backward_value = 0: must be > 0"),
+        ("efficiency.default.forward_overhead_s", -1e-4, r"efficiency\.default\.forward_overhead_s = -0\.0001: must be >= 0"),
+        ("efficiency.default.backward_overhead_s", "1 ms", r"efficiency\.default\.backward_overhead_s = '1 ms'.*SI base"),
         ("memory_bytes_per_s.source", "guess", r"memory_bytes_per_s\.source = 'guess': must be one of"),
         ("links.intra_node.p2p.source", "vendor", r"links\.intra_node\.p2p\.source = 'vendor'"),
         ("links.intra_node.p2p.alpha_source", "vendor", r"links\.intra_node\.p2p\.alpha_source"),
@@ -192,6 +196,26 @@ def test_unknown_provenance_keys_are_kept(ideal_dict: dict) -> None:
     assert profile.link("p2p") == LinkCost(2e-6, 1e-11)
     assert profile.provenance["links.intra_node.p2p"]["spread"] == 0.03
     assert profile.to_dict()["links"]["intra_node"]["p2p"] == entry
+
+
+def test_backward_efficiency_and_call_overheads_are_optional_numbers(ideal_dict: dict) -> None:
+    entry = {"value": 0.4, "backward_value": 0.6, "forward_overhead_s": 5e-4, "backward_overhead_s": 1e-3,
+             "source": "measured", "median_s": [1e-3, 2e-3]}
+    profile = parse_profile(_set(ideal_dict, "efficiency.dense_block", entry), where="x.json")
+    assert profile.efficiency_for("dense_block") == 0.4
+    assert profile.backward_efficiency_for("dense_block") == 0.6
+    assert profile.call_overhead_for("dense_block") == (5e-4, 1e-3)
+    # Numbers, not provenance; the JSON form gives them back unchanged.
+    assert "backward_value" not in profile.provenance["efficiency.dense_block"]
+    assert profile.to_dict()["efficiency"]["dense_block"] == entry
+    # Only one overhead given: the other is 0. Absent: the entry's value serves the backward, no overhead.
+    only = parse_profile(_set(ideal_dict, "efficiency.default.backward_overhead_s", 2e-3), where="y.json")
+    assert only.call_overhead_for("vit_block") == (0.0, 2e-3)
+    plain = load_profile("ideal")
+    assert plain.backward_efficiency_for("vit_block") == plain.efficiency_for("vit_block") == 1.0
+    assert plain.call_overhead_for("vit_block") == (0.0, 0.0)
+    assert profile.content_hash() != parse_profile(_set(ideal_dict, "efficiency.dense_block",
+                                                        {**entry, "backward_value": 0.7}), where="z").content_hash()
 
 
 def test_unknown_builtin_lists_the_names() -> None:

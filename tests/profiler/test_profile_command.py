@@ -101,6 +101,28 @@ def test_assembled_efficiencies_are_fitted_per_kind_against_the_measured_peak():
     assert 0.1 < profile.efficiency["default"] < 0.5
     origin = profile.provenance["efficiency.vit_block"]
     assert origin["source"] == "measured" and origin["rms_relative_error"] < 2e-3 and origin["tokens"] == (64, 64)
+    assert origin["flops"] == (1e9, 4e9)  # the work behind each point, to refit from the file
+    # Forward points only, two sizes: no backward efficiency of its own and no call overhead.
+    assert profile.backward_efficiency_for("vit_block") == profile.efficiency_for("vit_block")
+    assert profile.call_overhead_for("vit_block") == (0.0, 0.0)
+
+
+def test_assembled_profile_fits_each_phase_with_its_call_overhead():
+    # dense_block: forward at efficiency 0.4 plus 1 ms per call, backward at 0.6 plus 2 ms, four sizes.
+    def point(phase, flops, eff, overhead_s):
+        return LayerPoint("decoder.0", "dense_block", int(flops / 1e7), phase, flops, 1.0,
+                          summarize([overhead_s + flops / (eff * 3e10)]))
+
+    sizes = (1e8, 3e8, 1e9, 3e9)
+    points = tuple(point("fwd", w, 0.4, 1e-3) for w in sizes) + tuple(point("bwd", 2 * w, 0.6, 2e-3) for w in sizes)
+    data = assemble_profile(_measurements(layer_points=points), name="t")
+    profile = parse_profile(data, where="test")
+    assert profile.efficiency_for("dense_block") == pytest.approx(0.4, rel=2e-3)
+    assert profile.backward_efficiency_for("dense_block") == pytest.approx(0.6, rel=2e-3)
+    assert profile.call_overhead_for("dense_block") == pytest.approx((1e-3, 2e-3), rel=1e-2)
+    origin = profile.provenance["efficiency.dense_block"]
+    assert origin["rms_relative_error"] < 2e-3
+    assert origin["predicted_s"] == pytest.approx(origin["median_s"], rel=2e-3)  # aligned with the points
 
 
 HAS_CUDA = importlib.util.find_spec("torch") is not None and __import__("torch").cuda.is_available()

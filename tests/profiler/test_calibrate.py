@@ -1,0 +1,63 @@
+"""The per-phase layer-time fit: efficiency and fixed seconds per call from timings of a few sizes."""
+
+import numpy as np
+import pytest
+
+from mpipe_tune.profiler.calibrate import MIN_SIZES_FOR_OVERHEAD, calibration_microbatch, fit_layer_timing
+from mpipe_tune.specs import load_model
+
+PEAK, BANDWIDTH = 1e11, 1e10
+
+
+def timings(flops, bytes_moved, eff, overhead_s):
+    return overhead_s + np.maximum(np.asarray(flops) / (eff * PEAK), np.asarray(bytes_moved) / BANDWIDTH)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fit_recovers_efficiency_and_overhead_under_noise(seed):
+    rng = np.random.default_rng(seed)
+    flops = np.geomspace(1e7, 1e10, 8)  # 0.1 ms .. 0.1 s of compute at efficiency 1
+    bytes_moved = flops / 100  # compute bound
+    eff, overhead = rng.uniform(0.2, 0.8), rng.uniform(2e-4, 2e-3)
+    times = timings(flops, bytes_moved, eff, overhead) * rng.normal(1.0, 0.01, size=flops.size)
+    fit = fit_layer_timing(flops, bytes_moved, times, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH)
+    assert fit.efficiency == pytest.approx(eff, rel=0.03)
+    assert fit.overhead_s == pytest.approx(overhead, rel=0.15)
+    assert fit.rms_relative_error < 0.02
+    assert len(fit.predicted_s) == flops.size
+
+
+def test_one_efficiency_cannot_follow_a_fixed_cost_that_the_overhead_absorbs():
+    flops = [1e7, 1e8, 1e9, 1e10]
+    times = timings(flops, [0] * 4, 0.5, 1e-3)
+    fit = fit_layer_timing(flops, [0] * 4, times, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH)
+    assert fit.rms_relative_error < 1e-3 and fit.overhead_s == pytest.approx(1e-3, rel=1e-2)
+    from mpipe_tune.profiler.fit import fit_efficiency
+
+    assert fit_efficiency(flops, [0] * 4, times, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH).rms_relative_error > 0.2
+
+
+def test_overhead_stays_zero_below_the_minimum_number_of_sizes_and_never_goes_negative():
+    flops = [1e9, 4e9][: MIN_SIZES_FOR_OVERHEAD - 1]
+    fit = fit_layer_timing(flops, [0, 0], timings(flops, [0, 0], 0.5, 1e-3), peak_flops_per_s=PEAK,
+                           bytes_per_s=BANDWIDTH)
+    assert fit.overhead_s == 0.0
+    # Times that grow faster than the work (a negative intercept): the overhead is clipped at 0.
+    flops = [1e9, 2e9, 4e9]
+    fit = fit_layer_timing(flops, [0] * 3, [0.015, 0.04, 0.09], peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH)
+    assert fit.overhead_s == 0.0 and 0 < fit.efficiency <= 1
+
+
+def test_memory_bound_points_follow_the_bandwidth_plus_overhead():
+    flops, bytes_moved = [1e3, 2e3, 4e3], [1e6, 1e7, 1e8]
+    fit = fit_layer_timing(flops, bytes_moved, timings(flops, bytes_moved, 0.5, 5e-4), peak_flops_per_s=PEAK,
+                           bytes_per_s=BANDWIDTH)
+    assert fit.overhead_s == pytest.approx(5e-4, rel=1e-2) and fit.rms_relative_error < 1e-3
+
+
+def test_calibration_sizes_are_rows_per_layer_call():
+    model = load_model("tiny-vit-llm")  # merge factor 4
+    mb = calibration_microbatch(model, 256)
+    assert (mb.text_tokens, mb.image_tokens) == (256, 64)  # 256 text tokens, one image of 256 ViT patches
+    assert calibration_microbatch(model, 2).image_tokens == 1
+    assert calibration_microbatch(load_model("llama3-8b"), 100).image_tokens == 100  # no encoder: merge 1
