@@ -149,6 +149,11 @@ def test_a_killed_plan_resumes_with_every_finished_trial_kept(tmp_path, sig):
     else:
         assert proc.returncode == -signal.SIGKILL
     before = complete_trials(db)
+    while True:  # the trial writer drains what the killed search had handed over, then exits
+        time.sleep(1.0)
+        if complete_trials(db) == before:
+            break
+        before = complete_trials(db)
     target = len(before) + 4
     rerun = subprocess.run([*args, "--trials", str(target), "--json"], capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr

@@ -48,12 +48,15 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.search.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.space import SearchSpace
+from mpipe_tune.search.writer import TrialWriter
 
 DEFAULT_STORAGE = "sqlite:///mpipe-tune.db"
 SAMPLERS = ("tpe", "nsga2", "random")
 ATTR = "mpipe"
 """The one user attribute of a trial (each attribute is a row in an RDB: fewer rows, faster writes)."""
 _PRUNE_MARGIN = 1e-9
+_WRITER_FROM = 64
+"""Runs expected to add at least this many trials write them from a child process (see writer.py)."""
 _GIB = 2.0**30
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; older: constraints_func
 
@@ -130,7 +133,7 @@ def run_search(
     start = time.perf_counter()
     study_name = study_name or default_study_name(evaluator, space)
     study = _open_study(storage, study_name, problem_key(evaluator, space))
-    run = _Run(space, evaluator, study, timeout_s, start, progress, prune, on_trial)
+    run = _Run(space, evaluator, study, storage, timeout_s, start, progress, prune, on_trial)
     size = None
     if exhaustive is None:
         exhaustive = _count_up_to(space, n_trials + 1) <= n_trials
@@ -224,8 +227,9 @@ def _distributions(space: SearchSpace, params: dict) -> dict[str, CategoricalDis
 class _Run:
     """One run's bookkeeping: the incumbent, what was tried, counters, the progress bar."""
 
-    def __init__(self, space, evaluator, study, timeout_s, start, progress, prune, on_trial) -> None:
-        self.space, self.evaluator, self.study = space, evaluator, study
+    def __init__(self, space, evaluator, study, storage, timeout_s, start, progress, prune, on_trial) -> None:
+        self.space, self.evaluator, self.study, self.storage = space, evaluator, study, storage
+        self.writer: TrialWriter | None = None
         self.timeout_s, self.start, self.progress, self.prune, self.on_trial = timeout_s, start, progress, prune, on_trial
         self.stored = _stored(study)
         self.tried = {Candidate.from_dict(_info(t)["candidate"]) for t in self.stored}
@@ -249,6 +253,19 @@ class _Run:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
+
+    def start_writing(self, expected_new: int) -> None:
+        if self.storage is not None and expected_new >= _WRITER_FROM:
+            self.writer = TrialWriter(self.storage, self.study.study_name)
+
+    def record(self, trial) -> None:
+        """Persist a finished trial (a FrozenTrial) in the study."""
+        if self.writer is not None:
+            self.writer.put(trial)
+        else:
+            self.study.add_trial(trial)
 
     def evaluate(self, c: Candidate) -> Evaluation:
         """The candidate's evaluation, or its bound when that cannot beat the best fitting plan."""
@@ -287,6 +304,7 @@ class _Run:
         if self.prune:
             todo.sort(key=lambda pc: self.evaluator.lower_bound(pc[1]))
         self.open_bar(len(todo), "plan (exhaustive)")
+        self.start_writing(len(todo))
         for params, candidate in todo:
             if self.out_of_time():
                 break
@@ -296,7 +314,7 @@ class _Run:
                 break
             info = self.info(e)
             system = {"constraints:memory": info["memory_excess_gib"]} if _HAS_SET_CONSTRAINT else {}
-            self.study.add_trial(optuna.trial.create_trial(
+            self.record(optuna.trial.create_trial(
                 params=params, distributions=_distributions(self.space, params), value=e.mean_s,
                 user_attrs={ATTR: info}, system_attrs=system,
             ))
@@ -317,6 +335,7 @@ class _Run:
         queue = self.space.neighbors(best[1]) if refine and best else []
         last_sync = time.perf_counter()
         self.open_bar(remaining, "plan")
+        self.start_writing(remaining)
         done = 0
         while done < remaining and not self.out_of_time():
             if refine and len(self.stored) + done >= explore_until:
@@ -330,12 +349,20 @@ class _Run:
                 params[name] = trial.suggest_categorical(name, list(options))
                 return params[name]
 
-            e = self.evaluate(self.space.build(choose))
+            candidate = self.space.build(choose)
+            repeat = candidate in self.tried
+            e = self.evaluate(candidate)
             info = self.info(e)
             trial.set_user_attr(ATTR, info)
             if _HAS_SET_CONSTRAINT:
                 trial.set_constraint("memory", info["memory_excess_gib"])
-            self.study.add_trial(mirror.tell(trial, e.mean_s))
+            # A repeat tells the sampler nothing new: it is stored, but hidden from the sampler's history
+            # (which it reads whole on every trial) by telling the mirror it failed.
+            frozen = mirror.tell(trial, state=TrialState.FAIL) if repeat else mirror.tell(trial, e.mean_s)
+            self.record(optuna.trial.create_trial(
+                params=frozen.params, distributions=frozen.distributions, value=e.mean_s,
+                user_attrs=frozen.user_attrs, system_attrs=frozen.system_attrs,
+            ))
             known.add(info["uid"])
             done += 1
             if e.exact and e.fits and (best is None or e.mean_s < best[0]):

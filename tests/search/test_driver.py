@@ -70,10 +70,11 @@ def test_a_rerun_keeps_finished_trials_and_continues_the_study(tmp_path):
 
 def test_plans_over_memory_are_infeasible_not_penalised(tmp_path):
     model = load_model("tiny-vit-llm")
-    space, evaluator = make(model=model, devices=4, batch=8)
+    space, evaluator = make(model=model, devices=4, batch=8, recompute=(False, True))
     unconstrained, _ = exhaustive_optimum(space, evaluator)
     capacity = unconstrained.peak_bytes * 0.99  # the fastest plan no longer fits
-    space, evaluator = make(model=model, devices=4, batch=8, profile=replace(PROFILE, memory_capacity_bytes=capacity))
+    space, evaluator = make(model=model, devices=4, batch=8, recompute=(False, True),
+                            profile=replace(PROFILE, memory_capacity_bytes=capacity))
     optimum, evaluations = exhaustive_optimum(space, evaluator)
     assert any(not e.fits and e.mean_s < optimum.mean_s for e in evaluations), "the capacity should bind"
     result = run_search(space, evaluator, storage=url(tmp_path), n_trials=10_000, progress=False)

@@ -1,0 +1,143 @@
+"""Search benchmarks: the sampler against exhaustive enumeration, and wall times of ``mpipe-tune plan``.
+
+    python benchmarks/bench_search.py sampler [--seeds 10] [--budget 0.1]
+        On enumerable spaces: the exhaustive optimum (every point predicted), then the Optuna
+        search with a budget of 10% of the points, over several seeds, in three variants: TPE
+        alone, TPE + hill-climbing refinement, and TPE + refinement + lower-bound pruning (the
+        default). Reported: the share of seeds within 1% of the optimum, the worst ratio, and the
+        plans predicted in full. The studies are kept in memory here, so that storage time does
+        not blur the comparison; the exhaustive optimum with pruning is reported as well.
+
+    python benchmarks/bench_search.py default-plan [--runs 3]
+        Wall time of ``mpipe-tune plan`` with no arguments (fresh SQLite study each run).
+
+    python benchmarks/bench_search.py deepseek [--trials 2000] [--profile]
+        Wall time of a 512-device qwen2vl-vit-deepseek-v3 search on ascend-910c-cm384 (global batch
+        512 sequences of the balanced mix, recomputation searched), fresh SQLite study; with
+        ``--profile``, the functions that dominate (cProfile, cumulative).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import math
+import os
+import platform
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import optuna
+
+from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
+from mpipe_tune.specs import load_model, load_profile
+
+SPACES = {
+    "example-mllm, ideal, 4 devices, batch 16": ("example-mllm", "ideal", 4, 16, SpaceOptions()),
+    "example-mllm, ideal, 16 devices, batch 64": ("example-mllm", "ideal", 16, 64, SpaceOptions()),
+    "qwen2vl-vit-llama3-8b, h100-sxm, 32 devices, batch 128": (
+        "qwen2vl-vit-llama3-8b", "h100-sxm", 32, 128, SpaceOptions(recompute=(False, True))),
+}
+DEEPSEEK = ["--model", "qwen2vl-vit-deepseek-v3", "--profile", "ascend-910c-cm384", "--devices", "512",
+            "--global-batch", "512", "--recompute", "search"]
+
+
+def versions() -> str:
+    return (f"python {platform.python_version()}, optuna {optuna.__version__}, numpy {np.__version__}, "
+            f"{platform.machine()}, {os.cpu_count()} CPUs")
+
+
+def sampler(args) -> None:
+    print(versions() + "\n")
+    print("| space | points | exhaustive: predicted (s) | with pruning: predicted (s) | budget (trials) | variant "
+          "| within 1% | worst ratio | median predicted |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, (model, profile, devices, batch, options) in SPACES.items():
+        problem = Problem(load_model(model), load_profile(profile), devices, batch, mix="balanced", num_samples=4)
+        space = SearchSpace(problem, Evaluator(problem).reference_weights(), options)
+        start = time.perf_counter()
+        full = run_search(space, Evaluator(problem), storage=None, n_trials=10**9, exhaustive=True, prune=False,
+                          progress=False)
+        full_s = time.perf_counter() - start
+        start = time.perf_counter()
+        pruned = run_search(space, Evaluator(problem), storage=None, n_trials=10**9, exhaustive=True, prune=True,
+                            progress=False)
+        pruned_s = time.perf_counter() - start
+        assert pruned.best.mean_s == full.best.mean_s
+        optimum = full.best.mean_s
+        budget = max(1, math.ceil(args.budget * full.space_size))
+        shared = Evaluator(problem)  # predictions are cached across seeds: only counts matter below
+        for variant, refine, prune in (("TPE", False, False), ("TPE + refine", True, False),
+                                       ("TPE + refine + bounds", True, True)):
+            ratios, predicted = [], []
+            for seed in range(args.seeds):
+                r = run_search(space, shared, storage=None, n_trials=budget, exhaustive=False, seed=seed,
+                               refine=refine, prune=prune, progress=False)
+                ratios.append(r.best.mean_s / optimum)
+                predicted.append(r.num_evaluated)
+            within = sum(x <= 1.01 for x in ratios)
+            print(f"| {label} | {full.space_size} | {full.num_evaluated} ({full_s:.0f} s) | {pruned.num_evaluated} "
+                  f"({pruned_s:.0f} s) | {budget} | {variant} | {within}/{args.seeds} | {max(ratios):.4f} | "
+                  f"{int(np.median(predicted))} |")
+            sys.stdout.flush()
+
+
+def default_plan(args) -> None:
+    print(versions())
+    walls = []
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory() as folder:
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "plan", "--no-progress"], cwd=folder,
+                                  capture_output=True, text=True)
+            walls.append(time.perf_counter() - start)
+            assert proc.returncode == 0, proc.stderr
+    print(proc.stdout)
+    print(f"wall times of `mpipe-tune plan` (s): {', '.join(f'{w:.2f}' for w in walls)}")
+
+
+def deepseek(args) -> None:
+    print(versions())
+    with tempfile.TemporaryDirectory() as folder:
+        argv = ["plan", *DEEPSEEK, "--trials", str(args.trials), "--no-progress",
+                "--storage", f"sqlite:///{folder}/study.db", "--out", f"{folder}/plan.json"]
+        start = time.perf_counter()
+        if args.profile:
+            from mpipe_tune.cli import main
+
+            profiler = cProfile.Profile()
+            profiler.runcall(main, argv)
+            wall = time.perf_counter() - start
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(40)
+            print(out.getvalue())
+        else:
+            proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *argv], capture_output=True, text=True)
+            wall = time.perf_counter() - start
+            assert proc.returncode == 0, proc.stderr
+            print(proc.stdout)
+    print(f"wall time, {args.trials} trials: {wall:.1f} s" + (" (under cProfile)" if args.profile else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("sampler")
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--budget", type=float, default=0.1, help="trials as a share of the space (default 0.1)")
+    p = sub.add_parser("default-plan")
+    p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("deepseek")
+    p.add_argument("--trials", type=int, default=2000)
+    p.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    {"sampler": sampler, "default-plan": default_plan, "deepseek": deepseek}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
