@@ -40,8 +40,8 @@ from mpipe_tune.specs import load_model, load_profile
 SPACES = {
     "example-mllm, ideal, 4 devices, batch 16": ("example-mllm", "ideal", 4, 16, SpaceOptions()),
     "example-mllm, ideal, 16 devices, batch 64": ("example-mllm", "ideal", 16, 64, SpaceOptions()),
-    "qwen2vl-vit-llama3-8b, h100-sxm, 32 devices, batch 128": (
-        "qwen2vl-vit-llama3-8b", "h100-sxm", 32, 128, SpaceOptions(recompute=(False, True))),
+    "qwen2vl-vit-llama3-8b, h100-sxm, 16 devices, batch 64": (
+        "qwen2vl-vit-llama3-8b", "h100-sxm", 16, 64, SpaceOptions()),
 }
 DEEPSEEK = ["--model", "qwen2vl-vit-deepseek-v3", "--profile", "ascend-910c-cm384", "--devices", "512",
             "--global-batch", "512", "--recompute", "search"]

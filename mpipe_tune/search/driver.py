@@ -25,7 +25,8 @@ it can never be the best.
 
 **Refinement.** In sampled mode, once half the budget is spent, the next trial is a not yet tried
 neighbour of the best point (one choice changed), while one is left; otherwise the sampler proposes.
-A new best restarts the climb.
+A new best restarts the climb. A sampler proposal that was already tried is replaced by one of its
+untried neighbours, so trials are not spent on repeats.
 
 Optuna is imported here and nowhere else in the package.
 """
@@ -320,6 +321,17 @@ class _Run:
             ))
         return len(points)
 
+    def propose(self, mirror):
+        """Ask the sampler for a point: (trial, params, candidate)."""
+        trial = mirror.ask()
+        params: dict = {}
+
+        def choose(name, options):
+            params[name] = trial.suggest_categorical(name, list(options))
+            return params[name]
+
+        return trial, params, self.space.build(choose)
+
     def sampled(self, n_trials: int, seed: int, sampler: str, refine: bool, sync_every_s: float) -> None:
         remaining = n_trials - len(self.stored)
         if remaining <= 0:
@@ -342,22 +354,22 @@ class _Run:
                 queue = [(p, c) for p, c in queue if c not in self.tried]
                 if queue:
                     mirror.enqueue_trial(queue.pop(0)[0])
-            trial = mirror.ask()
-            params: dict = {}
-
-            def choose(name, options):
-                params[name] = trial.suggest_categorical(name, list(options))
-                return params[name]
-
-            candidate = self.space.build(choose)
+            trial, params, candidate = self.propose(mirror)
             repeat = candidate in self.tried
+            if repeat:  # the sampler proposes a point already tried: try an untried neighbour instead
+                alternative = next(((p, c) for p, c in self.space.neighbors(params) if c not in self.tried), None)
+                if alternative is not None:
+                    mirror.tell(trial, state=TrialState.FAIL)  # a discarded proposal, not a trial
+                    mirror.enqueue_trial(alternative[0])
+                    trial, params, candidate = self.propose(mirror)
+                    repeat = False
             e = self.evaluate(candidate)
             info = self.info(e)
             trial.set_user_attr(ATTR, info)
             if _HAS_SET_CONSTRAINT:
                 trial.set_constraint("memory", info["memory_excess_gib"])
-            # A repeat tells the sampler nothing new: it is stored, but hidden from the sampler's history
-            # (which it reads whole on every trial) by telling the mirror it failed.
+            # A repeat (its whole neighbourhood tried too) tells the sampler nothing new: it is stored,
+            # but hidden from the sampler's history, which it reads whole on every trial.
             frozen = mirror.tell(trial, state=TrialState.FAIL) if repeat else mirror.tell(trial, e.mean_s)
             self.record(optuna.trial.create_trial(
                 params=frozen.params, distributions=frozen.distributions, value=e.mean_s,
