@@ -297,10 +297,14 @@ MIXES: dict[str, Mix] = {
         Mix("uniform-small", "every sample one 448x448 image (256 tokens): identical microbatches",
             text_only_share=0.0, images_per_sample=((1, 1.0),), resolutions=((448, 448, 1.0),),
             samples_per_microbatch=8, seq_len=4096),
+        Mix("smoke", "short sequences with zero to two thumbnails (16-64 tokens each), for real runs on a CPU",
+            text_only_share=0.3, images_per_sample=((1, 0.7), (2, 0.3)),
+            resolutions=((112, 112, 0.4), (168, 224, 0.3), (224, 224, 0.3)),
+            samples_per_microbatch=1, seq_len=256, jitter=0.1),
     )
 }
 """Built-in mixes by name, ordered from text-heavy to image-heavy by mean image tokens per microbatch
-(``doc-ocr`` and ``uniform-small`` are special shapes rather than points on that scale)."""
+(``doc-ocr``, ``uniform-small`` and ``smoke`` are special shapes rather than points on that scale)."""
 
 
 def sample_workload(mix: str | Mix, num_microbatches: int, seed: int) -> Workload:

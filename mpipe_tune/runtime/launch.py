@@ -212,6 +212,9 @@ def _failure_of(rank: int, exitcode: int, scratch: str) -> tuple[float, int, str
         when, line, details = error_file.read_text().split("\n", 2)
         return float(when), rank, line, details
     how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}"
+    if exitcode == -9:  # SIGKILL from outside: on a host this is most often the out-of-memory killer
+        how += (" (most often the kernel's out-of-memory killer: check the plan's predicted memory with "
+                "'mpipe-tune show', or plan for a smaller workload such as the 'smoke' mix)")
     return time.time(), rank, f"rank {rank} died: its process {how}", ""
 
 
