@@ -9,18 +9,8 @@ import sys
 from mpipe_tune.cli_plan import Plan, Show
 from mpipe_tune.cli_profile import Profile
 from mpipe_tune.cli_run import Run
+from mpipe_tune.command import Command
 from mpipe_tune.errors import MpipeError
-
-
-class Command:
-    name = ""
-    help = ""
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        pass
-
-    def take_action(self, args: argparse.Namespace) -> int:
-        raise NotImplementedError  # every subclass overrides it
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:

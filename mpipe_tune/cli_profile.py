@@ -9,17 +9,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from mpipe_tune.command import Command
 from mpipe_tune.errors import MpipeError
 
 _DEVICES = ("cpu", "cuda", "npu")
 
 
-class Profile:
-    """The ``profile`` subcommand (the ``mpipe_tune.cli.Command`` interface).
-
-    It does not subclass ``Command``: under ``python -m mpipe_tune.cli`` that module runs twice (as
-    ``__main__`` and as ``mpipe_tune.cli``), and a subclass would import it back half-initialized.
-    """
+class Profile(Command):
+    """The ``profile`` subcommand."""
 
     name = "profile"
     help = "measure peak FLOP/s, memory bandwidth and alpha-beta links of this host into a profile JSON"

@@ -13,12 +13,12 @@ import os
 import sys
 from pathlib import Path
 
+from mpipe_tune.command import Command
 from mpipe_tune.errors import MpipeError
 
 
-class Run:
-    """The ``run`` subcommand (the ``mpipe_tune.cli.Command`` interface, duck-typed: subclassing it would
-    import ``mpipe_tune.cli`` back half-initialised under ``python -m mpipe_tune.cli``)."""
+class Run(Command):
+    """The ``run`` subcommand."""
 
     name = "run"
     help = "run a plan file on local ranks (or under torchrun) and compare the step time with the prediction"
