@@ -23,9 +23,11 @@ stays exact.
 or when none fits yet): a slower plan's trial records no peak and counts as fitting, harmlessly, as
 it can never be the best.
 
-**Refinement.** In sampled mode, once half the budget is spent, the next trial is a not yet tried
-neighbour of the best point (one choice changed), while one is left; otherwise the sampler proposes.
-A new best restarts the climb. A sampler proposal that was already tried is replaced by one of its
+**Refinement.** In sampled mode, once half the budget is spent, the trials are a best-first local
+search: the next trial is an untried neighbour (one choice changed) of the most promising trial that
+has any left (fastest, by step time or bound; a plan over memory counts slower by its peak over the
+capacity), passing over neighbours whose bound already loses (they cost no trial); the sampler
+proposes only when no trial has. A sampler proposal that was already tried is replaced by one of its
 untried neighbours, so trials are not spent on repeats.
 
 Optuna is imported here and nowhere else in the package.
@@ -34,6 +36,7 @@ Optuna is imported here and nowhere else in the package.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import time
 import uuid
@@ -56,7 +59,7 @@ SAMPLERS = ("tpe", "nsga2", "random")
 ATTR = "mpipe"
 """The one user attribute of a trial (each attribute is a row in an RDB: fewer rows, faster writes)."""
 _PRUNE_MARGIN = 1e-9
-_WRITER_FROM = 64
+_WRITER_FROM = 400
 """Runs expected to add at least this many trials write them from a child process (see writer.py)."""
 _GIB = 2.0**30
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; older: constraints_func
@@ -225,6 +228,42 @@ def _distributions(space: SearchSpace, params: dict) -> dict[str, CategoricalDis
 # ----------------------------------------------------------------------------------------- run
 
 
+def _priority(step_s: float, peak_bytes: float | None, evaluator: Evaluator) -> float:
+    """A trial's rank in the frontier: its step time (or bound), scaled up by how far it is over memory."""
+    capacity = evaluator.problem.profile.memory_capacity_bytes
+    return step_s if peak_bytes is None else step_s * max(1.0, peak_bytes / capacity)
+
+
+class _Frontier:
+    """Trials, fastest first, with their neighbours: the next neighbour to try is an untried one of
+    the fastest trial that has any left (a best-first search over one-choice moves). Plans settled by
+    their lower bound rank by it (optimistic); plans over memory rank by step time times peak over
+    capacity: the way to the optimum can pass through slower plans and through plans that do not fit."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+        self.heap: list = []
+        self.count = 0
+
+    def add(self, value: float, params: dict) -> None:
+        heapq.heappush(self.heap, (value, self.count, params, None))
+        self.count += 1
+
+    def next_untried(self, skip: Callable[[Candidate], bool]) -> dict | None:
+        """The parameters of the next neighbour to try, passing over those ``skip`` rejects."""
+        while self.heap:
+            value, count, params, neighbours = self.heap[0]
+            if neighbours is None:
+                neighbours = self.space.neighbors(params)
+                heapq.heapreplace(self.heap, (value, count, params, neighbours))
+            while neighbours and skip(neighbours[0][1]):
+                neighbours.pop(0)
+            if neighbours:
+                return neighbours.pop(0)[0]
+            heapq.heappop(self.heap)
+        return None
+
+
 class _Run:
     """One run's bookkeeping: the incumbent, what was tried, counters, the progress bar."""
 
@@ -234,6 +273,7 @@ class _Run:
         self.timeout_s, self.start, self.progress, self.prune, self.on_trial = timeout_s, start, progress, prune, on_trial
         self.stored = _stored(study)
         self.tried = {Candidate.from_dict(_info(t)["candidate"]) for t in self.stored}
+        self.lost: set[Candidate] = set()
         exact = [t.value for t in self.stored if _info(t).get("exact", True) and _info(t)["memory_excess_gib"] <= 0]
         self.incumbent = min(exact, default=None)
         self.worker = uuid.uuid4().hex[:12]
@@ -267,6 +307,16 @@ class _Run:
             self.writer.put(trial)
         else:
             self.study.add_trial(trial)
+
+    def hopeless(self, c: Candidate) -> bool:
+        """Tried already, or its lower bound already loses to the best fitting plan: not worth a trial."""
+        if c in self.tried or c in self.lost:
+            return True
+        if self.prune and self.incumbent is not None:
+            if self.evaluator.lower_bound(c) > self.incumbent * (1 + _PRUNE_MARGIN):
+                self.lost.add(c)  # the incumbent only improves: it stays lost
+                return True
+        return False
 
     def evaluate(self, c: Candidate) -> Evaluation:
         """The candidate's evaluation, or its bound when that cannot beat the best fitting plan."""
@@ -337,23 +387,22 @@ class _Run:
         if remaining <= 0:
             return
         mirror = optuna.create_study(direction="minimize", sampler=_make_sampler(sampler, seed + len(self.stored)))
-        known, best = set(), None
+        known: set = set()
+        frontier = _Frontier(self.space)
         for t in self.stored:
             mirror.add_trial(t)
             known.add(_info(t).get("uid"))
-            if _info(t).get("exact", True) and _info(t)["memory_excess_gib"] <= 0 and (best is None or t.value < best[0]):
-                best = (t.value, t.params)
+            frontier.add(_priority(t.value, _info(t)["peak_bytes"], self.evaluator), t.params)
         explore_until = len(self.stored) + (remaining // 2 if refine else remaining)
-        queue = self.space.neighbors(best[1]) if refine and best else []
         last_sync = time.perf_counter()
         self.open_bar(remaining, "plan")
         self.start_writing(remaining)
         done = 0
         while done < remaining and not self.out_of_time():
             if refine and len(self.stored) + done >= explore_until:
-                queue = [(p, c) for p, c in queue if c not in self.tried]
-                if queue:
-                    mirror.enqueue_trial(queue.pop(0)[0])
+                step = frontier.next_untried(self.hopeless)
+                if step is not None:
+                    mirror.enqueue_trial(step)
             trial, params, candidate = self.propose(mirror)
             repeat = candidate in self.tried
             if repeat:  # the sampler proposes a point already tried: try an untried neighbour instead
@@ -377,9 +426,7 @@ class _Run:
             ))
             known.add(info["uid"])
             done += 1
-            if e.exact and e.fits and (best is None or e.mean_s < best[0]):
-                best = (e.mean_s, params)
-                queue = self.space.neighbors(params) if refine else []
+            frontier.add(_priority(e.mean_s, e.peak_bytes, self.evaluator), params)
             if time.perf_counter() - last_sync > sync_every_s:
                 last_sync = time.perf_counter()
                 for t in _stored(self.study):

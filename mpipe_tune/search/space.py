@@ -9,14 +9,15 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
    gives every Sharded region at least ``pp`` layers and some microbatch count fits it;
 3. ``cut``: for a transpose, its boundary at the encoder/backbone seam or up to ``cut_window``
    layers either side; the boundaries between woven Sharded regions balance their expected cost;
-4. ``microbatches``: divisors of the replica's sequences, at least ``pp`` (when possible), at most
-   ``max_microbatches``, multiples of ``pp`` for interleaved 1F1B;
+4. ``microbatch_size``: sequences per microbatch ``s``, so that ``M = sequences per replica / s`` is
+   at least ``pp`` (when possible), at most ``max_microbatches``, a multiple of ``pp`` for interleaved
+   1F1B (a size, rather than ``M``, keeps its meaning when the degrees change);
 5. ``owners``: the transposed region's owner policy (``optimal`` only for small ``M``);
 6. ``recompute``: full activation recomputation or not, when both are searched.
 
 :meth:`SearchSpace.build` walks the tree with a ``choose(name, options)`` callback: Optuna's
 ``suggest_categorical`` for sampling, an odometer for exhaustive enumeration. A choice whose options
-depend on earlier choices gets a parameter name that carries them (``microbatches[4|8|16]``), so
+depend on earlier choices gets a parameter name that carries them (``microbatch_size[1|2|4]``), so
 Optuna never sees one name with two option sets.
 """
 
@@ -48,7 +49,9 @@ class SpaceOptions:
     """Layers either side of the encoder/backbone seam the transpose boundary may move."""
     owner_policies: tuple[str, ...] = POLICIES
     optimal_max_microbatches: int = 12
-    """``optimal`` owners (exact branch and bound) only up to this many microbatches."""
+    """``optimal`` owners (exact branch and bound) only up to this many microbatches ..."""
+    optimal_max_ranks: int = 16
+    """... and this many pipeline ranks."""
     max_microbatches: int = 64
     recompute: tuple[bool, ...] = (False,)
     """Activation recomputation settings to try: ``(False,)``, ``(True,)`` or ``(False, True)``."""
@@ -121,9 +124,9 @@ class SearchSpace:
         full = [d for d in options if d >= pp]
         return full or options[-1:]
 
-    def owner_choices(self, num_microbatches: int) -> list[str]:
-        return [p for p in self.options.owner_policies
-                if p != "optimal" or num_microbatches <= self.options.optimal_max_microbatches]
+    def owner_choices(self, pp: int, num_microbatches: int) -> list[str]:
+        small = num_microbatches <= self.options.optimal_max_microbatches and pp <= self.options.optimal_max_ranks
+        return [p for p in self.options.owner_policies if p != "optimal" or small]
 
     def schedules(self, pp: int, dp: int) -> list[str]:
         key = (pp, dp)
@@ -184,11 +187,12 @@ class SearchSpace:
             cut = (boundary, *self.woven_cut(boundary, chunks, pp))
         else:
             cut = self.woven_cut(0, chunks, pp)
-        counts = self.microbatch_choices(pp, dp, schedule)
-        num_microbatches = choose(self.param_name("microbatches", counts, None), counts)
+        per_replica = self.problem.global_batch // dp
+        sizes = [per_replica // m for m in reversed(self.microbatch_choices(pp, dp, schedule))]
+        num_microbatches = per_replica // choose(self.param_name("microbatch_size", sizes, None), sizes)
         policy = None
         if transpose:
-            policies = self.owner_choices(num_microbatches)
+            policies = self.owner_choices(pp, num_microbatches)
             policy = choose(self.param_name("owners", policies, self.options.owner_policies), policies)
         settings = list(self.options.recompute)
         recompute = choose("recompute", settings) if len(settings) > 1 else settings[0]
@@ -225,7 +229,7 @@ class SearchSpace:
         """The points that differ from ``params``'s point in one choice, deepest choice first.
 
         Choices below the changed one keep their value where it is still an option (by the choice's
-        base name: ``microbatches[2|4]`` and ``microbatches[4|8]`` are one choice), else take the
+        base name: ``microbatch_size[1|2]`` and ``microbatch_size[2|4]`` are one choice), else take the
         nearest number or the first option.
         """
         path: list[tuple[str, list[Any]]] = []
