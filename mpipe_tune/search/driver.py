@@ -406,7 +406,7 @@ class _Run:
             trial, params, candidate = self.propose(mirror)
             repeat = candidate in self.tried
             if repeat:  # the sampler proposes a point already tried: try an untried neighbour instead
-                alternative = next(((p, c) for p, c in self.space.neighbors(params) if c not in self.tried), None)
+                alternative = next(((p, c) for p, c in self.space.neighbors(params) if not self.hopeless(c)), None)
                 if alternative is not None:
                     mirror.tell(trial, state=TrialState.FAIL)  # a discarded proposal, not a trial
                     mirror.enqueue_trial(alternative[0])

@@ -104,6 +104,7 @@ class Evaluator:
         self._durations: OrderedDict[tuple, DurationModel] = OrderedDict()
         self._steps: dict[tuple, StepResult] = {}
         self._results: dict[Candidate, Evaluation] = {}
+        self._bounds: dict[Candidate, list[float]] = {}
 
     @property
     def num_evaluated(self) -> int:
@@ -198,6 +199,9 @@ class Evaluator:
         run theirs; and all the work, encodes included, shares ``P`` ranks. Transfers and reduces
         only add time, so ``max(max_r fill_r + W_r + drain_r, total / P)`` bounds the makespan.
         """
+        key = replace(c, label="")
+        if key in self._bounds:
+            return self._bounds[key]
         slabs = self.slab_counts(c)
         cut, schedule = c.parsed()
         regions = [r for r, layout in zip(cut.regions(self.problem.model.num_layers), schedule.layouts())
@@ -218,6 +222,7 @@ class Evaluator:
             chain = np.concatenate(([0.0], np.cumsum(first + last)[:-1]))
             total = work.sum()
             bounds.append(max(float((chain + busy).max()), float(total) / c.pp))
+        self._bounds[key] = bounds
         return bounds
 
     def owners(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
