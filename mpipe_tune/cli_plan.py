@@ -138,13 +138,18 @@ class Plan:
                             timeout_s=args.timeout, seed=args.seed, sampler=args.sampler,
                             exhaustive=True if args.exhaustive else None, progress=not args.no_progress)
         if result.best is None:
+            if result.interrupted:
+                print(f"interrupted after {result.num_trials} trials, before any plan that fits was found; rerun the "
+                      f"same command to continue the study", file=sys.stderr)
+                return 130
             if result.least_memory is None:
-                raise MpipeError(f"no trial finished (timeout {args.timeout} s); raise --timeout")
+                raise MpipeError(f"no trial finished within --timeout {args.timeout} s; raise --timeout")
             least = result.least_memory
+            what = "peak" if least.exact else "static memory (weights, gradients, optimizer state)"
             raise MpipeError(
-                f"no plan fits memory: of {result.num_trials} plans tried the smallest peak is "
-                f"{least.peak_bytes / 2**30:.1f} GiB ({least.candidate}) against {least.capacity_bytes / 2**30:.1f} GiB "
-                f"per device of '{problem.profile.name}'; add devices, try --recompute search, or freeze blocks"
+                f"no plan fits memory: of the plans tried the smallest {what} is {least.peak_bytes / 2**30:.1f} GiB "
+                f"({least.candidate}) against {least.capacity_bytes / 2**30:.1f} GiB per device of "
+                f"'{problem.profile.name}'; add devices, try --recompute search, or freeze blocks"
             )
         best = result.best
         baselines = evaluate_baselines(evaluator, space, best)

@@ -91,7 +91,7 @@ def test_impossible_or_malformed_requests_exit_2_with_one_line(tmp_path, capsys,
 
 def test_a_model_that_fits_no_plan_exits_2(tmp_path, capsys):
     code = plan(tmp_path, *SMALL, "--model", "tiny-vit-llm", "--profile", tiny_capacity_profile(tmp_path))
-    one_line_error(capsys, code, "no plan fits memory: of ")
+    one_line_error(capsys, code, "no plan fits memory: of the plans tried the smallest static memory")
 
 
 def test_show_refuses_a_plan_whose_inputs_changed(tmp_path, capsys):

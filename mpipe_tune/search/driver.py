@@ -13,11 +13,12 @@ SQLite, 48 s in memory, on the 2-core benchmark machine).
 memory excess (GiB over capacity, <= 0 when it fits) as an Optuna constraint, which TPE and NSGA-II
 use to steer away, and which ``best`` respects.
 
-**Bounds.** Once a plan that fits is known, a candidate whose lower bound
-(:meth:`Evaluator.lower_bound`, no derive needed) is already slower is not evaluated: its trial
-records the bound, marked inexact, which can never be the best. Exhaustive search visits points in
-increasing bound order and stops evaluating at the first bound above the best that fits, so it
-stays exact.
+**Bounds.** Two bounds settle a candidate without deriving it: its static memory (weights,
+gradients, optimizer state, read off the placement) over capacity means it cannot fit; once a plan
+that fits is known, a step-time lower bound (:meth:`Evaluator.lower_bound`) already slower means it
+cannot win. Its trial records the bounds, marked inexact, and can never be the best. Exhaustive
+search visits points in increasing bound order and stops evaluating at the first bound above the
+best that fits, so it stays exact.
 
 **Memory** is estimated only for plans that could become the best (faster than the best that fits,
 or when none fits yet): a slower plan's trial records no peak and counts as fitting, harmlessly, as
@@ -25,8 +26,8 @@ it can never be the best.
 
 **Refinement.** In sampled mode, once half the budget is spent, the trials are a best-first local
 search: the next trial is an untried neighbour (one choice changed) of the most promising trial that
-has any left (fastest, by step time or bound; a plan over memory counts slower by its peak over the
-capacity), passing over neighbours whose bound already loses (they cost no trial); the sampler
+has any left (fastest, by step time or bound; a plan a little over memory counts slower by its peak
+over the capacity), passing over neighbours whose bound already loses (they cost no trial); the sampler
 proposes only when no trial has. A sampler proposal that was already tried is replaced by one of its
 untried neighbours, so trials are not spent on repeats.
 
@@ -59,6 +60,9 @@ SAMPLERS = ("tpe", "nsga2", "random")
 ATTR = "mpipe"
 """The one user attribute of a trial (each attribute is a row in an RDB: fewer rows, faster writes)."""
 _PRUNE_MARGIN = 1e-9
+_NEAR_FIT = 1.25
+"""Plans up to this many times over memory stay in the refinement's frontier (the way to a fitting
+optimum can pass through them); plans further over are left out, as their neighbours rarely fit."""
 _WRITER_FROM = 400
 """Runs expected to add at least this many trials write them from a child process (see writer.py)."""
 _GIB = 2.0**30
@@ -73,7 +77,8 @@ class SearchResult:
     best: Evaluation | None
     """The best plan that fits memory; None when no evaluated plan fits."""
     least_memory: Evaluation | None
-    """The evaluated plan with the smallest peak memory (what to report when nothing fits)."""
+    """The plan with the smallest peak memory seen (what to report when nothing fits); when it is
+    inexact its peak is its static memory, a lower bound."""
     num_trials: int
     """Finished trials in the study, earlier runs included."""
     num_new: int
@@ -151,6 +156,8 @@ def run_search(
     finally:
         run.close()
     best, least = _best_of(_stored(study), evaluator)
+    if run.least is not None and (least is None or run.least.peak_bytes < least.peak_bytes):
+        least = run.least
     return SearchResult(best, least, len(_stored(study)), run.new, len(run.predicted), run.bounded, size,
                         "exhaustive" if exhaustive else "optuna", study_name, storage, run.interrupted,
                         time.perf_counter() - start)
@@ -185,13 +192,20 @@ def _stored(study) -> list:
 
 
 def _best_of(trials, evaluator: Evaluator) -> tuple[Evaluation | None, Evaluation | None]:
-    """The best exact trial that fits and the exact trial with the least memory, as Evaluations."""
+    """The best exact trial that fits and the trial with the least memory (its peak may be the
+    static lower bound of a settled trial), as Evaluations."""
     exact = [t for t in trials if _info(t).get("exact", True)]
     feasible = [t for t in exact if _info(t)["memory_excess_gib"] <= 0]
     best = min(feasible, key=lambda t: (t.value, t.number), default=None)
-    measured = [t for t in exact if _info(t)["peak_bytes"] is not None]
-    least = min(measured, key=lambda t: (_info(t)["memory_excess_gib"], t.value), default=None)
-    as_eval = (lambda t: None if t is None else evaluator.evaluate(Candidate.from_dict(_info(t)["candidate"])))
+    measured = [t for t in trials if _info(t)["peak_bytes"] is not None]
+    least = min(measured, key=lambda t: (_info(t)["peak_bytes"], t.value), default=None)
+
+    def as_eval(t):
+        if t is None:
+            return None
+        c = Candidate.from_dict(_info(t)["candidate"])
+        return evaluator.evaluate(c) if _info(t).get("exact", True) else evaluator.bounded(c)
+
     return as_eval(best), as_eval(least)
 
 
@@ -228,24 +242,29 @@ def _distributions(space: SearchSpace, params: dict) -> dict[str, CategoricalDis
 # ----------------------------------------------------------------------------------------- run
 
 
-def _priority(step_s: float, peak_bytes: float | None, evaluator: Evaluator) -> float:
-    """A trial's rank in the frontier: its step time (or bound), scaled up by how far it is over memory."""
+def _priority(step_s: float, peak_bytes: float | None, evaluator: Evaluator) -> float | None:
+    """A trial's rank in the frontier: its step time (or bound), scaled up by how far it is over
+    memory; None (left out) when it is more than ``_NEAR_FIT`` times over."""
     capacity = evaluator.problem.profile.memory_capacity_bytes
-    return step_s if peak_bytes is None else step_s * max(1.0, peak_bytes / capacity)
+    if peak_bytes is None or peak_bytes <= capacity:
+        return step_s
+    return step_s * peak_bytes / capacity if peak_bytes <= _NEAR_FIT * capacity else None
 
 
 class _Frontier:
     """Trials, fastest first, with their neighbours: the next neighbour to try is an untried one of
     the fastest trial that has any left (a best-first search over one-choice moves). Plans settled by
-    their lower bound rank by it (optimistic); plans over memory rank by step time times peak over
-    capacity: the way to the optimum can pass through slower plans and through plans that do not fit."""
+    their lower bound rank by it (optimistic); plans a little over memory rank by step time times peak
+    over capacity: the way to the optimum can pass through slower plans and plans that do not fit."""
 
     def __init__(self, space: SearchSpace) -> None:
         self.space = space
         self.heap: list = []
         self.count = 0
 
-    def add(self, value: float, params: dict) -> None:
+    def add(self, value: float | None, params: dict) -> None:
+        if value is None:
+            return
         heapq.heappush(self.heap, (value, self.count, params, None))
         self.count += 1
 
@@ -274,6 +293,8 @@ class _Run:
         self.stored = _stored(study)
         self.tried = {Candidate.from_dict(_info(t)["candidate"]) for t in self.stored}
         self.lost: set[Candidate] = set()
+        self.least: Evaluation | None = None
+        """The evaluation with the smallest peak (or static bound) this run saw."""
         exact = [t.value for t in self.stored if _info(t).get("exact", True) and _info(t)["memory_excess_gib"] <= 0]
         self.incumbent = min(exact, default=None)
         self.worker = uuid.uuid4().hex[:12]
@@ -308,22 +329,35 @@ class _Run:
         else:
             self.study.add_trial(trial)
 
+    def settled_by_bounds(self, c: Candidate) -> bool:
+        """Its static memory alone is over capacity, or its step-time bound loses to the best fitting plan."""
+        if not self.prune:
+            return False
+        static = self.evaluator.static_peak_bytes(c)
+        if static is not None and static > self.evaluator.problem.profile.memory_capacity_bytes:
+            return True
+        return self.incumbent is not None and self.evaluator.lower_bound(c) > self.incumbent * (1 + _PRUNE_MARGIN)
+
     def hopeless(self, c: Candidate) -> bool:
-        """Tried already, or its lower bound already loses to the best fitting plan: not worth a trial."""
+        """Tried already, or settled by its bounds: not worth a trial."""
         if c in self.tried or c in self.lost:
             return True
-        if self.prune and self.incumbent is not None:
-            if self.evaluator.lower_bound(c) > self.incumbent * (1 + _PRUNE_MARGIN):
-                self.lost.add(c)  # the incumbent only improves: it stays lost
-                return True
+        if self.settled_by_bounds(c):
+            self.lost.add(c)  # the incumbent only improves: it stays settled
+            return True
         return False
 
     def evaluate(self, c: Candidate) -> Evaluation:
-        """The candidate's evaluation, or its bound when that cannot beat the best fitting plan."""
-        if self.prune and self.incumbent is not None:
-            if self.evaluator.lower_bound(c) > self.incumbent * (1 + _PRUNE_MARGIN):
-                self.bounded += 1
-                return self.evaluator.bounded(c)
+        """The candidate's evaluation, or its bounds when they settle it (see :meth:`settled_by_bounds`)."""
+        e = self._evaluate(c)
+        if e.peak_bytes is not None and (self.least is None or e.peak_bytes < self.least.peak_bytes):
+            self.least = e
+        return e
+
+    def _evaluate(self, c: Candidate) -> Evaluation:
+        if self.settled_by_bounds(c):
+            self.bounded += 1
+            return self.evaluator.bounded(c)
         e = self.evaluator.evaluate(c, memory=False)
         if self.incumbent is None or e.mean_s < self.incumbent:  # it could be the best: does it fit?
             e = self.evaluator.evaluate(c)
@@ -356,13 +390,16 @@ class _Run:
             todo.sort(key=lambda pc: self.evaluator.lower_bound(pc[1]))
         self.open_bar(len(todo), "plan (exhaustive)")
         self.start_writing(len(todo))
-        for params, candidate in todo:
+        for index, (params, candidate) in enumerate(todo):
             if self.out_of_time():
                 break
-            e = self.evaluate(candidate)
-            if not e.exact:  # sorted by bound: every later point is bounded too
-                self.bounded = len(todo) - self.new
+            if (self.prune and self.incumbent is not None
+                    and self.evaluator.lower_bound(candidate) > self.incumbent * (1 + _PRUNE_MARGIN)):
+                self.bounded += len(todo) - index  # sorted by bound: every later point loses too
                 break
+            e = self.evaluate(candidate)
+            if not e.exact:  # its static memory alone is over capacity
+                continue
             info = self.info(e)
             system = {"constraints:memory": info["memory_excess_gib"]} if _HAS_SET_CONSTRAINT else {}
             self.record(optuna.trial.create_trial(

@@ -20,8 +20,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Owners, Plan, derive
-from mpipe_tune.algebra.placement import balanced_counts
+from mpipe_tune.algebra.derive import Collectives, Order, Owners, Plan, derive
+from mpipe_tune.algebra.placement import (
+    ByLayer, ByMicrobatch, RegionPlacement, balanced_counts, round_robin, slabs_from_counts,
+)
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.durations import DurationModel
 from mpipe_tune.cost.layers import LayerTable, build_layer_table
@@ -33,9 +35,9 @@ from mpipe_tune.search.owners import owners_for
 from mpipe_tune.search.problem import Problem
 
 try:  # the cost model's memory estimate (per-rank peak bytes)
-    from mpipe_tune.cost.memory import estimate_memory
+    from mpipe_tune.cost.memory import estimate_memory, estimate_static_bytes
 except ImportError:  # pragma: no cover - an older cost model without it: every plan counts as fitting
-    estimate_memory = None
+    estimate_memory = estimate_static_bytes = None
 
 
 def estimate_peaks(plan: Plan, model, table: LayerTable, options, timeline: Timeline, profile) -> tuple[float, ...] | None:
@@ -104,7 +106,7 @@ class Evaluator:
         self._durations: OrderedDict[tuple, DurationModel] = OrderedDict()
         self._steps: dict[tuple, StepResult] = {}
         self._results: dict[Candidate, Evaluation] = {}
-        self._bounds: dict[Candidate, list[float]] = {}
+        self._bounds: dict = {}
 
     @property
     def num_evaluated(self) -> int:
@@ -180,10 +182,35 @@ class Evaluator:
         return result
 
     def bounded(self, c: Candidate) -> Evaluation:
-        """The lower bound of ``c`` as an inexact Evaluation (step times bounds, no memory figure)."""
+        """``c``'s lower bounds as an inexact Evaluation: step times are :meth:`lower_bounds`, the
+        peak is :meth:`static_peak_bytes` (a bound too), the other figures unknown."""
         return Evaluation(c, tuple(self.lower_bounds(c)), bubble_share=float("nan"), max_spill_s=float("nan"),
-                          peak_bytes=None, capacity_bytes=self.problem.profile.memory_capacity_bytes,
+                          peak_bytes=self.static_peak_bytes(c), capacity_bytes=self.problem.profile.memory_capacity_bytes,
                           slab_counts=self.slab_counts(c), exact=False)
+
+    def static_peak_bytes(self, c: Candidate) -> float | None:
+        """The largest per-rank static memory (weights, gradients, optimizer state) of ``c``: a lower
+        bound on its peak, from the placement alone (no order). None without a memory estimate."""
+        if estimate_static_bytes is None:
+            return None
+        key = ("static", replace(c, label="", owner_policy=None))
+        if key not in self._bounds:
+            _, table = self.table(0, c)
+            self._bounds[key] = max(estimate_static_bytes(self._placement_plan(c), self.problem.model, table,
+                                                          self.options(c)))
+        return self._bounds[key]
+
+    def _placement_plan(self, c: Candidate) -> Plan:
+        """A plan with ``c``'s placement and an empty order: what static memory reads."""
+        cut, schedule = c.parsed()
+        slabs = iter(self.slab_counts(c))
+        placement = []
+        for j, ((start, stop), layout) in enumerate(zip(cut.regions(self.problem.model.num_layers),
+                                                        schedule.layouts()), start=1):
+            owner = (ByLayer(slabs_from_counts(start, next(slabs))) if layout is Layout.SHARDED
+                     else ByMicrobatch(round_robin(c.num_microbatches, c.pp)))
+            placement.append(RegionPlacement(j, (start, stop), layout, owner))
+        return Plan(cut, schedule, c.pp, c.num_microbatches, tuple(placement), Collectives((), ()), Order((), (), ()))
 
     def lower_bound(self, c: Candidate) -> float:
         """Mean over the sampled steps of :meth:`lower_bounds`: never above ``evaluate(c).mean_s``."""

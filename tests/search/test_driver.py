@@ -49,7 +49,8 @@ def test_exhaustive_search_finds_the_known_optimum(tmp_path, prune):
 def test_optuna_gets_within_one_percent_of_the_exhaustive_optimum_on_a_small_space(tmp_path):
     space, evaluator = make(devices=4, batch=8, samples=2, skeletons=("1f1b",), owner_policies=("round-robin", "greedy"))
     optimum, evaluations = exhaustive_optimum(space, evaluator)
-    trials = len(evaluations) // 3
+    trials = len(evaluations) // 5  # 20% of 126 points: all of seeds 0-19 reach the optimum (10% on
+    # spaces of 500-1,800 points is in benchmarks/README.md)
     result = run_search(space, evaluator, storage=url(tmp_path), n_trials=trials, exhaustive=False, seed=0,
                         progress=False)
     assert result.mode == "optuna" and result.num_trials == trials
@@ -95,7 +96,10 @@ def test_nothing_fits_gives_no_best_but_the_least_memory_plan(tmp_path):
     space, evaluator = make(model=load_model("tiny-vit-llm"), profile=replace(PROFILE, memory_capacity_bytes=1.0))
     result = run_search(space, evaluator, storage=url(tmp_path), n_trials=10_000, progress=False)
     assert result.best is None
-    assert result.least_memory.peak_bytes == min(evaluator.evaluate(c).peak_bytes for _, c in space.enumerate())
+    # Every plan is settled by its static memory alone: the least of those is reported.
+    assert not result.least_memory.exact and result.num_evaluated == 0
+    assert result.least_memory.peak_bytes == min(evaluator.static_peak_bytes(c) for _, c in space.enumerate())
+    assert result.least_memory.peak_bytes <= min(evaluator.evaluate(c).peak_bytes for _, c in space.enumerate())
 
 
 def test_a_study_is_for_one_problem_only(tmp_path):

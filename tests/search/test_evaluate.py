@@ -121,7 +121,18 @@ def test_the_lower_bound_never_exceeds_the_prediction():
             e = evaluator.evaluate(c)
             bounds = evaluator.lower_bounds(c)
             assert all(b <= m * (1 + 1e-12) for b, m in zip(bounds, e.makespans_s)), c
+            assert evaluator.static_peak_bytes(c) <= e.peak_bytes
             ratios.append(evaluator.lower_bound(c) / e.mean_s)
         assert np.median(ratios) > 0.5  # and it is not trivially loose
     bounded = evaluator.bounded(c)
-    assert not bounded.exact and bounded.peak_bytes is None and bounded.mean_s == evaluator.lower_bound(c)
+    assert not bounded.exact and bounded.mean_s == evaluator.lower_bound(c)
+    assert bounded.peak_bytes == evaluator.static_peak_bytes(c) > 0
+
+
+def test_static_memory_is_the_cost_models_own():
+    model = load_model("qwen2vl-vit-llama3-8b")
+    problem = Problem(model, load_profile("h100-sxm"), 16, 16, mix="balanced", num_samples=1)
+    evaluator = Evaluator(problem)
+    for c in (Candidate("transpose,1f1b,1f1b", (33, 53), 4, 2, 2, 4, "greedy"), Candidate("gpipe", (), 2, 4, 2, 8)):
+        prediction, _ = evaluator.prediction(c)
+        assert evaluator.static_peak_bytes(c) == pytest.approx(max(prediction.memory.static_bytes), rel=1e-12)
