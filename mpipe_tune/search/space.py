@@ -81,6 +81,7 @@ class SearchSpace:
         self.cut_window = tuple(range(max(1, self.encoder_end - options.cut_window),
                                       min(self.num_layers - 1, self.backbone_start + options.cut_window) + 1))
         self._schedules: dict[tuple[int, int], list[str]] = {}
+        self._cuts: dict[tuple, object] = {}  # woven_cut and transpose_cuts, which the tree walk repeats
         self.degrees = self._degrees()
 
     # ------------------------------------------------------------------------------- pieces
@@ -100,6 +101,12 @@ class SearchSpace:
         """Boundaries splitting layers ``[start, L)`` into ``chunks`` Sharded regions of balanced
         expected cost (equal layer counts if that leaves a region under ``pp`` layers); None when
         no split gives every region ``pp`` layers."""
+        key = ("woven", start, chunks, pp)
+        if key not in self._cuts:
+            self._cuts[key] = self._woven_cut(start, chunks, pp)
+        return self._cuts[key]
+
+    def _woven_cut(self, start: int, chunks: int, pp: int) -> tuple[int, ...] | None:
         n = self.num_layers - start
         if n < chunks * pp:
             return None
@@ -113,7 +120,10 @@ class SearchSpace:
         return tuple(boundaries)
 
     def transpose_cuts(self, pp: int, chunks: int) -> list[int]:
-        return [b for b in self.cut_window if self.woven_cut(b, chunks, pp) is not None]
+        key = ("transpose", pp, chunks)
+        if key not in self._cuts:
+            self._cuts[key] = [b for b in self.cut_window if self.woven_cut(b, chunks, pp) is not None]
+        return self._cuts[key]
 
     def microbatch_choices(self, pp: int, dp: int, schedule: str) -> list[int]:
         skeletons = schedule.split(",")
