@@ -1,7 +1,5 @@
 """``mpipe-tune plan`` (search for the best static plan, beside the baselines) and ``mpipe-tune show``.
 
-Both classes follow the ``mpipe_tune.cli.Command`` interface by duck typing (``name``, ``help``,
-``add_arguments``, ``take_action``): subclassing it would import ``mpipe_tune.cli`` back half-initialised.
 Everything heavy (the cost model, Optuna) is imported inside ``take_action``.
 """
 
@@ -11,6 +9,7 @@ import argparse
 import json
 import sys
 
+from mpipe_tune.command import Command
 from mpipe_tune.errors import MpipeError
 
 EXAMPLE_DEVICES = 4
@@ -81,7 +80,7 @@ def _draw(evaluator, evaluation, path: str, title: str) -> None:
     draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms")
 
 
-class Plan:
+class Plan(Command):
     name = "plan"
     help = "search for the fastest static plan that fits memory and compare it with the baselines"
 
@@ -199,7 +198,7 @@ class Plan:
         return 0
 
 
-class Show:
+class Show(Command):
     name = "show"
     help = "reload a plan file, check its inputs and re-predict it"
 
