@@ -34,16 +34,11 @@ from mpipe_tune.search.candidate import Candidate
 from mpipe_tune.search.owners import owners_for
 from mpipe_tune.search.problem import Problem
 
-try:  # the cost model's memory estimate (per-rank peak bytes)
-    from mpipe_tune.cost.memory import estimate_memory, estimate_static_bytes
-except ImportError:  # pragma: no cover - an older cost model without it: every plan counts as fitting
-    estimate_memory = estimate_static_bytes = None
+from mpipe_tune.cost.memory import estimate_memory, estimate_static_bytes
 
 
-def estimate_peaks(plan: Plan, model, table: LayerTable, options, timeline: Timeline, profile) -> tuple[float, ...] | None:
-    """Per-rank peak memory in bytes, or None when the cost model has no memory estimate."""
-    if estimate_memory is None:
-        return None
+def estimate_peaks(plan: Plan, model, table: LayerTable, options, timeline: Timeline, profile) -> tuple[float, ...]:
+    """Per-rank peak memory in bytes."""
     return tuple(estimate_memory(plan, model, table, options, timeline, profile.memory_capacity_bytes).peak_bytes)
 
 
@@ -164,7 +159,7 @@ class Evaluator:
         (``peak_bytes`` None), the dearest part after derive, for plans that lose on time anyway."""
         key = replace(c, label="")
         cached = self._results.get(key)
-        if cached is not None and (not memory or cached.peak_bytes is not None or estimate_memory is None):
+        if cached is not None and (not memory or cached.peak_bytes is not None):
             return replace(cached, candidate=c)
         slabs = self.slab_counts(c)
         steps = [self._step(c, slabs, k, memory) for k in range(self.problem.samples)]
@@ -190,9 +185,7 @@ class Evaluator:
 
     def static_peak_bytes(self, c: Candidate) -> float | None:
         """The largest per-rank static memory (weights, gradients, optimizer state) of ``c``: a lower
-        bound on its peak, from the placement alone (no order). None without a memory estimate."""
-        if estimate_static_bytes is None:
-            return None
+        bound on its peak, from the placement alone (no order)."""
         key = ("static", replace(c, label="", owner_policy=None))
         if key not in self._bounds:
             _, table = self.table(0, c)
@@ -312,7 +305,7 @@ class Evaluator:
             owners = self.owners(c, sample)
         key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, sample)
         cached = self._steps.get(key)
-        if cached is not None and (not memory or cached.peak_bytes is not None or estimate_memory is None):
+        if cached is not None and (not memory or cached.peak_bytes is not None):
             return cached
         p = self.problem
         plan, compiled = self._order(c, slabs, owners)
