@@ -8,9 +8,10 @@ module never imports ``cli`` back (which, under ``python -m mpipe_tune.cli``, wo
 from __future__ import annotations
 
 import argparse
+from abc import ABC, abstractmethod
 
 
-class Command:
+class Command(ABC):
     """One subcommand: its name and help, its arguments, and what it does (returns the exit code)."""
 
     name = ""
@@ -19,5 +20,6 @@ class Command:
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Add the subcommand's arguments (none by default)."""
 
+    @abstractmethod
     def take_action(self, args: argparse.Namespace) -> int:
-        raise NotImplementedError(f"subcommand {self.name!r} must override take_action")
+        """Carry the subcommand out; return the exit code."""
