@@ -253,7 +253,8 @@ class ForeignLoad:
 
     @staticmethod
     def _processes() -> dict[int, int]:
-        """utime + stime (ticks) of this process and its descendants."""
+        """CPU ticks of this process and its descendants (their own, plus their reaped children's, so
+        that a rank that exits between two samples is still counted, through its parent)."""
         parent, ticks = {}, {}
         for entry in os.scandir("/proc"):
             if entry.name.isdigit():
@@ -263,7 +264,7 @@ class ForeignLoad:
                     continue
                 fields = stat[stat.rindex(")") + 2:].split()
                 pid = int(entry.name)
-                parent[pid], ticks[pid] = int(fields[1]), int(fields[11]) + int(fields[12])
+                parent[pid], ticks[pid] = int(fields[1]), sum(int(x) for x in fields[11:15])
         mine, me = {}, os.getpid()
         for pid in ticks:
             node = pid
@@ -279,7 +280,9 @@ class ForeignLoad:
         while not self._stop.wait(self.period_s):
             busy, total = self._machine()
             now = self._processes()
-            own = sum(t - seen.get(pid, 0) for pid, t in now.items())
+            # A process that ended was reaped by its parent (in this tree), whose children's ticks now
+            # hold its whole time: take back what was counted of it while it lived.
+            own = sum(t - seen.get(pid, 0) for pid, t in now.items()) - sum(t for pid, t in seen.items() if pid not in now)
             self.busy_s += (busy - busy0) / self._ticks
             self.total_s += (total - total0) / self._ticks
             self.own_s += max(0, own) / self._ticks
@@ -326,6 +329,26 @@ def measure_profile(path: Path) -> dict:
     return {"wall_s": time.perf_counter() - started, "foreign_cpu_share": load.share}
 
 
+def recalibrate(profile, model):
+    """The profile with its efficiency table refitted to the model's layers timed now (about 5 s)."""
+    from mpipe_tune.profiler.build import efficiency_entries
+    from mpipe_tune.profiler.calibrate import time_layers
+    from mpipe_tune.profiler.device import device_share, import_torch
+    from mpipe_tune.profiler.settings import sweep_settings
+
+    torch = import_torch("cpu")
+    settings = replace(sweep_settings("cpu", quick=False), calibration_tokens=CALIBRATION_TOKENS)
+    with device_share(torch, "cpu", P):
+        points = time_layers(torch, "cpu", model, OPTIONS.dtype, settings, lambda _: None)
+    data = profile.to_dict()
+    data["efficiency"] = efficiency_entries(
+        points, peak_flops_per_s=profile.peak(OPTIONS.dtype), bytes_per_s=profile.memory_bytes_per_s,
+        model_name=model.name, dtype=OPTIONS.dtype, device="cpu",
+        measured={"source": "measured", "date": datetime.date.today().isoformat()})
+    probe = next(p.seconds.median for p in points if p.kind == "dense_block" and p.phase == "fwd" and p.tokens == 256)
+    return parse_profile(data, where=f"{profile.name} recalibrated"), probe
+
+
 def run_plan(path: str, steps: int) -> tuple[dict, float, float]:
     """One launch of 2 ranks running one plan; returns its result, the foreign CPU share during the
     run and its wall time (process start-up included)."""
@@ -339,18 +362,26 @@ def run_plan(path: str, steps: int) -> tuple[dict, float, float]:
     return result, load.share, time.perf_counter() - started
 
 
-def quiet_run(path: str, steps: int, threshold: float, max_wait_s: float, max_tries: int) -> tuple[dict, list[dict]]:
+def quiet_run(path: str, steps: int, threshold: float, max_wait_s: float, max_tries: int,
+              recalibrate_with=None) -> tuple[dict, list[dict], object]:
     """Run a plan until a run sees other jobs take less than ``threshold`` of the CPU (at most
-    ``max_tries`` runs; the last one counts then); returns the kept result and every try's conditions."""
+    ``max_tries`` runs; the last one counts then); returns the kept result, every try's conditions
+    and, with ``recalibrate_with=(profile, model)``, the profile recalibrated right before the kept run."""
     tries = []
+    fresh = None
     for attempt in range(max_tries):
         before, waited = wait_for_quiet(threshold, max_wait_s)
-        result, share, wall_s = run_plan(path, steps)
-        tries.append({"foreign_before": before, "waited_s": waited, "foreign_during": share, "wall_s": wall_s})
-        if share < threshold:
+        with ForeignLoad() as load:
+            probe = None
+            if recalibrate_with is not None:
+                fresh, probe = recalibrate(*recalibrate_with)
+            result, share, wall_s = run_plan(path, steps)
+        tries.append({"foreign_before": before, "waited_s": waited, "foreign_during": load.share, "wall_s": wall_s,
+                      "dense_block_256_fwd_s": probe})
+        if load.share < threshold:
             break
-        print(f"  {Path(path).name}: other jobs took {share:.0%} of the CPU during the run; again", file=sys.stderr)
-    return result, tries
+        print(f"  {Path(path).name}: other jobs took {load.share:.0%} of the CPU during the run; again", file=sys.stderr)
+    return result, tries, fresh
 
 
 def main() -> int:
@@ -388,20 +419,24 @@ def main() -> int:
         plans = make_plans(Path(folder), profile, str(profile_path))
         runs: list[list[dict]] = [[] for _ in plans]
         tries: list[list[list[dict]]] = [[] for _ in plans]
+        fresh_predicted: list[list[float]] = [[] for _ in plans]
+        base = load_model(str(MODEL_PATH))
         started = time.perf_counter()
         for r in range(args.rounds):
             order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
             for i in order:
-                result, attempts = quiet_run(plans[i][1], args.steps, args.quiet_below, args.max_wait, args.max_tries)
+                result, attempts, fresh = quiet_run(plans[i][1], args.steps, args.quiet_below, args.max_wait,
+                                                    args.max_tries, recalibrate_with=(profile, base))
                 runs[i].append(result)
                 tries[i].append(attempts)
+                fixed = as_fixed(plans[i][0], plans[i][2])
+                fresh_predicted[i].append(predict_spec(fixed, fresh, base)[0].timeline.makespan_s)
             print(f"round {r} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         conditions["runs_wall_s"] = time.perf_counter() - started
 
-    base = load_model(str(MODEL_PATH))
     variants = {kind: variant_profile(profile, kind) for kind in ("one-eff", "per-phase")}
     rows = []
-    for (spec, _path, record), results, plan_tries in zip(plans, runs, tries):
+    for (spec, _path, record), results, plan_tries, fresh_s in zip(plans, runs, tries, fresh_predicted):
         steps_s = [t for r in results for t in r["summary"]["step_times_s"][1:]]
         round_medians = [statistics.median(r["summary"]["step_times_s"][1:]) for r in results]
         fixed = as_fixed(spec, record)
@@ -417,6 +452,8 @@ def main() -> int:
                                        for k, v in variants.items()},
             "breakdown": [trace_breakdown(r["trace"], P) for r in results],
             "tries": plan_tries,
+            "predicted_recalibrated_s": fresh_s,
+            "paired_errors_recalibrated": [f / m - 1 for f, m in zip(fresh_s, round_medians)],
             "max_foreign_share": max(t[-1]["foreign_during"] for t in plan_tries),
         })
     measured = [r["measured_s"] for r in rows]
@@ -432,6 +469,8 @@ def main() -> int:
         "figures": figures([r["predicted_s"] for r in rows], measured),
         "figures_by_variant": {k: figures([r["predicted_by_variant_s"][k] for r in rows], measured)
                                for k in variants},
+        "figures_recalibrated": figures([statistics.median(r["predicted_recalibrated_s"]) for r in rows], measured),
+        "paired_mape_recalibrated": float(np.mean([abs(e) for r in rows for e in r["paired_errors_recalibrated"]])),
         "noise_round_vs_all_mape": noise,
         "plans": rows,
     }
@@ -444,22 +483,31 @@ def main() -> int:
 
 
 def print_table(record: dict) -> None:
-    print("| # | plan | predicted ms | measured ms | error | round medians ms | one-eff ms | per-phase ms |")
-    print("|---:|---|---:|---:|---:|---|---:|---:|")
+    print("| # | plan | predicted ms | measured ms | error | measured per round ms | recalibrated: predicted per round ms "
+          "| one-eff ms | per-phase ms |")
+    print("|---:|---|---:|---:|---:|---|---|---:|---:|")
     for i, r in enumerate(record["plans"]):
         rounds = ", ".join(f"{m * 1e3:.0f}" for m in r["round_medians_s"])
+        fresh = ", ".join(f"{m * 1e3:.0f}" for m in r["predicted_recalibrated_s"])
         v = r["predicted_by_variant_s"]
         print(f"| {i} | `{r['label']}` | {r['predicted_s'] * 1e3:.1f} | {r['measured_s'] * 1e3:.1f} | "
-              f"{r['predicted_s'] / r['measured_s'] - 1:+.1%} | {rounds} | {v['one-eff'] * 1e3:.1f} | "
+              f"{r['predicted_s'] / r['measured_s'] - 1:+.1%} | {rounds} | {fresh} | {v['one-eff'] * 1e3:.1f} | "
               f"{v['per-phase'] * 1e3:.1f} |")
     print()
-    print("| layer-time model | MAPE | max abs error | mean error | Kendall tau | best gap |")
+    print("| prediction | MAPE | max abs error | mean error | Kendall tau | best gap |")
     print("|---|---:|---:|---:|---:|---:|")
-    for name, f in [("overhead + per-phase efficiency (the profile)", record["figures"]),
-                    *[(k, f) for k, f in record["figures_by_variant"].items()]]:
+    rows = [("overhead + per-phase efficiency, one profile", record["figures"]),
+            ("the same, recalibrated before each run (median over rounds)", record["figures_recalibrated"]),
+            *[(f"{k}, one profile", f) for k, f in record["figures_by_variant"].items()]]
+    for name, f in rows:
         print(f"| {name} | {f['mape']:.1%} | {f['max_abs_error']:.1%} | {f['mean_error']:+.1%} | "
               f"{f['kendall_tau']:.3f} | {f['best_gap']:.1%} |")
-    print(f"\nmeasurement noise (each round's median against all rounds): {record['noise_round_vs_all_mape']:.1%}")
+    print(f"\nrecalibrated before each run, each run against its own prediction: MAPE "
+          f"{record['paired_mape_recalibrated']:.1%}")
+    print(f"measurement noise (each round's median against all rounds): {record['noise_round_vs_all_mape']:.1%}")
+    probes = [t[-1]["dense_block_256_fwd_s"] for r in record["plans"] for t in r["tries"]]
+    print(f"machine speed probe (decoder block forward, 256 tokens) over the runs: {min(probes) * 1e3:.2f}.."
+          f"{max(probes) * 1e3:.2f} ms, median {statistics.median(probes) * 1e3:.2f} ms")
     kept = [t[-1]["foreign_during"] for r in record["plans"] for t in r["tries"]]
     retried = sum(len(t) - 1 for r in record["plans"] for t in r["tries"])
     print(f"other jobs' CPU share during the kept runs: median {statistics.median(kept):.1%}, max {max(kept):.1%} "
@@ -475,10 +523,14 @@ def plot(rows: list[dict], record: dict, path: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
     measured = np.array([r["measured_s"] for r in rows]) * 1e3
-    lo, hi = measured.min() * 0.8, measured.max() * 1.2
-    series = [("overhead + per-phase eff.", np.array([r["predicted_s"] for r in rows]) * 1e3, "o", "C0"),
-              ("one efficiency per kind", np.array([r["predicted_by_variant_s"]["one-eff"] for r in rows]) * 1e3,
-               "x", "C3")]
+    everything = np.concatenate([measured, *[np.array([r["predicted_s"], *r["predicted_recalibrated_s"],
+                                                       r["predicted_by_variant_s"]["one-eff"]]) * 1e3 for r in rows]])
+    lo, hi = everything.min() * 0.9, everything.max() * 1.1
+    series = [("one profile", np.array([r["predicted_s"] for r in rows]) * 1e3, "o", "C0"),
+              ("recalibrated before each run",
+               np.array([statistics.median(r["predicted_recalibrated_s"]) for r in rows]) * 1e3, "s", "C2"),
+              ("one profile, one efficiency per kind",
+               np.array([r["predicted_by_variant_s"]["one-eff"] for r in rows]) * 1e3, "x", "C3")]
     ax = axes[0]
     grid = np.array([lo, hi])
     ax.fill_between(grid, grid * 0.95, grid * 1.05, color="0.9", label="±5%")
@@ -501,7 +553,8 @@ def plot(rows: list[dict], record: dict, path: str) -> None:
     spread = [(min(rows[i]["round_medians_s"]) * 1e3, max(rows[i]["round_medians_s"]) * 1e3) for i in order]
     ax.hlines(y, [s[0] for s in spread], [s[1] for s in spread], color="0.6", lw=3, label="measured, range of round medians")
     ax.scatter(measured[order], y, color="k", s=14, label="measured (median)", zorder=3)
-    ax.scatter(series[0][1][order], y, color="C0", marker="o", facecolors="none", label="predicted", zorder=3)
+    ax.scatter(series[0][1][order], y, color="C0", marker="o", facecolors="none", label="predicted, one profile", zorder=3)
+    ax.scatter(series[1][1][order], y, color="C2", marker="s", facecolors="none", label="predicted, recalibrated", zorder=3)
     ax.set_yticks(y)
     ax.set_yticklabels([f"{i}: {rows[i]['label']}" for i in order], fontsize=7)
     ax.set_xlabel("step time (ms)")

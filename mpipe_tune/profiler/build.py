@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -183,22 +183,31 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
 
 
 def _efficiencies(m: Measurements, measured: Mapping[str, str], how: str) -> dict[str, Any]:
-    """Per-kind entries fitted to the layer timings, and ``default`` fitted to all of them: the forward
-    points give ``value`` and ``forward_overhead_s``, the backward points ``backward_value`` and
-    ``backward_overhead_s``."""
     if not m.layer_points:
         return {"default": {
             "value": 1.0, "source": "assumed",
             "ref": "uncalibrated: profile with --calibrate MODEL to fit per-layer-kind efficiencies to the "
                    "runtime's layers",
         }}
-    peak = m.peak_flops[m.calibration_dtype].best.rate.median
-    bandwidth = m.memory.best.rate.median
+    return efficiency_entries(m.layer_points, peak_flops_per_s=m.peak_flops[m.calibration_dtype].best.rate.median,
+                              bytes_per_s=m.memory.best.rate.median, model_name=m.calibration_model,
+                              dtype=m.calibration_dtype, device=m.device, measured=measured, how=how)
+
+
+def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: float, bytes_per_s: float,
+                       model_name: str, dtype: str, device: str, measured: Mapping[str, str],
+                       how: str = "") -> dict[str, Any]:
+    """The profile's ``efficiency`` table fitted to layer timings (at least one point): per kind, and
+    ``default`` over all of them, the forward points give ``value`` and ``forward_overhead_s``, the
+    backward points ``backward_value`` and ``backward_overhead_s``. ``measured`` is the provenance
+    every entry carries (source and date). Refitting a profile to fresh timings (a drifting machine)
+    replaces its ``efficiency`` with this."""
+    peak, bandwidth = peak_flops_per_s, bytes_per_s
     groups: dict[str, list[LayerPoint]] = {}
-    for point in m.layer_points:
+    for point in layer_points:
         groups.setdefault(point.kind, []).append(point)
     entries = {}
-    for kind, points in [("default", list(m.layer_points)), *sorted(groups.items())]:
+    for kind, points in [("default", list(layer_points)), *sorted(groups.items())]:
         fits: dict[str, LayerFit] = {}
         predicted = [0.0] * len(points)
         squares = 0.0
@@ -222,11 +231,11 @@ def _efficiencies(m: Measurements, measured: Mapping[str, str], how: str) -> dic
         what = "every calibrated layer kind" if kind == "default" else f"the runtime's {kind} layers"
         entries[kind] = {
             **numbers, **measured,
-            "ref": f"{what} of model {m.calibration_model!r} timed forward and backward in {m.calibration_dtype} "
-                   f"on {m.device}; per phase, the efficiency and the fixed seconds per call (>= 0, fitted from "
-                   f"{MIN_SIZES_FOR_OVERHEAD} sizes up) minimising the relative error of overhead + max(W / "
-                   f"(eff * peak), D / bandwidth) against the medians, with this profile's {m.calibration_dtype} "
-                   f"peak and bandwidth and the cost model's W and D{how}",
+            "ref": f"{what} of model {model_name!r} timed forward and backward in {dtype} on {device}, chained "
+                   f"in model order on fresh microbatches; per phase, the efficiency and the fixed seconds per "
+                   f"call (>= 0; fitted where a phase has {MIN_SIZES_FOR_OVERHEAD} sizes or more) minimising the "
+                   f"relative error of overhead + max(W / (eff * peak), D / bandwidth) against the medians, with "
+                   f"this profile's {dtype} peak and bandwidth and the cost model's W and D{how}",
             "rms_relative_error": math.sqrt(squares / len(points)),
             "layers": [p.layer_name for p in points],
             "tokens": [p.tokens for p in points],
