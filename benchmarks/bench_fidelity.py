@@ -118,7 +118,7 @@ def plan_specs(model) -> list[Spec]:
         Spec("transpose,1f1b all-rank1 M=4", "transpose,1f1b", (enc,), 4, owners=(1, 1, 1, 1)),
         Spec("transpose,1f1b rr frozen-enc M=4", "transpose,1f1b", (enc,), 4, frozen=True),
         Spec("transpose,gpipe rr M=4", "transpose,gpipe", (enc,), 4),
-        Spec("1f1b,1f1b enc|llm M=4", "1f1b,1f1b", (enc,), 4),
+        Spec("1f1b,1f1b enc/llm M=4", "1f1b,1f1b", (enc,), 4),
         Spec("1f1b,1f1b vpp M=4", "1f1b,1f1b", (mid,), 4),
     ]
 
@@ -349,6 +349,15 @@ def recalibrate(profile, model):
     return parse_profile(data, where=f"{profile.name} recalibrated"), probe
 
 
+def profile_probe(profile) -> float | None:
+    """The profile's own median for the speed probe (decoder block forward at 256 tokens), if calibrated there."""
+    origin = profile.provenance.get("efficiency.dense_block", {})
+    for tokens, phase, seconds in zip(origin.get("tokens", ()), origin.get("phase", ()), origin.get("median_s", ())):
+        if tokens == 256 and phase == "fwd":
+            return seconds
+    return None
+
+
 def run_plan(path: str, steps: int) -> tuple[dict, float, float]:
     """One launch of 2 ranks running one plan; returns its result, the foreign CPU share during the
     run and its wall time (process start-up included)."""
@@ -396,7 +405,15 @@ def main() -> int:
     parser.add_argument("--max-tries", type=int, default=4, help="runs of one measurement before keeping a noisy one")
     parser.add_argument("--json", default=None, help="write the full record here")
     parser.add_argument("--plot", default=None, help="write the predicted-vs-measured plot here (PNG)")
+    parser.add_argument("--replot", default=None, metavar="JSON",
+                        help="measure nothing: print the tables and draw --plot from a record written by --json")
     args = parser.parse_args()
+    if args.replot:
+        record = json.loads(Path(args.replot).read_text())
+        if args.plot:
+            plot(record["plans"], record, args.plot)
+        print_table(record)
+        return 0
 
     from mpipe_tune.runtime.launch import disable_backend_autoload
 
@@ -464,7 +481,7 @@ def main() -> int:
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}",
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
-        "model": str(MODEL_PATH.relative_to(HERE.parent)), "profile": str(profile_path), "pp": P,
+        "model": str(MODEL_PATH.relative_to(HERE.parent)), "profile": os.path.relpath(profile_path, HERE.parent), "pp": P,
         "steps": args.steps, "rounds": args.rounds, "conditions": conditions,
         "figures": figures([r["predicted_s"] for r in rows], measured),
         "figures_by_variant": {k: figures([r["predicted_by_variant_s"][k] for r in rows], measured)
@@ -472,6 +489,7 @@ def main() -> int:
         "figures_recalibrated": figures([statistics.median(r["predicted_recalibrated_s"]) for r in rows], measured),
         "paired_mape_recalibrated": float(np.mean([abs(e) for r in rows for e in r["paired_errors_recalibrated"]])),
         "noise_round_vs_all_mape": noise,
+        "profile_dense_block_256_fwd_s": profile_probe(profile),
         "plans": rows,
     }
     if args.json:
@@ -502,12 +520,22 @@ def print_table(record: dict) -> None:
     for name, f in rows:
         print(f"| {name} | {f['mape']:.1%} | {f['max_abs_error']:.1%} | {f['mean_error']:+.1%} | "
               f"{f['kendall_tau']:.3f} | {f['best_gap']:.1%} |")
+    measured = np.array([r["measured_s"] for r in record["plans"]])
+    for name, key in (("the profile", None), ("one-eff", "one-eff"), ("per-phase", "per-phase")):
+        predicted = np.array([r["predicted_s"] if key is None else r["predicted_by_variant_s"][key]
+                              for r in record["plans"]])
+        scale = float(np.median(measured / predicted))
+        errors = np.abs(scale * predicted / measured - 1)
+        print(f"diagnostic, {name} times one common factor {scale:.3f} (the level set aside, the shape kept): "
+              f"MAPE {errors.mean():.1%}, max {errors.max():.1%}")
     print(f"\nrecalibrated before each run, each run against its own prediction: MAPE "
           f"{record['paired_mape_recalibrated']:.1%}")
     print(f"measurement noise (each round's median against all rounds): {record['noise_round_vs_all_mape']:.1%}")
     probes = [t[-1]["dense_block_256_fwd_s"] for r in record["plans"] for t in r["tries"]]
+    at_profile = record.get("profile_dense_block_256_fwd_s")
     print(f"machine speed probe (decoder block forward, 256 tokens) over the runs: {min(probes) * 1e3:.2f}.."
-          f"{max(probes) * 1e3:.2f} ms, median {statistics.median(probes) * 1e3:.2f} ms")
+          f"{max(probes) * 1e3:.2f} ms, median {statistics.median(probes) * 1e3:.2f} ms"
+          + (f"; in the profile: {at_profile * 1e3:.2f} ms" if at_profile else ""))
     kept = [t[-1]["foreign_during"] for r in record["plans"] for t in r["tries"]]
     retried = sum(len(t) - 1 for r in record["plans"] for t in r["tries"])
     print(f"other jobs' CPU share during the kept runs: median {statistics.median(kept):.1%}, max {max(kept):.1%} "
@@ -526,8 +554,8 @@ def plot(rows: list[dict], record: dict, path: str) -> None:
     everything = np.concatenate([measured, *[np.array([r["predicted_s"], *r["predicted_recalibrated_s"],
                                                        r["predicted_by_variant_s"]["one-eff"]]) * 1e3 for r in rows]])
     lo, hi = everything.min() * 0.9, everything.max() * 1.1
-    series = [("one profile", np.array([r["predicted_s"] for r in rows]) * 1e3, "o", "C0"),
-              ("recalibrated before each run",
+    series = [("overhead + per-phase eff., one profile", np.array([r["predicted_s"] for r in rows]) * 1e3, "o", "C0"),
+              ("the same, recalibrated before each run",
                np.array([statistics.median(r["predicted_recalibrated_s"]) for r in rows]) * 1e3, "s", "C2"),
               ("one profile, one efficiency per kind",
                np.array([r["predicted_by_variant_s"]["one-eff"] for r in rows]) * 1e3, "x", "C3")]
