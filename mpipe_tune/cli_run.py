@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from pathlib import Path
 
 from mpipe_tune.command import Command
@@ -32,40 +30,26 @@ class Run(Command):
         parser.add_argument("--compute", default="real", choices=("real", "emulated"),
                             help="real: run the MLLM; emulated: wait each compute event's predicted time, "
                                  "transfers stay real (default real)")
-        parser.add_argument("--dtype", default="fp32", help="real compute dtype: fp32, fp64, bf16, fp16 (default fp32)")
+        parser.add_argument("--dtype", default=None,
+                            help="real compute dtype: fp32, fp64, bf16, fp16 (default: the plan's dtype)")
         parser.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic batches (default 0)")
         parser.add_argument("--trace", default=None, help="write the measured per-event Chrome/Perfetto trace to this JSON file")
         parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
     def take_action(self, args: argparse.Namespace) -> int:
         from mpipe_tune.runtime import launch
-        from mpipe_tune.runtime.job import RunJob, preflight
+        from mpipe_tune.runtime.job import RunJob
+        from mpipe_tune.runtime.session import run_session
 
         launch.disable_backend_autoload()  # before the first import of torch
         job = RunJob(args.plan, model_spec=args.model, steps=args.steps, compute=args.compute, dtype=args.dtype,
                      seed=args.seed, trace=bool(args.trace))
         if args.trace and not Path(args.trace).resolve().parent.is_dir():
             raise MpipeError(f"--trace {args.trace}: folder {Path(args.trace).parent} does not exist; create it or pick another path")
-        torchrun = launch.under_torchrun()
-        view = preflight(job, launch.torchrun_world_size() if torchrun else None)
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if torchrun else view.num_ranks
-        launch.check_device(args.device, local_ranks)
-
-        from mpipe_tune.runtime.worker import run_jobs
-
-        try:
-            if torchrun:
-                results = launch.run_under_torchrun(run_jobs, ([job],), args.device, timeout_s=600.0)
-            else:
-                results = launch.launch_local(run_jobs, ([job],), view.num_ranks, args.device, timeout_s=600.0)
-        except launch.RankFailed as exc:
-            if exc.details:
-                print(exc.details.rstrip(), file=sys.stderr)
-            print(f"mpipe-tune run: error: {exc}", file=sys.stderr)
-            return 1
-        if results is None:  # a torchrun rank other than 0
-            return 0
-        result = results[0]
+        session = run_session(self.name, [job], args.device)
+        if session.exit_code or not session.is_rank0:  # a failure (reported), or a torchrun rank other than 0
+            return session.exit_code
+        result = session.results[0]
         if args.trace:
             from mpipe_tune.runtime.measure import dump_trace
 
@@ -80,8 +64,8 @@ class Run(Command):
 
 def print_run(record: dict) -> None:
     what = f"compute {record['compute']}" + (f" {record['dtype']}" if record.get("dtype") else "")
-    print(f"plan {record['plan']}: <{record['schedule']}> P={record['pp']} M={record['microbatches']} "
-          f"on {record['device']} ({record['backend']}), {what}")
+    print(f"plan {record['plan']}: <{record['schedule']}> pp{record['pp']} tp{record['tp']} dp{record['dp']} "
+          f"M={record['microbatches']} on {record['world_size']} {record['device']} rank(s) ({record['backend']}), {what}")
     print("step times ms: " + " ".join(f"{t * 1e3:.3f}" for t in record["step_times_s"]))
     losses = [f"{x:.6g}" for x in record["loss_sums"] if x is not None]
     if losses and record["compute"] == "real":

@@ -41,6 +41,8 @@ SOURCES = ("datasheet", "measured", "assumed", "ideal")
 """``datasheet``: a vendor figure, a lead rather than a measurement; ``measured``: fitted by the profiler;
 ``assumed``: a typical value chosen by hand; ``ideal``: a closed-form test value, not a device."""
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+_TRAINING_DTYPES = ("fp32", "tf32", "bf16", "fp16")
+"""Dtypes a whole training step commonly runs in: what :meth:`HardwareProfile.slow_dtype_note` compares."""
 LINK_CLASSES = ("intra_node", "inter_node")
 COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter")
 _TOP_KEYS = {
@@ -96,6 +98,19 @@ class HardwareProfile:
                 f"{sorted(self.peak_flops_per_s)}: pick one of those or add the dtype to the profile"
             )
         return self.peak_flops_per_s[dtype]
+
+    def slow_dtype_note(self, dtype: str, *, factor: float = 4.0) -> str | None:
+        """One line when the peak for ``dtype`` is more than ``factor`` times below the profile's best
+        training dtype's (fp32, tf32, bf16 or fp16; e.g. bf16 on a CPU without native bf16 matmuls),
+        else ``None``."""
+        training = [d for d in _TRAINING_DTYPES if d in self.peak_flops_per_s] or list(self.peak_flops_per_s)
+        best = max(training, key=self.peak_flops_per_s.__getitem__)
+        ratio = self.peak_flops_per_s[best] / self.peak(dtype)
+        if ratio <= factor:
+            return None
+        return (f"profile {self.name!r} peaks at {self.peak(dtype) / 1e12:.3g} TFLOP/s in {dtype}, {ratio:.0f}x below its "
+                f"{best} peak ({self.peak_flops_per_s[best] / 1e12:.3g} TFLOP/s): a {dtype} plan is planned and run "
+                f"slow; plan with --dtype {best} unless {dtype} is what the training will use")
 
     def efficiency_for(self, kind: str) -> float:
         """Efficiency of layer kind ``kind``'s forward (its entry's ``value``), or the ``"default"`` one's."""

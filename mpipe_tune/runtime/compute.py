@@ -4,6 +4,12 @@
 builds no model and sleeps for each compute event's predicted duration (``predicted.durations_s``
 of the plan), so that the executor's transfers and waits can be timed against the prediction with
 many ranks on few cores. Both answer the same calls from :class:`~mpipe_tune.runtime.executor.Executor`.
+
+Data parallelism: replica ``d`` trains its own microbatches, of the plan's stored shapes, numbered
+``d * M + m`` (their synthetic inputs and their losses are keyed by that number), so the ``dp``
+replicas together train ``dp * M`` distinct microbatches. A reduce event sums the gradients of its
+layers over its real process group (:mod:`mpipe_tune.runtime.mesh`): every trained weight's gradient
+is that of the summed loss over all of them, as in the single-process reference.
 """
 
 from __future__ import annotations
@@ -13,17 +19,20 @@ import time
 import torch
 import torch.distributed as dist
 
-from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Group
+from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd
 from mpipe_tune.runtime.data import MicrobatchInputs
+from mpipe_tune.runtime.mesh import RankMesh, all_reduce_bucketed, local_tensor
 from mpipe_tune.runtime.mllm import LayerStack
 from mpipe_tune.runtime.plan_view import PlanView
 
 
 class RealCompute:
-    def __init__(self, view: PlanView, rank: int, stack: LayerStack, *, seed: int, dtype: torch.dtype,
+    def __init__(self, view: PlanView, mesh: RankMesh, stack: LayerStack, *, seed: int, dtype: torch.dtype,
                  device: torch.device, lr: float) -> None:
         self.view = view
-        self.rank = rank
+        self.mesh = mesh
+        self.rank = rank = mesh.pp_rank
+        self._first_mb = mesh.dp_rank * view.num_microbatches
         self.stack = stack
         self.seed = seed
         self.dtype = dtype
@@ -44,7 +53,8 @@ class RealCompute:
 
     def _microbatch(self, m: int) -> MicrobatchInputs:
         if m not in self._inputs:
-            self._inputs[m] = MicrobatchInputs(self.view.microbatches[m], m, self.seed, self.dtype, self.device)
+            self._inputs[m] = MicrobatchInputs(self.view.microbatches[m], self._first_mb + m, self.seed, self.dtype,
+                                               self.device)
         return self._inputs[m]
 
     def forward(self, index: int, event: Fwd, x: torch.Tensor | None) -> torch.Tensor:
@@ -63,7 +73,7 @@ class RealCompute:
 
     def loss(self, index: int) -> None:
         source = self.view.loss_source[index]
-        self.losses[self.view.events[source].mb] = float(self._outputs.pop(source).detach())
+        self.losses[self._first_mb + self.view.events[source].mb] = float(self._outputs.pop(source).detach())
 
     def backward(self, index: int, event: Bwd, grad: torch.Tensor | None) -> torch.Tensor | None:
         x, y = self._saved.pop((event.region, event.mb))
@@ -77,18 +87,13 @@ class RealCompute:
         assert x is not None
         return x.grad if x.grad is not None else torch.zeros_like(x)
 
+    @torch.no_grad()
     def reduce(self, index: int, event: DpReduce) -> None:
-        if event.group is not Group.REPLICA:
-            return  # a DataGroup of one member (dp = 1): nothing to reduce
-        grads = [p.grad for p in self.stack.trainable_parameters(range(*self.view.reduce_layers(event, self.rank)))]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        group = self.mesh.reduce_group(event.group)
+        if group is None:
+            return  # a group of one member (a DataGroup at dp = 1): nothing to reduce
+        layers = range(*self.view.reduce_layers(event, self.rank))
+        all_reduce_bucketed([local_tensor(p.grad) for p in self.stack.trainable_parameters(layers)], group)
 
     @torch.no_grad()
     def update(self) -> None:
@@ -98,11 +103,13 @@ class RealCompute:
 
 
 class EmulatedCompute:
-    """Sleeps for each compute event's predicted seconds; a ReplicaGroup reduce is a real one-element
-    all-reduce (the join of every rank) followed by its predicted seconds."""
+    """Sleeps for each compute event's predicted seconds; a reduce is a real one-element all-reduce over
+    its group (the join of its members, as the shared event is in the order graph) followed by its
+    predicted seconds."""
 
-    def __init__(self, view: PlanView, rank: int, device: torch.device) -> None:
+    def __init__(self, view: PlanView, mesh: RankMesh, device: torch.device) -> None:
         self.view = view
+        self.mesh = mesh
         self.device = device
         self.losses: dict[int, float] = {}
 
@@ -124,8 +131,9 @@ class EmulatedCompute:
         self._sleep(index, time.perf_counter())
 
     def reduce(self, index: int, event: DpReduce) -> None:
-        if event.group is Group.REPLICA:  # joins every rank, as the shared event does in the order graph
-            dist.all_reduce(torch.zeros(1, device=self.device))
+        group = self.mesh.reduce_group(event.group)
+        if group is not None:
+            dist.all_reduce(torch.zeros(1, device=self.device), group=group)
         self._sleep(index, time.perf_counter())
 
     def update(self) -> None:

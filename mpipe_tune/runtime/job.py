@@ -7,10 +7,13 @@ build gets one line and exit code 2 there, before any process or process group e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.cost.layers import DTYPE_BYTES
+from mpipe_tune.runtime import blueprint as blueprints
 from mpipe_tune.runtime.blueprint import blueprint, validate_workload
 from mpipe_tune.runtime.plan_view import PlanView, read_plan_file, validate_model_matches, validate_runnable
 from mpipe_tune.specs import load_model
@@ -22,12 +25,15 @@ DTYPE_NAMES = ("fp32", "fp64", "bf16", "fp16")
 @dataclass(frozen=True)
 class RunJob:
     plan_path: str
+    plan_name: str | None = None
+    """Which plan of the file: ``best`` (the default) or a stored baseline's name."""
     model_spec: str | None = None
     """Built-in model name or YAML file; default: the spec stored in the plan."""
     steps: int = 3
     compute: str = "real"
     """``real``: run the MLLM; ``emulated``: sleep each compute event's predicted duration."""
-    dtype: str = "fp32"
+    dtype: str | None = None
+    """Real compute dtype; default: the plan's (the dtype it was predicted for)."""
     seed: int = 0
     lr: float = 1e-3
     trace: bool = False
@@ -35,10 +41,14 @@ class RunJob:
     grads_dir: str | None = None
     """Checks: each rank saves its first step's gradients and losses (before the update) here."""
 
+    def dtype_for(self, view: PlanView) -> str:
+        """The dtype this job computes in: its own, else the plan's."""
+        return self.dtype or view.dtype
+
     def validate(self) -> None:
         if self.compute not in COMPUTE_MODES:
             raise MpipeError(f"--compute {self.compute!r}: use one of {', '.join(COMPUTE_MODES)}")
-        if self.dtype not in DTYPE_NAMES:
+        if self.dtype is not None and self.dtype not in DTYPE_NAMES:
             raise MpipeError(f"--dtype {self.dtype!r}: use one of {', '.join(DTYPE_NAMES)}")
         if self.steps < 1:
             raise MpipeError(f"--steps is {self.steps}, but a run needs at least one step")
@@ -58,9 +68,55 @@ def resolve_model(view: PlanView, model_spec: str | None) -> Model:
 def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
     """Every check that needs no process group; one-line :class:`MpipeError` on failure."""
     job.validate()
-    view = read_plan_file(job.plan_path)
+    view = read_plan_file(job.plan_path, plan_name=job.plan_name)
     model = resolve_model(view, job.model_spec)
     validate_runnable(view, world_size)
     if job.compute == "real":
-        validate_workload(blueprint(model), view.microbatches)
+        dtype = job.dtype_for(view)
+        if dtype not in DTYPE_NAMES:
+            raise MpipeError(f"plan file {view.path} was predicted for dtype {dtype}, which the runtime cannot compute "
+                             f"in; pass --dtype with one of {', '.join(DTYPE_NAMES)} or re-plan with --dtype bf16")
+        specs = blueprint(model)
+        validate_workload(specs, view.microbatches)
+        blueprints.validate_tensor_parallel(specs, view.layout.tp)
     return view
+
+
+def validate_memory(view: PlanView, job: RunJob, local_ranks: Sequence[int], available_bytes: float, *,
+                    shared: bool, where: str) -> None:
+    """Refuse a real-compute run whose predicted memory exceeds what the device has.
+
+    ``local_ranks`` are the global ranks on this host; with ``shared`` (host memory, the CPU) their
+    predicted peaks add up against ``available_bytes``, otherwise each rank's peak is compared with
+    its own device's ``available_bytes``. A job in another dtype than the plan's scales the
+    prediction by the ratio of element sizes. Emulated compute allocates no model: nothing to check.
+    """
+    if job.compute != "real":
+        return
+    scale = DTYPE_BYTES[job.dtype_for(view)] / DTYPE_BYTES.get(view.dtype, DTYPE_BYTES[job.dtype_for(view)])
+    ranks = view.record["predicted"]["ranks"]
+    peaks = [float(ranks[view.layout.coordinates(g)[0]]["memory"]["peak_bytes"]) * scale for g in local_ranks]
+    need = sum(peaks) if shared else max(peaks, default=0.0)
+    if need > available_bytes:
+        what = f"{len(peaks)} local ranks together" if shared else "its busiest rank"
+        raise MpipeError(
+            f"plan file {view.path} needs {need / 2**30:.2f} GiB of predicted memory ({what}, "
+            f"{job.dtype_for(view)}) but {where} has {available_bytes / 2**30:.2f} GiB available; re-plan for more "
+            f"devices or a smaller workload (e.g. --workload smoke), or use --compute emulated"
+        )
+
+
+def check_host(view: PlanView, job: RunJob, device_kind: str) -> list[str]:
+    """The device checks of a run on this host, after :func:`preflight`: the device gives every local
+    rank one device, and a real-compute run fits its memory (one-line errors). Returns notes to show
+    before the run starts (a dtype the device lacks or is slow in)."""
+    from mpipe_tune.runtime import launch
+
+    ranks = launch.local_ranks(view.layout.world_size)
+    launch.check_device(device_kind, len(ranks))
+    if job.compute != "real":
+        return []
+    available, shared, where = launch.available_memory(device_kind)
+    validate_memory(view, job, ranks, available, shared=shared, where=where)
+    note = launch.dtype_note(device_kind, job.dtype_for(view))
+    return [note] if note else []

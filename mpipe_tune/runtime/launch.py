@@ -95,6 +95,57 @@ def check_device(device_kind: str, local_ranks: int) -> None:
                              f"ranks need one each; check the CANN driver and ASCEND_RT_VISIBLE_DEVICES")
 
 
+def local_ranks(world_size: int) -> list[int]:
+    """Global ranks on this host: all of them for the local spawner, this node's block under torchrun."""
+    if not under_torchrun():
+        return list(range(world_size))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    node = int(os.environ.get("GROUP_RANK", int(os.environ["RANK"]) // per_node))
+    return list(range(node * per_node, min(world_size, (node + 1) * per_node)))
+
+
+def available_memory(device_kind: str) -> tuple[float, bool, str]:
+    """(bytes available, shared by the local ranks?, what it is) of the device ranks run on.
+
+    CPU: the host's available memory (``MemAvailable``), which every local rank shares. CUDA / NPU:
+    the free memory of the first visible device (every rank has a device of its own)."""
+    if device_kind == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+            return kib * 1024.0, True, "this host"
+        except (OSError, StopIteration, ValueError):
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), True, "this host"
+    import torch
+
+    free, _total = (torch.npu if device_kind == "npu" else torch.cuda).mem_get_info(0)
+    return float(free), False, f"{device_kind} device 0"
+
+
+_NATIVE_CPU_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+
+
+def dtype_note(device_kind: str, dtype: str) -> str | None:
+    """One line when ``dtype`` is missing or known to be slow on the device, else ``None``."""
+    if device_kind == "cpu" and dtype in _NATIVE_CPU_FLAGS:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = set(next((line for line in f if line.startswith("flags")), "").split())
+        except OSError:
+            flags = set()
+        if not flags & set(_NATIVE_CPU_FLAGS[dtype]):
+            return (f"{dtype} on this CPU: no native {dtype} matmul ({' or '.join(_NATIVE_CPU_FLAGS[dtype])} not in "
+                    f"/proc/cpuinfo), so torch emulates it, often many times slower than fp32; the prediction holds only "
+                    f"if the profile measured {dtype} here (plan with --dtype fp32, or pass --dtype fp32 to time fp32)")
+        return None
+    if device_kind == "cuda" and dtype == "bf16":
+        import torch
+
+        if not torch.cuda.is_bf16_supported():
+            return "bf16 on this GPU: not supported natively (torch.cuda.is_bf16_supported() is False); use --dtype fp16 or fp32"
+    return None
+
+
 def _import_torch_npu() -> None:
     try:
         import torch_npu  # noqa: F401  (registers the npu device and HCCL)

@@ -38,7 +38,9 @@ def summary(view: PlanView, per_rank: Sequence[Sequence[Any]], **about: Any) -> 
     return {
         "plan": view.path,
         "schedule": view.schedule,
-        "pp": view.num_ranks,
+        "pp": view.layout.pp,
+        "tp": view.layout.tp,
+        "dp": view.layout.dp,
         "microbatches": view.num_microbatches,
         **about,
         "steps": len(times),
@@ -60,8 +62,11 @@ def chrome_trace(view: PlanView, per_rank: Sequence[Sequence[Any]]) -> dict[str,
     inputs in ``args.wait_us``, its predicted duration in ``args.predicted_us``), and one slice per step."""
     events: list[dict[str, Any]] = []
     times = step_times_s(per_rank)
+    layout = view.layout
     for rank, steps in enumerate(per_rank):
-        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+        pp_rank, dp_rank, tp_rank = layout.coordinates(rank)
+        where = f" (pp {pp_rank}, dp {dp_rank}, tp {tp_rank})" if layout.dp * layout.tp > 1 else ""
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}{where}"}})
         events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "events"}})
         events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "steps"}})
         offset = 0.0

@@ -27,8 +27,9 @@ from typing import Any
 from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Event, Fwd, Group, Loss, StepBarrier, parse_event
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.workload import Microbatch
-from mpipe_tune.errors import MpipeError, NotSupportedError
-from mpipe_tune.report.plan_file import load_plan, workload_of
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.report.plan_file import load_plan, select_plan, workload_of
+from mpipe_tune.runtime.layout import ParallelLayout
 
 Stage = tuple[int, int]
 
@@ -88,6 +89,16 @@ class PlanView:
         return len(self.microbatches)
 
     @property
+    def layout(self) -> ParallelLayout:
+        """The plan's (pp, dp, tp) grid of ranks."""
+        return ParallelLayout.of_candidate(self.record["candidate"])
+
+    @property
+    def dtype(self) -> str:
+        """The compute dtype the plan was predicted for."""
+        return str(self.record["candidate"]["dtype"])
+
+    @property
     def schedule(self) -> str:
         return str(self.record["candidate"]["schedule"])
 
@@ -120,9 +131,10 @@ class PlanView:
         return (fwd.region, fwd.rank, fwd.mb) in self.backward_stages
 
 
-def read_plan_file(path: str, model: Model | None = None) -> PlanView:
-    """Load and check a plan file; with ``model``, check it is the model the plan was made for."""
-    record = load_plan(path)
+def read_plan_file(path: str, model: Model | None = None, *, plan_name: str | None = None) -> PlanView:
+    """Load and check a plan file's plan ``plan_name`` (default: the best; or one of its stored
+    baselines); with ``model``, check it is the model the plan was made for."""
+    record = select_plan(load_plan(path), plan_name, where=f"plan file {path}")
     view = _view(path, record)
     if model is not None:
         validate_model_matches(view, model)
@@ -142,18 +154,8 @@ def validate_model_matches(view: PlanView, model: Model) -> None:
 
 def validate_runnable(view: PlanView, world_size: int | None = None) -> None:
     """What this runtime cannot run, as one-line errors, before any process group exists."""
-    candidate = view.record["candidate"]
-    for key, what in (("tp", "tensor"), ("dp", "data")):
-        if candidate.get(key, 1) != 1:
-            raise NotSupportedError(
-                f"plan file {view.path} has {key}={candidate[key]}: the runtime runs pipeline parallelism only "
-                f"({what}-parallel degree 1); re-plan with --{key} 1"
-            )
-    if world_size is not None and world_size != view.num_ranks:
-        raise MpipeError(
-            f"plan file {view.path} is for P={view.num_ranks} pipeline ranks but the world size is {world_size}; "
-            f"launch {view.num_ranks} processes (torchrun --nproc-per-node {view.num_ranks}) or re-plan with --pp {world_size}"
-        )
+    if world_size is not None:
+        view.layout.validate_world_size(world_size, f"plan file {view.path}")
 
 
 def _view(path: str, record: dict[str, Any]) -> PlanView:

@@ -7,6 +7,9 @@
   the source's event order, each event's sends by event index). NCCL matches point-to-point messages
   of a pair in issue order, ignoring tags; posting in the sender's order makes every backend match
   the right message to the right buffer. Gloo also gets the Coll's event index as tag.
+- ``rank`` is the pipeline rank whose order this process runs; ``peer`` maps a pipeline rank to the
+  global rank of the same (dp, tp) coordinate, so each data and tensor-parallel coordinate runs its
+  own copy of the pipeline's transfers.
 - Both ends know every payload's shape (from the workload); an empty payload (a microbatch without
   images crossing an image-stream seam) is not sent at all.
 """
@@ -32,11 +35,13 @@ class Transport:
         shape_of: Callable[[Transfer], tuple[int, ...]],
         dtype: torch.dtype,
         device: torch.device,
+        peer: Callable[[int], int] = lambda pp_rank: pp_rank,
         link_delay_s: Callable[[Transfer], float] | None = None,
     ) -> None:
         """``link_delay_s`` (emulation): the payload is the sender's clock, and a receive returns no
         earlier than that time plus the transfer's delay, as the cost model's link would."""
         self.rank = rank
+        self.peer = peer
         self.shape_of = shape_of
         self.dtype = dtype
         self.device = device
@@ -58,9 +63,9 @@ class Transport:
         token = torch.zeros(1, device=self.device)
         for low, high in self._pairs:
             if self.rank == low:
-                dist.send(token, high)
+                dist.send(token, self.peer(high))
             elif self.rank == high:
-                dist.recv(token, low)
+                dist.recv(token, self.peer(low))
 
     def _incoming_queues(self, view: PlanView) -> dict[int, deque[Transfer]]:
         queues: dict[int, deque[Transfer]] = defaultdict(deque)
@@ -87,7 +92,7 @@ class Transport:
         else:
             assert tensor is not None and tuple(tensor.shape) == self.shape_of(t), (t, None if tensor is None else tensor.shape)
             tensor = tensor.detach().contiguous()
-        self._sends.append((dist.isend(tensor, t.dst_rank, tag=t.index), tensor))
+        self._sends.append((dist.isend(tensor, self.peer(t.dst_rank), tag=t.index), tensor))
 
     def recv(self, t: Transfer) -> torch.Tensor | None:
         if t.is_local:
@@ -110,7 +115,7 @@ class Transport:
             buffer = torch.empty(1, dtype=torch.float64, device=self.device)
         else:
             buffer = torch.empty(self.shape_of(t), dtype=self.dtype, device=self.device)
-        return dist.irecv(buffer, t.src_rank, tag=t.index), buffer
+        return dist.irecv(buffer, self.peer(t.src_rank), tag=t.index), buffer
 
     def finish(self) -> None:
         """End of step: every send has completed and every receive was consumed."""

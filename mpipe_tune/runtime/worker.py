@@ -19,6 +19,7 @@ from mpipe_tune.runtime.executor import Executor
 from mpipe_tune.runtime.job import RunJob, resolve_model
 from mpipe_tune.runtime.launch import RankContext
 from mpipe_tune.runtime.measure import chrome_trace, summary
+from mpipe_tune.runtime.mesh import rank_mesh
 from mpipe_tune.runtime.mllm import DTYPES, LayerStack
 from mpipe_tune.runtime.plan_view import read_plan_file, validate_runnable
 from mpipe_tune.runtime.transport import Transport
@@ -31,18 +32,21 @@ def run_jobs(ctx: RankContext, jobs: list[RunJob]) -> list[dict[str, Any]] | Non
 def run_job(ctx: RankContext, job: RunJob) -> dict[str, Any] | None:
     view = read_plan_file(job.plan_path)
     validate_runnable(view, ctx.world_size)
-    rank, device = ctx.rank, ctx.device
+    device = ctx.device
+    mesh = rank_mesh(view.layout, device.type)
+    rank = mesh.pp_rank  # the pipeline rank whose order this process runs
     if job.compute == "real":
         specs = blueprint(resolve_model(view, job.model_spec))
-        dtype = DTYPES[job.dtype]
-        stack = LayerStack.build(specs, view.layers_of(rank), seed=job.seed, dtype=dtype, device=device)
-        compute = RealCompute(view, rank, stack, seed=job.seed, dtype=dtype, device=device, lr=job.lr)
-        transport = Transport(view, rank, dtype=dtype, device=device,
+        dtype = DTYPES[job.dtype_for(view)]
+        stack = LayerStack.build(specs, view.layers_of(rank), seed=job.seed, dtype=dtype, device=device,
+                                 tp_mesh=mesh.tp_mesh)
+        compute = RealCompute(view, mesh, stack, seed=job.seed, dtype=dtype, device=device, lr=job.lr)
+        transport = Transport(view, rank, dtype=dtype, device=device, peer=mesh.peer,
                               shape_of=lambda t: output_shape(specs[t.boundary_layer], view.microbatches[t.mb]))
     else:
-        compute = EmulatedCompute(view, rank, device)
+        compute = EmulatedCompute(view, mesh, device)
         transport = Transport(view, rank, dtype=torch.float64, device=device, shape_of=lambda t: (1,),
-                              link_delay_s=lambda t: view.durations_s[t.index])
+                              peer=mesh.peer, link_delay_s=lambda t: view.durations_s[t.index])
     transport.connect()
     executor = Executor(view, rank, compute, transport)
     records = []
@@ -51,14 +55,14 @@ def run_job(ctx: RankContext, job: RunJob) -> dict[str, Any] | None:
         if job.grads_dir and step == 0:
             def hook() -> None:
                 torch.save({"grads": compute.stack.named_gradients(), "losses": dict(compute.losses)},
-                           Path(job.grads_dir) / f"rank{rank}.pt")
+                           Path(job.grads_dir) / f"rank{ctx.rank}.pt")
         records.append(executor.run_step(hook))
-    gathered = [None] * ctx.world_size if rank == 0 else None
+    gathered = [None] * ctx.world_size if ctx.rank == 0 else None
     dist.gather_object(records, gathered, dst=0)
-    if rank != 0:
+    if ctx.rank != 0:
         return None
     about = {"device": ctx.device_kind, "backend": ctx.backend, "compute": job.compute,
-             "dtype": job.dtype if job.compute == "real" else None, "world_size": ctx.world_size}
+             "dtype": job.dtype_for(view) if job.compute == "real" else None, "world_size": ctx.world_size}
     result = {"summary": summary(view, gathered, **about)}
     if job.trace:
         result["trace"] = chrome_trace(view, gathered)

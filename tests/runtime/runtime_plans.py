@@ -18,6 +18,8 @@ from mpipe_tune.specs import load_model, load_profile
 TEST_MODEL = str(Path(__file__).with_name("tiny-mllm.yaml"))
 """Every kind the runtime builds (12 layers: 5 image-stream, then embedding .. lm_head)."""
 FIRST_LLM = 5
+MLA_MOE_MODEL = str(Path(__file__).with_name("tiny-mllm-mla-moe.yaml"))
+"""The same encoder in front of an MLA + MoE backbone (its backbone also starts at layer FIRST_LLM)."""
 
 # Images differ per microbatch (one microbatch has none); text lengths differ too.
 WORKLOAD = Workload(
@@ -27,15 +29,18 @@ WORKLOAD = Workload(
 
 
 def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int, *, frozen: tuple[str, ...] = (),
-              model_spec: str = TEST_MODEL, workload: Workload = WORKLOAD, profile: str = "ideal") -> Path:
-    """Predict one candidate and write its plan.json; returns the path."""
+              model_spec: str = TEST_MODEL, workload: Workload = WORKLOAD, profile: str = "ideal",
+              tp: int = 1, dp: int = 1, dtype: str = "fp32") -> Path:
+    """Predict one candidate (``num_ranks`` pipeline ranks, each ``tp`` x ``dp`` devices) and write
+    its plan.json; returns the path."""
     model = load_model(model_spec)
     if frozen:
         model = model.with_frozen(frozen)
     hw = load_profile(profile)
-    options = CostOptions()
+    options = CostOptions(dtype=dtype, tp_degree=tp, dp_degree=dp)
     prediction = predict(Cut(cut), parse_schedule(schedule), model, workload, hw, num_ranks, options=options)
-    name = f"{schedule.replace(',', '_')}-p{num_ranks}" + ("-frozen" if frozen else "") + ".json"
+    name = (f"{Path(model_spec).stem}-{schedule.replace(',', '_')}-p{num_ranks}-tp{tp}-dp{dp}"
+            + ("-frozen" if frozen else "") + ".json")
     path = Path(folder) / name
     dump_plan(plan_record(prediction, model, workload, hw, options, PlanInputs(model_spec, frozen, profile)), path)
     return path

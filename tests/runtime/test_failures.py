@@ -99,11 +99,11 @@ def test_a_plan_for_the_same_model_frozen_differently_is_refused(tmp_path):
     assert_one_line_exit_2(run_cli(str(path)), "hash mismatch")
 
 
-def test_a_world_size_other_than_P_is_refused_before_any_process_group(plan):
+def test_a_world_size_other_than_the_layout_is_refused_before_any_process_group(plan):
     # Nothing listens on this port: creating a process group would hang, not fail in one line.
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
     started = time.monotonic()
-    assert_one_line_exit_2(run_cli(plan, env=env), "P=4 pipeline ranks but the world size is 3")
+    assert_one_line_exit_2(run_cli(plan, env=env), "laid out pp4 x dp1 x tp1 = 4 ranks but the world size is 3")
     assert time.monotonic() - started < 30
 
 
@@ -112,7 +112,7 @@ def test_a_world_size_other_than_P_is_refused_before_any_process_group(plan):
     (lambda text: text.replace('"F2.', '"X2.', 1), "not an event"),
     (lambda text: json.dumps({**json.loads(text), "placement": [{"region": 1}]}), "corrupt"),
     (lambda text: json.dumps({**json.loads(text), "schema": "other"}), "not an mpipe-tune plan"),
-    (lambda text: text.replace('"tp": 1', '"tp": 2'), "tensor-parallel degree 1"),
+    (lambda text: text.replace('"tp": 1', '"tp": 3'), "tp 3"),
 ])
 def test_a_corrupt_or_unrunnable_plan_file_is_refused(plan, tmp_path, damage, words):
     bad = tmp_path / "bad.json"

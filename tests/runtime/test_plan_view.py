@@ -71,10 +71,6 @@ def test_output_shapes_match_the_modules():
       {"name": "a", "block": "llm", "kind": "dense_block", "hidden": 8, "heads": 2, "ffn": 8}], "needs an lm_head"),
     ([{"name": "e", "block": "llm", "kind": "embedding", "vocab": 8, "hidden": 8},
       {"name": "h", "block": "llm", "kind": "lm_head", "hidden": 16, "vocab": 8}], "input width 16"),
-    ([{"name": "e", "block": "llm", "kind": "embedding", "vocab": 8, "hidden": 8},
-      {"name": "a", "block": "llm", "kind": "dense_block", "hidden": 8, "heads": 2, "ffn": 8, "attention": "mla",
-       "kv_lora_rank": 4, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4},
-      {"name": "h", "block": "llm", "kind": "lm_head", "hidden": 8, "vocab": 8}], "attention: mla"),
 ])
 def test_models_the_runtime_cannot_build_get_one_line(tmp_path, layers, words):
     from mpipe_tune.algebra.model import parse_model

@@ -1,0 +1,101 @@
+"""Pipeline x tensor x data parallel runs equal a single-process step (float64), on 4 gloo ranks.
+
+Each (dp, tp) coordinate runs its pipeline rank's order; replica ``d`` trains microbatches
+``d * M .. d * M + M - 1`` of the stored shapes, so the reference is one process stepping through
+``dp * M`` microbatches. Every trained weight's gradient must equal the reference's (the summed loss
+over all of them): tensor-parallel shards are gathered whole, data-parallel and replicated-encoder
+reduces sum over their real process groups. One launch runs every case on the same 4 ranks.
+
+Tolerance: float64, ``rtol 1e-10, atol 1e-12`` on gradients (sums taken in another order across
+ranks), relative ``1e-12`` on the summed loss.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from runtime_plans import FIRST_LLM, MLA_MOE_MODEL, TEST_MODEL, WORKLOAD, make_plan  # noqa: E402
+
+from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
+from mpipe_tune.runtime.job import RunJob  # noqa: E402
+from mpipe_tune.runtime.launch import launch_local  # noqa: E402
+from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
+from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
+from mpipe_tune.specs import load_model  # noqa: E402
+
+FROZEN = ("encoder", "projector")
+LAYOUTS = {"pp2xdp2": (2, 1, 2), "pp2xtp2": (2, 2, 1), "pp1xtp2xdp2": (1, 2, 2)}
+"""name -> (pp, tp, dp)"""
+SCHEDULES = {
+    "1f1b": ("1f1b", (), ()),
+    "transpose,1f1b": ("transpose,1f1b", (FIRST_LLM,), ()),
+    "transpose,1f1b frozen encoder": ("transpose,1f1b", (FIRST_LLM,), FROZEN),
+}
+MODELS = {"dense GQA": TEST_MODEL, "MLA + MoE": MLA_MOE_MODEL}
+CASES = [(m, layout, s) for m in MODELS for layout in LAYOUTS for s in SCHEDULES]
+
+
+def case_id(case) -> str:
+    return " / ".join(case)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("parallel-equivalence")
+    jobs = {}
+    for case in CASES:
+        model, layout, schedule = case
+        pp, tp, dp = LAYOUTS[layout]
+        name, cut, frozen = SCHEDULES[schedule]
+        grads = folder / f"grads-{len(jobs)}"
+        grads.mkdir()
+        path = make_plan(folder, name, cut, pp, frozen=frozen, model_spec=MODELS[model], tp=tp, dp=dp)
+        jobs[case] = RunJob(str(path), steps=1, dtype="fp64", lr=0.05, grads_dir=str(grads))
+    results = launch_local(run_jobs, (list(jobs.values()),), 4, timeout_s=60, deadline_s=240)
+    return jobs, dict(zip(jobs, results))
+
+
+def _reference(model_spec, frozen, dp):
+    model = load_model(model_spec)
+    if frozen:
+        model = model.with_frozen(frozen)
+    return reference_step(blueprint(model), WORKLOAD.microbatches * dp, seed=0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_loss_and_every_gradient_equal_the_single_process_step(runs, case):
+    jobs, results = runs
+    model, layout, schedule = case
+    _pp, _tp, dp = LAYOUTS[layout]
+    ref_loss, ref_grads = _reference(MODELS[model], SCHEDULES[schedule][2], dp)
+    grads, losses = {}, {}
+    files = sorted(Path(jobs[case].grads_dir).glob("rank*.pt"))
+    assert len(files) == 4
+    for f in files:
+        saved = torch.load(f)
+        for m, loss in saved["losses"].items():
+            if m in losses:  # the tensor-parallel ranks of the last stage all compute it
+                assert loss == pytest.approx(losses[m], rel=1e-12)
+            losses[m] = loss
+        for name, g in saved["grads"].items():
+            if name in grads:  # a layer on several ranks (dp replicas, tp ranks, the replicated encoder)
+                torch.testing.assert_close(g, grads[name], rtol=1e-10, atol=1e-12)
+            grads[name] = g
+    assert sorted(losses) == list(range(dp * len(WORKLOAD))), "each replica trains its own microbatches"
+    assert sum(losses.values()) == pytest.approx(ref_loss, rel=1e-12)
+    assert results[case]["summary"]["loss_sums"][0] == pytest.approx(ref_loss, rel=1e-12)
+    assert set(grads) == set(ref_grads), "every trainable parameter (and no frozen one) has a gradient"
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")
+
+
+def test_the_summary_names_the_layout(runs):
+    jobs, results = runs
+    for (model, layout, schedule), result in results.items():
+        pp, tp, dp = LAYOUTS[layout]
+        summary = result["summary"]
+        assert (summary["pp"], summary["tp"], summary["dp"], summary["world_size"]) == (pp, tp, dp, 4)
