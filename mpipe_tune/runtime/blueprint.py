@@ -1,5 +1,6 @@
 """What the runtime builds from a model spec, checked without torch: layer kinds, the tensor that
-flows between consecutive layers, and each layer's output shape for a microbatch.
+flows between consecutive layers, each layer's output shape for a microbatch, and the tensor-parallel
+degrees its layers can be split by.
 
 The flow of a multimodal model, one torch module per model layer::
 
@@ -68,8 +69,6 @@ def blueprint(model: Model) -> tuple[LayerSpec, ...]:
         if kind not in _FLOW:
             raise NotSupportedError(f"{where}: kind {kind!r} has no runtime module; supported: {', '.join(SUPPORTED_KINDS)}")
         dims = resolve_dims(kind, layer.cost.dims_dict())
-        if dims.get("attention") == "mla":
-            raise NotSupportedError(f"{where}: multi-head latent attention (attention: mla) is not supported by the runtime yet; use gqa")
         takes, gives = _FLOW[kind]
         if flowing not in takes:
             got = "nothing (it is the first layer)" if flowing is None else f"a {flowing} tensor"
@@ -115,3 +114,65 @@ def validate_workload(specs: Sequence[LayerSpec], microbatches: Sequence[Microba
                 f"workload microbatch {m} has {mb.image_tokens} image tokens but a sequence of {mb.text_tokens}: "
                 f"the runtime splices image tokens into the sequence, so image_tokens <= text_tokens must hold"
             )
+
+
+_MAX_TP_LISTED = 64
+
+
+def validate_tensor_parallel(specs: Sequence[LayerSpec], tp_degree: int) -> None:
+    """Every split the runtime's tensor parallelism makes (:mod:`mpipe_tune.runtime.tensor_parallel`)
+    must be even: ``tp_degree`` must divide each layer's heads and split widths (ffn, moe_ffn, vocab,
+    the merger's ``hidden * merge_factor``, a two-layer projector's ffn), and a decoder's GQA
+    ``kv_heads`` must be a multiple of it or, when fewer, divide it (each rank keeps one head). The
+    error names the first layer that breaks a rule and the degrees that fit the whole model, e.g.
+    ``tp 3 must divide heads 4 of layer 5 ('dec', dense_block); plan with a tp degree that fits every
+    layer (for this model, up to 64: 1, 2, 4)``. ``tp_degree`` 1 always fits.
+    """
+    if tp_degree == 1:
+        return
+    for spec in specs:
+        problem = _tp_problem(spec, tp_degree)
+        if problem is not None:
+            rule, why = problem
+            fits = [t for t in range(1, _MAX_TP_LISTED + 1) if all(_tp_problem(s, t) is None for s in specs)]
+            raise MpipeError(
+                f"tp {tp_degree} {rule} of layer {spec.index} ('{spec.name}', {spec.kind}){why}; plan with a tp "
+                f"degree that fits every layer (for this model, up to {_MAX_TP_LISTED}: {', '.join(map(str, fits))})"
+            )
+
+
+def _tp_splits(spec: LayerSpec) -> list[tuple[str, int]]:
+    """(field, value) of every dimension that layer ``spec``'s tensor-parallel plan splits evenly."""
+    d = dict(spec.dims)
+    kind = spec.kind
+    if kind in ("embedding", "lm_head"):
+        return [("vocab", d["vocab"])]
+    if kind == "vit_block":
+        return [("heads", d["heads"]), ("ffn", d["ffn"])]
+    if kind == "merger":
+        return [("hidden * merge_factor", d["hidden"] * d["merge_factor"])]
+    if kind == "projector":
+        if d["depth"] == 1:
+            return []
+        return [("ffn", d["ffn"])] if d["ffn"] else [("hidden (the projector's default ffn)", d["hidden"])]
+    if kind == "dense_block":
+        return [("heads", d["heads"]), ("ffn", d["ffn"])]
+    if kind == "moe_block":
+        return [("heads", d["heads"]), ("moe_ffn", d["moe_ffn"])]
+    return []  # patch_embed: replicated
+
+
+def _tp_problem(spec: LayerSpec, tp_degree: int) -> tuple[str, str] | None:
+    """What ``tp_degree`` breaks in layer ``spec`` and why it must hold (``("must divide heads 4", "")``),
+    or None when it fits."""
+    for field, value in _tp_splits(spec):
+        if value % tp_degree != 0:
+            return f"must divide {field} {value}", ""
+    kv_heads = spec.dim("kv_heads") if spec.kind in ("dense_block", "moe_block") else None
+    if kv_heads is not None:  # GQA (MLA splits by heads only)
+        if kv_heads >= tp_degree and kv_heads % tp_degree != 0:
+            return f"must divide kv_heads {kv_heads}", ", which are split over the ranks when there are at least tp"
+        if kv_heads < tp_degree and tp_degree % kv_heads != 0:
+            return (f"must be a multiple of kv_heads {kv_heads}",
+                    ", since with fewer key/value heads than ranks each rank keeps one of them")
+    return None

@@ -24,6 +24,7 @@ from mpipe_tune.runtime.data import MicrobatchInputs
 from mpipe_tune.runtime.mesh import RankMesh, all_reduce_bucketed, local_tensor
 from mpipe_tune.runtime.mllm import LayerStack
 from mpipe_tune.runtime.plan_view import PlanView
+from mpipe_tune.runtime.tensor_parallel import tp_context
 
 
 class RealCompute:
@@ -63,7 +64,7 @@ class RealCompute:
         if x is not None:
             bwd = self._bwd_of.get((event.region, event.mb))
             x = x.detach().requires_grad_(bwd is not None and self.view.needs_input_grad(bwd))
-        with torch.set_grad_enabled(track):
+        with torch.set_grad_enabled(track), tp_context(self.mesh.tp_mesh):
             y = self.stack.run(start, stop, x, self._microbatch(event.mb))
         if track:
             self._saved[(event.region, event.mb)] = (x, y)
@@ -77,11 +78,12 @@ class RealCompute:
 
     def backward(self, index: int, event: Bwd, grad: torch.Tensor | None) -> torch.Tensor | None:
         x, y = self._saved.pop((event.region, event.mb))
-        if index in self.view.loss_fed:
-            torch.autograd.backward(y)
-        else:
-            assert grad is not None, f"{event} has no output gradient"
-            torch.autograd.backward(y, grad)
+        with tp_context(self.mesh.tp_mesh):
+            if index in self.view.loss_fed:
+                torch.autograd.backward(y)
+            else:
+                assert grad is not None, f"{event} has no output gradient"
+                torch.autograd.backward(y, grad)
         if not self.view.needs_input_grad(index):
             return None
         assert x is not None

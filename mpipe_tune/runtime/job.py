@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.cost.layers import DTYPE_BYTES
-from mpipe_tune.runtime import blueprint as blueprints
-from mpipe_tune.runtime.blueprint import blueprint, validate_workload
+from mpipe_tune.runtime.blueprint import blueprint, validate_tensor_parallel, validate_workload
 from mpipe_tune.runtime.plan_view import PlanView, read_plan_file, validate_model_matches, validate_runnable
 from mpipe_tune.specs import load_model
 
@@ -78,7 +77,7 @@ def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
                              f"in; pass --dtype with one of {', '.join(DTYPE_NAMES)} or re-plan with --dtype bf16")
         specs = blueprint(model)
         validate_workload(specs, view.microbatches)
-        blueprints.validate_tensor_parallel(specs, view.layout.tp)
+        validate_tensor_parallel(specs, view.layout.tp)
     return view
 
 

@@ -6,12 +6,16 @@ the first layer) and ``inputs`` the microbatch's :class:`~mpipe_tune.runtime.dat
 
 Modelling choices, kept simple because the runtime checks schedules, not model quality:
 ViT blocks are pre-LayerNorm with full attention inside each image and no 2D RoPE; decoder blocks
-are pre-RMSNorm with causal grouped-query attention and no RoPE; MoE blocks route each token to its
-``top_k`` experts by softmax scores (experts run one after another, no expert parallelism); the LM
-head is a final RMSNorm, the vocabulary projection and the mean cross-entropy over the sequence.
+are pre-RMSNorm with causal attention, grouped-query (``attention: gqa``) or DeepSeek's multi-head
+latent attention (``attention: mla``), both without RoPE rotation; MoE blocks route each token to
+its ``top_k`` experts by softmax scores (experts run one after another, no expert parallelism); the
+LM head is a final RMSNorm, the vocabulary projection and the mean cross-entropy over the sequence.
 
 Parameters are initialised from a generator seeded by (seed, layer index), so every rank and the
-single-process reference hold identical weights for a layer.
+single-process reference hold identical weights for a layer. With a tensor-parallel mesh, each rank
+builds the whole layer and :func:`~mpipe_tune.runtime.tensor_parallel.parallelize_layer` then keeps
+its shards; modules read their local head counts from the local tensor shapes, so the same code
+runs whole and split.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from mpipe_tune.runtime.blueprint import LayerSpec
 from mpipe_tune.runtime.data import MicrobatchInputs, seed_of
+from mpipe_tune.runtime.tensor_parallel import parallelize_layer
 
 
 class RMSNorm(nn.Module):
@@ -47,27 +53,84 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
+class RepeatHeads(nn.Module):
+    """Key/value heads repeated for the query heads that share them: ``[tokens, kv_heads, dim]`` ->
+    ``[tokens, kv_heads * group, dim]``, each head ``group`` times in a row (the grouped-query pairing).
+
+    Weightless; it is a module so that a tensor-parallel plan can make it the point where a rank whose
+    keys and values are replicated keeps the heads of its own query heads.
+    """
+
+    def __init__(self, group: int) -> None:
+        super().__init__()
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens, heads, dim = x.shape
+        return x.unsqueeze(2).expand(tokens, heads, self.group, dim).reshape(tokens, heads * self.group, dim)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
+    """Scaled dot-product attention of ``[tokens, heads, dim]`` q, k, v; ``[tokens, heads * v_dim]``."""
+    y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=causal)
+    return y.transpose(0, 1).reshape(q.shape[0], -1)
+
+
 class Attention(nn.Module):
     """Multi-head or grouped-query attention over one sequence ``[tokens, width]``."""
 
     def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, *, qkv_bias: bool, out_bias: bool) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.head_dim = head_dim
         self.q = nn.Linear(width, heads * head_dim, bias=qkv_bias)
         self.k = nn.Linear(width, kv_heads * head_dim, bias=qkv_bias)
         self.v = nn.Linear(width, kv_heads * head_dim, bias=qkv_bias)
+        self.kv_repeat = RepeatHeads(heads // kv_heads)
         self.out = nn.Linear(heads * head_dim, width, bias=out_bias)
 
     def forward(self, x: torch.Tensor, *, causal: bool) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q(x).view(tokens, self.heads, self.head_dim).transpose(0, 1)
-        k = self.k(x).view(tokens, self.kv_heads, self.head_dim).transpose(0, 1)
-        v = self.v(x).view(tokens, self.kv_heads, self.head_dim).transpose(0, 1)
-        if self.kv_heads != self.heads:
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=0)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=0)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return self.out(y.transpose(0, 1).reshape(tokens, self.heads * self.head_dim))
+        q = self.q(x).view(tokens, -1, self.head_dim)
+        k = self.kv_repeat(self.k(x).view(tokens, -1, self.head_dim))
+        v = self.kv_repeat(self.v(x).view(tokens, -1, self.head_dim))
+        return self.out(_attend(q, k, v, causal=causal))
+
+
+class LatentAttention(nn.Module):
+    """DeepSeek's multi-head latent attention (MLA), causal, over one sequence ``[tokens, hidden]``.
+
+    q: ``hidden`` -> (down-projection to ``q_lora_rank``, RMSNorm, if ``q_lora_rank`` is set) ->
+    ``heads * (qk_nope_head_dim + qk_rope_head_dim)``. kv: ``hidden`` -> ``kv_lora_rank +
+    qk_rope_head_dim``; the latent part is RMSNormed and up-projected to ``heads * (qk_nope_head_dim +
+    v_head_dim)`` (each head's no-position key and value), the rope part is one key shared by every
+    head. Scores are scaled by ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``; the output projection
+    maps ``heads * v_head_dim`` back to ``hidden``. No biases, and no RoPE rotation of the rope parts
+    (the runtime skips RoPE for GQA too): they are plain extra query/key features.
+    """
+
+    def __init__(self, d: dict) -> None:
+        super().__init__()
+        hidden, heads, q_lora, kv_lora = d["hidden"], d["heads"], d["q_lora_rank"], d["kv_lora_rank"]
+        self.nope, self.rope, self.v_dim = d["qk_nope_head_dim"], d["qk_rope_head_dim"], d["v_head_dim"]
+        self.kv_lora = kv_lora
+        self.q_down = nn.Linear(hidden, q_lora, bias=False) if q_lora else None
+        self.q_norm = RMSNorm(q_lora) if q_lora else None
+        self.q_up = nn.Linear(q_lora or hidden, heads * (self.nope + self.rope), bias=False)
+        self.kv_down = nn.Linear(hidden, kv_lora + self.rope, bias=False)
+        self.kv_norm = RMSNorm(kv_lora)
+        self.kv_up = nn.Linear(kv_lora, heads * (self.nope + self.v_dim), bias=False)
+        self.rope_repeat = RepeatHeads(heads)
+        self.out = nn.Linear(heads * self.v_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, *, causal: bool) -> torch.Tensor:
+        tokens = x.shape[0]
+        q_in = x if self.q_down is None else self.q_norm(self.q_down(x))
+        q = self.q_up(q_in).view(tokens, -1, self.nope + self.rope)
+        latent, k_rope = self.kv_down(x).split([self.kv_lora, self.rope], dim=-1)
+        k_nope, v = self.kv_up(self.kv_norm(latent)).view(tokens, -1, self.nope + self.v_dim).split(
+            [self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, self.rope_repeat(k_rope.unsqueeze(1))], dim=-1)
+        return self.out(_attend(q, k, v, causal=causal))
 
 
 class PatchEmbed(nn.Module):
@@ -144,13 +207,17 @@ class Embedding(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """Pre-RMSNorm causal attention and a dense MLP (``dense_block``) or routed experts (``moe_block``)."""
+    """Pre-RMSNorm causal attention (GQA or MLA) and a dense MLP (``dense_block``) or routed experts
+    (``moe_block``)."""
 
     def __init__(self, d: dict, *, moe: bool) -> None:
         super().__init__()
         hidden = d["hidden"]
         self.norm1 = RMSNorm(hidden)
-        self.attn = Attention(hidden, d["heads"], d["kv_heads"], d["head_dim"], qkv_bias=d["qkv_bias"], out_bias=False)
+        if d["attention"] == "mla":
+            self.attn = LatentAttention(d)
+        else:
+            self.attn = Attention(hidden, d["heads"], d["kv_heads"], d["head_dim"], qkv_bias=d["qkv_bias"], out_bias=False)
         self.norm2 = RMSNorm(hidden)
         if moe:
             self.mlp = MoE(d)
@@ -192,6 +259,8 @@ class LMHead(nn.Module):
         self.proj = nn.Linear(d["hidden"], d["vocab"], bias=False)
 
     def forward(self, x: torch.Tensor, inputs: MicrobatchInputs) -> torch.Tensor:
+        """The mean cross-entropy over the sequence (a scalar). Split by vocabulary, the logits are a
+        DTensor and the loss is vocab-parallel: see :func:`~mpipe_tune.runtime.tensor_parallel.tp_context`."""
         logits = self.proj(self.norm(x))
         return F.cross_entropy(logits, inputs.targets(self.vocab))
 
@@ -208,11 +277,18 @@ _MODULES = {
 }
 
 
-def build_layer(spec: LayerSpec, *, seed: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """The module of one model layer, initialised deterministically from (seed, layer index)."""
+def build_layer(spec: LayerSpec, *, seed: int, dtype: torch.dtype, device: torch.device,
+                tp_mesh: DeviceMesh | None = None) -> nn.Module:
+    """The module of one model layer, initialised deterministically from (seed, layer index).
+
+    With a ``tp_mesh`` of more than one rank the whole layer is built (the same weights on every rank)
+    and then split over the mesh by :func:`~mpipe_tune.runtime.tensor_parallel.parallelize_layer`.
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_of("layer", seed, spec.index))
         module = _MODULES[spec.kind](dict(spec.dims))
     module.to(dtype=dtype, device=device)
     module.requires_grad_(spec.trainable)
+    if tp_mesh is not None and tp_mesh.size() > 1:
+        parallelize_layer(module, spec, tp_mesh)
     return module

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from mpipe_tune.cost.workload import Microbatch
 from mpipe_tune.runtime.blueprint import LayerSpec
 from mpipe_tune.runtime.data import MicrobatchInputs
 from mpipe_tune.runtime.layers import build_layer
+from mpipe_tune.runtime.tensor_parallel import full_gradient
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -30,8 +32,11 @@ class LayerStack:
 
     @classmethod
     def build(cls, specs: Sequence[LayerSpec], indices: Iterable[int], *, seed: int, dtype: torch.dtype,
-              device: torch.device) -> LayerStack:
-        modules = {i: build_layer(specs[i], seed=seed, dtype=dtype, device=device) for i in sorted(set(indices))}
+              device: torch.device, tp_mesh: DeviceMesh | None = None) -> LayerStack:
+        """The layers ``indices`` of ``specs``; with a ``tp_mesh`` of more than one rank each is split over
+        it (:mod:`~mpipe_tune.runtime.tensor_parallel`: run steps inside its ``tp_context(tp_mesh)``)."""
+        modules = {i: build_layer(specs[i], seed=seed, dtype=dtype, device=device, tp_mesh=tp_mesh)
+                   for i in sorted(set(indices))}
         return cls(tuple(specs), modules)
 
     def run(self, start: int, stop: int, x: torch.Tensor | None, inputs: MicrobatchInputs) -> torch.Tensor:
@@ -40,12 +45,15 @@ class LayerStack:
         return x
 
     def trainable_parameters(self, layers: Iterable[int] | None = None) -> list[nn.Parameter]:
-        """Trainable parameters of the given layers (default: every layer held)."""
+        """Trainable parameters of the given layers (default: every layer held). A tensor-parallel split
+        parameter is a DTensor and so is its ``.grad``: reduce and update its ``to_local()`` shard."""
         chosen = self.modules if layers is None else [i for i in layers if i in self.modules]
         return [p for i in sorted(chosen) for p in self.modules[i].parameters() if p.requires_grad]
 
     def named_gradients(self) -> dict[str, torch.Tensor]:
-        return {f"{i}.{name}": p.grad.detach().cpu().clone()
+        """Every trainable parameter's whole gradient, by ``"<layer index>.<parameter name>"``. Split
+        parameters' are gathered (:func:`full_gradient`): every rank of a tensor-parallel group must call it."""
+        return {f"{i}.{name}": full_gradient(p).detach().cpu().clone()
                 for i, m in self.modules.items() for name, p in m.named_parameters() if p.requires_grad}
 
     def zero_grads(self) -> None:

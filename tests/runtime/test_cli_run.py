@@ -65,4 +65,13 @@ def test_emulated_run_needs_no_architecture_and_never_beats_the_prediction(tmp_p
 def test_table_output(plan, capsys):
     assert main(["run", str(plan), "--steps", "1", "--model", TEST_MODEL]) == 0
     stdout = capsys.readouterr().out
-    assert "<transpose,1f1b> P=2 M=4 on cpu (gloo)" in stdout and "measured/predicted" in stdout
+    assert "<transpose,1f1b> pp2 tp1 dp1 M=4 on 2 cpu rank(s) (gloo)" in stdout and "measured/predicted" in stdout
+
+
+def test_a_tensor_and_data_parallel_plan_runs_from_the_cli(tmp_path, capsys):
+    """pp 1 x tp 2 x dp 2 on 4 gloo ranks, real compute: the summary names the layout."""
+    plan = make_plan(tmp_path, "transpose,1f1b", (FIRST_LLM,), 1, tp=2, dp=2)
+    assert main(["run", str(plan), "--steps", "1", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert (record["pp"], record["tp"], record["dp"], record["world_size"]) == (1, 2, 2, 4)
+    assert record["dtype"] == "fp32" and record["loss_sums"][0] > 0
