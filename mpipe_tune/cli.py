@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from mpipe_tune.cli_bench import Bench
 from mpipe_tune.cli_plan import Plan, Show
 from mpipe_tune.cli_profile import Profile
 from mpipe_tune.cli_run import Run
@@ -166,7 +167,7 @@ class Profiles(Command):
         return 0
 
 
-COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Plan(), Show()]
+COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show()]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,7 +40,9 @@ def _problem(args: argparse.Namespace):
     profile = load_profile(args.profile)
     options = CostOptions(dtype=args.dtype)
     options.dtype_bytes()
-    profile.peak(args.dtype)
+    note = profile.slow_dtype_note(args.dtype)
+    if note:
+        print(f"mpipe-tune plan: note: {note}", file=sys.stderr)
     if args.workload in MIXES:
         global_batch = args.global_batch or 4 * args.devices
         problem = Problem(model, profile, args.devices, global_batch, mix=args.workload, num_samples=args.samples,
@@ -70,6 +72,16 @@ def _space_options(args: argparse.Namespace):
     recompute = {"off": (False,), "on": (True,), "search": (False, True)}[args.recompute]
     return SpaceOptions(skeletons=skeletons, max_chunks=args.max_chunks, cut_window=args.cut_window,
                         owner_policies=owners, max_microbatches=args.max_microbatches, recompute=recompute, **pins)
+
+
+def _section(evaluator, evaluation) -> dict:
+    """A baseline's runnable plan-file section, predicted as the best plan's is."""
+    from mpipe_tune.report.plan_file import plan_section
+
+    c = evaluation.candidate
+    prediction, workload = evaluator.prediction(c)
+    p = evaluator.problem
+    return plan_section(prediction, p.model, workload, p.profile, evaluator.options(c))
 
 
 def _draw(evaluator, evaluation, path: str, title: str) -> None:
@@ -154,9 +166,9 @@ class Plan(Command):
         baselines = evaluate_baselines(evaluator, space, best)
         rows = comparison_rows(best, baselines)
         prediction, workload = evaluator.prediction(best.candidate)
-        options = evaluator.options(best.candidate)
-        record = plan_record(prediction, problem.model, workload, problem.profile, options,
-                             PlanInputs(args.model, frozen, args.profile))
+        sections = {name: _section(evaluator, e) for name, e in baselines if e is not None}
+        record = plan_record(prediction, problem.model, workload, problem.profile, evaluator.options(best.candidate),
+                             PlanInputs(args.model, frozen, args.profile), baselines=sections)
         summary = {
             "objective": "mean predicted step time over the sampled steps",
             "candidate": best.candidate.to_dict(),

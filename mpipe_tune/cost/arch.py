@@ -30,11 +30,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.cost.arch_dims import (
     ARCH_KINDS,
     IMAGE_STREAM_KINDS,
     OPTIONAL_DIMS,
     resolve_dims,
+    tensor_parallel_problem,
     validate_arch,
 )
 from mpipe_tune.cost.arch_layers import build_layer
@@ -48,6 +50,7 @@ __all__ = [
     "activated_param_count",
     "estimate_arch_work",
     "param_count",
+    "tensor_parallel_fits",
     "validate_arch",
 ]
 
@@ -122,3 +125,12 @@ def activated_param_count(kind: str, dims: Mapping[str, object]) -> int:
     router and the attention; for every other kind the same as :func:`param_count`."""
     layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
     return sum(p.active_params for p in layer.pieces)
+
+
+def tensor_parallel_fits(model: Model, tp_degree: int) -> bool:
+    """Whether every architecture layer of ``model`` splits evenly over ``tp_degree`` ranks
+    (:func:`~mpipe_tune.cost.arch_dims.tensor_parallel_problem`); explicit-cost layers always do."""
+    return all(
+        tensor_parallel_problem(layer.cost.kind, resolve_dims(layer.cost.kind, layer.cost.dims_dict()), tp_degree) is None
+        for layer in model.layers if isinstance(layer.cost, ArchCost)
+    )

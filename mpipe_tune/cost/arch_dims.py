@@ -168,3 +168,46 @@ def _check_divides(name: str, value: object, of_name: str, of_value: object, *, 
             f"{where}: field {name!r} = {value} must divide {of_name!r} = {of_value}; "
             f"choose a divisor of {of_value} {fix}".rstrip()
         )
+
+
+def _tp_splits(kind: str, d: Mapping[str, object]) -> list[tuple[str, int]]:
+    """(field, value) of every dimension the tensor-parallel split of a ``kind`` layer divides evenly."""
+    if kind in ("embedding", "lm_head"):
+        return [("vocab", d["vocab"])]
+    if kind == "vit_block":
+        return [("heads", d["heads"]), ("ffn", d["ffn"])]
+    if kind == "merger":
+        return [("hidden * merge_factor", d["hidden"] * d["merge_factor"])]
+    if kind == "projector":
+        if d["depth"] == 1:
+            return []
+        return [("ffn", d["ffn"])] if d["ffn"] else [("hidden (the projector's default ffn)", d["hidden"])]
+    if kind == "dense_block":
+        return [("heads", d["heads"]), ("ffn", d["ffn"])]
+    if kind == "moe_block":
+        return [("heads", d["heads"]), ("moe_ffn", d["moe_ffn"])]
+    return []  # patch_embed: replicated
+
+
+def tensor_parallel_problem(kind: str, dims: Mapping[str, object], tp_degree: int) -> tuple[str, str] | None:
+    """What ``tp_degree`` breaks in a ``kind`` layer of resolved ``dims`` and why it must hold
+    (``("must divide heads 4", "")``), or None when it fits.
+
+    Tensor parallelism splits heads and matmul widths evenly over the ranks (Megatron-LM's column/row
+    split, as :mod:`mpipe_tune.cost.arch_layers` charges it and the runtime executes it); a decoder's
+    GQA ``kv_heads`` must be a multiple of the degree or, when fewer, divide it (each rank keeps one).
+
+    >>> tensor_parallel_problem("dense_block", resolve_dims("dense_block", {"hidden": 64, "heads": 4, "ffn": 128}), 3)
+    ('must divide heads 4', '')
+    """
+    for field, value in _tp_splits(kind, dims):
+        if value % tp_degree != 0:
+            return f"must divide {field} {value}", ""
+    kv_heads = dims.get("kv_heads") if kind in ("dense_block", "moe_block") else None
+    if kv_heads is not None:  # GQA (MLA splits by heads only)
+        if kv_heads >= tp_degree and kv_heads % tp_degree != 0:
+            return f"must divide kv_heads {kv_heads}", ", which are split over the ranks when there are at least tp"
+        if kv_heads < tp_degree and tp_degree % kv_heads != 0:
+            return (f"must be a multiple of kv_heads {kv_heads}",
+                    ", since with fewer key/value heads than ranks each rank keeps one of them")
+    return None

@@ -1,6 +1,7 @@
-"""Per-rank timeline pictures in the style of the paper's Figure 2.
+"""Per-rank timeline pictures in the style of the paper's Figure 2: predicted (:func:`draw_gantt`,
+from a prediction's timeline) and measured (:func:`draw_measured_gantt`, from a run's Chrome trace).
 
-One row per pipeline rank; encoder forwards, backbone forwards, backwards, encoder backwards and
+One row per rank; encoder forwards, backbone forwards, backwards, encoder backwards and
 reduces in distinct colours, microbatch numbers on the bars. Collectives occupy links, not ranks, so
 they are drawn as thin bars under the row of the rank that sends them.
 """
@@ -9,12 +10,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from mpipe_tune.algebra.derive import Plan
-from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Fwd, Loss
+from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Fwd, Loss, parse_event
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.errors import MpipeError
 
@@ -28,8 +31,7 @@ COLOURS = {
 }
 
 
-def _category(plan: Plan, event) -> str | None:
-    replicated = {p.region for p in plan.placement if p.layout is Layout.REPLICATED}
+def _category(replicated: set[int], event) -> str | None:
     if isinstance(event, Fwd):
         return "encoder fwd" if event.region in replicated else "forward"
     if isinstance(event, Bwd):
@@ -41,8 +43,49 @@ def _category(plan: Plan, event) -> str | None:
     return None
 
 
+def _time_unit(makespan_s: float) -> tuple[float, str]:
+    return (1e3, "ms") if makespan_s < 10 else (1.0, "s")
+
+
 def draw_gantt(plan: Plan, start_s: np.ndarray, durations_s: np.ndarray, path: str | os.PathLike, *, title: str = "") -> None:
-    """Write a PNG (or any matplotlib format by suffix) of the per-rank timeline to ``path``."""
+    """Write a PNG (or any matplotlib format by suffix) of the predicted per-rank timeline to ``path``."""
+    replicated = {p.region for p in plan.placement if p.layout is Layout.REPLICATED}
+    bars = [(rank, plan.order.events[i], float(start_s[i]), float(durations_s[i]))
+            for rank, nodes in enumerate(plan.order.nodes) for i in nodes]
+    links = [(event.src[1], float(start_s[i]), float(durations_s[i]))
+             for i, event in enumerate(plan.order.events) if isinstance(event, Coll)]
+    makespan = float((start_s + durations_s).max(initial=0.0))
+    scale, unit = _time_unit(makespan)
+    title = title or f"<{plan.schedule}>  P={plan.num_ranks}  M={plan.num_microbatches}  step {makespan * scale:.3g} {unit}"
+    _draw(bars, links, [f"rank {r}" for r in range(plan.num_ranks)], replicated, makespan, path, title)
+
+
+def draw_measured_gantt(trace: dict[str, Any], path: str | os.PathLike, *, replicated_regions: Iterable[int] = (),
+                        title: str = "", step: int | None = None) -> None:
+    """Draw one measured step of a Chrome trace (:func:`mpipe_tune.runtime.measure.chrome_trace`) in
+    the look of :func:`draw_gantt` (``title`` is followed by the step and its measured time): each event's measured span (its wait for inputs left out), from
+    its rank's step start. ``step``: which step (default the last); ``replicated_regions``: the
+    plan's replicated regions, drawn in the encoder colours. Transfers run inside the events' spans,
+    so there are no collective bars."""
+    slices = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    step = max(e["args"]["step"] for e in slices) if step is None else step
+    step_start = {e["pid"]: e for e in slices if e["tid"] == 1 and e["args"]["step"] == step}
+    rows = sorted(step_start)
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    bars = [(rows.index(e["pid"]), parse_event(e["name"]), (e["ts"] - step_start[e["pid"]]["ts"]) * 1e-6, e["dur"] * 1e-6)
+            for e in slices if e["tid"] == 0 and e["args"]["step"] == step]
+    makespan = max((e["dur"] * 1e-6 for e in step_start.values()), default=0.0)
+    scale, unit = _time_unit(makespan)
+    title = (f"{title}: " if title else "") + f"measured step {step}, {makespan * scale:.4g} {unit}"
+    _draw(bars, [], [names.get(pid, f"rank {pid}") for pid in rows], set(replicated_regions), makespan, path, title,
+          legend=[k for k in COLOURS if k != "collective"])
+
+
+def _draw(bars: list[tuple[int, Any, float, float]], links: list[tuple[int, float, float]], row_labels: list[str],
+          replicated: set[int], makespan_s: float, path: str | os.PathLike, title: str,
+          legend: list[str] | None = None) -> None:
+    """The picture: ``bars`` (row, event, start, duration) on ranks, ``links`` (row, start, duration)
+    thin under the row that sends them."""
     try:
         import matplotlib
 
@@ -54,30 +97,28 @@ def draw_gantt(plan: Plan, start_s: np.ndarray, durations_s: np.ndarray, path: s
     path = Path(path)
     if not path.parent.exists():
         raise MpipeError(f"--gantt {path}: folder {path.parent} does not exist; create it or pick another path")
-    makespan = float((start_s + durations_s).max(initial=0.0)) or 1.0
-    fig, ax = plt.subplots(figsize=(12, 0.6 * plan.num_ranks + 1.6))
-    scale, unit = (1e3, "ms") if makespan < 10 else (1.0, "s")
+    num_rows = len(row_labels)
+    makespan = makespan_s or 1.0
+    fig, ax = plt.subplots(figsize=(12, 0.6 * num_rows + 1.6))
+    scale, unit = _time_unit(makespan)
     label_min = makespan * 0.012
-    for rank, nodes in enumerate(plan.order.nodes):
-        for i in nodes:
-            event = plan.order.events[i]
-            category = _category(plan, event)
-            if category is None or durations_s[i] <= 0:
-                continue
-            x, w = start_s[i] * scale, durations_s[i] * scale
-            ax.barh(rank, w, left=x, height=0.7, color=COLOURS[category], edgecolor="white", linewidth=0.4)
-            if durations_s[i] >= label_min and not isinstance(event, (DpReduce, Loss)):
-                ax.text(x + w / 2, rank, str(event.mb), ha="center", va="center", fontsize=6, color="black")
-    for i, event in enumerate(plan.order.events):
-        if isinstance(event, Coll) and durations_s[i] > 0:
-            ax.barh(event.src[1] + 0.42, durations_s[i] * scale, left=start_s[i] * scale, height=0.12,
-                    color=COLOURS["collective"])
-    ax.set_yticks(range(plan.num_ranks), [f"rank {r}" for r in range(plan.num_ranks)])
+    for row, event, start, duration in bars:
+        category = _category(replicated, event)
+        if category is None or duration <= 0:
+            continue
+        x, w = start * scale, duration * scale
+        ax.barh(row, w, left=x, height=0.7, color=COLOURS[category], edgecolor="white", linewidth=0.4)
+        if duration >= label_min and not isinstance(event, (DpReduce, Loss)):
+            ax.text(x + w / 2, row, str(event.mb), ha="center", va="center", fontsize=6, color="black")
+    for row, start, duration in links:
+        if duration > 0:
+            ax.barh(row + 0.42, duration * scale, left=start * scale, height=0.12, color=COLOURS["collective"])
+    ax.set_yticks(range(num_rows), row_labels)
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit})")
-    ax.set_title(title or f"<{plan.schedule}>  P={plan.num_ranks}  M={plan.num_microbatches}  step {makespan * scale:.3g} {unit}")
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items()], loc="upper center",
-              bbox_to_anchor=(0.5, -0.35 if plan.num_ranks < 4 else -0.18), ncol=6, fontsize=8, frameon=False)
+    ax.set_title(title)
+    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in (legend or COLOURS)], loc="upper center",
+              bbox_to_anchor=(0.5, -0.35 if num_rows < 4 else -0.18), ncol=6, fontsize=8, frameon=False)
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(prefix=".gantt-", suffix=path.suffix or ".png", dir=path.parent)
     os.close(fd)

@@ -14,11 +14,17 @@ Layout (schema_version 1)::
       "placement": [...], "collectives": {...},
       "order": {"events": ["F1.0#0", ...], "edges": [[src, dst, "activation"], ...],
                 "nodes": [[event index, ...] per rank]},
-      "predicted": {"makespan_s": .., "ranks": [...], "durations_s": [seconds per event]}
+      "predicted": {"makespan_s": .., "ranks": [...], "durations_s": [seconds per event]},
+      "baselines": {"megatron": {"candidate": .., "placement": .., "collectives": .., "order": ..,
+                                 "predicted": .., "workload": {"name": .., "hash": .., "microbatches": [..]}}, ...}
     }
 
-The workload's microbatches are stored in full, so a plan runs and re-predicts without its source
-file. Loading validates the schema and every event text; :func:`load_plan` errors are one line.
+The top level is the search's winner (``best``); ``baselines`` (optional: ``plan`` writes it,
+``predict``-made files lack it) holds each baseline planned beside it as a section of the same
+fields, with its own workload (interleaving may take another microbatch count), at the same degrees.
+:func:`select_plan` turns any of them into a top-level record. The workloads' microbatches are
+stored in full, so a plan runs and re-predicts without its source file. Loading validates the
+schema and every section's event texts; :func:`load_plan` errors are one line.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,21 +56,19 @@ class PlanInputs:
     profile_spec: str
 
 
-def plan_record(prediction, model, workload: Workload, profile, options, inputs: PlanInputs) -> dict[str, Any]:
+SECTION_KEYS = ("candidate", "placement", "collectives", "order", "predicted")
+"""The fields of one runnable plan; a baseline's section holds them and its own ``workload``."""
+BEST = "best"
+"""The name that selects the file's top-level plan (the search's winner)."""
+
+
+def plan_section(prediction, model, workload: Workload, profile, options) -> dict[str, Any]:
+    """One runnable plan: candidate, placement, collectives, order, predicted, and the workload it
+    was predicted on. :func:`plan_record` builds the file's top-level plan and every baseline with it."""
     plan = prediction.plan
     derivation = derivation_record(plan)
     replicated = [p for p in derivation["placement"] if "owners" in p]
     return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "tool_version": __version__,
-        "inputs": {
-            "model": {"spec": inputs.model_spec, "name": model.name, "frozen": list(inputs.frozen),
-                      "hash": model.content_hash()},
-            "profile": {"spec": inputs.profile_spec, "name": profile.name, "hash": profile.content_hash()},
-            "workload": {"name": workload.name, "hash": workload_hash(workload),
-                         "microbatches": workload_to_dict(workload)["microbatches"]},
-        },
         "candidate": {
             **candidate_record(plan, options),
             "slabs": [[b - a for a, b in p["slabs"]] for p in derivation["placement"] if "slabs" in p],
@@ -81,7 +86,53 @@ def plan_record(prediction, model, workload: Workload, profile, options, inputs:
                if k in ("makespan_s", "bubble_share", "ranks")},
             "durations_s": [float(d) for d in prediction.timeline.durations_s],
         },
+        "workload": {"name": workload.name, "hash": workload_hash(workload),
+                     "microbatches": workload_to_dict(workload)["microbatches"]},
     }
+
+
+def plan_record(prediction, model, workload: Workload, profile, options, inputs: PlanInputs, *,
+                baselines: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The whole file: the best plan at the top level, and ``baselines`` (name -> a section built
+    by :func:`plan_section`) beside it when given."""
+    section = plan_section(prediction, model, workload, profile, options)
+    stored_workload = section.pop("workload")
+    record = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "inputs": {
+            "model": {"spec": inputs.model_spec, "name": model.name, "frozen": list(inputs.frozen),
+                      "hash": model.content_hash()},
+            "profile": {"spec": inputs.profile_spec, "name": profile.name, "hash": profile.content_hash()},
+            "workload": stored_workload,
+        },
+        **section,
+    }
+    if baselines is not None:
+        assert BEST not in baselines, f"a baseline may not be called {BEST!r}"
+        record["baselines"] = dict(baselines)
+    return record
+
+
+def plan_names(record: dict[str, Any]) -> tuple[str, ...]:
+    """The plans a file holds: ``best``, then its baselines in stored order."""
+    return (BEST, *record.get("baselines", {}))
+
+
+def select_plan(record: dict[str, Any], name: str | None = None, *, where: str = "the plan file") -> dict[str, Any]:
+    """The plan ``name`` of a loaded file as a top-level record: the file itself for the best (None
+    or ``"best"``), or a baseline's sections with the file's model and profile inputs and the
+    baseline's own workload. ``where`` names the file in the error for an unknown name."""
+    if name is None or name == BEST:
+        return record
+    baselines = record.get("baselines", {})
+    if name not in baselines:
+        raise MpipeError(f"{where} holds no plan named {name!r}; it holds {', '.join(plan_names(record))}")
+    section = baselines[name]
+    header = {k: record[k] for k in ("schema", "schema_version", "tool_version")}
+    inputs = {**record["inputs"], "workload": section["workload"]}
+    return {**header, "inputs": inputs, **{k: section[k] for k in SECTION_KEYS}}
 
 
 def dump_plan(record: dict[str, Any], path: str | os.PathLike) -> None:
@@ -116,10 +167,25 @@ def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     if record.get("schema_version") != SCHEMA_VERSION:
         raise MpipeError(f"{where} has schema_version {record.get('schema_version')!r}; this mpipe-tune reads "
                          f"version {SCHEMA_VERSION}: re-create the plan with this version")
-    for key in ("inputs", "candidate", "placement", "collectives", "order", "predicted"):
-        if not isinstance(record.get(key), (dict, list)):
-            raise MpipeError(f"{where}: field '{key}' is missing or malformed; the file is corrupt, re-create it")
-    order = record["order"]
+    if not isinstance(record.get("inputs"), dict):
+        raise MpipeError(f"{where}: field 'inputs' is missing or malformed; the file is corrupt, re-create it")
+    _validate_section(record, record["inputs"].get("workload"), where, "")
+    baselines = record.get("baselines", {})
+    if not isinstance(baselines, dict) or BEST in baselines:
+        raise MpipeError(f"{where}: field 'baselines' is malformed; the file is corrupt, re-create it")
+    for name, section in baselines.items():
+        if not isinstance(section, dict):
+            raise MpipeError(f"{where}: baseline '{name}' is malformed; the file is corrupt, re-create it")
+        _validate_section(section, section.get("workload"), where, f"baseline '{name}': ")
+    return record
+
+
+def _validate_section(section: dict[str, Any], workload: Any, where: str, label: str) -> None:
+    """One plan's fields, its order graph against its event list, and its stored workload."""
+    for key in SECTION_KEYS:
+        if not isinstance(section.get(key), (dict, list)):
+            raise MpipeError(f"{where}: {label}field '{key}' is missing or malformed; the file is corrupt, re-create it")
+    order = section["order"]
     try:
         events = [parse_event(text) for text in order["events"]]
         num = len(events)
@@ -127,14 +193,13 @@ def load_plan(path: str | os.PathLike) -> dict[str, Any]:
             EdgeKind(kind)
             assert 0 <= s < num and 0 <= t < num
         nodes = order["nodes"]
-        assert len(nodes) == record["candidate"]["pp"]
+        assert len(nodes) == section["candidate"]["pp"]
         assert all(0 <= i < num for rank_nodes in nodes for i in rank_nodes)
-        assert len(record["predicted"]["durations_s"]) == num
-        parse_workload({"microbatches": record["inputs"]["workload"]["microbatches"]}, where=where)
+        assert len(section["predicted"]["durations_s"]) == num
+        parse_workload({"microbatches": workload["microbatches"]}, where=where)
     except (KeyError, TypeError, ValueError, AssertionError) as exc:
         detail = str(exc) if isinstance(exc, MpipeError) else type(exc).__name__
-        raise MpipeError(f"{where}: the order section is corrupt ({detail}); re-create the plan") from None
-    return record
+        raise MpipeError(f"{where}: {label}the order section is corrupt ({detail}); re-create the plan") from None
 
 
 def workload_of(record: dict[str, Any]) -> Workload:

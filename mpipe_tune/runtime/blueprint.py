@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipe_tune.algebra.model import ArchCost, Model
-from mpipe_tune.cost.arch_dims import resolve_dims
+from mpipe_tune.cost.arch_dims import resolve_dims, tensor_parallel_problem
 from mpipe_tune.cost.workload import Microbatch
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
@@ -131,48 +131,11 @@ def validate_tensor_parallel(specs: Sequence[LayerSpec], tp_degree: int) -> None
     if tp_degree == 1:
         return
     for spec in specs:
-        problem = _tp_problem(spec, tp_degree)
+        problem = tensor_parallel_problem(spec.kind, dict(spec.dims), tp_degree)
         if problem is not None:
             rule, why = problem
-            fits = [t for t in range(1, _MAX_TP_LISTED + 1) if all(_tp_problem(s, t) is None for s in specs)]
+            fits = [t for t in range(1, _MAX_TP_LISTED + 1) if all(tensor_parallel_problem(s.kind, dict(s.dims), t) is None for s in specs)]
             raise MpipeError(
                 f"tp {tp_degree} {rule} of layer {spec.index} ('{spec.name}', {spec.kind}){why}; plan with a tp "
                 f"degree that fits every layer (for this model, up to {_MAX_TP_LISTED}: {', '.join(map(str, fits))})"
             )
-
-
-def _tp_splits(spec: LayerSpec) -> list[tuple[str, int]]:
-    """(field, value) of every dimension that layer ``spec``'s tensor-parallel plan splits evenly."""
-    d = dict(spec.dims)
-    kind = spec.kind
-    if kind in ("embedding", "lm_head"):
-        return [("vocab", d["vocab"])]
-    if kind == "vit_block":
-        return [("heads", d["heads"]), ("ffn", d["ffn"])]
-    if kind == "merger":
-        return [("hidden * merge_factor", d["hidden"] * d["merge_factor"])]
-    if kind == "projector":
-        if d["depth"] == 1:
-            return []
-        return [("ffn", d["ffn"])] if d["ffn"] else [("hidden (the projector's default ffn)", d["hidden"])]
-    if kind == "dense_block":
-        return [("heads", d["heads"]), ("ffn", d["ffn"])]
-    if kind == "moe_block":
-        return [("heads", d["heads"]), ("moe_ffn", d["moe_ffn"])]
-    return []  # patch_embed: replicated
-
-
-def _tp_problem(spec: LayerSpec, tp_degree: int) -> tuple[str, str] | None:
-    """What ``tp_degree`` breaks in layer ``spec`` and why it must hold (``("must divide heads 4", "")``),
-    or None when it fits."""
-    for field, value in _tp_splits(spec):
-        if value % tp_degree != 0:
-            return f"must divide {field} {value}", ""
-    kv_heads = spec.dim("kv_heads") if spec.kind in ("dense_block", "moe_block") else None
-    if kv_heads is not None:  # GQA (MLA splits by heads only)
-        if kv_heads >= tp_degree and kv_heads % tp_degree != 0:
-            return f"must divide kv_heads {kv_heads}", ", which are split over the ranks when there are at least tp"
-        if kv_heads < tp_degree and tp_degree % kv_heads != 0:
-            return (f"must be a multiple of kv_heads {kv_heads}",
-                    ", since with fewer key/value heads than ranks each rank keeps one of them")
-    return None

@@ -30,7 +30,7 @@ def run_jobs(ctx: RankContext, jobs: list[RunJob]) -> list[dict[str, Any]] | Non
 
 
 def run_job(ctx: RankContext, job: RunJob) -> dict[str, Any] | None:
-    view = read_plan_file(job.plan_path)
+    view = read_plan_file(job.plan_path, plan_name=job.plan_name)
     validate_runnable(view, ctx.world_size)
     device = ctx.device
     mesh = rank_mesh(view.layout, device.type)

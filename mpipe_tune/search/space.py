@@ -29,6 +29,7 @@ from typing import Any
 
 from mpipe_tune.algebra.placement import balanced_counts
 from mpipe_tune.algebra.schedule import Skeleton
+from mpipe_tune.cost.arch import tensor_parallel_fits
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search.candidate import Candidate
 from mpipe_tune.search.owners import POLICIES
@@ -157,7 +158,7 @@ class SearchSpace:
         per_node = self.problem.profile.devices_per_node
         out = []
         for tp in divisors(per_node):
-            if N % tp or (o.tp is not None and tp not in o.tp):
+            if N % tp or (o.tp is not None and tp not in o.tp) or not tensor_parallel_fits(self.problem.model, tp):
                 continue
             for pp in divisors(N // tp):
                 dp = N // (tp * pp)
@@ -170,7 +171,8 @@ class SearchSpace:
             raise MpipeError(
                 f"no (pp, tp, dp) with pp*tp*dp = {N} devices gives a plan: pp must be >= {o.min_pp} with at "
                 f"least one layer per stage (model '{self.problem.model.name}' has {self.num_layers} layers), tp must "
-                f"divide the {per_node} devices per node of profile '{self.problem.profile.name}', dp must divide "
+                f"divide the {per_node} devices per node of profile '{self.problem.profile.name}' and the model's "
+                f"heads and split widths, dp must divide "
                 f"--global-batch {G}{pins}; change --devices or --global-batch"
             )
         return sorted(out)

@@ -1,0 +1,122 @@
+"""``mpipe-tune bench``: a plan file's best plan and its baselines run in rounds on emulated compute."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from mpipe_tune.cli import main  # noqa: E402
+from mpipe_tune.report.plan_file import load_plan, plan_names, select_plan  # noqa: E402
+from mpipe_tune.runtime import launch  # noqa: E402
+
+# Short sequences: the example's emulated step takes tens of milliseconds on 2 ranks.
+TINY = "microbatches:\n" + "".join(f"  - {{image_tokens: {60 + 40 * i}, text_tokens: 300}}\n" for i in range(4))
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench")
+    (folder / "tiny.yaml").write_text(TINY)
+    path = folder / "plan.json"
+    assert main(["plan", "--devices", "2", "--dp", "1", "--tp", "1", "--workload", str(folder / "tiny.yaml"),
+                 "--trials", "10", "--no-progress", "--storage", f"sqlite:///{folder / 'study.db'}",
+                 "--out", str(path)]) == 0
+    return path
+
+
+def one_line_error(capsys, code, words):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert words in lines[0], lines[0]
+
+
+def test_json_holds_every_stored_plan_measured_beside_predicted(plan_file, capsys):
+    assert main(["bench", str(plan_file), "--compute", "emulated", "--rounds", "2", "--steps", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {k: out[k] for k in ("plan_file", "compute", "device", "rounds", "steps")} == {
+        "plan_file": str(plan_file), "compute": "emulated", "device": "cpu", "rounds": 2, "steps": 1}
+    record = load_plan(plan_file)
+    assert [p["name"] for p in out["plans"]] == list(plan_names(record)) and len(out["plans"]) == 6
+    for p in out["plans"]:  # each ran its own section, at the file's one set of degrees
+        section = select_plan(record, p["name"])
+        c = section["candidate"]
+        assert (p["schedule"], p["pp"], p["tp"], p["dp"], p["microbatches"]) == (
+            c["schedule"], c["pp"], c["tp"], c["dp"], c["microbatches"])
+        assert p["predicted_step_s"] == section["predicted"]["makespan_s"]
+        assert len(p["step_times_s"]) == 2 and len(p["round_measured_s"]) == 2
+        assert min(p["step_times_s"]) >= p["predicted_step_s"]  # emulation waits at least each predicted event
+        assert p["ratio"] == pytest.approx(p["measured_step_s"] / p["predicted_step_s"])
+    plans = {p["name"]: p for p in out["plans"]}
+    megatron, best = plans["megatron"], plans["best"]
+    assert megatron["speedup_predicted"] == megatron["speedup_measured"] == 1.0
+    assert out["speedup"] == {"predicted": best["speedup_predicted"], "measured": best["speedup_measured"]}
+    assert out["speedup"]["predicted"] == pytest.approx(megatron["predicted_step_s"] / best["predicted_step_s"])
+    assert out["speedup"]["measured"] == pytest.approx(megatron["measured_step_s"] / best["measured_step_s"])
+    assert out["complete"] is True
+
+
+def test_selected_plans_table_progress_and_measured_timelines(plan_file, tmp_path, capsys):
+    assert main(["bench", str(plan_file), "--compute", "emulated", "--rounds", "1", "--steps", "2",
+                 "--plans", "megatron,best", "--gantt", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    rows = [line.split()[0] for line in captured.out.splitlines() if line.split()[:1] in (["best"], ["megatron"])]
+    assert rows == ["megatron", "best"] and "speedup meas" in captured.out
+    progress = captured.err.strip().splitlines()
+    assert [line.split()[:3] for line in progress] == [["round", "1/1", "megatron"], ["round", "1/1", "best"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.png", "megatron.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.iterdir())
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Bad input must be refused before any rank starts."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(launch, "launch_local", refuse)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--plans", "best,zigzag"], "holds no plan named 'zigzag'; it holds best, megatron, disttrain, vpp, gpipe, mpipe-rr"),
+    (["--plans", ","], "the list of plans to run is empty; name one or more of best, megatron"),
+    (["--rounds", "0"], "round count is 0"),
+    (["--steps", "0"], "--steps is 0"),
+    (["--compute", "emulated", "--gantt", "/no/such/folder"], "--gantt /no/such/folder: no such folder"),
+])
+def test_bad_input_exits_2_with_one_line(plan_file, capsys, no_launch, args, words):
+    one_line_error(capsys, main(["bench", str(plan_file), "--compute", "emulated", *args]), words)
+
+
+def test_a_plan_file_without_baselines_exits_2(plan_file, tmp_path, capsys, no_launch):
+    record = json.loads(plan_file.read_text())
+    del record["baselines"]  # as files written from one prediction are
+    alone = tmp_path / "alone.json"
+    alone.write_text(json.dumps(record))
+    one_line_error(capsys, main(["bench", str(alone), "--compute", "emulated"]), "holds no baselines")
+
+
+def test_a_missing_plan_file_exits_2(tmp_path, capsys, no_launch):
+    one_line_error(capsys, main(["bench", str(tmp_path / "nope.json")]), "cannot read plan file")
+
+
+def test_ctrl_c_prints_the_rounds_that_finished(plan_file):
+    proc = subprocess.Popen([sys.executable, "-m", "mpipe_tune.cli", "bench", str(plan_file), "--compute", "emulated",
+                             "--rounds", "1000", "--steps", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        first = proc.stderr.readline()
+        assert first.startswith("round 1/1000  best "), first
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches every process of the group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "mpipe-tune bench: interrupted", err
+    assert "\nbest " in out and "(cut short: the rows hold the rounds that finished)" in out
