@@ -1,7 +1,7 @@
 """Fidelity of the cost model: predicted against measured step time of real-compute plans on this machine.
 
 1. Profile this machine (roofline, gloo links over 2 processes, and the layers of
-   ``benchmarks/models/fidelity-mllm.yaml`` calibrated at the microbatch sizes planned below), right
+   the built-in ``small-vit-llm`` (``models/small-vit-llm.yaml``) calibrated at the microbatch sizes planned below), right
    before the runs, since the VM's speed drifts; or reuse a profile with ``--profile``.
 2. Make a set of plans at P = 2 with the cost model on that profile: ``1f1b`` with the encoder in
    stage 0 (balanced and Megatron-style slabs), ``transpose,1f1b`` with round-robin, contiguous and
@@ -46,7 +46,7 @@ from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.specs import load_model
 
 HERE = Path(__file__).resolve().parent
-MODEL_PATH = HERE / "models" / "fidelity-mllm.yaml"
+MODEL_PATH = HERE.parent / "models" / "small-vit-llm.yaml"
 PROFILE_PATH = HERE / "profiles" / "fidelity-vm.json"
 P = 2
 """Two ranks: one per core of this 2-core machine, so real compute is not time-shared between ranks."""

@@ -44,3 +44,36 @@ def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int,
     path = Path(folder) / name
     dump_plan(plan_record(prediction, model, workload, hw, options, PlanInputs(model_spec, frozen, profile)), path)
     return path
+
+
+def assert_step_equals_reference(grads_dir, world_size: int, summary: dict, reference, num_microbatches: int, *,
+                                 losses_shared: bool = False, replica_atol: float = 1e-14) -> None:
+    """The ranks' saved first step (``RunJob.grads_dir``) against the single-process ``reference``
+    (summed loss, gradients): every microbatch's loss once (or, with ``losses_shared``, the same on
+    every tensor-parallel rank that computes it), a layer held by several ranks with one gradient on
+    all of them, and every trainable parameter's gradient equal to the reference's (float64)."""
+    import pytest
+    import torch
+
+    ref_loss, ref_grads = reference
+    grads, losses = {}, {}
+    files = sorted(Path(grads_dir).glob("rank*.pt"))
+    assert len(files) == world_size
+    for f in files:
+        saved = torch.load(f)
+        for m, loss in saved["losses"].items():
+            if losses_shared and m in losses:
+                assert loss == pytest.approx(losses[m], rel=1e-12)
+            else:
+                assert m not in losses, f"microbatch {m}'s loss computed on two ranks"
+            losses[m] = loss
+        for name, g in saved["grads"].items():
+            if name in grads:  # a layer on several ranks (replicas, tp ranks, the replicated encoder)
+                torch.testing.assert_close(g, grads[name], rtol=1e-10 if replica_atol > 1e-14 else 0, atol=replica_atol)
+            grads[name] = g
+    assert sorted(losses) == list(range(num_microbatches)), "each replica trains its own microbatches"
+    assert sum(losses.values()) == pytest.approx(ref_loss, rel=1e-12)
+    assert summary["loss_sums"][0] == pytest.approx(ref_loss, rel=1e-12)
+    assert set(grads) == set(ref_grads), "every trainable parameter (and no frozen one) has a gradient"
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")

@@ -6,13 +6,12 @@ first step's gradients (before the update) and the losses it computed.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, make_plan  # noqa: E402
+from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan  # noqa: E402
 
 from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
 from mpipe_tune.runtime.job import RunJob  # noqa: E402
@@ -62,25 +61,8 @@ def test_loss_and_every_gradient_equal_the_single_process_step(runs, case):
     P, jobs, results = runs
     if case not in jobs:
         pytest.skip("not run at this P")
-    ref_loss, ref_grads = _reference(CASES[case][2])
-    grads, losses = {}, {}
-    files = sorted(Path(jobs[case].grads_dir).glob("rank*.pt"))
-    assert len(files) == P
-    for f in files:
-        saved = torch.load(f)
-        for m, loss in saved["losses"].items():
-            assert m not in losses, f"microbatch {m}'s loss computed on two ranks"
-            losses[m] = loss
-        for name, g in saved["grads"].items():
-            if name in grads:  # a replicated layer: every replica holds the reduced gradient
-                torch.testing.assert_close(g, grads[name], rtol=0, atol=1e-14)
-            grads[name] = g
-    assert sorted(losses) == list(range(len(WORKLOAD)))
-    assert sum(losses.values()) == pytest.approx(ref_loss, rel=1e-12)
-    assert results[case]["summary"]["loss_sums"][0] == pytest.approx(ref_loss, rel=1e-12)
-    assert set(grads) == set(ref_grads), "every trainable parameter (and no frozen one) has a gradient"
-    for name, g in ref_grads.items():
-        torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-13, msg=lambda m: f"{name}: {m}")
+    assert_step_equals_reference(jobs[case].grads_dir, P, results[case]["summary"], _reference(CASES[case][2]),
+                                 len(WORKLOAD))
 
 
 def test_frozen_encoder_ships_features_only(runs):

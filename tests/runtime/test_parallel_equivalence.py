@@ -12,13 +12,12 @@ ranks), relative ``1e-12`` on the summed loss.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_plans import FIRST_LLM, MLA_MOE_MODEL, TEST_MODEL, WORKLOAD, make_plan  # noqa: E402
+from runtime_plans import FIRST_LLM, MLA_MOE_MODEL, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan  # noqa: E402
 
 from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
 from mpipe_tune.runtime.job import RunJob  # noqa: E402
@@ -70,27 +69,10 @@ def _reference(model_spec, frozen, dp):
 def test_loss_and_every_gradient_equal_the_single_process_step(runs, case):
     jobs, results = runs
     model, layout, schedule = case
-    _pp, _tp, dp = LAYOUTS[layout]
-    ref_loss, ref_grads = _reference(MODELS[model], SCHEDULES[schedule][2], dp)
-    grads, losses = {}, {}
-    files = sorted(Path(jobs[case].grads_dir).glob("rank*.pt"))
-    assert len(files) == 4
-    for f in files:
-        saved = torch.load(f)
-        for m, loss in saved["losses"].items():
-            if m in losses:  # the tensor-parallel ranks of the last stage all compute it
-                assert loss == pytest.approx(losses[m], rel=1e-12)
-            losses[m] = loss
-        for name, g in saved["grads"].items():
-            if name in grads:  # a layer on several ranks (dp replicas, tp ranks, the replicated encoder)
-                torch.testing.assert_close(g, grads[name], rtol=1e-10, atol=1e-12)
-            grads[name] = g
-    assert sorted(losses) == list(range(dp * len(WORKLOAD))), "each replica trains its own microbatches"
-    assert sum(losses.values()) == pytest.approx(ref_loss, rel=1e-12)
-    assert results[case]["summary"]["loss_sums"][0] == pytest.approx(ref_loss, rel=1e-12)
-    assert set(grads) == set(ref_grads), "every trainable parameter (and no frozen one) has a gradient"
-    for name, g in ref_grads.items():
-        torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    dp = LAYOUTS[layout][2]
+    assert_step_equals_reference(jobs[case].grads_dir, 4, results[case]["summary"],
+                                 _reference(MODELS[model], SCHEDULES[schedule][2], dp), dp * len(WORKLOAD),
+                                 losses_shared=True, replica_atol=1e-12)
 
 
 def test_the_summary_names_the_layout(runs):
