@@ -12,6 +12,7 @@ will never answer gives up on its own under ``torchrun`` too.
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -64,6 +65,13 @@ def disable_backend_autoload() -> None:
     """Keep an installed but broken device plugin (torch_npu) from breaking ``import torch``; the npu
     device imports torch_npu explicitly instead. Must run before torch is first imported."""
     os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+
+def require_torch(what: str) -> None:
+    """One line when torch is not installed (the planner runs without it; running a plan does not)."""
+    if importlib.util.find_spec("torch") is None:
+        raise MpipeError(f"{what} needs torch, which is not installed; install it with pip install 'mpipe-tune[torch]' "
+                         f"(on a CPU-only machine install the CPU build of torch first)")
 
 
 def under_torchrun() -> bool:

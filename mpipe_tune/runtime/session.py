@@ -79,6 +79,7 @@ def run_session(
 
     launch.disable_backend_autoload()  # before the first import of torch
     views, notes = prepare(jobs, device_kind)
+    launch.require_torch(f"mpipe-tune {command}")
     for note in notes:
         print(f"mpipe-tune {command}: note: {note}", file=sys.stderr)
     world_size = next(iter(views.values())).layout.world_size

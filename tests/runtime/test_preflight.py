@@ -69,3 +69,10 @@ def test_run_takes_the_plan_dtype_by_default(plan):
     view = read_plan_file(str(plan))
     assert RunJob(str(plan)).dtype_for(view) == "fp32" == view.dtype
     assert RunJob(str(plan), dtype="fp64").dtype_for(view) == "fp64"
+
+
+def test_running_without_torch_is_one_line(plan):
+    code = ("import sys; sys.modules['torch'] = None; import importlib.util; importlib.util.find_spec = lambda name, *a: None; "
+            f"from mpipe_tune.cli import main; sys.exit(main(['run', {str(plan)!r}, '--compute', 'emulated']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "needs torch, which is not installed" in proc.stderr and "Traceback" not in proc.stderr
