@@ -1,7 +1,8 @@
 """Resolving the CLI's SPEC arguments: a built-in name or a file path, loaded and validated once.
 
-``load_model`` reads a YAML model file (or a built-in from ``models/``), expands ``compose``, and checks
-architecture dimensions with the cost model, so a bad file fails here with one line.
+``load_model`` reads a YAML model file (or a built-in from ``models/``), or a Hugging Face config.json (or a
+folder holding one, through :mod:`mpipe_tune.hf_config`), expands ``compose``, and checks architecture
+dimensions with the cost model, so a bad file fails here with one line.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from mpipe_tune.cost import arch
 from mpipe_tune.cost.profile import builtin_profiles, load_profile
 from mpipe_tune.cost.workload import load_workload
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs import load_data_file
+from mpipe_tune.hf_config import from_hf_config, is_hf_config
 
 __all__ = ["builtin_models", "builtin_profiles", "load_model", "load_profile", "load_workload"]
 
@@ -31,32 +34,28 @@ def builtin_models() -> list[str]:
 
 
 def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise MpipeError(f"cannot read model file {path}: {exc.strerror}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise MpipeError(f"model file {path} is not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    return load_data_file(path, "model", as_json=False)
 
 
 def _resolve(name: str) -> Any:
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.exists():
         return _read_yaml(path)
+    if is_hf_config(path):
+        return from_hf_config(path)
     builtin = _models_dir() / f"{name}.yaml"
     if builtin.exists():
         return _read_yaml(builtin)
+    if path.is_dir():
+        raise MpipeError(f"model folder {path} holds no config.json; give a Hugging Face model folder, "
+                         f"a config.json, a YAML model file or a built-in model name")
     raise MpipeError(
         f"model '{name}' is neither a file nor a built-in model; built-ins: {', '.join(builtin_models())}"
     )
 
 
 def load_model(spec: str | os.PathLike) -> Model:
-    """A built-in model name or the path of a YAML model file."""
+    """A built-in model name, the path of a YAML model file, or a Hugging Face config.json or its folder."""
     spec = str(spec)
     where = spec if Path(spec).exists() else f"built-in model '{spec}'"
     model = parse_model(_resolve(spec), where=where, resolve=_resolve)

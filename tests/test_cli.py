@@ -78,7 +78,10 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
 @pytest.mark.parametrize("content,words", [
     ("name: x\nlayers: 5\n", "'layers' must be a list"),
     ("name: x\nlayers:\n  - {name: a, block: llm}\n", "needs costs"),
-    ("name: x\nlayers:\n  - {name: a, block: llm, fwd_s_per_token: -1, bwd_s_per_token: 1}\n", "'fwd_s_per_token' must be a number >= 0"),
+    ("name: x\nlayers:\n  - {name: a, block: llm, fwd_s_per_token: -1, bwd_s_per_token: 1}\n", "'fwd_s_per_token' = -1 must be >= 0"),
+    ("name: x\nlayers:\n  - {name: a, block: llm, fwd_s_per_token: .inf, bwd_s_per_token: 1}\n", "must be a finite number"),
+    ("name: x\nlayers:\n  - {name: a, block: llm, fwd_s_per_token: 1.0e+300, bwd_s_per_token: 1}\n", "<= 1"),
+    ("name: x\nlayers:\n  - {name: a, block: llm, fwd_s_per_token: 1e-6, bwd_s_per_token: 1}\n", "write it as 1.0e-6"),
     ("name: x\nlayers: [\n", "not valid YAML"),
     ("name: x\nlayers:\n  - {name: a, block: llm, kind: warp_block, hidden: 4}\n", "warp_block"),
     ("name: x\nlayers:\n  - {name: a, block: llm, kind: dense_block, hidden: -64, heads: 4, ffn: 128}\n", "hidden"),
@@ -112,3 +115,19 @@ def test_malformed_profile_and_workload_files_are_one_line_and_exit_2(tmp_path):
     good.write_text("microbatches:\n" + "  - {image_tokens: 10, text_tokens: 20}\n" * 3)
     code, _, stderr = run_cli("predict", "--workload", str(good), "--microbatches", "4")
     assert code == 2 and "3 microbatches" in stderr
+
+
+@pytest.mark.parametrize("flag,suffix", [("--model", ".yaml"), ("--workload", ".yaml"), ("--profile", ".json")])
+def test_a_file_that_is_not_text_is_one_line_and_exit_2(tmp_path, flag, suffix):
+    path = tmp_path / f"g{suffix}"
+    path.write_bytes(bytes(range(128, 256)) * 8)
+    code, _, stderr = run_cli("predict", flag, str(path))
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "is not UTF-8 text" in lines[0] and str(path) in lines[0], stderr
+
+
+def test_a_folder_given_as_a_file_is_one_line_and_exit_2(tmp_path):
+    folder = tmp_path / "w.yaml"
+    folder.mkdir()
+    code, _, stderr = run_cli("predict", "--workload", str(folder))
+    assert code == 2 and "is a folder" in stderr and len(stderr.strip().splitlines()) == 1, stderr

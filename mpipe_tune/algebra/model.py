@@ -27,10 +27,13 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs import check_finite
 
 ENCODER_BLOCK = "encoder"
 _STRUCTURAL_KEYS = ("name", "block", "trainable", "repeat", "kind")
 _EXPLICIT_KEYS = ("fwd_s_per_token", "bwd_s_per_token", "boundary_bytes_per_token")
+_EXPLICIT_UPPER = {"fwd_s_per_token": 1.0, "bwd_s_per_token": 1.0, "boundary_bytes_per_token": 2.0**30}
+"""Bounds no real layer reaches (a second per token, a GiB per token): past them a value is a typo."""
 
 
 @dataclass(frozen=True)
@@ -211,10 +214,5 @@ def _parse_cost(entry: Mapping, *, where: str) -> CostDescriptor:
     if unknown:
         raise MpipeError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))} for an explicit-cost layer; "
                          f"allowed: {', '.join(_STRUCTURAL_KEYS[:-1] + _EXPLICIT_KEYS)}")
-    values = {}
-    for key in explicit:
-        value = entry[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value:
-            raise MpipeError(f"{where}: field '{key}' must be a number >= 0 in SI units (seconds or bytes), got {value!r}")
-        values[key] = float(value)
+    values = {key: check_finite(entry[key], where=where, field=key, upper=_EXPLICIT_UPPER[key]) for key in explicit}
     return ExplicitCost(**values)

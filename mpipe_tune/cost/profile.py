@@ -35,6 +35,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs import load_data_file
 
 SCHEMA_VERSION = 1
 SOURCES = ("datasheet", "measured", "assumed", "ideal")
@@ -440,16 +441,7 @@ def load_profile(spec: str | os.PathLike) -> HardwareProfile:
             f"unknown hardware profile {text!r}; built-in profiles: {', '.join(builtin_profiles())}; "
             "or give the path of a profile .json file"
         )
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise MpipeError(f"{path}: cannot read the profile ({exc.strerror or exc}); check the path") from None
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise MpipeError(
-            f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); fix the syntax"
-        ) from None
+    data = load_data_file(path, "profile", as_json=True)
     return replace(parse_profile(data, where=str(path)), source_path=str(path))
 
 

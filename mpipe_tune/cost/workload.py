@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs import load_data_file
 
 _MISSING = object()
 
@@ -145,22 +146,7 @@ def dump_workload(workload: Workload, path: str | os.PathLike) -> None:
 
 
 def _read_workload_file(path: Path) -> Workload:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise MpipeError(f"{path}: cannot read the workload ({exc.strerror or exc}); check the path") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise MpipeError(
-            f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); fix the syntax"
-        ) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1} column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise MpipeError(f"{path}: not valid YAML{at}: {problem}; fix the syntax") from None
-    return parse_workload(data, where=str(path))
+    return parse_workload(load_data_file(path, "workload"), where=str(path))
 
 
 def load_workload(

@@ -1,0 +1,103 @@
+"""Reading the files the tool takes (models, workloads, profiles, plans), with one-line errors.
+
+Every loader reads its file through :func:`load_data_file`, so that a path that is not there, a
+folder, bytes that are not UTF-8 text, and text that is not JSON or YAML all end the same way: one
+:class:`~mpipe_tune.errors.MpipeError` line that names the file, what is wrong and what to give
+instead. :func:`check_finite` is the number check the parsers share for fields that must be finite
+and within a sane range.
+
+>>> check_finite(2.0e-6, where="model m layer 'vit'", field="fwd_s_per_token", upper=1.0)
+2e-06
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from mpipe_tune.errors import MpipeError
+
+JSON_SUFFIXES = (".json",)
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of ``path``; ``what`` names the kind of file (``"model"``, ``"plan"``...)."""
+    path = Path(path)
+    if path.is_dir():
+        raise MpipeError(f"{what} file {path} is a folder; give the path of a {what} file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise MpipeError(f"cannot read {what} file {path}: {exc.strerror or exc}; check the path") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MpipeError(
+            f"{what} file {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); give a "
+            f"{what} file in JSON or YAML"
+        ) from None
+
+
+def parse_text(text: str, path: str | Path, what: str, *, as_json: bool) -> Any:
+    """``text`` parsed as JSON (``as_json``) or YAML, with the line of a syntax error."""
+    if as_json:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise MpipeError(
+                f"{what} file {path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); fix the syntax"
+            ) from None
+        except RecursionError:
+            raise MpipeError(f"{what} file {path} nests too deeply to be a {what}; fix the file") from None
+    import yaml  # here, so that the algebra can use check_finite without loading yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1} column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise MpipeError(f"{what} file {path}: not valid YAML{at}: {problem}; fix the syntax") from None
+    except RecursionError:
+        raise MpipeError(f"{what} file {path} nests too deeply to be a {what}; fix the file") from None
+
+
+def load_data_file(path: str | Path, what: str, *, as_json: bool | None = None) -> Any:
+    """Read and parse a JSON or YAML file; by default JSON for a ``.json`` suffix, else YAML."""
+    path = Path(path)
+    text = read_text(path, what)
+    return parse_text(text, path, what, as_json=path.suffix in JSON_SUFFIXES if as_json is None else as_json)
+
+
+def check_finite(value: Any, *, where: str, field: str, lower: float = 0.0, upper: float | None = None) -> float:
+    """``value`` as a float: a number (not a bool), finite, ``>= lower`` and, with ``upper``, ``<= upper``.
+
+    A YAML ``1e-6`` (no dot) reads as a string: the message says to write ``1.0e-6``."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            pass
+        else:
+            raise MpipeError(f"{where}: field {field!r} = {value!r} is text, not a number (YAML reads an exponent "
+                             f"without a dot as a string); write it as {_yaml_float(value)}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MpipeError(f"{where}: field {field!r} must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise MpipeError(f"{where}: field {field!r} = {value!r} must be a finite number")
+    if number < lower or (upper is not None and number > upper):
+        bounds = f">= {lower:g}" + (f" and <= {upper:g}" if upper is not None else "")
+        raise MpipeError(f"{where}: field {field!r} = {value!r} must be {bounds} (SI units: seconds, bytes)")
+    return number
+
+
+def _yaml_float(text: str) -> str:
+    """``'1e-6'`` -> ``'1.0e-6'``."""
+    mantissa, _, exponent = text.lower().partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    return f"{mantissa}e{exponent}" if exponent else mantissa
