@@ -160,10 +160,14 @@ def _validate_supported(schedule: Schedule, P: int, M: int) -> None:
             f"schedule '{schedule}': mixing 1f1b and gpipe in one wavefront is not supported yet; "
             f"use the same skeleton for every Sharded region"
         )
-    if sharded[0] is Skeleton.ONE_F_ONE_B and len(sharded) > 1 and M % P != 0:
+    if sharded[0] is Skeleton.ONE_F_ONE_B and len(sharded) > 1 and not programs.is_interleavable(P, M):
+        rounds = programs.num_rounds(P, M)
+        below = next(m for m in range(M - 1, 0, -1) if programs.is_interleavable(P, m))
+        above = next(m for m in range(M + 1, M + P + 1) if programs.is_interleavable(P, m))
         raise NotSupportedError(
-            f"schedule '{schedule}' interleaves {len(sharded)} Sharded regions, which needs the microbatch count "
-            f"to be a multiple of P; got M={M}, P={P} (use M={-(-M // P) * P})"
+            f"schedule '{schedule}' interleaves {len(sharded)} Sharded regions, which runs the microbatches in "
+            f"max(1, M // P) = {rounds} rounds of equal size, so the microbatch count must be a multiple of "
+            f"{rounds}; got M={M}, P={P} (use M={below} or M={above})"
         )
 
 

@@ -20,6 +20,7 @@ gives either explicit costs (``fwd_s_per_token``, ``bwd_s_per_token``, optional
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -148,6 +149,10 @@ def parse_model(
     return Model(name=name, layers=tuple(layers), source=str(data.get("source", "")))
 
 
+_COMPOSING: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("composing", default=())
+"""The model names being composed, outermost first: a name seen twice is a cycle."""
+
+
 def _parse_compose(entries: Any, *, where: str, resolve: Callable[[str], Any] | None) -> list[Layer]:
     if not isinstance(entries, list) or not entries:
         raise MpipeError(f"{where}: 'compose' must be a non-empty list of model names or {{layers: [...]}} entries")
@@ -156,7 +161,15 @@ def _parse_compose(entries: Any, *, where: str, resolve: Callable[[str], Any] | 
         if isinstance(entry, str):
             if resolve is None:
                 raise MpipeError(f"{where}: compose[{index}] names model '{entry}', but no model library is available")
-            layers.extend(parse_model(resolve(entry), where=entry, resolve=resolve).layers)
+            chain = _COMPOSING.get()
+            if entry in chain:
+                raise MpipeError(f"{where}: compose[{index}] names model '{entry}', which composes itself "
+                                 f"({' -> '.join((*chain, entry))}); remove the cycle")
+            token = _COMPOSING.set((*chain, entry))
+            try:
+                layers.extend(parse_model(resolve(entry), where=entry, resolve=resolve).layers)
+            finally:
+                _COMPOSING.reset(token)
         elif isinstance(entry, Mapping) and "layers" in entry:
             layers.extend(_parse_layer_list(entry["layers"], where=f"{where} compose[{index}]"))
         else:

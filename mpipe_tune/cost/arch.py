@@ -41,6 +41,7 @@ from mpipe_tune.cost.arch_dims import (
 )
 from mpipe_tune.cost.arch_layers import build_layer
 from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.errors import MpipeError
 
 __all__ = [
     "ARCH_KINDS",
@@ -51,6 +52,7 @@ __all__ = [
     "estimate_arch_work",
     "param_count",
     "tensor_parallel_fits",
+    "validate_tensor_parallel_degree",
     "validate_arch",
 ]
 
@@ -127,10 +129,24 @@ def activated_param_count(kind: str, dims: Mapping[str, object]) -> int:
     return sum(p.active_params for p in layer.pieces)
 
 
+def validate_tensor_parallel_degree(model: Model, tp_degree: int) -> None:
+    """One-line :class:`MpipeError` unless every architecture layer of ``model`` splits evenly over
+    ``tp_degree`` ranks (:func:`~mpipe_tune.cost.arch_dims.tensor_parallel_problem`)."""
+    for index, layer in enumerate(model.layers):
+        if isinstance(layer.cost, ArchCost):
+            kind = layer.cost.kind
+            problem = tensor_parallel_problem(kind, resolve_dims(kind, layer.cost.dims_dict()), tp_degree)
+            if problem is not None:
+                rule, why = problem
+                raise MpipeError(f"tensor-parallel degree {tp_degree} {rule} of layer {index} ('{layer.name}', {kind}) "
+                                 f"of model '{model.name}'{why}; choose a degree that divides it")
+
+
 def tensor_parallel_fits(model: Model, tp_degree: int) -> bool:
     """Whether every architecture layer of ``model`` splits evenly over ``tp_degree`` ranks
-    (:func:`~mpipe_tune.cost.arch_dims.tensor_parallel_problem`); explicit-cost layers always do."""
-    return all(
-        tensor_parallel_problem(layer.cost.kind, resolve_dims(layer.cost.kind, layer.cost.dims_dict()), tp_degree) is None
-        for layer in model.layers if isinstance(layer.cost, ArchCost)
-    )
+    (explicit-cost layers always do)."""
+    try:
+        validate_tensor_parallel_degree(model, tp_degree)
+    except MpipeError:
+        return False
+    return True

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from mpipe_tune.algebra.derive import Owners, Plan, derive
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.schedule import Cut, Schedule
+from mpipe_tune.cost.arch import validate_tensor_parallel_degree
 from mpipe_tune.cost.durations import estimate_durations
 from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table
 from mpipe_tune.cost.memory import MemoryReport, estimate_memory
@@ -50,6 +51,7 @@ def predict(
             f"the workload '{workload.name}' has {len(workload)} microbatches but --microbatches is {M}; "
             f"make them equal (or leave --microbatches out)"
         )
+    validate_tensor_parallel_degree(model, options.tp_degree)
     table = build_layer_table(model, workload, profile, options)
     owners = Owners(slab_counts=slab_counts, microbatch=microbatch_owners, layer_weights=layer_weights(model, table))
     plan = derive(cut, schedule, model, num_ranks, M, owners)

@@ -158,7 +158,10 @@ def load_workload(
     draws ``num_microbatches`` (default :data:`DEFAULT_NUM_MICROBATCHES`) microbatches.
     """
     if num_microbatches is not None and (isinstance(num_microbatches, bool) or num_microbatches < 1):
-        raise MpipeError(f"--microbatches = {num_microbatches!r}: must be an integer >= 1; give a positive count")
+        raise MpipeError(f"microbatch count {num_microbatches!r}: must be an integer >= 1; give a positive count")
+    if num_microbatches is not None and num_microbatches > MAX_MICROBATCHES:
+        raise MpipeError(f"microbatch count {num_microbatches} is above {MAX_MICROBATCHES}, more than any training step "
+                         f"pipelines; give a count of at most {MAX_MICROBATCHES}")
     if isinstance(spec, str) and spec in MIXES:
         return sample_workload(spec, num_microbatches or DEFAULT_NUM_MICROBATCHES, seed)
     path = Path(spec)
@@ -175,6 +178,10 @@ def load_workload(
             f"drop --microbatches to use the file's count, or give a file with {num_microbatches} entries"
         )
     return workload
+
+
+MAX_MICROBATCHES = 1 << 16
+"""The most microbatches a workload may have: far beyond any step, small enough to derive quickly."""
 
 
 # ---------------------------------------------------------------------------------- named mixes
@@ -304,6 +311,8 @@ def sample_workload(mix: str | Mix, num_microbatches: int, seed: int) -> Workloa
             raise MpipeError(f"unknown workload mix {mix!r}; mixes: {', '.join(MIXES)}")
         mix = MIXES[mix]
     assert num_microbatches >= 1, num_microbatches
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise MpipeError(f"workload seed {seed!r} must be an integer from 0 to 2**63 - 1; give a non-negative seed")
     rng = np.random.default_rng(seed)
     counts = [k for k, _ in mix.images_per_sample]
     count_probs = [p for _, p in mix.images_per_sample]

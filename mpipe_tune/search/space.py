@@ -10,8 +10,8 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
 3. ``cut``: for a transpose, its boundary at the encoder/backbone seam or up to ``cut_window``
    layers either side; the boundaries between woven Sharded regions balance their expected cost;
 4. ``microbatch_size``: sequences per microbatch ``s``, so that ``M = sequences per replica / s`` is
-   at least ``pp`` (when possible), at most ``max_microbatches``, a multiple of ``pp`` for interleaved
-   1F1B (a size, rather than ``M``, keeps its meaning when the degrees change);
+   at least ``pp`` (when possible), at most ``max_microbatches``, in equal rounds of ``M // pp`` for
+   interleaved 1F1B (a size, rather than ``M``, keeps its meaning when the degrees change);
 5. ``owners``: the transposed region's owner policy (``optimal`` only for small ``M``);
 6. ``recompute``: full activation recomputation or not, when both are searched.
 
@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mpipe_tune.algebra.order import is_interleavable
 from mpipe_tune.algebra.placement import balanced_counts
 from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.cost.arch import tensor_parallel_fits
@@ -127,11 +128,15 @@ class SearchSpace:
         return self._cuts[key]
 
     def microbatch_choices(self, pp: int, dp: int, schedule: str) -> list[int]:
+        """Microbatch counts dividing a replica's sequences, at most ``max_microbatches``, at least
+        ``pp`` when some is (else the largest); for interleaved 1F1B only those that split into its
+        equal rounds (:func:`~mpipe_tune.algebra.order.is_interleavable`, torch's rule)."""
         skeletons = schedule.split(",")
         interleaved = skeletons.count(Skeleton.ONE_F_ONE_B.value) > 1
-        options = [d for d in divisors(self.problem.global_batch // dp) if d <= self.options.max_microbatches]
-        if interleaved:
-            return [d for d in options if d % pp == 0]
+        options = [
+            d for d in divisors(self.problem.global_batch // dp)
+            if d <= self.options.max_microbatches and (not interleaved or is_interleavable(pp, d))
+        ]
         full = [d for d in options if d >= pp]
         return full or options[-1:]
 

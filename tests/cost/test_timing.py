@@ -37,7 +37,9 @@ def test_1f1b_and_gpipe_closed_form(skeleton, P, M):
     assert result.timeline.makespan_s == pytest.approx((M + P - 1) * (tf + tb), rel=1e-12)
 
 
-@pytest.mark.parametrize("P,M,v", [(2, 2, 2), (2, 4, 2), (4, 8, 2), (4, 4, 3), (4, 12, 3), (3, 6, 2), (8, 16, 2)])
+@pytest.mark.parametrize("P,M,v", [(2, 2, 2), (2, 4, 2), (4, 8, 2), (4, 4, 3), (4, 12, 3), (3, 6, 2), (8, 16, 2),
+                                   # M >= P not a multiple of P: torch's rounds of M // max(1, M // P)
+                                   (2, 3, 2), (4, 6, 2), (4, 7, 3), (4, 10, 3), (3, 4, 2)])
 def test_interleaved_closed_form(P, M, v):
     k = 1
     tf, tb = v * k * 1.0, v * k * 2.0  # one rank's forward and backward of one microbatch over its v chunks

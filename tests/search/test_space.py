@@ -2,6 +2,7 @@ import optuna
 import pytest
 
 from mpipe_tune.algebra import Owners, derive, normalize, parse_schedule, validate_schedule
+from mpipe_tune.algebra.order import is_interleavable
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
 from mpipe_tune.specs import load_model, load_profile
@@ -58,13 +59,30 @@ def test_optuna_never_samples_an_invalid_point(example, sampler):
     assert len(seen) > 10
 
 
-def test_interleaving_gets_multiples_of_p_and_regions_of_p_layers(example):
+def test_interleaving_gets_counts_in_equal_rounds_and_regions_of_p_layers(example):
     for _, c in example.enumerate():
         if c.schedule.split(",").count("1f1b") > 1:
-            assert c.num_microbatches % c.pp == 0
+            assert is_interleavable(c.pp, c.num_microbatches) and c.num_microbatches >= c.pp
         edges = (0, *c.cut, example.num_layers)
         sharded = [hi - lo for (lo, hi), s in zip(zip(edges, edges[1:]), c.schedule.split(",")) if s != "transpose"]
         assert min(sharded) >= c.pp
+
+
+def test_interleaving_offers_every_count_torch_accepts():
+    """torch's interleaved 1F1B runs M in max(1, M // P) equal rounds: M = 6 on 4 ranks (one round of
+    6) is offered, M = 9 (two rounds) is not."""
+    space = SearchSpace(Problem(load_model("example-mllm"), load_profile("ideal"), 4, 12, mix="balanced",
+                                num_samples=1), [1.0] * 25, SpaceOptions(pp=(4,)))
+    assert space.microbatch_choices(4, 1, "1f1b,1f1b") == [4, 6, 12]
+    assert space.microbatch_choices(4, 1, "transpose,1f1b,1f1b") == [4, 6, 12]
+    assert {c.num_microbatches for _, c in space.enumerate() if c.schedule == "1f1b,1f1b" and c.dp == 1} == {4, 6, 12}
+    for _, c in space.enumerate():
+        assert_valid(space, c)
+    odd = SearchSpace(Problem(load_model("example-mllm"), load_profile("ideal"), 4, 9, mix="balanced",
+                              num_samples=1), [1.0] * 25, SpaceOptions(pp=(4,)))
+    assert odd.microbatch_choices(4, 1, "1f1b") == [9]
+    assert odd.microbatch_choices(4, 1, "1f1b,1f1b") == [3]  # 9 is two unequal rounds; none >= 4 is left
+    assert odd.microbatch_choices(4, 1, "gpipe,gpipe") == [9]
 
 
 def test_transpose_cuts_stay_near_the_encoder_backbone_seam(example):
