@@ -7,11 +7,22 @@ a production dataset on 512 Ascend 910C devices against a DistTrain-like baselin
 comparison is of trends, not a reproduction.
 
     python benchmarks/bench_paper_configs.py
+        The fixed configurations below (the paper's degrees, M and batch), the baselines side by side.
+
+    python benchmarks/bench_paper_configs.py own-best
+        ``mpipe-tune plan --exhaustive --recompute search --json`` at the same two scales (and the 8
+        devices with the image-heavy mix), with the fixed configuration as ``--current``: per baseline,
+        the best plan's speedup over it at the best plan's degrees and at the baseline's own best layout.
 """
 
 from __future__ import annotations
 
+import json
 import platform
+import subprocess
+import sys
+import tempfile
+import time
 from dataclasses import replace
 
 from mpipe_tune.search.baselines import baseline
@@ -53,7 +64,7 @@ def run(config: dict) -> list[str]:
     return lines
 
 
-def main() -> None:
+def fixed() -> None:
     print(f"python {platform.python_version()}; workload mix '{MIX}', 4 sampled steps (seeds 0-3), bf16\n")
     for config in CONFIGS:
         print(f"- {config['name']}: {config['model']} on {config['profile']}, pp={config['pp']} tp={config['tp']} "
@@ -64,6 +75,70 @@ def main() -> None:
     for config in CONFIGS:
         for line in run(config):
             print(line)
+
+
+# ------------------------------------------------------------------ own-best: both speedups per baseline
+
+def plan_command(config: dict, mix: str) -> list[str]:
+    current = (f"pp={config['pp']},tp={config['tp']},dp={config['dp']},schedule=1f1b,M={config['microbatches']},"
+               f"recompute=on")
+    return ["plan", "--model", config["model"], "--profile", config["profile"], "--devices", str(config["devices"]),
+            "--global-batch", str(config["global_batch"]), "--workload", mix, "--recompute", "search", "--exhaustive",
+            "--current", current]
+
+
+def _layout(r: dict) -> str:
+    cut = ",".join(map(str, r["cut"]))
+    return (f"`<{r['schedule']}>`{' cut ' + cut if cut else ''} pp{r['pp']} tp{r['tp']} dp{r['dp']} "
+            f"M={r['microbatches']}{' rc' if r['recompute'] else ''}")
+
+
+def _cell(r: dict | None) -> str:
+    if r is None:
+        return "- | - | -"
+    over = "" if r["fits_memory"] else " (over memory)"
+    return f"{_layout(r)}{over} | {r['step_s'] * 1e3:,.0f} | {r['best_speedup']:.2f}x"
+
+
+def own_best() -> None:
+    import optuna
+
+    print(f"python {platform.python_version()}, optuna {optuna.__version__}, {platform.machine()}; 4 sampled steps "
+          f"(seeds 0-3), bf16; exhaustive search, recomputation searched; rc = recomputation on\n")
+    runs = [(CONFIGS[0], MIX), (CONFIGS[0], "image-heavy"), (CONFIGS[1], MIX)]
+    for config, mix in runs:
+        argv = plan_command(config, mix)
+        with tempfile.TemporaryDirectory() as folder:
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *argv, "--json", "--no-progress",
+                                   "--storage", f"sqlite:///{folder}/study.db", "--out", f"{folder}/plan.json"],
+                                  capture_output=True, text=True)
+            wall = time.perf_counter() - start
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        best = out["comparison"][0]
+        at_best = {r["plan"]: r for r in out["comparison"][1:]}
+        own = {r["plan"]: r for r in out["own_best"]}
+        print(f"**{config['name']}, {mix}**: `mpipe-tune {' '.join(argv)}` ({out['space_size']} points, "
+              f"{wall:.0f} s wall). Best: {_layout(best)}, {best['step_s'] * 1e3:,.0f} ms, peak "
+              f"{best['peak_bytes'] / 2**30:.1f} GiB.\n")
+        print("| baseline | at the best plan's degrees | step ms | best's speedup | at its own best | step ms "
+              "| best's speedup |")
+        print("|---|---|---|---|---|---|---|")
+        for name in out["families"]:
+            print(f"| {name} | {_cell(at_best.get(name))} | {_cell(own.get(name + '@own'))} |")
+        current = out["current"]
+        print(f"\nCurrent layout (the fixed configuration above): {_layout(current)}, {current['step_s'] * 1e3:,.0f} ms"
+              f"{'' if current['fits_memory'] else ' (over memory)'}; the best plan is "
+              f"{current['best_speedup']:.2f}x faster.\n")
+        sys.stdout.flush()
+
+
+def main() -> None:
+    what = sys.argv[1] if len(sys.argv) > 1 else "fixed"
+    if what not in ("fixed", "own-best"):
+        sys.exit(f"usage: {sys.argv[0]} [fixed|own-best]")
+    {"fixed": fixed, "own-best": own_best}[what]()
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ import json
 import sys
 
 from mpipe_tune.cli_bench import Bench
+from mpipe_tune.cli_export import Export
 from mpipe_tune.cli_plan import Plan, Show
 from mpipe_tune.cli_profile import Profile
 from mpipe_tune.cli_run import Run
+from mpipe_tune import __version__
 from mpipe_tune.command import Command
 from mpipe_tune.errors import MpipeError
 
@@ -46,7 +48,7 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_candidate(args: argparse.Namespace):
     """Resolve the candidate arguments and predict it: returns (Prediction, model, workload, profile, options)."""
-    from mpipe_tune.algebra.schedule import Cut, normalize, parse_cut, parse_schedule
+    from mpipe_tune.algebra.schedule import Skeleton, normalize, parse_cut, parse_schedule
     from mpipe_tune.cost.layers import CostOptions
     from mpipe_tune.cost.predict import predict
     from mpipe_tune.specs import load_model, load_profile, load_workload
@@ -73,6 +75,9 @@ def load_candidate(args: argparse.Namespace):
             raise MpipeError(f"--slabs lists {len(flat)} counts, which is not a multiple of --pp {args.pp}; give P counts per Sharded region")
         slab_counts = tuple(flat[i:i + args.pp] for i in range(0, len(flat), args.pp))
     owners = None if args.owner == "round-robin" else _int_list(args.owner, "--owner")
+    if owners is not None and Skeleton.TRANSPOSE not in schedule.skeletons:
+        raise MpipeError(f"--owner {args.owner}: schedule <{args.schedule}> has no transpose region, so no microbatch has "
+                         f"an owner; drop --owner or use a schedule with transpose")
     prediction = predict(cut, schedule, model, workload, profile, args.pp, num_microbatches=args.microbatches,
                          slab_counts=slab_counts, microbatch_owners=owners, options=options)
     return prediction, model, workload, profile, options
@@ -167,11 +172,12 @@ class Profiles(Command):
         return 0
 
 
-COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show()]
+COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show(), Export()]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mpipe-tune", description="Plan, predict and run pipeline-parallel MLLM training.")
+    parser.add_argument("--version", action="version", version=f"mpipe-tune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for command in COMMANDS:

@@ -111,6 +111,10 @@ class Plan(Command):
         g.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
         g.add_argument("--recompute", default="off", choices=("off", "on", "search"),
                        help="full activation recomputation: off (default), on, or search both")
+        g.add_argument("--current", default=None, metavar="LAYOUT",
+                       help="the layout you run today, shown as a row beside the best plan, e.g. "
+                            "'pp=8,tp=1,dp=1,schedule=1f1b,M=16,recompute=on' (keys pp, tp, dp, schedule, M, recompute, "
+                            "cut, owners; without cut, 1f1b is the Megatron-style layout)")
         s = parser.add_argument_group("search space")
         s.add_argument("--pp", default=None, help="allowed pipeline degrees, e.g. 4,8 (default: any)")
         s.add_argument("--tp", default=None, help="allowed tensor-parallel degrees (default: divisors of a node)")
@@ -138,12 +142,17 @@ class Plan(Command):
 
     def take_action(self, args):
         from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
-        from mpipe_tune.search import (DEFAULT_STORAGE, REFERENCE, Evaluator, SearchSpace, comparison_rows,
-                                       evaluate_baselines, format_rows, run_search)
+        from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE, Evaluator, SearchSpace, run_search
+        from mpipe_tune.search import compare
+        from mpipe_tune.search.families import search_families
+        from mpipe_tune.search.layout import parse_layout
 
         problem, frozen = _problem(args)
         evaluator = Evaluator(problem)
         space = SearchSpace(problem, evaluator.reference_weights(), _space_options(args))
+        current = None
+        if args.current is not None:  # checked, derived and predicted before the search
+            current = evaluator.evaluate(parse_layout(args.current, space, label=compare.CURRENT))
         storage = args.storage or DEFAULT_STORAGE
         result = run_search(space, evaluator, storage=storage, study_name=args.study, n_trials=args.trials,
                             timeout_s=args.timeout, seed=args.seed, sampler=args.sampler,
@@ -163,12 +172,17 @@ class Plan(Command):
                 f"'{problem.profile.name}'; add devices, try --recompute search, or freeze blocks"
             )
         best = result.best
-        baselines = evaluate_baselines(evaluator, space, best)
-        rows = comparison_rows(best, baselines)
+        baselines = compare.evaluate_baselines(evaluator, space, best)
+        families = search_families(space, evaluator)
+        rows = compare.comparison_rows(best, baselines)
         prediction, workload = evaluator.prediction(best.candidate)
         sections = {name: _section(evaluator, e) for name, e in baselines if e is not None}
+        alternatives = {f.label: _section(evaluator, f.best) for f in families if f.best is not None}
+        if current is not None:
+            alternatives[compare.CURRENT] = _section(evaluator, current)
         record = plan_record(prediction, problem.model, workload, problem.profile, evaluator.options(best.candidate),
-                             PlanInputs(args.model, frozen, args.profile), baselines=sections)
+                             PlanInputs(args.model, frozen, args.profile), baselines=sections,
+                             alternatives=alternatives)
         summary = {
             "objective": "mean predicted step time over the sampled steps",
             "candidate": best.candidate.to_dict(),
@@ -178,6 +192,10 @@ class Plan(Command):
             "trials": result.num_trials, "new_trials": result.num_new, "evaluated": result.num_evaluated,
             "space_size": result.space_size, "wall_s": result.wall_s, "interrupted": result.interrupted,
             "comparison": rows,
+            "own_best": compare.own_best_rows(best, baselines, families),
+            "families": compare.family_record(families),
+            "current": None if current is None else compare.current_row(best, baselines, current),
+            "speedups": compare.speedups(best, baselines, families, current),
         }
         record["search"] = summary
         dump_plan(record, args.out)
@@ -199,7 +217,10 @@ class Plan(Command):
             print(f"study '{result.study_name}' in {storage}: {result.num_trials} trials in {result.wall_s:.1f} s "
                   f"({how}; this run: {result.num_evaluated} plans predicted, {result.num_bounded} settled by their "
                   f"lower bound" + (f", {repeats} repeats" if repeats > 0 else "") + ")\n")
-            print(format_rows(rows))
+            print(compare.format_comparison(summary))
+            for f in compare.faster_than_best(families, best):
+                print(f"note: {f.label} ({f.best.candidate}) is faster than the best plan found: the search's space "
+                      f"balances slabs by cost (no even layer splits), and a sampled search may miss a plan")
             print(f"\nbest: {best.candidate}")
             print(f"plan written to {args.out}" + (f", timeline to {args.gantt}" if args.gantt else "")
                   + (f", baseline timeline to {args.gantt_baseline}" if args.gantt_baseline else ""))
@@ -265,11 +286,11 @@ class Show(Command):
               + ("" if same else "  (differs: the cost model changed since the plan was made)"))
         search = record.get("search")
         if search:
-            from mpipe_tune.search.compare import format_rows
+            from mpipe_tune.search.compare import format_comparison
 
             print(f"\nsearch: study '{search['study']}', {search['trials']} trials, mean over {search['samples']} "
                   f"sampled step(s) of {search['global_batch']} sequences\n")
-            print(format_rows(search["comparison"]))
+            print(format_comparison(search))
         if args.gantt:
             print(f"\nGantt picture written to {args.gantt}")
         return 0

@@ -131,3 +131,28 @@ def test_a_folder_given_as_a_file_is_one_line_and_exit_2(tmp_path):
     folder.mkdir()
     code, _, stderr = run_cli("predict", "--workload", str(folder))
     assert code == 2 and "is a folder" in stderr and len(stderr.strip().splitlines()) == 1, stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--seed", "-1"], "workload seed -1 must be an integer from 0"),
+    (["--microbatches", "10000000000"], "microbatch count 10000000000 is above 65536"),
+    (["--schedule", "1f1b", "--cut", "", "--owner", "0,1"], "has no transpose region"),
+    (["--model", "qwen2vl-vit-qwen2-7b", "--profile", "h100-sxm", "--pp", "2", "--tp", "8"],
+     "tensor-parallel degree 8 must divide heads 28 of layer"),
+])
+def test_out_of_range_candidates_are_one_line_and_exit_2(args, words):
+    code, _, stderr = run_cli("predict", *args)
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and words in lines[0], stderr
+
+
+def test_a_model_that_composes_itself_is_one_line_and_exit_2(tmp_path):
+    path = tmp_path / "self.yaml"
+    path.write_text(f"name: self\ncompose: [{path}]\n")
+    code, _, stderr = run_cli("predict", "--model", str(path))
+    assert code == 2 and "composes itself" in stderr and len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_version():
+    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "--version"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip().startswith("mpipe-tune ")

@@ -10,6 +10,7 @@ import pytest
 
 from mpipe_tune.cli import main
 from mpipe_tune.cost.profile import dump_profile
+from mpipe_tune.report.plan_file import all_plan_names, load_plan, plan_names, select_plan
 from mpipe_tune.specs import load_profile
 
 SMALL = ["--devices", "2", "--global-batch", "4", "--samples", "1", "--no-progress"]
@@ -53,6 +54,82 @@ def test_plan_json_compares_the_best_with_every_baseline(tmp_path, capsys):
     written = json.loads((tmp_path / "plan.json").read_text())
     assert written["search"]["candidate"]["schedule"] == best["schedule"]
     assert written["candidate"]["slabs"] == best["slabs"]
+
+
+def test_every_baseline_at_its_own_best_and_the_current_layout_in_json_and_plan_file(tmp_path, capsys):
+    current = "pp=4,tp=1,dp=1,schedule=1f1b,M=8"
+    assert plan(tmp_path, "--devices", "4", "--global-batch", "8", "--samples", "2", "--no-progress",
+                "--current", current, "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    best = out["comparison"][0]
+    at_best = {r["plan"]: r for r in out["comparison"][1:]}
+    own = {r["plan"]: r for r in out["own_best"]}
+    assert set(own) == {f"{name}@own" for name in at_best} and set(out["families"]) == set(at_best)
+    speedups = out["speedups"]
+    for name, r in at_best.items():
+        assert speedups["at_best_degrees"][name] == r["best_speedup"] == pytest.approx(r["step_s"] / best["step_s"])
+        mine = own[f"{name}@own"]
+        assert speedups["at_own_best"][name] == mine["best_speedup"] == pytest.approx(mine["step_s"] / best["step_s"])
+        assert mine["pp"] * mine["tp"] * mine["dp"] == 4 and mine["fits_memory"]
+        if r["fits_memory"]:  # the baseline at the best plan's degrees is one plan of its family
+            assert mine["step_s"] <= r["step_s"]
+    row = out["current"]
+    assert (row["plan"], row["schedule"], row["pp"], row["tp"], row["dp"], row["microbatches"]) == (
+        "current", "1f1b", 4, 1, 1, 8)
+    assert row["slabs"] == [[13, 4, 4, 4]]  # the Megatron-style layout: encoder and projector in stage 0
+    assert speedups["over_current"] == row["best_speedup"] == pytest.approx(row["step_s"] / best["step_s"])
+    record = load_plan(tmp_path / "plan.json")
+    assert record["search"] == {k: v for k, v in out.items() if k != "plan_file"}
+    assert all_plan_names(record) == (*plan_names(record), *own, "current")
+    for name, r in [*own.items(), ("current", row)]:  # each a runnable section of its own degrees
+        c = select_plan(record, name)["candidate"]
+        assert (c["schedule"], c["pp"], c["tp"], c["dp"], c["microbatches"], c["slabs"]) == (
+            r["schedule"], r["pp"], r["tp"], r["dp"], r["microbatches"], r["slabs"])
+        assert select_plan(record, name)["predicted"]["makespan_s"] == pytest.approx(r["step_samples_s"][0], rel=1e-12)
+
+
+def test_the_table_shows_both_speedups_and_the_current_row(tmp_path, capsys):
+    assert plan(tmp_path, *SMALL, "--current", "pp=2,schedule=transpose,1f1b,owners=greedy") == 0
+    out = capsys.readouterr().out
+    assert "best over" in out.splitlines()[3] and "\nbest over  the best plan's speedup over the row" in out
+    lines = [line.split()[0] for line in out.splitlines() if line.split()[:1] and "@own" in line.split()[0]]
+    assert lines == [f"{name}@own" for name in ("megatron", "disttrain", "vpp", "gpipe", "mpipe-rr")]
+    (current,) = [line for line in out.splitlines() if line.startswith("current ")]
+    assert "transpose,1f1b" in current and "greedy" in current
+    assert main(["show", str(tmp_path / "plan.json")]) == 0
+    assert "\nmegatron@own " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("current,words", [
+    ("pp=4,tp=1,dp=1,schedule=1f1b", "current layout 'pp=4,tp=1,dp=1,schedule=1f1b': pp*tp*dp = 4*1*1 = 4, but it must "
+                                     "equal the 2 devices"),
+    ("pp=2,schedule=1f1b,M=3", "M=3, but the microbatch count must divide the 4 sequences per replica"),
+    ("pp=2,schedule=transpose,gpipe,1f1b,cut=9,17", "mixing 1f1b and gpipe in one wavefront is not supported"),
+    ("pp=2,schedule", "'schedule' is not a key=value pair"),
+])
+def test_a_bad_current_layout_exits_2_with_one_line_before_the_search(tmp_path, capsys, current, words):
+    one_line_error(capsys, plan(tmp_path, *SMALL, "--current", current), words)
+    assert not (tmp_path / "study.db").exists() and not (tmp_path / "plan.json").exists()
+
+
+def test_bench_runs_the_own_best_and_current_plans_beside_the_best(tmp_path, capsys):
+    pytest.importorskip("torch")
+    workload = tmp_path / "tiny.yaml"  # short sequences: emulated steps of milliseconds
+    workload.write_text("microbatches:\n" + "".join(f"  - {{image_tokens: {60 + 40 * i}, text_tokens: 300}}\n"
+                                                    for i in range(4)))
+    assert plan(tmp_path, "--devices", "4", "--workload", str(workload), "--trials", "10", "--no-progress",
+                "--pp", "2", "--current", "pp=4,schedule=1f1b") == 0
+    capsys.readouterr()
+    plans = "best,megatron,disttrain@own,current"
+    assert main(["bench", str(tmp_path / "plan.json"), "--plans", plans, "--compute", "emulated", "--rounds", "1",
+                 "--steps", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ran = {p["name"]: p for p in out["plans"]}
+    assert list(ran) == plans.split(",") and out["reference"] == "megatron" and out["complete"]
+    assert (ran["current"]["pp"], ran["best"]["pp"]) == (4, 2)  # other degrees, the same four ranks
+    assert ran["megatron"]["speedup_predicted"] == 1.0
+    assert ran["current"]["speedup_predicted"] == pytest.approx(
+        ran["megatron"]["predicted_step_s"] / ran["current"]["predicted_step_s"])
 
 
 def test_gantt_pictures_of_the_best_plan_and_the_baseline(tmp_path, capsys):

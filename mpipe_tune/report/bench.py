@@ -3,8 +3,11 @@
 A bench runs the chosen plans of one plan file in rounds (``best``, ``megatron``, ..., ``best``,
 ``megatron``, ...), so a slow spell of the machine falls on every plan alike. A plan's measured step
 time is the median over rounds of each round's measured step time (the run's own: the median of the
-steps after the first, or the only step). Speedups are over the Megatron-style baseline, predicted
-(its predicted step time over the plan's) and measured (the same with measured times).
+steps after the first, or the only step). Speedups are over the Megatron-style baseline at the best
+plan's degrees (``megatron``, not ``megatron@own``), predicted (its predicted step time over the
+plan's) and measured (the same with measured times); a bench whose plans leave ``megatron`` out has
+none. By default a bench runs the best plan and its baselines at its degrees; ``--plans`` may name
+any plan of the file, the alternatives at their own layouts too (``megatron@own``, ``current``).
 
 >>> round_robin(("best", "megatron"), 2)
 [('best', 0), ('megatron', 0), ('best', 1), ('megatron', 1)]
@@ -17,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.plan_file import plan_names
+from mpipe_tune.report.plan_file import all_plan_names, plan_names
 from mpipe_tune.search.baselines import REFERENCE
 
 
@@ -27,7 +30,8 @@ def validate_rounds(num_rounds: int) -> None:
 
 
 def bench_plans(record: dict[str, Any], names: Sequence[str] | None, where: str) -> tuple[str, ...]:
-    """The plans to time, in order: ``names`` (checked against the file) or every plan it holds."""
+    """The plans to time, in order: ``names`` (checked against every plan the file holds), or by
+    default the best plan and its baselines at its degrees (:func:`plan_names`)."""
     held = plan_names(record)
     if len(held) == 1:
         raise MpipeError(f"{where} holds no baselines, only its best plan, so there is nothing to compare it with; "
@@ -37,9 +41,10 @@ def bench_plans(record: dict[str, Any], names: Sequence[str] | None, where: str)
     chosen = tuple(dict.fromkeys(names))
     if not chosen:
         raise MpipeError(f"the list of plans to run is empty; name one or more of {', '.join(held)} ({where})")
-    unknown = [n for n in chosen if n not in held]
+    every = all_plan_names(record)
+    unknown = [n for n in chosen if n not in every]
     if unknown:
-        raise MpipeError(f"{where} holds no plan named {', '.join(map(repr, unknown))}; it holds {', '.join(held)}")
+        raise MpipeError(f"{where} holds no plan named {', '.join(map(repr, unknown))}; it holds {', '.join(every)}")
     return chosen
 
 
@@ -96,7 +101,7 @@ def progress_line(name: str, k: int, num_rounds: int, summary: dict[str, Any]) -
     """One line per finished run, for stderr."""
     ratio = f"{summary['ratio']:.3f}" if summary.get("ratio") is not None else "-"
     schedule = f"<{summary['schedule']}>"
-    return (f"round {k + 1}/{num_rounds}  {name:<10} {schedule:<22} measured "
+    return (f"round {k + 1}/{num_rounds}  {name:<13} {schedule:<22} measured "
             f"{summary['measured_step_s'] * 1e3:.3f} ms, predicted {summary['predicted_step_s'] * 1e3:.3f} ms ({ratio})")
 
 
@@ -108,14 +113,15 @@ def format_bench(record: dict[str, Any]) -> str:
     basis = "median of steps 2.. of each round" if record["steps"] > 1 else "one step per round"
     lines = [f"bench {record['plan_file']}: {len(record['plans'])} plan(s), {record['rounds']} round(s) of "
              f"{record['steps']} step(s), compute {record['compute']} on {record['device']}; measured: median over "
-             f"rounds ({basis}); speedup over {record['reference']}"]
-    header = (f"{'plan':<10} {'schedule':<20} {'pp/tp/dp':<9} {'M':>4} {'pred ms':>11} {'meas ms':>11} "
+             f"rounds ({basis}); speedup over {record['reference']}"
+             + ("" if any(p["name"] == record["reference"] for p in record["plans"]) else " (not run here: none)")]
+    header = (f"{'plan':<13} {'schedule':<20} {'pp/tp/dp':<9} {'M':>4} {'pred ms':>11} {'meas ms':>11} "
               f"{'meas/pred':>9} {'speedup pred':>12} {'speedup meas':>12}")
     lines += ["", header, "-" * len(header)]
     for p in record["plans"]:
         degrees = f"{p['pp']}/{p['tp']}/{p['dp']}"
         lines.append(
-            f"{p['name']:<10} {p['schedule']:<20} {degrees:<9} {p['microbatches']:>4} "
+            f"{p['name']:<13} {p['schedule']:<20} {degrees:<9} {p['microbatches']:>4} "
             f"{p['predicted_step_s'] * 1e3:>11.3f} {p['measured_step_s'] * 1e3:>11.3f} {num(p['ratio'], '.3f'):>9} "
             f"{num(p['speedup_predicted'], '.3f', 'x'):>12} {num(p['speedup_measured'], '.3f', 'x'):>12}"
         )

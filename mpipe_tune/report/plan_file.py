@@ -16,13 +16,19 @@ Layout (schema_version 1)::
                 "nodes": [[event index, ...] per rank]},
       "predicted": {"makespan_s": .., "ranks": [...], "durations_s": [seconds per event]},
       "baselines": {"megatron": {"candidate": .., "placement": .., "collectives": .., "order": ..,
-                                 "predicted": .., "workload": {"name": .., "hash": .., "microbatches": [..]}}, ...}
+                                 "predicted": .., "workload": {"name": .., "hash": .., "microbatches": [..]}}, ...},
+      "alternatives": {"megatron@own": {...the same fields...}, ..., "current": {...}}
     }
 
 The top level is the search's winner (``best``); ``baselines`` (optional: ``plan`` writes it,
 ``predict``-made files lack it) holds each baseline planned beside it as a section of the same
 fields, with its own workload (interleaving may take another microbatch count), at the same degrees.
-:func:`select_plan` turns any of them into a top-level record. The workloads' microbatches are
+``alternatives`` (optional) holds plans at layouts of their own, in the same sections: each
+baseline at its own best layout (``megatron@own``, ...) and the user's current layout
+(``current``); their degrees differ from the best plan's, their device count does not.
+:func:`plan_names` lists the best and its baselines (what ``bench`` runs by default),
+:func:`all_plan_names` every plan the file holds; :func:`select_plan` turns any of them into a
+top-level record. The workloads' microbatches are
 stored in full, so a plan runs and re-predicts without its source file. Loading validates the
 schema and every section's event texts; :func:`load_plan` errors are one line.
 """
@@ -31,7 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +46,8 @@ from mpipe_tune import __version__
 from mpipe_tune.algebra.events import EdgeKind, parse_event
 from mpipe_tune.cost.workload import Workload, parse_workload, workload_hash, workload_to_dict
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs import load_data_file
+from mpipe_tune.report.files import write_atomic
 from mpipe_tune.report.tables import candidate_record, derivation_record, prediction_record
 
 SCHEMA = "mpipe-tune/plan"
@@ -60,6 +67,8 @@ SECTION_KEYS = ("candidate", "placement", "collectives", "order", "predicted")
 """The fields of one runnable plan; a baseline's section holds them and its own ``workload``."""
 BEST = "best"
 """The name that selects the file's top-level plan (the search's winner)."""
+ALTERNATIVES = "alternatives"
+"""The field of the plans at layouts of their own (a baseline's own best, the current layout)."""
 
 
 def plan_section(prediction, model, workload: Workload, profile, options) -> dict[str, Any]:
@@ -92,9 +101,10 @@ def plan_section(prediction, model, workload: Workload, profile, options) -> dic
 
 
 def plan_record(prediction, model, workload: Workload, profile, options, inputs: PlanInputs, *,
-                baselines: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The whole file: the best plan at the top level, and ``baselines`` (name -> a section built
-    by :func:`plan_section`) beside it when given."""
+                baselines: Mapping[str, dict[str, Any]] | None = None,
+                alternatives: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The whole file: the best plan at the top level, and ``baselines`` and ``alternatives``
+    (name -> a section built by :func:`plan_section`) beside it when given."""
     section = plan_section(prediction, model, workload, profile, options)
     stored_workload = section.pop("workload")
     record = {
@@ -112,12 +122,20 @@ def plan_record(prediction, model, workload: Workload, profile, options, inputs:
     if baselines is not None:
         assert BEST not in baselines, f"a baseline may not be called {BEST!r}"
         record["baselines"] = dict(baselines)
+    if alternatives:
+        assert BEST not in alternatives and not set(alternatives) & set(baselines or {}), "plan names must differ"
+        record[ALTERNATIVES] = dict(alternatives)
     return record
 
 
 def plan_names(record: dict[str, Any]) -> tuple[str, ...]:
-    """The plans a file holds: ``best``, then its baselines in stored order."""
+    """The best plan and the baselines at its degrees: ``best``, then its baselines in stored order."""
     return (BEST, *record.get("baselines", {}))
+
+
+def all_plan_names(record: dict[str, Any]) -> tuple[str, ...]:
+    """Every plan a file holds: :func:`plan_names`, then its alternatives in stored order."""
+    return (*plan_names(record), *record.get(ALTERNATIVES, {}))
 
 
 def select_plan(record: dict[str, Any], name: str | None = None, *, where: str = "the plan file") -> dict[str, Any]:
@@ -126,10 +144,10 @@ def select_plan(record: dict[str, Any], name: str | None = None, *, where: str =
     baseline's own workload. ``where`` names the file in the error for an unknown name."""
     if name is None or name == BEST:
         return record
-    baselines = record.get("baselines", {})
-    if name not in baselines:
-        raise MpipeError(f"{where} holds no plan named {name!r}; it holds {', '.join(plan_names(record))}")
-    section = baselines[name]
+    sections = {**record.get("baselines", {}), **record.get(ALTERNATIVES, {})}
+    if name not in sections:
+        raise MpipeError(f"{where} holds no plan named {name!r}; it holds {', '.join(all_plan_names(record))}")
+    section = sections[name]
     header = {k: record[k] for k in ("schema", "schema_version", "tool_version")}
     inputs = {**record["inputs"], "workload": section["workload"]}
     return {**header, "inputs": inputs, **{k: section[k] for k in SECTION_KEYS}}
@@ -137,30 +155,13 @@ def select_plan(record: dict[str, Any], name: str | None = None, *, where: str =
 
 def dump_plan(record: dict[str, Any], path: str | os.PathLike) -> None:
     """Write atomically: a crash leaves the old file or the new one, never half of one."""
-    path = Path(path)
-    if not path.parent.exists():
-        raise MpipeError(f"--out {path}: folder {path.parent} does not exist; create it or pick another path")
-    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomic(path, json.dumps(record, indent=1) + "\n")
 
 
 def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     """Read and validate a plan file; returns its record with ``order.events`` still as text."""
     path = Path(path)
-    try:
-        record = json.loads(path.read_text())
-    except OSError as exc:
-        raise MpipeError(f"cannot read plan file {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise MpipeError(f"plan file {path} is not valid JSON (line {exc.lineno}: {exc.msg}); re-create it with 'mpipe-tune plan --out'") from None
+    record = load_data_file(path, "plan", as_json=True)
     where = f"plan file {path}"
     if not isinstance(record, dict) or record.get("schema") != SCHEMA:
         raise MpipeError(f"{where} is not an mpipe-tune plan (field 'schema' must be '{SCHEMA}')")
@@ -177,6 +178,13 @@ def load_plan(path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(section, dict):
             raise MpipeError(f"{where}: baseline '{name}' is malformed; the file is corrupt, re-create it")
         _validate_section(section, section.get("workload"), where, f"baseline '{name}': ")
+    alternatives = record.get(ALTERNATIVES, {})
+    if not isinstance(alternatives, dict) or {BEST, *baselines} & set(alternatives):
+        raise MpipeError(f"{where}: field '{ALTERNATIVES}' is malformed; the file is corrupt, re-create it")
+    for name, section in alternatives.items():
+        if not isinstance(section, dict):
+            raise MpipeError(f"{where}: plan '{name}' is malformed; the file is corrupt, re-create it")
+        _validate_section(section, section.get("workload"), where, f"plan '{name}': ")
     return record
 
 

@@ -10,7 +10,8 @@ last ranks, which carry no encoder):
 - ``disttrain``: ``<1f1b>``, one region; stage 0 holds only the encoder and projector, the backbone
   is split over the other ``P - 1`` ranks (the encoder on a dedicated stage, as in DistTrain);
 - ``vpp``: ``<1f1b,1f1b>`` cut in the middle of the backbone, each half split as ``megatron`` does
-  (interleaved 1F1B with two virtual stages per rank; ``M`` a multiple of ``P``);
+  (interleaved 1F1B with two virtual stages per rank; ``M`` one that interleaving allows); with
+  ``num_chunks`` v, ``v`` woven 1F1B regions over ``v`` even parts of the backbone;
 - ``gpipe``: ``<gpipe>`` with ``megatron``'s slabs;
 - ``mpipe-rr``: ``<transpose,1f1b>`` cut before the backbone, slabs balanced by expected cost,
   round-robin owners (the paper's default).
@@ -29,6 +30,17 @@ from mpipe_tune.search.candidate import Candidate
 BASELINES = ("megatron", "disttrain", "vpp", "gpipe", "mpipe-rr")
 REFERENCE = "megatron"
 """The baseline speedups are measured against."""
+_SCHEDULES = {"megatron": "1f1b", "disttrain": "1f1b", "gpipe": "gpipe", "mpipe-rr": "transpose,1f1b"}
+
+
+def schedule_of(name: str, num_chunks: int = 2) -> str:
+    """The skeleton list of baseline ``name`` (``vpp``: ``num_chunks`` woven 1F1B regions).
+
+    >>> schedule_of("vpp", 3), schedule_of("mpipe-rr")
+    ('1f1b,1f1b,1f1b', 'transpose,1f1b')
+    """
+    assert name in BASELINES, f"unknown baseline {name}"
+    return _SCHEDULES.get(name) or ",".join(["1f1b"] * num_chunks)
 
 
 def even_split(num_layers: int, num_parts: int) -> tuple[int, ...]:
@@ -44,38 +56,40 @@ def backbone_start(model: Model) -> int:
 
 def baseline(
     name: str, model: Model, pp: int, tp: int, dp: int, num_microbatches: int,
-    vpp_microbatches: Sequence[int] = (),
+    vpp_microbatches: Sequence[int] = (), num_chunks: int = 2,
 ) -> Candidate | None:
     """The named baseline at the given degrees, or None where it does not exist (too few layers
     for its stages, no encoder to separate, or no microbatch count that interleaving allows).
 
-    ``vpp_microbatches``: the microbatch counts allowed for interleaving (multiples of ``pp``); the
-    one nearest ``num_microbatches`` is used.
+    ``vpp_microbatches``: the microbatch counts allowed for interleaving (the space's); the one
+    nearest ``num_microbatches`` is used. ``num_chunks``: ``vpp``'s woven regions (>= 2).
     """
     pre = backbone_start(model)
     llm = model.num_layers - pre
+    schedule = schedule_of(name, num_chunks)
     common = dict(pp=pp, tp=tp, dp=dp, num_microbatches=num_microbatches, label=name)
     if name in ("megatron", "gpipe"):
         if llm < pp:
             return None
-        shares = even_split(llm, pp)
-        slabs = ((pre + shares[0], *shares[1:]),)
-        return Candidate("1f1b" if name == "megatron" else "gpipe", (), slab_counts=slabs, **common)
+        return Candidate(schedule, (), slab_counts=(_with_pre(pre, even_split(llm, pp)),), **common)
     if name == "disttrain":
         if pre == 0 or pp < 2 or llm < pp - 1:
             return None
-        return Candidate("1f1b", (), slab_counts=((pre, *even_split(llm, pp - 1)),), **common)
+        return Candidate(schedule, (), slab_counts=((pre, *even_split(llm, pp - 1)),), **common)
     if name == "vpp":
-        first = llm // 2
-        if first < pp or llm - first < pp or not vpp_microbatches:
+        assert num_chunks >= 2, "interleaving needs two chunks or more"
+        parts = even_split(llm, num_chunks)  # the smallest first
+        if parts[0] < pp or not vpp_microbatches:
             return None
         m = min(vpp_microbatches, key=lambda k: (abs(k - num_microbatches), -k))
-        shares = even_split(first, pp)
-        slabs = ((pre + shares[0], *shares[1:]), even_split(llm - first, pp))
-        return Candidate("1f1b,1f1b", (pre + first,), slab_counts=slabs,
-                         **{**common, "num_microbatches": m})
-    if name == "mpipe-rr":
-        if pre == 0 or llm < pp:
-            return None
-        return Candidate("transpose,1f1b", (pre,), owner_policy="round-robin", **common)
-    raise AssertionError(f"unknown baseline {name}")
+        slabs = (_with_pre(pre, even_split(parts[0], pp)), *(even_split(part, pp) for part in parts[1:]))
+        cut = tuple(pre + sum(parts[:i + 1]) for i in range(num_chunks - 1))
+        return Candidate(schedule, cut, slab_counts=slabs, **{**common, "num_microbatches": m})
+    if pre == 0 or llm < pp:  # mpipe-rr
+        return None
+    return Candidate(schedule, (pre,), owner_policy="round-robin", **common)
+
+
+def _with_pre(pre: int, shares: tuple[int, ...]) -> tuple[int, ...]:
+    """Stage 0's share grown by the ``pre`` layers before the backbone (encoder and projector)."""
+    return (pre + shares[0], *shares[1:])

@@ -1,0 +1,49 @@
+"""``mpipe-tune export``: write one plan of a plan file in another trainer's format.
+
+The formats and what each can express are :mod:`mpipe_tune.report.export`'s; this command parses the
+flags, prints single-file formats to standard output unless ``--out`` is given, and writes files
+atomically after checking every output folder exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mpipe_tune.command import Command
+
+
+class Export(Command):
+    """The ``export`` subcommand."""
+
+    name = "export"
+    help = "write a plan in torch pipelining CSV, torchtitan TOML, Megatron-LM or hyper-parallel form"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        # the format table is report.export's; it is imported only when the command runs, to keep startup light
+        parser.add_argument("plan", help="plan.json written by 'mpipe-tune plan'")
+        parser.add_argument("--to", required=True, metavar="FORMAT",
+                            help="torch-csv (torch.distributed.pipelining schedule CSV), torchtitan (TOML job config "
+                                 "and its CSV), megatron (Megatron-LM arguments) or hyper-parallel (trainer YAML)")
+        parser.add_argument("--out", default=None,
+                            help="file to write (default: standard output; torchtitan needs it, its CSV goes beside it)")
+        parser.add_argument("--plan", dest="plan_name", default=None, metavar="NAME",
+                            help="a plan stored in the file (megatron, vpp, mpipe-rr, ...; default: the best)")
+
+    def take_action(self, args: argparse.Namespace) -> int:
+        from mpipe_tune.report.export import export_outputs, read_export_plan
+        from mpipe_tune.report.files import validate_out_path, write_atomic
+
+        plan = read_export_plan(args.plan, args.plan_name)
+        outputs = export_outputs(plan, args.to, Path(args.out) if args.out else None)
+        for output in outputs:
+            if output.path is not None:
+                validate_out_path(output.path)
+        for output in outputs:
+            if output.path is None:
+                sys.stdout.write(output.text)
+            else:
+                write_atomic(output.path, output.text)
+                print(f"{args.to} export of {plan.describe()} written to {output.path}")
+        return 0

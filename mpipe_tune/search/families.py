@@ -1,0 +1,99 @@
+"""Each baseline at its own best layout: the fastest plan of its family that fits memory.
+
+A baseline's *family* is its layout rule (:func:`~mpipe_tune.search.baselines.baseline`) over the
+choices it leaves free, drawn from the same :class:`SearchSpace` the search walks:
+
+- the space's ``(pp, tp, dp)`` (its pins ``--pp/--tp/--dp`` included);
+- the microbatch counts the space allows the family's schedule at those degrees (for interleaving,
+  those that run in equal rounds);
+- the space's recomputation settings;
+- for ``vpp``, the chunk count: 2 up to the space's ``max_chunks`` (at least 2).
+
+That is a few dozen to a few hundred candidates, so a family is searched exhaustively and exactly,
+with the search's own bounds (see :mod:`mpipe_tune.search.driver`): candidates are visited in
+increasing step-time lower bound, one whose static memory alone is over capacity is skipped, the
+visit stops at the first bound above the fastest plan that fits, and memory is estimated only for
+plans faster than that one. Ties in step time go to the candidate listed first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from mpipe_tune.search.baselines import BASELINES, baseline, schedule_of
+from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.search.evaluate import Evaluation, Evaluator
+from mpipe_tune.search.space import SearchSpace
+
+OWN = "@own"
+"""Suffix of a baseline's own-best plan: ``megatron@own``."""
+_PRUNE_MARGIN = 1e-9
+
+
+@dataclass(frozen=True)
+class OwnBest:
+    """One family's search: its fastest plan that fits memory, and what it cost."""
+
+    name: str
+    """The baseline (``megatron``, ...)."""
+    best: Evaluation | None
+    """None when the family has no candidate, or none that fits memory."""
+    num_candidates: int
+    num_evaluated: int
+    """Candidates predicted (step time, and memory where it could win)."""
+    num_bounded: int
+    """Candidates settled by their static memory or their step-time lower bound alone."""
+
+    @property
+    def label(self) -> str:
+        return self.name + OWN
+
+
+def chunk_choices(name: str, space: SearchSpace) -> tuple[int, ...]:
+    """The woven-region counts a family may use: ``vpp`` 2 .. max(2, max_chunks), others 1."""
+    return tuple(range(2, max(2, space.options.max_chunks) + 1)) if name == "vpp" else (1,)
+
+
+def family_candidates(name: str, space: SearchSpace) -> list[Candidate]:
+    """Every plan of baseline ``name``'s family in ``space``, labelled ``name@own``."""
+    assert name in BASELINES, f"unknown baseline {name}"
+    model = space.problem.model
+    out = []
+    for pp, tp, dp in space.degrees:
+        for chunks in chunk_choices(name, space):
+            for m in space.microbatch_choices(pp, dp, schedule_of(name, chunks)):
+                c = baseline(name, model, pp, tp, dp, m, vpp_microbatches=(m,), num_chunks=chunks)
+                if c is None:
+                    continue
+                out.extend(replace(c, recompute=r, label=name + OWN) for r in space.options.recompute)
+    return out
+
+
+def search_family(name: str, space: SearchSpace, evaluator: Evaluator) -> OwnBest:
+    """The fastest plan of ``name``'s family that fits memory (exact; see the module docstring)."""
+    candidates = family_candidates(name, space)
+    capacity = evaluator.problem.profile.memory_capacity_bytes
+    bounds = [evaluator.lower_bound(c) for c in candidates]
+    visit = sorted(range(len(candidates)), key=lambda i: (bounds[i], i))
+    best: tuple[float, int, Evaluation] | None = None
+    evaluated = 0
+    for position, i in enumerate(visit):
+        if best is not None and bounds[i] > best[0] * (1 + _PRUNE_MARGIN):
+            break  # sorted by bound: every later candidate loses too
+        c = candidates[i]
+        static = evaluator.static_peak_bytes(c)
+        if static is not None and static > capacity:
+            continue
+        evaluated += 1
+        e = evaluator.evaluate(c, memory=False)
+        if best is not None and (e.mean_s, i) >= best[:2]:
+            continue
+        e = evaluator.evaluate(c)
+        if e.fits:
+            best = (e.mean_s, i, e)
+    return OwnBest(name, None if best is None else best[2], len(candidates), evaluated, len(candidates) - evaluated)
+
+
+def search_families(space: SearchSpace, evaluator: Evaluator) -> list[OwnBest]:
+    """:func:`search_family` for every baseline, in :data:`BASELINES` order."""
+    return [search_family(name, space, evaluator) for name in BASELINES]
