@@ -2,14 +2,21 @@
 
 - :mod:`~mpipe_tune.runtime.plan_view` reads plan.json into per-rank event lists and transfers;
 - :mod:`~mpipe_tune.runtime.blueprint` checks what the runtime can build from a model spec;
-- :mod:`~mpipe_tune.runtime.job` holds a run's settings and the pre-flight checks;
+- :mod:`~mpipe_tune.runtime.layout` numbers the plan's pp x dp x tp ranks as the cost model lays them
+  out, and :mod:`~mpipe_tune.runtime.mesh` builds them into torch's ``DeviceMesh`` with the process
+  groups of the plan's reduces;
+- :mod:`~mpipe_tune.runtime.job` holds a run's settings and the pre-flight checks (plan, model,
+  world size, tensor-parallel splits, the host's memory and dtype);
 - :mod:`~mpipe_tune.runtime.layers`, :mod:`~mpipe_tune.runtime.data` and :mod:`~mpipe_tune.runtime.mllm`
   build the MLLM per layer, its synthetic microbatches, and the single-process reference step;
+  :mod:`~mpipe_tune.runtime.tensor_parallel` splits its layers with ``torch.distributed.tensor.parallel``;
 - :mod:`~mpipe_tune.runtime.executor` walks a rank's events with :mod:`~mpipe_tune.runtime.compute`
   (real or emulated) and :mod:`~mpipe_tune.runtime.transport` (point-to-point transfers);
 - :mod:`~mpipe_tune.runtime.launch` starts ranks (local spawner or torchrun) on gloo, NCCL or HCCL;
+- :mod:`~mpipe_tune.runtime.session` is what ``run`` and ``bench`` share: check every job, start the
+  ranks once, run the jobs in turn and hand back each result as it finishes;
 - :mod:`~mpipe_tune.runtime.worker` is what every rank runs; :mod:`~mpipe_tune.runtime.measure` turns
   its timings into step times and a Chrome trace.
 
-Importing this package imports no torch; plan_view, blueprint, job, launch and measure never do.
+Importing this package imports no torch; plan_view, layout, blueprint, job, launch, session and measure never do.
 """
