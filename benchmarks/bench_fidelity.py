@@ -35,12 +35,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from mpipe_tune.algebra.schedule import Cut, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import dump_profile, load_profile, parse_profile
 from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.frames import Column, format_markdown, ms, text
 from mpipe_tune.profiler.fit import fit_efficiency
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.specs import load_model
@@ -500,26 +502,54 @@ def main() -> int:
     return 0
 
 
-def print_table(record: dict) -> None:
-    print("| # | plan | predicted ms | measured ms | error | measured per round ms | recalibrated: predicted per round ms "
-          "| one-eff ms | per-phase ms |")
-    print("|---:|---|---:|---:|---:|---|---|---:|---:|")
-    for i, r in enumerate(record["plans"]):
-        rounds = ", ".join(f"{m * 1e3:.0f}" for m in r["round_medians_s"])
-        fresh = ", ".join(f"{m * 1e3:.0f}" for m in r["predicted_recalibrated_s"])
-        v = r["predicted_by_variant_s"]
-        print(f"| {i} | `{r['label']}` | {r['predicted_s'] * 1e3:.1f} | {r['measured_s'] * 1e3:.1f} | "
-              f"{r['predicted_s'] / r['measured_s'] - 1:+.1%} | {rounds} | {fresh} | {v['one-eff'] * 1e3:.1f} | "
-              f"{v['per-phase'] * 1e3:.1f} |")
-    print()
-    print("| prediction | MAPE | max abs error | mean error | Kendall tau | best gap |")
-    print("|---|---:|---:|---:|---:|---:|")
+def plans_frame(record: dict) -> pd.DataFrame:
+    """One row per plan: predicted and measured step time (s), the error, per-round medians and
+    recalibrated predictions (s), and the two simpler layer-time models' predictions (s)."""
+    return pd.DataFrame.from_records([{
+        "plan": r["label"], "predicted_s": r["predicted_s"], "measured_s": r["measured_s"],
+        "error": r["predicted_s"] / r["measured_s"] - 1, "round_medians_s": r["round_medians_s"],
+        "predicted_recalibrated_s": r["predicted_recalibrated_s"],
+        "one_eff_s": r["predicted_by_variant_s"]["one-eff"], "per_phase_s": r["predicted_by_variant_s"]["per-phase"],
+    } for r in record["plans"]])
+
+
+def figures_frame(record: dict) -> pd.DataFrame:
+    """One row per prediction: MAPE, max abs and mean error, Kendall's tau, best gap (plain ratios)."""
     rows = [("overhead + per-phase efficiency, one profile", record["figures"]),
             ("the same, recalibrated before each run (median over rounds)", record["figures_recalibrated"]),
             *[(f"{k}, one profile", f) for k, f in record["figures_by_variant"].items()]]
-    for name, f in rows:
-        print(f"| {name} | {f['mape']:.1%} | {f['max_abs_error']:.1%} | {f['mean_error']:+.1%} | "
-              f"{f['kendall_tau']:.3f} | {f['best_gap']:.1%} |")
+    return pd.DataFrame.from_records([{"prediction": name, **f} for name, f in rows])
+
+
+def _ms_list(key: str):
+    return lambda r: ", ".join(f"{m * 1e3:.0f}" for m in r[key])
+
+
+PLAN_COLUMNS = (
+    Column("#", lambda r: str(r.name), ">"),
+    Column("plan", lambda r: f"`{r['plan']}`"),
+    Column("predicted ms", ms("predicted_s", ".1f"), ">"),
+    Column("measured ms", ms("measured_s", ".1f"), ">"),
+    Column("error", text("error", "+.1%"), ">"),
+    Column("measured per round ms", _ms_list("round_medians_s")),
+    Column("recalibrated: predicted per round ms", _ms_list("predicted_recalibrated_s")),
+    Column("one-eff ms", ms("one_eff_s", ".1f"), ">"),
+    Column("per-phase ms", ms("per_phase_s", ".1f"), ">"),
+)
+FIGURE_COLUMNS = (
+    Column("prediction", text("prediction")),
+    Column("MAPE", text("mape", ".1%"), ">"),
+    Column("max abs error", text("max_abs_error", ".1%"), ">"),
+    Column("mean error", text("mean_error", "+.1%"), ">"),
+    Column("Kendall tau", text("kendall_tau", ".3f"), ">"),
+    Column("best gap", text("best_gap", ".1%"), ">"),
+)
+
+
+def print_table(record: dict) -> None:
+    print(format_markdown(plans_frame(record), PLAN_COLUMNS))
+    print()
+    print(format_markdown(figures_frame(record), FIGURE_COLUMNS))
     measured = np.array([r["measured_s"] for r in record["plans"]])
     for name, key in (("the profile", None), ("one-eff", "one-eff"), ("per-phase", "per-phase")):
         predicted = np.array([r["predicted_s"] if key is None else r["predicted_by_variant_s"][key]

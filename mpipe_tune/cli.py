@@ -11,6 +11,7 @@ from mpipe_tune.cli_export import Export
 from mpipe_tune.cli_plan import Plan, Show
 from mpipe_tune.cli_profile import Profile
 from mpipe_tune.cli_run import Run
+from mpipe_tune.cli_trials import Trials
 from mpipe_tune import __version__
 from mpipe_tune.command import Command
 from mpipe_tune.errors import MpipeError
@@ -42,7 +43,17 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel degree (default 1)")
     parser.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
-    parser.add_argument("--recompute", action="store_true", help="full activation recomputation in every layer")
+    parser.add_argument("--ep", type=int, default=1,
+                        help="expert-parallel degree, carved from the data-parallel ranks (default 1)")
+    parser.add_argument("--cp", type=int, default=1, help="context-parallel degree (ring attention; default 1)")
+    parser.add_argument("--zero", type=int, default=1, choices=(0, 1),
+                        help="ZeRO stage: 1 shards the optimizer state over the data-parallel ranks (default), 0 does not")
+    parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism with --tp")
+    parser.add_argument("--moe-imbalance", type=float, default=1.0,
+                        help="routed tokens on the busiest expert-parallel rank over the mean (default 1: balanced)")
+    parser.add_argument("--recompute", nargs="?", const="full", default="none", choices=("none", "selective", "full"),
+                        help="activation recomputation: none (default), selective (the attention core) or full "
+                             "(--recompute alone)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -65,7 +76,9 @@ def load_candidate(args: argparse.Namespace):
     for flag, value in (("--tp", args.tp), ("--dp", args.dp)):
         if value < 1:
             raise MpipeError(f"{flag} is {value}, but parallel degrees must be integers >= 1")
-    options = CostOptions(dtype=args.dtype, tp_degree=args.tp, dp_degree=args.dp, recompute=args.recompute)
+    options = CostOptions(dtype=args.dtype, tp_degree=args.tp, dp_degree=args.dp, recompute=args.recompute,
+                          ep_degree=args.ep, cp_degree=args.cp, shard_optimizer=args.zero == 1,
+                          sequence_parallel=args.sequence_parallel, moe_imbalance=args.moe_imbalance)
     options.dtype_bytes()
     profile.peak(args.dtype)
     slab_counts = None
@@ -107,6 +120,10 @@ class Predict(Command):
     def take_action(self, args):
         from mpipe_tune.report.tables import prediction_record, print_prediction
 
+        if args.gantt:  # before any work
+            from mpipe_tune.report.gantt import validate_picture_path
+
+            validate_picture_path(args.gantt, label="--gantt")
         prediction, model, workload, profile, options = load_candidate(args)
         if args.gantt:
             from mpipe_tune.report.gantt import draw_gantt
@@ -172,7 +189,7 @@ class Profiles(Command):
         return 0
 
 
-COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show(), Export()]
+COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show(), Export(), Trials()]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -53,8 +53,13 @@ class Bench(Command):
         record = load_plan(args.plan)
         chosen = None if args.plans is None else [n.strip() for n in args.plans.split(",") if n.strip()]
         names = bench_plans(record, chosen, f"plan file {args.plan}")
-        if args.gantt and not Path(args.gantt).is_dir():
-            raise MpipeError(f"--gantt {args.gantt}: no such folder; create it or pick another one")
+        if args.gantt:  # every picture's path, before anything runs
+            from mpipe_tune.report.gantt import validate_picture_path
+
+            if not Path(args.gantt).is_dir():
+                raise MpipeError(f"--gantt {args.gantt}: no such folder; create it or pick another one")
+            for name in names:
+                validate_picture_path(Path(args.gantt) / f"{name}.png", label="--gantt")
         runs = round_robin(names, args.rounds)
         last = args.rounds - 1
         template = RunJob(args.plan, steps=args.steps, compute=args.compute, dtype=args.dtype, seed=args.seed)
@@ -82,17 +87,21 @@ class Bench(Command):
 
 
 def _draw_measured(record: dict, runs: list[tuple[str, int]], results, out: dict, folder: Path) -> None:
-    """One measured timeline per plan whose traced (last) round finished; its path goes into ``out``."""
+    """One measured timeline per plan whose traced (last) round finished, written together; its path
+    goes into ``out``."""
+    from mpipe_tune.report.files import write_together
     from mpipe_tune.report.gantt import draw_measured_gantt
     from mpipe_tune.report.plan_file import select_plan
 
     entries = {p["name"]: p for p in out["plans"]}
+    pictures = []
     for (name, _k), result in zip(runs, results):
         if "trace" not in result:
             continue
         section = select_plan(record, name)
         replicated = [p["region"] for p in section["placement"] if "owners" in p]
-        path = folder / f"{name}.png"
-        draw_measured_gantt(result["trace"], path, replicated_regions=replicated,
-                            title=f"{name} <{section['candidate']['schedule']}>, compute {out['compute']}")
-        entries[name]["gantt"] = str(path)
+        title = f"{name} <{section['candidate']['schedule']}>, compute {out['compute']}"
+        pictures.append((folder / f"{name}.png", lambda tmp, trace=result["trace"], replicated=replicated, title=title:
+                         draw_measured_gantt(trace, tmp, replicated_regions=replicated, title=title)))
+        entries[name]["gantt"] = str(folder / f"{name}.png")
+    write_together(pictures)

@@ -1,8 +1,8 @@
 """``mpipe-tune export``: write one plan of a plan file in another trainer's format.
 
 The formats and what each can express are :mod:`mpipe_tune.report.export`'s; this command parses the
-flags, prints single-file formats to standard output unless ``--out`` is given, and writes files
-atomically after checking every output folder exists.
+flags, prints single-file formats to standard output unless ``--out`` is given, and writes its files
+together and atomically (all of them or none) after checking every output path.
 """
 
 from __future__ import annotations
@@ -33,17 +33,19 @@ class Export(Command):
 
     def take_action(self, args: argparse.Namespace) -> int:
         from mpipe_tune.report.export import export_outputs, read_export_plan
-        from mpipe_tune.report.files import validate_out_path, write_atomic
+        from mpipe_tune.report.files import validate_out_path, write_together
 
+        if args.out:
+            validate_out_path(args.out, label="--out")  # before the plan is read
         plan = read_export_plan(args.plan, args.plan_name)
         outputs = export_outputs(plan, args.to, Path(args.out) if args.out else None)
-        for output in outputs:
-            if output.path is not None:
-                validate_out_path(output.path)
+        files = [o for o in outputs if o.path is not None]
+        for output in files:
+            validate_out_path(output.path, label="--out" if str(output.path) == args.out else "the file beside --out")
+        write_together([(o.path, lambda tmp, text=o.text: tmp.write_text(text, encoding="utf-8")) for o in files])
         for output in outputs:
             if output.path is None:
                 sys.stdout.write(output.text)
             else:
-                write_atomic(output.path, output.text)
                 print(f"{args.to} export of {plan.describe()} written to {output.path}")
         return 0

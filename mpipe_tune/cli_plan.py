@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from mpipe_tune.command import Command
 from mpipe_tune.errors import MpipeError
@@ -38,19 +39,20 @@ def _problem(args: argparse.Namespace):
     if frozen:
         model = model.with_frozen(frozen)
     profile = load_profile(args.profile)
-    options = CostOptions(dtype=args.dtype)
+    options = CostOptions(dtype=args.dtype, moe_imbalance=args.moe_imbalance)
+    options.validate_degrees()
     options.dtype_bytes()
     note = profile.slow_dtype_note(args.dtype)
     if note:
         print(f"mpipe-tune plan: note: {note}", file=sys.stderr)
     if args.workload in MIXES:
-        global_batch = args.global_batch or 4 * args.devices
+        global_batch = 4 * args.devices if args.global_batch is None else args.global_batch
         problem = Problem(model, profile, args.devices, global_batch, mix=args.workload, num_samples=args.samples,
                           seed=args.seed, options=options)
     else:
         workload = load_workload(args.workload)
-        problem = Problem(model, profile, args.devices, args.global_batch or len(workload), workload=workload,
-                          options=options)
+        problem = Problem(model, profile, args.devices, len(workload) if args.global_batch is None else args.global_batch,
+                          workload=workload, options=options)
     return problem, frozen
 
 
@@ -69,9 +71,14 @@ def _space_options(args: argparse.Namespace):
         if value < 1:
             raise MpipeError(f"{flag} is {value}, but it must be an integer >= 1")
     pins = {k: _int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None for k in ("pp", "tp", "dp")}
-    recompute = {"off": (False,), "on": (True,), "search": (False, True)}[args.recompute]
+    recompute = {"off": (False,), "on": (True,), "selective": ("selective",), "search": (False, True),
+                 "all": (False, "selective", True)}[args.recompute]
+    ep = None if args.ep == "search" else _int_list(args.ep, "--ep")
+    memory = {"zero": {"0": (0,), "1": (1,), "search": (0, 1)}[args.zero],
+              "sequence_parallel": {"off": (False,), "on": (True,), "search": (False, True)}[args.sequence_parallel]}
     return SpaceOptions(skeletons=skeletons, max_chunks=args.max_chunks, cut_window=args.cut_window,
-                        owner_policies=owners, max_microbatches=args.max_microbatches, recompute=recompute, **pins)
+                        owner_policies=owners, max_microbatches=args.max_microbatches, recompute=recompute,
+                        ep=ep, cp=_int_list(args.cp, "--cp"), **memory, **pins)
 
 
 def _section(evaluator, evaluation) -> dict:
@@ -92,6 +99,26 @@ def _draw(evaluator, evaluation, path: str, title: str) -> None:
     draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms")
 
 
+def _validate_outputs(args: argparse.Namespace) -> None:
+    """Every file ``plan`` writes, checked before the search (one line naming the flag), and distinct."""
+    from mpipe_tune.report.files import validate_out_path
+    from mpipe_tune.report.gantt import validate_picture_path
+
+    validate_out_path(args.out, label="--out", suffixes=(".json",))
+    paths = {"--out": args.out, "--csv": args.csv}
+    for flag, path in (("--gantt", args.gantt), ("--gantt-baseline", args.gantt_baseline)):
+        if path is not None:
+            validate_picture_path(path, label=flag)
+            paths[flag] = path
+    seen: dict = {}
+    for flag, path in paths.items():
+        if path is None:
+            continue
+        other = seen.setdefault(Path(path).resolve(), flag)
+        if other != flag:
+            raise MpipeError(f"{flag} {path}: {other} names the same file; give each output a path of its own")
+
+
 class Plan(Command):
     name = "plan"
     help = "search for the fastest static plan that fits memory and compare it with the baselines"
@@ -104,13 +131,17 @@ class Plan(Command):
                        help="built-in mix name (sampled) or a workload file holding one step's sequences (default: balanced)")
         g.add_argument("--devices", type=int, default=EXAMPLE_DEVICES, help=f"device count (default {EXAMPLE_DEVICES})")
         g.add_argument("--global-batch", type=int, default=None,
-                       help="sequences per step over all replicas, fixed for every plan (default: 4 x devices, or the file's length)")
+                       help="sequences per step over all replicas, fixed for every plan (omit it for the default: "
+                            "4 x devices, or the file's length)")
         g.add_argument("--samples", type=int, default=4, help="sampled steps the objective averages over (default 4)")
         g.add_argument("--seed", type=int, default=0, help="seed of the sampled steps and of the sampler (default 0)")
         g.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder")
         g.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
-        g.add_argument("--recompute", default="off", choices=("off", "on", "search"),
-                       help="full activation recomputation: off (default), on, or search both")
+        g.add_argument("--recompute", default="off", choices=("off", "on", "selective", "search", "all"),
+                       help="activation recomputation: off (default), on (full), selective (the attention core), "
+                            "search (off and on) or all (off, selective and on)")
+        g.add_argument("--moe-imbalance", type=float, default=1.0,
+                       help="routed tokens on the busiest expert-parallel rank over the mean (default 1: balanced)")
         g.add_argument("--current", default=None, metavar="LAYOUT",
                        help="the layout you run today, shown as a row beside the best plan, e.g. "
                             "'pp=8,tp=1,dp=1,schedule=1f1b,M=16,recompute=on' (keys pp, tp, dp, schedule, M, recompute, "
@@ -119,6 +150,14 @@ class Plan(Command):
         s.add_argument("--pp", default=None, help="allowed pipeline degrees, e.g. 4,8 (default: any)")
         s.add_argument("--tp", default=None, help="allowed tensor-parallel degrees (default: divisors of a node)")
         s.add_argument("--dp", default=None, help="allowed data-parallel degrees (default: any)")
+        s.add_argument("--ep", default="1",
+                       help="allowed expert-parallel degrees, e.g. 1,8, or 'search': every degree that divides dp "
+                            "and the MoE layers' experts (default 1)")
+        s.add_argument("--cp", default="1", help="allowed context-parallel degrees, e.g. 1,2 (default 1)")
+        s.add_argument("--zero", default="1", choices=("0", "1", "search"),
+                       help="ZeRO stage: 1 (default, optimizer state sharded over the data-parallel ranks), 0, or search")
+        s.add_argument("--sequence-parallel", default="off", choices=("off", "on", "search"),
+                       help="sequence parallelism with tp > 1: off (default), on, or search")
         s.add_argument("--skeletons", default="1f1b,gpipe", help="Sharded skeletons to use (default 1f1b,gpipe)")
         s.add_argument("--max-chunks", type=int, default=2, help="most interleaved Sharded regions per rank (default 2)")
         s.add_argument("--cut-window", type=int, default=1,
@@ -139,14 +178,22 @@ class Plan(Command):
         o.add_argument("--gantt", default=None, help="draw the best plan's timeline to this PNG")
         o.add_argument("--gantt-baseline", default=None, help="draw the Megatron-style baseline's timeline to this PNG")
         o.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+        o.add_argument("--csv", default=None, metavar="FILE",
+                       help="write the comparison table to this CSV file, one row per plan, in seconds and bytes")
 
     def take_action(self, args):
+        from mpipe_tune.frames import to_csv_text
+        from mpipe_tune.report.files import validate_out_path, write_together
         from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
         from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE, Evaluator, SearchSpace, run_search
         from mpipe_tune.search import compare
         from mpipe_tune.search.families import search_families
         from mpipe_tune.search.layout import parse_layout
+        from mpipe_tune.specs import resolve_spec
 
+        if args.csv is not None:
+            validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
+        _validate_outputs(args)
         problem, frozen = _problem(args)
         evaluator = Evaluator(problem)
         space = SearchSpace(problem, evaluator.reference_weights(), _space_options(args))
@@ -181,7 +228,8 @@ class Plan(Command):
         if current is not None:
             alternatives[compare.CURRENT] = _section(evaluator, current)
         record = plan_record(prediction, problem.model, workload, problem.profile, evaluator.options(best.candidate),
-                             PlanInputs(args.model, frozen, args.profile), baselines=sections,
+                             PlanInputs(resolve_spec(args.model, "model"), frozen, resolve_spec(args.profile, "profile")),
+                             baselines=sections,
                              alternatives=alternatives)
         summary = {
             "objective": "mean predicted step time over the sampled steps",
@@ -198,14 +246,18 @@ class Plan(Command):
             "speedups": compare.speedups(best, baselines, families, current),
         }
         record["search"] = summary
-        dump_plan(record, args.out)
-        if args.gantt:
-            _draw(evaluator, best, args.gantt, f"best <{best.candidate.schedule}>")
         reference = dict(baselines).get(REFERENCE)
+        if args.gantt_baseline and reference is None:
+            raise MpipeError(f"--gantt-baseline: the {REFERENCE} baseline does not exist at {best.candidate.degrees}; "
+                             f"nothing was written")
+        outputs = [(args.out, lambda tmp: dump_plan(record, tmp))]  # all of them, or none (a picture can fail)
+        if args.csv is not None:
+            outputs.append((args.csv, lambda tmp: tmp.write_text(to_csv_text(compare.comparison_frame(summary)))))
+        if args.gantt:
+            outputs.append((args.gantt, lambda tmp: _draw(evaluator, best, tmp, f"best <{best.candidate.schedule}>")))
         if args.gantt_baseline:
-            if reference is None:
-                raise MpipeError(f"--gantt-baseline: the {REFERENCE} baseline does not exist at {best.candidate.degrees}")
-            _draw(evaluator, reference, args.gantt_baseline, "Megatron-style <1f1b>")
+            outputs.append((args.gantt_baseline, lambda tmp: _draw(evaluator, reference, tmp, "Megatron-style <1f1b>")))
+        write_together(outputs)
         if args.json:
             print(json.dumps({**summary, "plan_file": args.out}, indent=2))
         else:
@@ -222,7 +274,8 @@ class Plan(Command):
                 print(f"note: {f.label} ({f.best.candidate}) is faster than the best plan found: the search's space "
                       f"balances slabs by cost (no even layer splits), and a sampled search may miss a plan")
             print(f"\nbest: {best.candidate}")
-            print(f"plan written to {args.out}" + (f", timeline to {args.gantt}" if args.gantt else "")
+            print(f"plan written to {args.out}" + (f", table to {args.csv}" if args.csv else "")
+                  + (f", timeline to {args.gantt}" if args.gantt else "")
                   + (f", baseline timeline to {args.gantt_baseline}" if args.gantt_baseline else ""))
         if result.interrupted:
             print(f"interrupted after {result.num_trials} trials; rerun the same command to continue the study",
@@ -237,24 +290,39 @@ class Show(Command):
 
     def add_arguments(self, parser):
         parser.add_argument("plan", help="plan.json written by 'mpipe-tune plan'")
+        parser.add_argument("--model", default=None,
+                            help="the plan's model file, where it moved to (default: the path the plan names)")
+        parser.add_argument("--profile", default=None,
+                            help="the plan's profile file, where it moved to (default: the path the plan names)")
         parser.add_argument("--gantt", default=None, help="draw the plan's timeline to this PNG")
         parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+        parser.add_argument("--csv", default=None, metavar="FILE",
+                            help="write the plan's comparison table to this CSV file, one row per plan, in seconds and bytes")
 
     def take_action(self, args):
-        from mpipe_tune.algebra.schedule import Cut, parse_schedule
-        from mpipe_tune.cost.layers import CostOptions
         from mpipe_tune.cost.predict import predict
         from mpipe_tune.cost.workload import workload_hash
+        from mpipe_tune.frames import to_csv_text
+        from mpipe_tune.report.files import validate_out_path, write_together
         from mpipe_tune.report.plan_file import load_plan, workload_of
-        from mpipe_tune.report.tables import prediction_record, print_prediction
-        from mpipe_tune.specs import load_model, load_profile
+        from mpipe_tune.report.tables import options_of, prediction_record, print_prediction
+        from mpipe_tune.report.plan_check import StoredCandidate, load_plan_model, load_plan_profile, validate_order
 
+        if args.csv is not None:
+            validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
+        if args.gantt:
+            from mpipe_tune.report.gantt import validate_picture_path
+
+            validate_picture_path(args.gantt, label="--gantt")
         record = load_plan(args.plan)
+        search = record.get("search")
+        if args.csv is not None and not search:
+            raise MpipeError(f"--csv {args.csv}: {args.plan} holds no comparison table (no 'search' section); "
+                             f"make the plan with 'mpipe-tune plan' to get one")
         inputs, c = record["inputs"], record["candidate"]
-        model = load_model(inputs["model"]["spec"])
-        if inputs["model"]["frozen"]:
-            model = model.with_frozen(tuple(inputs["model"]["frozen"]))
-        profile = load_profile(inputs["profile"]["spec"])
+        where = f"plan file {args.plan}"
+        model = load_plan_model(record, where=where, spec=args.model)
+        profile = load_plan_profile(record, where=where, spec=args.profile)
         workload = workload_of(record)
         for what, spec, now, then in (
             ("model", inputs["model"]["spec"], model.content_hash(), inputs["model"]["hash"]),
@@ -264,19 +332,32 @@ class Show(Command):
             if now != then:
                 raise MpipeError(f"{args.plan}: the {what} '{spec}' has changed since the plan was made (hash "
                                  f"{now[:12]} now, {then[:12]} in the plan); re-plan with 'mpipe-tune plan'")
-        options = CostOptions(dtype=c["dtype"], tp_degree=c["tp"], dp_degree=c["dp"], recompute=c.get("recompute", False))
-        prediction = predict(Cut(tuple(c["cut"])), parse_schedule(c["schedule"]), model, workload, profile, c["pp"],
-                             slab_counts=tuple(tuple(s) for s in c["slabs"]),
-                             microbatch_owners=tuple(c["owners"]) if c["owners"] is not None else None, options=options)
+        options = options_of(c)
+        stored = StoredCandidate.of(record, where=where)
+        try:
+            prediction = predict(stored.cut, stored.schedule, model, workload, profile, stored.num_ranks,
+                                 slab_counts=stored.slab_counts, microbatch_owners=stored.microbatch_owners,
+                                 options=options)
+        except MpipeError as exc:
+            raise MpipeError(f"{where}: its stored candidate does not predict ({exc}); the file is damaged or was "
+                             f"edited: re-create it with 'mpipe-tune plan'") from None
+        validate_order(record, prediction.plan, where=where)
         recorded = record["predicted"]["makespan_s"]
         now_s = prediction.timeline.makespan_s
+        outputs = []  # written together: both files, or neither
         if args.gantt:
             from mpipe_tune.report.gantt import draw_gantt
 
             t = prediction.timeline
-            draw_gantt(prediction.plan, t.start_s, t.durations_s, args.gantt,
-                       title=f"{model.name} <{c['schedule']}> on {profile.name}: step {now_s * 1e3:.4g} ms")
+            outputs.append((args.gantt, lambda tmp: draw_gantt(
+                prediction.plan, t.start_s, t.durations_s, tmp,
+                title=f"{model.name} <{c['schedule']}> on {profile.name}: step {now_s * 1e3:.4g} ms")))
         out = prediction_record(prediction, model, workload, profile, options)
+        if args.csv is not None:
+            from mpipe_tune.search.compare import comparison_frame
+
+            outputs.append((args.csv, lambda tmp: tmp.write_text(to_csv_text(comparison_frame(search)))))
+        write_together(outputs)
         if args.json:
             print(json.dumps({**out, "recorded_makespan_s": recorded, "search": record.get("search")}, indent=2))
             return 0
@@ -284,13 +365,17 @@ class Show(Command):
         same = abs(now_s - recorded) <= 1e-9 * max(1.0, abs(recorded))
         print(f"\nrecorded step time {recorded * 1e3:.3f} ms; re-predicted {now_s * 1e3:.3f} ms"
               + ("" if same else "  (differs: the cost model changed since the plan was made)"))
-        search = record.get("search")
+        if search and search["samples"] > 1:
+            print(f"(the plan file's one stored step: the first of the search's {search['samples']} sampled steps; "
+                  f"the table below shows each plan's mean over them)")
         if search:
             from mpipe_tune.search.compare import format_comparison
 
             print(f"\nsearch: study '{search['study']}', {search['trials']} trials, mean over {search['samples']} "
                   f"sampled step(s) of {search['global_batch']} sequences\n")
             print(format_comparison(search))
+        if args.csv is not None:
+            print(f"\ntable written to {args.csv}")
         if args.gantt:
             print(f"\nGantt picture written to {args.gantt}")
         return 0

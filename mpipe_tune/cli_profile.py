@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -63,6 +61,8 @@ def validate_request(args: argparse.Namespace):
     model or None)."""
     from mpipe_tune.cost.profile import DTYPES
     from mpipe_tune.profiler.roofline import TORCH_DTYPES
+    from mpipe_tune.profiler.settings import MAX_PROCESSES
+    from mpipe_tune.report.files import validate_out_path
 
     device = args.device
     if device not in _DEVICES:
@@ -70,6 +70,10 @@ def validate_request(args: argparse.Namespace):
     if args.nproc < 2:
         raise MpipeError(f"--nproc is {args.nproc}, but the alpha-beta sweep needs at least 2 processes "
                          "(one link has two ends); give --nproc 2 or more")
+    if args.nproc > MAX_PROCESSES:
+        raise MpipeError(f"--nproc is {args.nproc}, above {MAX_PROCESSES}: the sweep starts one process per device of "
+                         f"this host, and no host holds more than {MAX_PROCESSES}; give --nproc 2 to {MAX_PROCESSES} "
+                         f"(the number of devices to link)")
     dtypes = tuple(dict.fromkeys(d.strip() for d in args.dtypes.split(",") if d.strip()))
     if not dtypes:
         raise MpipeError("--dtypes is empty; give at least one dtype, e.g. --dtypes fp32,bf16")
@@ -82,12 +86,7 @@ def validate_request(args: argparse.Namespace):
         if dtype == "tf32" and device != "cuda":
             raise MpipeError(f"--dtypes: 'tf32' is a CUDA matmul mode, not available with --device {device}; "
                              "measure fp32 instead")
-    out = Path(args.out)
-    if out.suffix != ".json":
-        raise MpipeError(f"--out {args.out!r} must end in .json, so that --profile reads it as a file")
-    if out.is_dir():
-        raise MpipeError(f"--out {args.out!r} is a directory; give a file path such as {out / 'NAME.json'}")
-    _check_writable(out)
+    out = validate_out_path(args.out, label="--out", suffixes=(".json",))  # .json: so that --profile reads it as a file
     name = args.name if args.name is not None else out.stem
     if not name.strip():
         raise MpipeError("--name is empty; give the profile a name or leave --name out")
@@ -99,20 +98,6 @@ def validate_request(args: argparse.Namespace):
         calibration = load_model(args.calibrate)
         calibration_layers(calibration)  # a model the runtime cannot build fails here, in one line
     return device, dtypes, out, name, calibration
-
-
-def _check_writable(out: Path) -> None:
-    """Create and remove a scratch file beside ``out``, so a bad path fails before minutes of measuring."""
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise MpipeError(f"--out {str(out)!r}: the directory {str(parent)!r} does not exist; create it first")
-    try:
-        fd, scratch = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".probe", dir=parent)
-    except OSError as exc:
-        raise MpipeError(f"--out {str(out)!r}: cannot write in {str(parent)!r} ({exc.strerror or exc}); "
-                         "choose a writable path") from None
-    os.close(fd)
-    os.unlink(scratch)
 
 
 def print_summary(profile, out: Path, elapsed_s: float) -> None:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from mpipe_tune.command import Command
-from mpipe_tune.errors import MpipeError
 
 
 class Run(Command):
@@ -42,10 +40,12 @@ class Run(Command):
         from mpipe_tune.runtime.session import run_session
 
         launch.disable_backend_autoload()  # before the first import of torch
+        if args.trace:
+            from mpipe_tune.report.files import validate_out_path
+
+            validate_out_path(args.trace, label="--trace", suffixes=(".json",))
         job = RunJob(args.plan, model_spec=args.model, steps=args.steps, compute=args.compute, dtype=args.dtype,
                      seed=args.seed, trace=bool(args.trace))
-        if args.trace and not Path(args.trace).resolve().parent.is_dir():
-            raise MpipeError(f"--trace {args.trace}: folder {Path(args.trace).parent} does not exist; create it or pick another path")
         session = run_session(self.name, [job], args.device)
         if session.exit_code or not session.is_rank0:  # a failure (reported), or a torchrun rank other than 0
             return session.exit_code

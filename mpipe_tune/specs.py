@@ -22,7 +22,7 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
 from mpipe_tune.hf_config import from_hf_config, is_hf_config
 
-__all__ = ["builtin_models", "builtin_profiles", "load_model", "load_profile", "load_workload"]
+__all__ = ["builtin_models", "builtin_profiles", "load_model", "load_profile", "load_workload", "resolve_spec"]
 
 
 def _models_dir() -> Path:
@@ -52,6 +52,18 @@ def _resolve(name: str) -> Any:
     raise MpipeError(
         f"model '{name}' is neither a file nor a built-in model; built-ins: {', '.join(builtin_models())}"
     )
+
+
+def resolve_spec(spec: str, kind: str) -> str:
+    """How a plan file records a ``model`` or ``profile`` spec (``kind``): a file's absolute path, so that
+    the plan loads from any folder; a built-in name as given. A path is what the loader reads as one."""
+    path = Path(spec)
+    if kind == "model":
+        is_file = (path.suffix in (".yaml", ".yml") and path.exists()) or is_hf_config(path)
+    else:
+        assert kind == "profile", kind
+        is_file = spec.endswith(".json") or os.sep in spec or "/" in spec
+    return str(path.resolve()) if is_file else spec
 
 
 def load_model(spec: str | os.PathLike) -> Model:

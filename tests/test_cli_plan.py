@@ -238,3 +238,57 @@ def test_a_killed_plan_resumes_with_every_finished_trial_kept(tmp_path, sig):
     assert after[:len(before)] == before and len(after) == target
     record = json.loads(rerun.stdout)
     assert record["trials"] == target and record["new_trials"] == 4
+
+
+def _csv_rows(path):
+    """A --csv table read back with pandas: one dict per plan, list cells decoded from JSON, missing as None."""
+    import pandas as pd
+
+    frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    for r in rows:
+        for key in ("cut", "slabs", "step_samples_s"):
+            r[key] = json.loads(r[key])
+    return rows
+
+
+def _table_order(search):
+    """The summary's rows in the printed table's order: best, each baseline and its @own row, current."""
+    rows = {r["plan"]: r for r in [*search["comparison"], *search["own_best"], search["current"] or {"plan": None}]}
+    order = ["best", *(n for name in ("megatron", "disttrain", "vpp", "gpipe", "mpipe-rr") for n in (name, f"{name}@own"))]
+    return [rows[n] for n in [*order, "current"] if n in rows]
+
+
+def test_csv_of_plan_and_show_is_the_comparison_table_in_si_units(tmp_path, capsys):
+    table = tmp_path / "plan.csv"
+    assert plan(tmp_path, *SMALL, "--current", "pp=2,schedule=1f1b", "--json", "--csv", str(table)) == 0
+    summary = json.loads(capsys.readouterr().out)
+    rows = _csv_rows(table)
+    expected = _table_order(summary)
+    assert [r["plan"] for r in rows] == [r["plan"] for r in expected] and rows[-1]["plan"] == "current"
+    for got, want in zip(rows, expected):  # every column, the values the JSON's (seconds, bytes, ratios)
+        assert set(got) == set(want), got["plan"]
+        for key, value in want.items():
+            assert got[key] == (pytest.approx(value, rel=1e-15) if isinstance(value, float) else value), (got["plan"], key)
+    shown = tmp_path / "shown.csv"
+    assert main(["show", str(tmp_path / "plan.json"), "--csv", str(shown)]) == 0
+    assert shown.read_text() == table.read_text()
+    assert f"table written to {shown}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name,words", [("nodir/plan.csv", "does not exist"), ("plan.txt", "must end in .csv"),
+                                        (".", "is a folder")])
+def test_a_bad_csv_path_exits_2_before_the_search(tmp_path, capsys, name, words):
+    one_line_error(capsys, plan(tmp_path, *SMALL, "--csv", str(tmp_path / name)), words)
+    assert not (tmp_path / "study.db").exists() and not (tmp_path / "plan.json").exists()
+    one_line_error(capsys, main(["show", str(tmp_path / "plan.json"), "--csv", str(tmp_path / name)]), words)
+
+
+def test_the_table_says_which_step_time_it_shows_and_show_says_which_it_predicts(tmp_path, capsys):
+    assert plan(tmp_path, "--devices", "2", "--global-batch", "4", "--samples", "2", "--no-progress") == 0
+    out = capsys.readouterr().out
+    assert "\nstep ms    the mean predicted step time over the 2 sampled steps" in out
+    assert "'mpipe-tune show' and the Gantt picture hold each plan's first sampled step only" in out
+    assert main(["show", str(tmp_path / "plan.json")]) == 0
+    shown = capsys.readouterr().out
+    assert "(the plan file's one stored step: the first of the search's 2 sampled steps" in shown

@@ -20,6 +20,23 @@ Assumptions (details in :mod:`~mpipe_tune.cost.arch_pieces` and :mod:`~mpipe_tun
 - Tensor parallelism is Megatron-LM's column/row split of matmuls and attention heads, one
   all-reduce after each row-split output (two per transformer block) and a vocab-parallel embedding
   and loss.
+- Expert parallelism divides a MoE layer's routed experts over ``ep`` ranks and adds a dispatch and a
+  combine all-to-all per forward (and per backward), each of ``tokens * top_k * hidden`` elements per
+  rank (:mod:`~mpipe_tune.cost.arch_layers` states the routing).
+- Context parallelism (ring attention over ``cp`` ranks) gives each rank ``1/cp`` of a decoder's
+  sequence: ``1/cp`` of every token's work and activations, and of the attention FLOPs, with the
+  keys and values passed round the ring in ``cp - 1`` steps forward (each rank sends its share of k
+  and v per step) and ``cp - 1`` backward (k, v and the accumulating dk, dv: twice the bytes).
+  Image-stream layers are not split: the encoder runs whole on every context-parallel rank.
+- Sequence parallelism with tp (Megatron-LM's) keeps the tensors outside the tensor-parallel regions
+  (the layer's input and output, norms, residual adds, the norms' outputs the next matmuls save)
+  at ``1/tp`` of the tokens per rank; its reduce-scatter and all-gather replace each all-reduce and
+  move the same bytes over the same ring, so the all-reduce's time is what is charged.
+- Selective recomputation re-runs the attention core before the backward and drops what only the
+  core's own output held. The core is a fused kernel that saves no score matrix, and its output is
+  also the output projection's saved input, so here it frees nothing: with fused (flash) attention
+  the backend already rematerialises the attention internals, as NVIDIA's Megatron Bridge guide on
+  activation recomputation notes (compare ``core_attn`` against no recomputation there).
 - Image-stream kinds (:data:`IMAGE_STREAM_KINDS`) see ``image_tokens * merge_factor`` ViT patches
   with attention inside each image; every other kind sees one causal sequence of ``text_tokens``.
   A layer whose stream has no tokens in the microbatch does no work.
@@ -39,7 +56,7 @@ from mpipe_tune.cost.arch_dims import (
     tensor_parallel_problem,
     validate_arch,
 )
-from mpipe_tune.cost.arch_layers import build_layer
+from mpipe_tune.cost.arch_layers import LayerDegrees, build_layer
 from mpipe_tune.cost.workload import Microbatch
 from mpipe_tune.errors import MpipeError
 
@@ -49,7 +66,12 @@ __all__ = [
     "OPTIONAL_DIMS",
     "ArchWork",
     "activated_param_count",
+    "ParallelTraffic",
     "estimate_arch_work",
+    "estimate_parallel_traffic",
+    "expert_param_count",
+    "expert_parallel_fits",
+    "validate_expert_parallel_degree",
     "param_count",
     "tensor_parallel_fits",
     "validate_tensor_parallel_degree",
@@ -62,7 +84,7 @@ class ArchWork:
     """The work of one layer on one microbatch, per tensor-parallel rank unless a field says otherwise."""
 
     fwd_flops: float
-    """Forward FLOPs."""
+    """Forward FLOPs (of the rank's share of the microbatch: ``1/cp`` of a decoder's sequence)."""
     fwd_bytes: float
     """HBM bytes the forward moves: weights read, activations read and written."""
     dgrad_flops: float
@@ -74,20 +96,53 @@ class ArchWork:
     saved_activation_bytes: float
     """Bytes the forward keeps alive for the backward (no recomputation)."""
     boundary_bytes: float
-    """Bytes of the layer's output tensor, what a pipeline stage sends on; full, not split by TP."""
+    """Bytes of the layer's output tensor, what a pipeline stage sends on; not split by TP (but by
+    sequence parallelism, and by context parallelism as every rank's tokens are)."""
     tp_comm_bytes: float
     """Payload bytes of the tensor-parallel all-reduces in one forward (the backward has the same);
     0 when ``tp_degree == 1``."""
+    attention_core_fwd_flops: float = 0.0
+    """Forward FLOPs of the attention core: what selective recomputation re-runs."""
+    attention_core_fwd_bytes: float = 0.0
+    attention_core_dgrad_flops: float = 0.0
+    """Backward FLOPs of the attention core (what its ring steps overlap with under context parallelism)."""
+    attention_core_dgrad_bytes: float = 0.0
+    selective_saved_activation_bytes: float = 0.0
+    """Bytes the forward keeps for the backward under selective recomputation (the attention core's
+    own outputs dropped unless another kernel keeps them)."""
 
 
 _NO_WORK = ArchWork(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class ParallelTraffic:
+    """The expert- and context-parallel collectives of one layer on one microbatch, per rank (none by
+    default)."""
+
+    all_to_all_bytes: tuple[float, ...] = ()
+    """Per expert-parallel all-to-all of one forward (dispatch, combine), the bytes of the buffer each
+    rank exchanges, ``(ep-1)/ep`` of which leaves it; the backward runs as many of the same size.
+    Empty when ``ep_degree == 1`` or the layer routes nothing."""
+    ring_step_bytes: float = 0.0
+    """Ring attention: bytes one rank sends to the next in each forward step (its share of k and v);
+    each backward step sends twice this (k, v and the partial dk, dv)."""
+    ring_steps: int = 0
+    """Ring attention: steps that exchange, ``cp - 1`` forward and as many backward (0 without)."""
+
+
+_NO_TRAFFIC = ParallelTraffic()
 _ONE_TOKEN = Microbatch(image_tokens=1, text_tokens=1)
 
 
 def estimate_arch_work(
-    kind: str, dims: Mapping[str, object], mb: Microbatch, *, dtype_bytes: int, tp_degree: int = 1
+    kind: str, dims: Mapping[str, object], mb: Microbatch, *, dtype_bytes: int, tp_degree: int = 1,
+    ep_degree: int = 1, moe_imbalance: float = 1.0, cp_degree: int = 1, sequence_parallel: bool = False,
 ) -> ArchWork:
-    """The work of one layer of ``kind`` with ``dims`` on microbatch ``mb`` (``dims`` validated already).
+    """The work of one layer of ``kind`` with ``dims`` on microbatch ``mb`` (``dims`` validated already),
+    on one rank of ``tp_degree`` tensor-parallel, ``ep_degree`` expert-parallel and ``cp_degree``
+    context-parallel ranks (``moe_imbalance``, ``sequence_parallel``: see
+    :class:`~mpipe_tune.cost.arch_layers.LayerDegrees`).
 
     >>> work = estimate_arch_work("dense_block", {"hidden": 64, "heads": 4, "ffn": 128},
     ...                           Microbatch(image_tokens=0, text_tokens=16), dtype_bytes=2)
@@ -97,12 +152,16 @@ def estimate_arch_work(
     tokens = mb.image_tokens if kind in IMAGE_STREAM_KINDS else mb.text_tokens
     if tokens == 0:
         return _NO_WORK
-    layer = build_layer(kind, resolve_dims(kind, dims), mb, tp_degree)
+    layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel))
     saved_elems: dict[str, float] = {}
+    selective_elems: dict[str, float] = {}
     for piece in layer.pieces:
         for name, elems in piece.saved:
             saved_elems.setdefault(name, elems)
+            if not (piece.attention_core and name in piece.outputs):
+                selective_elems.setdefault(name, elems)
     pieces = layer.pieces
+    cores = [p for p in pieces if p.attention_core]
     return ArchWork(
         fwd_flops=sum(p.fwd_flops for p in pieces),
         fwd_bytes=dtype_bytes * sum(p.fwd_elems for p in pieces),
@@ -113,13 +172,51 @@ def estimate_arch_work(
         saved_activation_bytes=dtype_bytes * sum(saved_elems.values()),
         boundary_bytes=float(dtype_bytes * layer.boundary_elems),
         tp_comm_bytes=dtype_bytes * sum(p.comm_elems for p in pieces),
+        attention_core_fwd_flops=sum(p.fwd_flops for p in cores),
+        attention_core_fwd_bytes=dtype_bytes * sum(p.fwd_elems for p in cores),
+        attention_core_dgrad_flops=sum(p.dgrad_flops for p in cores),
+        attention_core_dgrad_bytes=dtype_bytes * sum(p.dgrad_elems for p in cores),
+        selective_saved_activation_bytes=dtype_bytes * sum(selective_elems.values()),
     )
+
+
+def estimate_parallel_traffic(
+    kind: str, dims: Mapping[str, object], mb: Microbatch, *, dtype_bytes: int, tp_degree: int = 1,
+    ep_degree: int = 1, moe_imbalance: float = 1.0, cp_degree: int = 1, sequence_parallel: bool = False,
+) -> ParallelTraffic:
+    """The expert- and context-parallel collectives of one layer (arguments as :func:`estimate_arch_work`'s).
+
+    >>> dims = {"hidden": 64, "heads": 4, "experts": 8, "top_k": 2, "moe_ffn": 32}
+    >>> estimate_parallel_traffic("moe_block", dims, Microbatch(0, 16), dtype_bytes=2, ep_degree=4)
+    ParallelTraffic(all_to_all_bytes=(4096.0, 4096.0))
+    """
+    tokens = mb.image_tokens if kind in IMAGE_STREAM_KINDS else mb.text_tokens
+    if tokens == 0 or (ep_degree == 1 and cp_degree == 1):
+        return _NO_TRAFFIC
+    layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel))
+    rings = [p for p in layer.pieces if p.ring_steps > 0]
+    return ParallelTraffic(
+        all_to_all_bytes=tuple(dtype_bytes * p.all_to_all_elems for p in layer.pieces if p.all_to_all_elems > 0),
+        ring_step_bytes=dtype_bytes * sum(p.ring_step_elems for p in rings),
+        ring_steps=max((p.ring_steps for p in rings), default=0),
+    )
+
+
+def _build(kind: str, dims: Mapping[str, object], mb: Microbatch, degrees: LayerDegrees):
+    return build_layer(kind, resolve_dims(kind, dims), mb, degrees)
 
 
 def param_count(kind: str, dims: Mapping[str, object]) -> int:
     """Parameters of one full layer (not split by tensor parallelism; every MoE expert counted)."""
     layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
     return sum(p.params for p in layer.pieces)
+
+
+def expert_param_count(kind: str, dims: Mapping[str, object]) -> int:
+    """Of :func:`param_count`, the routed experts' parameters (0 for every kind but ``moe_block``):
+    what expert parallelism divides over its ranks."""
+    layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
+    return sum(p.expert_params for p in layer.pieces)
 
 
 def activated_param_count(kind: str, dims: Mapping[str, object]) -> int:
@@ -140,6 +237,31 @@ def validate_tensor_parallel_degree(model: Model, tp_degree: int) -> None:
                 rule, why = problem
                 raise MpipeError(f"tensor-parallel degree {tp_degree} {rule} of layer {index} ('{layer.name}', {kind}) "
                                  f"of model '{model.name}'{why}; choose a degree that divides it")
+
+
+def validate_expert_parallel_degree(model: Model, ep_degree: int) -> None:
+    """One-line :class:`MpipeError` unless ``ep_degree`` is 1, or ``model`` has MoE layers and
+    ``ep_degree`` divides each one's routed experts (every expert-parallel rank holds as many)."""
+    if ep_degree == 1:
+        return
+    moe = [(i, u) for i, u in enumerate(model.layers) if isinstance(u.cost, ArchCost) and u.cost.kind == "moe_block"]
+    if not moe:
+        raise MpipeError(f"expert-parallel degree {ep_degree} needs MoE layers, and model '{model.name}' has none; "
+                         f"use expert-parallel degree 1")
+    for index, layer in moe:
+        experts = layer.cost.dims_dict()["experts"]
+        if experts % ep_degree:
+            raise MpipeError(f"expert-parallel degree {ep_degree} must divide the {experts} routed experts of layer "
+                             f"{index} ('{layer.name}') of model '{model.name}'; choose a divisor of {experts}")
+
+
+def expert_parallel_fits(model: Model, ep_degree: int) -> bool:
+    """Whether :func:`validate_expert_parallel_degree` accepts ``ep_degree`` for ``model``."""
+    try:
+        validate_expert_parallel_degree(model, ep_degree)
+    except MpipeError:
+        return False
+    return True
 
 
 def tensor_parallel_fits(model: Model, tp_degree: int) -> bool:

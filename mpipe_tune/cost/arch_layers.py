@@ -10,17 +10,29 @@ One builder per kind turns resolved dimensions, a microbatch and a tensor-parall
 - Key/value heads are split over the ranks while there are enough; with fewer key/value heads than
   ranks each rank keeps one (Megatron-LM's replication).
 - MLA's down-projections (to the q and kv latents) are replicated, its up-projections column-split.
-- Routed experts are tensor-parallel like a dense MLP (expert parallelism is not modelled). The
-  forward reads the weights of the experts its tokens hit: expected ``E * (1 - (1 - k/E)**tokens)``.
+- Routed experts are tensor-parallel like a dense MLP (expert tensor parallelism equals tp, as
+  torchtitan's ``etp = tp`` and Megatron-LM's default). The forward reads the weights of the experts
+  its tokens hit: expected ``E * (1 - (1 - k/E)**tokens)``.
+- Expert parallelism over ``ep`` ranks (Megatron-Core's all-to-all token dispatcher): each rank
+  holds ``E/ep`` experts; the router's output is permuted into ``tokens * top_k`` rows (one copy per
+  chosen expert, no de-duplication), a dispatch all-to-all sends each row to its expert's rank, the
+  experts run, and a combine all-to-all sends the rows back: two all-to-alls of a
+  ``tokens * top_k * hidden`` buffer per forward (and two in the backward, for the gradients), each
+  moving ``(ep-1)/ep`` of it off the rank. With the ``ep`` ranks' microbatches alike, a rank's
+  experts receive as many rows as it sends, times ``moe_imbalance`` on the busiest rank (what the
+  step waits for); its local experts are hit by the rows of all ``ep`` ranks.
 - The patch embedding, the router and a one-layer projector are small and replicated.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from mpipe_tune.cost.arch_pieces import Layer, Piece, Split, all_reduce, attention, lookup, matmul, pointwise
+from mpipe_tune.cost.arch_pieces import (
+    Layer, Piece, Split, all_reduce, all_to_all, attention, lookup, matmul, pointwise,
+)
 from mpipe_tune.cost.workload import Microbatch
 
 _NORM_FLOPS_PER_ELEM = 4.0  # mean/variance, scale, gain
@@ -30,22 +42,52 @@ _SOFTMAX_FLOPS_PER_ELEM = 5.0  # max, subtract, exp, sum, divide
 _CROSS_ENTROPY_REDUCTIONS = 3  # per-token max, sum of exponentials, target logit (vocab-parallel loss)
 
 
-def build_layer(kind: str, dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
-    """The kernels of one layer of ``kind`` on microbatch ``mb``; ``dims`` have their defaults filled in."""
-    return _BUILDERS[kind](dims, mb, tp_degree)
+@dataclass(frozen=True)
+class LayerDegrees:
+    """The parallel degrees that change one layer's own work on a rank (the others, pp and dp, do not)."""
+
+    tp_degree: int = 1
+    ep_degree: int = 1
+    """Expert-parallel ranks the routed experts are divided over (MoE layers only)."""
+    moe_imbalance: float = 1.0
+    """Routed rows on the busiest expert-parallel rank over the mean (>= 1); read only when ep > 1."""
+    cp_degree: int = 1
+    """Context-parallel ranks a decoder's sequence is divided over (ring attention)."""
+    sequence_parallel: bool = False
+    """Megatron-LM's sequence parallelism with tp: what runs outside the tensor-parallel regions (norms,
+    residual adds, the layer's input and output) holds ``1/tp`` of the tokens on each rank."""
+
+    @property
+    def sequence_shards(self) -> int:
+        """What sequence parallelism divides the tensors outside the tensor-parallel regions by."""
+        return self.tp_degree if self.sequence_parallel else 1
 
 
-def _norm(name: str, tokens: float, width: int, *, layernorm: bool) -> Piece:
+def build_layer(kind: str, dims: Mapping[str, Any], mb: Microbatch, tp_degree: int | LayerDegrees) -> Layer:
+    """The kernels of one layer of ``kind`` on microbatch ``mb``; ``dims`` have their defaults filled in.
+    ``tp_degree``: the tensor-parallel degree, or all of a layer's degrees."""
+    degrees = tp_degree if isinstance(tp_degree, LayerDegrees) else LayerDegrees(tp_degree)
+    return _BUILDERS[kind](dims, mb, degrees)
+
+
+def _local_text_tokens(mb: Microbatch, degrees: LayerDegrees) -> float:
+    """A context-parallel rank's share of the microbatch's text tokens."""
+    return mb.text_tokens if degrees.cp_degree == 1 else mb.text_tokens / degrees.cp_degree
+
+
+def _norm(name: str, tokens: float, width: int, *, layernorm: bool, shards: int = 1) -> Piece:
     """RMSNorm or LayerNorm of tensor ``name``, which it keeps for the backward (its output is the
-    input the next matmuls name, e.g. ``x`` -> ``x_norm1``, ``x_mid`` -> ``x_norm2``)."""
-    elems = tokens * width
+    input the next matmuls name, e.g. ``x`` -> ``x_norm1``, ``x_mid`` -> ``x_norm2``); ``shards``:
+    sequence parallelism's divisor of its tokens."""
+    elems = tokens * width / shards
     return pointwise(
         elems, elems, _NORM_FLOPS_PER_ELEM * elems, saved=((name, elems),), params=(2 if layernorm else 1) * width
     )
 
 
-def _residual_add(tokens: float, width: int) -> Piece:
-    return pointwise(2.0 * tokens * width, tokens * width, tokens * width)
+def _residual_add(tokens: float, width: int, *, shards: int = 1) -> Piece:
+    elems = tokens * width / shards
+    return pointwise(2.0 * elems, elems, elems)
 
 
 def _mlp(
@@ -62,157 +104,185 @@ def _mlp(
     copies: int = 1,
     copies_read: float = 1.0,
     copies_per_token: int = 1,
+    routed: bool = False,
+    input_shards: int = 1,
 ) -> list[Piece]:
-    """Column-split up (and gate) projection, activation, row-split down projection (no all-reduce)."""
-    experts = {"copies": copies, "copies_read": copies_read, "copies_per_token": copies_per_token}
+    """Column-split up (and gate) projection, activation, row-split down projection (no all-reduce).
+    ``input_shards``: sequence parallelism's divisor of the saved input."""
+    experts = {"copies": copies, "copies_read": copies_read, "copies_per_token": copies_per_token, "routed": routed}
 
-    def linear(name: str, width_in: int, width_out: int, split: Split) -> Piece:
-        return matmul(name, tokens, width_in, width_out, split=split, tp_degree=tp_degree, bias=bias, **experts)
+    def linear(name: str, width_in: int, width_out: int, split: Split, shards: int = 1) -> Piece:
+        return matmul(name, tokens, width_in, width_out, split=split, tp_degree=tp_degree, bias=bias,
+                      input_shards=shards, **experts)
 
     ffn_elems = tokens * ffn / tp_degree
     if activation == "swiglu":
-        up = [linear(input_name, in_width, ffn, "column"), linear(input_name, in_width, ffn, "column")]
+        up = [linear(input_name, in_width, ffn, "column", input_shards),
+              linear(input_name, in_width, ffn, "column", input_shards)]
         saved = ((f"{prefix}gate", ffn_elems), (f"{prefix}up", ffn_elems))
         act = pointwise(2.0 * ffn_elems, ffn_elems, _SWIGLU_FLOPS_PER_ELEM * ffn_elems, saved=saved)
     else:
-        up = [linear(input_name, in_width, ffn, "column")]
+        up = [linear(input_name, in_width, ffn, "column", input_shards)]
         saved = ((f"{prefix}up", ffn_elems),)
         act = pointwise(ffn_elems, ffn_elems, _GELU_FLOPS_PER_ELEM * ffn_elems, saved=saved)
     return [*up, act, linear(f"{prefix}act", ffn, out_width, "row")]
 
 
 def _gqa(
-    dims: Mapping[str, Any], tokens: float, seq_lens: list[int], tp_degree: int, *, qkv_bias: bool, out_bias: bool
+    dims: Mapping[str, Any], tokens: float, seq_lens: list[int], degrees: LayerDegrees, *, qkv_bias: bool,
+    out_bias: bool,
 ) -> list[Piece]:
     """q, k, v projections, attention core and output projection (grouped-query or multi-head)."""
     hidden, heads, kv_heads, head_dim = dims["hidden"], dims["heads"], dims["kv_heads"], dims["head_dim"]
+    tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
     kv_degree = min(tp_degree, kv_heads)  # fewer kv heads than ranks: each rank keeps one
     return [
-        matmul("x_norm1", tokens, hidden, heads * head_dim, split="column", tp_degree=tp_degree, bias=qkv_bias),
-        matmul("x_norm1", tokens, hidden, kv_heads * head_dim, split="column", tp_degree=kv_degree, bias=qkv_bias),
-        matmul("x_norm1", tokens, hidden, kv_heads * head_dim, split="column", tp_degree=kv_degree, bias=qkv_bias),
+        matmul("x_norm1", tokens, hidden, heads * head_dim, split="column", tp_degree=tp_degree, bias=qkv_bias,
+               input_shards=shards),
+        matmul("x_norm1", tokens, hidden, kv_heads * head_dim, split="column", tp_degree=kv_degree, bias=qkv_bias,
+               input_shards=shards),
+        matmul("x_norm1", tokens, hidden, kv_heads * head_dim, split="column", tp_degree=kv_degree, bias=qkv_bias,
+               input_shards=shards),
         attention(
             seq_lens,
             heads=heads / tp_degree,
             kv_heads=kv_heads / kv_degree,
             qk_head_dim=head_dim,
             v_head_dim=head_dim,
+            context_degree=degrees.cp_degree,
         ),
         matmul("attn_out", tokens, heads * head_dim, hidden, split="row", tp_degree=tp_degree, bias=out_bias),
     ]
 
 
-def _mla(dims: Mapping[str, Any], tokens: float, seq_lens: list[int], tp_degree: int) -> list[Piece]:
+def _mla(dims: Mapping[str, Any], tokens: float, seq_lens: list[int], degrees: LayerDegrees) -> list[Piece]:
     """DeepSeek's multi-head latent attention: low-rank q and kv, decoupled RoPE key shared by heads."""
     hidden, heads = dims["hidden"], dims["heads"]
     q_lora, kv_lora = dims["q_lora_rank"], dims["kv_lora_rank"]
     nope, rope, v_dim = dims["qk_nope_head_dim"], dims["qk_rope_head_dim"], dims["v_head_dim"]
     qk_dim = nope + rope
+    tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
     split = {"tp_degree": tp_degree}
     if q_lora is None:
-        q = [matmul("x_norm1", tokens, hidden, heads * qk_dim, split="column", **split)]
+        q = [matmul("x_norm1", tokens, hidden, heads * qk_dim, split="column", input_shards=shards, **split)]
     else:
         q = [
-            matmul("x_norm1", tokens, hidden, q_lora, split="replicated", **split),
+            matmul("x_norm1", tokens, hidden, q_lora, split="replicated", input_shards=shards, **split),
             _norm("q_latent", tokens, q_lora, layernorm=False),
             matmul("q_latent_norm", tokens, q_lora, heads * qk_dim, split="column", **split),
         ]
     kv = [
-        matmul("x_norm1", tokens, hidden, kv_lora + rope, split="replicated", **split),
+        matmul("x_norm1", tokens, hidden, kv_lora + rope, split="replicated", input_shards=shards, **split),
         _norm("kv_latent", tokens, kv_lora, layernorm=False),
         matmul("kv_latent_norm", tokens, kv_lora, heads * (nope + v_dim), split="column", **split),
     ]
     core = attention(
-        seq_lens, heads=heads / tp_degree, kv_heads=heads / tp_degree, qk_head_dim=qk_dim, v_head_dim=v_dim
+        seq_lens, heads=heads / tp_degree, kv_heads=heads / tp_degree, qk_head_dim=qk_dim, v_head_dim=v_dim,
+        context_degree=degrees.cp_degree,
     )
     out = matmul("attn_out", tokens, heads * v_dim, hidden, split="row", **split)
     return [*q, *kv, core, out]
 
 
-def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> list[Piece]:
+def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> list[Piece]:
     """Pre-norm attention sub-block with its all-reduce and residual add."""
-    tokens, hidden = mb.text_tokens, dims["hidden"]
+    tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
+    tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
     seq_lens = [mb.text_tokens]
     if dims["attention"] == "mla":
-        core = _mla(dims, tokens, seq_lens, tp_degree)
+        core = _mla(dims, tokens, seq_lens, degrees)
     else:
-        core = _gqa(dims, tokens, seq_lens, tp_degree, qkv_bias=dims["qkv_bias"], out_bias=False)
+        core = _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False)
     return [
-        _norm("x", tokens, hidden, layernorm=False),
+        _norm("x", tokens, hidden, layernorm=False, shards=shards),
         *core,
         all_reduce(tokens * hidden, tp_degree=tp_degree),
-        _residual_add(tokens, hidden),
+        _residual_add(tokens, hidden, shards=shards),
     ]
 
 
-def _dense_block(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
-    tokens, hidden = mb.text_tokens, dims["hidden"]
+def _dense_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
+    tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
+    tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     mlp = _mlp("", "x_norm2", tokens, hidden, dims["ffn"], hidden, activation=dims["activation"], bias=False,
-               tp_degree=tp_degree)
+               tp_degree=tp_degree, input_shards=shards)
     pieces = [
-        *_decoder_attention(dims, mb, tp_degree),
-        _norm("x_mid", tokens, hidden, layernorm=False),
+        *_decoder_attention(dims, mb, degrees),
+        _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
         *mlp,
         all_reduce(tokens * hidden, tp_degree=tp_degree),
-        _residual_add(tokens, hidden),
+        _residual_add(tokens, hidden, shards=shards),
     ]
-    return Layer(tuple(pieces), boundary_elems=tokens * hidden)
+    return Layer(tuple(pieces), boundary_elems=tokens * hidden / shards)
 
 
-def _moe_block(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
-    tokens, hidden = mb.text_tokens, dims["hidden"]
+def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
+    tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     experts, top_k, moe_ffn = dims["experts"], dims["top_k"], dims["moe_ffn"]
+    tp_degree, ep, shards = degrees.tp_degree, degrees.ep_degree, degrees.sequence_shards
     routed_tokens = tokens * top_k
-    experts_hit = experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+    if ep == 1:
+        expert_rows = routed_tokens
+        experts_hit = experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+    else:  # the busiest rank's rows; its E/ep experts see the rows of all ep ranks
+        expert_rows = routed_tokens * degrees.moe_imbalance
+        experts_hit = experts / ep * (1.0 - (1.0 - top_k / experts) ** (tokens * ep))
     common = {"activation": dims["activation"], "bias": False, "tp_degree": tp_degree}
-    routed = _mlp("expert_", "dispatched", routed_tokens, hidden, moe_ffn, hidden, copies=experts,
-                  copies_read=experts_hit, copies_per_token=top_k, **common)
+    routed = _mlp("expert_", "dispatched", expert_rows, hidden, moe_ffn, hidden, copies=experts,
+                  copies_read=experts_hit, copies_per_token=top_k, routed=True, **common)
     shared = []
     if dims["shared_experts"] > 0:
-        shared = _mlp("shared_", "x_norm2", tokens, hidden, dims["shared_experts"] * moe_ffn, hidden, **common)
+        shared = _mlp("shared_", "x_norm2", tokens, hidden, dims["shared_experts"] * moe_ffn, hidden,
+                      input_shards=shards, **common)
+    exchange = expert_rows * hidden  # each rank's dispatch (and combine) buffer
     pieces = [
-        *_decoder_attention(dims, mb, tp_degree),
-        _norm("x_mid", tokens, hidden, layernorm=False),
-        matmul("x_norm2", tokens, hidden, experts, split="replicated", tp_degree=tp_degree),
+        *_decoder_attention(dims, mb, degrees),
+        _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
+        matmul("x_norm2", tokens, hidden, experts, split="replicated", tp_degree=tp_degree, input_shards=shards),
         pointwise(tokens * experts, 2.0 * routed_tokens, _SOFTMAX_FLOPS_PER_ELEM * tokens * experts,
                   saved=(("router_scores", tokens * experts),)),
         pointwise(tokens * hidden, routed_tokens * hidden, 0.0),  # permute tokens into expert order
+        all_to_all(exchange, ep_degree=ep),  # dispatch
         *routed,
+        all_to_all(exchange, ep_degree=ep),  # combine
         pointwise(routed_tokens * (hidden + 1), tokens * hidden, 2.0 * routed_tokens * hidden,
                   saved=(("expert_out", routed_tokens * hidden),)),  # weighted sum back into token order
         *shared,
         all_reduce(tokens * hidden, tp_degree=tp_degree),
-        _residual_add(tokens, hidden),
+        _residual_add(tokens, hidden, shards=shards),
     ]
-    return Layer(tuple(pieces), boundary_elems=tokens * hidden)
+    return Layer(tuple(pieces), boundary_elems=tokens * hidden / shards)
 
 
 def _patches(dims: Mapping[str, Any], mb: Microbatch) -> int:
     return mb.image_tokens * dims["merge_factor"]
 
 
-def _vit_block(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
+def _vit_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
+    tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
+    encoder = LayerDegrees(tp_degree, sequence_parallel=degrees.sequence_parallel)  # no context parallelism
     hidden, heads = dims["hidden"], dims["heads"]
     patches = _patches(dims, mb)
     seq_lens = [tokens * dims["merge_factor"] for tokens in mb.image_sizes()]
     bias = dims["bias"]
-    attn = _gqa({**dims, "kv_heads": heads}, patches, seq_lens, tp_degree, qkv_bias=bias, out_bias=bias)
+    attn = _gqa({**dims, "kv_heads": heads}, patches, seq_lens, encoder, qkv_bias=bias, out_bias=bias)
     mlp = _mlp("", "x_norm2", patches, hidden, dims["ffn"], hidden, activation=dims["activation"], bias=bias,
-               tp_degree=tp_degree)
+               tp_degree=tp_degree, input_shards=shards)
     pieces = [
-        _norm("x", patches, hidden, layernorm=True),
+        _norm("x", patches, hidden, layernorm=True, shards=shards),
         *attn,
         all_reduce(patches * hidden, tp_degree=tp_degree),
-        _residual_add(patches, hidden),
-        _norm("x_mid", patches, hidden, layernorm=True),
+        _residual_add(patches, hidden, shards=shards),
+        _norm("x_mid", patches, hidden, layernorm=True, shards=shards),
         *mlp,
         all_reduce(patches * hidden, tp_degree=tp_degree),
-        _residual_add(patches, hidden),
+        _residual_add(patches, hidden, shards=shards),
     ]
-    return Layer(tuple(pieces), boundary_elems=patches * hidden)
+    return Layer(tuple(pieces), boundary_elems=patches * hidden / shards)
 
 
-def _patch_embed(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
+def _patch_embed(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
+    tp_degree = degrees.tp_degree
     hidden, patches = dims["hidden"], _patches(dims, mb)
     patch_elems = dims["in_channels"] * dims["patch_size"] ** 2 * dims["temporal_patch"]
     pieces = [matmul("pixels", patches, patch_elems, hidden, split="replicated", tp_degree=tp_degree,
@@ -223,8 +293,9 @@ def _patch_embed(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Lay
     return Layer(tuple(pieces), boundary_elems=patches * hidden)
 
 
-def _merger(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
+def _merger(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
     """Qwen2-VL's PatchMerger: LayerNorm per patch, concatenate ``merge_factor`` neighbours, 2-layer MLP."""
+    tp_degree = degrees.tp_degree
     hidden, merge, out = dims["hidden"], dims["merge_factor"], dims["out_hidden"]
     tokens = mb.image_tokens
     mlp = _mlp("", "x_norm", tokens, hidden * merge, hidden * merge, out, activation="gelu", bias=True,
@@ -234,7 +305,8 @@ def _merger(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
     return Layer(tuple(pieces), boundary_elems=tokens * out)
 
 
-def _projector(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
+def _projector(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
+    tp_degree = degrees.tp_degree
     tokens, in_hidden, hidden = mb.image_tokens, dims["in_hidden"], dims["hidden"]
     if dims["depth"] == 1:
         pieces = [matmul("x", tokens, in_hidden, hidden, split="replicated", tp_degree=tp_degree, bias=True)]
@@ -245,19 +317,21 @@ def _projector(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer
     return Layer(tuple(pieces), boundary_elems=tokens * hidden)
 
 
-def _embedding(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
-    tokens, hidden = mb.text_tokens, dims["hidden"]
+def _embedding(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
+    tp_degree = degrees.tp_degree
+    tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     pieces = [lookup(tokens, dims["vocab"], hidden, tp_degree=tp_degree),
               all_reduce(tokens * hidden, tp_degree=tp_degree)]  # vocab-parallel: each rank holds some rows
-    return Layer(tuple(pieces), boundary_elems=tokens * hidden)
+    return Layer(tuple(pieces), boundary_elems=tokens * hidden / degrees.sequence_shards)
 
 
-def _lm_head(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
+def _lm_head(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
     """Final norm, vocab-parallel logits and cross-entropy; the loss goes nowhere, so no boundary."""
-    tokens, hidden, vocab = mb.text_tokens, dims["hidden"], dims["vocab"]
+    tp_degree = degrees.tp_degree
+    tokens, hidden, vocab = _local_text_tokens(mb, degrees), dims["hidden"], dims["vocab"]
     logits_elems = tokens * vocab / tp_degree
     pieces = [
-        _norm("x", tokens, hidden, layernorm=False),
+        _norm("x", tokens, hidden, layernorm=False, shards=degrees.sequence_shards),
         matmul("x_norm", tokens, hidden, vocab, split="column", tp_degree=tp_degree),
         pointwise(logits_elems, tokens, _SOFTMAX_FLOPS_PER_ELEM * logits_elems,
                   saved=(("softmax", logits_elems),)),
@@ -266,7 +340,7 @@ def _lm_head(dims: Mapping[str, Any], mb: Microbatch, tp_degree: int) -> Layer:
     return Layer(tuple(pieces), boundary_elems=0.0)
 
 
-_BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, int], Layer]] = {
+_BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees], Layer]] = {
     "embedding": _embedding,
     "dense_block": _dense_block,
     "moe_block": _moe_block,

@@ -22,6 +22,9 @@ them into bytes with the dtype. The rules, shared by every kind:
 Tensor parallelism follows Megatron-LM: a ``column`` matmul splits its output features over the ranks,
 a ``row`` matmul its input features (its output is a partial sum that an all-reduce completes), and a
 ``replicated`` one runs whole on every rank.
+
+- all-to-all (expert parallelism's token exchange): no FLOPs; the buffer each rank sends from, of
+  which ``(ep-1)/ep`` leaves the rank (see :func:`all_to_all`).
 """
 
 from __future__ import annotations
@@ -48,10 +51,23 @@ class Piece:
     """(tensor name, elements) kept for the backward; a name shared by two pieces is one tensor."""
     comm_elems: float = 0.0
     """Elements all-reduced over the tensor-parallel group in the forward."""
+    all_to_all_elems: float = 0.0
+    """Elements of the buffer each rank exchanges in one expert-parallel all-to-all in the forward
+    (the backward runs the same exchange for the gradient)."""
+    attention_core: bool = False
+    """The attention core: what selective recomputation re-runs before the backward."""
+    ring_step_elems: float = 0.0
+    """Ring attention (context parallelism): elements one rank sends in each forward ring step."""
+    ring_steps: int = 0
+    """Ring attention: forward ring steps that exchange keys and values (``cp - 1``)."""
+    outputs: tuple[str, ...] = ()
+    """Names among ``saved`` that this piece produces (a re-run of it regenerates them)."""
     params: int = 0
     """Parameters this piece owns in the full layer (not split by tensor parallelism, every expert)."""
     active_params: int = 0
     """Parameters one token touches in the full layer (for MoE experts: its top-k, not all)."""
+    expert_params: int = 0
+    """Of ``params``, those of routed experts: what expert parallelism divides over its ranks."""
 
 
 def matmul(
@@ -66,12 +82,17 @@ def matmul(
     copies: int = 1,
     copies_read: float = 1.0,
     copies_per_token: int = 1,
+    routed: bool = False,
+    input_shards: int = 1,
 ) -> Piece:
     """A linear layer applied to ``tokens`` rows of ``input_name``.
 
     ``copies`` weight matrices exist (MoE experts); the forward reads ``copies_read`` of them (those its
     tokens are routed to) and each token uses ``copies_per_token``. ``tokens`` counts rows over all
-    copies (for routed experts: tokens times top-k).
+    copies (for routed experts: tokens times top-k). ``routed``: the copies are routed experts, whose
+    parameters expert parallelism divides (``copies`` counts all of them, held on any rank).
+    ``input_shards``: the saved input is ``1/input_shards`` of the rows (sequence parallelism keeps
+    the sequence-sharded input and gathers it again in the backward, as Megatron-LM does).
     """
     in_rank, out_rank = in_features, out_features
     if split == "column":
@@ -90,9 +111,10 @@ def matmul(
         dgrad_elems=weight_rank_elems + output_elems + input_elems,
         wgrad_flops=flops,
         wgrad_elems=input_elems + output_elems + weight_rank_elems,
-        saved=((input_name, input_elems),),
+        saved=((input_name, input_elems / input_shards),),
         params=copies * weights_per_copy,
         active_params=copies_per_token * weights_per_copy,
+        expert_params=copies * weights_per_copy if routed else 0,
     )
 
 
@@ -104,28 +126,54 @@ def attention(
     qk_head_dim: int,
     v_head_dim: int,
     names: tuple[str, str, str, str] = ("q", "k", "v", "attn_out"),
+    context_degree: int = 1,
 ) -> Piece:
     """Attention scores and values over independent sequences of ``seq_lens`` tokens.
 
     ``heads`` and ``kv_heads`` are per rank. Every sequence is charged its full square of scores:
     bidirectional attention needs it, and for causal attention this is the convention of Megatron-LM's
     FLOPs formula (a causal kernel skips about half, which the calibrated efficiency absorbs).
+
+    With ``context_degree`` ``c > 1`` (ring attention, context parallelism) each rank holds ``1/c`` of
+    every sequence's queries, keys and values and meets all the keys over ``c`` ring steps: ``1/c`` of
+    the FLOPs, its own q, k, v and output as elements and saved tensors, and every other rank's k and v
+    read once more as they pass (the exchange itself is :func:`ring_exchange_elems`).
     """
-    tokens = sum(seq_lens)
-    flops = sum(2.0 * s * s * heads * (qk_head_dim + v_head_dim) for s in seq_lens)
+    c = context_degree
+    tokens = sum(seq_lens) / c
+    flops = sum(2.0 * s * s * heads * (qk_head_dim + v_head_dim) for s in seq_lens) / c
     q_elems = tokens * heads * qk_head_dim
     k_elems = tokens * kv_heads * qk_head_dim
     v_elems = tokens * kv_heads * v_head_dim
     out_elems = tokens * heads * v_head_dim
     qkv_elems = q_elems + k_elems + v_elems
+    ring_elems = (c - 1) * (k_elems + v_elems)  # the other ranks' k and v, read as they arrive
+    step_elems = ring_exchange_elems(seq_lens, kv_heads=kv_heads, qk_head_dim=qk_head_dim, v_head_dim=v_head_dim,
+                                     context_degree=c) if c > 1 else 0.0
     q_name, k_name, v_name, out_name = names
     return Piece(
         fwd_flops=flops,
-        fwd_elems=qkv_elems + out_elems,
+        fwd_elems=qkv_elems + out_elems + ring_elems,
         dgrad_flops=2.0 * flops,
-        dgrad_elems=qkv_elems + 2.0 * out_elems + qkv_elems,  # read q,k,v,o,do; write dq,dk,dv
+        dgrad_elems=qkv_elems + 2.0 * out_elems + qkv_elems + 2.0 * ring_elems,  # read q,k,v,o,do; write dq,dk,dv
         saved=((q_name, q_elems), (k_name, k_elems), (v_name, v_elems), (out_name, out_elems)),
+        attention_core=True,
+        outputs=(out_name,),
+        ring_step_elems=step_elems,
+        ring_steps=c - 1,
     )
+
+
+def ring_exchange_elems(seq_lens: Sequence[int], *, kv_heads: float, qk_head_dim: int, v_head_dim: int,
+                        context_degree: int) -> float:
+    """Elements one rank sends in each of the ``c - 1`` forward ring steps of ring attention over
+    ``c = context_degree`` ranks: its current ``1/c`` share of every sequence's k and v (``kv_heads`` per
+    rank). The backward's steps each pass k, v and the accumulating dk, dv: twice this.
+
+    >>> ring_exchange_elems([1024], kv_heads=2, qk_head_dim=64, v_head_dim=64, context_degree=4)
+    65536.0
+    """
+    return sum(seq_lens) / context_degree * kv_heads * (qk_head_dim + v_head_dim)
 
 
 def pointwise(
@@ -165,6 +213,12 @@ def lookup(tokens: float, rows: int, width: int, *, tp_degree: int) -> Piece:
 def all_reduce(elems: float, *, tp_degree: int) -> Piece:
     """A tensor-parallel all-reduce of ``elems`` elements (nothing when there is one rank)."""
     return Piece(comm_elems=elems if tp_degree > 1 else 0.0)
+
+
+def all_to_all(elems: float, *, ep_degree: int) -> Piece:
+    """An expert-parallel all-to-all of a ``elems``-element buffer per rank (nothing with one rank):
+    ``(ep-1)/ep`` of it leaves the rank, ``1/ep`` to each other rank of the group."""
+    return Piece(all_to_all_elems=elems if ep_degree > 1 else 0.0)
 
 
 @dataclass(frozen=True)

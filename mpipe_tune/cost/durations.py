@@ -5,11 +5,17 @@
 - ``Coll``: ``alpha + beta * n`` with ``n`` the output bytes of the last layer before the seam, on
   the intra- or inter-node link by where the two pipeline ranks sit; free on one rank.
 - ``DpReduce``: ring all-reduce of the region's (or slab's) trainable gradient bytes over its group:
-  DataGroup = the ``dp`` replicas of a slab, ReplicaGroup = every pipeline rank times ``dp``.
+  DataGroup = the ``dp * cp`` data- and context-parallel ranks of a slab, ReplicaGroup = every
+  pipeline rank times those. With expert parallelism a slab's routed-expert gradients (``1/ep`` of
+  them per rank) are all-reduced over the experts' own data-parallel group of ``dp * cp / ep``
+  ranks, after the rest. A distributed
+  optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the parameters instead: the same
+  bytes over the same ring, charged as the all-reduce.
 - ``Loss`` and ``StepBarrier`` cost nothing (the LM head layer carries the loss's work).
 
-Ranks are laid out with tensor parallelism innermost, then data, then pipeline, so pipeline rank
-``r`` starts at device ``r * tp * dp`` and ``devices_per_node`` decides which links are inter-node.
+Ranks are laid out with tensor parallelism innermost, then context, data and pipeline, so pipeline
+rank ``r`` starts at device ``r * tp * cp * dp`` and ``devices_per_node`` decides which links are
+inter-node.
 
 :class:`DurationModel` compiles a plan once into index arrays, so that durations for a new layer
 table (another workload) are a few numpy gathers, with no per-event Python on the hot path.
@@ -36,7 +42,7 @@ class DurationModel:
         self.model = model
         events = plan.order.events
         n = len(events)
-        devices_per_rank = options.tp_degree * options.dp_degree
+        devices_per_rank = options.tp_degree * options.cp_degree * options.dp_degree
         self.fwd_idx, self.bwd_idx, self.coll_idx = [], [], []
         fwd_slab, bwd_slab, coll_tensor = [], [], []
         alpha, beta = [], []
@@ -110,13 +116,27 @@ def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, prof
     start, stop = plan.slab(event.region, 0 if event.rank is None else event.rank)
     trainable = np.array(model.trainable_bits()[start:stop], dtype=bool)
     params = float(table.param_count[start:stop][trainable].sum()) / options.tp_degree
+    experts = float(table.expert_params()[start:stop][trainable].sum()) / options.tp_degree
+    ranks = options.dp_degree * options.cp_degree  # the data- and context-parallel ranks of a slab
+    if event.group is Group.DATA and options.ep_degree > 1 and experts > 0:
+        dense = _all_reduce_s(profile, (params - experts) * options.grad_bytes_per_param, ranks,
+                              options.tp_degree * ranks)
+        expert_group = ranks // options.ep_degree
+        return dense + _all_reduce_s(profile, experts / options.ep_degree * options.grad_bytes_per_param,
+                                     expert_group, options.tp_degree * ranks)
     size_bytes = params * options.grad_bytes_per_param
     if event.group is Group.REPLICA:
-        group_size = plan.num_ranks * options.dp_degree
-        span_devices = plan.num_ranks * options.tp_degree * options.dp_degree
+        group_size = plan.num_ranks * ranks
+        span_devices = plan.num_ranks * options.tp_degree * ranks
     else:
-        group_size = options.dp_degree
-        span_devices = options.tp_degree * options.dp_degree
+        group_size = ranks
+        span_devices = options.tp_degree * ranks
+    return _all_reduce_s(profile, size_bytes, group_size, span_devices)
+
+
+def _all_reduce_s(profile: HardwareProfile, size_bytes: float, group_size: int, span_devices: int) -> float:
+    """A ring all-reduce over ``group_size`` ranks whose devices span ``span_devices`` (inter-node
+    link once that is more than a node)."""
     if group_size == 1:
         return 0.0
     link = profile.link("all_reduce", inter_node=span_devices > profile.devices_per_node)

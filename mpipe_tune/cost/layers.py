@@ -13,7 +13,20 @@ the layer's parameter count.
   where the profile says so). A layer that has tokens to work on also pays the profile's fixed
   seconds per call for its kind: once per forward, and once per backward it runs (``bwd_overhead_s``,
   charged under the same footprint as the backward). With ``tp_degree > 1`` the forward and the dgrad
-  each pay the layer's tensor-parallel all-reduces over the intra-node link.
+  each pay the layer's tensor-parallel all-reduces over the intra-node link; with ``ep_degree > 1`` a
+  MoE layer's forward and dgrad each pay its dispatch and combine all-to-alls
+  (:func:`~mpipe_tune.cost.profile.estimate_collective_s`'s ``all_to_all`` over ``ep`` ranks, on the
+  inter-node link once the group's ``tp * ep`` devices span more than a node), not overlapped with
+  compute. With ``cp_degree > 1`` a decoder layer's attention core runs as ring attention: ``cp``
+  steps, each computing ``1/cp`` of the rank's core while the next share of k and v (backward: k,
+  v, dk, dv) travels to the next rank over the point-to-point link, so the core pays
+  ``(cp-1) * max(0, step transfer - step compute)`` beyond its compute: only what the compute does
+  not hide (the overlap ring-attention implementations get by double-buffering the exchange).
+
+Recomputation (``CostOptions.recompute``): ``full`` keeps only each layer's input and re-runs its
+whole forward before its backward; ``selective`` re-runs only the attention core and drops only what
+the core alone kept (see :mod:`mpipe_tune.cost.arch`: with the fused attention modelled there it
+frees nothing, so it only costs time).
 """
 
 from __future__ import annotations
@@ -30,6 +43,31 @@ from mpipe_tune.cost.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
+"""Activation recomputation settings, as Megatron-LM's ``--recompute-granularity`` names them (plus none)."""
+_RECOMPUTE_VALUES = {"none": False, "selective": "selective", "full": True, False: False, True: True}
+
+
+def normalize_recompute(value: bool | str) -> bool | str:
+    """The stored form of a recomputation setting: ``False`` (none), ``"selective"`` or ``True``
+    (full), so that plan files and callers from before the granularity existed read unchanged.
+
+    >>> normalize_recompute("full"), normalize_recompute("none"), normalize_recompute("selective")
+    (True, False, 'selective')
+    """
+    if isinstance(value, (bool, str)) and value in _RECOMPUTE_VALUES:
+        return _RECOMPUTE_VALUES[value]
+    raise MpipeError(f"recomputation {value!r} is not a granularity; use one of {', '.join(RECOMPUTE_GRANULARITIES)}")
+
+
+def recompute_granularity(value: bool | str) -> str:
+    """``"none"``, ``"selective"`` or ``"full"`` for a setting in either form.
+
+    >>> recompute_granularity(True), recompute_granularity(False)
+    ('full', 'none')
+    """
+    stored = normalize_recompute(value)
+    return "full" if stored is True else "none" if stored is False else stored
 
 
 @dataclass(frozen=True)
@@ -40,15 +78,64 @@ class CostOptions:
     """Tensor-parallel degree inside every slab."""
     dp_degree: int = 1
     """Data-parallel degree: replicas of the whole pipeline."""
+    ep_degree: int = 1
+    """Expert-parallel degree: ranks a MoE layer's routed experts are divided over, carved from the
+    data-parallel ranks (see :meth:`validate_degrees`)."""
+    moe_imbalance: float = 1.0
+    """Load imbalance of expert parallelism: routed rows on the busiest rank over the mean (>= 1;
+    1 means perfectly balanced routing). Scales that rank's expert work and all-to-all buffers."""
+    cp_degree: int = 1
+    """Context-parallel degree: ranks each decoder sequence is split over (ring attention). Devices
+    are laid out tp innermost, then cp, dp and pp (Megatron-LM's order)."""
+    sequence_parallel: bool = False
+    """Sequence parallelism with tp: norms, residual adds and the layers' inputs and outputs hold
+    ``1/tp`` of the tokens per rank (nothing changes with ``tp_degree == 1``)."""
     optimizer_bytes_per_param: float = 12.0
     """Optimizer state per parameter (Adam with fp32 master weights and two moments: 12 bytes)."""
     grad_bytes_per_param: float = 4.0
     """Gradient bytes per parameter (fp32 accumulation)."""
     shard_optimizer: bool = True
-    """Optimizer state sharded over the data-parallel group (a distributed optimizer, ZeRO-1)."""
-    recompute: bool = False
-    """Full activation recomputation: each layer keeps only its input for the backward, which first
-    re-runs the layer's forward."""
+    """Optimizer state sharded over the data-parallel group (a distributed optimizer, ZeRO-1; the
+    experts' state over their own data-parallel group, ``dp / ep`` ranks). Its gradient
+    reduce-scatter and parameter all-gather move the bytes of the ring all-reduce charged without it."""
+    recompute: bool | str = False
+    """Activation recomputation: ``False`` (none), ``"selective"`` (the attention core) or ``True``
+    (full: each layer keeps only its input for the backward, which first re-runs the layer's
+    forward); ``"none"`` and ``"full"`` are read as ``False`` and ``True``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
+
+    @property
+    def recompute_granularity(self) -> str:
+        """``"none"``, ``"selective"`` or ``"full"``."""
+        return recompute_granularity(self.recompute)
+
+    @property
+    def zero_stage(self) -> int:
+        """1 with a distributed optimizer (:attr:`shard_optimizer`), else 0."""
+        return 1 if self.shard_optimizer else 0
+
+    def validate_degrees(self) -> None:
+        """One-line :class:`MpipeError` unless the degrees can be laid out: each >= 1 and the
+        expert-parallel group carved from the data- and context-parallel ranks: an ``ep > 1``
+        divides ``dp * cp`` and ``cp`` divides it (torchtitan's rule for experts that keep the
+        tensor-parallel split, ``etp = tp``; with ``cp = 1``, ``ep`` divides ``dp``, and the experts'
+        own data-parallel group, Megatron-LM's, has ``dp * cp / ep`` ranks); a load imbalance >= 1."""
+        for name, value in (("tensor-parallel", self.tp_degree), ("data-parallel", self.dp_degree),
+                            ("expert-parallel", self.ep_degree), ("context-parallel", self.cp_degree)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise MpipeError(f"the {name} degree is {value!r}, but parallel degrees must be integers >= 1")
+        ranks = self.dp_degree * self.cp_degree
+        if self.ep_degree > 1 and (ranks % self.ep_degree or self.ep_degree % self.cp_degree):
+            what = f"the data-parallel degree {self.dp_degree}" + (
+                f" times the context-parallel degree {self.cp_degree}" if self.cp_degree > 1 else "")
+            must = f"divide {what}" + (f" and be a multiple of {self.cp_degree}" if self.cp_degree > 1 else "")
+            raise MpipeError(f"expert-parallel degree {self.ep_degree} must {must}: the expert group is carved from "
+                             f"those ranks; choose another expert-parallel degree")
+        if not self.moe_imbalance >= 1.0 or self.moe_imbalance == float("inf"):
+            raise MpipeError(f"MoE load imbalance {self.moe_imbalance!r} must be a finite number >= 1 (the busiest "
+                             f"expert-parallel rank's routed tokens over the mean; 1 is balanced)")
 
     def dtype_bytes(self) -> int:
         if self.dtype not in DTYPE_BYTES:
@@ -72,6 +159,13 @@ class LayerTable:
     bwd_overhead_s: np.ndarray
     """Fixed seconds of one backward call of the layer, paid whenever its backward runs (zeros where
     the profile gives no per-call overhead)."""
+    expert_param_count: np.ndarray | None = None
+    """Shape (num_layers,): of ``param_count``, the routed experts' (before expert- and
+    tensor-parallel splitting); None means none."""
+
+    def expert_params(self) -> np.ndarray:
+        """Per layer, the routed experts' parameters (zeros where there are none)."""
+        return np.zeros_like(self.param_count) if self.expert_param_count is None else self.expert_param_count
 
     def backward_s(self, model: Model) -> np.ndarray:
         """Backward seconds under the footprint: a layer computes its input gradient iff some layer
@@ -96,16 +190,20 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         if key not in unique:
             unique[key] = _layer_row(layer.cost, layer.block, workload.microbatches, profile, options)
     rows = [unique[(layer.cost, layer.block)] for layer in model.layers]
-    fwd, dgrad, wgrad, boundary, saved, bwd_overhead = (np.array(column) for column in zip(*rows))
+    fwd, dgrad, wgrad, boundary, saved, bwd_overhead, core_s, selective_saved = (
+        np.array(column) for column in zip(*rows))
+    granularity = options.recompute_granularity
+    experts = np.array([_expert_param_count(layer.cost) for layer in model.layers], dtype=float)
     return LayerTable(
         fwd_s=fwd,
         dgrad_s=dgrad,
         wgrad_s=wgrad,
         boundary_bytes=boundary,
-        saved_bytes=boundary if options.recompute else saved,
+        saved_bytes={"full": boundary, "selective": selective_saved, "none": saved}[granularity],
         param_count=np.array([_param_count(layer.cost) for layer in model.layers], dtype=float),
-        recompute_s=fwd if options.recompute else np.zeros_like(fwd),
+        recompute_s={"full": fwd, "selective": core_s, "none": np.zeros_like(fwd)}[granularity],
         bwd_overhead_s=bwd_overhead,
+        expert_param_count=experts if experts.any() else None,
     )
 
 
@@ -114,32 +212,70 @@ def _param_count(cost) -> int:
     return arch.param_count(cost.kind, cost.dims_dict()) if isinstance(cost, ArchCost) else 0
 
 
+@lru_cache(maxsize=4096)
+def _expert_param_count(cost) -> int:
+    return arch.expert_param_count(cost.kind, cost.dims_dict()) if isinstance(cost, ArchCost) else 0
+
+
 def _layer_row(cost, block: str, microbatches, profile, options):
     if isinstance(cost, ExplicitCost):
         image = block == "encoder"
         tokens = np.array([mb.image_tokens if image else mb.text_tokens for mb in microbatches], dtype=float)
         bwd = cost.bwd_s_per_token * tokens
         zeros = np.zeros_like(tokens)
-        return cost.fwd_s_per_token * tokens, bwd / 2, bwd / 2, cost.boundary_bytes_per_token * tokens, zeros, zeros
+        return (cost.fwd_s_per_token * tokens, bwd / 2, bwd / 2, cost.boundary_bytes_per_token * tokens, zeros, zeros,
+                zeros, zeros)
     values = np.array([_arch_seconds(cost, mb, profile, options) for mb in microbatches], dtype=float)
-    return tuple(values[:, i] for i in range(6))
+    return tuple(values[:, i] for i in range(8))
 
 
 @lru_cache(maxsize=65536)
 def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, options: CostOptions):
     work = arch.estimate_arch_work(
-        cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.tp_degree
+        cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.tp_degree,
+        ep_degree=options.ep_degree, moe_imbalance=options.moe_imbalance, cp_degree=options.cp_degree,
+        sequence_parallel=options.sequence_parallel,
     )
     fwd_peak = profile.peak(options.dtype) * profile.efficiency_for(cost.kind)
     bwd_peak = profile.peak(options.dtype) * profile.backward_efficiency_for(cost.kind)
     bandwidth = profile.memory_bytes_per_s
-    tp_s = 0.0
+    comm_s = 0.0
     if options.tp_degree > 1 and work.tp_comm_bytes > 0:
         link = profile.link("all_reduce", inter_node=options.tp_degree > profile.devices_per_node)
-        tp_s = estimate_collective_s(link, "all_reduce", work.tp_comm_bytes, options.tp_degree)
+        comm_s = estimate_collective_s(link, "all_reduce", work.tp_comm_bytes, options.tp_degree)
+    ring_fwd_s = ring_bwd_s = 0.0
+    if options.ep_degree > 1 or options.cp_degree > 1:
+        ep = options.ep_degree
+        traffic = arch.estimate_parallel_traffic(
+            cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.tp_degree,
+            ep_degree=ep, moe_imbalance=options.moe_imbalance, cp_degree=options.cp_degree,
+            sequence_parallel=options.sequence_parallel)
+        if traffic.all_to_all_bytes:  # expert parallelism: dispatch and combine, again for their gradients
+            link = profile.link("all_to_all", inter_node=options.tp_degree * ep > profile.devices_per_node)
+            comm_s += sum(estimate_collective_s(link, "all_to_all", n, ep) for n in traffic.all_to_all_bytes)
+        if traffic.ring_steps:
+            link = profile.link("p2p", inter_node=options.tp_degree * options.cp_degree > profile.devices_per_node)
+            core_fwd_s = max(work.attention_core_fwd_flops / fwd_peak, work.attention_core_fwd_bytes / bandwidth)
+            core_bwd_s = max(work.attention_core_dgrad_flops / bwd_peak, work.attention_core_dgrad_bytes / bandwidth)
+            ring_fwd_s = exposed_ring_s(link, traffic.ring_step_bytes, traffic.ring_steps, core_fwd_s)
+            ring_bwd_s = exposed_ring_s(link, 2.0 * traffic.ring_step_bytes, traffic.ring_steps, core_bwd_s)
     tokens = mb.image_tokens if cost.kind in arch.IMAGE_STREAM_KINDS else mb.text_tokens
     fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if tokens > 0 else (0.0, 0.0)
-    fwd = fwd_call_s + max(work.fwd_flops / fwd_peak, work.fwd_bytes / bandwidth) + tp_s
-    dgrad = max(work.dgrad_flops / bwd_peak, work.dgrad_bytes / bandwidth) + tp_s
+    fwd = fwd_call_s + max(work.fwd_flops / fwd_peak, work.fwd_bytes / bandwidth) + comm_s + ring_fwd_s
+    dgrad = max(work.dgrad_flops / bwd_peak, work.dgrad_bytes / bandwidth) + comm_s + ring_bwd_s
     wgrad = max(work.wgrad_flops / bwd_peak, work.wgrad_bytes / bandwidth)
-    return fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s
+    core_s = max(work.attention_core_fwd_flops / fwd_peak, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
+    return (fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s, core_s,
+            work.selective_saved_activation_bytes)
+
+
+def exposed_ring_s(link, step_bytes: float, steps: int, core_s: float) -> float:
+    """Ring-attention time beyond the core's compute ``core_s``: ``steps`` transfers of ``step_bytes``
+    (``alpha + beta * n`` each), each overlapping one of the core's ``steps + 1`` equal compute steps.
+
+    >>> from mpipe_tune.cost.profile import LinkCost
+    >>> round(exposed_ring_s(LinkCost(0.0, 1e-9), 4e6, 3, 4e-3), 12), exposed_ring_s(LinkCost(0.0, 1e-9), 4e6, 3, 40e-3)
+    (0.009, 0.0)
+    """
+    step_s = link.alpha_s + link.beta_s_per_byte * step_bytes
+    return steps * max(0.0, step_s - core_s / (steps + 1))

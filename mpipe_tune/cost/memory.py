@@ -1,9 +1,13 @@
 """Memory per rank, read off the placement and the order.
 
 Static memory of rank ``r``: the parameters of its slabs and, when the schedule transposes a
-region, of that whole region (every rank holds a replica), split over the tensor-parallel group:
-weights at the compute dtype for every layer, plus gradients and optimizer state for trainable
-layers (optimizer state sharded over the data-parallel group when ``shard_optimizer``).
+region, of that whole region (every rank holds a replica), split over the tensor-parallel group
+(and a MoE layer's routed experts over the expert-parallel group too): weights at the compute dtype
+for every layer, plus gradients and optimizer state for trainable layers. With ``shard_optimizer``
+(ZeRO-1) the optimizer state is sharded over the data- and context-parallel ranks (``dp * cp``,
+Megatron-LM's distributed optimizer group), the experts' over their own data-parallel group of
+``dp * cp / ep`` ranks, so a rank holds ``1 / (tp * dp * cp)`` of every layer's state. Context-parallel
+ranks hold the same weights; their activations are of ``1/cp`` of each sequence (the layer table's).
 
 Activations: a tensor is live from the start of the event that produces it to the finish of its
 last consumer on the predicted timeline:
@@ -48,9 +52,15 @@ class MemoryReport:
 
 def estimate_static_bytes(plan: Plan, model: Model, table: LayerTable, options: CostOptions) -> tuple[float, ...]:
     trainable = np.array(model.trainable_bits(), dtype=bool)
-    params = table.param_count / options.tp_degree
-    optimizer = options.optimizer_bytes_per_param / (options.dp_degree if options.shard_optimizer else 1)
-    per_layer = params * options.dtype_bytes() + params * trainable * (options.grad_bytes_per_param + optimizer)
+    ep = options.ep_degree
+    experts = table.expert_params() / (options.tp_degree * ep)  # a rank's share of the routed experts
+    params = (table.param_count - table.expert_params() * (1 - 1 / ep)) / options.tp_degree
+    ranks = options.dp_degree * options.cp_degree
+    shards, expert_shards = (ranks, ranks // ep) if options.shard_optimizer else (1, 1)
+    optimizer = options.optimizer_bytes_per_param / shards
+    expert_optimizer = options.optimizer_bytes_per_param / expert_shards
+    per_layer = (params * options.dtype_bytes() + params * trainable * (options.grad_bytes_per_param + optimizer)
+                 + experts * trainable * (expert_optimizer - optimizer))  # 0 unless ep > 1 with ZeRO-1
     out = []
     for r in range(plan.num_ranks):
         total = 0.0

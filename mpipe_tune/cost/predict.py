@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from mpipe_tune.algebra.derive import Owners, Plan, derive
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.schedule import Cut, Schedule
-from mpipe_tune.cost.arch import validate_tensor_parallel_degree
+from mpipe_tune.cost.arch import validate_expert_parallel_degree, validate_tensor_parallel_degree
 from mpipe_tune.cost.durations import estimate_durations
 from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table
 from mpipe_tune.cost.memory import MemoryReport, estimate_memory
@@ -51,7 +51,9 @@ def predict(
             f"the workload '{workload.name}' has {len(workload)} microbatches but --microbatches is {M}; "
             f"make them equal (or leave --microbatches out)"
         )
+    options.validate_degrees()
     validate_tensor_parallel_degree(model, options.tp_degree)
+    validate_expert_parallel_degree(model, options.ep_degree)
     table = build_layer_table(model, workload, profile, options)
     owners = Owners(slab_counts=slab_counts, microbatch=microbatch_owners, layer_weights=layer_weights(model, table))
     plan = derive(cut, schedule, model, num_ranks, M, owners)

@@ -45,7 +45,7 @@ DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 _TRAINING_DTYPES = ("fp32", "tf32", "bf16", "fp16")
 """Dtypes a whole training step commonly runs in: what :meth:`HardwareProfile.slow_dtype_note` compares."""
 LINK_CLASSES = ("intra_node", "inter_node")
-COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter")
+COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_all")
 _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes",
@@ -196,13 +196,16 @@ class HardwareProfile:
 def estimate_collective_s(link: LinkCost, collective: str, size_bytes: float, group_size: int) -> float:
     """Seconds for ``collective`` of ``size_bytes`` over ``group_size`` ranks on ``link``.
 
-    ``size_bytes`` is the message for ``p2p``, the reduced buffer for ``all_reduce`` and the full
-    (gathered) buffer for ``all_gather``, ``gather`` and ``scatter``. With ``a`` = alpha, ``b`` = beta,
-    ``n`` = size and ``g`` = group size:
+    ``size_bytes`` is the message for ``p2p``, the reduced buffer for ``all_reduce``, the full
+    (gathered) buffer for ``all_gather``, ``gather`` and ``scatter``, and for ``all_to_all`` the buffer
+    each rank holds before the exchange (``1/g`` of it stays on the rank). With ``a`` = alpha,
+    ``b`` = beta, ``n`` = size and ``g`` = group size:
 
     - ``p2p``: ``a + b*n`` (``g`` is ignored except that ``g == 1`` costs nothing);
     - ``all_reduce`` (ring: reduce-scatter then all-gather): ``2(g-1) * (a + b*n/g)``;
-    - ``all_gather`` (ring), ``gather`` and ``scatter`` (linear, root link bound): ``(g-1) * (a + b*n/g)``.
+    - ``all_gather`` (ring), ``gather`` and ``scatter`` (linear, root link bound): ``(g-1) * (a + b*n/g)``;
+    - ``all_to_all`` (pairwise exchange: ``g-1`` steps, each sending one ``n/g`` share to another
+      rank, so ``n*(g-1)/g`` bytes leave each rank): ``(g-1) * (a + b*n/g)``.
 
     A group of one costs 0.0. An empty payload (``n == 0``) with ``g > 1`` still pays the alpha terms.
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -300,6 +300,13 @@ MIXES: dict[str, Mix] = {
 (``doc-ocr``, ``uniform-small`` and ``smoke`` are special shapes rather than points on that scale)."""
 
 
+def _cdf(probs: Sequence[float]) -> np.ndarray:
+    """Normalised cumulative probabilities, as ``numpy.random.Generator.choice`` computes them."""
+    cdf = np.asarray(probs, dtype=float).cumsum()
+    cdf /= cdf[-1]
+    return cdf
+
+
 def sample_workload(mix: str | Mix, num_microbatches: int, seed: int) -> Workload:
     """Draw ``num_microbatches`` microbatches from ``mix`` with ``numpy.random.default_rng(seed)``.
 
@@ -315,16 +322,18 @@ def sample_workload(mix: str | Mix, num_microbatches: int, seed: int) -> Workloa
         raise MpipeError(f"workload seed {seed!r} must be an integer from 0 to 2**63 - 1; give a non-negative seed")
     rng = np.random.default_rng(seed)
     counts = [k for k, _ in mix.images_per_sample]
-    count_probs = [p for _, p in mix.images_per_sample]
-    res_probs = [p for *_, p in mix.resolutions]
+    # rng.choice(n, p=probs) draws one rng.random() and looks it up in the normalised cumulative
+    # probabilities; doing that here draws the same values at a third of the cost.
+    count_cdf = _cdf([p for _, p in mix.images_per_sample])
+    res_cdf = _cdf([p for *_, p in mix.resolutions])
     microbatches = []
     for _ in range(num_microbatches):
         images: list[int] = []
         for _ in range(mix.samples_per_microbatch):
             if rng.random() < mix.text_only_share:
                 continue
-            for _ in range(counts[rng.choice(len(counts), p=count_probs)]):
-                height, width, _p = mix.resolutions[rng.choice(len(mix.resolutions), p=res_probs)]
+            for _ in range(counts[int(count_cdf.searchsorted(rng.random(), side="right"))]):
+                height, width, _p = mix.resolutions[int(res_cdf.searchsorted(rng.random(), side="right"))]
                 if mix.jitter:
                     fh, fw = rng.uniform(1 - mix.jitter, 1 + mix.jitter, size=2)
                     height, width = max(1, round(height * fh)), max(1, round(width * fw))

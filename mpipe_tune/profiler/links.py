@@ -6,7 +6,8 @@ between), spawns one worker per rank (gloo on CPU, NCCL on CUDA, HCCL on NPU; ra
 (collective, message size) points in the same order:
 
 - ``p2p``: ping-pong between ranks 0 and 1; a call is a round trip and its time is halved;
-- ``all_reduce``, ``all_gather``, ``gather`` (to rank 0), ``scatter`` (from rank 0): over all ranks.
+- ``all_reduce``, ``all_gather``, ``gather`` (to rank 0), ``scatter`` (from rank 0) and ``all_to_all``
+  (``all_to_all_single``, equal shares): over all ranks.
 
 For each size: warm-up calls, then one timed call whose slowest rank decides how many back-to-back
 calls one repeat batches (so a repeat lasts at least ``min_repeat_s``). Then the repeats, each after a
@@ -14,7 +15,8 @@ barrier, with the sizes interleaved: pass 1 times every size once, pass 2 again,
 time is the slowest rank's, which is when the collective is done everywhere.
 
 Sizes follow ``estimate_collective_s``: the message for ``p2p``, the reduced buffer for ``all_reduce``,
-the full gathered buffer for the others (each rank holds ``size / g`` of it). Payloads are float32.
+the full gathered buffer for the gathers and scatters (each rank holds ``size / g`` of it), and for
+``all_to_all`` the buffer each rank sends from (``g`` shares of ``size / g``). Payloads are float32.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.profiler.device import BACKENDS, Timer, calls_for, import_torch, threads_per_process
 from mpipe_tune.profiler.settings import SweepSettings
 
-LINK_COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter")
+LINK_COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_all")
 _ELEMENT_BYTES = 4
 _DIST_TIMEOUT_S = 300
 _MAX_CALLS = 256
@@ -187,6 +189,9 @@ class _Sweep:
             return lambda: None
         if collective == "all_reduce":
             return lambda: dist.all_reduce(x)
+        if collective == "all_to_all":
+            sent, received = zeros(elements * g), zeros(elements * g)
+            return lambda: dist.all_to_all_single(received, sent)
         parts = [zeros(elements) for _ in range(g)]
         if collective == "all_gather":
             return lambda: dist.all_gather(parts, x)

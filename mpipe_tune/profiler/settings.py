@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MiB = 2**20
+MAX_PROCESSES = 64
+"""The most processes a link sweep starts: one per device, and no host holds more devices than this."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.frames import Column, format_frame, ms, text
 from mpipe_tune.report.plan_file import all_plan_names, plan_names
 from mpipe_tune.search.baselines import REFERENCE
 
@@ -105,26 +108,40 @@ def progress_line(name: str, k: int, num_rounds: int, summary: dict[str, Any]) -
             f"{summary['measured_step_s'] * 1e3:.3f} ms, predicted {summary['predicted_step_s'] * 1e3:.3f} ms ({ratio})")
 
 
+_FRAME_COLUMNS = ("plan", "schedule", "pp", "tp", "dp", "microbatches", "predicted_step_s", "measured_step_s",
+                  "ratio", "speedup_predicted", "speedup_measured")
+
+
+def bench_frame(record: dict[str, Any]) -> pd.DataFrame:
+    """The bench table of a :func:`bench_record`: one row per plan, step times in seconds."""
+    return pd.DataFrame.from_records(
+        [{"plan": p["name"], **{k: p[k] for k in _FRAME_COLUMNS[1:]}} for p in record["plans"]],
+        columns=list(_FRAME_COLUMNS))
+
+
+COLUMNS = (
+    Column("plan", text("plan"), min_width=13),
+    Column("schedule", text("schedule"), min_width=20),
+    Column("pp/tp/dp", lambda r: f"{r['pp']}/{r['tp']}/{r['dp']}", min_width=9),
+    Column("M", text("microbatches"), ">", 4),
+    Column("pred ms", ms("predicted_step_s"), ">", 11),
+    Column("meas ms", ms("measured_step_s"), ">", 11),
+    Column("meas/pred", text("ratio", ".3f"), ">", 9),
+    Column("speedup pred", text("speedup_predicted", ".3f", suffix="x"), ">", 12),
+    Column("speedup meas", text("speedup_measured", ".3f", suffix="x"), ">", 12),
+)
+"""The printed bench table: milliseconds from the frame's seconds."""
+
+
 def format_bench(record: dict[str, Any]) -> str:
     """A fixed-width table: predicted beside measured, step time and speedup, one line per plan."""
-    def num(value: float | None, fmt: str, suffix: str = "") -> str:
-        return "-" if value is None else format(value, fmt) + suffix
-
     basis = "median of steps 2.. of each round" if record["steps"] > 1 else "one step per round"
     lines = [f"bench {record['plan_file']}: {len(record['plans'])} plan(s), {record['rounds']} round(s) of "
              f"{record['steps']} step(s), compute {record['compute']} on {record['device']}; measured: median over "
              f"rounds ({basis}); speedup over {record['reference']}"
              + ("" if any(p["name"] == record["reference"] for p in record["plans"]) else " (not run here: none)")]
-    header = (f"{'plan':<13} {'schedule':<20} {'pp/tp/dp':<9} {'M':>4} {'pred ms':>11} {'meas ms':>11} "
-              f"{'meas/pred':>9} {'speedup pred':>12} {'speedup meas':>12}")
-    lines += ["", header, "-" * len(header)]
-    for p in record["plans"]:
-        degrees = f"{p['pp']}/{p['tp']}/{p['dp']}"
-        lines.append(
-            f"{p['name']:<13} {p['schedule']:<20} {degrees:<9} {p['microbatches']:>4} "
-            f"{p['predicted_step_s'] * 1e3:>11.3f} {p['measured_step_s'] * 1e3:>11.3f} {num(p['ratio'], '.3f'):>9} "
-            f"{num(p['speedup_predicted'], '.3f', 'x'):>12} {num(p['speedup_measured'], '.3f', 'x'):>12}"
-        )
+    lines += ["", format_frame(bench_frame(record), COLUMNS)]
     if not record["complete"]:
         lines.append("(cut short: the rows hold the rounds that finished)")
+    lines.append("\npred ms    the plan file's predicted step time, of the one step it stores (the step every run trains)")
     return "\n".join(lines)

@@ -175,6 +175,12 @@ def plan_from_record(record: dict[str, Any], model: Model, *, name: str = BEST,
                      names: tuple[str, ...] = (BEST,)) -> ExportPlan:
     """An :class:`ExportPlan` from one top-level plan record (``select_plan``'s result) and its model."""
     c = record["candidate"]
+    beyond = [f"{key} {c[key]}" for key in ("ep", "cp") if c.get(key, 1) > 1]
+    beyond += ["sequence parallelism"] * bool(c.get("sequence_parallel")) + ["selective recomputation"] * (
+        c.get("recompute") == "selective")
+    if beyond:
+        raise MpipeError(f"plan '{name}' uses {', '.join(beyond)}; export writes pp x dp x tp plans with no or full "
+                         f"recomputation; re-plan with --ep 1 --cp 1 (no sequence parallelism, --recompute off or on)")
     skeletons = parse_schedule(c["schedule"]).skeletons
     regions = tuple(
         ExportRegion(int(p["region"]), skeletons[int(p["region"]) - 1], (int(p["layers"][0]), int(p["layers"][1])),
@@ -539,6 +545,9 @@ def _torchtitan_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output, ...
     if out is None:
         raise MpipeError("the torchtitan export is two files, the TOML job config and the schedule CSV it names; "
                          "give the TOML's path with --out, e.g. --out job.toml (the CSV goes beside it)")
+    if out.suffix.lower() != ".toml":
+        raise MpipeError(f"the torchtitan job config {out} must end in .toml (its schedule CSV goes beside it, "
+                         f"as {out.with_suffix('.csv').name}); e.g. --out {out.stem or 'job'}.toml")
     csv_path = out.with_suffix(".csv")
     return (Output(out, to_torchtitan(plan, str(csv_path))), Output(csv_path, to_torch_csv(plan)))
 

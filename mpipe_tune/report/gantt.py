@@ -8,8 +8,8 @@ they are drawn as thin bars under the row of the rank that sends them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,10 @@ from mpipe_tune.algebra.derive import Plan
 from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Fwd, Loss, parse_event
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.report.files import validate_out_path, write_together
+
+PICTURE_SUFFIXES = (".png",)
+"""What a timeline picture's path must end in."""
 
 COLOURS = {
     "encoder fwd": "#f2a541",
@@ -43,12 +47,21 @@ def _category(replicated: set[int], event) -> str | None:
     return None
 
 
+def validate_picture_path(path: str | os.PathLike, *, label: str = "timeline picture") -> Path:
+    """Before any work: ``path`` can take a PNG (see :func:`~mpipe_tune.report.files.validate_out_path`)
+    and matplotlib is installed; ``label`` names the path in the error."""
+    path = validate_out_path(path, label=label, suffixes=PICTURE_SUFFIXES)
+    if importlib.util.find_spec("matplotlib") is None:
+        raise MpipeError(f"{label} {path}: drawing a timeline needs matplotlib; install it with: pip install 'mpipe-tune[viz]'")
+    return path
+
+
 def _time_unit(makespan_s: float) -> tuple[float, str]:
     return (1e3, "ms") if makespan_s < 10 else (1.0, "s")
 
 
 def draw_gantt(plan: Plan, start_s: np.ndarray, durations_s: np.ndarray, path: str | os.PathLike, *, title: str = "") -> None:
-    """Write a PNG (or any matplotlib format by suffix) of the predicted per-rank timeline to ``path``."""
+    """Write a PNG of the predicted per-rank timeline to ``path`` (atomically)."""
     replicated = {p.region for p in plan.placement if p.layout is Layout.REPLICATED}
     bars = [(rank, plan.order.events[i], float(start_s[i]), float(durations_s[i]))
             for rank, nodes in enumerate(plan.order.nodes) for i in nodes]
@@ -93,10 +106,8 @@ def _draw(bars: list[tuple[int, Any, float, float]], links: list[tuple[int, floa
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
     except ImportError:
-        raise MpipeError("--gantt needs matplotlib; install it with: pip install 'mpipe-tune[viz]'") from None
-    path = Path(path)
-    if not path.parent.exists():
-        raise MpipeError(f"--gantt {path}: folder {path.parent} does not exist; create it or pick another path")
+        raise MpipeError("drawing a timeline needs matplotlib; install it with: pip install 'mpipe-tune[viz]'") from None
+    path = validate_out_path(path, label="timeline picture", suffixes=PICTURE_SUFFIXES)
     num_rows = len(row_labels)
     makespan = makespan_s or 1.0
     fig, ax = plt.subplots(figsize=(12, 0.6 * num_rows + 1.6))
@@ -120,13 +131,7 @@ def _draw(bars: list[tuple[int, Any, float, float]], links: list[tuple[int, floa
     ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in (legend or COLOURS)], loc="upper center",
               bbox_to_anchor=(0.5, -0.35 if num_rows < 4 else -0.18), ncol=6, fontsize=8, frameon=False)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=".gantt-", suffix=path.suffix or ".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=130)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_together([(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))])
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)

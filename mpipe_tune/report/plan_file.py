@@ -48,6 +48,7 @@ from mpipe_tune.cost.workload import Workload, parse_workload, workload_hash, wo
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
 from mpipe_tune.report.files import write_atomic
+from mpipe_tune.report.plan_check import validate_inputs, validate_search, validate_section_fields
 from mpipe_tune.report.tables import candidate_record, derivation_record, prediction_record
 
 SCHEMA = "mpipe-tune/plan"
@@ -170,7 +171,10 @@ def load_plan(path: str | os.PathLike) -> dict[str, Any]:
                          f"version {SCHEMA_VERSION}: re-create the plan with this version")
     if not isinstance(record.get("inputs"), dict):
         raise MpipeError(f"{where}: field 'inputs' is missing or malformed; the file is corrupt, re-create it")
+    validate_inputs(record["inputs"], where=where)
     _validate_section(record, record["inputs"].get("workload"), where, "")
+    if "search" in record:
+        validate_search(record["search"], where=where)
     baselines = record.get("baselines", {})
     if not isinstance(baselines, dict) or BEST in baselines:
         raise MpipeError(f"{where}: field 'baselines' is malformed; the file is corrupt, re-create it")
@@ -193,6 +197,7 @@ def _validate_section(section: dict[str, Any], workload: Any, where: str, label:
     for key in SECTION_KEYS:
         if not isinstance(section.get(key), (dict, list)):
             raise MpipeError(f"{where}: {label}field '{key}' is missing or malformed; the file is corrupt, re-create it")
+    validate_section_fields(section, workload, where=f"{where}, {label[:-2]}" if label else where)
     order = section["order"]
     try:
         events = [parse_event(text) for text in order["events"]]

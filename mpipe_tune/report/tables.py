@@ -1,11 +1,19 @@
-"""Records (plain dicts, what ``--json`` prints) and readable tables of predictions and derivations."""
+"""Records (plain dicts, what ``--json`` prints) and readable tables of predictions and derivations.
+
+The per-rank table of a prediction is a DataFrame (:func:`rank_frame`, seconds and bytes), printed
+in milliseconds and GiB (:data:`RANK_COLUMNS`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
+
 from mpipe_tune.algebra.derive import Plan
 from mpipe_tune.algebra.placement import ByLayer
+from mpipe_tune.cost.layers import CostOptions
+from mpipe_tune.frames import Column, TextTable, gib, ms, text
 
 
 def placement_record(plan: Plan) -> list[dict[str, Any]]:
@@ -48,10 +56,24 @@ def candidate_record(plan: Plan, options) -> dict[str, Any]:
         "pp": plan.num_ranks,
         "tp": options.tp_degree,
         "dp": options.dp_degree,
+        "ep": options.ep_degree,
+        "cp": options.cp_degree,
         "dtype": options.dtype,
         "recompute": options.recompute,
+        "zero_stage": options.zero_stage,
+        "sequence_parallel": options.sequence_parallel,
+        "moe_imbalance": options.moe_imbalance,
         "microbatches": plan.num_microbatches,
     }
+
+
+def options_of(candidate: dict[str, Any]):
+    """The cost options a :func:`candidate_record` was predicted with (a plan file's ``candidate``;
+    the fields a file from before expert and context parallelism lacks read as what it meant)."""
+    c = candidate
+    return CostOptions(dtype=c["dtype"], tp_degree=c["tp"], dp_degree=c["dp"], recompute=c.get("recompute", False),
+                       ep_degree=c.get("ep", 1), cp_degree=c.get("cp", 1), shard_optimizer=c.get("zero_stage", 1) >= 1,
+                       sequence_parallel=c.get("sequence_parallel", False), moe_imbalance=c.get("moe_imbalance", 1.0))
 
 
 def prediction_record(prediction, model, workload, profile, options) -> dict[str, Any]:
@@ -79,8 +101,27 @@ def prediction_record(prediction, model, workload, profile, options) -> dict[str
     return record
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:10.3f}"
+def rank_frame(record: dict[str, Any]) -> pd.DataFrame:
+    """The per-rank table of a :func:`prediction_record`, one row per rank, in seconds and bytes."""
+    return pd.DataFrame.from_records(
+        [{"rank": r["rank"], "busy_s": r["busy_s"], "bubble_s": r["bubble_s"], "encoder_s": r["encoder_s"],
+          "warmup_slack_s": r["warmup_slack_s"], "spill_s": r["spill_s"], **r["memory"]} for r in record["ranks"]],
+        columns=["rank", "busy_s", "bubble_s", "encoder_s", "warmup_slack_s", "spill_s", "static_bytes",
+                 "activation_peak_bytes", "peak_bytes", "over_capacity"])
+
+
+RANK_COLUMNS = (
+    Column("rank", text("rank"), ">", 4),
+    Column("busy ms", ms("busy_s"), ">", 10),
+    Column("bubble ms", ms("bubble_s"), ">", 10),
+    Column("encoder ms", ms("encoder_s"), ">", 10),
+    Column("slack ms", ms("warmup_slack_s"), ">", 10),
+    Column("spill ms", ms("spill_s"), ">", 10),
+    Column("peak GiB", gib("peak_bytes"), ">", 9),
+)
+"""The printed per-rank table: milliseconds and GiB from the frame's seconds and bytes."""
+OVER = "OVER"
+"""Marks a rank whose peak is over the device's memory capacity."""
 
 
 def print_prediction(record: dict[str, Any]) -> None:
@@ -88,16 +129,15 @@ def print_prediction(record: dict[str, Any]) -> None:
     print(f"schedule <{record['schedule']}>  cut {record['cut'] or '-'}  P={record['pp']} tp={record['tp']} "
           f"dp={record['dp']}  M={record['microbatches']}  dtype {record['dtype']}")
     print(f"predicted step time: {record['makespan_s'] * 1e3:.3f} ms   bubble share {record['bubble_share']:.1%}\n")
-    header = f"{'rank':>4} {'busy ms':>10} {'bubble ms':>10} {'encoder ms':>10} {'slack ms':>10} {'spill ms':>10}"
-    print(header + f" {'peak GiB':>9}")
-    for r in record["ranks"]:
-        line = (f"{r['rank']:>4} {_ms(r['busy_s'])} {_ms(r['bubble_s'])} {_ms(r['encoder_s'])} "
-                f"{_ms(r['warmup_slack_s'])} {_ms(r['spill_s'])}")
-        line += f" {r['memory']['peak_bytes'] / 2**30:9.2f}" + ("  OVER" if r["memory"]["over_capacity"] else "")
-        print(line)
+    frame = rank_frame(record)
+    table = TextTable.fit(frame, RANK_COLUMNS)
+    print(table.header)
+    for _, r in frame.iterrows():
+        print(table.line(r) + (f"  {OVER}" if r["over_capacity"] else ""))
     capacity = record["memory_capacity_bytes"] / 2**30
     verdict = "fits" if record["fits_memory"] else "does NOT fit"
-    print(f"\nmemory: the plan {verdict} the profile's {capacity:.4g} GiB per device")
+    print(f"\nmemory: the plan {verdict} the profile's {capacity:.4g} GiB per device"
+          + (f" ({OVER}: the rank's peak is over it)" if frame["over_capacity"].any() else ""))
 
 
 def print_derivation(record: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 :func:`preflight` is what ``mpipe-tune run`` calls before it starts anything: a corrupt plan, a plan
 made for another model, a plan whose P differs from the world size, or a model the runtime cannot
-build gets one line and exit code 2 there, before any process or process group exists.
+build gets one line and exit code 2 there, before any process or process group exists; so does a plan
+whose stored per-rank order is not the one ``derive`` gives for its stored candidate.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from mpipe_tune.algebra.model import Model
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.cost.layers import DTYPE_BYTES
 from mpipe_tune.runtime.blueprint import blueprint, validate_tensor_parallel, validate_workload
+from mpipe_tune.report.plan_check import StoredCandidate, load_plan_model, validate_order
 from mpipe_tune.runtime.plan_view import PlanView, read_plan_file, validate_model_matches, validate_runnable
-from mpipe_tune.specs import load_model
 
 COMPUTE_MODES = ("real", "emulated")
 DTYPE_NAMES = ("fp32", "fp64", "bf16", "fp16")
@@ -55,11 +56,7 @@ class RunJob:
 
 def resolve_model(view: PlanView, model_spec: str | None) -> Model:
     """The plan's model (or ``model_spec``) with the plan's frozen blocks, checked against its hash."""
-    inputs = view.record["inputs"]["model"]
-    model = load_model(model_spec or inputs["spec"])
-    frozen = tuple(inputs.get("frozen") or ())
-    if frozen:
-        model = model.with_frozen(frozen)
+    model = load_plan_model(view.record, where=f"plan file {view.path}", spec=model_spec)
     validate_model_matches(view, model)
     return model
 
@@ -69,6 +66,8 @@ def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
     job.validate()
     view = read_plan_file(job.plan_path, plan_name=job.plan_name)
     model = resolve_model(view, job.model_spec)
+    where = f"plan file {view.path}" + (f", plan '{job.plan_name}'" if job.plan_name else "")
+    validate_order(view.record, StoredCandidate.of(view.record, where=where).derive(model, where=where), where=where)
     validate_runnable(view, world_size)
     if job.compute == "real":
         dtype = job.dtype_for(view)

@@ -154,6 +154,14 @@ def validate_model_matches(view: PlanView, model: Model) -> None:
 
 def validate_runnable(view: PlanView, world_size: int | None = None) -> None:
     """What this runtime cannot run, as one-line errors, before any process group exists."""
+    c = view.record["candidate"]
+    ep, cp = c.get("ep", 1), c.get("cp", 1)
+    if ep > 1 or cp > 1:
+        raise MpipeError(f"plan file {view.path} is planned with expert-parallel degree {ep} and context-parallel "
+                         f"degree {cp}; the runtime runs pp x dp x tp; re-plan with --ep 1 --cp 1")
+    if c.get("sequence_parallel", False):
+        raise MpipeError(f"plan file {view.path} is planned with sequence parallelism, which the runtime does not run "
+                         f"(its tensor parallelism keeps whole sequences); re-plan without --sequence-parallel")
     if world_size is not None:
         view.layout.validate_world_size(world_size, f"plan file {view.path}")
 

@@ -1,7 +1,8 @@
 """Planning: owner-map policies, baselines in the algebra, the search space, and the search driver.
 
-The driver (:func:`run_search`) is the only place Optuna is imported; it is loaded on first use so
-that importing the rest of the planner stays cheap.
+The driver (:func:`run_search`) and :mod:`mpipe_tune.search.trials` (a study's trials as a table) are
+the only places Optuna is imported; the driver is loaded on first use so that importing the rest of
+the planner stays cheap.
 """
 
 from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline, even_split

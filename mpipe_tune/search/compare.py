@@ -9,6 +9,9 @@ Three kinds of rows beside ``best``:
 Every row carries two ratios: ``speedup``, its speedup over ``megatron`` at the best plan's degrees
 (the reference ``bench`` keeps), and ``best_speedup``, the best plan's speedup over the row. So for a
 baseline the two speedups of the best plan are ``best_speedup`` on its row and on its ``@own`` row.
+
+The table is a DataFrame of those rows (:func:`comparison_frame`, SI columns: what ``--csv``
+writes); the printed table is made from it (:data:`COLUMNS`: milliseconds, GiB).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pandas as pd
+
+from mpipe_tune.frames import MISSING, Cell, Column, TextTable, format_frame, gib, is_missing, ms, text
 from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.families import OWN, OwnBest
@@ -34,7 +40,8 @@ def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluatio
     for name in BASELINES:
         candidate = baseline(name, evaluator.problem.model, c.pp, c.tp, c.dp, c.num_microbatches, vpp_counts)
         if candidate is not None:
-            candidate = replace(candidate, recompute=c.recompute)  # the same memory policy as the best plan
+            candidate = replace(candidate, recompute=c.recompute, ep=c.ep, cp=c.cp, zero_stage=c.zero_stage,
+                                sequence_parallel=c.sequence_parallel)  # the best plan's degrees and memory policy
         out.append((name, None if candidate is None else evaluator.evaluate(candidate)))
     return out
 
@@ -54,9 +61,10 @@ def row(label: str, e: Evaluation, reference: Evaluation | None, best: Evaluatio
         "cut": list(c.cut),
         "owners": c.owner_policy,
         "slabs": [list(s) for s in e.slab_counts],
-        "pp": c.pp, "tp": c.tp, "dp": c.dp,
+        "pp": c.pp, "tp": c.tp, "dp": c.dp, "ep": c.ep, "cp": c.cp,
         "microbatches": c.num_microbatches,
         "recompute": c.recompute,
+        "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel,
         "step_s": e.mean_s,
         "p90_s": e.p90_s,
         "step_samples_s": list(e.makespans_s),
@@ -113,53 +121,100 @@ def faster_than_best(families: list[OwnBest], best: Evaluation) -> list[OwnBest]
 
 # --------------------------------------------------------------------------------------- table
 
-_HEADER = (f"{'plan':<13} {'schedule':<20} {'cut':<7} {'owners':<11} {'pp/tp/dp':<9} {'M':>4} "
-           f"{'step ms':>10} {'p90 ms':>10} {'speedup':>8} {'best over':>9} {'bubble':>7} {'peak GiB':>9} "
-           f"{'recomp':>6}")
+ROW_COLUMNS = ("plan", "schedule", "cut", "owners", "slabs", "pp", "tp", "dp", "ep", "cp", "microbatches",
+               "recompute", "zero_stage", "sequence_parallel",
+               "step_s", "p90_s", "step_samples_s", "speedup", "best_speedup", "bubble_share", "spill_s",
+               "peak_bytes", "fits_memory")
+"""The columns of a comparison frame: the keys of :func:`row`, values in SI units (seconds, bytes)."""
+OVER = "!"
+"""Marks a peak over the device's memory capacity in the printed table."""
 
 
-def _times(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}x"
+def rows_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows of :func:`row` as a DataFrame, one row per plan in the given order (what ``--csv`` writes)."""
+    return pd.DataFrame.from_records(rows, columns=list(ROW_COLUMNS))
 
 
-def _line(r: dict[str, Any]) -> str:
-    peak = "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}" + ("" if r["fits_memory"] else "!")
-    degrees = f"{r['pp']}/{r['tp']}/{r['dp']}"
-    cut = ",".join(map(str, r["cut"])) or "-"
-    best_over = "-" if r["plan"] == "best" else _times(r.get("best_speedup"))
-    return (f"{r['plan']:<13} {r['schedule']:<20} {cut:<7} {r['owners'] or '-':<11} "
-            f"{degrees:<9} {r['microbatches']:>4} {r['step_s'] * 1e3:>10.3f} "
-            f"{r['p90_s'] * 1e3:>10.3f} {_times(r['speedup']):>8} {best_over:>9} {r['bubble_share']:>7.1%} "
-            f"{peak:>9} {'yes' if r.get('recompute') else 'no':>6}")
+def comparison_frame(search: dict[str, Any]) -> pd.DataFrame:
+    """The rows of a ``plan`` summary (``comparison``, and where present ``own_best`` and ``current``)
+    in table order: ``best``, each baseline followed by its ``@own`` row, the current layout last."""
+    rows = {r["plan"]: r for r in search["comparison"]}
+    own = {r["plan"]: r for r in search.get("own_best", [])}
+    ordered = [rows["best"]]
+    for name in BASELINES:
+        ordered += [r for r in (rows.get(name), own.get(name + OWN)) if r is not None]
+    if search.get("current") is not None:
+        ordered.append(search["current"])
+    return rows_frame(ordered)
+
+
+def _times(key: str) -> Cell:
+    return text(key, ".3f", suffix="x")
+
+
+def _best_over(r: pd.Series) -> str:
+    return MISSING if r["plan"] == "best" else _times("best_speedup")(r)
+
+
+def _peak(r: pd.Series) -> str:
+    return gib("peak_bytes")(r) + ("" if is_missing(r["peak_bytes"]) or r["fits_memory"] else OVER)
+
+
+COLUMNS = (
+    Column("plan", text("plan"), min_width=13),
+    Column("schedule", text("schedule"), min_width=20),
+    Column("cut", lambda r: ",".join(map(str, r["cut"])) or MISSING, min_width=7),
+    Column("owners", text("owners"), min_width=11),
+    Column("pp/tp/dp", lambda r: f"{r['pp']}/{r['tp']}/{r['dp']}", min_width=9),
+    Column("M", text("microbatches"), ">", 4),
+    Column("step ms", ms("step_s"), ">", 10),
+    Column("p90 ms", ms("p90_s"), ">", 10),
+    Column("speedup", _times("speedup"), ">", 8),
+    Column("best over", _best_over, ">", 9),
+    Column("bubble", text("bubble_share", ".1%"), ">", 7),
+    Column("peak GiB", _peak, ">", 9),
+    Column("recomp", lambda r: "yes" if r["recompute"] else "no", ">", 6),
+)
+"""The printed comparison table: milliseconds and GiB from the frame's seconds and bytes."""
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """A fixed-width table: one line per plan, in the given order (a peak over capacity is marked ``!``)."""
-    return "\n".join([_HEADER, "-" * len(_HEADER), *(_line(r) for r in rows)])
+    return format_frame(rows_frame(rows), COLUMNS)
 
 
 def format_comparison(search: dict[str, Any]) -> str:
-    """The table of a ``plan`` summary (``comparison``, and where present ``own_best``, ``families``
-    and ``current``): each baseline's row followed by its ``@own`` row, the current layout last, and
-    what the columns mean."""
-    rows = {r["plan"]: r for r in search["comparison"]}
-    own = {r["plan"]: r for r in search.get("own_best", [])}
+    """The table of a ``plan`` summary (:func:`comparison_frame`), with a line for each baseline whose
+    own layouts none fits memory, and what the columns and markers mean."""
+    frame = comparison_frame(search)
+    table = TextTable.fit(frame, COLUMNS)
+    line = {r["plan"]: table.line(r) for _, r in frame.iterrows()}
     families = search.get("families", {})
-    lines = [_line(rows["best"])]
+    lines = [table.header, table.rule, line["best"]]
     for name in BASELINES:
-        if name in rows:
-            lines.append(_line(rows[name]))
-        if name + OWN in own:
-            lines.append(_line(own[name + OWN]))
+        if name in line:
+            lines.append(line[name])
+        if name + OWN in line:
+            lines.append(line[name + OWN])
         elif families.get(name, {}).get("candidates"):
-            lines.append(f"{name + OWN:<13} none of its {families[name]['candidates']} layouts in the space fits memory")
-    if search.get("current") is not None:
-        lines.append(_line(search["current"]))
+            lines.append(f"{table.pad(0, name + OWN)} none of its {families[name]['candidates']} layouts in the "
+                         f"space fits memory")
+    if CURRENT in line:
+        lines.append(line[CURRENT])
+    samples = search.get("samples", 1)
+    step = (["step ms    the predicted step time of the one step (plan.json, 'mpipe-tune show' and the Gantt",
+             "           picture hold the same step), p90 ms the same"] if samples == 1 else
+            [f"step ms    the mean predicted step time over the {samples} sampled steps, p90 ms their 90th "
+             f"percentile;", "           plan.json, 'mpipe-tune show' and the Gantt picture hold each plan's first "
+             "sampled step only"])
     notes = [
+        *step,
         f"speedup    the row's speedup over {REFERENCE} at the best plan's degrees",
         "best over  the best plan's speedup over the row",
         "rows       <baseline>: at the best plan's degrees, M and recomputation; <baseline>@own: at its own best",
         "           layout, the fastest (degrees, M, recomputation, VPP chunks) of the same space that fits memory"
         + ("" if search.get("current") is None else ";\n           current: the current layout given"),
     ]
-    return "\n".join([_HEADER, "-" * len(_HEADER), *lines, "", *notes])
+    if not frame["fits_memory"].all():
+        notes.append(f"{OVER:<10} after peak GiB: the plan's peak is over the device's memory capacity (it does not fit)")
+    return "\n".join([*lines, "", *notes])

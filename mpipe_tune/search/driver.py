@@ -31,7 +31,7 @@ over the capacity), passing over neighbours whose bound already loses (they cost
 proposes only when no trial has. A sampler proposal that was already tried is replaced by one of its
 untried neighbours, so trials are not spent on repeats.
 
-Optuna is imported here and nowhere else in the package.
+Optuna is imported here and in search/ only (the trial writer's child process, :mod:`mpipe_tune.search.trials`).
 """
 
 from __future__ import annotations

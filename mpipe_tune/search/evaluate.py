@@ -118,7 +118,8 @@ class Evaluator:
         return layer_weights(p.model, table)
 
     def options(self, c: Candidate):
-        return self.problem.options_for(c.tp, c.dp, c.recompute)
+        return self.problem.options_for(c.tp, c.dp, c.recompute, ep=c.ep, cp=c.cp, zero_stage=c.zero_stage,
+                                        sequence_parallel=c.sequence_parallel)
 
     def table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable]:
         """Step ``sample``'s replica workload for ``c`` and its layer table."""
@@ -126,8 +127,9 @@ class Evaluator:
         if key not in self._tables:
             p = self.problem
             workload = p.replica_workload(sample, c.dp, c.num_microbatches)
-            # Layer costs do not depend on dp; building with dp = 1 lets the cost model's per-layer
-            # cache serve every dp (the predict() equality tests check this stays true).
+            # Layer costs do not depend on dp (ep and cp, which do, are in the key); building with
+            # dp = 1 lets the cost model's per-layer cache serve every dp (the predict() equality tests
+            # check this stays true).
             options = replace(self.options(c), dp_degree=1)
             self._tables[key] = (workload, build_layer_table(p.model, workload, p.profile, options))
         return self._tables[key]
@@ -291,7 +293,7 @@ class Evaluator:
         return self._orders[key]
 
     def _duration_model(self, plan: Plan, options) -> DurationModel:
-        key = (id(plan), options.tp_degree, options.dp_degree)
+        key = (id(plan), options.tp_degree, options.dp_degree, options.ep_degree, options.cp_degree)
         model = self._durations.get(key)
         if model is None or model.plan is not plan:
             model = self._durations[key] = DurationModel(plan, self.problem.model, self.problem.profile, options)

@@ -3,10 +3,11 @@
 A baseline's *family* is its layout rule (:func:`~mpipe_tune.search.baselines.baseline`) over the
 choices it leaves free, drawn from the same :class:`SearchSpace` the search walks:
 
-- the space's ``(pp, tp, dp)`` (its pins ``--pp/--tp/--dp`` included);
+- the space's ``(pp, tp, dp, cp)`` (its pins ``--pp/--tp/--dp`` included);
 - the microbatch counts the space allows the family's schedule at those degrees (for interleaving,
   those that run in equal rounds);
-- the space's recomputation settings;
+- the space's recomputation settings, expert-parallel degrees, ZeRO stages and sequence
+  parallelism (:meth:`~mpipe_tune.search.space.SearchSpace.memory_settings`);
 - for ``vpp``, the chunk count: 2 up to the space's ``max_chunks`` (at least 2).
 
 That is a few dozen to a few hundred candidates, so a family is searched exhaustively and exactly,
@@ -59,13 +60,14 @@ def family_candidates(name: str, space: SearchSpace) -> list[Candidate]:
     assert name in BASELINES, f"unknown baseline {name}"
     model = space.problem.model
     out = []
-    for pp, tp, dp in space.degrees:
+    for pp, tp, dp, cp in space.layouts:
+        settings = space.memory_settings(dp, cp, tp)
         for chunks in chunk_choices(name, space):
             for m in space.microbatch_choices(pp, dp, schedule_of(name, chunks)):
                 c = baseline(name, model, pp, tp, dp, m, vpp_microbatches=(m,), num_chunks=chunks)
                 if c is None:
                     continue
-                out.extend(replace(c, recompute=r, label=name + OWN) for r in space.options.recompute)
+                out.extend(replace(c, cp=cp, label=name + OWN, **setting) for setting in settings)
     return out
 
 

@@ -19,13 +19,32 @@ the global batch's sequences, and there is one sample.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.profile import HardwareProfile
 from mpipe_tune.cost.workload import MIXES, Microbatch, Workload, sample_workload
 from mpipe_tune.errors import MpipeError
+
+MAX_DEVICES = 1 << 16
+"""The most devices a problem may have (65536): more than any pipeline-parallel training job spans."""
+MAX_GLOBAL_BATCH = 1 << 18
+"""The most sequences per step (262144: four per device at :data:`MAX_DEVICES`); a mix's sequence is
+thousands of tokens, so this is a billion tokens a step, far above any training run's batch."""
+MAX_SAMPLES = 64
+"""The most sampled steps the objective averages over: the mean of 64 steps is within an eighth of
+the step-to-step spread, and each sampled step multiplies the cost of every trial."""
+MAX_SAMPLED_SEQUENCES = 1 << 19
+"""The most sequences a search may draw over all sampled steps (sampled steps x the largest share of
+one replica): about a minute of sampling on one core."""
+
+
+def _limit(value: int, what: str, lower: int, upper: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lower:
+        raise MpipeError(f"the {what} is {value!r}, but it must be an integer >= {lower}; {fix}")
+    if value > upper:
+        raise MpipeError(f"the {what} {value} is above {upper}, a limit no real plan reaches; {fix}")
 
 
 @dataclass(frozen=True)
@@ -43,30 +62,34 @@ class Problem:
     """Sampled steps the objective averages over (1 for a workload file)."""
     seed: int = 0
     options: CostOptions = field(default_factory=CostOptions)
-    """Cost options other than those a candidate sets (tp, dp, recompute): dtype, optimizer bytes, ..."""
+    """Cost options other than those a candidate sets (degrees, recompute, ZeRO stage, sequence
+    parallelism): dtype, optimizer bytes, MoE load imbalance, ..."""
+    _drawn: dict[int, tuple[Microbatch, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Per sampled step, the longest prefix of its sequences drawn so far."""
 
     def __post_init__(self) -> None:
         assert (self.mix is None) != (self.workload is None), "give a mix or a workload"
         if self.mix is not None and self.mix not in MIXES:
             raise MpipeError(f"unknown workload mix {self.mix!r}; mixes: {', '.join(MIXES)}")
-        if self.devices < 1:
-            raise MpipeError(f"--devices is {self.devices}, but the device count must be an integer >= 1")
-        if self.global_batch < 1:
-            raise MpipeError(f"--global-batch is {self.global_batch}, but it must be an integer >= 1 (sequences per step)")
+        _limit(self.devices, "device count", 1, MAX_DEVICES, f"plan for 1 to {MAX_DEVICES} devices")
+        _limit(self.global_batch, "global batch (sequences per step over all replicas)", 1, MAX_GLOBAL_BATCH,
+               f"give 1 to {MAX_GLOBAL_BATCH} sequences")
         if self.workload is not None and len(self.workload) != self.global_batch:
             raise MpipeError(
                 f"the workload file '{self.workload.name}' holds {len(self.workload)} sequences but --global-batch is "
                 f"{self.global_batch}; a file is one step's global batch: drop --global-batch or make them equal"
             )
-        if self.num_samples < 1:
-            raise MpipeError(f"--samples is {self.num_samples}, but at least one sampled step is needed")
+        _limit(self.num_samples, "number of sampled steps", 1, MAX_SAMPLES, f"average over 1 to {MAX_SAMPLES} steps")
 
     @property
     def samples(self) -> int:
         return 1 if self.workload is not None else self.num_samples
 
-    def options_for(self, tp: int, dp: int, recompute: bool = False) -> CostOptions:
-        return replace(self.options, tp_degree=tp, dp_degree=dp, recompute=recompute)
+    def options_for(self, tp: int, dp: int, recompute: bool | str = False, *, ep: int = 1, cp: int = 1,
+                    zero_stage: int = 1, sequence_parallel: bool = False) -> CostOptions:
+        """The cost options of a candidate with these degrees and memory policy (the rest the problem's)."""
+        return replace(self.options, tp_degree=tp, dp_degree=dp, recompute=recompute, ep_degree=ep, cp_degree=cp,
+                       shard_optimizer=zero_stage >= 1, sequence_parallel=sequence_parallel)
 
     @cached_property
     def source_name(self) -> str:
@@ -76,12 +99,26 @@ class Problem:
         """The first ``count`` sequences of sampled step ``sample``."""
         if self.workload is not None:
             return self.workload.microbatches[:count]
-        return self._step_sequences(sample)[:count]
+        drawn = self._drawn.get(sample, ())
+        if len(drawn) < count:  # a prefix is the same draw, whatever its length: draw only what is asked
+            count_now = min(self.global_batch, max(count, 4 * len(drawn)))  # (or a few times more: fewer redraws)
+            drawn = sample_workload(self.mix, count_now, self.seed + sample).microbatches
+            self._drawn[sample] = drawn
+        return drawn[:count]
 
-    @lru_cache(maxsize=64)  # noqa: B019 - problems are few and long-lived
-    def _step_sequences(self, sample: int) -> tuple[Microbatch, ...]:
-        """All ``global_batch`` sequences of step ``sample`` (a prefix is the same draw, whatever its length)."""
-        return sample_workload(self.mix, self.global_batch, self.seed + sample).microbatches
+    def validate_sampling(self, min_dp: int) -> None:
+        """Refuse a search whose sampled steps would draw more than :data:`MAX_SAMPLED_SEQUENCES`
+        sequences, when its smallest data-parallel degree is ``min_dp`` (the largest replica share)."""
+        if self.workload is not None:
+            return
+        share = self.global_batch // min_dp
+        if share * self.num_samples > MAX_SAMPLED_SEQUENCES:
+            raise MpipeError(
+                f"{self.num_samples} sampled steps of up to {share} sequences per replica (global batch "
+                f"{self.global_batch}, dp {min_dp}) draw {share * self.num_samples} sequences, above "
+                f"{MAX_SAMPLED_SEQUENCES}, a limit no real plan reaches; sample fewer steps, give a smaller global "
+                f"batch, or plan for more devices"
+            )
 
     def replica_workload(self, sample: int, dp: int, num_microbatches: int) -> Workload:
         """Step ``sample``'s share of one replica, packed into ``num_microbatches`` microbatches."""

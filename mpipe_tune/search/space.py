@@ -3,7 +3,8 @@
 Choices, each one's options computed from the earlier ones, so that no invalid point exists:
 
 1. ``degrees``: ``(pp, tp, dp)`` with ``pp * tp * dp`` = the device count, ``tp`` dividing the
-   devices of one node, ``dp`` dividing the global batch, ``pp >= 2``;
+   devices of one node, ``dp`` dividing the global batch, ``pp >= 2``; with context parallelism
+   searched, ``(pp, tp, dp, cp)`` with ``pp * tp * cp * dp`` = the device count;
 2. ``schedule``: a skeleton list in normal form from the grammar ``[transpose,] S{v}`` with ``S``
    one Sharded skeleton and ``v`` woven regions (``v > 1`` is interleaving), kept only when some cut
    gives every Sharded region at least ``pp`` layers and some microbatch count fits it;
@@ -13,7 +14,10 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
    at least ``pp`` (when possible), at most ``max_microbatches``, in equal rounds of ``M // pp`` for
    interleaved 1F1B (a size, rather than ``M``, keeps its meaning when the degrees change);
 5. ``owners``: the transposed region's owner policy (``optimal`` only for small ``M``);
-6. ``recompute``: full activation recomputation or not, when both are searched.
+6. ``recompute``: the recomputation granularity (none, selective, full), when several are searched;
+7. ``ep``: the expert-parallel degree, when several are searched: those that divide ``dp * cp``, are
+   multiples of ``cp`` and divide every MoE layer's experts (:meth:`CostOptions.validate_degrees`);
+8. ``zero``: the ZeRO stage (0 or 1), and ``sequence_parallel`` (with ``tp > 1``), when searched.
 
 :meth:`SearchSpace.build` walks the tree with a ``choose(name, options)`` callback: Optuna's
 ``suggest_categorical`` for sampling, an odometer for exhaustive enumeration. A choice whose options
@@ -30,7 +34,7 @@ from typing import Any
 from mpipe_tune.algebra.order import is_interleavable
 from mpipe_tune.algebra.placement import balanced_counts
 from mpipe_tune.algebra.schedule import Skeleton
-from mpipe_tune.cost.arch import tensor_parallel_fits
+from mpipe_tune.cost.arch import expert_parallel_fits, tensor_parallel_fits
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search.candidate import Candidate
 from mpipe_tune.search.owners import POLICIES
@@ -55,8 +59,17 @@ class SpaceOptions:
     optimal_max_ranks: int = 16
     """... and this many pipeline ranks."""
     max_microbatches: int = 64
-    recompute: tuple[bool, ...] = (False,)
-    """Activation recomputation settings to try: ``(False,)``, ``(True,)`` or ``(False, True)``."""
+    recompute: tuple[bool | str, ...] = (False,)
+    """Activation recomputation settings to try: ``(False,)``, ``(True,)``, ``(False, True)``, or any of
+    ``False``, ``"selective"``, ``True``."""
+    ep: tuple[int, ...] | None = (1,)
+    """Allowed expert-parallel degrees; None: every one the degrees and the model's experts allow."""
+    cp: tuple[int, ...] = (1,)
+    """Allowed context-parallel degrees."""
+    zero: tuple[int, ...] = (1,)
+    """ZeRO stages to try: ``(1,)`` (a distributed optimizer), ``(0,)`` or ``(0, 1)``."""
+    sequence_parallel: tuple[bool, ...] = (False,)
+    """Sequence-parallel settings to try where ``tp > 1``."""
     min_pp: int = 2
     pp: tuple[int, ...] | None = None
     """Allowed pipeline degrees (None: any)."""
@@ -71,6 +84,9 @@ def divisors(n: int) -> list[int]:
 class SearchSpace:
     def __init__(self, problem: Problem, weights: Sequence[float], options: SpaceOptions = SpaceOptions()) -> None:
         """``weights``: expected seconds per layer, used to balance the cuts between woven regions."""
+        if isinstance(options.cut_window, bool) or not isinstance(options.cut_window, int) or options.cut_window < 0:
+            raise MpipeError(f"the cut window is {options.cut_window!r} layers, but it must be an integer >= 0 (how far "
+                             f"either side of the encoder/backbone seam a transpose cut may move; 0 keeps it there)")
         self.problem = problem
         self.options = options
         self.weights = tuple(weights)
@@ -84,7 +100,12 @@ class SearchSpace:
                                       min(self.num_layers - 1, self.backbone_start + options.cut_window) + 1))
         self._schedules: dict[tuple[int, int], list[str]] = {}
         self._cuts: dict[tuple, object] = {}  # woven_cut and transpose_cuts, which the tree walk repeats
-        self.degrees = self._degrees()
+        self._experts: dict[tuple[int, int], list[int]] = {}
+        self.layouts = self._layouts()
+        """``(pp, tp, dp, cp)`` of every device layout the space holds."""
+        self.degrees = [(pp, tp, dp) for pp, tp, dp, _ in self.layouts]
+        """``(pp, tp, dp)`` of each of :attr:`layouts` (its ``cp`` left out)."""
+        problem.validate_sampling(min(dp for _, _, dp in self.degrees))
 
     # ------------------------------------------------------------------------------- pieces
 
@@ -158,21 +179,34 @@ class SearchSpace:
             self._schedules[key] = out
         return self._schedules[key]
 
-    def _degrees(self) -> list[tuple[int, int, int]]:
+    def expert_choices(self, dp: int, cp: int) -> list[int]:
+        """The expert-parallel degrees allowed at ``dp`` and ``cp`` (always 1 among them)."""
+        key = (dp, cp)
+        if key not in self._experts:
+            allowed = self.options.ep or divisors(dp * cp)
+            self._experts[key] = [e for e in allowed if e == 1 or (
+                (dp * cp) % e == 0 and e % cp == 0 and expert_parallel_fits(self.problem.model, e))]
+        return self._experts[key]
+
+    def _layouts(self) -> list[tuple[int, int, int, int]]:
         o, N, G = self.options, self.problem.devices, self.problem.global_batch
         per_node = self.problem.profile.devices_per_node
         out = []
         for tp in divisors(per_node):
             if N % tp or (o.tp is not None and tp not in o.tp) or not tensor_parallel_fits(self.problem.model, tp):
                 continue
-            for pp in divisors(N // tp):
-                dp = N // (tp * pp)
-                if pp < o.min_pp or (o.pp is not None and pp not in o.pp) or (o.dp is not None and dp not in o.dp):
+            for cp in sorted(set(o.cp)):
+                if cp < 1 or (N // tp) % cp:
                     continue
-                if G % dp == 0 and self.schedules(pp, dp):
-                    out.append((pp, tp, dp))
+                for pp in divisors(N // (tp * cp)):
+                    dp = N // (tp * cp * pp)
+                    if pp < o.min_pp or (o.pp is not None and pp not in o.pp) or (o.dp is not None and dp not in o.dp):
+                        continue
+                    if G % dp == 0 and self.schedules(pp, dp) and self.expert_choices(dp, cp):
+                        out.append((pp, tp, dp, cp))
         if not out:
-            pins = "".join(f", --{k} {','.join(map(str, v))}" for k, v in (("pp", o.pp), ("tp", o.tp), ("dp", o.dp)) if v)
+            pinned = (("pp", o.pp), ("tp", o.tp), ("dp", o.dp), ("cp", o.cp if o.cp != (1,) else None), ("ep", o.ep))
+            pins = "".join(f", --{k} {','.join(map(str, v))}" for k, v in pinned if v)
             raise MpipeError(
                 f"no (pp, tp, dp) with pp*tp*dp = {N} devices gives a plan: pp must be >= {o.min_pp} with at "
                 f"least one layer per stage (model '{self.problem.model.name}' has {self.num_layers} layers), tp must "
@@ -180,7 +214,7 @@ class SearchSpace:
                 f"heads and split widths, dp must divide "
                 f"--global-batch {G}{pins}; change --devices or --global-batch"
             )
-        return sorted(out)
+        return sorted(out, key=lambda layout: (layout[3], layout[:3]))  # cp = 1 first, as before cp existed
 
     # ------------------------------------------------------------------------------ the tree
 
@@ -191,8 +225,8 @@ class SearchSpace:
 
     def build(self, choose: Choose) -> Candidate:
         """Walk the choices with ``choose(param_name, options) -> option``; return the leaf."""
-        names = [f"pp{pp}-tp{tp}-dp{dp}" for pp, tp, dp in self.degrees]
-        pp, tp, dp = self.degrees[names.index(choose("degrees", names))]
+        names = [f"pp{pp}-tp{tp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") for pp, tp, dp, cp in self.layouts]
+        pp, tp, dp, cp = self.layouts[names.index(choose("degrees", names))]
         schedules = self.schedules(pp, dp)
         schedule = choose(self.param_name("schedule", schedules, self.family), schedules)
         skeletons = schedule.split(",")
@@ -213,7 +247,22 @@ class SearchSpace:
             policy = choose(self.param_name("owners", policies, self.options.owner_policies), policies)
         settings = list(self.options.recompute)
         recompute = choose("recompute", settings) if len(settings) > 1 else settings[0]
-        return Candidate(schedule, cut, pp, tp, dp, num_microbatches, policy, recompute=recompute)
+        experts = self.expert_choices(dp, cp)
+        ep = choose(self.param_name("ep", experts, self.options.ep), experts) if len(experts) > 1 else experts[0]
+        stages = list(self.options.zero)
+        zero = choose("zero", stages) if len(stages) > 1 else stages[0]
+        sequence = list(self.options.sequence_parallel) if tp > 1 else [False]
+        sp = choose("sequence_parallel", sequence) if len(sequence) > 1 else sequence[0]
+        return Candidate(schedule, cut, pp, tp, dp, num_microbatches, policy, recompute=recompute, ep=ep, cp=cp,
+                         zero_stage=zero, sequence_parallel=sp)
+
+    def memory_settings(self, dp: int, cp: int, tp: int) -> list[dict[str, Any]]:
+        """Every combination of the choices after the schedule's at these degrees (recompute, ep, ZeRO
+        stage, sequence parallelism), as Candidate fields: what a baseline's family ranges over."""
+        sequence = list(self.options.sequence_parallel) if tp > 1 else [False]
+        return [{"recompute": r, "ep": e, "zero_stage": z, "sequence_parallel": sp}
+                for r in self.options.recompute for e in self.expert_choices(dp, cp)
+                for z in self.options.zero for sp in sequence]
 
     def enumerate(self) -> Iterator[tuple[dict[str, Any], Candidate]]:
         """Every leaf once, with the parameters that select it."""

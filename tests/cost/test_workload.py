@@ -76,6 +76,34 @@ def test_sampling_is_deterministic_by_seed(name: str) -> None:
         assert mb.image_tokens == sum(mb.images) <= mb.text_tokens
 
 
+def _sample_with_choice(mix: Mix, n: int, seed: int) -> tuple[Microbatch, ...]:
+    """The sampler as first written, with ``rng.choice(n, p=...)``: the draws it must keep."""
+    rng = np.random.default_rng(seed)
+    counts = [k for k, _ in mix.images_per_sample]
+    out = []
+    for _ in range(n):
+        images: list[int] = []
+        for _ in range(mix.samples_per_microbatch):
+            if rng.random() < mix.text_only_share:
+                continue
+            for _ in range(counts[rng.choice(len(counts), p=[p for _, p in mix.images_per_sample])]):
+                height, width, _p = mix.resolutions[rng.choice(len(mix.resolutions), p=[p for *_, p in mix.resolutions])]
+                if mix.jitter:
+                    fh, fw = rng.uniform(1 - mix.jitter, 1 + mix.jitter, size=2)
+                    height, width = max(1, round(height * fh)), max(1, round(width * fw))
+                tokens = image_tokens_for(height, width, min_pixels=mix.min_pixels, max_pixels=mix.max_pixels)
+                if sum(images) + tokens <= mix.seq_len:
+                    images.append(tokens)
+        out.append(Microbatch(sum(images), mix.seq_len, tuple(images)))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("name", sorted(MIXES))
+def test_sampling_draws_what_rng_choice_draws(name: str) -> None:
+    for seed in (0, 7):
+        assert sample_workload(name, 200, seed).microbatches == _sample_with_choice(MIXES[name], 200, seed)
+
+
 @pytest.mark.parametrize("name", ["text-heavy", "balanced", "image-heavy", "doc-ocr"])
 def test_seeds_differ(name: str) -> None:
     assert sample_workload(name, 8, seed=0) != sample_workload(name, 8, seed=1)

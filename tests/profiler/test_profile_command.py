@@ -132,6 +132,7 @@ HAS_TORCH_NPU = importlib.util.find_spec("torch_npu") is not None
 @pytest.mark.parametrize("args,words", [
     (["--device", "tpu"], "'tpu' is not a device"),
     (["--device", "cpu", "--nproc", "1"], "at least 2 processes"),
+    (["--device", "cpu", "--nproc", "500"], "--nproc is 500, above 64"),
     (["--device", "cpu", "--dtypes", "fp32,fp7"], "'fp7' is not a dtype"),
     (["--device", "cpu", "--dtypes", "fp8"], "no plain torch.matmul"),
     (["--device", "cpu", "--dtypes", "tf32"], "CUDA matmul mode"),
@@ -155,7 +156,7 @@ def test_bad_request_is_one_line_exit_2_and_writes_nothing(tmp_path, args, words
 @pytest.mark.parametrize("out,words", [
     ("missing-dir/p.json", "does not exist"),
     ("p.yaml", "must end in .json"),
-    ("adir.json", "is a directory"),
+    ("adir.json", "is a folder"),
     ("/sys/p.json", "cannot write in"),
 ])
 def test_bad_out_path_is_one_line_exit_2_and_writes_nothing(tmp_path, out, words):

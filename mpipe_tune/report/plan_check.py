@@ -1,0 +1,236 @@
+"""A plan file's stored plan checked as strictly as the flags that made it.
+
+:func:`validate_section_fields` is what :func:`~mpipe_tune.report.plan_file.load_plan` runs on every
+section: each candidate field has its type and range (the limits the CLI applies), and the predicted
+figures are finite and non-negative, so a damaged file ends in one line naming the field instead of
+a ``KeyError`` or a division by zero further on. :class:`StoredCandidate` is the candidate read back
+as the values ``derive`` takes; :func:`validate_order` refuses a file whose stored per-rank order is
+not the one ``derive`` gives for that candidate (an edited or corrupted order would make the
+executor deadlock or compute wrong gradients). ``show`` and ``run`` check both before they print or
+start anything; :func:`load_plan_model` and :func:`load_plan_profile` read the inputs a plan names
+and say which file moved and how to point to it.
+
+>>> check_count({"tp": 0}, "tp", where="plan file p.json", upper=8)
+Traceback (most recent call last):
+...
+mpipe_tune.errors.MpipeError: plan file p.json: candidate field 'tp' = 0 must be an integer from 1 to 8; the file is damaged or was edited: re-create it with 'mpipe-tune plan'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mpipe_tune.algebra.derive import Owners, Plan, derive
+from mpipe_tune.algebra.schedule import Cut, Schedule, parse_schedule
+from mpipe_tune.cost.layers import DTYPE_BYTES, RECOMPUTE_GRANULARITIES
+from mpipe_tune.cost.workload import MAX_MICROBATCHES
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs import check_finite
+from mpipe_tune.search.problem import MAX_DEVICES
+
+_FIX = "the file is damaged or was edited: re-create it with 'mpipe-tune plan'"
+
+
+def _fail(where: str, message: str) -> MpipeError:
+    return MpipeError(f"{where}: {message}; {_FIX}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_count(c: Mapping[str, Any], key: str, *, where: str, lower: int = 1, upper: int) -> int:
+    """``c[key]`` as an integer in ``[lower, upper]``, or a one-line error naming the field."""
+    value = c.get(key)
+    if not _is_int(value) or not lower <= value <= upper:
+        raise _fail(where, f"candidate field {key!r} = {value!r} must be an integer from {lower} to {upper}")
+    return value
+
+
+def _int_list(value: Any, *, where: str, field: str, lower: int, upper: int, length: int | None = None) -> list[int]:
+    if not isinstance(value, list) or not all(_is_int(v) and lower <= v <= upper for v in value):
+        raise _fail(where, f"candidate field {field!r} = {value!r} must be a list of integers from {lower} to {upper}")
+    if length is not None and len(value) != length:
+        raise _fail(where, f"candidate field {field!r} lists {len(value)} entries, but the candidate needs {length}")
+    return value
+
+
+def validate_candidate(c: Any, *, where: str) -> None:
+    """Every field of a stored candidate: types, ranges, and lengths that agree with each other."""
+    if not isinstance(c, dict):
+        raise _fail(where, "field 'candidate' must be an object")
+    if not isinstance(c.get("schedule"), str) or not c["schedule"].strip():
+        raise _fail(where, f"candidate field 'schedule' = {c.get('schedule')!r} must be a schedule text such as 'transpose,1f1b'")
+    pp, tp, dp = (check_count(c, k, where=where, upper=MAX_DEVICES) for k in ("pp", "tp", "dp"))
+    if pp * tp * dp > MAX_DEVICES:
+        raise _fail(where, f"candidate pp*tp*dp = {pp}*{tp}*{dp} is above {MAX_DEVICES} devices")
+    m = check_count(c, "microbatches", where=where, upper=MAX_MICROBATCHES)
+    for key in ("ep", "cp"):  # optional degrees (1 when absent)
+        if key in c:
+            check_count(c, key, where=where, upper=MAX_DEVICES)
+    if "zero" in c:
+        check_count(c, "zero", where=where, lower=0, upper=3)
+    if not isinstance(c.get("sequence_parallel", False), bool):
+        raise _fail(where, f"candidate field 'sequence_parallel' = {c['sequence_parallel']!r} must be true or false")
+    _int_list(c.get("cut"), where=where, field="cut", lower=1, upper=1 << 20)
+    if c.get("dtype") not in DTYPE_BYTES:
+        raise _fail(where, f"candidate field 'dtype' = {c.get('dtype')!r} must be one of {', '.join(DTYPE_BYTES)}")
+    if not isinstance(c.get("recompute", False), bool) and c.get("recompute") not in RECOMPUTE_GRANULARITIES:
+        raise _fail(where, f"candidate field 'recompute' = {c.get('recompute')!r} must be true, false or one of "
+                           f"{', '.join(RECOMPUTE_GRANULARITIES)}")
+    slabs = c.get("slabs")
+    if not isinstance(slabs, list):
+        raise _fail(where, f"candidate field 'slabs' = {slabs!r} must be a list of per-rank layer counts per region")
+    for counts in slabs:
+        _int_list(counts, where=where, field="slabs", lower=0, upper=1 << 20, length=pp)
+    if c.get("owners") is not None:
+        _int_list(c["owners"], where=where, field="owners", lower=0, upper=pp - 1, length=m)
+
+
+def validate_predicted(predicted: Any, num_events: int, pp: int, *, where: str) -> None:
+    """The stored prediction: a finite, non-negative step time, per-rank figures, one duration per event."""
+    if not isinstance(predicted, dict):
+        raise _fail(where, "field 'predicted' must be an object")
+    durations = predicted.get("durations_s")
+    if not isinstance(durations, list) or len(durations) != num_events:
+        raise _fail(where, f"field 'predicted.durations_s' must list one duration per event ({num_events})")
+    ranks = predicted.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) != pp or not all(isinstance(r, dict) for r in ranks):
+        raise _fail(where, f"field 'predicted.ranks' must hold one object per pipeline rank ({pp})")
+    numbers = [("makespan_s", predicted.get("makespan_s")), *(("durations_s", d) for d in durations)]
+    numbers += [("ranks.memory.peak_bytes", r["memory"].get("peak_bytes") if isinstance(r.get("memory"), dict) else None)
+                for r in ranks]
+    try:
+        for field, value in numbers:
+            check_finite(value, where=f"{where} predicted", field=field)
+    except MpipeError as exc:
+        raise MpipeError(f"{exc}; {_FIX}") from None
+
+
+def validate_inputs(inputs: Any, *, where: str) -> None:
+    """The model and profile a plan names: a spec, a name and a content hash each."""
+    for what in ("model", "profile"):
+        entry = inputs.get(what) if isinstance(inputs, dict) else None
+        if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in ("spec", "name", "hash")):
+            raise _fail(where, f"field 'inputs.{what}' must hold its 'spec', 'name' and 'hash' as text")
+    frozen = inputs["model"].get("frozen", [])
+    if not isinstance(frozen, list) or not all(isinstance(b, str) for b in frozen):
+        raise _fail(where, "field 'inputs.model.frozen' must be a list of block names")
+
+
+def validate_section_fields(section: dict[str, Any], workload: Any, *, where: str) -> None:
+    """One section's candidate, its prediction, and its stored workload's length."""
+    c = section.get("candidate")
+    validate_candidate(c, where=where)
+    events = section.get("order", {}).get("events") if isinstance(section.get("order"), dict) else None
+    if not isinstance(events, list):
+        raise _fail(where, "field 'order.events' must be a list of event texts")
+    validate_predicted(section.get("predicted"), len(events), c["pp"], where=where)
+    microbatches = workload.get("microbatches") if isinstance(workload, dict) else None
+    if not isinstance(microbatches, list) or len(microbatches) != c["microbatches"]:
+        count = len(microbatches) if isinstance(microbatches, list) else "no"
+        raise _fail(where, f"the stored workload holds {count} microbatches but the candidate has "
+                           f"{c['microbatches']}")
+
+
+def validate_search(search: Any, *, where: str) -> None:
+    """The search summary ``plan`` stores (what ``show`` prints): the fields read besides the table rows."""
+    if not isinstance(search, dict):
+        raise _fail(where, "field 'search' must be an object")
+    for key, kind in (("study", str), ("trials", int), ("samples", int), ("global_batch", int), ("comparison", list)):
+        if not isinstance(search.get(key), kind) or isinstance(search.get(key), bool):
+            raise _fail(where, f"field 'search.{key}' = {search.get(key)!r} must be {kind.__name__}")
+    if search["samples"] < 1 or not all(isinstance(row, dict) for row in search["comparison"]):
+        raise _fail(where, "field 'search' holds a sample count below 1 or a comparison row that is not an object")
+
+
+@dataclass(frozen=True)
+class StoredCandidate:
+    """A validated stored candidate as the values ``derive`` (and ``predict``) take."""
+
+    cut: Cut
+    schedule: Schedule
+    num_ranks: int
+    num_microbatches: int
+    slab_counts: tuple[tuple[int, ...], ...]
+    microbatch_owners: tuple[int, ...] | None
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any], *, where: str) -> StoredCandidate:
+        """The candidate of a record :func:`~mpipe_tune.report.plan_file.load_plan` has checked."""
+        c = record["candidate"]
+        try:
+            schedule = parse_schedule(c["schedule"])
+        except MpipeError as exc:
+            raise _fail(where, f"candidate field 'schedule': {exc}") from None
+        return cls(
+            cut=Cut(tuple(c["cut"])), schedule=schedule, num_ranks=c["pp"], num_microbatches=c["microbatches"],
+            slab_counts=tuple(tuple(s) for s in c["slabs"]),
+            microbatch_owners=tuple(c["owners"]) if c["owners"] is not None else None,
+        )
+
+    def derive(self, model, *, where: str) -> Plan:
+        """``derive`` of this candidate on ``model``; a candidate it refuses is one line naming the file."""
+        try:
+            return derive(self.cut, self.schedule, model, self.num_ranks, self.num_microbatches,
+                          Owners(slab_counts=self.slab_counts, microbatch=self.microbatch_owners))
+        except MpipeError as exc:
+            raise _fail(where, f"its stored candidate does not derive ({exc})") from None
+
+
+def validate_order(record: Mapping[str, Any], plan: Plan, *, where: str) -> None:
+    """The stored events, edges and per-rank order must be exactly ``derive``'s for the stored candidate."""
+    order = record["order"]
+    events = [str(e) for e in plan.order.events]
+    if order["events"] != events:
+        first = next((i for i, (a, b) in enumerate(zip(order["events"], events)) if a != b), min(len(events), len(order["events"])))
+        raise _fail(where, f"its stored events differ from what derive gives for its candidate ({len(order['events'])} "
+                           f"stored, {len(events)} derived; first difference at event {first})")
+    derived_nodes = [list(nodes) for nodes in plan.order.nodes]
+    for rank, (stored, derived) in enumerate(zip(order["nodes"], derived_nodes)):
+        if stored != derived:
+            step = next((k for k, (a, b) in enumerate(zip(stored, derived)) if a != b), min(len(stored), len(derived)))
+            got = events[stored[step]] if step < len(stored) else "nothing"
+            want = events[derived[step]] if step < len(derived) else "nothing"
+            raise _fail(where, f"rank {rank}'s stored order differs from derive's for its candidate: step {step} runs "
+                               f"{got} where derive runs {want}")
+    edges = [[s, t, kind.value] for s, t, kind in plan.order.edges]
+    if [list(e) for e in order["edges"]] != edges:
+        raise _fail(where, "its stored dependency edges differ from what derive gives for its candidate")
+
+
+def _moved(where: str, what: str, spec: str, flag: str) -> MpipeError | None:
+    """A one-line error when ``spec`` names a file that is not there any more, else None."""
+    path = Path(spec)
+    if (path.is_absolute() or "/" in spec) and not path.exists():
+        return MpipeError(f"{where}: its {what} file {spec} is not there any more (moved or deleted); point to it "
+                          f"with {flag} PATH")
+    return None
+
+
+def load_plan_model(record: Mapping[str, Any], *, where: str, spec: str | None = None):
+    """The plan's model (from ``spec`` when given: the same model, moved), with its frozen blocks."""
+    from mpipe_tune.specs import load_model
+
+    inputs = record["inputs"]["model"]
+    spec = spec or inputs["spec"]
+    error = _moved(where, "model", spec, "--model")
+    if error is not None:
+        raise error
+    model = load_model(spec)
+    frozen = tuple(inputs.get("frozen") or ())
+    return model.with_frozen(frozen) if frozen else model
+
+
+def load_plan_profile(record: Mapping[str, Any], *, where: str, spec: str | None = None):
+    """The plan's hardware profile (from ``spec`` when given: the same profile, moved)."""
+    from mpipe_tune.specs import load_profile
+
+    spec = spec or record["inputs"]["profile"]["spec"]
+    error = _moved(where, "profile", spec, "--profile")
+    if error is not None:
+        raise error
+    return load_profile(spec)

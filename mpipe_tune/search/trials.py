@@ -1,0 +1,168 @@
+"""A study's trials as data: each trial's candidate and its predicted figures (``mpipe-tune trials``).
+
+Optuna's ``Study.trials_dataframe`` gives the trial number, state, objective value and finishing
+time; the candidate and the figures come from the one user attribute the driver stores in every
+trial (:data:`mpipe_tune.search.driver.ATTR`), decoded through :class:`Candidate`. Columns carry
+their unit and hold SI values (seconds, bytes): see :data:`COLUMNS`. A trial the driver settled by
+its lower bound (``exact`` false) holds bounds: its ``step_s`` and ``p90_s`` are step-time lower
+bounds and its ``peak_bytes`` its static memory, and it was never predicted in full.
+
+Opening the study never creates anything: a SQLite file that does not exist, or a study name the
+storage does not hold, is one line that lists the studies it does hold.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.frames import MISSING, Column, format_frame, gib, is_missing, ms, text
+from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.search.driver import ATTR
+
+COLUMNS = ("number", "state", "schedule", "cut", "owners", "slab_counts", "pp", "tp", "dp", "microbatches",
+           "recompute", "exact", "step_s", "p90_s", "bubble_share", "peak_bytes", "memory_excess_bytes",
+           "fits_memory", "datetime_complete")
+"""The trial frame's columns. ``step_s`` is Optuna's objective value (the mean predicted step time
+over the sampled steps); ``fits_memory`` is None where the trial's peak was never estimated (a plan
+slower than the best known then: it could not win)."""
+_GIB = 2.0**30
+
+
+def study_summaries(storage: str) -> list[tuple[str, int]]:
+    """(name, trial count) of each study in ``storage``, by name."""
+    _check_storage(storage)
+    try:
+        summaries = optuna.study.get_all_study_summaries(storage, include_best_trial=False)
+    except Exception as exc:  # bad URL, missing driver, not an Optuna database: whatever the RDB layer raises
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise MpipeError(f"storage {storage}: cannot open it as an Optuna storage ({detail}); give an RDB URL "
+                         f"such as sqlite:///mpipe-tune.db") from None
+    return sorted((s.study_name, s.n_trials) for s in summaries)
+
+
+def load_trials_study(storage: str, study_name: str | None):
+    """The study ``study_name`` of ``storage`` (``None``: the storage's only study)."""
+    held = study_summaries(storage)
+    names = [name for name, _ in held]
+    if study_name is None and len(names) == 1:
+        study_name = names[0]
+    if study_name not in names:
+        listing = ", ".join(f"'{name}' ({count} trials)" for name, count in held) or "none"
+        what = "no study name given" if study_name is None else f"no study '{study_name}' in {storage}"
+        raise MpipeError(f"{what}; the studies in {storage}: {listing}")
+    return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def trials_frame(study) -> pd.DataFrame:
+    """One row per trial of ``study``, in trial order, in :data:`COLUMNS`."""
+    base = study.trials_dataframe(attrs=("number", "state", "value", "datetime_complete", "user_attrs"))
+    if base.empty:
+        return pd.DataFrame(columns=list(COLUMNS))
+    info = base[f"user_attrs_{ATTR}"] if f"user_attrs_{ATTR}" in base else pd.Series([None] * len(base))
+    decoded = pd.DataFrame.from_records([_decode(i) for i in info], index=base.index)
+    frame = pd.concat([base[["number", "state", "datetime_complete"]], base["value"].rename("step_s"), decoded], axis=1)
+    return frame.reindex(columns=list(COLUMNS))
+
+
+def _decode(info: Any) -> dict[str, Any]:
+    """The candidate and figures of one trial's stored attribute (empty for a trial without one)."""
+    if not isinstance(info, dict) or "candidate" not in info:
+        return {}
+    c = Candidate.from_dict(info["candidate"])
+    excess = info["memory_excess_gib"] * _GIB
+    peak = info["peak_bytes"]
+    exact = bool(info.get("exact", True))
+    return {
+        "schedule": c.schedule, "cut": list(c.cut), "owners": c.owner_policy,
+        "slab_counts": [list(s) for s in c.slab_counts] if c.slab_counts else None,
+        "pp": c.pp, "tp": c.tp, "dp": c.dp, "microbatches": c.num_microbatches, "recompute": c.recompute,
+        "exact": exact, "p90_s": info["p90_s"], "bubble_share": info["bubble_share"], "peak_bytes": peak,
+        "memory_excess_bytes": None if peak is None else excess,
+        "fits_memory": _fits(peak, excess, exact),
+    }
+
+
+def _fits(peak_bytes: float | None, excess_bytes: float, exact: bool) -> bool | None:
+    """False over capacity (a static bound over it is enough), True for an exact peak within it,
+    None where it is unknown (no peak estimated, or only a static bound within capacity)."""
+    if peak_bytes is None:
+        return None
+    if excess_bytes > 0:
+        return False
+    return True if exact else None
+
+
+def _check_storage(storage: str) -> None:
+    """A SQLite URL must name a file that exists (Optuna would create an empty database)."""
+    prefix = "sqlite:///"
+    if storage.startswith(prefix) and storage[len(prefix):] not in ("", ":memory:"):
+        path = Path(storage[len(prefix):].split("?")[0])
+        if not path.is_file():
+            raise MpipeError(f"storage {storage}: no such file {path}; name the database 'mpipe-tune plan --storage' "
+                             f"wrote, e.g. sqlite:///mpipe-tune.db")
+
+
+# --------------------------------------------------------------------------------------- table
+
+BOUND = "*"
+"""Marks a trial settled by its lower bound: its step time and peak are bounds."""
+OVER = "!"
+"""Marks a peak over the device's memory capacity."""
+
+
+def _step(r: pd.Series) -> str:
+    return ms("step_s")(r) + ("" if is_missing(r["exact"]) or r["exact"] else BOUND)
+
+
+def _peak(r: pd.Series) -> str:
+    return gib("peak_bytes")(r) + (OVER if r["fits_memory"] is False else "")
+
+
+TABLE_COLUMNS = (
+    Column("trial", text("number"), ">", 5),
+    Column("schedule", text("schedule"), min_width=20),
+    Column("cut", lambda r: MISSING if not isinstance(r["cut"], list) else ",".join(map(str, r["cut"])) or MISSING,
+           min_width=7),
+    Column("owners", text("owners"), min_width=11),
+    Column("pp/tp/dp", lambda r: MISSING if is_missing(r["pp"]) else f"{r['pp']}/{r['tp']}/{r['dp']}", min_width=9),
+    Column("M", text("microbatches"), ">", 4),
+    Column("step ms", _step, ">", 10),
+    Column("p90 ms", ms("p90_s"), ">", 10),
+    Column("bubble", text("bubble_share", ".1%"), ">", 7),
+    Column("peak GiB", _peak, ">", 9),
+    Column("recomp", lambda r: MISSING if is_missing(r["recompute"]) else ("yes" if r["recompute"] else "no"), ">", 6),
+)
+"""The printed trial table: milliseconds and GiB from the frame's seconds and bytes."""
+
+
+def summary_line(frame: pd.DataFrame, storage: str, study_name: str) -> str:
+    """How many trials, how many predicted, settled by bounds and known to fit, and the fastest that fits."""
+    exact = frame["exact"].eq(True)
+    fits = frame["fits_memory"].eq(True)
+    line = (f"study '{study_name}' in {storage}: {len(frame)} trials ({int(exact.sum())} predicted, "
+            f"{int(frame['exact'].eq(False).sum())} settled by their lower bound), {int(fits.sum())} known to fit memory")
+    if fits.any():
+        best = frame[fits].sort_values(["step_s", "number"]).iloc[0]
+        line += f"; the fastest that fits: trial {best['number']}, <{best['schedule']}> {best['step_s'] * 1e3:.3f} ms"
+    return line
+
+
+def format_trials(frame: pd.DataFrame, num_rows: int) -> str:
+    """The ``num_rows`` fastest trials (predicted ones first, then those settled by their bound), and
+    what the step time and the markers mean."""
+    shown = frame.assign(_bounded=~frame["exact"].eq(True)).sort_values(["_bounded", "step_s", "number"]).head(num_rows)
+    lines = [format_frame(shown, TABLE_COLUMNS), "",
+             f"step ms    the mean predicted step time over the study's sampled steps; p90 ms their 90th percentile"]
+    if shown["exact"].eq(False).any():
+        lines.append(f"{BOUND:<10} after step ms: settled by its lower bound, never predicted; its step ms, p90 ms and "
+                     f"peak GiB (static memory) are lower bounds")
+    if (shown["exact"].eq(True) & shown["peak_bytes"].isna()).any():
+        lines.append(f"{MISSING:<10} in peak GiB: not estimated (slower than the best plan known then, it could not win)")
+    if shown["fits_memory"].eq(False).any():
+        lines.append(f"{OVER:<10} after peak GiB: the peak is over the device's memory capacity (it does not fit)")
+    return "\n".join(lines)

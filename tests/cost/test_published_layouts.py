@@ -1,0 +1,73 @@
+"""Published training layouts, predicted to fit where their sources say they ran.
+
+Memory only: the prediction of a layout its authors ran must fit the memory they ran it in. The
+h100-sxm profile stands in for the H800 too: both have 80 GB (80e9 bytes, the profile's capacity) and
+the same compute; the H800's narrower NVLink does not enter a memory prediction.
+"""
+
+from dataclasses import replace
+
+from mpipe_tune.algebra import Cut, Schedule, Skeleton, parse_schedule
+from mpipe_tune.cost.layers import CostOptions
+from mpipe_tune.cost.predict import predict
+from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.specs import load_model, load_profile
+
+H100 = load_profile("h100-sxm")
+CAPACITY_BYTES = 80e9
+
+
+def test_deepseek_v3_training_layout_fits_80_gb():
+    # DeepSeek-V3 Technical Report, arXiv:2412.19437, section 3.2 (training framework): 2,048 H800 GPUs
+    # of 80 GB; 16-way pipeline parallelism (PP16), 64-way expert parallelism (EP64) over 8 nodes,
+    # ZeRO-1 data parallelism, no tensor parallelism. Section 4.2: 4K sequences, a batch of up to
+    # 15,360 sequences (so 120 per data-parallel replica of 2048 / 16 = 128). Section 3.3.3: AdamW's
+    # moments kept in BF16 beside FP32 master weights and FP32 gradients: 4 + 2 + 2 = 8 optimizer bytes
+    # per parameter. The report saves activation memory by recomputing the RMSNorms and MLA
+    # up-projections and caching activations in FP8, which this cost model does not break out; of its
+    # granularities, full recomputation is the one that recomputes at least as much (with none the
+    # 1F1B activations of 16 microbatches in flight do not fit, and DualPipe is not 1F1B).
+    model = load_model("deepseek-v3")
+    workload = Workload(tuple(Microbatch(0, 4096) for _ in range(120)), "deepseek-v3 pretraining, 4K")
+    options = CostOptions(dtype="bf16", tp_degree=1, dp_degree=128, ep_degree=64, shard_optimizer=True,
+                          optimizer_bytes_per_param=8.0, grad_bytes_per_param=4.0, recompute="full")
+    schedule = Schedule((Skeleton("1f1b"),))
+    result = predict(Cut(()), schedule, model, workload, H100, 16, options=options)
+    assert H100.memory_capacity_bytes == CAPACITY_BYTES
+    assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]
+    # what makes it fit: EP64 divides the routed experts' weights and gradients; at EP1 the same ranks
+    # would hold every expert of their layers
+    without_ep = predict(Cut(()), schedule, model, workload, H100, 16, options=replace(options, ep_degree=1))
+    assert min(without_ep.memory.static_bytes) > CAPACITY_BYTES
+
+
+def test_megatron_core_llama3_70b_layout_fits_80_gb():
+    # NVIDIA NeMo's Llama 3 70B pretraining recipe on Megatron-Core
+    # (NVIDIA/NeMo nemo/collections/llm/recipes/llama3_70b.py: tensor_parallelism=4,
+    # pipeline_parallelism=4, virtual_pipeline_parallelism=5, context_parallelism=2,
+    # sequence_parallelism=True, the distributed fused Adam optimizer, seq_length 8192,
+    # micro_batch_size 1), as NVIDIA's DGX Cloud benchmark runs it on 64 H100 80 GB GPUs with
+    # DP 2 and global batch 128 (NGC "NeMo Llama 3.1 Pretrain 25.04.01 (DGXC Benchmarking)": 70b BF16,
+    # 64 GPUs, SeqLen 8192, TP 4, PP 4, CP 2, DP 2, VP 5, MBS 1, GBS 128). 64 microbatches per replica.
+    model = load_model("llama3-70b")  # embedding, 80 decoder layers, head
+    workload = Workload(tuple(Microbatch(0, 8192) for _ in range(64)), "llama3 pretraining, 8K")
+    cut = Cut(tuple(1 + 16 * k for k in range(1, 5)))  # VP5: five woven regions of 16 decoder layers
+    schedule = parse_schedule(",".join(["1f1b"] * 5))
+    options = CostOptions(dtype="bf16", tp_degree=4, dp_degree=2, cp_degree=2, sequence_parallel=True,
+                          shard_optimizer=True)
+    result = predict(cut, schedule, model, workload, H100, 4, options=options)
+    assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]
+    plain = predict(cut, schedule, model, workload, H100, 4, options=replace(options, sequence_parallel=False))
+    assert max(plain.memory.peak_bytes) > max(result.memory.peak_bytes)  # sequence parallelism is part of the fit
+
+
+def test_megatron_core_llama3_8b_layout_fits_80_gb():
+    # NVIDIA NeMo's Llama 3 8B pretraining recipe (NVIDIA/NeMo nemo/collections/llm/recipes/llama3_8b.py
+    # on one node of 8 GPUs, seq_length 8192, micro_batch_size 1, distributed fused Adam), in the layout
+    # of NGC "NeMo Llama 3.1 Pretrain 25.04.01 (DGXC Benchmarking)": 8b, 8 H100 80 GB, TP 1, PP 1, CP 2,
+    # DP 4, MBS 1, GBS 128 (32 microbatches per replica).
+    model = load_model("llama3-8b")
+    workload = Workload(tuple(Microbatch(0, 8192) for _ in range(32)), "llama3 pretraining, 8K")
+    options = CostOptions(dtype="bf16", tp_degree=1, dp_degree=4, cp_degree=2, shard_optimizer=True)
+    result = predict(Cut(()), Schedule((Skeleton("1f1b"),)), model, workload, H100, 1, options=options)
+    assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]

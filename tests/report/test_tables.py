@@ -1,0 +1,26 @@
+"""The per-rank table of a prediction is a DataFrame in seconds and bytes, printed in ms and GiB."""
+
+import json
+
+from mpipe_tune.cli import main
+from mpipe_tune.report.tables import rank_frame
+
+
+def test_the_rank_frame_holds_the_record_s_seconds_and_bytes(capsys):
+    assert main(["predict", "--profile", "h100-sxm", "--model", "qwen2vl-vit-llama3-8b", "--pp", "2", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    frame = rank_frame(record)
+    assert list(frame.columns) == ["rank", "busy_s", "bubble_s", "encoder_s", "warmup_slack_s", "spill_s",
+                                   "static_bytes", "activation_peak_bytes", "peak_bytes", "over_capacity"]
+    for (_, row), r in zip(frame.iterrows(), record["ranks"]):
+        assert (row["busy_s"], row["spill_s"], row["peak_bytes"]) == (r["busy_s"], r["spill_s"], r["memory"]["peak_bytes"])
+        assert row["over_capacity"] == r["memory"]["over_capacity"]
+
+
+def test_the_printed_table_marks_and_explains_a_rank_over_capacity(capsys):
+    assert main(["predict", "--profile", "h100-sxm", "--model", "qwen2vl-vit-llama3-8b", "--pp", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(out) if line.split()[:2] == ["rank", "busy"])
+    assert out[header + 1].endswith("  OVER") and out[header + 1].split()[0] == "0"
+    assert out[header].index("peak GiB") + len("peak GiB") == len(out[header + 1]) - len("  OVER")
+    assert "does NOT fit" in out[-1] and "(OVER: the rank's peak is over it)" in out[-1]

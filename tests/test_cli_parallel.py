@@ -1,0 +1,53 @@
+"""predict, plan and run with expert and context parallelism, ZeRO and the recompute granularity."""
+
+import json
+from pathlib import Path
+
+from mpipe_tune.cli import main
+from mpipe_tune.report.plan_file import load_plan
+
+MOE = str(Path(__file__).parent / "runtime" / "tiny-mllm-mla-moe.yaml")
+SMALL = ["--model", MOE, "--devices", "4", "--global-batch", "8", "--samples", "1", "--no-progress",
+         "--max-microbatches", "4"]
+
+
+def one_line_error(capsys, code, words):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert words in lines[0], lines[0]
+
+
+def test_predict_shows_the_degrees_and_memory_policy(capsys):
+    args = ["predict", "--model", MOE, "--schedule", "1f1b", "--pp", "2", "--dp", "4", "--ep", "2",
+            "--recompute", "selective", "--zero", "0", "--json"]
+    assert main(args) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert (record["ep"], record["cp"], record["zero_stage"], record["recompute"]) == (2, 1, 0, "selective")
+    full = ["predict", "--model", MOE, "--schedule", "1f1b", "--pp", "2", "--cp", "2", "--recompute", "--json"]
+    assert main(full) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert (record["ep"], record["cp"], record["recompute"]) == (1, 2, True)
+
+
+def test_predict_refuses_an_expert_degree_that_does_not_divide_dp(capsys):
+    code = main(["predict", "--model", MOE, "--schedule", "1f1b", "--pp", "2", "--dp", "4", "--ep", "3"])
+    one_line_error(capsys, code, "expert-parallel degree 3 must divide the data-parallel degree 4")
+
+
+def test_plan_lists_ep_and_cp_for_every_plan_and_the_runtime_refuses_them(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code = main(["plan", *SMALL, "--ep", "2", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(out),
+                 "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["candidate"]["ep"] == 2 and summary["candidate"]["cp"] == 1
+    for r in summary["comparison"] + summary["own_best"]:
+        assert r["ep"] == 2 and r["cp"] == 1, r["plan"]
+    record = load_plan(str(out))
+    assert (record["candidate"]["ep"], record["candidate"]["cp"]) == (2, 1)
+    code = main(["run", str(out), "--compute", "emulated"])
+    one_line_error(capsys, code, "the runtime runs pp x dp x tp; re-plan with --ep 1 --cp 1")
+    assert main(["show", str(out), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["ep"] == 2 and abs(shown["makespan_s"] - shown["recorded_makespan_s"]) <= 1e-12 * shown["makespan_s"]
