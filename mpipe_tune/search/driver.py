@@ -9,6 +9,14 @@ workers wrote every ``sync_every_s`` seconds: the sampler reads the whole histor
 and reading it from SQLite costs more than the whole evaluation (2,000 trivial TPE trials: 173 s on
 SQLite, 48 s in memory, on the 2-core benchmark machine).
 
+**Several workers.** Any number of ``plan`` processes may share one study: they stop at the
+requested total. Before each trial a worker counts the study's finished trials (its own still queued
+for the trial writer included) and stops at ``n_trials``; each trial is stored by
+:func:`~mpipe_tune.search.writer.store_trial`, which decides from what the storage holds at that
+moment and reserves the last places, so that workers finishing at the same moment cannot pass the
+total either (a trial that finds the study full is stored as failed, and its worker stops).
+Exhaustive workers skip the points another worker has already stored.
+
 **Constraints.** A plan over memory capacity is infeasible, not penalised: each trial records its
 memory excess (GiB over capacity, <= 0 when it fits) as an Optuna constraint, which TPE and NSGA-II
 use to steer away, and which ``best`` respects.
@@ -53,7 +61,7 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.search.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.space import SearchSpace
-from mpipe_tune.search.writer import TrialWriter
+from mpipe_tune.search.writer import TrialWriter, store_trial
 
 DEFAULT_STORAGE = "sqlite:///mpipe-tune.db"
 SAMPLERS = ("tpe", "nsga2", "random")
@@ -64,6 +72,8 @@ _NEAR_FIT = 1.25
 """Plans up to this many times over memory stay in the refinement's frontier (the way to a fitting
 optimum can pass through them); plans further over are left out, as their neighbours rarely fit."""
 _WRITER_FROM = 400
+_OPEN_ATTEMPTS = 5
+"""Tries at opening the study, when workers started together race to create its database."""
 """Runs expected to add at least this many trials write them from a child process (see writer.py)."""
 _GIB = 2.0**30
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; older: constraints_func
@@ -166,14 +176,26 @@ def run_search(
 # --------------------------------------------------------------------------------------- study
 
 
+def _create_study(storage: str | None, study_name: str):
+    """``optuna.create_study`` (or load it), retried while workers started together race to create the
+    same new database or study; any other failure is one line."""
+    for attempt in range(_OPEN_ATTEMPTS):
+        try:
+            return optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
+                                       load_if_exists=True)
+        except Exception as exc:  # bad URL, missing driver, unreadable file: whatever the RDB layer raises
+            racing = type(exc).__name__ in ("IntegrityError", "OperationalError", "DuplicatedStudyError")
+            if not racing or attempt + 1 == _OPEN_ATTEMPTS:
+                detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise MpipeError(f"--storage {storage}: cannot open the Optuna storage ({detail}); give an RDB URL "
+                                 f"such as sqlite:///mpipe-tune.db") from None
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def _open_study(storage: str | None, study_name: str, key: str):
     """The study in ``storage`` (an RDB URL; None: in memory, for benchmarks and tests)."""
-    try:
-        study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True)
-    except Exception as exc:  # bad URL, missing driver, unreadable file: whatever the RDB layer raises
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise MpipeError(f"--storage {storage}: cannot open the Optuna storage ({detail}); give an RDB URL such as "
-                         f"sqlite:///mpipe-tune.db") from None
+    study = _create_study(storage, study_name)
     stored = study.user_attrs.get("problem")
     if stored is None:
         study.set_user_attr("problem", key)
@@ -299,6 +321,8 @@ class _Run:
         self.incumbent = min(exact, default=None)
         self.worker = uuid.uuid4().hex[:12]
         self.new = self.bounded = 0
+        self._synced = len(self.stored)
+        """How many stored trials :meth:`absorb_others` has looked at."""
         self.predicted: set[Candidate] = set()
         self.interrupted = False
         self.bar = None
@@ -317,17 +341,44 @@ class _Run:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
+            self.new -= self.writer.refused.value  # handed over, but found the study full
 
-    def start_writing(self, expected_new: int) -> None:
+    def start_writing(self, expected_new: int, n_trials: int | None = None) -> None:
         if self.storage is not None and expected_new >= _WRITER_FROM:
-            self.writer = TrialWriter(self.storage, self.study.study_name)
+            self.writer = TrialWriter(self.storage, self.study.study_name, n_trials)
 
-    def record(self, trial) -> None:
-        """Persist a finished trial (a FrozenTrial) in the study."""
+    def record(self, trial, n_trials: int | None = None) -> bool:
+        """Persist a finished trial (a FrozenTrial) in the study; with ``n_trials``, only while the study
+        holds fewer (see :func:`~mpipe_tune.search.writer.store_trial`). False: the study is full."""
         if self.writer is not None:
+            if self.writer.full.is_set():
+                return False
             self.writer.put(trial)
-        else:
+            return True
+        if self.storage is None:
             self.study.add_trial(trial)
+            return True
+        if store_trial(self.study, trial, n_trials):
+            return True
+        self.new -= 1  # it found the study full: stored as failed, not a trial of this run
+        return False
+
+    def study_total(self) -> int:
+        """Finished trials in the study now, every worker's, this run's still queued for the writer included."""
+        stored = _stored(self.study)
+        if self.writer is None:
+            return len(stored)
+        mine = sum(1 for t in stored if str(_info(t).get("uid", "")).startswith(f"{self.worker}-"))
+        return len(stored) + self.new - mine
+
+    def absorb_others(self) -> list:
+        """Trials stored since the last call that other workers wrote, now counted as tried."""
+        stored = _stored(self.study)
+        fresh, self._synced = stored[self._synced:], len(stored)
+        others = [t for t in fresh if not str(_info(t).get("uid", "")).startswith(f"{self.worker}-")]
+        for t in others:
+            self.tried.add(Candidate.from_dict(_info(t)["candidate"]))
+        return others
 
     def settled_by_bounds(self, c: Candidate) -> bool:
         """Its static memory alone is over capacity, or its step-time bound loses to the best fitting plan."""
@@ -393,6 +444,10 @@ class _Run:
         for index, (params, candidate) in enumerate(todo):
             if self.out_of_time():
                 break
+            if self.storage is not None:  # another worker may have stored this point meanwhile
+                self.absorb_others()
+                if candidate in self.tried:
+                    continue
             if (self.prune and self.incumbent is not None
                     and self.evaluator.lower_bound(candidate) > self.incumbent * (1 + _PRUNE_MARGIN)):
                 self.bounded += len(todo) - index  # sorted by bound: every later point loses too
@@ -433,9 +488,13 @@ class _Run:
         explore_until = len(self.stored) + (remaining // 2 if refine else remaining)
         last_sync = time.perf_counter()
         self.open_bar(remaining, "plan")
-        self.start_writing(remaining)
+        self.start_writing(remaining, n_trials)
         done = 0
         while done < remaining and not self.out_of_time():
+            if self.storage is not None and self.study_total() >= n_trials:  # other workers count too
+                break
+            if self.writer is not None and self.writer.full.is_set():
+                break
             if refine and len(self.stored) + done >= explore_until:
                 step = frontier.next_untried(self.hopeless)
                 if step is not None:
@@ -457,10 +516,12 @@ class _Run:
             # A repeat (its whole neighbourhood tried too) tells the sampler nothing new: it is stored,
             # but hidden from the sampler's history, which it reads whole on every trial.
             frozen = mirror.tell(trial, state=TrialState.FAIL) if repeat else mirror.tell(trial, e.mean_s)
-            self.record(optuna.trial.create_trial(
+            stored = self.record(optuna.trial.create_trial(
                 params=frozen.params, distributions=frozen.distributions, value=e.mean_s,
                 user_attrs=frozen.user_attrs, system_attrs=frozen.system_attrs,
-            ))
+            ), n_trials)
+            if not stored:  # other workers finished the study first
+                break
             known.add(info["uid"])
             done += 1
             frontier.add(_priority(e.mean_s, e.peak_bytes, self.evaluator), params)

@@ -1,11 +1,22 @@
-"""Writing finished trials to the study's RDB storage from a child process.
+"""Storing finished trials in the study's RDB storage: the last ones as reservations, the bulk of a
+long search from a child process.
 
-An Optuna RDB write costs a few rows per trial through the SQLAlchemy ORM, about 17 ms a trial on
-the 2-core benchmark machine, pure Python: a thread would hold the same interpreter lock as the
-search, so the writes run in a child process beside it instead. The search hands each finished
-trial over a queue as soon as it is told; the child writes them in order and exits when told to or
-when the search process is gone (killed) and the queue is drained, so a killed search still keeps
-every trial it had handed over. The child ignores Ctrl-C: the search drains the queue on its way out.
+**A shared total.** Several ``plan`` processes may share one study and must stop at its requested
+total ``n_trials`` together. :func:`store_trial` decides at the moment a trial is written, from what
+the storage holds then: while the study holds fewer than ``n_trials - EXACT_TAIL`` finished trials it
+adds the trial as it is; after that it reserves a place first (the trial goes in as running, which
+gives it a number), then completes it only if fewer than ``n_trials`` finished or live running
+trials precede it, and otherwise marks it failed (a failed trial does not count). Up to
+``EXACT_TAIL`` workers writing at the same moment thus stop at exactly ``n_trials``.
+
+**The writer process.** An Optuna RDB write costs a few rows per trial through the SQLAlchemy ORM,
+about 17 ms a trial on the 2-core benchmark machine, pure Python: a thread would hold the same
+interpreter lock as the search, so the writes of a long search run in a child process beside it
+instead. The search hands each finished trial over a queue as soon as it is told; the child writes
+them in order with :func:`store_trial` and exits when told to or when the search process is gone
+(killed) and the queue is drained, so a killed search still keeps every trial it had handed over.
+When a trial is refused (the study is full), the child sets :attr:`TrialWriter.full` and counts it,
+so the search stops. The child ignores Ctrl-C: the search drains the queue on its way out.
 """
 
 from __future__ import annotations
@@ -14,15 +25,51 @@ import multiprocessing
 import os
 import queue as queue_module
 import signal
+import time
 
 from mpipe_tune.errors import MpipeError
 
+EXACT_TAIL = 16
+"""The last this-many trials of a study are reserved before they count (see the module docstring)."""
+STALE_RESERVATION_S = 60.0
+"""A running trial older than this is the reservation of a worker that died: it holds no place."""
+
+
+def store_trial(study, trial, n_trials: int | None = None) -> bool:
+    """Add the finished ``trial`` (a FrozenTrial) to ``study``; with ``n_trials``, only while the study
+    holds fewer finished trials. Returns False when it was not counted (stored as failed)."""
+    from optuna.trial import TrialState, create_trial
+
+    if n_trials is None or len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < n_trials - EXACT_TAIL:
+        study.add_trial(trial)
+        return True
+    storage, study_id = study._storage, study._study_id
+    running = create_trial(state=TrialState.RUNNING, params=trial.params, distributions=trial.distributions,
+                           user_attrs=trial.user_attrs, system_attrs=trial.system_attrs)
+    trial_id = storage.create_new_trial(study_id, template_trial=running)
+    number = storage.get_trial_number_from_id(trial_id)
+    now = time.time()
+    ahead = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+                if t.number < number and (t.state is TrialState.COMPLETE
+                                          or now - t.datetime_start.timestamp() < STALE_RESERVATION_S))
+    if ahead >= n_trials:
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        return False
+    storage.set_trial_state_values(trial_id, TrialState.COMPLETE, [trial.value])
+    return True
+
 
 class TrialWriter:
-    def __init__(self, storage: str, study_name: str) -> None:
+    def __init__(self, storage: str, study_name: str, n_trials: int | None = None) -> None:
         context = multiprocessing.get_context("spawn")
         self.queue = context.Queue()
-        self.process = context.Process(target=_write_trials, args=(storage, study_name, self.queue, os.getpid()),
+        self.full = context.Event()
+        """Set once a trial was refused because the study holds ``n_trials``."""
+        self.refused = context.Value("i", 0)
+        """How many handed-over trials were refused."""
+        self.process = context.Process(target=_write_trials,
+                                       args=(storage, study_name, n_trials, self.queue, self.full, self.refused,
+                                             os.getpid()),
                                        name="mpipe-tune trial writer")
         self.process.start()
 
@@ -43,7 +90,7 @@ class TrialWriter:
                              f"missing from the study: rerun the same command to continue it")
 
 
-def _write_trials(storage: str, study_name: str, queue, parent_pid: int) -> None:
+def _write_trials(storage: str, study_name: str, n_trials: int | None, queue, full, refused, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import optuna
 
@@ -58,4 +105,7 @@ def _write_trials(storage: str, study_name: str, queue, parent_pid: int) -> None
             continue
         if trial is None:
             return
-        study.add_trial(trial)
+        if not store_trial(study, trial, n_trials):
+            with refused.get_lock():
+                refused.value += 1
+            full.set()
