@@ -73,6 +73,8 @@ def load_candidate(args: argparse.Namespace):
     cut = parse_cut(args.cut) if args.cut is not None else default_cut(model, len(schedule))
     if len(schedule) == cut.num_regions:
         cut, schedule = normalize(cut, schedule)
+    if args.pp < 1:  # before --slabs is split into P counts per region
+        raise MpipeError(f"--pp is {args.pp}, but the pipeline degree P must be an integer >= 1")
     for flag, value in (("--tp", args.tp), ("--dp", args.dp)):
         if value < 1:
             raise MpipeError(f"{flag} is {value}, but parallel degrees must be integers >= 1")

@@ -306,7 +306,7 @@ class Show(Command):
         from mpipe_tune.report.files import validate_out_path, write_together
         from mpipe_tune.report.plan_file import load_plan, workload_of
         from mpipe_tune.report.tables import options_of, prediction_record, print_prediction
-        from mpipe_tune.report.plan_check import StoredCandidate, load_plan_model, load_plan_profile, validate_order
+        from mpipe_tune.report.plan_check import StoredCandidate, load_plan_model, load_plan_profile, validate_derivation
 
         if args.csv is not None:
             validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
@@ -341,7 +341,7 @@ class Show(Command):
         except MpipeError as exc:
             raise MpipeError(f"{where}: its stored candidate does not predict ({exc}); the file is damaged or was "
                              f"edited: re-create it with 'mpipe-tune plan'") from None
-        validate_order(record, prediction.plan, where=where)
+        validate_derivation(record, prediction.plan, where=where)
         recorded = record["predicted"]["makespan_s"]
         now_s = prediction.timeline.makespan_s
         outputs = []  # written together: both files, or neither

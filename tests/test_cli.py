@@ -156,3 +156,38 @@ def test_a_model_that_composes_itself_is_one_line_and_exit_2(tmp_path):
 def test_version():
     proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "--version"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip().startswith("mpipe-tune ")
+
+
+@pytest.mark.parametrize("path,words", [
+    ("/proc/x.png", "--gantt /proc/x.png: cannot write in /proc"),
+    ("{tmp}/g.xyz", "must end in .png"),
+    ("{tmp}", "is a folder"),
+])
+def test_a_bad_picture_path_is_one_line_before_any_work(tmp_path, capsys, path, words):
+    code = main(["predict", "--gantt", path.format(tmp=tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_checks_its_outputs_and_writes_all_of_them_or_none(tmp_path, capsys):
+    from mpipe_tune.report.plan_file import dump_plan, plan_record, PlanInputs
+    from mpipe_tune.algebra.schedule import Cut, parse_schedule
+    from mpipe_tune.cost.layers import CostOptions
+    from mpipe_tune.cost.predict import predict
+    from mpipe_tune.specs import load_model, load_profile, load_workload
+
+    model, profile = load_model("tiny-vit-llm"), load_profile("ideal")
+    workload = load_workload("balanced", num_microbatches=4)
+    prediction = predict(Cut(()), parse_schedule("1f1b"), model, workload, profile, 2)
+    dump_plan(plan_record(prediction, model, workload, profile, CostOptions(),
+                          PlanInputs("tiny-vit-llm", (), "ideal")), tmp_path / "plan.json")
+    for out, words in (("/proc/x.csv", "--out /proc/x.csv: cannot write in /proc"), (str(tmp_path), "is a folder"),
+                       (str(tmp_path / "job.csv"), "must end in .toml")):
+        code = main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan", "--out", out])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+    (tmp_path / "job.csv").mkdir()  # the CSV beside the TOML cannot be written: neither file is
+    code = main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan", "--out", str(tmp_path / "job.toml")])
+    assert code == 2 and "the file beside --out" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.csv", "plan.json"]

@@ -292,3 +292,134 @@ def test_the_table_says_which_step_time_it_shows_and_show_says_which_it_predicts
     assert main(["show", str(tmp_path / "plan.json")]) == 0
     shown = capsys.readouterr().out
     assert "(the plan file's one stored step: the first of the search's 2 sampled steps" in shown
+
+
+# ------------------------------------------------------------- outputs, sizes, plan-file integrity, workers
+
+
+@pytest.mark.parametrize("flag,path,words", [
+    ("--out", "/proc/x.json", "--out /proc/x.json: cannot write in /proc"),
+    ("--out", "{tmp}", "is a folder"),
+    ("--out", "{tmp}/plan.txt", "must end in .json"),
+    ("--gantt", "/proc/x.png", "--gantt /proc/x.png: cannot write in /proc"),
+    ("--gantt", "{tmp}/x.xyz", "must end in .png"),
+    ("--gantt", "/nodir/x.png", "folder /nodir does not exist"),
+    ("--gantt-baseline", "/nodir/x.png", "--gantt-baseline /nodir/x.png: folder /nodir does not exist"),
+    ("--gantt-baseline", "{tmp}/x.jpg", "--gantt-baseline"),
+])
+def test_a_bad_output_path_exits_2_before_the_search_and_writes_nothing(tmp_path, capsys, flag, path, words):
+    args = ["plan", "--storage", f"sqlite:///{tmp_path / 'study.db'}", *SMALL]
+    if flag != "--out":
+        args += ["--out", str(tmp_path / "plan.json")]
+    one_line_error(capsys, main([*args, flag, path.format(tmp=tmp_path)]), words)
+    assert list(tmp_path.iterdir()) == []  # no study, no plan file, no scratch file
+
+
+def test_a_picture_that_fails_leaves_no_plan_file(tmp_path, capsys, monkeypatch):
+    from mpipe_tune.errors import MpipeError
+    from mpipe_tune.report import gantt
+
+    def fail(*args, **kwargs):
+        raise MpipeError("drawing failed")
+
+    monkeypatch.setattr(gantt, "draw_gantt", fail)
+    one_line_error(capsys, plan(tmp_path, *SMALL, "--gantt", str(tmp_path / "best.png")), "drawing failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.db"]  # the search ran; nothing was written
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--devices", "1000000"], "the device count 1000000 is above 65536, a limit no real plan reaches"),
+    (["--global-batch", "1000000000"], "global batch (sequences per step over all replicas) 1000000000 is above 262144"),
+    (["--samples", "100000"], "the number of sampled steps 100000 is above 64"),
+    (["--global-batch", "0"], "global batch (sequences per step over all replicas) is 0, but it must be an integer >= 1"),
+    (["--devices", "2", "--global-batch", "131072", "--samples", "8"], "above 524288, a limit no real plan reaches"),
+    (["--cut-window", "-5"], "the cut window is -5 layers, but it must be an integer >= 0"),
+])
+def test_sizes_no_real_plan_reaches_exit_2_at_once(tmp_path, capsys, args, words):
+    started = time.monotonic()
+    one_line_error(capsys, plan(tmp_path, *SMALL, *args), words)
+    assert time.monotonic() - started < 10 and not (tmp_path / "plan.json").exists()
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("integrity")
+    assert main(["plan", "--storage", f"sqlite:///{folder / 'study.db'}", "--out", str(folder / "plan.json"),
+                 *SMALL]) == 0
+    return folder / "plan.json"
+
+
+def _reorder(record):
+    nodes = record["order"]["nodes"][1]
+    nodes[0], nodes[1] = nodes[1], nodes[0]
+
+
+@pytest.mark.parametrize("damage,words", [
+    (lambda r: r["candidate"].pop("cut"), "candidate field 'cut' = None must be a list of integers"),
+    (lambda r: r["candidate"].update(tp=0), "candidate field 'tp' = 0 must be an integer from 1 to 65536"),
+    (lambda r: r["candidate"].update(pp="2"), "candidate field 'pp' = '2' must be an integer"),
+    (lambda r: r["candidate"].update(owners=[0] * 3), "candidate field 'owners' lists 3 entries"),
+    (lambda r: r["candidate"].update(dtype="fp7"), "candidate field 'dtype' = 'fp7' must be one of"),
+    (lambda r: r["predicted"].update(makespan_s="fast"), "field 'makespan_s' must be a number, got 'fast'"),
+    (lambda r: r["predicted"].update(makespan_s=-1.0), "field 'makespan_s' = -1.0 must be >= 0"),
+    (lambda r: r["predicted"]["durations_s"].__setitem__(0, float("inf")), "must be a finite number"),
+    (lambda r: r["search"].update(samples="four"), "field 'search.samples' = 'four' must be int"),
+    (lambda r: r["inputs"]["model"].update(hash=None), "field 'inputs.model' must hold its 'spec', 'name' and 'hash'"),
+    (lambda r: r["candidate"].update(cut=[99]), "its stored candidate does not predict"),
+    (_reorder, "rank 1's stored order differs from derive's for its candidate: step 0 runs"),
+])
+def test_show_refuses_a_damaged_plan_file_in_one_line_before_any_output(plan_file, tmp_path, capsys, damage, words):
+    record = json.loads(plan_file.read_text())
+    damage(record)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(record))
+    code = main(["show", str(bad), "--gantt", str(tmp_path / "shown.png")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, err
+    assert "re-create it with 'mpipe-tune plan'" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
+
+
+def test_relative_inputs_are_stored_resolved_and_a_moved_one_is_named(tmp_path, capsys, monkeypatch):
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    (work / "m.yaml").write_text((Path(__file__).parents[1] / "models" / "tiny-vit-llm.yaml").read_text())
+    dump_profile(load_profile("ideal").to_dict(), work / "my.json")
+    monkeypatch.chdir(work)
+    assert main(["plan", "--storage", "sqlite:///study.db", "--model", "m.yaml", "--profile", "my.json", *SMALL]) == 0
+    inputs = json.loads((work / "plan.json").read_text())["inputs"]
+    assert (inputs["model"]["spec"], inputs["profile"]["spec"]) == (str(work / "m.yaml"), str(work / "my.json"))
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["show", str(work / "plan.json")]) == 0  # from another folder
+    capsys.readouterr()
+    (work / "m.yaml").rename(elsewhere / "moved.yaml")
+    one_line_error(capsys, main(["show", str(work / "plan.json")]),
+                   f"its model file {work / 'm.yaml'} is not there any more (moved or deleted); point to it with --model")
+    assert main(["show", str(work / "plan.json"), "--model", "moved.yaml"]) == 0
+
+
+def test_two_workers_on_one_study_stop_at_the_requested_total(tmp_path):
+    """Each worker alone would add 80 trials; together they stop at 80 (before the fix: 80 plus the overlap)."""
+    db = tmp_path / "study.db"
+    args = [sys.executable, "-m", "mpipe_tune.cli", "plan", "--devices", "8", "--global-batch", "32", "--storage",
+            f"sqlite:///{db}", "--study", "shared", "--trials", "80", "--no-progress", "--json"]
+    workers = []
+    try:
+        for k in range(2):
+            workers.append(subprocess.Popen([*args, "--out", str(tmp_path / f"plan{k}.json")], stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True))
+            deadline = time.monotonic() + 60
+            while k == 0 and len(complete_trials(db)) < 5 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the second worker joins a study the first is filling
+        outputs = [w.communicate(timeout=300) for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+    assert [w.returncode for w in workers] == [0, 0], [err for _, err in outputs]
+    records = [json.loads(out) for out, _ in outputs]
+    assert len(complete_trials(db)) == 80 and all(r["trials"] == 80 and r["mode"] == "optuna" for r in records)
+    assert sum(r["new_trials"] for r in records) == 80

@@ -71,6 +71,7 @@ from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.algebra.order import num_rounds
 from mpipe_tune.algebra.schedule import Layout, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.report.plan_check import StoredCandidate, validate_derivation
 from mpipe_tune.report.plan_file import BEST, all_plan_names, load_plan, select_plan, workload_of
 from mpipe_tune.search.baselines import REFERENCE, backbone_start
 from mpipe_tune.specs import load_model
@@ -168,6 +169,8 @@ def read_export_plan(path: str | os.PathLike, name: str | None = None) -> Export
     if model.content_hash() != wanted["hash"]:
         raise MpipeError(f"{where}: the model '{wanted['spec']}' has changed since the plan was made (content hash "
                          f"differs); re-plan it with 'mpipe-tune plan'")
+    label = where + (f", plan '{name}'" if name else "")
+    validate_derivation(selected, StoredCandidate.of(selected, where=label).derive(model, where=label), where=label)
     return plan_from_record(selected, model, name=name or BEST, names=all_plan_names(record))
 
 

@@ -4,11 +4,11 @@
 section: each candidate field has its type and range (the limits the CLI applies), and the predicted
 figures are finite and non-negative, so a damaged file ends in one line naming the field instead of
 a ``KeyError`` or a division by zero further on. :class:`StoredCandidate` is the candidate read back
-as the values ``derive`` takes; :func:`validate_order` refuses a file whose stored per-rank order is
-not the one ``derive`` gives for that candidate (an edited or corrupted order would make the
-executor deadlock or compute wrong gradients). ``show`` and ``run`` check both before they print or
-start anything; :func:`load_plan_model` and :func:`load_plan_profile` read the inputs a plan names
-and say which file moved and how to point to it.
+as the values ``derive`` takes; :func:`validate_derivation` refuses a file whose stored placement,
+collectives or per-rank order are not the ones ``derive`` gives for that candidate (an edited order
+would make the executor deadlock or compute wrong gradients). ``show``, ``run`` and ``export`` check
+both before they print or start anything. :func:`load_plan_model` and :func:`load_plan_profile` read
+the inputs a plan names and say which file moved and how to point to it.
 
 >>> check_count({"tp": 0}, "tp", where="plan file p.json", upper=8)
 Traceback (most recent call last):
@@ -71,12 +71,17 @@ def validate_candidate(c: Any, *, where: str) -> None:
     for key in ("ep", "cp"):  # optional degrees (1 when absent)
         if key in c:
             check_count(c, key, where=where, upper=MAX_DEVICES)
-    if "zero" in c:
-        check_count(c, "zero", where=where, lower=0, upper=3)
+    if "zero_stage" in c:
+        check_count(c, "zero_stage", where=where, lower=0, upper=3)
+    if "moe_imbalance" in c:
+        try:
+            check_finite(c["moe_imbalance"], where=f"{where} candidate", field="moe_imbalance", lower=1.0)
+        except MpipeError as exc:
+            raise MpipeError(f"{exc}; {_FIX}") from None
     if not isinstance(c.get("sequence_parallel", False), bool):
         raise _fail(where, f"candidate field 'sequence_parallel' = {c['sequence_parallel']!r} must be true or false")
     _int_list(c.get("cut"), where=where, field="cut", lower=1, upper=1 << 20)
-    if c.get("dtype") not in DTYPE_BYTES:
+    if not isinstance(c.get("dtype"), str) or c["dtype"] not in DTYPE_BYTES:
         raise _fail(where, f"candidate field 'dtype' = {c.get('dtype')!r} must be one of {', '.join(DTYPE_BYTES)}")
     if not isinstance(c.get("recompute", False), bool) and c.get("recompute") not in RECOMPUTE_GRANULARITIES:
         raise _fail(where, f"candidate field 'recompute' = {c.get('recompute')!r} must be true, false or one of "
@@ -86,7 +91,9 @@ def validate_candidate(c: Any, *, where: str) -> None:
         raise _fail(where, f"candidate field 'slabs' = {slabs!r} must be a list of per-rank layer counts per region")
     for counts in slabs:
         _int_list(counts, where=where, field="slabs", lower=0, upper=1 << 20, length=pp)
-    if c.get("owners") is not None:
+    if "owners" not in c:
+        raise _fail(where, "candidate field 'owners' is missing (null for a plan without a transpose region)")
+    if c["owners"] is not None:
         _int_list(c["owners"], where=where, field="owners", lower=0, upper=pp - 1, length=m)
 
 
@@ -111,11 +118,14 @@ def validate_predicted(predicted: Any, num_events: int, pp: int, *, where: str) 
 
 
 def validate_inputs(inputs: Any, *, where: str) -> None:
-    """The model and profile a plan names: a spec, a name and a content hash each."""
+    """The model and profile a plan names (a spec, a name and a content hash each), and its workload's name and hash."""
     for what in ("model", "profile"):
         entry = inputs.get(what) if isinstance(inputs, dict) else None
         if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in ("spec", "name", "hash")):
             raise _fail(where, f"field 'inputs.{what}' must hold its 'spec', 'name' and 'hash' as text")
+    workload = inputs.get("workload")
+    if not isinstance(workload, dict) or not all(isinstance(workload.get(k), str) for k in ("name", "hash")):
+        raise _fail(where, "field 'inputs.workload' must hold its 'name' and 'hash' as text, and its microbatches")
     frozen = inputs["model"].get("frozen", [])
     if not isinstance(frozen, list) or not all(isinstance(b, str) for b in frozen):
         raise _fail(where, "field 'inputs.model.frozen' must be a list of block names")
@@ -181,8 +191,15 @@ class StoredCandidate:
             raise _fail(where, f"its stored candidate does not derive ({exc})") from None
 
 
-def validate_order(record: Mapping[str, Any], plan: Plan, *, where: str) -> None:
-    """The stored events, edges and per-rank order must be exactly ``derive``'s for the stored candidate."""
+def validate_derivation(record: Mapping[str, Any], plan: Plan, *, where: str) -> None:
+    """The stored placement, collectives, events, per-rank order and edges must be exactly ``derive``'s
+    (``plan``) for the stored candidate."""
+    from mpipe_tune.report.tables import derivation_record
+
+    derived = derivation_record(plan)
+    for key in ("placement", "collectives"):
+        if record[key] != derived[key]:
+            raise _fail(where, f"its stored {key} differs from what derive gives for its candidate")
     order = record["order"]
     events = [str(e) for e in plan.order.events]
     if order["events"] != events:

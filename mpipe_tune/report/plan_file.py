@@ -169,6 +169,8 @@ def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     if record.get("schema_version") != SCHEMA_VERSION:
         raise MpipeError(f"{where} has schema_version {record.get('schema_version')!r}; this mpipe-tune reads "
                          f"version {SCHEMA_VERSION}: re-create the plan with this version")
+    if not isinstance(record.get("tool_version"), str):
+        raise MpipeError(f"{where}: field 'tool_version' is missing or malformed; the file is corrupt, re-create it")
     if not isinstance(record.get("inputs"), dict):
         raise MpipeError(f"{where}: field 'inputs' is missing or malformed; the file is corrupt, re-create it")
     validate_inputs(record["inputs"], where=where)

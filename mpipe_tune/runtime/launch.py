@@ -6,7 +6,7 @@ imported only for ``npu``. Every device check runs before any process or process
 The local spawner starts one process per rank from a fork server that has imported torch once, joins
 them through a TCP store the parent holds on a free loopback port, and watches them: when one rank
 raises or dies, the others are killed within seconds and :class:`RankFailed` names the rank that
-failed first. Each process group also has an operation timeout, so a rank blocked on a peer that
+failed first (a rank killed from outside before the peers that lost their connection to it). Each process group also has an operation timeout, so a rank blocked on a peer that
 will never answer gives up on its own under ``torchrun`` too.
 """
 
@@ -257,7 +257,10 @@ def _watch(procs: list, scratch: str, deadline_s: float | None) -> None:
     finally:
         _kill([p for _, p in alive.values()])
     if failures:
-        _when, _rank, message, details = min(failures)
+        # A rank that died without raising (a signal from outside) is the cause when it is among the
+        # failures: the others' errors are its peers losing their connections to it, and they may
+        # carry earlier times than the moment its death was noticed.
+        _when, _rank, message, details = min(failures, key=lambda f: (bool(f[3]), f[0]))
         others = len(failures) - 1
         error = RankFailed(message + (f" ({others} other rank(s) failed after it)" if others else ""))
         error.details = details

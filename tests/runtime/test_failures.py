@@ -113,11 +113,36 @@ def test_a_world_size_other_than_the_layout_is_refused_before_any_process_group(
     (lambda text: json.dumps({**json.loads(text), "placement": [{"region": 1}]}), "corrupt"),
     (lambda text: json.dumps({**json.loads(text), "schema": "other"}), "not an mpipe-tune plan"),
     (lambda text: text.replace('"tp": 1', '"tp": 3'), "tp 3"),
+    (lambda text: text.replace('"tp": 1', '"tp": 0'), "candidate field 'tp' = 0 must be an integer from 1"),
+    (lambda text: _edit(text, lambda r: r["candidate"].pop("cut")), "candidate field 'cut' = None"),
+    (lambda text: _edit(text, lambda r: r["predicted"].update(makespan_s="slow")), "'makespan_s' must be a number"),
+    (lambda text: _edit(text, _swap_two_events_of_rank_1), "rank 1's stored order differs from derive's"),
 ])
 def test_a_corrupt_or_unrunnable_plan_file_is_refused(plan, tmp_path, damage, words):
     bad = tmp_path / "bad.json"
     bad.write_text(damage(open(plan).read()))
     assert_one_line_exit_2(run_cli(str(bad)), words)
+
+
+def _edit(text, change):
+    record = json.loads(text)
+    change(record)
+    return json.dumps(record)
+
+
+def _swap_two_events_of_rank_1(record):
+    nodes = record["order"]["nodes"][1]
+    nodes[0], nodes[1] = nodes[1], nodes[0]
+
+
+@pytest.mark.parametrize("trace,words", [
+    ("/proc/t.json", "--trace /proc/t.json: cannot write in /proc"),
+    ("{tmp}", "is a folder"),
+    ("{tmp}/t.txt", "must end in .json"),
+])
+def test_a_trace_that_cannot_be_written_is_refused_before_the_run(plan, tmp_path, trace, words):
+    assert_one_line_exit_2(run_cli(plan, "--compute", "emulated", "--trace", trace.format(tmp=tmp_path)), words)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_devices_are_one_line(plan):
@@ -132,3 +157,77 @@ def test_missing_devices_are_one_line(plan):
 def test_a_model_the_runtime_cannot_build_is_refused(tmp_path):
     path = make_plan(tmp_path, "1f1b", (), 2, model_spec="example-mllm")
     assert_one_line_exit_2(run_cli(str(path)), "explicit per-token costs", "--compute emulated")
+
+
+# ------------------------------------------------------------ a rank killed from outside, mid-step
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return sorted(found)
+
+
+def _rank_processes(cli_pid: int) -> list[int]:
+    """The ranks: the children of the fork server the run's process started (in rank order)."""
+    for child in _children(cli_pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                if b"forkserver" in f.read():
+                    return _children(child)
+        except OSError:
+            continue
+    return []
+
+
+@pytest.fixture(scope="module")
+def slow_plan(tmp_path_factory):
+    """example-mllm's explicit costs on a sampled mix: emulated steps of seconds, on 4 ranks."""
+    from mpipe_tune.specs import load_workload
+
+    workload = load_workload("balanced", num_microbatches=8)
+    return str(make_plan(tmp_path_factory.mktemp("slow"), "1f1b", (), 4, model_spec="example-mllm",
+                         workload=workload, dtype="bf16"))
+
+
+def test_killing_a_rank_mid_step_ends_the_run_quickly_naming_it(slow_plan):
+    proc = subprocess.Popen([sys.executable, "-m", "mpipe_tune.cli", "run", slow_plan, "--compute", "emulated",
+                             "--steps", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(ranks := _rank_processes(proc.pid)) < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(2.0)  # the process group is up and the first step under way
+        assert proc.poll() is None
+        os.kill(ranks[2], signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        ended = time.monotonic()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert ended - killed < 20
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert "mpipe-tune run: error: rank 2 died: its process was killed by signal 9" in err, err
+    deadline = time.monotonic() + 5
+    while any(os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in ranks if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"], "a rank is still running"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
