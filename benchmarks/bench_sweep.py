@@ -34,8 +34,8 @@ the encodes' forward seconds over the warmup slack ``w_r`` the cost model reads 
 without encoder work (:meth:`Evaluator.encode_s`, :meth:`Evaluator.slack_s`); the spill is
 ``max_r max(0, E_r - w_r)``.
 
-Measured points: for a few (configuration, P) the best plan and both baselines are written as one
-plan file with the planner's ``plan_record`` (as ``mpipe-tune plan`` writes it) and run with
+Measured points: for a few (configuration, P) the best plan and the baselines' own best layouts are
+written as one plan file with the planner's ``plan_record`` (as ``mpipe-tune plan`` writes it) and run with
 ``mpipe-tune bench PLAN --compute emulated --rounds 1 --steps 2`` (each compute event waits its
 predicted duration on the real executor, transfers are real gloo messages): the measured speedups
 are placed on the heat map.

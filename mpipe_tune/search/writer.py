@@ -15,8 +15,9 @@ interpreter lock as the search, so the writes of a long search run in a child pr
 instead. The search hands each finished trial over a queue as soon as it is told; the child writes
 them in order with :func:`store_trial` and exits when told to or when the search process is gone
 (killed) and the queue is drained, so a killed search still keeps every trial it had handed over.
-When a trial is refused (the study is full), the child sets :attr:`TrialWriter.full` and counts it,
-so the search stops. The child ignores Ctrl-C: the search drains the queue on its way out.
+At most :data:`BACKLOG` trials wait in the queue. When a trial is refused (the study is full), the
+child sets :attr:`TrialWriter.full`, so the search stops, and counts it and every later one without
+writing them. The child ignores Ctrl-C: the search drains the queue on its way out.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ EXACT_TAIL = 16
 """The last this-many trials of a study are reserved before they count (see the module docstring)."""
 STALE_RESERVATION_S = 60.0
 """A running trial older than this is the reservation of a worker that died: it holds no place."""
+BACKLOG = 32
+"""The most trials handed over and not yet written: the search waits for the writer beyond it, and a
+study that other workers fill wastes at most this many of this worker's trials."""
 
 
 def store_trial(study, trial, n_trials: int | None = None) -> bool:
@@ -62,7 +66,7 @@ def store_trial(study, trial, n_trials: int | None = None) -> bool:
 class TrialWriter:
     def __init__(self, storage: str, study_name: str, n_trials: int | None = None) -> None:
         context = multiprocessing.get_context("spawn")
-        self.queue = context.Queue()
+        self.queue = context.Queue(maxsize=BACKLOG)
         self.full = context.Event()
         """Set once a trial was refused because the study holds ``n_trials``."""
         self.refused = context.Value("i", 0)
@@ -105,7 +109,7 @@ def _write_trials(storage: str, study_name: str, n_trials: int | None, queue, fu
             continue
         if trial is None:
             return
-        if not store_trial(study, trial, n_trials):
+        if full.is_set() or not store_trial(study, trial, n_trials):  # once full, always full: not written
             with refused.get_lock():
                 refused.value += 1
             full.set()
