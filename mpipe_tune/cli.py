@@ -46,6 +46,9 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ep", type=int, default=1,
                         help="expert-parallel degree, carved from the data-parallel ranks (default 1)")
     parser.add_argument("--cp", type=int, default=1, help="context-parallel degree (ring attention; default 1)")
+    parser.add_argument("--encoder-tp", type=int, default=None, metavar="T",
+                        help="the encoder block's own tensor-parallel degree, a divisor of --tp (the other tp/T "
+                             "ranks of each group encode other images; default: --tp)")
     parser.add_argument("--zero", type=int, default=1, choices=(0, 1),
                         help="ZeRO stage: 1 shards the optimizer state over the data-parallel ranks (default), 0 does not")
     parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism with --tp")
@@ -80,7 +83,8 @@ def load_candidate(args: argparse.Namespace):
             raise MpipeError(f"{flag} is {value}, but parallel degrees must be integers >= 1")
     options = CostOptions(dtype=args.dtype, tp_degree=args.tp, dp_degree=args.dp, recompute=args.recompute,
                           ep_degree=args.ep, cp_degree=args.cp, shard_optimizer=args.zero == 1,
-                          sequence_parallel=args.sequence_parallel, moe_imbalance=args.moe_imbalance)
+                          sequence_parallel=args.sequence_parallel, moe_imbalance=args.moe_imbalance,
+                          encoder_tp_degree=args.encoder_tp)
     options.dtype_bytes()
     profile.peak(args.dtype)
     slab_counts = None

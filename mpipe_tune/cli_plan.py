@@ -75,7 +75,8 @@ def _space_options(args: argparse.Namespace):
                  "all": (False, "selective", True)}[args.recompute]
     ep = None if args.ep == "search" else _int_list(args.ep, "--ep")
     memory = {"zero": {"0": (0,), "1": (1,), "search": (0, 1)}[args.zero],
-              "sequence_parallel": {"off": (False,), "on": (True,), "search": (False, True)}[args.sequence_parallel]}
+              "sequence_parallel": {"off": (False,), "on": (True,), "search": (False, True)}[args.sequence_parallel],
+              "encoder_tp": args.encoder_tp == "search"}
     return SpaceOptions(skeletons=skeletons, max_chunks=args.max_chunks, cut_window=args.cut_window,
                         owner_policies=owners, max_microbatches=args.max_microbatches, recompute=recompute,
                         ep=ep, cp=_int_list(args.cp, "--cp"), **memory, **pins)
@@ -158,6 +159,9 @@ class Plan(Command):
                        help="ZeRO stage: 1 (default, optimizer state sharded over the data-parallel ranks), 0, or search")
         s.add_argument("--sequence-parallel", default="off", choices=("off", "on", "search"),
                        help="sequence parallelism with tp > 1: off (default), on, or search")
+        s.add_argument("--encoder-tp", default="off", choices=("off", "search"),
+                       help="the encoder's own tensor-parallel degree: off (default: the plan's tp) or search over "
+                            "the divisors of tp (where tp > 1)")
         s.add_argument("--skeletons", default="1f1b,gpipe", help="Sharded skeletons to use (default 1f1b,gpipe)")
         s.add_argument("--max-chunks", type=int, default=2, help="most interleaved Sharded regions per rank (default 2)")
         s.add_argument("--cut-window", type=int, default=1,

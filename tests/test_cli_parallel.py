@@ -51,3 +51,32 @@ def test_plan_lists_ep_and_cp_for_every_plan_and_the_runtime_refuses_them(tmp_pa
     assert main(["show", str(out), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["ep"] == 2 and abs(shown["makespan_s"] - shown["recorded_makespan_s"]) <= 1e-12 * shown["makespan_s"]
+
+
+def test_predict_takes_the_encoders_own_tp_and_refuses_a_non_divisor(capsys):
+    base = ["predict", "--model", MOE, "--schedule", "transpose,1f1b", "--pp", "2", "--tp", "2", "--json"]
+    assert main(base) == 0
+    at_tp = json.loads(capsys.readouterr().out)
+    assert main([*base, "--encoder-tp", "1"]) == 0
+    own = json.loads(capsys.readouterr().out)
+    assert (at_tp["encoder_tp"], own["encoder_tp"]) == (2, 1)
+    assert own["makespan_s"] != at_tp["makespan_s"]
+    code = main([*base[:-1], "--tp", "4", "--encoder-tp", "3"])
+    one_line_error(capsys, code, "must divide the tensor-parallel degree 4")
+
+
+def test_plan_searches_encoder_tp_and_run_and_export_refuse_it(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code = main(["plan", *SMALL, "--tp", "2", "--encoder-tp", "search", "--trials", "40", "--storage",
+                 f"sqlite:///{tmp_path / 's.db'}", "--out", str(out), "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    for r in summary["comparison"] + summary["own_best"]:
+        assert r["encoder_tp"] in (1, 2), r["plan"]
+    record = json.loads(out.read_text())
+    record["candidate"]["encoder_tp"] = 1  # whichever the search chose, a plan with the encoder at tp 1
+    out.write_text(json.dumps(record))
+    code = main(["run", str(out), "--compute", "emulated"])
+    one_line_error(capsys, code, "the runtime runs the encoder at the plan's tp; re-plan without --encoder-tp")
+    code = main(["export", str(out), "--to", "torch-csv"])
+    one_line_error(capsys, code, "encoder tp 1")

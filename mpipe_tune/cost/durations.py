@@ -23,6 +23,8 @@ table (another workload) are a few numpy gathers, with no per-event Python on th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from mpipe_tune.algebra.derive import Plan
@@ -115,9 +117,17 @@ def _prefix(per_layer: np.ndarray) -> np.ndarray:
 def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, profile: HardwareProfile, options: CostOptions) -> float:
     start, stop = plan.slab(event.region, 0 if event.rank is None else event.rank)
     trainable = np.array(model.trainable_bits()[start:stop], dtype=bool)
+    ranks = options.dp_degree * options.cp_degree  # the data- and context-parallel ranks of a slab
+    if table.layer_replicas is not None:  # the encoder's own degree: its gradients reduce on their own
+        encoder = trainable & (table.layer_replicas[start:stop] > 1)
+        encoder_bytes = float(table.param_count[start:stop][encoder].sum()) / options.encoder_tp
+        group = options.encoder_replicas * (plan.num_ranks * ranks if event.group is Group.REPLICA else ranks)
+        span = options.tp_degree * (plan.num_ranks * ranks if event.group is Group.REPLICA else ranks)
+        encoder_s = _all_reduce_s(profile, encoder_bytes * options.grad_bytes_per_param, group, span)
+        return encoder_s + _reduce_s(plan, event, model, replace(table, layer_replicas=None, param_count=np.where(
+            table.layer_replicas > 1, 0.0, table.param_count)), profile, options)
     params = float(table.param_count[start:stop][trainable].sum()) / options.tp_degree
     experts = float(table.expert_params()[start:stop][trainable].sum()) / options.tp_degree
-    ranks = options.dp_degree * options.cp_degree  # the data- and context-parallel ranks of a slab
     if event.group is Group.DATA and options.ep_degree > 1 and experts > 0:
         dense = _all_reduce_s(profile, (params - experts) * options.grad_bytes_per_param, ranks,
                               options.tp_degree * ranks)

@@ -23,6 +23,12 @@ the layer's parameter count.
   ``(cp-1) * max(0, step transfer - step compute)`` beyond its compute: only what the compute does
   not hide (the overlap ring-attention implementations get by double-buffering the exchange).
 
+The encoder's own tensor-parallel degree (``CostOptions.encoder_tp_degree``, a divisor of ``tp``):
+the encoder block's layers are timed at ``encoder_tp`` on the busiest of ``tp / encoder_tp`` shares of
+the microbatch's images (:func:`encoder_split`), and its last layer also pays the all-gather of the
+features over those shares (:func:`estimate_feature_gather_s`), forward and, as a reduce-scatter,
+backward. Explicit-cost layers, which model no degree, are unchanged.
+
 Recomputation (``CostOptions.recompute``): ``full`` keeps only each layer's input and re-runs its
 whole forward before its backward; ``selective`` re-runs only the attention core and drops only what
 the core alone kept (see :mod:`mpipe_tune.cost.arch`: with the fused attention modelled there it
@@ -31,12 +37,12 @@ frees nothing, so it only costs time).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
-from mpipe_tune.algebra.model import ArchCost, ExplicitCost, Model
+from mpipe_tune.algebra.model import ENCODER_BLOCK, ArchCost, ExplicitCost, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.cost.workload import Microbatch, Workload
@@ -90,6 +96,12 @@ class CostOptions:
     sequence_parallel: bool = False
     """Sequence parallelism with tp: norms, residual adds and the layers' inputs and outputs hold
     ``1/tp`` of the tokens per rank (nothing changes with ``tp_degree == 1``)."""
+    encoder_tp_degree: int | None = None
+    """Tensor-parallel degree of the encoder block's layers (None: :attr:`tp_degree`). It divides
+    ``tp_degree``: the encoder's tensor-parallel group is a subgroup of ``encoder_tp`` of the slab's
+    ``tp`` ranks, and the ``tp / encoder_tp`` such groups each encode a share of the microbatch's
+    images (data parallelism inside the tensor-parallel group), then all-gather the features to the
+    whole group before the projector (see :func:`encoder_split`)."""
     optimizer_bytes_per_param: float = 12.0
     """Optimizer state per parameter (Adam with fp32 master weights and two moments: 12 bytes)."""
     grad_bytes_per_param: float = 4.0
@@ -112,6 +124,17 @@ class CostOptions:
         return recompute_granularity(self.recompute)
 
     @property
+    def encoder_tp(self) -> int:
+        """The encoder block's tensor-parallel degree (:attr:`tp_degree` unless set)."""
+        return self.tp_degree if self.encoder_tp_degree is None else self.encoder_tp_degree
+
+    @property
+    def encoder_replicas(self) -> int:
+        """``tp / encoder_tp``: encoder groups inside the tensor-parallel group, each encoding a share
+        of a microbatch's images (1 unless :attr:`encoder_tp_degree` is below ``tp``)."""
+        return self.tp_degree // self.encoder_tp
+
+    @property
     def zero_stage(self) -> int:
         """1 with a distributed optimizer (:attr:`shard_optimizer`), else 0."""
         return 1 if self.shard_optimizer else 0
@@ -126,6 +149,13 @@ class CostOptions:
                             ("expert-parallel", self.ep_degree), ("context-parallel", self.cp_degree)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise MpipeError(f"the {name} degree is {value!r}, but parallel degrees must be integers >= 1")
+        encoder_tp = self.encoder_tp
+        if isinstance(encoder_tp, bool) or not isinstance(encoder_tp, int) or encoder_tp < 1 \
+                or self.tp_degree % encoder_tp:
+            divisors = ", ".join(str(d) for d in range(1, self.tp_degree + 1) if self.tp_degree % d == 0)
+            raise MpipeError(f"the encoder's tensor-parallel degree is {encoder_tp!r}, but it must divide the "
+                             f"tensor-parallel degree {self.tp_degree} (its group is a subgroup of the tp ranks); "
+                             f"use one of {divisors}")
         ranks = self.dp_degree * self.cp_degree
         if self.ep_degree > 1 and (ranks % self.ep_degree or self.ep_degree % self.cp_degree):
             what = f"the data-parallel degree {self.dp_degree}" + (
@@ -162,6 +192,18 @@ class LayerTable:
     expert_param_count: np.ndarray | None = None
     """Shape (num_layers,): of ``param_count``, the routed experts' (before expert- and
     tensor-parallel splitting); None means none."""
+    layer_tp_degree: np.ndarray | None = None
+    """Shape (num_layers,): each layer's tensor-parallel degree where the encoder's differs from the
+    plan's (:attr:`CostOptions.encoder_tp_degree`); None means the plan's for every layer."""
+    layer_replicas: np.ndarray | None = None
+    """Shape (num_layers,): replicas of each layer's weights inside a tensor-parallel group
+    (``tp / encoder_tp`` for the encoder's layers, else 1); None means 1 everywhere."""
+
+    def tp_degrees(self, options: CostOptions) -> np.ndarray:
+        """Per layer, the tensor-parallel degree its weights are split over."""
+        if self.layer_tp_degree is None:
+            return np.full(self.param_count.shape, float(options.tp_degree))
+        return self.layer_tp_degree
 
     def expert_params(self) -> np.ndarray:
         """Per layer, the routed experts' parameters (zeros where there are none)."""
@@ -192,11 +234,27 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
     rows = [unique[(layer.cost, layer.block)] for layer in model.layers]
     fwd, dgrad, wgrad, boundary, saved, bwd_overhead, core_s, selective_saved = (
         np.array(column) for column in zip(*rows))
+    replicas = options.encoder_replicas
+    gather = np.zeros_like(fwd)
+    encoder = np.array([layer.block == ENCODER_BLOCK and isinstance(layer.cost, ArchCost) for layer in model.layers])
+    if replicas > 1 and encoder.any():
+        fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved = (
+            a.copy() for a in (fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved))
+        encoder_options = replace(options, tp_degree=options.encoder_tp, encoder_tp_degree=None)
+        for key in {(u.cost, u.block) for u, e in zip(model.layers, encoder) if e}:
+            at = [i for i, u in enumerate(model.layers) if (u.cost, u.block) == key]
+            row = _encoder_row(key[0], workload.microbatches, profile, encoder_options, replicas)
+            for column, values in zip((fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved), row):
+                column[at] = values
+        last = int(np.flatnonzero(encoder)[-1])  # the features are gathered after the encoder's last layer
+        gather_s = np.array([estimate_feature_gather_s(model.layers[last].cost, mb, profile, options)
+                             for mb in workload.microbatches])
+        gather[last] = gather_s  # forward; backward, its gradient: a reduce-scatter of the same bytes
     granularity = options.recompute_granularity
     experts = np.array([_expert_param_count(layer.cost) for layer in model.layers], dtype=float)
     return LayerTable(
-        fwd_s=fwd,
-        dgrad_s=dgrad,
+        fwd_s=fwd + gather,
+        dgrad_s=dgrad + gather,
         wgrad_s=wgrad,
         boundary_bytes=boundary,
         saved_bytes={"full": boundary, "selective": selective_saved, "none": saved}[granularity],
@@ -204,7 +262,47 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         recompute_s={"full": fwd, "selective": core_s, "none": np.zeros_like(fwd)}[granularity],
         bwd_overhead_s=bwd_overhead,
         expert_param_count=experts if experts.any() else None,
+        layer_tp_degree=(np.where(encoder, float(options.encoder_tp), float(options.tp_degree))
+                         if replicas > 1 and encoder.any() else None),
+        layer_replicas=np.where(encoder, float(replicas), 1.0) if replicas > 1 and encoder.any() else None,
     )
+
+
+def encoder_split(mb: Microbatch, replicas: int) -> Microbatch:
+    """The busiest of ``replicas`` shares of ``mb``'s images: whole images dealt largest first to the
+    least-loaded share (an image is never split, so a single image gains nothing), as the sub-microbatch
+    that share's encoder group works on; every group runs at once, so the busiest sets the time.
+
+    >>> encoder_split(Microbatch(image_tokens=10, text_tokens=8, images=(4, 3, 3)), 2).images
+    (3, 3)
+    >>> encoder_split(Microbatch(image_tokens=6, text_tokens=8, images=(3, 3)), 2).image_tokens
+    3
+    """
+    shares: list[list[int]] = [[] for _ in range(replicas)]
+    for size in sorted(mb.image_sizes(), reverse=True):
+        min(shares, key=sum).append(size)
+    busiest = tuple(max(shares, key=sum))
+    return Microbatch(image_tokens=sum(busiest), text_tokens=mb.text_tokens, images=busiest)
+
+
+def _encoder_row(cost: ArchCost, microbatches, profile, encoder_options: CostOptions, replicas: int):
+    """An encoder layer's columns (all but the boundary) at the encoder's own tensor-parallel degree, on
+    the busiest share of each microbatch's images."""
+    values = np.array([_arch_seconds(cost, encoder_split(mb, replicas), profile, encoder_options)
+                       for mb in microbatches], dtype=float)
+    return tuple(values[:, i] for i in (0, 1, 2, 4, 5, 6, 7))
+
+
+def estimate_feature_gather_s(cost: ArchCost, mb: Microbatch, profile: HardwareProfile,
+                              options: CostOptions) -> float:
+    """The all-gather of the encoder's output features over the ``tp / encoder_tp`` encoder groups:
+    the whole output (the encoder's last layer's, at one rank's degree) as the gathered buffer, on the
+    intra-node link unless the tensor-parallel group spans more than a node; nothing without images."""
+    if mb.image_tokens == 0:
+        return 0.0
+    full = arch.estimate_arch_work(cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes()).boundary_bytes
+    link = profile.link("all_gather", inter_node=options.tp_degree > profile.devices_per_node)
+    return estimate_collective_s(link, "all_gather", full, options.encoder_replicas)
 
 
 @lru_cache(maxsize=4096)

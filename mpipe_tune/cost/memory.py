@@ -53,8 +53,9 @@ class MemoryReport:
 def estimate_static_bytes(plan: Plan, model: Model, table: LayerTable, options: CostOptions) -> tuple[float, ...]:
     trainable = np.array(model.trainable_bits(), dtype=bool)
     ep = options.ep_degree
-    experts = table.expert_params() / (options.tp_degree * ep)  # a rank's share of the routed experts
-    params = (table.param_count - table.expert_params() * (1 - 1 / ep)) / options.tp_degree
+    tp = table.tp_degrees(options)  # the encoder's layers split over encoder_tp where that is set
+    experts = table.expert_params() / (tp * ep)  # a rank's share of the routed experts
+    params = (table.param_count - table.expert_params() * (1 - 1 / ep)) / tp
     ranks = options.dp_degree * options.cp_degree
     shards, expert_shards = (ranks, ranks // ep) if options.shard_optimizer else (1, 1)
     optimizer = options.optimizer_bytes_per_param / shards

@@ -180,10 +180,12 @@ def plan_from_record(record: dict[str, Any], model: Model, *, name: str = BEST,
     c = record["candidate"]
     beyond = [f"{key} {c[key]}" for key in ("ep", "cp") if c.get(key, 1) > 1]
     beyond += ["sequence parallelism"] * bool(c.get("sequence_parallel")) + ["selective recomputation"] * (
-        c.get("recompute") == "selective")
+        c.get("recompute") == "selective") + [f"encoder tp {c.get('encoder_tp')}"] * (
+        c.get("encoder_tp", c["tp"]) != c["tp"])
     if beyond:
         raise MpipeError(f"plan '{name}' uses {', '.join(beyond)}; export writes pp x dp x tp plans with no or full "
-                         f"recomputation; re-plan with --ep 1 --cp 1 (no sequence parallelism, --recompute off or on)")
+                         f"recomputation and the encoder at the plan's tp; re-plan with --ep 1 --cp 1 (no sequence "
+                         f"parallelism, no --encoder-tp, --recompute off or on)")
     skeletons = parse_schedule(c["schedule"]).skeletons
     regions = tuple(
         ExportRegion(int(p["region"]), skeletons[int(p["region"]) - 1], (int(p["layers"][0]), int(p["layers"][1])),

@@ -58,6 +58,7 @@ def candidate_record(plan: Plan, options) -> dict[str, Any]:
         "dp": options.dp_degree,
         "ep": options.ep_degree,
         "cp": options.cp_degree,
+        "encoder_tp": options.encoder_tp,
         "dtype": options.dtype,
         "recompute": options.recompute,
         "zero_stage": options.zero_stage,
@@ -73,7 +74,8 @@ def options_of(candidate: dict[str, Any]):
     c = candidate
     return CostOptions(dtype=c["dtype"], tp_degree=c["tp"], dp_degree=c["dp"], recompute=c.get("recompute", False),
                        ep_degree=c.get("ep", 1), cp_degree=c.get("cp", 1), shard_optimizer=c.get("zero_stage", 1) >= 1,
-                       sequence_parallel=c.get("sequence_parallel", False), moe_imbalance=c.get("moe_imbalance", 1.0))
+                       sequence_parallel=c.get("sequence_parallel", False), moe_imbalance=c.get("moe_imbalance", 1.0),
+                       encoder_tp_degree=c.get("encoder_tp"))
 
 
 def prediction_record(prediction, model, workload, profile, options) -> dict[str, Any]:
@@ -127,7 +129,8 @@ OVER = "OVER"
 def print_prediction(record: dict[str, Any]) -> None:
     print(f"model {record['model']}  profile {record['profile']}  workload {record['workload']}")
     print(f"schedule <{record['schedule']}>  cut {record['cut'] or '-'}  P={record['pp']} tp={record['tp']} "
-          f"dp={record['dp']}  M={record['microbatches']}  dtype {record['dtype']}")
+          f"dp={record['dp']}" + (f" encoder tp={record['encoder_tp']}" if record.get("encoder_tp", record["tp"])
+                                  != record["tp"] else "") + f"  M={record['microbatches']}  dtype {record['dtype']}")
     print(f"predicted step time: {record['makespan_s'] * 1e3:.3f} ms   bubble share {record['bubble_share']:.1%}\n")
     frame = rank_frame(record)
     table = TextTable.fit(frame, RANK_COLUMNS)

@@ -162,6 +162,10 @@ def validate_runnable(view: PlanView, world_size: int | None = None) -> None:
     if c.get("sequence_parallel", False):
         raise MpipeError(f"plan file {view.path} is planned with sequence parallelism, which the runtime does not run "
                          f"(its tensor parallelism keeps whole sequences); re-plan without --sequence-parallel")
+    if c.get("encoder_tp", c["tp"]) != c["tp"]:
+        raise MpipeError(f"plan file {view.path} is planned with encoder tensor-parallel degree {c['encoder_tp']} "
+                         f"under tp {c['tp']}; the runtime runs the encoder at the plan's tp; re-plan without "
+                         f"--encoder-tp")
     if world_size is not None:
         view.layout.validate_world_size(world_size, f"plan file {view.path}")
 

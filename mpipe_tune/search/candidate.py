@@ -52,16 +52,21 @@ class Candidate:
     """1: distributed optimizer (ZeRO-1, optimizer state sharded over the data-parallel ranks); 0: none."""
     sequence_parallel: bool = False
     """Sequence parallelism with tp (Megatron-LM's)."""
+    encoder_tp: int | None = None
+    """The encoder block's own tensor-parallel degree, a divisor of ``tp`` (the other ``tp /
+    encoder_tp`` ranks of each group encode other images); ``None`` (stored for ``tp`` itself): ``tp``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
+        if self.encoder_tp == self.tp:
+            object.__setattr__(self, "encoder_tp", None)
 
     @property
     def setting(self) -> tuple:
         """What a step's prediction depends on besides the schedule, the slabs and the step:
-        (tp, dp, M, recompute, ep, cp, ZeRO stage, sequence parallelism)."""
+        (tp, dp, M, recompute, ep, cp, ZeRO stage, sequence parallelism, encoder tp)."""
         return (self.tp, self.dp, self.num_microbatches, self.recompute, self.ep, self.cp, self.zero_stage,
-                self.sequence_parallel)
+                self.sequence_parallel, self.encoder_tp)
 
     @property
     def num_devices(self) -> int:
@@ -76,8 +81,10 @@ class Candidate:
 
     @property
     def degrees(self) -> str:
-        """``pp4 tp2 dp8``, with ``ep`` and ``cp`` where they are above 1 (``pp4 tp2 dp8 ep4``)."""
+        """``pp4 tp2 dp8``, with ``ep`` and ``cp`` where they are above 1 (``pp4 tp2 dp8 ep4``) and the
+        encoder's own tensor-parallel degree where it is set (``pp4 tp4 dp2 etp1``)."""
         extra = "".join(f" {name}{value}" for name, value in (("ep", self.ep), ("cp", self.cp)) if value > 1)
+        extra += f" etp{self.encoder_tp}" if self.encoder_tp is not None else ""
         return f"pp{self.pp} tp{self.tp} dp{self.dp}{extra}"
 
     def __str__(self) -> str:
@@ -93,7 +100,7 @@ class Candidate:
     def to_dict(self) -> dict[str, Any]:
         return {
             "schedule": self.schedule, "cut": list(self.cut), "pp": self.pp, "tp": self.tp, "dp": self.dp,
-            "ep": self.ep, "cp": self.cp,
+            "ep": self.ep, "cp": self.cp, "encoder_tp": self.tp if self.encoder_tp is None else self.encoder_tp,
             "microbatches": self.num_microbatches, "owner_policy": self.owner_policy,
             "slab_counts": [list(c) for c in self.slab_counts] if self.slab_counts else None,
             "recompute": self.recompute, "zero_stage": self.zero_stage, "sequence_parallel": self.sequence_parallel,
@@ -109,4 +116,5 @@ class Candidate:
             slab_counts=tuple(tuple(c) for c in slabs) if slabs else None, recompute=data.get("recompute", False),
             label=data.get("label", ""), ep=int(data.get("ep", 1)), cp=int(data.get("cp", 1)),
             zero_stage=int(data.get("zero_stage", 1)), sequence_parallel=bool(data.get("sequence_parallel", False)),
+            encoder_tp=int(data["encoder_tp"]) if data.get("encoder_tp") is not None else None,
         )

@@ -41,7 +41,8 @@ def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluatio
         candidate = baseline(name, evaluator.problem.model, c.pp, c.tp, c.dp, c.num_microbatches, vpp_counts)
         if candidate is not None:
             candidate = replace(candidate, recompute=c.recompute, ep=c.ep, cp=c.cp, zero_stage=c.zero_stage,
-                                sequence_parallel=c.sequence_parallel)  # the best plan's degrees and memory policy
+                                sequence_parallel=c.sequence_parallel,
+                                encoder_tp=c.encoder_tp)  # the best plan's degrees and memory policy
         out.append((name, None if candidate is None else evaluator.evaluate(candidate)))
     return out
 
@@ -62,6 +63,7 @@ def row(label: str, e: Evaluation, reference: Evaluation | None, best: Evaluatio
         "owners": c.owner_policy,
         "slabs": [list(s) for s in e.slab_counts],
         "pp": c.pp, "tp": c.tp, "dp": c.dp, "ep": c.ep, "cp": c.cp,
+        "encoder_tp": c.tp if c.encoder_tp is None else c.encoder_tp,
         "microbatches": c.num_microbatches,
         "recompute": c.recompute,
         "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel,
@@ -121,8 +123,8 @@ def faster_than_best(families: list[OwnBest], best: Evaluation) -> list[OwnBest]
 
 # --------------------------------------------------------------------------------------- table
 
-ROW_COLUMNS = ("plan", "schedule", "cut", "owners", "slabs", "pp", "tp", "dp", "ep", "cp", "microbatches",
-               "recompute", "zero_stage", "sequence_parallel",
+ROW_COLUMNS = ("plan", "schedule", "cut", "owners", "slabs", "pp", "tp", "dp", "ep", "cp", "encoder_tp",
+               "microbatches", "recompute", "zero_stage", "sequence_parallel",
                "step_s", "p90_s", "step_samples_s", "speedup", "best_speedup", "bubble_share", "spill_s",
                "peak_bytes", "fits_memory")
 """The columns of a comparison frame: the keys of :func:`row`, values in SI units (seconds, bytes)."""
@@ -165,7 +167,8 @@ COLUMNS = (
     Column("schedule", text("schedule"), min_width=20),
     Column("cut", lambda r: ",".join(map(str, r["cut"])) or MISSING, min_width=7),
     Column("owners", text("owners"), min_width=11),
-    Column("pp/tp/dp", lambda r: f"{r['pp']}/{r['tp']}/{r['dp']}", min_width=9),
+    Column("pp/tp/dp", lambda r: f"{r['pp']}/{r['tp']}/{r['dp']}" + (
+        f" etp{r['encoder_tp']}" if r.get("encoder_tp", r["tp"]) != r["tp"] else ""), min_width=9),
     Column("M", text("microbatches"), ">", 4),
     Column("step ms", ms("step_s"), ">", 10),
     Column("p90 ms", ms("p90_s"), ">", 10),

@@ -119,7 +119,7 @@ class Evaluator:
 
     def options(self, c: Candidate):
         return self.problem.options_for(c.tp, c.dp, c.recompute, ep=c.ep, cp=c.cp, zero_stage=c.zero_stage,
-                                        sequence_parallel=c.sequence_parallel)
+                                        sequence_parallel=c.sequence_parallel, encoder_tp=c.encoder_tp)
 
     def table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable]:
         """Step ``sample``'s replica workload for ``c`` and its layer table."""
@@ -293,7 +293,8 @@ class Evaluator:
         return self._orders[key]
 
     def _duration_model(self, plan: Plan, options) -> DurationModel:
-        key = (id(plan), options.tp_degree, options.dp_degree, options.ep_degree, options.cp_degree)
+        key = (id(plan), options.tp_degree, options.dp_degree, options.ep_degree, options.cp_degree,
+               options.encoder_tp)
         model = self._durations.get(key)
         if model is None or model.plan is not plan:
             model = self._durations[key] = DurationModel(plan, self.problem.model, self.problem.profile, options)

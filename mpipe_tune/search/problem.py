@@ -86,10 +86,12 @@ class Problem:
         return 1 if self.workload is not None else self.num_samples
 
     def options_for(self, tp: int, dp: int, recompute: bool | str = False, *, ep: int = 1, cp: int = 1,
-                    zero_stage: int = 1, sequence_parallel: bool = False) -> CostOptions:
+                    zero_stage: int = 1, sequence_parallel: bool = False,
+                    encoder_tp: int | None = None) -> CostOptions:
         """The cost options of a candidate with these degrees and memory policy (the rest the problem's)."""
         return replace(self.options, tp_degree=tp, dp_degree=dp, recompute=recompute, ep_degree=ep, cp_degree=cp,
-                       shard_optimizer=zero_stage >= 1, sequence_parallel=sequence_parallel)
+                       shard_optimizer=zero_stage >= 1, sequence_parallel=sequence_parallel,
+                       encoder_tp_degree=encoder_tp)
 
     @cached_property
     def source_name(self) -> str:

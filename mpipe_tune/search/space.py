@@ -17,7 +17,9 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
 6. ``recompute``: the recomputation granularity (none, selective, full), when several are searched;
 7. ``ep``: the expert-parallel degree, when several are searched: those that divide ``dp * cp``, are
    multiples of ``cp`` and divide every MoE layer's experts (:meth:`CostOptions.validate_degrees`);
-8. ``zero``: the ZeRO stage (0 or 1), and ``sequence_parallel`` (with ``tp > 1``), when searched.
+8. ``zero``: the ZeRO stage (0 or 1), and ``sequence_parallel`` (with ``tp > 1``), when searched;
+9. ``encoder_tp[4|2|1]``: the encoder's own tensor-parallel degree, a divisor of ``tp``, when searched
+   and ``tp > 1`` (a space without it, or with ``tp = 1`` only, has the parameter names it had before).
 
 :meth:`SearchSpace.build` walks the tree with a ``choose(name, options)`` callback: Optuna's
 ``suggest_categorical`` for sampling, an odometer for exhaustive enumeration. A choice whose options
@@ -70,6 +72,9 @@ class SpaceOptions:
     """ZeRO stages to try: ``(1,)`` (a distributed optimizer), ``(0,)`` or ``(0, 1)``."""
     sequence_parallel: tuple[bool, ...] = (False,)
     """Sequence-parallel settings to try where ``tp > 1``."""
+    encoder_tp: bool = False
+    """Also search the encoder's own tensor-parallel degree over the divisors of ``tp`` (where
+    ``tp > 1``; see :attr:`~mpipe_tune.cost.layers.CostOptions.encoder_tp_degree`)."""
     min_pp: int = 2
     pp: tuple[int, ...] | None = None
     """Allowed pipeline degrees (None: any)."""
@@ -253,16 +258,25 @@ class SearchSpace:
         zero = choose("zero", stages) if len(stages) > 1 else stages[0]
         sequence = list(self.options.sequence_parallel) if tp > 1 else [False]
         sp = choose("sequence_parallel", sequence) if len(sequence) > 1 else sequence[0]
+        encoders = self.encoder_tp_choices(tp)
+        encoder_tp = choose(self.param_name("encoder_tp", encoders, None), encoders) if len(encoders) > 1 else tp
         return Candidate(schedule, cut, pp, tp, dp, num_microbatches, policy, recompute=recompute, ep=ep, cp=cp,
-                         zero_stage=zero, sequence_parallel=sp)
+                         zero_stage=zero, sequence_parallel=sp, encoder_tp=encoder_tp)
+
+    def encoder_tp_choices(self, tp: int) -> list[int]:
+        """The encoder's tensor-parallel degrees searched at ``tp``: ``tp`` first, then its smaller divisors
+        (only ``tp`` unless :attr:`SpaceOptions.encoder_tp` and the model has encoder layers)."""
+        if not self.options.encoder_tp or self.encoder_end == 0:
+            return [tp]
+        return sorted(divisors(tp), reverse=True)
 
     def memory_settings(self, dp: int, cp: int, tp: int) -> list[dict[str, Any]]:
         """Every combination of the choices after the schedule's at these degrees (recompute, ep, ZeRO
         stage, sequence parallelism), as Candidate fields: what a baseline's family ranges over."""
         sequence = list(self.options.sequence_parallel) if tp > 1 else [False]
-        return [{"recompute": r, "ep": e, "zero_stage": z, "sequence_parallel": sp}
+        return [{"recompute": r, "ep": e, "zero_stage": z, "sequence_parallel": sp, "encoder_tp": et}
                 for r in self.options.recompute for e in self.expert_choices(dp, cp)
-                for z in self.options.zero for sp in sequence]
+                for z in self.options.zero for sp in sequence for et in self.encoder_tp_choices(tp)]
 
     def enumerate(self) -> Iterator[tuple[dict[str, Any], Candidate]]:
         """Every leaf once, with the parameters that select it."""
