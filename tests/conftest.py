@@ -26,3 +26,15 @@ def make_model(blocks, fwd=1.0, bwd=2.0, trainable=None, name="test") -> Model:
 
 def uniform_workload(num_microbatches: int, image_tokens: int = 1, text_tokens: int = 1) -> Workload:
     return Workload(tuple(Microbatch(image_tokens, text_tokens) for _ in range(num_microbatches)), "uniform")
+
+
+def with_link(collective: str, link, profile=None):
+    """``profile`` (default: ``ideal``) with ``collective`` costing ``link`` (a LinkCost) on both link
+    classes, the rest unchanged."""
+    from mpipe_tune.cost.profile import load_profile, parse_profile
+
+    data = (profile or load_profile("ideal")).to_dict()
+    for link_class in ("intra_node", "inter_node"):
+        data["links"][link_class][collective] = {"alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
+                                                 "source": "ideal"}
+    return parse_profile(data, where="test")

@@ -11,10 +11,12 @@ from mpipe_tune.algebra.schedule import parse_schedule
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.layers import CostOptions, build_layer_table, encoder_split
 from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost.profile import LinkCost, estimate_collective_s, load_profile, parse_profile
+from mpipe_tune.cost.profile import LinkCost, estimate_collective_s, load_profile
 from mpipe_tune.cost.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.specs import load_model, load_workload
+
+from conftest import with_link
 
 IDEAL = load_profile("ideal")
 VIT = {"hidden": 64, "heads": 4, "ffn": 128, "merge_factor": 4}
@@ -37,12 +39,6 @@ WORKLOAD = Workload((MB, MB), "four-images")
 GATHER = LinkCost(1e-5, 1e-9)
 
 
-def with_link(collective: str, link: LinkCost, profile=IDEAL):
-    data = profile.to_dict()
-    for link_class in ("intra_node", "inter_node"):
-        data["links"][link_class][collective] = {"alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
-                                                 "source": "ideal"}
-    return parse_profile(data, where="test")
 
 
 def test_an_encoder_layer_at_encoder_tp_1_is_its_tp_1_cost_on_a_share_of_the_images_plus_the_gather():

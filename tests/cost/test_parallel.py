@@ -8,9 +8,11 @@ from mpipe_tune.algebra.model import ArchCost, Layer, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.layers import CostOptions, build_layer_table
 from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost.profile import LinkCost, estimate_collective_s, load_profile, parse_profile
+from mpipe_tune.cost.profile import LinkCost, estimate_collective_s, load_profile
 from mpipe_tune.cost.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
+
+from conftest import with_link
 
 IDEAL = load_profile("ideal")
 HIDDEN, EXPERTS, TOP_K = 64, 8, 2
@@ -31,13 +33,6 @@ TOKENS = 256
 WORKLOAD = Workload(tuple(Microbatch(0, TOKENS) for _ in range(4)), "uniform")
 
 
-def with_link(collective: str, link: LinkCost, profile=IDEAL):
-    """``profile`` with ``collective`` costing ``link`` on both link classes (the rest unchanged)."""
-    data = profile.to_dict()
-    for link_class in ("intra_node", "inter_node"):
-        data["links"][link_class][collective] = {"alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
-                                                 "source": "ideal"}
-    return parse_profile(data, where="test")
 
 
 def static_bytes(options: CostOptions, model: Model = MOE_MODEL) -> float:
