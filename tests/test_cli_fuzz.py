@@ -114,7 +114,7 @@ ints = st.one_of(st.integers(-3, 12), st.sampled_from([0, 10**10, -10**10, 2**63
 texts = st.one_of(st.text(max_size=10), st.sampled_from(["", "1,2", "0,1,0,1", "9", "-1", "1,,2", "round-robin"]))
 
 
-@settings(FAST, max_examples=60 * SCALE)
+@settings(FAST, max_examples=100 * SCALE)
 @given(command=st.sampled_from(["predict", "derive"]),
        model=st.sampled_from(["example-mllm", "tiny-vit-llm", "FILE"]), model_file=file_contents(VALID_MODEL),
        workload=st.sampled_from(["balanced", "smoke", "FILE"]), workload_file=file_contents(VALID_WORKLOAD),
@@ -186,7 +186,7 @@ def _no_launch(*args, **kwargs):
     raise _Launched
 
 
-@settings(FAST, max_examples=50 * SCALE)
+@settings(FAST, max_examples=100 * SCALE)
 @given(data=st.data(), command=st.sampled_from(["show", "export", "run", "bench"]),
        content=st.sampled_from(["mutated", "mutated", "mutated", "tree", "bytes"]),
        out=st.sampled_from([None, "out.csv", "out.toml", "out.png", "/proc/x.json", "."]))

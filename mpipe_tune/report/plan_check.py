@@ -68,7 +68,7 @@ def validate_candidate(c: Any, *, where: str) -> None:
     if pp * tp * dp > MAX_DEVICES:
         raise _fail(where, f"candidate pp*tp*dp = {pp}*{tp}*{dp} is above {MAX_DEVICES} devices")
     m = check_count(c, "microbatches", where=where, upper=MAX_MICROBATCHES)
-    for key in ("ep", "cp"):  # optional degrees (1 when absent)
+    for key in ("ep", "cp", "encoder_tp"):  # optional degrees (1 when absent)
         if key in c:
             check_count(c, key, where=where, upper=MAX_DEVICES)
     if "zero_stage" in c:

@@ -15,7 +15,7 @@ for the trial writer included) and stops at ``n_trials``; each trial is stored b
 :func:`~mpipe_tune.search.writer.store_trial`, which decides from what the storage holds at that
 moment and reserves the last places, so that workers finishing at the same moment cannot pass the
 total either (a trial that finds the study full is stored as failed, and its worker stops).
-Exhaustive workers skip the points another worker has already stored.
+Exhaustive workers skip the points another worker has already stored and prune against its best.
 
 **Constraints.** A plan over memory capacity is infeasible, not penalised: each trial records its
 memory excess (GiB over capacity, <= 0 when it fits) as an Optuna constraint, which TPE and NSGA-II
@@ -372,12 +372,17 @@ class _Run:
         return len(stored) + self.new - mine
 
     def absorb_others(self) -> list:
-        """Trials stored since the last call that other workers wrote, now counted as tried."""
+        """Trials stored since the last call that other workers wrote, now counted as tried (and their
+        best plan that fits as the incumbent the bounds prune against)."""
         stored = _stored(self.study)
         fresh, self._synced = stored[self._synced:], len(stored)
         others = [t for t in fresh if not str(_info(t).get("uid", "")).startswith(f"{self.worker}-")]
         for t in others:
-            self.tried.add(Candidate.from_dict(_info(t)["candidate"]))
+            info = _info(t)
+            self.tried.add(Candidate.from_dict(info["candidate"]))
+            if info.get("exact", True) and info["memory_excess_gib"] <= 0 and (
+                    self.incumbent is None or t.value < self.incumbent):
+                self.incumbent = t.value
         return others
 
     def settled_by_bounds(self, c: Candidate) -> bool:
