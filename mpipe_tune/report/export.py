@@ -71,10 +71,9 @@ from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.algebra.order import num_rounds
 from mpipe_tune.algebra.schedule import Layout, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.plan_check import StoredCandidate, validate_derivation
+from mpipe_tune.report.plan_check import StoredCandidate, load_plan_model, validate_derivation
 from mpipe_tune.report.plan_file import BEST, all_plan_names, load_plan, select_plan, workload_of
 from mpipe_tune.search.baselines import REFERENCE, backbone_start
-from mpipe_tune.specs import load_model
 
 EMBEDDING_KIND = "embedding"
 LM_HEAD_KIND = "lm_head"
@@ -163,9 +162,7 @@ def read_export_plan(path: str | os.PathLike, name: str | None = None) -> Export
     record = load_plan(path)
     selected = select_plan(record, name, where=where)
     wanted = record["inputs"]["model"]
-    model = load_model(wanted["spec"])
-    if wanted.get("frozen"):
-        model = model.with_frozen(tuple(wanted["frozen"]))
+    model = load_plan_model(record, where=where)
     if model.content_hash() != wanted["hash"]:
         raise MpipeError(f"{where}: the model '{wanted['spec']}' has changed since the plan was made (content hash "
                          f"differs); re-plan it with 'mpipe-tune plan'")
