@@ -102,7 +102,7 @@ class Spec:
 
 
 def plan_specs(model) -> list[Spec]:
-    enc = next(i for i, u in enumerate(model.layers) if u.block == "llm")  # first backbone layer
+    enc = model.backbone_start
     llm = model.num_layers - enc
     megatron = ((enc + llm // 2, llm - llm // 2),)  # whole encoder + half the backbone in stage 0
     mid = enc + llm // 2

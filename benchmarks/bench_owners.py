@@ -43,7 +43,7 @@ def synthetic(count: int, rng: np.random.Generator):
 def cost_model(seeds: int):
     for model_name, profile_name in (("example-mllm", "ideal"), ("qwen2vl-vit-llama3-8b", "h100-sxm")):
         model, profile = load_model(model_name), load_profile(profile_name)
-        cut = next(i for i, u in enumerate(model.layers) if u.block == "llm")
+        cut = model.backbone_start
         for mix in MIXES:
             for P in (2, 4, 8):
                 for M in range(P, 13, max(1, P // 2)):

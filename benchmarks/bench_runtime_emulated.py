@@ -39,7 +39,7 @@ MODEL, PROFILE, MIX, SEED = "qwen2vl-vit-llama3-8b", "h100-sxm", "balanced", 0
 
 def megatron_slabs(model, weights, P: int) -> tuple[tuple[int, ...], ...]:
     """Stage 0 holds the whole encoder plus its share of the backbone; the backbone is balanced over P."""
-    first_llm = next(i for i, u in enumerate(model.layers) if u.block == "llm")
+    first_llm = model.backbone_start
     counts = list(balanced_counts(weights[first_llm:], P))
     counts[0] += first_llm
     return (tuple(counts),)
@@ -49,7 +49,7 @@ def make_plans(folder: Path, P: int, M: int) -> dict[str, str]:
     model, profile = load_model(MODEL), load_profile(PROFILE)
     workload = load_workload(MIX, num_microbatches=M, seed=SEED)
     options = CostOptions()
-    first_llm = next(i for i, u in enumerate(model.layers) if u.block == "llm")
+    first_llm = model.backbone_start
     weights = layer_weights(model, build_layer_table(model, workload, profile, options))
     candidates = {
         "transpose,1f1b": dict(cut=Cut((first_llm,)), schedule=parse_schedule("transpose,1f1b")),

@@ -66,7 +66,6 @@ from mpipe_tune.cost.workload import Mix, Workload, sample_workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record, plan_section
 from mpipe_tune.search import Candidate, Evaluator, Problem, SearchSpace, SpaceOptions, evaluate_baselines
-from mpipe_tune.search.baselines import backbone_start
 from mpipe_tune.search.families import OWN, search_family
 from mpipe_tune.specs import load_model, load_profile
 
@@ -186,7 +185,7 @@ def encoder_share(problem: Problem, tp: int) -> float:
     workload = Workload(problem.sequences(0, problem.global_batch), "share")
     table = build_layer_table(problem.model, workload, problem.profile, problem.options_for(tp, 1))
     weights = np.array(layer_weights(problem.model, table))
-    return float(weights[:backbone_start(problem.model)].sum() / weights.sum())
+    return float(weights[:problem.model.backbone_start].sum() / weights.sum())
 
 
 RECOMPUTE = {"on": (True,), "search": (False, True)}
@@ -202,7 +201,7 @@ def space_for(problem: Problem, evaluator: Evaluator, pp: int, tp: int, recomput
 def best_transpose(space: SearchSpace, evaluator: Evaluator):
     """The fastest ``<transpose,1f1b>`` cut before the backbone that fits (else the fastest; None
     where the space has none), and how many candidates were predicted."""
-    seam = backbone_start(space.problem.model)
+    seam = space.problem.model.backbone_start
     evaluations = []
     for _, c in space.enumerate():
         if c.schedule == "transpose,1f1b" and c.cut == (seam,):
@@ -235,7 +234,7 @@ def sweep_point(config: Config, model, workload: Workload, profile, pp: int, rec
         return {**point, "error": str(error)}
     best, num_candidates = best_transpose(space, evaluator)
     if best is None:
-        layers = model.num_layers - backbone_start(model)
+        layers = model.num_layers - model.backbone_start
         return {**point, "error": f"no <transpose,1f1b> layout: the backbone's {layers} layers are fewer than {pp} stages"}
     encode = float(np.sum(evaluator.encode_s(best.candidate, 0)))
     slack = float(np.sum(evaluator.slack_s(best.candidate, 0)))

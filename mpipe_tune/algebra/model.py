@@ -31,6 +31,7 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import check_finite
 
 ENCODER_BLOCK = "encoder"
+BACKBONE_BLOCK = "llm"
 _STRUCTURAL_KEYS = ("name", "block", "trainable", "repeat", "kind")
 _EXPLICIT_KEYS = ("fwd_s_per_token", "bwd_s_per_token", "boundary_bytes_per_token")
 _EXPLICIT_UPPER = {"fwd_s_per_token": 1.0, "bwd_s_per_token": 1.0, "boundary_bytes_per_token": 2.0**30}
@@ -85,6 +86,23 @@ class Model:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def encoder_end(self) -> int:
+        """Index of the first layer that is not an encoder layer (0 when the model does not start with one).
+
+        >>> m = Model("m", tuple(Layer(f"u{i}", b, True, ExplicitCost(1.0, 1.0))
+        ...                      for i, b in enumerate(("encoder", "encoder", "projector", "llm"))))
+        >>> m.encoder_end, m.backbone_start
+        (2, 3)
+        """
+        return next((i for i, u in enumerate(self.layers) if u.block != ENCODER_BLOCK), 0)
+
+    @property
+    def backbone_start(self) -> int:
+        """Index of the first backbone (``llm``) layer: the encoder and projector come before it. A model
+        without an ``llm`` block starts its backbone after its encoder (:attr:`encoder_end`)."""
+        return next((i for i, u in enumerate(self.layers) if u.block == BACKBONE_BLOCK), self.encoder_end)
 
     def trainable_bits(self) -> tuple[bool, ...]:
         return tuple(layer.trainable for layer in self.layers)

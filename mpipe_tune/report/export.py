@@ -73,7 +73,7 @@ from mpipe_tune.algebra.schedule import Layout, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.report.plan_check import StoredCandidate, load_plan_model, validate_derivation
 from mpipe_tune.report.plan_file import BEST, all_plan_names, load_plan, select_plan, workload_of
-from mpipe_tune.search.baselines import REFERENCE, backbone_start
+from mpipe_tune.search.baselines import REFERENCE
 
 EMBEDDING_KIND = "embedding"
 LM_HEAD_KIND = "lm_head"
@@ -198,7 +198,7 @@ def plan_from_record(record: dict[str, Any], model: Model, *, name: str = BEST,
     return ExportPlan(
         name=name, names=tuple(names), pp=int(c["pp"]), tp=int(c["tp"]), dp=int(c["dp"]), dtype=str(c["dtype"]),
         recompute=bool(c.get("recompute", False)), num_microbatches=int(c["microbatches"]), regions=regions,
-        orders=orders, layers=layers, num_vision_layers=backbone_start(model),
+        orders=orders, layers=layers, num_vision_layers=model.backbone_start,
         text_tokens=tuple(mb.text_tokens for mb in workload_of(record).microbatches),
     )
 

@@ -49,11 +49,6 @@ def even_split(num_layers: int, num_parts: int) -> tuple[int, ...]:
     return tuple(base + (1 if i >= num_parts - extra else 0) for i in range(num_parts))
 
 
-def backbone_start(model: Model) -> int:
-    """Index of the first backbone (``llm``) layer: the encoder and projector come before it."""
-    return next((i for i, u in enumerate(model.layers) if u.block == "llm"), 0)
-
-
 def baseline(
     name: str, model: Model, pp: int, tp: int, dp: int, num_microbatches: int,
     vpp_microbatches: Sequence[int] = (), num_chunks: int = 2,
@@ -64,7 +59,7 @@ def baseline(
     ``vpp_microbatches``: the microbatch counts allowed for interleaving (the space's); the one
     nearest ``num_microbatches`` is used. ``num_chunks``: ``vpp``'s woven regions (>= 2).
     """
-    pre = backbone_start(model)
+    pre = model.backbone_start
     llm = model.num_layers - pre
     schedule = schedule_of(name, num_chunks)
     common = dict(pp=pp, tp=tp, dp=dp, num_microbatches=num_microbatches, label=name)

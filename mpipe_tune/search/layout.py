@@ -33,7 +33,7 @@ from mpipe_tune.algebra.order import is_interleavable
 from mpipe_tune.algebra.schedule import Layout, Skeleton, parse_cut, parse_schedule, validate_schedule
 from mpipe_tune.cost.arch import tensor_parallel_fits
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.search.baselines import backbone_start, baseline
+from mpipe_tune.search.baselines import baseline
 from mpipe_tune.search.candidate import Candidate
 from mpipe_tune.search.owners import POLICIES
 from mpipe_tune.search.space import SearchSpace
@@ -173,7 +173,7 @@ def _baseline_layout(where: str, schedule, pp: int, tp: int, dp: int, m: int, sp
     name = {("1f1b",): "megatron", ("gpipe",): "gpipe", ("transpose", "1f1b"): "mpipe-rr"}.get(skeletons)
     if name is None and not transpose and woven[0] == Skeleton.ONE_F_ONE_B.value:
         name = "vpp"
-    start = backbone_start(model) if transpose else 0
+    start = model.backbone_start if transpose else 0
     c = None
     if name is not None:
         c = baseline(name, model, pp, tp, dp, m, vpp_microbatches=(m,), num_chunks=max(len(woven), 2))

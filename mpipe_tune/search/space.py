@@ -97,9 +97,8 @@ class SearchSpace:
         self.weights = tuple(weights)
         model = problem.model
         self.num_layers = model.num_layers
-        blocks = [u.block for u in model.layers]
-        self.encoder_end = next((i for i, b in enumerate(blocks) if b != "encoder"), 0)
-        self.backbone_start = next((i for i, b in enumerate(blocks) if b == "llm"), self.encoder_end)
+        self.encoder_end = model.encoder_end
+        self.backbone_start = model.backbone_start
         self.family = self._family()
         self.cut_window = tuple(range(max(1, self.encoder_end - options.cut_window),
                                       min(self.num_layers - 1, self.backbone_start + options.cut_window) + 1))

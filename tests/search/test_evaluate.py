@@ -57,7 +57,7 @@ def test_architecture_models_with_tp_and_dp_match_predict(model_name):
     profile = load_profile("h100-sxm")
     problem = Problem(model, profile, 16, 16, mix="balanced", num_samples=2)
     evaluator = Evaluator(problem)
-    cut = next(i for i, u in enumerate(model.layers) if u.block == "llm")
+    cut = model.backbone_start
     for c in (Candidate("transpose,1f1b", (cut,), 2, 2, 4, 4, "greedy", recompute=True),
               Candidate("1f1b", (), 4, 2, 2, 4)):
         e = evaluator.evaluate(c)
