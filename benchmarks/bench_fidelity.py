@@ -31,13 +31,13 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from mpipe_tune.algebra.schedule import Cut, parse_schedule
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import dump_profile, load_profile, parse_profile
@@ -90,68 +90,56 @@ def packed(num_microbatches: int) -> Workload:
 # ------------------------------------------------------------------------------------------ plans
 
 
-@dataclass(frozen=True)
-class Spec:
-    label: str
-    schedule: str
-    cut: tuple[int, ...]
-    num_microbatches: int
-    frozen: bool = False
-    slab_counts: tuple[tuple[int, ...], ...] | None = None
-    owners: tuple[int, ...] | None = None
-
-
-def plan_specs(model) -> list[Spec]:
+def plan_specs(model) -> list[Candidate]:
     enc = model.backbone_start
     llm = model.num_layers - enc
     megatron = ((enc + llm // 2, llm - llm // 2),)  # whole encoder + half the backbone in stage 0
     mid = enc + llm // 2
+    frozen = ("encoder",)
+
+    def spec(label, schedule, cut, num_microbatches, **fields):
+        return Candidate(schedule, cut, pp=P, tp=1, dp=1, num_microbatches=num_microbatches, label=label,
+                         dtype=OPTIONS.dtype, **fields)
+
     return [
-        Spec("1f1b M=2", "1f1b", (), 2),
-        Spec("1f1b M=4", "1f1b", (), 4),
-        Spec("1f1b M=8", "1f1b", (), 8),
-        Spec("1f1b megatron-slabs M=4", "1f1b", (), 4, slab_counts=megatron),
-        Spec("1f1b frozen-enc M=4", "1f1b", (), 4, frozen=True),
-        Spec("gpipe M=4", "gpipe", (), 4),
-        Spec("transpose,1f1b rr M=2", "transpose,1f1b", (enc,), 2),
-        Spec("transpose,1f1b rr M=4", "transpose,1f1b", (enc,), 4),
-        Spec("transpose,1f1b rr M=8", "transpose,1f1b", (enc,), 8),
-        Spec("transpose,1f1b contiguous M=8", "transpose,1f1b", (enc,), 8, owners=(0, 0, 0, 0, 1, 1, 1, 1)),
-        Spec("transpose,1f1b all-rank1 M=4", "transpose,1f1b", (enc,), 4, owners=(1, 1, 1, 1)),
-        Spec("transpose,1f1b rr frozen-enc M=4", "transpose,1f1b", (enc,), 4, frozen=True),
-        Spec("transpose,gpipe rr M=4", "transpose,gpipe", (enc,), 4),
-        Spec("1f1b,1f1b enc/llm M=4", "1f1b,1f1b", (enc,), 4),
-        Spec("1f1b,1f1b vpp M=4", "1f1b,1f1b", (mid,), 4),
+        spec("1f1b M=2", "1f1b", (), 2),
+        spec("1f1b M=4", "1f1b", (), 4),
+        spec("1f1b M=8", "1f1b", (), 8),
+        spec("1f1b megatron-slabs M=4", "1f1b", (), 4, slab_counts=megatron),
+        spec("1f1b frozen-enc M=4", "1f1b", (), 4, frozen=frozen),
+        spec("gpipe M=4", "gpipe", (), 4),
+        spec("transpose,1f1b rr M=2", "transpose,1f1b", (enc,), 2),
+        spec("transpose,1f1b rr M=4", "transpose,1f1b", (enc,), 4),
+        spec("transpose,1f1b rr M=8", "transpose,1f1b", (enc,), 8),
+        spec("transpose,1f1b contiguous M=8", "transpose,1f1b", (enc,), 8, owner_map=(0, 0, 0, 0, 1, 1, 1, 1)),
+        spec("transpose,1f1b all-rank1 M=4", "transpose,1f1b", (enc,), 4, owner_map=(1, 1, 1, 1)),
+        spec("transpose,1f1b rr frozen-enc M=4", "transpose,1f1b", (enc,), 4, frozen=frozen),
+        spec("transpose,gpipe rr M=4", "transpose,gpipe", (enc,), 4),
+        spec("1f1b,1f1b enc/llm M=4", "1f1b,1f1b", (enc,), 4),
+        spec("1f1b,1f1b vpp M=4", "1f1b,1f1b", (mid,), 4),
     ]
 
 
-def predict_spec(spec: Spec, profile, base_model):
-    model = base_model.with_frozen(("encoder",)) if spec.frozen else base_model
+def predict_spec(spec: Candidate, profile, base_model):
     workload = packed(spec.num_microbatches)
-    prediction = predict(Cut(spec.cut), parse_schedule(spec.schedule), model, workload, profile, P,
-                         num_microbatches=spec.num_microbatches, slab_counts=spec.slab_counts,
-                         microbatch_owners=spec.owners, options=OPTIONS)
-    return prediction, model, workload
+    return predict(spec, base_model, workload, profile, OPTIONS), spec.model_of(base_model), workload
 
 
-def make_plans(folder: Path, profile, profile_spec: str) -> list[tuple[Spec, str, dict]]:
+def make_plans(folder: Path, profile, profile_spec: str) -> list[tuple[Candidate, str, dict]]:
     base = load_model(str(MODEL_PATH))
     out = []
     for index, spec in enumerate(plan_specs(base)):
         prediction, model, workload = predict_spec(spec, profile, base)
-        inputs = PlanInputs(str(MODEL_PATH), ("encoder",) if spec.frozen else (), profile_spec)
-        record = plan_record(prediction, model, workload, profile, OPTIONS, inputs)
+        record = plan_record(prediction, model, workload, profile, PlanInputs(str(MODEL_PATH), spec.frozen, profile_spec))
         path = folder / f"plan{index:02d}.json"
         dump_plan(record, path)
         out.append((spec, str(path), record))
     return out
 
 
-def as_fixed(spec: Spec, record: dict) -> Spec:
-    """The spec with the slabs and owners the plan was derived with, to re-predict the same plan."""
-    c = record["candidate"]
-    return replace(spec, slab_counts=tuple(tuple(s) for s in c["slabs"]),
-                   owners=tuple(c["owners"]) if c["owners"] is not None else None)
+def as_fixed(record: dict) -> Candidate:
+    """The candidate as the plan file stores it, with the slabs and owners it was derived with, to re-predict the same plan."""
+    return Candidate.from_dict(record["candidate"])
 
 
 # ----------------------------------------------------------------------- simpler layer-time models
@@ -448,7 +436,7 @@ def main() -> int:
                                                     args.max_tries, recalibrate_with=(profile, base))
                 runs[i].append(result)
                 tries[i].append(attempts)
-                fixed = as_fixed(plans[i][0], plans[i][2])
+                fixed = as_fixed(plans[i][2])
                 fresh_predicted[i].append(predict_spec(fixed, fresh, base)[0].timeline.makespan_s)
             print(f"round {r} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         conditions["runs_wall_s"] = time.perf_counter() - started
@@ -458,10 +446,10 @@ def main() -> int:
     for (spec, _path, record), results, plan_tries, fresh_s in zip(plans, runs, tries, fresh_predicted):
         steps_s = [t for r in results for t in r["summary"]["step_times_s"][1:]]
         round_medians = [statistics.median(r["summary"]["step_times_s"][1:]) for r in results]
-        fixed = as_fixed(spec, record)
+        fixed = as_fixed(record)
         rows.append({
             "label": spec.label,
-            "schedule": spec.schedule, "microbatches": spec.num_microbatches, "frozen_encoder": spec.frozen,
+            "schedule": spec.schedule, "microbatches": spec.num_microbatches, "frozen_encoder": bool(spec.frozen),
             "slabs": record["candidate"]["slabs"], "owners": record["candidate"]["owners"],
             "predicted_s": record["predicted"]["makespan_s"],
             "measured_s": statistics.median(steps_s),

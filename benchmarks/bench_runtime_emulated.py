@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from mpipe_tune.algebra.placement import balanced_counts
-from mpipe_tune.algebra.schedule import Cut, parse_schedule
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.cost.layers import CostOptions, build_layer_table
 from mpipe_tune.cost.predict import layer_weights, predict
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
@@ -52,15 +52,15 @@ def make_plans(folder: Path, P: int, M: int) -> dict[str, str]:
     first_llm = model.backbone_start
     weights = layer_weights(model, build_layer_table(model, workload, profile, options))
     candidates = {
-        "transpose,1f1b": dict(cut=Cut((first_llm,)), schedule=parse_schedule("transpose,1f1b")),
-        "megatron 1f1b": dict(cut=Cut(()), schedule=parse_schedule("1f1b"), slab_counts=megatron_slabs(model, weights, P)),
+        "transpose,1f1b": Candidate("transpose,1f1b", (first_llm,), pp=P, tp=1, dp=1, num_microbatches=M),
+        "megatron 1f1b": Candidate("1f1b", (), pp=P, tp=1, dp=1, num_microbatches=M,
+                                   slab_counts=megatron_slabs(model, weights, P)),
     }
     paths = {}
     for name, c in candidates.items():
-        prediction = predict(c["cut"], c["schedule"], model, workload, profile, P, num_microbatches=M,
-                             slab_counts=c.get("slab_counts"), options=options)
+        prediction = predict(c, model, workload, profile, options)
         path = folder / f"{name.replace(' ', '-').replace(',', '_')}.json"
-        dump_plan(plan_record(prediction, model, workload, profile, options, PlanInputs(MODEL, (), PROFILE)), path)
+        dump_plan(plan_record(prediction, model, workload, profile, PlanInputs(MODEL, (), PROFILE)), path)
         paths[name] = str(path)
     return paths
 

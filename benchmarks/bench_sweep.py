@@ -345,14 +345,14 @@ def measure(points: list[dict], choices: list[tuple[str, str, int]]) -> list[dic
             def section(candidate: dict) -> dict:
                 c = Candidate.from_dict(candidate)
                 prediction, workload = evaluator.prediction(c)
-                return plan_section(prediction, model, workload, profile, evaluator.options(c))
+                return plan_section(prediction, model, workload, profile)
 
             best = Candidate.from_dict(point["best"]["candidate"])
             prediction, workload = evaluator.prediction(best)
             entries = point["baselines"]
             names = [n for n in BASELINE_NAMES if entries[n]["own_best"] is not None]
             record = plan_record(
-                prediction, model, workload, profile, evaluator.options(best), PlanInputs(str(model_path), (), PROFILE),
+                prediction, model, workload, profile, PlanInputs(str(model_path), (), PROFILE),
                 baselines={n: section(entries[n]["at_best_settings"]["candidate"]) for n in BASELINE_NAMES
                            if entries[n]["at_best_settings"] is not None},
                 alternatives={n + OWN: section(entries[n]["own_best"]["candidate"]) for n in names})

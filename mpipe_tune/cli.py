@@ -60,59 +60,48 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
+def parse_candidate(args: argparse.Namespace, model, num_microbatches: int):
+    """The candidate the flags describe, parsed and nothing more (``predict`` checks it); ``model``
+    gives the default cut (before the first backbone layer) when ``--cut`` is left out, and
+    ``num_microbatches`` is M (``--microbatches``, or the workload's length without it)."""
+    from dataclasses import replace
+
+    from mpipe_tune.algebra.candidate import Candidate, default_cut
+    from mpipe_tune.algebra.schedule import normalize, parse_cut, parse_schedule
+
+    schedule = parse_schedule(args.schedule)
+    cut = parse_cut(args.cut) if args.cut is not None else default_cut(model, len(schedule))
+    if len(schedule) == cut.num_regions:
+        cut, schedule = normalize(cut, schedule)
+    frozen = tuple(b.strip() for b in args.frozen.split(",") if b.strip())
+    owner_map = None if args.owner == "round-robin" else _int_list(args.owner, "--owner")
+    candidate = Candidate(
+        str(schedule), cut.boundaries, pp=args.pp, tp=args.tp, dp=args.dp, num_microbatches=num_microbatches,
+        owner_policy="round-robin" if owner_map is None and "transpose" in str(schedule).split(",") else None,
+        recompute=args.recompute, ep=args.ep, cp=args.cp, zero_stage=args.zero, sequence_parallel=args.sequence_parallel,
+        encoder_tp=args.encoder_tp, owner_map=owner_map, dtype=args.dtype, frozen=frozen)
+    if not args.slabs:
+        return candidate
+    candidate.validate()  # P >= 1 before --slabs is split into P counts per region
+    flat = _int_list(args.slabs, "--slabs")
+    if len(flat) % args.pp:
+        raise MpipeError(f"--slabs lists {len(flat)} counts, which is not a multiple of --pp {args.pp}; give P counts per Sharded region")
+    return replace(candidate, slab_counts=tuple(flat[i:i + args.pp] for i in range(0, len(flat), args.pp)))
+
+
 def load_candidate(args: argparse.Namespace):
-    """Resolve the candidate arguments and predict it: returns (Prediction, model, workload, profile, options)."""
-    from mpipe_tune.algebra.schedule import Skeleton, normalize, parse_cut, parse_schedule
+    """Load the inputs the arguments name, parse the candidate and predict it: returns (Prediction,
+    model, workload, profile)."""
     from mpipe_tune.cost.layers import CostOptions
     from mpipe_tune.cost.predict import predict
     from mpipe_tune.specs import load_model, load_profile, load_workload
 
     model = load_model(args.model)
-    if args.frozen:
-        model = model.with_frozen(tuple(b.strip() for b in args.frozen.split(",") if b.strip()))
     profile = load_profile(args.profile)
     workload = load_workload(args.workload, num_microbatches=args.microbatches, seed=args.seed)
-    schedule = parse_schedule(args.schedule)
-    cut = parse_cut(args.cut) if args.cut is not None else default_cut(model, len(schedule))
-    if len(schedule) == cut.num_regions:
-        cut, schedule = normalize(cut, schedule)
-    if args.pp < 1:  # before --slabs is split into P counts per region
-        raise MpipeError(f"--pp is {args.pp}, but the pipeline degree P must be an integer >= 1")
-    for flag, value in (("--tp", args.tp), ("--dp", args.dp)):
-        if value < 1:
-            raise MpipeError(f"{flag} is {value}, but parallel degrees must be integers >= 1")
-    options = CostOptions(dtype=args.dtype, tp_degree=args.tp, dp_degree=args.dp, recompute=args.recompute,
-                          ep_degree=args.ep, cp_degree=args.cp, shard_optimizer=args.zero == 1,
-                          sequence_parallel=args.sequence_parallel, moe_imbalance=args.moe_imbalance,
-                          encoder_tp_degree=args.encoder_tp)
-    options.dtype_bytes()
-    profile.peak(args.dtype)
-    slab_counts = None
-    if args.slabs:
-        flat = _int_list(args.slabs, "--slabs")
-        if len(flat) % args.pp:
-            raise MpipeError(f"--slabs lists {len(flat)} counts, which is not a multiple of --pp {args.pp}; give P counts per Sharded region")
-        slab_counts = tuple(flat[i:i + args.pp] for i in range(0, len(flat), args.pp))
-    owners = None if args.owner == "round-robin" else _int_list(args.owner, "--owner")
-    if owners is not None and Skeleton.TRANSPOSE not in schedule.skeletons:
-        raise MpipeError(f"--owner {args.owner}: schedule <{args.schedule}> has no transpose region, so no microbatch has "
-                         f"an owner; drop --owner or use a schedule with transpose")
-    prediction = predict(cut, schedule, model, workload, profile, args.pp, num_microbatches=args.microbatches,
-                         slab_counts=slab_counts, microbatch_owners=owners, options=options)
-    return prediction, model, workload, profile, options
-
-
-def default_cut(model, num_regions: int):
-    """One region: no cut. Two regions: the boundary before the first backbone ('llm') layer."""
-    from mpipe_tune.algebra.schedule import Cut
-
-    if num_regions == 1:
-        return Cut(())
-    first_llm = next((i for i, u in enumerate(model.layers) if u.block == "llm"), None)
-    if num_regions == 2 and first_llm:
-        return Cut((first_llm,))
-    raise MpipeError(f"a schedule of {num_regions} regions needs --cut with {num_regions - 1} boundaries "
-                     f"(model '{model.name}' has {model.num_layers} layers)")
+    candidate = parse_candidate(args, model, len(workload) if args.microbatches is None else args.microbatches)
+    prediction = predict(candidate, model, workload, profile, CostOptions(moe_imbalance=args.moe_imbalance))
+    return prediction, candidate.model_of(model), workload, profile
 
 
 class Predict(Command):
@@ -130,7 +119,7 @@ class Predict(Command):
             from mpipe_tune.report.gantt import validate_picture_path
 
             validate_picture_path(args.gantt, label="--gantt")
-        prediction, model, workload, profile, options = load_candidate(args)
+        prediction, model, workload, profile = load_candidate(args)
         if args.gantt:
             from mpipe_tune.report.gantt import draw_gantt
 
@@ -138,7 +127,7 @@ class Predict(Command):
             draw_gantt(prediction.plan, t.start_s, t.durations_s, args.gantt,
                        title=f"{model.name} <{prediction.plan.schedule}> on {profile.name}: P={prediction.plan.num_ranks} "
                              f"M={prediction.plan.num_microbatches}, step {t.makespan_s * 1e3:.4g} ms")
-        record = prediction_record(prediction, model, workload, profile, options)
+        record = prediction_record(prediction, model, workload, profile)
         if args.json:
             print(json.dumps(record, indent=2))
         else:

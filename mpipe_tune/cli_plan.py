@@ -89,7 +89,7 @@ def _section(evaluator, evaluation) -> dict:
     c = evaluation.candidate
     prediction, workload = evaluator.prediction(c)
     p = evaluator.problem
-    return plan_section(prediction, p.model, workload, p.profile, evaluator.options(c))
+    return plan_section(prediction, p.model, workload, p.profile)
 
 
 def _draw(evaluator, evaluation, path: str, title: str) -> None:
@@ -231,7 +231,7 @@ class Plan(Command):
         alternatives = {f.label: _section(evaluator, f.best) for f in families if f.best is not None}
         if current is not None:
             alternatives[compare.CURRENT] = _section(evaluator, current)
-        record = plan_record(prediction, problem.model, workload, problem.profile, evaluator.options(best.candidate),
+        record = plan_record(prediction, problem.model, workload, problem.profile,
                              PlanInputs(resolve_spec(args.model, "model"), frozen, resolve_spec(args.profile, "profile")),
                              baselines=sections,
                              alternatives=alternatives)
@@ -304,13 +304,14 @@ class Show(Command):
                             help="write the plan's comparison table to this CSV file, one row per plan, in seconds and bytes")
 
     def take_action(self, args):
+        from mpipe_tune.cost.layers import CostOptions
         from mpipe_tune.cost.predict import predict
         from mpipe_tune.cost.workload import workload_hash
         from mpipe_tune.frames import to_csv_text
         from mpipe_tune.report.files import validate_out_path, write_together
         from mpipe_tune.report.plan_file import load_plan, workload_of
-        from mpipe_tune.report.tables import options_of, prediction_record, print_prediction
-        from mpipe_tune.report.plan_check import StoredCandidate, load_plan_model, load_plan_profile, validate_derivation
+        from mpipe_tune.report.tables import prediction_record, print_prediction
+        from mpipe_tune.report.plan_check import load_plan_model, load_plan_profile, stored_candidate, validate_derivation
 
         if args.csv is not None:
             validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
@@ -323,7 +324,7 @@ class Show(Command):
         if args.csv is not None and not search:
             raise MpipeError(f"--csv {args.csv}: {args.plan} holds no comparison table (no 'search' section); "
                              f"make the plan with 'mpipe-tune plan' to get one")
-        inputs, c = record["inputs"], record["candidate"]
+        inputs = record["inputs"]
         where = f"plan file {args.plan}"
         model = load_plan_model(record, where=where, spec=args.model)
         profile = load_plan_profile(record, where=where, spec=args.profile)
@@ -336,12 +337,9 @@ class Show(Command):
             if now != then:
                 raise MpipeError(f"{args.plan}: the {what} '{spec}' has changed since the plan was made (hash "
                                  f"{now[:12]} now, {then[:12]} in the plan); re-plan with 'mpipe-tune plan'")
-        options = options_of(c)
-        stored = StoredCandidate.of(record, where=where)
+        candidate = stored_candidate(record, where=where)
         try:
-            prediction = predict(stored.cut, stored.schedule, model, workload, profile, stored.num_ranks,
-                                 slab_counts=stored.slab_counts, microbatch_owners=stored.microbatch_owners,
-                                 options=options)
+            prediction = predict(candidate, model, workload, profile, CostOptions(moe_imbalance=inputs["moe_imbalance"]))
         except MpipeError as exc:
             raise MpipeError(f"{where}: its stored candidate does not predict ({exc}); the file is damaged or was "
                              f"edited: re-create it with 'mpipe-tune plan'") from None
@@ -355,8 +353,8 @@ class Show(Command):
             t = prediction.timeline
             outputs.append((args.gantt, lambda tmp: draw_gantt(
                 prediction.plan, t.start_s, t.durations_s, tmp,
-                title=f"{model.name} <{c['schedule']}> on {profile.name}: step {now_s * 1e3:.4g} ms")))
-        out = prediction_record(prediction, model, workload, profile, options)
+                title=f"{model.name} <{candidate.schedule}> on {profile.name}: step {now_s * 1e3:.4g} ms")))
+        out = prediction_record(prediction, model, workload, profile)
         if args.csv is not None:
             from mpipe_tune.search.compare import comparison_frame
 

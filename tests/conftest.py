@@ -38,3 +38,30 @@ def with_link(collective: str, link, profile=None):
         data["links"][link_class][collective] = {"alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
                                                  "source": "ideal"}
     return parse_profile(data, where="test")
+
+
+def candidate(cut, schedule, num_ranks: int, num_microbatches: int, *, slab_counts=None, owners=None, options=None):
+    """The Candidate of a cut, a schedule and P, M, with the degrees, dtype and memory policy of the cost
+    ``options`` (default: none), for tests written against the cost model's settings."""
+    from mpipe_tune.algebra.candidate import Candidate
+    from mpipe_tune.cost.layers import CostOptions
+
+    o = options or CostOptions()
+    return Candidate(str(schedule), tuple(cut.boundaries), pp=num_ranks, tp=o.tp_degree, dp=o.dp_degree,
+                     num_microbatches=num_microbatches, slab_counts=slab_counts, owner_map=owners,
+                     recompute=o.recompute, ep=o.ep_degree, cp=o.cp_degree, zero_stage=o.zero_stage,
+                     sequence_parallel=o.sequence_parallel, encoder_tp=o.encoder_tp_degree, dtype=o.dtype)
+
+
+def predict_plan(cut, schedule, model, workload, profile, num_ranks: int, *, num_microbatches=None, slab_counts=None,
+                 microbatch_owners=None, options=None):
+    """``predict`` of :func:`candidate` on one workload (its length is M unless given); owners given
+    for a schedule without a transpose region (which has no owners) are left out."""
+    from mpipe_tune.cost.layers import CostOptions
+    from mpipe_tune.cost.predict import predict
+
+    M = len(workload) if num_microbatches is None else num_microbatches
+    if "transpose" not in str(schedule).split(","):
+        microbatch_owners = None
+    c = candidate(cut, schedule, num_ranks, M, slab_counts=slab_counts, owners=microbatch_owners, options=options)
+    return predict(c, model, workload, profile, options or CostOptions())

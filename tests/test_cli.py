@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from mpipe_tune.cli import main
+from conftest import predict_plan
 
 
 def run_cli(*args):
@@ -173,15 +174,13 @@ def test_a_bad_picture_path_is_one_line_before_any_work(tmp_path, capsys, path, 
 def test_export_checks_its_outputs_and_writes_all_of_them_or_none(tmp_path, capsys):
     from mpipe_tune.report.plan_file import dump_plan, plan_record, PlanInputs
     from mpipe_tune.algebra.schedule import Cut, parse_schedule
-    from mpipe_tune.cost.layers import CostOptions
-    from mpipe_tune.cost.predict import predict
     from mpipe_tune.specs import load_model, load_profile, load_workload
 
     model, profile = load_model("tiny-vit-llm"), load_profile("ideal")
     workload = load_workload("balanced", num_microbatches=4)
-    prediction = predict(Cut(()), parse_schedule("1f1b"), model, workload, profile, 2)
-    dump_plan(plan_record(prediction, model, workload, profile, CostOptions(),
-                          PlanInputs("tiny-vit-llm", (), "ideal")), tmp_path / "plan.json")
+    prediction = predict_plan(Cut(()), parse_schedule("1f1b"), model, workload, profile, 2)
+    dump_plan(plan_record(prediction, model, workload, profile, PlanInputs("tiny-vit-llm", (), "ideal")),
+              tmp_path / "plan.json")
     for out, words in (("/proc/x.csv", "--out /proc/x.csv: cannot write in /proc"), (str(tmp_path), "is a folder"),
                        (str(tmp_path / "job.csv"), "must end in .toml")):
         code = main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan", "--out", out])

@@ -127,9 +127,9 @@ def derive(
     owners = owners or Owners()
     P, M = num_ranks, num_microbatches
     if not isinstance(P, int) or P < 1:
-        raise MpipeError(f"--pp is {P}, but the pipeline degree P must be an integer >= 1")
+        raise MpipeError(f"the pipeline degree P is {P!r}, but P must be an integer >= 1")
     if not isinstance(M, int) or M < 1:
-        raise MpipeError(f"--microbatches is {M}, but the microbatch count M must be an integer >= 1")
+        raise MpipeError(f"the microbatch count M is {M!r}, but M must be an integer >= 1")
     validate_schedule(cut, schedule, model.num_layers)
     if not any(model.trainable_bits()):
         raise MpipeError(f"model '{model.name}' has no trainable layer, so a training step has no backward; unfreeze a block")
@@ -177,7 +177,7 @@ def _place(cut: Cut, schedule: Schedule, model: Model, P: int, M: int, owners: O
     sharded_count = sum(1 for s in schedule.skeletons if s.layout is Layout.SHARDED)
     if owners.slab_counts is not None and len(owners.slab_counts) != sharded_count:
         raise MpipeError(
-            f"--slabs gives {len(owners.slab_counts)} region(s) of counts but schedule '{schedule}' has "
+            f"the slab counts give {len(owners.slab_counts)} region(s) of counts but schedule '{schedule}' has "
             f"{sharded_count} Sharded region(s); give {P} counts per Sharded region, {P * sharded_count} in all"
         )
     placement = []
@@ -191,7 +191,7 @@ def _place(cut: Cut, schedule: Schedule, model: Model, P: int, M: int, owners: O
         if stop - start < P:
             raise MpipeError(
                 f"region {j} ({skeleton.value}) has {stop - start} layer(s) but P={P} ranks each need a slab of at "
-                f"least one layer; move the cut or lower --pp"
+                f"least one layer; move the cut or lower the pipeline degree"
             )
         if owners.slab_counts is not None:
             counts = tuple(owners.slab_counts[sharded_index])

@@ -116,7 +116,7 @@ class Model:
         unknown = [b for b in blocks if b not in self.blocks()]
         if unknown:
             raise MpipeError(
-                f"--frozen {','.join(unknown)}: model '{self.name}' has no such block; "
+                f"frozen block(s) {','.join(unknown)}: model '{self.name}' has no such block; "
                 f"its blocks are {', '.join(self.blocks())}"
             )
         layers = tuple(

@@ -94,19 +94,19 @@ def slabs_from_counts(start: int, counts: Sequence[int]) -> tuple[tuple[int, int
 def validate_owners(owners: Sequence[int], num_ranks: int, num_microbatches: int) -> None:
     if len(owners) != num_microbatches:
         raise MpipeError(
-            f"--owner lists {len(owners)} rank(s) but there are {num_microbatches} microbatches; "
-            f"give one rank per microbatch (0-based), or use --owner round-robin"
+            f"the owner map lists {len(owners)} rank(s) but there are {num_microbatches} microbatches; "
+            f"give one rank per microbatch (0-based), or use the round-robin owners"
         )
     for m, rank in enumerate(owners):
         if not 0 <= rank < num_ranks:
             raise MpipeError(
-                f"--owner: microbatch {m} is owned by rank {rank}, but ranks are 0..{num_ranks - 1} for --pp {num_ranks}"
+                f"owner map: microbatch {m} is owned by rank {rank}, but ranks are 0..{num_ranks - 1} for P={num_ranks}"
             )
 
 
 def validate_counts(counts: Sequence[int], region: int, num_layers: int, num_ranks: int) -> None:
     if len(counts) != num_ranks or any(c < 1 for c in counts) or sum(counts) != num_layers:
         raise MpipeError(
-            f"--slabs for region {region}: got {list(counts)}, but need {num_ranks} counts >= 1 (one per rank) "
+            f"slab counts for region {region}: got {list(counts)}, but need {num_ranks} counts >= 1 (one per rank) "
             f"summing to the region's {num_layers} layers"
         )

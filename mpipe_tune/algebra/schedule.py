@@ -97,7 +97,7 @@ def parse_cut(text: str | None) -> Cut:
     try:
         return Cut(tuple(int(t) for t in str(text).split(",")))
     except ValueError:
-        raise MpipeError(f"--cut '{text}': boundaries must be integers separated by commas, e.g. --cut 32 or --cut 32,48") from None
+        raise MpipeError(f"cut '{text}': boundaries must be integers separated by commas, e.g. 32 or 32,48") from None
 
 
 def validate_cut(cut: Cut, num_layers: int) -> None:

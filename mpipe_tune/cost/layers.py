@@ -42,38 +42,12 @@ from functools import lru_cache
 
 import numpy as np
 
+from mpipe_tune.algebra.candidate import DTYPE_BYTES, normalize_recompute, recompute_granularity
 from mpipe_tune.algebra.model import ENCODER_BLOCK, ArchCost, ExplicitCost, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.cost.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-
-DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
-"""Activation recomputation settings, as Megatron-LM's ``--recompute-granularity`` names them (plus none)."""
-_RECOMPUTE_VALUES = {"none": False, "selective": "selective", "full": True, False: False, True: True}
-
-
-def normalize_recompute(value: bool | str) -> bool | str:
-    """The stored form of a recomputation setting: ``False`` (none), ``"selective"`` or ``True``
-    (full), so that plan files and callers from before the granularity existed read unchanged.
-
-    >>> normalize_recompute("full"), normalize_recompute("none"), normalize_recompute("selective")
-    (True, False, 'selective')
-    """
-    if isinstance(value, (bool, str)) and value in _RECOMPUTE_VALUES:
-        return _RECOMPUTE_VALUES[value]
-    raise MpipeError(f"recomputation {value!r} is not a granularity; use one of {', '.join(RECOMPUTE_GRANULARITIES)}")
-
-
-def recompute_granularity(value: bool | str) -> str:
-    """``"none"``, ``"selective"`` or ``"full"`` for a setting in either form.
-
-    >>> recompute_granularity(True), recompute_granularity(False)
-    ('full', 'none')
-    """
-    stored = normalize_recompute(value)
-    return "full" if stored is True else "none" if stored is False else stored
 
 
 @dataclass(frozen=True)
@@ -169,7 +143,7 @@ class CostOptions:
 
     def dtype_bytes(self) -> int:
         if self.dtype not in DTYPE_BYTES:
-            raise MpipeError(f"--dtype {self.dtype!r} is not a known dtype; use one of {', '.join(DTYPE_BYTES)}")
+            raise MpipeError(f"dtype {self.dtype!r} is not a known dtype; use one of {', '.join(DTYPE_BYTES)}")
         return DTYPE_BYTES[self.dtype]
 
 

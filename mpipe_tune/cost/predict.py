@@ -1,12 +1,20 @@
-"""One-call prediction: layer table, balanced slabs, derive, durations, timeline."""
+"""One-call prediction of a :class:`~mpipe_tune.algebra.candidate.Candidate`: layer table, balanced
+slabs, derive, durations, timeline, memory.
+
+``predict(candidate, model, workload, profile, options)``: the candidate fixes the plan (cut,
+schedule, slabs, owners, degrees, dtype, recomputation, frozen blocks); ``options`` carries the cost
+model's settings that are not a planning choice (the MoE load imbalance, optimizer bytes), and its
+degree fields are replaced by the candidate's (:func:`cost_options`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from mpipe_tune.algebra.derive import Owners, Plan, derive
+from mpipe_tune.algebra.candidate import ROUND_ROBIN, Candidate
+from mpipe_tune.algebra.derive import Plan
 from mpipe_tune.algebra.model import Model
-from mpipe_tune.algebra.schedule import Cut, Schedule
+from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch
 from mpipe_tune.cost.arch import validate_expert_parallel_degree, validate_tensor_parallel_degree
 from mpipe_tune.cost.durations import estimate_durations
 from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table
@@ -19,10 +27,15 @@ from mpipe_tune.errors import MpipeError
 
 @dataclass(frozen=True)
 class Prediction:
+    candidate: Candidate
+    """The candidate predicted, with its slabs and owner map made explicit (what derive chose): it
+    derives the same plan again without the workload's layer weights."""
     plan: Plan
     timeline: Timeline
     table: LayerTable
     memory: MemoryReport
+    options: CostOptions
+    """The cost options the prediction used (the candidate's degrees in them)."""
 
 
 def layer_weights(model: Model, table: LayerTable) -> tuple[float, ...]:
@@ -31,34 +44,50 @@ def layer_weights(model: Model, table: LayerTable) -> tuple[float, ...]:
     return tuple(float(w) for w in per_layer)
 
 
+def cost_options(candidate: Candidate, options: CostOptions = CostOptions()) -> CostOptions:
+    """``options`` with the candidate's dtype, degrees and memory policy."""
+    c = candidate
+    return replace(options, dtype=c.dtype, tp_degree=c.tp, dp_degree=c.dp, ep_degree=c.ep, cp_degree=c.cp,
+                   recompute=c.recompute, shard_optimizer=c.zero_stage >= 1, sequence_parallel=c.sequence_parallel,
+                   encoder_tp_degree=c.encoder_tp)
+
+
+def resolved(candidate: Candidate, plan: Plan) -> Candidate:
+    """``candidate`` with the slab counts and the owner map ``plan`` placed (derive's choices made explicit)."""
+    slabs = tuple(tuple(b - a for a, b in p.owner.slabs) for p in plan.placement if isinstance(p.owner, ByLayer))
+    owners = next((p.owner.owners for p in plan.placement if isinstance(p.owner, ByMicrobatch)), None)
+    return replace(candidate, slab_counts=slabs, owner_map=owners)
+
+
 def predict(
-    cut: Cut,
-    schedule: Schedule,
+    candidate: Candidate,
     model: Model,
     workload: Workload,
     profile: HardwareProfile,
-    num_ranks: int,
-    *,
-    num_microbatches: int | None = None,
-    slab_counts: tuple[tuple[int, ...], ...] | None = None,
-    microbatch_owners: tuple[int, ...] | None = None,
     options: CostOptions = CostOptions(),
 ) -> Prediction:
-    """Derive the plan for one candidate and read its predicted timeline."""
-    M = len(workload) if num_microbatches is None else num_microbatches
-    if M != len(workload):
+    """Derive the plan for one candidate on ``model`` (its frozen blocks frozen) and read its predicted
+    timeline and memory on ``workload``, one step of ``num_microbatches`` microbatches."""
+    c = candidate
+    c.validate()
+    if c.num_microbatches != len(workload):
         raise MpipeError(
-            f"the workload '{workload.name}' has {len(workload)} microbatches but --microbatches is {M}; "
-            f"make them equal (or leave --microbatches out)"
+            f"the workload '{workload.name}' has {len(workload)} microbatches but the microbatch count M is "
+            f"{c.num_microbatches}; make them equal"
         )
+    if c.owner_map is None and c.has_transpose and c.owner_policy not in (None, ROUND_ROBIN):
+        raise MpipeError(f"owner policy {c.owner_policy!r} chooses its owners per step from the step's encode "
+                         f"costs (the search does); give the candidate its owner map")
+    model = c.model_of(model)
+    options = cost_options(c, options)
     options.validate_degrees()
+    options.dtype_bytes()
+    profile.peak(options.dtype)
     validate_tensor_parallel_degree(model, options.tp_degree)
     validate_expert_parallel_degree(model, options.ep_degree)
     table = build_layer_table(model, workload, profile, options)
-    owners = Owners(slab_counts=slab_counts, microbatch=microbatch_owners, layer_weights=layer_weights(model, table))
-    plan = derive(cut, schedule, model, num_ranks, M, owners)
+    plan = c.derive(model, layer_weights(model, table))
     durations = estimate_durations(plan, model, table, profile, options)
     timeline = read_timeline(plan, durations)
     memory = estimate_memory(plan, model, table, options, timeline, profile.memory_capacity_bytes)
-    return Prediction(plan, timeline, table, memory)
-
+    return Prediction(resolved(c, plan), plan, timeline, table, memory, options)

@@ -174,8 +174,8 @@ def load_workload(
     workload = _read_workload_file(path)
     if num_microbatches is not None and num_microbatches != len(workload):
         raise MpipeError(
-            f"workload {path} has {len(workload)} microbatches but --microbatches is {num_microbatches}: "
-            f"drop --microbatches to use the file's count, or give a file with {num_microbatches} entries"
+            f"workload {path} has {len(workload)} microbatches but the microbatch count M is {num_microbatches}: "
+            f"leave M out to use the file's count, or give a file with {num_microbatches} entries"
         )
     return workload
 

@@ -71,7 +71,7 @@ from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.algebra.order import num_rounds
 from mpipe_tune.algebra.schedule import Layout, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.plan_check import StoredCandidate, load_plan_model, validate_derivation
+from mpipe_tune.report.plan_check import derive_stored, load_plan_model, validate_derivation
 from mpipe_tune.report.plan_file import BEST, all_plan_names, load_plan, select_plan, workload_of
 from mpipe_tune.search.baselines import REFERENCE
 
@@ -167,7 +167,7 @@ def read_export_plan(path: str | os.PathLike, name: str | None = None) -> Export
         raise MpipeError(f"{where}: the model '{wanted['spec']}' has changed since the plan was made (content hash "
                          f"differs); re-plan it with 'mpipe-tune plan'")
     label = where + (f", plan '{name}'" if name else "")
-    validate_derivation(selected, StoredCandidate.of(selected, where=label).derive(model, where=label), where=label)
+    validate_derivation(selected, derive_stored(selected, model, where=label), where=label)
     return plan_from_record(selected, model, name=name or BEST, names=all_plan_names(record))
 
 

@@ -3,8 +3,9 @@
 :func:`validate_section_fields` is what :func:`~mpipe_tune.report.plan_file.load_plan` runs on every
 section: each candidate field has its type and range (the limits the CLI applies), and the predicted
 figures are finite and non-negative, so a damaged file ends in one line naming the field instead of
-a ``KeyError`` or a division by zero further on. :class:`StoredCandidate` is the candidate read back
-as the values ``derive`` takes; :func:`validate_derivation` refuses a file whose stored placement,
+a ``KeyError`` or a division by zero further on. :func:`stored_candidate` is a section's candidate read back
+as a :class:`~mpipe_tune.algebra.candidate.Candidate` (:func:`derive_stored` derives it);
+:func:`validate_derivation` refuses a file whose stored placement,
 collectives or per-rank order are not the ones ``derive`` gives for that candidate (an edited order
 would make the executor deadlock or compute wrong gradients). ``show``, ``run`` and ``export`` check
 both before they print or start anything. :func:`load_plan_model` and :func:`load_plan_profile` read
@@ -19,13 +20,13 @@ mpipe_tune.errors.MpipeError: plan file p.json: candidate field 'tp' = 0 must be
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mpipe_tune.algebra.derive import Owners, Plan, derive
-from mpipe_tune.algebra.schedule import Cut, Schedule, parse_schedule
-from mpipe_tune.cost.layers import DTYPE_BYTES, RECOMPUTE_GRANULARITIES
+from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra.derive import Plan
+from mpipe_tune.algebra.schedule import parse_schedule
+from mpipe_tune.algebra.candidate import DTYPE_BYTES, RECOMPUTE_GRANULARITIES
 from mpipe_tune.cost.workload import MAX_MICROBATCHES
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import check_finite
@@ -73,11 +74,11 @@ def validate_candidate(c: Any, *, where: str) -> None:
             check_count(c, key, where=where, upper=MAX_DEVICES)
     if "zero_stage" in c:
         check_count(c, "zero_stage", where=where, lower=0, upper=3)
-    if "moe_imbalance" in c:
-        try:
-            check_finite(c["moe_imbalance"], where=f"{where} candidate", field="moe_imbalance", lower=1.0)
-        except MpipeError as exc:
-            raise MpipeError(f"{exc}; {_FIX}") from None
+    for key in ("owner_policy", "label"):
+        if c.get(key) is not None and not isinstance(c[key], str):
+            raise _fail(where, f"candidate field {key!r} = {c[key]!r} must be text or null")
+    if not isinstance(c.get("frozen"), list) or not all(isinstance(b, str) for b in c["frozen"]):
+        raise _fail(where, f"candidate field 'frozen' = {c.get('frozen')!r} must be a list of block names")
     if not isinstance(c.get("sequence_parallel", False), bool):
         raise _fail(where, f"candidate field 'sequence_parallel' = {c['sequence_parallel']!r} must be true or false")
     _int_list(c.get("cut"), where=where, field="cut", lower=1, upper=1 << 20)
@@ -129,6 +130,10 @@ def validate_inputs(inputs: Any, *, where: str) -> None:
     frozen = inputs["model"].get("frozen", [])
     if not isinstance(frozen, list) or not all(isinstance(b, str) for b in frozen):
         raise _fail(where, "field 'inputs.model.frozen' must be a list of block names")
+    try:
+        check_finite(inputs.get("moe_imbalance"), where=f"{where} inputs", field="moe_imbalance", lower=1.0)
+    except MpipeError as exc:
+        raise MpipeError(f"{exc}; {_FIX}") from None
 
 
 def validate_section_fields(section: dict[str, Any], workload: Any, *, where: str) -> None:
@@ -157,38 +162,21 @@ def validate_search(search: Any, *, where: str) -> None:
         raise _fail(where, "field 'search' holds a sample count below 1 or a comparison row that is not an object")
 
 
-@dataclass(frozen=True)
-class StoredCandidate:
-    """A validated stored candidate as the values ``derive`` (and ``predict``) take."""
+def stored_candidate(section: Mapping[str, Any], *, where: str) -> Candidate:
+    """The candidate of a section :func:`~mpipe_tune.report.plan_file.load_plan` has checked."""
+    try:
+        parse_schedule(section["candidate"]["schedule"])
+    except MpipeError as exc:
+        raise _fail(where, f"candidate field 'schedule': {exc}") from None
+    return Candidate.from_dict(section["candidate"])
 
-    cut: Cut
-    schedule: Schedule
-    num_ranks: int
-    num_microbatches: int
-    slab_counts: tuple[tuple[int, ...], ...]
-    microbatch_owners: tuple[int, ...] | None
 
-    @classmethod
-    def of(cls, record: Mapping[str, Any], *, where: str) -> StoredCandidate:
-        """The candidate of a record :func:`~mpipe_tune.report.plan_file.load_plan` has checked."""
-        c = record["candidate"]
-        try:
-            schedule = parse_schedule(c["schedule"])
-        except MpipeError as exc:
-            raise _fail(where, f"candidate field 'schedule': {exc}") from None
-        return cls(
-            cut=Cut(tuple(c["cut"])), schedule=schedule, num_ranks=c["pp"], num_microbatches=c["microbatches"],
-            slab_counts=tuple(tuple(s) for s in c["slabs"]),
-            microbatch_owners=tuple(c["owners"]) if c["owners"] is not None else None,
-        )
-
-    def derive(self, model, *, where: str) -> Plan:
-        """``derive`` of this candidate on ``model``; a candidate it refuses is one line naming the file."""
-        try:
-            return derive(self.cut, self.schedule, model, self.num_ranks, self.num_microbatches,
-                          Owners(slab_counts=self.slab_counts, microbatch=self.microbatch_owners))
-        except MpipeError as exc:
-            raise _fail(where, f"its stored candidate does not derive ({exc})") from None
+def derive_stored(section: Mapping[str, Any], model, *, where: str) -> Plan:
+    """``derive`` of a checked section's candidate on ``model``; a candidate it refuses is one line naming the file."""
+    try:
+        return stored_candidate(section, where=where).derive(model)
+    except MpipeError as exc:
+        raise _fail(where, f"its stored candidate does not derive ({exc})") from None
 
 
 def validate_derivation(record: Mapping[str, Any], plan: Plan, *, where: str) -> None:

@@ -49,10 +49,13 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
 from mpipe_tune.report.files import write_atomic
 from mpipe_tune.report.plan_check import validate_inputs, validate_search, validate_section_fields
-from mpipe_tune.report.tables import candidate_record, derivation_record, prediction_record
+from mpipe_tune.report.tables import derivation_record, prediction_record
 
 SCHEMA = "mpipe-tune/plan"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: each section's ``candidate`` is :meth:`Candidate.to_dict` (its owner policy, label and frozen
+blocks included) and the MoE load imbalance is an input (``inputs.moe_imbalance``). Files of version 1
+(the candidate without those fields, the imbalance in it) load through :func:`upgrade_v1`."""
 
 
 @dataclass(frozen=True)
@@ -72,18 +75,14 @@ ALTERNATIVES = "alternatives"
 """The field of the plans at layouts of their own (a baseline's own best, the current layout)."""
 
 
-def plan_section(prediction, model, workload: Workload, profile, options) -> dict[str, Any]:
-    """One runnable plan: candidate, placement, collectives, order, predicted, and the workload it
-    was predicted on. :func:`plan_record` builds the file's top-level plan and every baseline with it."""
+def plan_section(prediction, model, workload: Workload, profile) -> dict[str, Any]:
+    """One runnable plan: candidate (:meth:`Candidate.to_dict`, its slabs and owner map explicit),
+    placement, collectives, order, predicted, and the workload it was predicted on.
+    :func:`plan_record` builds the file's top-level plan and every baseline with it."""
     plan = prediction.plan
     derivation = derivation_record(plan)
-    replicated = [p for p in derivation["placement"] if "owners" in p]
     return {
-        "candidate": {
-            **candidate_record(plan, options),
-            "slabs": [[b - a for a, b in p["slabs"]] for p in derivation["placement"] if "slabs" in p],
-            "owners": replicated[0]["owners"] if replicated else None,
-        },
+        "candidate": prediction.candidate.to_dict(),
         "placement": derivation["placement"],
         "collectives": derivation["collectives"],
         "order": {
@@ -92,7 +91,7 @@ def plan_section(prediction, model, workload: Workload, profile, options) -> dic
             "nodes": [list(nodes) for nodes in plan.order.nodes],
         },
         "predicted": {
-            **{k: v for k, v in prediction_record(prediction, model, workload, profile, options).items()
+            **{k: v for k, v in prediction_record(prediction, model, workload, profile).items()
                if k in ("makespan_s", "bubble_share", "ranks")},
             "durations_s": [float(d) for d in prediction.timeline.durations_s],
         },
@@ -101,12 +100,13 @@ def plan_section(prediction, model, workload: Workload, profile, options) -> dic
     }
 
 
-def plan_record(prediction, model, workload: Workload, profile, options, inputs: PlanInputs, *,
+def plan_record(prediction, model, workload: Workload, profile, inputs: PlanInputs, *,
                 baselines: Mapping[str, dict[str, Any]] | None = None,
                 alternatives: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The whole file: the best plan at the top level, and ``baselines`` and ``alternatives``
-    (name -> a section built by :func:`plan_section`) beside it when given."""
-    section = plan_section(prediction, model, workload, profile, options)
+    (name -> a section built by :func:`plan_section`) beside it when given. Every section's
+    candidate names the file's frozen blocks (``inputs.frozen``: one model per file)."""
+    section = plan_section(prediction, model, workload, profile)
     stored_workload = section.pop("workload")
     record = {
         "schema": SCHEMA,
@@ -117,6 +117,7 @@ def plan_record(prediction, model, workload: Workload, profile, options, inputs:
                       "hash": model.content_hash()},
             "profile": {"spec": inputs.profile_spec, "name": profile.name, "hash": profile.content_hash()},
             "workload": stored_workload,
+            "moe_imbalance": prediction.options.moe_imbalance,
         },
         **section,
     }
@@ -126,6 +127,8 @@ def plan_record(prediction, model, workload: Workload, profile, options, inputs:
     if alternatives:
         assert BEST not in alternatives and not set(alternatives) & set(baselines or {}), "plan names must differ"
         record[ALTERNATIVES] = dict(alternatives)
+    for section in (record, *record.get("baselines", {}).values(), *record.get(ALTERNATIVES, {}).values()):
+        section["candidate"]["frozen"] = list(inputs.frozen)
     return record
 
 
@@ -166,9 +169,11 @@ def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     where = f"plan file {path}"
     if not isinstance(record, dict) or record.get("schema") != SCHEMA:
         raise MpipeError(f"{where} is not an mpipe-tune plan (field 'schema' must be '{SCHEMA}')")
-    if record.get("schema_version") != SCHEMA_VERSION:
+    if record.get("schema_version") not in (1, SCHEMA_VERSION):
         raise MpipeError(f"{where} has schema_version {record.get('schema_version')!r}; this mpipe-tune reads "
-                         f"version {SCHEMA_VERSION}: re-create the plan with this version")
+                         f"versions 1 and {SCHEMA_VERSION}: re-create the plan with this version")
+    if record["schema_version"] == 1:
+        record = upgrade_v1(record)
     if not isinstance(record.get("tool_version"), str):
         raise MpipeError(f"{where}: field 'tool_version' is missing or malformed; the file is corrupt, re-create it")
     if not isinstance(record.get("inputs"), dict):
@@ -191,6 +196,33 @@ def load_plan(path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(section, dict):
             raise MpipeError(f"{where}: plan '{name}' is malformed; the file is corrupt, re-create it")
         _validate_section(section, section.get("workload"), where, f"plan '{name}': ")
+    return record
+
+
+def upgrade_v1(record: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 record in version 2's fields: each candidate gains the owner policy it did not
+    record (``null``), an empty label and the file's frozen blocks; the top-level
+    candidate's MoE load imbalance moves to ``inputs``. Malformed parts are left for the validators."""
+    record = json.loads(json.dumps(record))  # a copy: the caller's record stays as read
+    inputs = record.get("inputs")
+    model = inputs.get("model") if isinstance(inputs, dict) else None
+    frozen = model.get("frozen", []) if isinstance(model, dict) else []
+    sections = [("", record)] + [(name, s) for field in ("baselines", ALTERNATIVES)
+                                 for name, s in (record.get(field) or {}).items()] \
+        if all(isinstance(record.get(f, {}), dict) for f in ("baselines", ALTERNATIVES)) else [("", record)]
+    for name, section in sections:
+        c = section.get("candidate") if isinstance(section, dict) else None
+        if not isinstance(c, dict):
+            continue
+        imbalance = c.pop("moe_imbalance", 1.0)
+        if not name and isinstance(inputs, dict):
+            inputs["moe_imbalance"] = imbalance
+        c.setdefault("owner_policy", None)
+        c.setdefault("label", "")
+        c.setdefault("frozen", frozen)
+    if isinstance(inputs, dict):
+        inputs.setdefault("moe_imbalance", 1.0)
+    record["schema_version"] = SCHEMA_VERSION
     return record
 
 

@@ -12,7 +12,6 @@ import pandas as pd
 
 from mpipe_tune.algebra.derive import Plan
 from mpipe_tune.algebra.placement import ByLayer
-from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.frames import Column, TextTable, gib, ms, text
 
 
@@ -48,37 +47,9 @@ def derivation_record(plan: Plan) -> dict[str, Any]:
     }
 
 
-def candidate_record(plan: Plan, options) -> dict[str, Any]:
-    """The schedule and degrees a prediction was made for (the cost options included)."""
-    return {
-        "schedule": str(plan.schedule),
-        "cut": list(plan.cut.boundaries),
-        "pp": plan.num_ranks,
-        "tp": options.tp_degree,
-        "dp": options.dp_degree,
-        "ep": options.ep_degree,
-        "cp": options.cp_degree,
-        "encoder_tp": options.encoder_tp,
-        "dtype": options.dtype,
-        "recompute": options.recompute,
-        "zero_stage": options.zero_stage,
-        "sequence_parallel": options.sequence_parallel,
-        "moe_imbalance": options.moe_imbalance,
-        "microbatches": plan.num_microbatches,
-    }
-
-
-def options_of(candidate: dict[str, Any]):
-    """The cost options a :func:`candidate_record` was predicted with (a plan file's ``candidate``;
-    the fields a file from before expert and context parallelism lacks read as what it meant)."""
-    c = candidate
-    return CostOptions(dtype=c["dtype"], tp_degree=c["tp"], dp_degree=c["dp"], recompute=c.get("recompute", False),
-                       ep_degree=c.get("ep", 1), cp_degree=c.get("cp", 1), shard_optimizer=c.get("zero_stage", 1) >= 1,
-                       sequence_parallel=c.get("sequence_parallel", False), moe_imbalance=c.get("moe_imbalance", 1.0),
-                       encoder_tp_degree=c.get("encoder_tp"))
-
-
-def prediction_record(prediction, model, workload, profile, options) -> dict[str, Any]:
+def prediction_record(prediction, model, workload, profile) -> dict[str, Any]:
+    """What ``predict --json`` prints: the inputs' names, the candidate (its fields, with the slabs and
+    owners derive chose), the cost options' MoE imbalance, the placement and the predicted figures."""
     t = prediction.timeline
     plan = prediction.plan
     mem = prediction.memory
@@ -86,7 +57,8 @@ def prediction_record(prediction, model, workload, profile, options) -> dict[str
         "model": model.name,
         "profile": profile.name,
         "workload": workload.name,
-        **candidate_record(plan, options),
+        **prediction.candidate.to_dict(),
+        "moe_imbalance": prediction.options.moe_imbalance,
         "placement": placement_record(plan),
         "makespan_s": t.makespan_s,
         "bubble_share": sum(t.bubble_s) / (t.makespan_s * plan.num_ranks) if t.makespan_s > 0 else 0.0,

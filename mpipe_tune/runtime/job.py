@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.cost.layers import DTYPE_BYTES
+from mpipe_tune.algebra.candidate import DTYPE_BYTES
 from mpipe_tune.runtime.blueprint import blueprint, validate_tensor_parallel, validate_workload
-from mpipe_tune.report.plan_check import StoredCandidate, load_plan_model, validate_derivation
+from mpipe_tune.report.plan_check import derive_stored, load_plan_model, validate_derivation
 from mpipe_tune.runtime.plan_view import PlanView, read_plan_file, validate_model_matches, validate_runnable
 
 COMPUTE_MODES = ("real", "emulated")
@@ -67,7 +67,7 @@ def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
     view = read_plan_file(job.plan_path, plan_name=job.plan_name)
     model = resolve_model(view, job.model_spec)
     where = f"plan file {view.path}" + (f", plan '{job.plan_name}'" if job.plan_name else "")
-    validate_derivation(view.record, StoredCandidate.of(view.record, where=where).derive(model, where=where), where=where)
+    validate_derivation(view.record, derive_stored(view.record, model, where=where), where=where)
     validate_runnable(view, world_size)
     if job.compute == "real":
         dtype = job.dtype_for(view)

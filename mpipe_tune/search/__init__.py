@@ -6,7 +6,7 @@ the planner stays cheap.
 """
 
 from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline, even_split
-from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.compare import comparison_rows, evaluate_baselines, format_rows
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.owners import POLICIES, greedy_owners, max_spill, optimal_owners, owners_for

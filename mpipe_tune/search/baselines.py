@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mpipe_tune.algebra.model import Model
-from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.algebra.candidate import Candidate
 
 BASELINES = ("megatron", "disttrain", "vpp", "gpipe", "mpipe-rr")
 REFERENCE = "megatron"

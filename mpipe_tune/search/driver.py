@@ -58,7 +58,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.space import SearchSpace
 from mpipe_tune.search.writer import TrialWriter, store_trial

@@ -30,7 +30,7 @@ from mpipe_tune.cost.layers import LayerTable, build_layer_table
 from mpipe_tune.cost.predict import Prediction, layer_weights, predict
 from mpipe_tune.cost.timing import CompiledOrder, Timeline, read_timeline
 from mpipe_tune.cost.workload import Workload
-from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.owners import owners_for
 from mpipe_tune.search.problem import Problem
 
@@ -271,10 +271,9 @@ class Evaluator:
         slabs and owners made explicit: what plan.json records and ``show`` re-predicts."""
         p = self.problem
         workload, _ = self.table(sample, c)
-        cut, schedule = c.parsed()
-        prediction = predict(cut, schedule, p.model, workload, p.profile, c.pp,
-                             slab_counts=self.slab_counts(c), microbatch_owners=self.owners(c, sample),
-                             options=self.options(c))
+        options = self.options(c)
+        explicit = replace(c, slab_counts=self.slab_counts(c), owner_map=self.owners(c, sample), dtype=options.dtype)
+        prediction = predict(explicit, p.model, workload, p.profile, options)
         return prediction, workload
 
     # ---------------------------------------------------------------------------- internals

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from mpipe_tune.search.baselines import BASELINES, baseline, schedule_of
-from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.space import SearchSpace
 

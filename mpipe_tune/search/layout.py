@@ -34,7 +34,7 @@ from mpipe_tune.algebra.schedule import Layout, Skeleton, parse_cut, parse_sched
 from mpipe_tune.cost.arch import tensor_parallel_fits
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search.baselines import baseline
-from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.owners import POLICIES
 from mpipe_tune.search.space import SearchSpace
 

@@ -38,7 +38,7 @@ from mpipe_tune.algebra.placement import balanced_counts
 from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.cost.arch import expert_parallel_fits, tensor_parallel_fits
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.owners import POLICIES
 from mpipe_tune.search.problem import Problem
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.frames import MISSING, Column, format_frame, gib, is_missing, ms, text
-from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.driver import ATTR
 
 COLUMNS = ("number", "state", "schedule", "cut", "owners", "slab_counts", "pp", "tp", "dp", "microbatches",

@@ -6,10 +6,10 @@ from mpipe_tune.algebra import Cut, Schedule, Skeleton
 from mpipe_tune.algebra.model import ArchCost, Layer, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import LinkCost, load_profile, parse_profile
 from mpipe_tune.cost.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
+from conftest import predict_plan
 
 IDEAL = load_profile("ideal")
 S, HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 4096, 256, 8, 2, 32
@@ -102,7 +102,7 @@ def test_context_parallel_ranks_shard_the_optimizer_and_reduce_together():
     profile = priced("all_reduce", LinkCost(0.0, 1e-9))
 
     def run(**degrees):
-        return predict(Cut(()), schedule, MODEL, WORKLOAD, profile, 1, options=CostOptions(**degrees))
+        return predict_plan(Cut(()), schedule, MODEL, WORKLOAD, profile, 1, options=CostOptions(**degrees))
 
     for dp, cp in ((2, 1), (1, 2), (2, 4)):
         result = run(dp_degree=dp, cp_degree=cp)

@@ -10,13 +10,12 @@ from mpipe_tune.algebra.model import ArchCost, Layer, Model
 from mpipe_tune.algebra.schedule import parse_schedule
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.layers import CostOptions, build_layer_table, encoder_split
-from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import LinkCost, estimate_collective_s, load_profile
 from mpipe_tune.cost.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.specs import load_model, load_workload
 
-from conftest import with_link
+from conftest import with_link, predict_plan
 
 IDEAL = load_profile("ideal")
 VIT = {"hidden": 64, "heads": 4, "ffn": 128, "merge_factor": 4}
@@ -72,7 +71,7 @@ def test_images_are_dealt_whole_so_one_image_gains_nothing():
 
 
 def static_bytes(options):
-    result = predict(Cut(()), Schedule((Skeleton("1f1b"),)), MODEL, WORKLOAD, IDEAL, 1, options=options)
+    result = predict_plan(Cut(()), Schedule((Skeleton("1f1b"),)), MODEL, WORKLOAD, IDEAL, 1, options=options)
     return result.memory.static_bytes[0]
 
 
@@ -107,7 +106,7 @@ def test_predictions_are_unchanged_when_encoder_tp_is_unset_or_equals_tp(schedul
     workload = load_workload("balanced", num_microbatches=8, seed=0)
     for encoder_tp in (None, tp):
         options = CostOptions(tp_degree=tp, dp_degree=dp, recompute=recompute, encoder_tp_degree=encoder_tp)
-        r = predict(Cut(cut), parse_schedule(schedule), model, workload, profile, pp, num_microbatches=8,
+        r = predict_plan(Cut(cut), parse_schedule(schedule), model, workload, profile, pp, num_microbatches=8,
                     options=options)
         assert r.timeline.makespan_s == pytest.approx(step_s, rel=1e-12, abs=0)
         assert max(r.memory.peak_bytes) == pytest.approx(peak_bytes, rel=1e-12, abs=0)

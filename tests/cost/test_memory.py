@@ -3,11 +3,10 @@ import pytest
 
 from mpipe_tune.algebra import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.specs import load_model
 
-from conftest import uniform_workload
+from conftest import uniform_workload, predict_plan
 
 IDEAL = load_profile("ideal")
 TINY = load_model("tiny-vit-llm")  # 4 encoder layers, embedding, 4 decoder blocks, head
@@ -18,7 +17,7 @@ def backbone_only(P, M, skeleton, options=CostOptions()):
 
     model = Model("backbone", TINY.layers[4:])  # embed, 4 decoders, head: 6 layers
     slabs = ((3, 3),) if P == 2 else None
-    return predict(Cut(()), Schedule((Skeleton(skeleton),)), model, uniform_workload(M, 0, 64), IDEAL, P,
+    return predict_plan(Cut(()), Schedule((Skeleton(skeleton),)), model, uniform_workload(M, 0, 64), IDEAL, P,
                    slab_counts=slabs, options=options), model
 
 
@@ -32,7 +31,7 @@ def test_static_memory_is_weights_grads_and_optimizer_of_the_slabs():
 def test_frozen_layers_hold_weights_only_and_optimizer_shards_over_dp():
     model = TINY.with_frozen(("encoder",))
     options = CostOptions(dp_degree=4, shard_optimizer=True)
-    result = predict(Cut((4,)), parse_schedule("transpose,1f1b"), model, uniform_workload(4, 16, 64), IDEAL, 2,
+    result = predict_plan(Cut((4,)), parse_schedule("transpose,1f1b"), model, uniform_workload(4, 16, 64), IDEAL, 2,
                      slab_counts=((3, 3),), options=options)
     p = result.table.param_count
     encoder = p[:4].sum() * 2
@@ -57,7 +56,7 @@ def test_recomputation_lowers_the_activation_peak_and_costs_time():
 
 def test_transposed_encoder_activations_live_across_the_backbone_span():
     # The encoder's saved activations of every owned microbatch stay live until the cooldown.
-    result = predict(Cut((4,)), parse_schedule("transpose,1f1b"), TINY, uniform_workload(4, 16, 64), IDEAL, 2,
+    result = predict_plan(Cut((4,)), parse_schedule("transpose,1f1b"), TINY, uniform_workload(4, 16, 64), IDEAL, 2,
                      slab_counts=((3, 3),))
     encoder_saved = result.table.saved_bytes[:4, 0].sum()
     assert result.memory.activation_peak_bytes[1] >= 2 * encoder_saved  # rank 1 owns microbatches 1 and 3
@@ -67,6 +66,6 @@ def test_plans_over_capacity_are_flagged():
     from dataclasses import replace
 
     small = replace(IDEAL, memory_capacity_bytes=1.0)
-    result = predict(Cut(()), parse_schedule("1f1b"), TINY, uniform_workload(2, 16, 64), small, 2)
+    result = predict_plan(Cut(()), parse_schedule("1f1b"), TINY, uniform_workload(2, 16, 64), small, 2)
     assert result.memory.over_capacity == (True, True) and not result.memory.fits
-    assert predict(Cut(()), parse_schedule("1f1b"), TINY, uniform_workload(2, 16, 64), IDEAL, 2).memory.fits
+    assert predict_plan(Cut(()), parse_schedule("1f1b"), TINY, uniform_workload(2, 16, 64), IDEAL, 2).memory.fits

@@ -7,12 +7,11 @@ from mpipe_tune.algebra import Cut, Schedule, Skeleton
 from mpipe_tune.algebra.model import ArchCost, Layer, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import LinkCost, estimate_collective_s, load_profile
 from mpipe_tune.cost.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
-from conftest import with_link
+from conftest import with_link, predict_plan
 
 IDEAL = load_profile("ideal")
 HIDDEN, EXPERTS, TOP_K = 64, 8, 2
@@ -36,7 +35,7 @@ WORKLOAD = Workload(tuple(Microbatch(0, TOKENS) for _ in range(4)), "uniform")
 
 
 def static_bytes(options: CostOptions, model: Model = MOE_MODEL) -> float:
-    result = predict(Cut(()), Schedule((Skeleton("1f1b"),)), model, WORKLOAD, IDEAL, 1, options=options)
+    result = predict_plan(Cut(()), Schedule((Skeleton("1f1b"),)), model, WORKLOAD, IDEAL, 1, options=options)
     return result.memory.static_bytes[0]
 
 
@@ -128,7 +127,7 @@ def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
 
     def reduce_s(dp, ep):
         options = CostOptions(dp_degree=dp, ep_degree=ep)
-        result = predict(Cut(()), schedule, MOE_MODEL, WORKLOAD, priced, 1, options=options)
+        result = predict_plan(Cut(()), schedule, MOE_MODEL, WORKLOAD, priced, 1, options=options)
         events = result.plan.order.events
         return sum(d for e, d in zip(events, result.timeline.durations_s) if type(e).__name__ == "DpReduce")
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 
 from mpipe_tune.algebra import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.workload import Microbatch, Workload
 from mpipe_tune.specs import load_model, load_profile
+from conftest import predict_plan
 
 H100 = load_profile("h100-sxm")
 CAPACITY_BYTES = 80e9
@@ -32,12 +32,12 @@ def test_deepseek_v3_training_layout_fits_80_gb():
     options = CostOptions(dtype="bf16", tp_degree=1, dp_degree=128, ep_degree=64, shard_optimizer=True,
                           optimizer_bytes_per_param=8.0, grad_bytes_per_param=4.0, recompute="full")
     schedule = Schedule((Skeleton("1f1b"),))
-    result = predict(Cut(()), schedule, model, workload, H100, 16, options=options)
+    result = predict_plan(Cut(()), schedule, model, workload, H100, 16, options=options)
     assert H100.memory_capacity_bytes == CAPACITY_BYTES
     assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]
     # what makes it fit: EP64 divides the routed experts' weights and gradients; at EP1 the same ranks
     # would hold every expert of their layers
-    without_ep = predict(Cut(()), schedule, model, workload, H100, 16, options=replace(options, ep_degree=1))
+    without_ep = predict_plan(Cut(()), schedule, model, workload, H100, 16, options=replace(options, ep_degree=1))
     assert min(without_ep.memory.static_bytes) > CAPACITY_BYTES
 
 
@@ -55,9 +55,9 @@ def test_megatron_core_llama3_70b_layout_fits_80_gb():
     schedule = parse_schedule(",".join(["1f1b"] * 5))
     options = CostOptions(dtype="bf16", tp_degree=4, dp_degree=2, cp_degree=2, sequence_parallel=True,
                           shard_optimizer=True)
-    result = predict(cut, schedule, model, workload, H100, 4, options=options)
+    result = predict_plan(cut, schedule, model, workload, H100, 4, options=options)
     assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]
-    plain = predict(cut, schedule, model, workload, H100, 4, options=replace(options, sequence_parallel=False))
+    plain = predict_plan(cut, schedule, model, workload, H100, 4, options=replace(options, sequence_parallel=False))
     assert max(plain.memory.peak_bytes) > max(result.memory.peak_bytes)  # sequence parallelism is part of the fit
 
 
@@ -69,5 +69,5 @@ def test_megatron_core_llama3_8b_layout_fits_80_gb():
     model = load_model("llama3-8b")
     workload = Workload(tuple(Microbatch(0, 8192) for _ in range(32)), "llama3 pretraining, 8K")
     options = CostOptions(dtype="bf16", tp_degree=1, dp_degree=4, cp_degree=2, shard_optimizer=True)
-    result = predict(Cut(()), Schedule((Skeleton("1f1b"),)), model, workload, H100, 1, options=options)
+    result = predict_plan(Cut(()), Schedule((Skeleton("1f1b"),)), model, workload, H100, 1, options=options)
     assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]

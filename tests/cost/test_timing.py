@@ -4,12 +4,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mpipe_tune.algebra import Cut, Owners, Schedule, Skeleton, parse_schedule
-from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.cost.timing import CompiledOrder, longest_path_reference
 from mpipe_tune.cost.workload import Microbatch, Workload
 
-from conftest import make_model, uniform_workload
+from conftest import make_model, uniform_workload, predict_plan
 
 IDEAL = load_profile("ideal")
 
@@ -25,7 +24,7 @@ def uniform(P, M, layers_per_stage, v=1, skeleton="1f1b", fwd=1.0, bwd=2.0):
     cut = Cut(tuple(1 + P * k * j for j in range(1, v)))
     sched = Schedule((Skeleton(skeleton),) * v)
     slabs = ((k + 1,) + (k,) * (P - 1),) + ((k,) * P,) * (v - 1)
-    return predict(cut, sched, model, uniform_workload(M), IDEAL, P, slab_counts=slabs)
+    return predict_plan(cut, sched, model, uniform_workload(M), IDEAL, P, slab_counts=slabs)
 
 
 @pytest.mark.parametrize("skeleton", ["1f1b", "gpipe"])
@@ -60,7 +59,7 @@ def test_transpose_spill_is_encoder_work_beyond_warmup_slack():
     # 1 encoder layer (2 s per image token), 4 llm layers at P=4 (1 s fwd per stage), M = 4, round-robin.
     model = make_model(["encoder"] + ["llm"] * 4, fwd=1.0, bwd=2.0)
     workload = Workload(tuple(Microbatch(image_tokens=2, text_tokens=1) for _ in range(4)))
-    result = predict(Cut((1,)), parse_schedule("transpose,1f1b"), model, workload, IDEAL, 4)
+    result = predict_plan(Cut((1,)), parse_schedule("transpose,1f1b"), model, workload, IDEAL, 4)
     t = result.timeline
     assert t.encoder_s == (2.0, 2.0, 2.0, 2.0)
     assert t.warmup_slack_s == (0.0, 1.0, 2.0, 3.0)
@@ -84,7 +83,7 @@ def random_plans(draw):
         Microbatch(draw(st.integers(0, 50)), draw(st.integers(1, 50))) for _ in range(M)))
     owners = tuple(draw(st.integers(0, P - 1)) for _ in range(M))
     profile = load_profile(draw(st.sampled_from(["ideal", "h100-sxm", "cpu-generic"])))
-    return predict(Cut(tuple(bounds)), sched, model, workload, profile, P, microbatch_owners=owners)
+    return predict_plan(Cut(tuple(bounds)), sched, model, workload, profile, P, microbatch_owners=owners)
 
 
 @given(random_plans())

@@ -181,7 +181,7 @@ def test_load_json_file_and_default_name(tmp_path) -> None:
 def test_file_length_mismatch(tmp_path) -> None:
     path = tmp_path / "w.yaml"
     path.write_text(YAML_TEXT)
-    with pytest.raises(MpipeError, match=r"w\.yaml has 3 microbatches but --microbatches is 16: .*16 entries"):
+    with pytest.raises(MpipeError, match=r"w\.yaml has 3 microbatches but the microbatch count M is 16: .*16 entries"):
         load_workload(path, num_microbatches=16)
 
 

@@ -13,7 +13,6 @@ from mpipe_tune.algebra.events import Fwd
 from mpipe_tune.algebra.schedule import Cut, parse_schedule
 from mpipe_tune.cli import main
 from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.report.export import (
@@ -27,6 +26,7 @@ from mpipe_tune.report.export import (
 )
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record, plan_section, select_plan
 from mpipe_tune.specs import load_model, load_profile
+from conftest import predict_plan
 
 MODEL = "example-mllm"  # explicit costs: 8 ViT layers, a projector, 16 decoder layers
 VISION = 9
@@ -44,7 +44,7 @@ def predicted(schedule, cut, pp, num_microbatches, *, frozen=(), owners=None, sl
         model = model.with_frozen(frozen)
     hw, wl = load_profile("ideal"), workload(num_microbatches)
     options = CostOptions(dtype="bf16", tp_degree=tp, dp_degree=dp, recompute=recompute)
-    prediction = predict(Cut(cut), parse_schedule(schedule), model, wl, hw, pp, microbatch_owners=owners,
+    prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, wl, hw, pp, microbatch_owners=owners,
                          slab_counts=slabs, options=options)
     return prediction, model, wl, hw, options
 
@@ -52,9 +52,9 @@ def predicted(schedule, cut, pp, num_microbatches, *, frozen=(), owners=None, sl
 def make_record(schedule, cut, pp, num_microbatches, *, baselines=(), frozen=(), **kwargs):
     """A plan file's record (as ``plan_record`` writes it), with ``baselines``: name -> (schedule, cut)."""
     prediction, model, wl, hw, options = predicted(schedule, cut, pp, num_microbatches, frozen=frozen, **kwargs)
-    sections = {name: plan_section(*predicted(s, c, pp, num_microbatches, frozen=frozen, **kwargs))
+    sections = {name: plan_section(*predicted(s, c, pp, num_microbatches, frozen=frozen, **kwargs)[:4])
                 for name, (s, c) in dict(baselines).items()}
-    return plan_record(prediction, model, wl, hw, options, PlanInputs(MODEL, frozen, "ideal"), baselines=sections), model
+    return plan_record(prediction, model, wl, hw, PlanInputs(MODEL, frozen, "ideal"), baselines=sections), model
 
 
 def export_plan(schedule, cut, pp, num_microbatches, *, frozen=(), **kwargs):
@@ -93,7 +93,7 @@ CASES = [  # (schedule, cut, P, M): 1f1b, gpipe, interleaved v = 2 and 3, M a mu
 @pytest.mark.parametrize("schedule,cut,pp,num_microbatches", CASES)
 def test_torch_loads_the_csv_with_derives_compute_actions_rank_by_rank(tmp_path, schedule, cut, pp, num_microbatches):
     prediction, model, wl, hw, options = predicted(schedule, cut, pp, num_microbatches)
-    record = plan_record(prediction, model, wl, hw, options, PlanInputs(MODEL, (), "ideal"))
+    record = plan_record(prediction, model, wl, hw, PlanInputs(MODEL, (), "ideal"))
     path = tmp_path / "schedule.csv"
     path.write_text(to_torch_csv(plan_from_record(record, model)))
     v = len(cut) + 1

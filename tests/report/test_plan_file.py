@@ -1,15 +1,17 @@
 """plan.json sections: the baselines stored beside the best plan, selected by name, validated on load."""
 
 import json
+from pathlib import Path
 
 import pytest
 
-from mpipe_tune.algebra.schedule import Cut, parse_schedule
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.cli import main
-from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.predict import predict
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.plan_file import SECTION_KEYS, dump_plan, load_plan, plan_names, select_plan, workload_of
+from mpipe_tune.report.plan_file import (
+    SCHEMA_VERSION, SECTION_KEYS, all_plan_names, dump_plan, load_plan, plan_names, select_plan, workload_of,
+)
 from mpipe_tune.runtime.plan_view import read_plan_file
 from mpipe_tune.specs import load_model, load_profile
 
@@ -48,10 +50,7 @@ def test_a_selected_baseline_re_predicts_to_its_stored_step_time(plan_file):
     for name in plan_names(record)[1:]:
         selected = select_plan(record, name)
         c = selected["candidate"]
-        options = CostOptions(dtype=c["dtype"], tp_degree=c["tp"], dp_degree=c["dp"], recompute=c["recompute"])
-        again = predict(Cut(tuple(c["cut"])), parse_schedule(c["schedule"]), model, workload_of(selected), profile,
-                        c["pp"], slab_counts=tuple(tuple(s) for s in c["slabs"]),
-                        microbatch_owners=tuple(c["owners"]) if c["owners"] is not None else None, options=options)
+        again = predict(Candidate.from_dict(c), model, workload_of(selected), profile)
         assert again.timeline.makespan_s == pytest.approx(selected["predicted"]["makespan_s"], rel=1e-12), name
 
 
@@ -92,3 +91,49 @@ def test_a_file_without_baselines_still_loads_and_shows(plan_file, tmp_path, cap
     assert plan_names(load_plan(tmp_path / "old.json")) == ("best",)
     assert main(["show", str(tmp_path / "old.json")]) == 0
     assert "recorded step time" in capsys.readouterr().out
+
+
+OLD_PLAN = Path(__file__).parents[1] / "fixtures" / "plan-v1.json"
+"""A schema-version-1 file, written by ``mpipe-tune plan --model tiny-vit-llm --devices 2 --trials 8
+--max-microbatches 4 --global-batch 4`` before the candidate had one stored form (stored compact)."""
+
+
+def test_a_version_1_plan_file_loads_as_version_2_and_re_predicts_every_plan(capsys):
+    old = json.loads(OLD_PLAN.read_text())
+    assert old["schema_version"] == 1 and "moe_imbalance" in old["candidate"] and "owner_policy" not in old["candidate"]
+    record = load_plan(OLD_PLAN)
+    assert record["schema_version"] == SCHEMA_VERSION == 2 and record["inputs"]["moe_imbalance"] == 1.0
+    model, profile = load_model("tiny-vit-llm"), load_profile("ideal")
+    for name in all_plan_names(record):
+        selected = select_plan(record, name)
+        c = Candidate.from_dict(selected["candidate"])
+        stored = old if name == "best" else {**old["baselines"], **old["alternatives"]}[name]
+        owners = stored["candidate"]["owners"]
+        assert c.owner_map == (tuple(owners) if owners is not None else None) and c.owner_policy is None
+        assert c.slab_counts == tuple(map(tuple, stored["candidate"]["slabs"])) and c.frozen == ()
+        again = predict(c, model, workload_of(selected), profile)
+        assert again.timeline.makespan_s == pytest.approx(selected["predicted"]["makespan_s"], rel=1e-12), name
+    assert main(["show", str(OLD_PLAN)]) == 0  # re-derived: the stored orders are derive's
+    assert "re-predicted" in capsys.readouterr().out
+    assert read_plan_file(str(OLD_PLAN), plan_name="megatron").num_ranks == old["candidate"]["pp"]
+
+
+def test_a_plan_file_of_an_unknown_schema_version_is_one_line_saying_how_to_regenerate(tmp_path):
+    old = json.loads(OLD_PLAN.read_text())
+    old["schema_version"] = 3
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(old))
+    with pytest.raises(MpipeError, match="reads versions 1 and 2: re-create the plan"):
+        load_plan(path)
+
+
+def test_the_stored_candidate_is_the_candidate_type_and_names_the_frozen_blocks(tmp_path):
+    path = tmp_path / "plan.json"
+    assert main(["plan", "--model", "tiny-vit-llm", "--devices", "2", "--frozen", "encoder", "--trials", "4",
+                 "--max-microbatches", "4", "--global-batch", "4", "--no-progress",
+                 "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--out", str(path)]) == 0
+    record = load_plan(path)
+    for name in all_plan_names(record):
+        stored = select_plan(record, name)["candidate"]
+        c = Candidate.from_dict(stored)
+        assert c.to_dict() == stored and c.frozen == ("encoder",) and c.slab_counts is not None

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from mpipe_tune.algebra.schedule import Cut, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.workload import Microbatch, Workload
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.specs import load_model, load_profile
+from conftest import predict_plan
 
 TEST_MODEL = str(Path(__file__).with_name("tiny-mllm.yaml"))
 """Every kind the runtime builds (12 layers: 5 image-stream, then embedding .. lm_head)."""
@@ -38,11 +38,11 @@ def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int,
         model = model.with_frozen(frozen)
     hw = load_profile(profile)
     options = CostOptions(dtype=dtype, tp_degree=tp, dp_degree=dp)
-    prediction = predict(Cut(cut), parse_schedule(schedule), model, workload, hw, num_ranks, options=options)
+    prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, workload, hw, num_ranks, options=options)
     name = (f"{Path(model_spec).stem}-{schedule.replace(',', '_')}-p{num_ranks}-tp{tp}-dp{dp}"
             + ("-frozen" if frozen else "") + ".json")
     path = Path(folder) / name
-    dump_plan(plan_record(prediction, model, workload, hw, options, PlanInputs(model_spec, frozen, profile)), path)
+    dump_plan(plan_record(prediction, model, workload, hw, PlanInputs(model_spec, frozen, profile)), path)
     return path
 
 

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from mpipe_tune.algebra import Cut, parse_schedule
-from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.workload import Microbatch
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Candidate, Evaluator, Problem, pack
 from mpipe_tune.search.owners import max_spill
 from mpipe_tune.specs import load_model, load_profile
+from conftest import predict_plan
 
 MODEL = load_model("example-mllm")
 PROFILE = load_profile("ideal")
@@ -46,7 +46,7 @@ def test_each_sampled_step_matches_the_cost_models_own_predict(evaluator, policy
     for sample in range(3):
         workload, _ = evaluator.table(sample, c)
         owners = evaluator.owners(c, sample)
-        p = predict(Cut((9,)), parse_schedule("transpose,1f1b"), MODEL, workload, PROFILE, 4,
+        p = predict_plan(Cut((9,)), parse_schedule("transpose,1f1b"), MODEL, workload, PROFILE, 4,
                     slab_counts=e.slab_counts, microbatch_owners=owners)
         assert p.timeline.makespan_s == pytest.approx(e.makespans_s[sample], rel=1e-12)
 
@@ -63,7 +63,7 @@ def test_architecture_models_with_tp_and_dp_match_predict(model_name):
         e = evaluator.evaluate(c)
         for sample in range(2):
             workload, _ = evaluator.table(sample, c)
-            p = predict(*c.parsed(), model, workload, profile, c.pp, slab_counts=e.slab_counts,
+            p = predict_plan(*c.parsed(), model, workload, profile, c.pp, slab_counts=e.slab_counts,
                         microbatch_owners=evaluator.owners(c, sample), options=problem.options_for(c.tp, c.dp, c.recompute))
             assert p.timeline.makespan_s == pytest.approx(e.makespans_s[sample], rel=1e-12)
         peaks = [max(evaluator.prediction(c, k)[0].memory.peak_bytes) for k in range(2)]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
-from mpipe_tune.search.candidate import Candidate
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.compare import evaluate_baselines, row
 from mpipe_tune.search.families import family_candidates
 from mpipe_tune.specs import load_model, load_profile

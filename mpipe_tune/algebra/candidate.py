@@ -1,0 +1,212 @@
+"""A planning candidate: one point of the search space, as plain data.
+
+A candidate fixes everything ``derive`` and the cost model need except the workload: the cut, the
+skeleton list (normal form), the pipeline / tensor / data degrees (and the expert- and
+context-parallel ones, and the encoder's own tensor-parallel degree), the microbatch count, the owners
+of the transposed region (a policy, an explicit map, or both: the map a policy chose for one step),
+the memory policy (recomputation, ZeRO stage, sequence parallelism), the compute dtype, the frozen
+blocks, and optionally explicit ByLayer slab counts (the baselines give them; searched candidates
+leave them ``None``, meaning slabs balanced by expected layer cost). Fields added after the first plan
+files default to what those files meant.
+
+It lives in the algebra, below the cost model and the search: the CLI parses its flags into one,
+the search samples them, ``predict`` takes one and plan.json stores one (:meth:`Candidate.to_dict`).
+
+>>> c = Candidate("transpose,1f1b", (9,), pp=4, tp=1, dp=1, num_microbatches=8, owner_policy="greedy")
+>>> str(c)
+'<transpose,1f1b> cut 9  pp4 tp1 dp1  M=8  owners greedy'
+>>> Candidate.from_dict(c.to_dict()) == c
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mpipe_tune.algebra.derive import Owners, Plan, derive
+from mpipe_tune.algebra.model import Model
+from mpipe_tune.algebra.schedule import Cut, Schedule, Skeleton, parse_schedule
+from mpipe_tune.errors import MpipeError
+
+DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+"""Bytes per element of each compute dtype a candidate may name."""
+RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
+"""Activation recomputation settings, as Megatron-LM's ``--recompute-granularity`` names them (plus none)."""
+_RECOMPUTE_VALUES = {"none": False, "selective": "selective", "full": True, False: False, True: True}
+ROUND_ROBIN = "round-robin"
+"""The static owner policy: microbatch m on rank m mod P."""
+
+
+def normalize_recompute(value: bool | str) -> bool | str:
+    """The stored form of a recomputation setting: ``False`` (none), ``"selective"`` or ``True``
+    (full), so that plan files and callers from before the granularity existed read unchanged.
+
+    >>> normalize_recompute("full"), normalize_recompute("none"), normalize_recompute("selective")
+    (True, False, 'selective')
+    """
+    if isinstance(value, (bool, str)) and value in _RECOMPUTE_VALUES:
+        return _RECOMPUTE_VALUES[value]
+    raise MpipeError(f"recomputation {value!r} is not a granularity; use one of {', '.join(RECOMPUTE_GRANULARITIES)}")
+
+
+def recompute_granularity(value: bool | str) -> str:
+    """``"none"``, ``"selective"`` or ``"full"`` for a setting in either form.
+
+    >>> recompute_granularity(True), recompute_granularity(False)
+    ('full', 'none')
+    """
+    stored = normalize_recompute(value)
+    return "full" if stored is True else "none" if stored is False else stored
+
+
+def default_cut(model: Model, num_regions: int) -> Cut:
+    """One region: no cut. Two regions: the boundary before the first backbone layer
+    (:attr:`Model.backbone_start`). More regions need their boundaries given."""
+    if num_regions == 1:
+        return Cut(())
+    if num_regions == 2 and model.backbone_start:
+        return Cut((model.backbone_start,))
+    raise MpipeError(f"a schedule of {num_regions} regions needs a cut of {num_regions - 1} boundaries "
+                     f"(model '{model.name}' has {model.num_layers} layers)")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    schedule: str
+    """Skeleton list in its text form, e.g. ``"transpose,1f1b"``; always in normal form."""
+    cut: tuple[int, ...]
+    """Interior boundaries, one fewer than the skeletons."""
+    pp: int
+    tp: int
+    dp: int
+    num_microbatches: int
+    """Microbatches per pipeline replica per step."""
+    owner_policy: str | None = None
+    """ByMicrobatch policy of the transposed region (``round-robin``, ``greedy``, ``optimal``);
+    ``None`` for schedules without a transpose (and for an explicit :attr:`owner_map` alone)."""
+    slab_counts: tuple[tuple[int, ...], ...] | None = None
+    """Per Sharded region, each rank's layer count; ``None``: balanced by expected layer cost."""
+    recompute: bool | str = False
+    """Activation recomputation: ``False`` (none), ``"selective"`` (the attention core) or ``True``
+    (full: less memory, one more forward per backward); ``"none"``/``"full"`` read as the booleans."""
+    label: str = ""
+    """A baseline's name (``megatron``, ...); empty for searched candidates."""
+    ep: int = 1
+    """Expert-parallel degree, carved from the data- (and context-) parallel ranks."""
+    cp: int = 1
+    """Context-parallel degree: ``pp * tp * cp * dp`` devices."""
+    zero_stage: int = 1
+    """1: distributed optimizer (ZeRO-1, optimizer state sharded over the data-parallel ranks); 0: none."""
+    sequence_parallel: bool = False
+    """Sequence parallelism with tp (Megatron-LM's)."""
+    encoder_tp: int | None = None
+    """The encoder block's own tensor-parallel degree, a divisor of ``tp`` (the other ``tp /
+    encoder_tp`` ranks of each group encode other images); ``None`` (stored for ``tp`` itself): ``tp``."""
+    owner_map: tuple[int, ...] | None = None
+    """Explicit ByMicrobatch owners of the transposed region, the rank of microbatch 0, 1, ...; it wins
+    over :attr:`owner_policy` (which then records how it was chosen). ``None``: the policy decides."""
+    dtype: str = "bf16"
+    """Compute and activation dtype (a key of :data:`DTYPE_BYTES`)."""
+    frozen: tuple[str, ...] = ()
+    """Blocks whose layers are frozen (``Model.with_frozen``), e.g. ``("encoder",)``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
+        if self.encoder_tp == self.tp:
+            object.__setattr__(self, "encoder_tp", None)
+
+    def validate(self) -> None:
+        """One-line :class:`MpipeError` naming the quantity, for what holds of a candidate on its own
+        (what needs the model or the workload is checked by ``derive`` and the cost model)."""
+        for what, symbol, value in (("pipeline degree", "P", self.pp), ("tensor-parallel degree", "tp", self.tp),
+                                    ("data-parallel degree", "dp", self.dp),
+                                    ("microbatch count", "M", self.num_microbatches)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise MpipeError(f"the {what} {symbol} is {value!r}, but {symbol} must be an integer >= 1")
+        if self.dtype not in DTYPE_BYTES:
+            raise MpipeError(f"dtype {self.dtype!r} is not a known dtype; use one of {', '.join(DTYPE_BYTES)}")
+        if self.owner_map is not None and not self.has_transpose:
+            raise MpipeError(f"the owner map {','.join(map(str, self.owner_map))} is given, but schedule "
+                             f"<{self.schedule}> has no transpose region, so no microbatch has an owner; drop the "
+                             f"owners or use a schedule with transpose")
+
+    def model_of(self, model: Model) -> Model:
+        """``model`` with this candidate's frozen blocks frozen (the model itself when none are)."""
+        return model.with_frozen(self.frozen) if self.frozen else model
+
+    def derive(self, model: Model, layer_weights: tuple[float, ...] | None = None) -> Plan:
+        """``derive`` of this candidate on ``model`` (its frozen blocks frozen); slabs left ``None`` are
+        balanced by ``layer_weights`` (default: one per layer), a missing owner map is round-robin."""
+        cut, schedule = self.parsed()
+        owners = Owners(slab_counts=self.slab_counts, microbatch=self.owner_map, layer_weights=layer_weights)
+        return derive(cut, schedule, self.model_of(model), self.pp, self.num_microbatches, owners)
+
+    @property
+    def setting(self) -> tuple:
+        """What a step's prediction depends on besides the schedule, the slabs and the step:
+        (tp, dp, M, recompute, ep, cp, ZeRO stage, sequence parallelism, encoder tp)."""
+        return (self.tp, self.dp, self.num_microbatches, self.recompute, self.ep, self.cp, self.zero_stage,
+                self.sequence_parallel, self.encoder_tp)
+
+    @property
+    def num_devices(self) -> int:
+        return self.pp * self.tp * self.cp * self.dp
+
+    def parsed(self) -> tuple[Cut, Schedule]:
+        return Cut(self.cut), parse_schedule(self.schedule)
+
+    @property
+    def has_transpose(self) -> bool:
+        return Skeleton.TRANSPOSE.value in self.schedule.split(",")
+
+    @property
+    def degrees(self) -> str:
+        """``pp4 tp2 dp8``, with ``ep`` and ``cp`` where they are above 1 (``pp4 tp2 dp8 ep4``) and the
+        encoder's own tensor-parallel degree where it is set (``pp4 tp4 dp2 etp1``)."""
+        extra = "".join(f" {name}{value}" for name, value in (("ep", self.ep), ("cp", self.cp)) if value > 1)
+        extra += f" etp{self.encoder_tp}" if self.encoder_tp is not None else ""
+        return f"pp{self.pp} tp{self.tp} dp{self.dp}{extra}"
+
+    def __str__(self) -> str:
+        cut = ",".join(map(str, self.cut)) or "-"
+        owners = f"  owners {self.owner_policy}" if self.owner_policy else ""
+        owners += f"  owner map {','.join(map(str, self.owner_map))}" if self.owner_map is not None else ""
+        slabs = "  slabs " + "/".join("-".join(map(str, c)) for c in self.slab_counts) if self.slab_counts else ""
+        granularity = recompute_granularity(self.recompute)
+        recompute = {"none": "", "full": "  recompute"}.get(granularity, f"  recompute {granularity}")
+        memory = ("  zero0" if self.zero_stage == 0 else "") + ("  sp" if self.sequence_parallel else "")
+        extra = ("" if self.dtype == "bf16" else f"  {self.dtype}") + (
+            f"  frozen {','.join(self.frozen)}" if self.frozen else "")
+        return (f"<{self.schedule}> cut {cut}  {self.degrees}  M={self.num_microbatches}{owners}{slabs}{recompute}"
+                f"{memory}{extra}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form (plan.json's ``candidate``, a trial's record): ``slabs`` are the slab counts,
+        ``owners`` the owner map (``null`` for none)."""
+        return {
+            "schedule": self.schedule, "cut": list(self.cut), "pp": self.pp, "tp": self.tp, "dp": self.dp,
+            "ep": self.ep, "cp": self.cp, "encoder_tp": self.tp if self.encoder_tp is None else self.encoder_tp,
+            "microbatches": self.num_microbatches, "owner_policy": self.owner_policy,
+            "owners": list(self.owner_map) if self.owner_map is not None else None,
+            "slabs": [list(c) for c in self.slab_counts] if self.slab_counts else None,
+            "recompute": self.recompute, "zero_stage": self.zero_stage, "sequence_parallel": self.sequence_parallel,
+            "dtype": self.dtype, "frozen": list(self.frozen), "label": self.label,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Candidate:
+        """The inverse of :meth:`to_dict`; fields a record from before them lacks read as what it meant
+        (and trial records from before the plan file's names keep theirs: ``slab_counts``)."""
+        slabs = data.get("slabs", data.get("slab_counts"))
+        owner_map = data.get("owners")
+        return cls(
+            schedule=data["schedule"], cut=tuple(data["cut"]), pp=int(data["pp"]), tp=int(data["tp"]),
+            dp=int(data["dp"]), num_microbatches=int(data["microbatches"]), owner_policy=data.get("owner_policy"),
+            slab_counts=tuple(tuple(c) for c in slabs) if slabs else None, recompute=data.get("recompute", False),
+            label=data.get("label", ""), ep=int(data.get("ep", 1)), cp=int(data.get("cp", 1)),
+            zero_stage=int(data.get("zero_stage", 1)), sequence_parallel=bool(data.get("sequence_parallel", False)),
+            encoder_tp=int(data["encoder_tp"]) if data.get("encoder_tp") is not None else None,
+            owner_map=tuple(int(r) for r in owner_map) if owner_map is not None else None,
+            dtype=str(data.get("dtype", "bf16")), frozen=tuple(data.get("frozen", ())),
+        )
