@@ -24,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mpipe_tune.algebra.derive import Owners, Plan, derive
+from mpipe_tune.algebra.derive import Owners, derive
 from mpipe_tune.algebra.model import Model
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
 

@@ -1,20 +1,22 @@
 """``derive(cut, schedule, model, P, M, owners) -> Plan``: placement, collectives and order.
 
-The order is one acyclic event graph with typed edges; ``Plan.nodes(r)`` is rank ``r``'s event list.
-Collective events (Gather, Scatter, Send, RecvGrad) occupy links, not ranks, so they appear in the
-graph but in no rank's list; compute events, the loss, reduces and the step barrier occupy ranks.
-Consecutive events of one rank are joined by Sequence edges, so a topological order of the graph is
-a deadlock-free execution.
+The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives in
+:mod:`mpipe_tune.algebra.plan`. ``derive`` is a composition of small passes, each a pure function:
 
-Backward work is gated per stage by Lemma 1 (:mod:`mpipe_tune.algebra.footprint`) over the stages of
-the step in input-to-loss order; the seam table gates its backward comm per region the same way.
+1. :func:`_place`: the placement of every region (ByLayer slabs, ByMicrobatch owners);
+2. :func:`_collectives`: the seam table and the reduces, gated per region by Lemma 1
+   (:mod:`mpipe_tune.algebra.footprint`);
+3. :func:`stage_gates`: the same gates per stage of the step, in input-to-loss order;
+4. :func:`_microbatch_edges`: one microbatch's activation, turnaround, gradient and accumulate edges;
+5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
+   skeleton: a new skeleton is one entry there), lowered to its event list by :func:`_rank_events`;
+6. :func:`topological_order`: a deadlock-free execution of the graph.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from mpipe_tune.algebra import order as programs
 from mpipe_tune.algebra.events import (
@@ -26,6 +28,7 @@ from mpipe_tune.algebra.placement import (
     ByLayer, ByMicrobatch, RegionPlacement, balanced_counts, round_robin, slabs_from_counts,
     validate_counts, validate_owners,
 )
+from mpipe_tune.algebra.plan import Collectives, Order, Plan, Seam
 from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, validate_schedule
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
@@ -46,73 +49,6 @@ class Owners:
     """ByMicrobatch owners of the Replicated region: rank of microbatch 0, 1, ...; default round-robin."""
     layer_weights: tuple[float, ...] | None = None
     """Per model layer, the cost used to balance default slabs; default one per layer."""
-
-
-@dataclass(frozen=True)
-class Seam:
-    src_region: int
-    dst_region: int
-    fwd: Comm
-    bwd: Comm | None
-
-    def __str__(self) -> str:
-        bwd = self.bwd.value if self.bwd else "-"
-        return f"({self.src_region},{self.dst_region}): {self.fwd.value} / {bwd}"
-
-
-@dataclass(frozen=True)
-class Collectives:
-    seams: tuple[Seam, ...]
-    reduces: tuple[tuple[int, Group], ...]
-
-
-@dataclass(frozen=True)
-class Order:
-    events: tuple[Event, ...]
-    edges: tuple[tuple[int, int, EdgeKind], ...]
-    """(source index, target index, kind) into ``events``."""
-    nodes: tuple[tuple[int, ...], ...]
-    """Per rank, the indices of its events in the order it runs them."""
-    topo: tuple[int, ...] = ()
-    """A topological order of the graph (sequence edges included): a deadlock-free execution."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    cut: Cut
-    schedule: Schedule
-    num_ranks: int
-    num_microbatches: int
-    placement: tuple[RegionPlacement, ...]
-    collectives: Collectives
-    order: Order
-    stages: tuple[Stage, ...] = field(default=())
-    """Sharded stages in wavefront order; stage index = position here."""
-
-    def nodes(self, rank: int) -> tuple[Event, ...]:
-        return tuple(self.order.events[i] for i in self.order.nodes[rank])
-
-    @cached_property
-    def index(self) -> dict[Event, int]:
-        return {event: i for i, event in enumerate(self.order.events)}
-
-    def graph(self):
-        """The order as a networkx DiGraph (events as nodes, ``kind`` on edges): the readable reference."""
-        import networkx as nx
-
-        g = nx.DiGraph()
-        g.add_nodes_from(self.order.events)
-        for s, t, kind in self.order.edges:
-            g.add_edge(self.order.events[s], self.order.events[t], kind=kind)
-        return g
-
-    def sharded_regions(self) -> tuple[int, ...]:
-        return tuple(p.region for p in self.placement if p.layout is Layout.SHARDED)
-
-    def slab(self, region: int, rank: int) -> tuple[int, int]:
-        """The layers ``[start, stop)`` that ``Fwd(region, rank, m)`` runs."""
-        p = self.placement[region - 1]
-        return p.owner.slabs[rank] if isinstance(p.owner, ByLayer) else p.layers
 
 
 def derive(
@@ -136,9 +72,13 @@ def derive(
     _validate_supported(schedule, P, M)
 
     placement = _place(cut, schedule, model, P, M, owners)
-    region_trainable = [any(model.layers[i].trainable for i in range(*p.layers)) for p in placement]
+    region_trainable = [_trainable(model, *p.layers) for p in placement]
     collectives = _collectives(schedule, region_trainable)
     return _build_order(cut, schedule, model, P, M, placement, collectives)
+
+
+def _trainable(model: Model, start: int, stop: int) -> bool:
+    return any(model.layers[i].trainable for i in range(start, stop))
 
 
 def _validate_supported(schedule: Schedule, P: int, M: int) -> None:
@@ -237,6 +177,136 @@ class _Builder:
     def edge(self, src: Event, dst: Event, kind: EdgeKind) -> None:
         self.edges.setdefault((self.add(src), self.add(dst)), kind)
 
+    def sequence(self, seq: Sequence[Event]) -> tuple[int, ...]:
+        """Add a rank's events in order, joined by Sequence edges; returns their indices."""
+        ids = [self.add(key) for key in seq]
+        for a, c in zip(ids, ids[1:]):
+            self.edges.setdefault((a, c), EdgeKind.SEQUENCE)
+        return tuple(ids)
+
+
+@dataclass(frozen=True)
+class StageGates:
+    """Lemma 1 per stage of the step (the source region first, then the Sharded stages in wavefront order)."""
+
+    sends: dict[Stage, bool]
+    """The stage sends its input gradient upstream."""
+    has_bwd: dict[Stage, bool]
+    """The stage runs a backward (it receives a gradient)."""
+    reduces: dict[Stage, bool]
+    """The stage reduces weight gradients over its DataGroup."""
+    source_bwd: bool
+    """The source region runs its backward (the cooldown)."""
+    replica_reduce: DpReduce | None
+    """The source region's ReplicaGroup reduce, when it has trainable layers."""
+
+
+def stage_gates(model: Model, placement: tuple[RegionPlacement, ...], stages: Sequence[Stage],
+                source: RegionPlacement | None) -> StageGates:
+    """The footprint gates of every stage, from the trainable bits of its layers and their order only."""
+    unit_bits = ([_trainable(model, *source.layers)] if source else []) + [
+        _trainable(model, *placement[j - 1].owner.slabs[r]) for j, r in stages
+    ]
+    gates = footprint(unit_bits)
+    offset = 1 if source else 0
+    return StageGates(
+        sends={s: gates.sends_grad[i + offset] for i, s in enumerate(stages)},
+        has_bwd={s: gates.receives_grad[i + offset] for i, s in enumerate(stages)},
+        reduces={s: gates.reduces[i + offset] for i, s in enumerate(stages)},
+        source_bwd=bool(source) and gates.receives_grad[0],
+        replica_reduce=DpReduce(source.region, Group.REPLICA) if source and gates.reduces[0] else None,
+    )
+
+
+def _microbatch_edges(b: _Builder, m: int, stages: Sequence[Stage], source: RegionPlacement | None,
+                      gates: StageGates) -> None:
+    """Microbatch ``m``'s dataflow: encode and gather, forwards and sends to the loss, then backwards
+    with their gradient transfers, accumulates and the scatter back to the encoder's owner."""
+    last = stages[-1]
+    fwds = [Fwd(j, r, m) for j, r in stages]
+    if source:
+        owner = source.owner.owners[m]
+        enc = Fwd(source.region, owner, m)
+        gather = Coll(Comm.GATHER, (source.region, owner), stages[0], m)
+        b.edge(enc, gather, EdgeKind.ACTIVATION)
+        b.edge(gather, fwds[0], EdgeKind.ACTIVATION)
+    for (s, t), f_s, f_t in zip(zip(stages, stages[1:]), fwds, fwds[1:]):
+        send = Coll(Comm.SEND, s, t, m)
+        b.edge(f_s, send, EdgeKind.ACTIVATION)
+        b.edge(send, f_t, EdgeKind.ACTIVATION)
+    loss = Loss(m)
+    b.edge(fwds[-1], loss, EdgeKind.ACTIVATION)
+    if gates.has_bwd[last]:
+        b.edge(loss, Bwd(*last, m), EdgeKind.TURNAROUND)
+    for i in reversed(range(len(stages))):
+        s = stages[i]
+        if not gates.has_bwd[s]:
+            continue
+        bwd = Bwd(*s, m)
+        b.edge(fwds[i], bwd, EdgeKind.ACTIVATION)
+        if gates.reduces[s]:
+            b.edge(bwd, DpReduce(s[0], Group.DATA, s[1]), EdgeKind.ACCUMULATE)
+        if not gates.sends[s]:
+            continue
+        if i > 0:
+            grad = Coll(Comm.RECV_GRAD, s, stages[i - 1], m)
+            b.edge(bwd, grad, EdgeKind.GRADIENT)
+            b.edge(grad, Bwd(*stages[i - 1], m), EdgeKind.GRADIENT)
+        else:
+            assert source is not None
+            owner = source.owner.owners[m]
+            scatter = Coll(Comm.SCATTER, s, (source.region, owner), m)
+            enc_bwd = Bwd(source.region, owner, m)
+            b.edge(bwd, scatter, EdgeKind.GRADIENT)
+            b.edge(scatter, enc_bwd, EdgeKind.GRADIENT)
+            b.edge(Fwd(source.region, owner, m), enc_bwd, EdgeKind.ACTIVATION)
+            if gates.replica_reduce:
+                b.edge(enc_bwd, gates.replica_reduce, EdgeKind.ACCUMULATE)
+
+
+def _one_f_one_b_program(rank: int, P: int, M: int, v: int) -> programs.Program:
+    return programs.one_f_one_b(rank, P, M) if v == 1 else programs.interleaved_one_f_one_b(rank, P, M, v)
+
+
+def _gpipe_program(rank: int, P: int, M: int, v: int) -> programs.Program:
+    return programs.gpipe(M, v)
+
+
+PROGRAMS: dict[Skeleton, Callable[[int, int, int, int], programs.Program]] = {
+    Skeleton.ONE_F_ONE_B: _one_f_one_b_program,
+    Skeleton.GPIPE: _gpipe_program,
+}
+"""Per Sharded skeleton, ``(rank, P, M, v) -> program`` (see :mod:`mpipe_tune.algebra.order`)."""
+
+
+def rank_program(skeleton: Skeleton, rank: int, P: int, M: int, v: int) -> programs.Program:
+    """Rank ``rank``'s ``(op, chunk, mb)`` program in a wavefront of ``v`` regions of ``skeleton``."""
+    return PROGRAMS[skeleton](rank, P, M, v)
+
+
+def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], source: RegionPlacement | None,
+                 gates: StageGates, last: Stage, barrier: StepBarrier) -> list[Event]:
+    """A rank's event list: its encodes, its program's forwards (the loss after the last stage's) and
+    gated backwards, its encoder cooldown, its reduces and the barrier."""
+    seq: list[Event] = []
+    if source:
+        seq.extend(Fwd(source.region, rank, m) for m in source.owner.microbatches_of(rank))
+    for op, chunk, m in program:
+        stage = (sharded[chunk], rank)
+        if op == "F":
+            seq.append(Fwd(*stage, m))
+            if stage == last:
+                seq.append(Loss(m))
+        elif gates.has_bwd[stage]:
+            seq.append(Bwd(*stage, m))
+    if gates.source_bwd:
+        seq.extend(Bwd(source.region, rank, m) for m in source.owner.microbatches_of(rank))
+    if gates.replica_reduce is not None:
+        seq.append(gates.replica_reduce)
+    seq.extend(DpReduce(j, Group.DATA, rank) for j in sharded if gates.reduces[(j, rank)])
+    seq.append(barrier)
+    return seq
+
 
 def _build_order(
     cut: Cut, schedule: Schedule, model: Model, P: int, M: int,
@@ -246,102 +316,24 @@ def _build_order(
     sharded = [p.region for p in placement if p.layout is Layout.SHARDED]
     v = len(sharded)
     stages: list[Stage] = [(j, r) for j in sharded for r in range(P)]
-
-    def trainable(start: int, stop: int) -> bool:
-        return any(model.layers[i].trainable for i in range(start, stop))
-
-    unit_bits = ([trainable(*source.layers)] if source else []) + [
-        trainable(*placement[j - 1].owner.slabs[r]) for j, r in stages
-    ]
-    gates = footprint(unit_bits)
-    offset = 1 if source else 0
-    stage_sends = {s: gates.sends_grad[i + offset] for i, s in enumerate(stages)}
-    stage_has_bwd = {s: gates.receives_grad[i + offset] for i, s in enumerate(stages)}
-    stage_reduces = {s: gates.reduces[i + offset] for i, s in enumerate(stages)}
-    source_bwd = bool(source) and gates.receives_grad[0]
-    replica_reduce = DpReduce(source.region, Group.REPLICA) if source and gates.reduces[0] else None
+    gates = stage_gates(model, placement, stages, source)
 
     b = _Builder()
     barrier = StepBarrier()
-    last = stages[-1]
     for m in range(M):
-        fwds = [Fwd(j, r, m) for j, r in stages]
-        if source:
-            owner = source.owner.owners[m]
-            enc = Fwd(source.region, owner, m)
-            gather = Coll(Comm.GATHER, (source.region, owner), stages[0], m)
-            b.edge(enc, gather, EdgeKind.ACTIVATION)
-            b.edge(gather, fwds[0], EdgeKind.ACTIVATION)
-        for (s, t), f_s, f_t in zip(zip(stages, stages[1:]), fwds, fwds[1:]):
-            send = Coll(Comm.SEND, s, t, m)
-            b.edge(f_s, send, EdgeKind.ACTIVATION)
-            b.edge(send, f_t, EdgeKind.ACTIVATION)
-        loss = Loss(m)
-        b.edge(fwds[-1], loss, EdgeKind.ACTIVATION)
-        if stage_has_bwd[last]:
-            b.edge(loss, Bwd(*last, m), EdgeKind.TURNAROUND)
-        for i in reversed(range(len(stages))):
-            s = stages[i]
-            if not stage_has_bwd[s]:
-                continue
-            bwd = Bwd(*s, m)
-            b.edge(fwds[i], bwd, EdgeKind.ACTIVATION)
-            if stage_reduces[s]:
-                b.edge(bwd, DpReduce(s[0], Group.DATA, s[1]), EdgeKind.ACCUMULATE)
-            if not stage_sends[s]:
-                continue
-            if i > 0:
-                grad = Coll(Comm.RECV_GRAD, s, stages[i - 1], m)
-                b.edge(bwd, grad, EdgeKind.GRADIENT)
-                b.edge(grad, Bwd(*stages[i - 1], m), EdgeKind.GRADIENT)
-            else:
-                assert source is not None
-                owner = source.owner.owners[m]
-                scatter = Coll(Comm.SCATTER, s, (source.region, owner), m)
-                enc_bwd = Bwd(source.region, owner, m)
-                b.edge(bwd, scatter, EdgeKind.GRADIENT)
-                b.edge(scatter, enc_bwd, EdgeKind.GRADIENT)
-                b.edge(Fwd(source.region, owner, m), enc_bwd, EdgeKind.ACTIVATION)
-                if replica_reduce:
-                    b.edge(enc_bwd, replica_reduce, EdgeKind.ACCUMULATE)
+        _microbatch_edges(b, m, stages, source, gates)
     for key in [e for e in b.events if isinstance(e, DpReduce)]:
         b.edge(key, barrier, EdgeKind.SEQUENCE)
 
     skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
-    nodes = []
-    for r in range(P):
-        if skeleton is Skeleton.GPIPE:
-            program = programs.gpipe(M, v)
-        elif v == 1:
-            program = programs.one_f_one_b(r, P, M)
-        else:
-            program = programs.interleaved_one_f_one_b(r, P, M, v)
-        seq: list[Event] = []
-        if source:
-            seq.extend(Fwd(source.region, r, m) for m in source.owner.microbatches_of(r))
-        for op, chunk, m in program:
-            stage = (sharded[chunk], r)
-            if op == "F":
-                seq.append(Fwd(*stage, m))
-                if stage == last:
-                    seq.append(Loss(m))
-            elif stage_has_bwd[stage]:
-                seq.append(Bwd(*stage, m))
-        if source_bwd:
-            seq.extend(Bwd(source.region, r, m) for m in source.owner.microbatches_of(r))
-        if replica_reduce is not None:
-            seq.append(replica_reduce)
-        seq.extend(DpReduce(j, Group.DATA, r) for j in sharded if stage_reduces[(j, r)])
-        seq.append(barrier)
-        ids = [b.add(key) for key in seq]
-        for a, c in zip(ids, ids[1:]):
-            b.edges.setdefault((a, c), EdgeKind.SEQUENCE)
-        nodes.append(tuple(ids))
+    nodes = tuple(b.sequence(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1],
+                                          barrier))
+                  for r in range(P))
 
     edges = tuple((s, t, kind) for (s, t), kind in b.edges.items())
     topo = topological_order(len(b.events), edges)
     assert topo is not None, "derive built a cyclic order"
-    order = Order(events=tuple(b.events), edges=edges, nodes=tuple(nodes), topo=tuple(topo))
+    order = Order(events=tuple(b.events), edges=edges, nodes=nodes, topo=tuple(topo))
     return Plan(cut, schedule, P, M, placement, collectives, order, tuple(stages))
 
 

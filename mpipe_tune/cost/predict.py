@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from mpipe_tune.algebra.candidate import ROUND_ROBIN, Candidate
-from mpipe_tune.algebra.derive import Plan
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch
 from mpipe_tune.cost.arch import validate_expert_parallel_degree, validate_tensor_parallel_degree

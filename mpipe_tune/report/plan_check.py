@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.derive import Plan
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import parse_schedule
 from mpipe_tune.algebra.candidate import DTYPE_BYTES, RECOMPUTE_GRANULARITIES
 from mpipe_tune.cost.workload import MAX_MICROBATCHES

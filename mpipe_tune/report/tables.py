@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from mpipe_tune.algebra.derive import Plan
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.placement import ByLayer
 from mpipe_tune.frames import Column, TextTable, gib, ms, text
 
