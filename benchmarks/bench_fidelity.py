@@ -41,7 +41,7 @@ from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import dump_profile, load_profile, parse_profile
-from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.frames import Column, format_markdown, ms, text
 from mpipe_tune.profiler.fit import fit_efficiency
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from mpipe_tune.algebra import round_robin
-from mpipe_tune.cost.workload import MIXES
+from mpipe_tune.inputs.workload import MIXES
 from mpipe_tune.search import Candidate, Evaluator, Problem, greedy_owners, max_spill, optimal_owners
 from mpipe_tune.specs import load_model, load_profile
 

@@ -62,7 +62,7 @@ import yaml
 
 from mpipe_tune.cost.layers import build_layer_table
 from mpipe_tune.cost.predict import layer_weights
-from mpipe_tune.cost.workload import Mix, Workload, sample_workload
+from mpipe_tune.inputs.workload import Mix, Workload, sample_workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record, plan_section
 from mpipe_tune.search import Candidate, Evaluator, Problem, SearchSpace, SpaceOptions, evaluate_baselines

@@ -89,7 +89,7 @@ class Bench(Command):
 def _draw_measured(record: dict, runs: list[tuple[str, int]], results, out: dict, folder: Path) -> None:
     """One measured timeline per plan whose traced (last) round finished, written together; its path
     goes into ``out``."""
-    from mpipe_tune.report.files import write_together
+    from mpipe_tune.files import write_together
     from mpipe_tune.report.gantt import draw_measured_gantt
     from mpipe_tune.report.plan_file import select_plan
 

@@ -30,7 +30,7 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
 def _problem(args: argparse.Namespace):
     """The model (frozen blocks applied), profile, and the search Problem the arguments describe."""
     from mpipe_tune.cost.layers import CostOptions
-    from mpipe_tune.cost.workload import MIXES
+    from mpipe_tune.inputs.workload import MIXES
     from mpipe_tune.search import Problem
     from mpipe_tune.specs import load_model, load_profile, load_workload
 
@@ -102,7 +102,7 @@ def _draw(evaluator, evaluation, path: str, title: str) -> None:
 
 def _validate_outputs(args: argparse.Namespace) -> None:
     """Every file ``plan`` writes, checked before the search (one line naming the flag), and distinct."""
-    from mpipe_tune.report.files import validate_out_path
+    from mpipe_tune.files import validate_out_path
     from mpipe_tune.report.gantt import validate_picture_path
 
     validate_out_path(args.out, label="--out", suffixes=(".json",))
@@ -187,7 +187,7 @@ class Plan(Command):
 
     def take_action(self, args):
         from mpipe_tune.frames import to_csv_text
-        from mpipe_tune.report.files import validate_out_path, write_together
+        from mpipe_tune.files import validate_out_path, write_together
         from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
         from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE, Evaluator, SearchSpace, run_search
         from mpipe_tune.search import compare
@@ -306,9 +306,9 @@ class Show(Command):
     def take_action(self, args):
         from mpipe_tune.cost.layers import CostOptions
         from mpipe_tune.cost.predict import predict
-        from mpipe_tune.cost.workload import workload_hash
+        from mpipe_tune.inputs.workload import workload_hash
         from mpipe_tune.frames import to_csv_text
-        from mpipe_tune.report.files import validate_out_path, write_together
+        from mpipe_tune.files import validate_out_path, write_together
         from mpipe_tune.report.plan_file import load_plan, workload_of
         from mpipe_tune.report.tables import prediction_record, print_prediction
         from mpipe_tune.report.plan_check import load_plan_model, load_plan_profile, stored_candidate, validate_derivation

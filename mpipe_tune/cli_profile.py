@@ -62,7 +62,7 @@ def validate_request(args: argparse.Namespace):
     from mpipe_tune.cost.profile import DTYPES
     from mpipe_tune.profiler.roofline import TORCH_DTYPES
     from mpipe_tune.profiler.settings import MAX_PROCESSES
-    from mpipe_tune.report.files import validate_out_path
+    from mpipe_tune.files import validate_out_path
 
     device = args.device
     if device not in _DEVICES:

@@ -17,7 +17,7 @@ import yaml
 from mpipe_tune.algebra.model import ArchCost, Model, parse_model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.profile import builtin_profiles, load_profile
-from mpipe_tune.cost.workload import load_workload
+from mpipe_tune.inputs.workload import load_workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
 from mpipe_tune.hf_config import from_hf_config, is_hf_config

@@ -7,7 +7,7 @@ import os
 from hypothesis import settings
 
 from mpipe_tune.algebra.model import ExplicitCost, Layer, Model
-from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.inputs.workload import Microbatch, Workload
 
 # A fast profile for local runs, a thorough one for CI (CI=true).
 settings.register_profile("fast", max_examples=40, deadline=None)

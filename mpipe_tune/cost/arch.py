@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mpipe_tune.algebra.model import ArchCost, Model
-from mpipe_tune.cost.arch_dims import (
+from mpipe_tune.inputs.arch_dims import (
     ARCH_KINDS,
     IMAGE_STREAM_KINDS,
     OPTIONAL_DIMS,
@@ -57,7 +57,7 @@ from mpipe_tune.cost.arch_dims import (
     validate_arch,
 )
 from mpipe_tune.cost.arch_layers import LayerDegrees, build_layer
-from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError
 
 __all__ = [
@@ -228,7 +228,7 @@ def activated_param_count(kind: str, dims: Mapping[str, object]) -> int:
 
 def validate_tensor_parallel_degree(model: Model, tp_degree: int) -> None:
     """One-line :class:`MpipeError` unless every architecture layer of ``model`` splits evenly over
-    ``tp_degree`` ranks (:func:`~mpipe_tune.cost.arch_dims.tensor_parallel_problem`)."""
+    ``tp_degree`` ranks (:func:`~mpipe_tune.inputs.arch_dims.tensor_parallel_problem`)."""
     for index, layer in enumerate(model.layers):
         if isinstance(layer.cost, ArchCost):
             kind = layer.cost.kind

@@ -33,7 +33,7 @@ from typing import Any
 from mpipe_tune.cost.arch_pieces import (
     Layer, Piece, Split, all_reduce, all_to_all, attention, lookup, matmul, pointwise,
 )
-from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.inputs.workload import Microbatch
 
 _NORM_FLOPS_PER_ELEM = 4.0  # mean/variance, scale, gain
 _SWIGLU_FLOPS_PER_ELEM = 4.0  # sigmoid, two products

@@ -46,7 +46,7 @@ from mpipe_tune.algebra.candidate import DTYPE_BYTES, normalize_recompute, recom
 from mpipe_tune.algebra.model import ENCODER_BLOCK, ArchCost, ExplicitCost, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
-from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
 

@@ -21,7 +21,7 @@ from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table
 from mpipe_tune.cost.memory import MemoryReport, estimate_memory
 from mpipe_tune.cost.profile import HardwareProfile
 from mpipe_tune.cost.timing import Timeline, read_timeline
-from mpipe_tune.cost.workload import Workload
+from mpipe_tune.inputs.workload import Workload
 from mpipe_tune.errors import MpipeError
 
 

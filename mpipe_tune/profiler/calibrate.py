@@ -34,7 +34,7 @@ import numpy as np
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.algebra.candidate import DTYPE_BYTES
-from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.profiler.device import Timer
 from mpipe_tune.profiler.roofline import TORCH_DTYPES
 from mpipe_tune.profiler.settings import SweepSettings

@@ -27,7 +27,7 @@ from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import parse_schedule
 from mpipe_tune.algebra.candidate import DTYPE_BYTES, RECOMPUTE_GRANULARITIES
-from mpipe_tune.cost.workload import MAX_MICROBATCHES
+from mpipe_tune.inputs.workload import MAX_MICROBATCHES
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import check_finite
 from mpipe_tune.search.problem import MAX_DEVICES

@@ -44,10 +44,10 @@ from typing import Any
 
 from mpipe_tune import __version__
 from mpipe_tune.algebra.events import EdgeKind, parse_event
-from mpipe_tune.cost.workload import Workload, parse_workload, workload_hash, workload_to_dict
+from mpipe_tune.inputs.workload import Workload, parse_workload, workload_hash, workload_to_dict
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
-from mpipe_tune.report.files import write_atomic
+from mpipe_tune.files import write_atomic
 from mpipe_tune.report.plan_check import validate_inputs, validate_search, validate_section_fields
 from mpipe_tune.report.tables import derivation_record, prediction_record
 

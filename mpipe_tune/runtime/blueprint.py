@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipe_tune.algebra.model import ArchCost, Model
-from mpipe_tune.cost.arch_dims import resolve_dims, tensor_parallel_problem
-from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.inputs.arch_dims import resolve_dims, tensor_parallel_problem
+from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
 # The kind of tensor each kind takes and gives: None (no input), "patches", "image", "sequence", "loss".

@@ -13,7 +13,7 @@ import hashlib
 
 import torch
 
-from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.inputs.workload import Microbatch
 
 
 def seed_of(*parts: object) -> int:

@@ -89,6 +89,6 @@ def chrome_trace(view: PlanView, per_rank: Sequence[Sequence[Any]]) -> dict[str,
 
 def dump_trace(trace: dict[str, Any], path: str | os.PathLike) -> None:
     """Write the trace to ``path`` atomically."""
-    from mpipe_tune.report.files import write_atomic
+    from mpipe_tune.files import write_atomic
 
     write_atomic(path, json.dumps(trace), label="trace file", suffixes=(".json",))

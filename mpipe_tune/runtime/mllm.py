@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.runtime.blueprint import LayerSpec
 from mpipe_tune.runtime.data import MicrobatchInputs
 from mpipe_tune.runtime.layers import build_layer

@@ -26,7 +26,7 @@ from typing import Any
 
 from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Event, Fwd, Group, Loss, StepBarrier, parse_event
 from mpipe_tune.algebra.model import Model
-from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.report.plan_file import load_plan, select_plan, workload_of
 from mpipe_tune.runtime.layout import ParallelLayout

@@ -29,7 +29,7 @@ from mpipe_tune.cost.durations import DurationModel
 from mpipe_tune.cost.layers import LayerTable, build_layer_table
 from mpipe_tune.cost.predict import Prediction, layer_weights, predict
 from mpipe_tune.cost.timing import CompiledOrder, Timeline, read_timeline
-from mpipe_tune.cost.workload import Workload
+from mpipe_tune.inputs.workload import Workload
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.owners import owners_for
 from mpipe_tune.search.problem import Problem

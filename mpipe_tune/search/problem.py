@@ -24,7 +24,7 @@ from functools import cached_property
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.profile import HardwareProfile
-from mpipe_tune.cost.workload import MIXES, Microbatch, Workload, sample_workload
+from mpipe_tune.inputs.workload import MIXES, Microbatch, Workload, sample_workload
 from mpipe_tune.errors import MpipeError
 
 MAX_DEVICES = 1 << 16

@@ -24,7 +24,7 @@ from mpipe_tune.cost.arch import (
     param_count,
     validate_arch,
 )
-from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"

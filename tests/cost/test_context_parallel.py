@@ -7,7 +7,7 @@ from mpipe_tune.algebra.model import ArchCost, Layer, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.layers import CostOptions, build_layer_table
 from mpipe_tune.cost.profile import LinkCost, load_profile, parse_profile
-from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from conftest import predict_plan
 

@@ -11,7 +11,7 @@ from mpipe_tune.algebra.schedule import parse_schedule
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.layers import CostOptions, build_layer_table, encoder_split
 from mpipe_tune.cost.profile import LinkCost, estimate_collective_s, load_profile
-from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.specs import load_model, load_workload
 

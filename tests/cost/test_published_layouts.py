@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from mpipe_tune.algebra import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.specs import load_model, load_profile
 from conftest import predict_plan
 

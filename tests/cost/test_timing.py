@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from mpipe_tune.algebra import Cut, Owners, Schedule, Skeleton, parse_schedule
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.cost.timing import CompiledOrder, longest_path_reference
-from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.inputs.workload import Microbatch, Workload
 
 from conftest import make_model, uniform_workload, predict_plan
 

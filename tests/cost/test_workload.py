@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpipe_tune.cost.workload import (
+from mpipe_tune.inputs.workload import (
     DEFAULT_NUM_MICROBATCHES,
     MIXES,
     Microbatch,

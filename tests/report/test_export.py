@@ -13,7 +13,7 @@ from mpipe_tune.algebra.events import Fwd
 from mpipe_tune.algebra.schedule import Cut, parse_schedule
 from mpipe_tune.cli import main
 from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.report.export import (
     mpipe_owners,

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan  # noqa: E402
 
 from mpipe_tune.algebra.order import is_interleavable  # noqa: E402
-from mpipe_tune.cost.workload import Microbatch, Workload  # noqa: E402
+from mpipe_tune.inputs.workload import Microbatch, Workload  # noqa: E402
 from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
 from mpipe_tune.runtime.job import RunJob  # noqa: E402
 from mpipe_tune.runtime.launch import launch_local  # noqa: E402

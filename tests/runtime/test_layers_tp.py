@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from tp_layers_check import MICROBATCH, TP_MODEL, compare_split_layers  # noqa: E402
 
 from mpipe_tune.cost.arch import param_count  # noqa: E402
-from mpipe_tune.cost.arch_dims import resolve_dims  # noqa: E402
+from mpipe_tune.inputs.arch_dims import resolve_dims  # noqa: E402
 from mpipe_tune.errors import MpipeError  # noqa: E402
 from mpipe_tune.runtime.blueprint import LayerSpec, blueprint, validate_tensor_parallel  # noqa: E402
 from mpipe_tune.runtime.data import MicrobatchInputs  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, make_plan
 
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, Fwd
-from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.runtime.blueprint import blueprint, output_shape
 from mpipe_tune.runtime.plan_view import read_plan_file

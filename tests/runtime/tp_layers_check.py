@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.runtime.blueprint import LayerSpec, blueprint, output_shape
 from mpipe_tune.runtime.data import MicrobatchInputs, seed_of
 from mpipe_tune.runtime.mllm import LayerStack, reference_step

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mpipe_tune.algebra import Cut, parse_schedule
-from mpipe_tune.cost.workload import Microbatch
+from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Candidate, Evaluator, Problem, pack
 from mpipe_tune.search.owners import max_spill

@@ -6,6 +6,10 @@ folder, bytes that are not UTF-8 text, and text that is not JSON or YAML all end
 instead. :func:`check_finite` is the number check the parsers share for fields that must be finite
 and within a sane range.
 
+The input types that both the cost model and the runtime read live beside it, below both:
+:mod:`mpipe_tune.inputs.workload` (microbatches and workloads) and :mod:`mpipe_tune.inputs.arch_dims`
+(architecture kinds and their dimensions).
+
 >>> check_finite(2.0e-6, where="model m layer 'vit'", field="fwd_s_per_token", upper=1.0)
 2e-06
 """
