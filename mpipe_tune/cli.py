@@ -145,7 +145,8 @@ class Derive(Command):
         add_candidate_arguments(parser)
 
     def take_action(self, args):
-        from mpipe_tune.report.tables import derivation_record, print_derivation
+        from mpipe_tune.plan_file import derivation_record
+        from mpipe_tune.report.tables import print_derivation
 
         prediction, *_ = load_candidate(args)
         record = derivation_record(prediction.plan)

@@ -45,7 +45,7 @@ class Bench(Command):
 
     def take_action(self, args: argparse.Namespace) -> int:
         from mpipe_tune.report.bench import bench_plans, bench_record, format_bench, progress_line, round_robin, validate_rounds
-        from mpipe_tune.report.plan_file import load_plan
+        from mpipe_tune.plan_file import load_plan
         from mpipe_tune.runtime.job import RunJob
         from mpipe_tune.runtime.session import run_session
 
@@ -91,7 +91,7 @@ def _draw_measured(record: dict, runs: list[tuple[str, int]], results, out: dict
     goes into ``out``."""
     from mpipe_tune.files import write_together
     from mpipe_tune.report.gantt import draw_measured_gantt
-    from mpipe_tune.report.plan_file import select_plan
+    from mpipe_tune.plan_file import select_plan
 
     entries = {p["name"]: p for p in out["plans"]}
     pictures = []

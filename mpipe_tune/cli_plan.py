@@ -309,9 +309,9 @@ class Show(Command):
         from mpipe_tune.inputs.workload import workload_hash
         from mpipe_tune.frames import to_csv_text
         from mpipe_tune.files import validate_out_path, write_together
-        from mpipe_tune.report.plan_file import load_plan, workload_of
+        from mpipe_tune.plan_file import load_plan, workload_of
         from mpipe_tune.report.tables import prediction_record, print_prediction
-        from mpipe_tune.report.plan_check import load_plan_model, load_plan_profile, stored_candidate, validate_derivation
+        from mpipe_tune.plan_file import load_plan_model, load_plan_profile, stored_candidate, validate_derivation
 
         if args.csv is not None:
             validate_out_path(args.csv, label="--csv", suffixes=(".csv",))

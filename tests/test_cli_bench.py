@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 from mpipe_tune.cli import main  # noqa: E402
-from mpipe_tune.report.plan_file import load_plan, plan_names, select_plan  # noqa: E402
+from mpipe_tune.plan_file import load_plan, plan_names, select_plan  # noqa: E402
 from mpipe_tune.runtime import launch  # noqa: E402
 
 # Short sequences: the example's emulated step takes tens of milliseconds on 2 ranks.

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from mpipe_tune.cli import main
-from mpipe_tune.report.plan_file import load_plan
+from mpipe_tune.plan_file import load_plan
 
 MOE = str(Path(__file__).parent / "runtime" / "tiny-mllm-mla-moe.yaml")
 SMALL = ["--model", MOE, "--devices", "4", "--global-batch", "8", "--samples", "1", "--no-progress",

@@ -35,6 +35,8 @@ DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 """Activation recomputation settings, as Megatron-LM's ``--recompute-granularity`` names them (plus none)."""
 _RECOMPUTE_VALUES = {"none": False, "selective": "selective", "full": True, False: False, True: True}
+MAX_DEVICES = 1 << 16
+"""The most devices a problem or a candidate may have (65536): more than any pipeline-parallel training job spans."""
 ROUND_ROBIN = "round-robin"
 """The static owner policy: microbatch m on rank m mod P."""
 

@@ -23,7 +23,7 @@ import pandas as pd
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.frames import Column, format_frame, ms, text
-from mpipe_tune.report.plan_file import all_plan_names, plan_names
+from mpipe_tune.plan_file import all_plan_names, plan_names
 from mpipe_tune.search.baselines import REFERENCE
 
 

@@ -71,8 +71,9 @@ from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.algebra.order import num_rounds
 from mpipe_tune.algebra.schedule import Layout, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.plan_check import derive_stored, load_plan_model, validate_derivation
-from mpipe_tune.report.plan_file import BEST, all_plan_names, load_plan, select_plan, workload_of
+from mpipe_tune.plan_file import (
+    BEST, all_plan_names, derive_stored, load_plan, load_plan_model, select_plan, validate_derivation, workload_of,
+)
 from mpipe_tune.search.baselines import REFERENCE
 
 EMBEDDING_KIND = "embedding"

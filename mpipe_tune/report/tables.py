@@ -10,41 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from mpipe_tune.algebra.plan import Plan
-from mpipe_tune.algebra.placement import ByLayer
+from mpipe_tune.plan_file import placement_record
 from mpipe_tune.frames import Column, TextTable, gib, ms, text
-
-
-def placement_record(plan: Plan) -> list[dict[str, Any]]:
-    out = []
-    for p in plan.placement:
-        entry: dict[str, Any] = {"region": p.region, "layers": list(p.layers), "layout": p.layout.value}
-        if isinstance(p.owner, ByLayer):
-            entry["slabs"] = [list(s) for s in p.owner.slabs]
-        else:
-            entry["owners"] = list(p.owner.owners)
-        out.append(entry)
-    return out
-
-
-def derivation_record(plan: Plan) -> dict[str, Any]:
-    return {
-        "schedule": str(plan.schedule),
-        "cut": list(plan.cut.boundaries),
-        "pp": plan.num_ranks,
-        "microbatches": plan.num_microbatches,
-        "placement": placement_record(plan),
-        "collectives": {
-            "seams": [
-                {"seam": [s.src_region, s.dst_region], "fwd": s.fwd.value, "bwd": s.bwd.value if s.bwd else None}
-                for s in plan.collectives.seams
-            ],
-            "reduces": [{"region": j, "group": g.value} for j, g in plan.collectives.reduces],
-        },
-        "nodes": [[str(e) for e in plan.nodes(r)] for r in range(plan.num_ranks)],
-        "num_events": len(plan.order.events),
-        "num_edges": len(plan.order.edges),
-    }
 
 
 def prediction_record(prediction, model, workload, profile) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from mpipe_tune.algebra.model import Model
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.algebra.candidate import DTYPE_BYTES
 from mpipe_tune.runtime.blueprint import blueprint, validate_tensor_parallel, validate_workload
-from mpipe_tune.report.plan_check import derive_stored, load_plan_model, validate_derivation
+from mpipe_tune.plan_file import derive_stored, load_plan_model, validate_derivation
 from mpipe_tune.runtime.plan_view import PlanView, read_plan_file, validate_model_matches, validate_runnable
 
 COMPUTE_MODES = ("real", "emulated")

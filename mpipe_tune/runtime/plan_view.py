@@ -28,7 +28,7 @@ from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Event, Fwd, Group, Lo
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.plan_file import load_plan, select_plan, workload_of
+from mpipe_tune.plan_file import load_plan, select_plan, workload_of
 from mpipe_tune.runtime.layout import ParallelLayout
 
 Stage = tuple[int, int]

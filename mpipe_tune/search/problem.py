@@ -21,14 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from mpipe_tune.algebra.candidate import MAX_DEVICES
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.profile import HardwareProfile
 from mpipe_tune.inputs.workload import MIXES, Microbatch, Workload, sample_workload
 from mpipe_tune.errors import MpipeError
 
-MAX_DEVICES = 1 << 16
-"""The most devices a problem may have (65536): more than any pipeline-parallel training job spans."""
 MAX_GLOBAL_BATCH = 1 << 18
 """The most sequences per step (262144: four per device at :data:`MAX_DEVICES`); a mix's sequence is
 thousands of tokens, so this is a billion tokens a step, far above any training run's batch."""

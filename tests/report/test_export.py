@@ -24,7 +24,8 @@ from mpipe_tune.report.export import (
     to_torch_csv,
     to_torchtitan,
 )
-from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record, plan_section, select_plan
+from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record, plan_section
+from mpipe_tune.plan_file import select_plan
 from mpipe_tune.specs import load_model, load_profile
 from conftest import predict_plan
 

@@ -9,8 +9,9 @@ from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.cli import main
 from mpipe_tune.cost.predict import predict
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.plan_file import (
-    SCHEMA_VERSION, SECTION_KEYS, all_plan_names, dump_plan, load_plan, plan_names, select_plan, workload_of,
+from mpipe_tune.report.plan_file import dump_plan
+from mpipe_tune.plan_file import (
+    SCHEMA_VERSION, SECTION_KEYS, all_plan_names, load_plan, plan_names, select_plan, workload_of,
 )
 from mpipe_tune.runtime.plan_view import read_plan_file
 from mpipe_tune.specs import load_model, load_profile
