@@ -11,12 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mpipe_tune.algebra.model import Model
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.algebra.candidate import DTYPE_BYTES
 from mpipe_tune.runtime.blueprint import blueprint, validate_tensor_parallel, validate_workload
-from mpipe_tune.plan_file import derive_stored, load_plan_model, validate_derivation
-from mpipe_tune.runtime.plan_view import PlanView, read_plan_file, validate_model_matches, validate_runnable
+from mpipe_tune.runtime.plan_view import PlanView, read_plan_file, validate_runnable
 
 COMPUTE_MODES = ("real", "emulated")
 DTYPE_NAMES = ("fp32", "fp64", "bf16", "fp16")
@@ -54,20 +52,11 @@ class RunJob:
             raise MpipeError(f"--steps is {self.steps}, but a run needs at least one step")
 
 
-def resolve_model(view: PlanView, model_spec: str | None) -> Model:
-    """The plan's model (or ``model_spec``) with the plan's frozen blocks, checked against its hash."""
-    model = load_plan_model(view.record, where=f"plan file {view.path}", spec=model_spec)
-    validate_model_matches(view, model)
-    return model
-
-
 def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
     """Every check that needs no process group; one-line :class:`MpipeError` on failure."""
     job.validate()
-    view = read_plan_file(job.plan_path, plan_name=job.plan_name)
-    model = resolve_model(view, job.model_spec)
-    where = f"plan file {view.path}" + (f", plan '{job.plan_name}'" if job.plan_name else "")
-    validate_derivation(view.record, derive_stored(view.record, model, where=where), where=where)
+    view = read_plan_file(job.plan_path, plan_name=job.plan_name, model_spec=job.model_spec)
+    model = view.model
     validate_runnable(view, world_size)
     if job.compute == "real":
         dtype = job.dtype_for(view)
@@ -92,7 +81,7 @@ def validate_memory(view: PlanView, job: RunJob, local_ranks: Sequence[int], ava
     if job.compute != "real":
         return
     scale = DTYPE_BYTES[job.dtype_for(view)] / DTYPE_BYTES.get(view.dtype, DTYPE_BYTES[job.dtype_for(view)])
-    ranks = view.record["predicted"]["ranks"]
+    ranks = view.record["predicted"]["ranks"]  # the file's predicted figures, checked on load
     peaks = [float(ranks[view.layout.coordinates(g)[0]]["memory"]["peak_bytes"]) * scale for g in local_ranks]
     need = sum(peaks) if shared else max(peaks, default=0.0)
     if need > available_bytes:

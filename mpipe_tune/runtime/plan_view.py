@@ -15,7 +15,11 @@ graph, generically for every event:
 Both ends of a transfer compute its shape from the stored workload (the output shape of the layer
 at the boundary), so variable image sizes need no shape header on the wire.
 
-Nothing here imports torch: the CLI runs these checks before any process starts.
+The view is built from the algebra's :class:`~mpipe_tune.algebra.plan.Plan`: the file's candidate is
+derived again on the plan's model, and the stored order must be exactly that derivation
+(:func:`~mpipe_tune.plan_file.validate_derivation`); the file contributes the workload and the
+predicted figures. Nothing here imports torch or ``report``: the CLI runs these checks before any
+process starts.
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Event, Fwd, Group, Loss, StepBarrier, parse_event
+from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Event, Fwd, Group, Loss, StepBarrier
 from mpipe_tune.algebra.model import Model
-from mpipe_tune.inputs.workload import Microbatch
+from mpipe_tune.algebra.placement import ByLayer
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.plan_file import load_plan, select_plan, workload_of
+from mpipe_tune.inputs.workload import Microbatch
+from mpipe_tune.plan_file import PlanFile, PlanSection, derive_stored, load_plan_model, read_plan, validate_derivation
 from mpipe_tune.runtime.layout import ParallelLayout
 
 Stage = tuple[int, int]
@@ -61,6 +68,12 @@ class Transfer:
 class PlanView:
     path: str
     record: dict[str, Any] = field(repr=False)
+    """The plan's section as a top-level record (its predicted figures, per rank)."""
+    candidate: Candidate
+    model: Model = field(repr=False)
+    """The plan's model (its frozen blocks frozen), checked against the file's hash."""
+    plan: Plan = field(repr=False)
+    """``derive`` of the candidate: what the stored order was checked against and the view is read from."""
     events: tuple[Event, ...]
     nodes: tuple[tuple[int, ...], ...]
     """Per rank, its event indices in the order it runs them."""
@@ -91,16 +104,16 @@ class PlanView:
     @property
     def layout(self) -> ParallelLayout:
         """The plan's (pp, dp, tp) grid of ranks."""
-        return ParallelLayout.of_candidate(self.record["candidate"])
+        return ParallelLayout(self.candidate.pp, self.candidate.dp, self.candidate.tp)
 
     @property
     def dtype(self) -> str:
         """The compute dtype the plan was predicted for."""
-        return str(self.record["candidate"]["dtype"])
+        return self.candidate.dtype
 
     @property
     def schedule(self) -> str:
-        return str(self.record["candidate"]["schedule"])
+        return self.candidate.schedule
 
     def slab(self, region: int, rank: int) -> tuple[int, int]:
         """The layers ``Fwd(region, rank, m)`` runs: its slab, or the whole region when replicated."""
@@ -131,22 +144,28 @@ class PlanView:
         return (fwd.region, fwd.rank, fwd.mb) in self.backward_stages
 
 
-def read_plan_file(path: str, model: Model | None = None, *, plan_name: str | None = None) -> PlanView:
+def read_plan_file(path: str, model: Model | None = None, *, plan_name: str | None = None,
+                   model_spec: str | None = None) -> PlanView:
     """Load and check a plan file's plan ``plan_name`` (default: the best; or one of its stored
-    baselines); with ``model``, check it is the model the plan was made for."""
-    record = select_plan(load_plan(path), plan_name, where=f"plan file {path}")
-    view = _view(path, record)
-    if model is not None:
-        validate_model_matches(view, model)
-    return view
+    baselines or alternatives) on its model: ``model``, or the one the file names (``model_spec``:
+    where it moved to); the model must be the one the plan was made for, and the stored order derive's."""
+    file = read_plan(path)
+    section = file.section(plan_name)
+    if model is None:
+        model = load_plan_model(file.record, where=file.where, spec=model_spec)
+    validate_model_matches(file, model)
+    where = file.where + section.where
+    plan = derive_stored(section.record, model, where=where)
+    validate_derivation(section.record, plan, where=where)
+    return _view(file, section, section.candidate.model_of(model), plan)
 
 
-def validate_model_matches(view: PlanView, model: Model) -> None:
-    wanted = view.record["inputs"]["model"]
-    if model.content_hash() != wanted.get("hash"):
+def validate_model_matches(file: PlanFile, model: Model) -> None:
+    wanted = file.record["inputs"]["model"]
+    if model.content_hash() != file.model_hash:
         frozen = ",".join(wanted.get("frozen") or []) or "none"
         raise MpipeError(
-            f"plan file {view.path} was made for model '{wanted.get('name')}' (spec {wanted.get('spec')!r}, "
+            f"plan file {file.path} was made for model '{wanted.get('name')}' (spec {wanted.get('spec')!r}, "
             f"frozen {frozen}), but model '{model.name}' given here differs (content hash mismatch); "
             f"pass the plan's --model, or re-plan for this model"
         )
@@ -154,53 +173,37 @@ def validate_model_matches(view: PlanView, model: Model) -> None:
 
 def validate_runnable(view: PlanView, world_size: int | None = None) -> None:
     """What this runtime cannot run, as one-line errors, before any process group exists."""
-    c = view.record["candidate"]
-    ep, cp = c.get("ep", 1), c.get("cp", 1)
+    c = view.candidate
+    ep, cp = c.ep, c.cp
     if ep > 1 or cp > 1:
         raise MpipeError(f"plan file {view.path} is planned with expert-parallel degree {ep} and context-parallel "
                          f"degree {cp}; the runtime runs pp x dp x tp; re-plan with --ep 1 --cp 1")
-    if c.get("sequence_parallel", False):
+    if c.sequence_parallel:
         raise MpipeError(f"plan file {view.path} is planned with sequence parallelism, which the runtime does not run "
                          f"(its tensor parallelism keeps whole sequences); re-plan without --sequence-parallel")
-    if c.get("encoder_tp", c["tp"]) != c["tp"]:
-        raise MpipeError(f"plan file {view.path} is planned with encoder tensor-parallel degree {c['encoder_tp']} "
-                         f"under tp {c['tp']}; the runtime runs the encoder at the plan's tp; re-plan without "
+    if c.encoder_tp is not None:
+        raise MpipeError(f"plan file {view.path} is planned with encoder tensor-parallel degree {c.encoder_tp} "
+                         f"under tp {c.tp}; the runtime runs the encoder at the plan's tp; re-plan without "
                          f"--encoder-tp")
     if world_size is not None:
         view.layout.validate_world_size(world_size, f"plan file {view.path}")
 
 
-def _view(path: str, record: dict[str, Any]) -> PlanView:
-    try:
-        return _build_view(path, record)
-    except (KeyError, TypeError, ValueError, IndexError, AssertionError) as exc:
-        if isinstance(exc, MpipeError):
-            raise
-        raise MpipeError(
-            f"plan file {path}: placement or order is corrupt ({type(exc).__name__}: {exc}); re-create the plan"
-        ) from None
-
-
-def _build_view(path: str, record: dict[str, Any]) -> PlanView:
-    order = record["order"]
-    events = tuple(parse_event(text) for text in order["events"])
-    nodes = tuple(tuple(int(i) for i in rank_nodes) for rank_nodes in order["nodes"])
-    microbatches = workload_of(record).microbatches
-    assert len(microbatches) == record["candidate"]["microbatches"], "workload length differs from M"
-
-    region_layers: dict[int, tuple[int, int]] = {}
-    stage_slabs: dict[Stage, tuple[int, int]] = {}
-    for p in record["placement"]:
-        start, stop = p["layers"]
-        region_layers[int(p["region"])] = (int(start), int(stop))
-        for rank, (a, b) in enumerate(p.get("slabs") or []):
-            stage_slabs[(int(p["region"]), rank)] = (int(a), int(b))
+def _view(file: PlanFile, section: PlanSection, model: Model, plan: Plan) -> PlanView:
+    events = plan.order.events
+    nodes = plan.order.nodes
+    microbatches = section.workload.microbatches
+    region_layers: dict[int, tuple[int, int]] = {p.region: p.layers for p in plan.placement}
+    stage_slabs: dict[Stage, tuple[int, int]] = {
+        (p.region, rank): slab for p in plan.placement if isinstance(p.owner, ByLayer)
+        for rank, slab in enumerate(p.owner.slabs)
+    }
 
     preds: dict[int, list[int]] = defaultdict(list)
     succs: dict[int, list[int]] = defaultdict(list)
-    for s, t, _kind in order["edges"]:
-        succs[int(s)].append(int(t))
-        preds[int(t)].append(int(s))
+    for s, t, _kind in plan.order.edges:
+        succs[s].append(t)
+        preds[t].append(s)
 
     rank_of: dict[int, int] = {}
     for rank, rank_nodes in enumerate(nodes):
@@ -211,9 +214,6 @@ def _build_view(path: str, record: dict[str, Any]) -> PlanView:
                 assert event.rank == rank, f"event {event} listed on rank {rank}"
             rank_of.setdefault(i, rank)
 
-    def slab(region: int, rank: int) -> tuple[int, int]:
-        return stage_slabs.get((region, rank), region_layers[region])
-
     recvs: dict[int, list[Transfer]] = defaultdict(list)
     sends: dict[int, list[Transfer]] = defaultdict(list)
     for i, event in enumerate(events):
@@ -223,7 +223,7 @@ def _build_view(path: str, record: dict[str, Any]) -> PlanView:
         p_event, c_event = events[producer], events[consumer]
         assert isinstance(p_event, (Fwd, Bwd)) and isinstance(c_event, (Fwd, Bwd)), f"{event} joins {p_event} and {c_event}"
         gradient = isinstance(p_event, Bwd)
-        start, stop = slab(p_event.region, p_event.rank)
+        start, stop = plan.slab(p_event.region, p_event.rank)
         boundary = start - 1 if gradient else stop - 1
         assert boundary >= 0, f"{event} carries the gradient of the model input"
         t = Transfer(i, producer, consumer, rank_of[producer], rank_of[consumer], gradient, boundary, event.mb)
@@ -243,15 +243,17 @@ def _build_view(path: str, record: dict[str, Any]) -> PlanView:
     for i in rank_of:
         assert isinstance(events[i], (Fwd, Bwd, Loss, DpReduce, StepBarrier)), events[i]
 
-    durations = tuple(float(d) for d in record["predicted"]["durations_s"])
     return PlanView(
-        path=str(path),
-        record=record,
+        path=file.path,
+        record=section.record,
+        candidate=section.candidate,
+        model=model,
+        plan=plan,
         events=events,
         nodes=nodes,
         microbatches=microbatches,
-        durations_s=durations,
-        predicted_step_s=float(record["predicted"]["makespan_s"]),
+        durations_s=section.durations_s,
+        predicted_step_s=section.predicted_step_s,
         region_layers=region_layers,
         stage_slabs=stage_slabs,
         recvs={k: tuple(sorted(v, key=lambda t: t.index)) for k, v in recvs.items()},

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from mpipe_tune.runtime.blueprint import blueprint, output_shape
 from mpipe_tune.runtime.compute import EmulatedCompute, RealCompute
 from mpipe_tune.runtime.executor import Executor
-from mpipe_tune.runtime.job import RunJob, resolve_model
+from mpipe_tune.runtime.job import RunJob
 from mpipe_tune.runtime.launch import RankContext
 from mpipe_tune.runtime.measure import chrome_trace, summary
 from mpipe_tune.runtime.mesh import rank_mesh
@@ -30,13 +30,13 @@ def run_jobs(ctx: RankContext, jobs: list[RunJob]) -> list[dict[str, Any]] | Non
 
 
 def run_job(ctx: RankContext, job: RunJob) -> dict[str, Any] | None:
-    view = read_plan_file(job.plan_path, plan_name=job.plan_name)
+    view = read_plan_file(job.plan_path, plan_name=job.plan_name, model_spec=job.model_spec)
     validate_runnable(view, ctx.world_size)
     device = ctx.device
     mesh = rank_mesh(view.layout, device.type)
     rank = mesh.pp_rank  # the pipeline rank whose order this process runs
     if job.compute == "real":
-        specs = blueprint(resolve_model(view, job.model_spec))
+        specs = blueprint(view.model)
         dtype = DTYPES[job.dtype_for(view)]
         stack = LayerStack.build(specs, view.layers_of(rank), seed=job.seed, dtype=dtype, device=device,
                                  tp_mesh=mesh.tp_mesh)
