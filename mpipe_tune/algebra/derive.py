@@ -28,7 +28,7 @@ from mpipe_tune.algebra.placement import (
     ByLayer, ByMicrobatch, RegionPlacement, balanced_counts, round_robin, slabs_from_counts,
     validate_counts, validate_owners,
 )
-from mpipe_tune.algebra.plan import Collectives, Order, Plan, Seam
+from mpipe_tune.algebra.plan import Collectives, Order, Plan, Seam, source_of
 from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, validate_schedule
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
@@ -312,7 +312,7 @@ def _build_order(
     cut: Cut, schedule: Schedule, model: Model, P: int, M: int,
     placement: tuple[RegionPlacement, ...], collectives: Collectives,
 ) -> Plan:
-    source = placement[0] if placement[0].layout is Layout.REPLICATED else None
+    source = source_of(placement)
     sharded = [p.region for p in placement if p.layout is Layout.SHARDED]
     v = len(sharded)
     stages: list[Stage] = [(j, r) for j in sharded for r in range(P)]

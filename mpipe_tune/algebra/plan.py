@@ -18,6 +18,13 @@ from mpipe_tune.algebra.placement import ByLayer, RegionPlacement
 from mpipe_tune.algebra.schedule import Cut, Layout, Schedule
 
 
+def source_of(placement: tuple[RegionPlacement, ...]) -> RegionPlacement | None:
+    """The Replicated source region (the transposed encoder) of a placement, or None: region 1 is the
+    only place a Replicated region may be until interior and sink transposes are supported."""
+    first = placement[0]
+    return first if first.layout is Layout.REPLICATED else None
+
+
 @dataclass(frozen=True)
 class Seam:
     src_region: int
@@ -78,10 +85,8 @@ class Plan:
 
     @property
     def source(self) -> RegionPlacement | None:
-        """The Replicated source region (the transposed encoder) when the plan has one, else None:
-        the only place a Replicated region may be until interior and sink transposes are supported."""
-        first = self.placement[0]
-        return first if first.layout is Layout.REPLICATED else None
+        """The Replicated source region (the transposed encoder) when the plan has one (:func:`source_of`)."""
+        return source_of(self.placement)
 
     def sharded_regions(self) -> tuple[int, ...]:
         return tuple(p.region for p in self.placement if p.layout is Layout.SHARDED)
