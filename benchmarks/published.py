@@ -127,7 +127,7 @@ def run_model(run: PublishedRun) -> Model:
 def run_options(run: PublishedRun) -> CostOptions:
     return CostOptions(dtype=run.dtype, tp_degree=run.tp, dp_degree=run.dp, cp_degree=run.cp, ep_degree=run.ep,
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
-                       recompute=run.recompute)
+                       recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype)
 
 
 def megatron_layout(model: Model, pp: int, vp: int) -> tuple[Cut, str, tuple[tuple[int, ...], ...]]:

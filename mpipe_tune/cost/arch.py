@@ -110,6 +110,10 @@ class ArchWork:
     selective_saved_activation_bytes: float = 0.0
     """Bytes the forward keeps for the backward under selective recomputation (the attention core's
     own outputs dropped unless another kernel keeps them)."""
+    linear_fwd_flops: float = 0.0
+    """Of ``fwd_flops``, the linear layers' matmuls (what an fp8 step runs at the fp8 peak)."""
+    linear_dgrad_flops: float = 0.0
+    linear_wgrad_flops: float = 0.0
 
 
 _NO_WORK = ArchWork(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -162,6 +166,7 @@ def estimate_arch_work(
                 selective_elems.setdefault(name, elems)
     pieces = layer.pieces
     cores = [p for p in pieces if p.attention_core]
+    linears = [p for p in pieces if p.linear]
     return ArchWork(
         fwd_flops=sum(p.fwd_flops for p in pieces),
         fwd_bytes=dtype_bytes * sum(p.fwd_elems for p in pieces),
@@ -177,6 +182,9 @@ def estimate_arch_work(
         attention_core_dgrad_flops=sum(p.dgrad_flops for p in cores),
         attention_core_dgrad_bytes=dtype_bytes * sum(p.dgrad_elems for p in cores),
         selective_saved_activation_bytes=dtype_bytes * sum(selective_elems.values()),
+        linear_fwd_flops=sum(p.fwd_flops for p in linears),
+        linear_dgrad_flops=sum(p.dgrad_flops for p in linears),
+        linear_wgrad_flops=sum(p.wgrad_flops for p in linears),
     )
 
 
