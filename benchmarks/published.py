@@ -18,7 +18,7 @@ import yaml
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.schedule import Cut, parse_schedule
-from mpipe_tune.cost.layers import CostOptions
+from mpipe_tune.cost.layers import DTYPE_BYTES, CostOptions
 from mpipe_tune.cost.predict import Prediction, predict
 from mpipe_tune.cost.profile import HardwareProfile
 from mpipe_tune.cost.workload import Microbatch, Workload
@@ -125,7 +125,10 @@ def run_model(run: PublishedRun) -> Model:
 
 
 def run_options(run: PublishedRun) -> CostOptions:
-    return CostOptions(dtype=run.dtype, tp_degree=run.tp, dp_degree=run.dp, cp_degree=run.cp, ep_degree=run.ep,
+    """The run's cost options. The gradient buffer is kept in the dtype the framework reduces it in
+    (NeMo's ``grad_sync_dtype``, Megatron-Core's ``grad_reduce_in_fp32``): 2 bytes per gradient for a bf16
+    reduce, 4 for fp32."""
+    return CostOptions(grad_bytes_per_param=float(DTYPE_BYTES[run.grad_reduce_dtype]), dtype=run.dtype, tp_degree=run.tp, dp_degree=run.dp, cp_degree=run.cp, ep_degree=run.ep,
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype)
 
