@@ -42,7 +42,8 @@ from mpipe_tune.inputs import load_data_file
 
 SCHEMA_VERSION = 1
 SOURCES = ("datasheet", "measured", "assumed", "ideal")
-"""``datasheet``: a vendor figure, a lead rather than a measurement; ``measured``: fitted by the profiler;
+"""``datasheet``: a vendor figure, a lead rather than a measurement; ``measured``: fitted to measurements (by the
+profiler on the device, or by ``benchmarks/fit_published.py`` to published measured runs, cited in the entry);
 ``assumed``: a typical value chosen by hand; ``ideal``: a closed-form test value, not a device."""
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 _TRAINING_DTYPES = ("fp32", "tf32", "bf16", "fp16")
