@@ -392,22 +392,26 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
 def compute_seconds(work: arch.ArchWork, kind: str, profile: HardwareProfile, dtype: str):
     """Compute-bound seconds of a layer's (forward, dgrad, wgrad, attention-core forward, attention-core
     backward): each part's FLOPs over its efficiency times its peak. The attention core runs at the
-    profile's attention-core efficiency (:meth:`~mpipe_tune.cost.profile.HardwareProfile.attention_core_efficiency_for`),
-    the rest at the kind's. With ``dtype`` fp8 only the linear layers' matmuls run at the fp8 peak and
-    every other kernel at the bf16 peak (Transformer Engine's fp8 recipe: GEMMs in fp8, attention, norms
-    and pointwise kernels in bf16); any other dtype runs everything at its own peak."""
+    profile's attention-core efficiency (``HardwareProfile.attention_core_efficiency_for``), the rest at
+    the kind's. With ``dtype`` fp8 only the linear layers' matmuls run at the fp8 peak (at the profile's
+    ``fp8_linear`` efficiency where it has one) and every other kernel at the bf16 peak (Transformer
+    Engine's fp8 recipe: GEMMs in fp8; attention, norms and pointwise kernels in bf16); any other dtype
+    runs everything at its own peak."""
     linear_peak = profile.peak(dtype)
     other_peak = profile.peak("bf16") if dtype == "fp8" else linear_peak
     layer_fwd, layer_bwd = profile.efficiency_for(kind), profile.backward_efficiency_for(kind)
+    linear_fwd = profile.linear_efficiency_for(kind, dtype)
+    linear_bwd = profile.linear_efficiency_for(kind, dtype, backward=True)
     core_fwd = work.attention_core_fwd_flops / (profile.attention_core_efficiency_for(kind) * other_peak)
     core_bwd = work.attention_core_dgrad_flops / (profile.attention_core_efficiency_for(kind, backward=True) * other_peak)
 
-    def part(flops: float, linear: float, core: float, efficiency: float) -> float:
-        return linear / (efficiency * linear_peak) + max(0.0, flops - linear - core) / (efficiency * other_peak)
+    def part(flops: float, linear: float, core: float, efficiency: float, linear_efficiency: float) -> float:
+        return linear / (linear_efficiency * linear_peak) + max(0.0, flops - linear - core) / (efficiency * other_peak)
 
-    return (part(work.fwd_flops, work.linear_fwd_flops, work.attention_core_fwd_flops, layer_fwd) + core_fwd,
-            part(work.dgrad_flops, work.linear_dgrad_flops, work.attention_core_dgrad_flops, layer_bwd) + core_bwd,
-            part(work.wgrad_flops, work.linear_wgrad_flops, 0.0, layer_bwd), core_fwd, core_bwd)
+    return (part(work.fwd_flops, work.linear_fwd_flops, work.attention_core_fwd_flops, layer_fwd, linear_fwd) + core_fwd,
+            part(work.dgrad_flops, work.linear_dgrad_flops, work.attention_core_dgrad_flops, layer_bwd, linear_bwd)
+            + core_bwd,
+            part(work.wgrad_flops, work.linear_wgrad_flops, 0.0, layer_bwd, linear_bwd), core_fwd, core_bwd)
 
 
 def exposed_ring_s(link, step_bytes: float, steps: int, core_s: float) -> float:

@@ -59,6 +59,9 @@ ATTENTION_CORE = "attention_core"
 """Efficiency entry of the attention core (scores and values, one fused kernel) inside any layer kind: where
 the profile has it, the core's FLOPs are timed at it and the rest of the layer at the kind's entry; where
 not, the whole layer at the kind's entry."""
+FP8_LINEAR = "fp8_linear"
+"""Efficiency entry of the linear layers' GEMMs in an fp8 step (against the fp8 peak, casts and scaling
+included); absent, they run at the layer kind's efficiency."""
 _EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s")
 """Optional numbers of an efficiency entry besides ``value`` (not provenance)."""
 _MISSING = object()
@@ -144,6 +147,12 @@ class HardwareProfile:
         """Efficiency of the attention core inside a ``kind`` layer: the :data:`ATTENTION_CORE` entry's
         (its ``backward_value`` for the backward), else the same as the rest of the layer."""
         entry = ATTENTION_CORE if ATTENTION_CORE in self.efficiency else kind
+        return self.backward_efficiency_for(entry) if backward else self.efficiency_for(entry)
+
+    def linear_efficiency_for(self, kind: str, dtype: str, *, backward: bool = False) -> float:
+        """Efficiency of a ``kind`` layer's linear GEMMs in a ``dtype`` step: the :data:`FP8_LINEAR` entry's
+        for fp8 where the profile has one, else the kind's."""
+        entry = FP8_LINEAR if dtype == "fp8" and FP8_LINEAR in self.efficiency else kind
         return self.backward_efficiency_for(entry) if backward else self.efficiency_for(entry)
 
     def call_overhead_for(self, kind: str) -> tuple[float, float]:

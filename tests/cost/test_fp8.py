@@ -44,3 +44,15 @@ def test_attention_core_entry_times_the_core_and_leaves_the_rest_of_the_layer():
 
 def test_fp8_keeps_bf16_tensors():
     assert CostOptions(dtype="fp8").dtype_bytes() == CostOptions(dtype="bf16").dtype_bytes() == 2
+
+
+def test_fp8_linear_entry_times_only_the_gemms_of_an_fp8_step():
+    data = fp8_profile().to_dict()
+    data["efficiency"]["fp8_linear"] = {"value": 0.25, "source": "ideal"}
+    profile = parse_profile(data, where="test")
+    work = estimate_arch_work("dense_block", DIMS, MB, dtype_bytes=2)
+    fwd = compute_seconds(work, "dense_block", profile, "fp8")[0]
+    other = work.fwd_flops - work.linear_fwd_flops
+    assert fwd == pytest.approx(work.linear_fwd_flops / (0.25 * FP8_PEAK) + other / (0.5 * BF16_PEAK), rel=1e-12)
+    assert compute_seconds(work, "dense_block", profile, "bf16")[0] == pytest.approx(
+        compute_seconds(work, "dense_block", fp8_profile(), "bf16")[0], rel=1e-12)  # bf16 steps ignore it
