@@ -21,8 +21,9 @@ the exposed remainder an upper bound):
   ``D = max(0, max_k max(g_{k-1} + q_k A_k - b_k, g_k - b_k - x_k))``: each slab's first bucket must have
   arrived when its first forward starts, and all of it before that forward ends.
 
-A rank's exposed total (``max(0, f_v) + D``) is charged on its first data-parallel reduce event (its
-reduces run back to back after its last backward), the rest of its reduces on 0. ReplicaGroup reduces
+A rank's exposed total (``max(0, f_v) + D``) is charged on one of its data-parallel reduce events (the
+one first in the plan's event list; its reduces run back to back after its last backward, so only
+their sum matters), the rest of its reduces on 0. ReplicaGroup reduces
 (a transposed encoder's, reduced over every rank) stay whole: their last backward is the rank's last
 compute, so nothing but its own last bucket would cover them.
 """
