@@ -17,6 +17,8 @@ Assumptions (details in :mod:`~mpipe_tune.cost.arch_pieces` and :mod:`~mpipe_tun
   ``dtype_bytes`` wide, as are gradients; optimizer traffic is not a layer's.
 - Saved activations are every tensor some kernel needs in its backward, without recomputation, each
   counted once per rank (norms and residuals are not split over tensor-parallel ranks).
+- The linear layers' matmuls are counted apart (``linear_*_flops``): an fp8 step runs only those at the
+  fp8 peak, as Transformer Engine does; the attention core's FLOPs are counted apart too.
 - Tensor parallelism is Megatron-LM's column/row split of matmuls and attention heads, one
   all-reduce after each row-split output (two per transformer block) and a vocab-parallel embedding
   and loss.
