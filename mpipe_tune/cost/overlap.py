@@ -69,16 +69,15 @@ def exposed_gather_s(compute_before_s, first_forward_s, gather_s, bucket_share) 
 
 @dataclass(frozen=True)
 class _RankReduces:
-    reduce_positions: tuple[int, ...]
+    compute: np.ndarray
+    """The rank's compute events (Fwd, Bwd) in its order."""
+    reduce_positions: np.ndarray
     """Indices (into the plan's reduces) of this rank's DataGroup reduces, in the order their last
     backward runs."""
-    last_backward: tuple[int, ...]
-    """Per reduce, the event index of its slab's last backward."""
-    after: tuple[np.ndarray, ...]
-    """Per reduce, the rank's compute events from that backward on (itself included)."""
-    first_forward: tuple[int, ...]
-    before: tuple[np.ndarray, ...]
-    """Per reduce, the rank's compute events before its slab's first forward."""
+    last_backward: np.ndarray
+    """Per reduce, the position in ``compute`` of its slab's last backward."""
+    first_forward: np.ndarray
+    """Per reduce, the position in ``compute`` of its slab's first forward."""
 
 
 class DataParallelOverlap:
@@ -92,23 +91,20 @@ class DataParallelOverlap:
         self.sharded_optimizer = sharded_optimizer
         self.ranks: list[_RankReduces] = []
         position = {i: k for k, (i, _) in enumerate(reduces)}
-        for rank, ids in enumerate(plan.order.nodes):
-            compute = [(p, i) for p, i in enumerate(ids) if isinstance(events[i], (Fwd, Bwd))]
-            mine = [i for i in ids if isinstance(events[i], DpReduce) and events[i].group is Group.DATA]
+        for ids in plan.order.nodes:
+            compute = [i for i in ids if isinstance(events[i], (Fwd, Bwd))]
             entries = []
-            for i in mine:
-                region = events[i].region
-                slab = [(p, e) for p, e in compute if events[e].region == region]
-                last_p, last_e = max((pe for pe in slab if isinstance(events[pe[1]], Bwd)), default=slab[-1])
-                first_p, first_e = min(pe for pe in slab if isinstance(events[pe[1]], Fwd))
-                entries.append((last_p, position[i], last_e, first_p, first_e))
-            entries.sort()
-            after = tuple(np.array([e for p, e in compute if p >= last_p], dtype=np.int64)
-                          for last_p, *_ in entries)
-            before = tuple(np.array([e for p, e in compute if p < first_p], dtype=np.int64)
-                           for *_, first_p, _ in entries)
-            self.ranks.append(_RankReduces(tuple(k for _, k, *_ in entries), tuple(e for _, _, e, *_ in entries),
-                                           after, tuple(e for *_, e in entries), before))
+            for i in ids:
+                if not (isinstance(events[i], DpReduce) and events[i].group is Group.DATA):
+                    continue
+                mine = [p for p, e in enumerate(compute) if events[e].region == events[i].region]
+                backwards = [p for p in mine if isinstance(events[compute[p]], Bwd)] or mine
+                forwards = [p for p in mine if isinstance(events[compute[p]], Fwd)]
+                entries.append((backwards[-1], position[i], forwards[0]))
+            if entries:
+                entries.sort()
+                last, where, first = (np.array(column, dtype=np.int64) for column in zip(*entries))
+                self.ranks.append(_RankReduces(np.array(compute, dtype=np.int64), where, last, first))
 
     def exposed(self, durations: np.ndarray, reduce_s: np.ndarray) -> np.ndarray:
         """Per reduce event (aligned with the plan's reduces), the seconds it keeps on its rank's
@@ -116,20 +112,22 @@ class DataParallelOverlap:
         (an all-reduce's; with ZeRO-1 half of it is the reduce-scatter, half the all-gather)."""
         out = reduce_s.astype(float).copy()
         for rank in self.ranks:
-            if not rank.reduce_positions:
-                continue
-            k = np.array(rank.reduce_positions)
+            k = rank.reduce_positions
             whole = reduce_s[k]
+            if not whole.any():
+                continue
+            seconds = durations[rank.compute]
+            after = np.cumsum(seconds[::-1])[::-1]  # compute from each position to the end
+            before = np.concatenate(([0.0], np.cumsum(seconds)[:-1]))  # compute before each position
             backward_part = whole / 2 if self.sharded_optimizer else whole
-            total = exposed_reduce_s([durations[a].sum() for a in rank.after], durations[list(rank.last_backward)],
-                                     backward_part, self.share[k])
+            total = exposed_reduce_s(after[rank.last_backward], seconds[rank.last_backward], backward_part,
+                                     self.share[k])
             if self.sharded_optimizer:
-                order = np.argsort([durations[b].sum() for b in rank.before], kind="stable")
-                total += exposed_gather_s([durations[rank.before[j]].sum() for j in order],
-                                          durations[[rank.first_forward[j] for j in order]], (whole / 2)[order],
-                                          self.share[k][order])
+                order = np.argsort(rank.first_forward, kind="stable")
+                total += exposed_gather_s(before[rank.first_forward[order]], seconds[rank.first_forward[order]],
+                                          (whole / 2)[order], self.share[k][order])
             out[k] = 0.0
-            out[min(rank.reduce_positions, key=lambda j: self.reduce_idx[j])] = total
+            out[k[np.argmin(self.reduce_idx[k])]] = total
         return out
 
 
