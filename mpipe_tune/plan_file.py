@@ -96,6 +96,8 @@ class PlanSection:
     predicted_step_s: float
     durations_s: tuple[float, ...]
     """Predicted seconds per event, in the order's event order."""
+    peak_bytes: tuple[float, ...]
+    """Predicted peak memory of each pipeline rank."""
 
     @property
     def where(self) -> str:
@@ -130,7 +132,8 @@ class PlanFile:
         where = self.where + ("" if name == BEST else f", plan '{name}'")
         return PlanSection(name=name, record=selected, candidate=stored_candidate(selected, where=where),
                            workload=workload_of(selected), predicted_step_s=float(selected["predicted"]["makespan_s"]),
-                           durations_s=tuple(float(d) for d in selected["predicted"]["durations_s"]))
+                           durations_s=tuple(float(d) for d in selected["predicted"]["durations_s"]),
+                           peak_bytes=tuple(float(r["memory"]["peak_bytes"]) for r in selected["predicted"]["ranks"]))
 
 
 def read_plan(path: str | os.PathLike) -> PlanFile:

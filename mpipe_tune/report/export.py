@@ -66,13 +66,16 @@ from typing import Any
 
 import yaml
 
-from mpipe_tune.algebra.events import Bwd, Fwd, parse_event
+from mpipe_tune.algebra.events import Bwd, Fwd
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.algebra.order import num_rounds
-from mpipe_tune.algebra.schedule import Layout, Skeleton, parse_schedule
+from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch
+from mpipe_tune.algebra.plan import Plan
+from mpipe_tune.algebra.schedule import Layout, Skeleton
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.plan_file import (
-    BEST, all_plan_names, derive_stored, load_plan, load_plan_model, select_plan, validate_derivation, workload_of,
+    BEST, all_plan_names, derive_stored, load_plan, load_plan_model, select_plan, stored_candidate,
+    validate_derivation, workload_of,
 )
 from mpipe_tune.search.baselines import REFERENCE
 
@@ -168,38 +171,42 @@ def read_export_plan(path: str | os.PathLike, name: str | None = None) -> Export
         raise MpipeError(f"{where}: the model '{wanted['spec']}' has changed since the plan was made (content hash "
                          f"differs); re-plan it with 'mpipe-tune plan'")
     label = where + (f", plan '{name}'" if name else "")
-    validate_derivation(selected, derive_stored(selected, model, where=label), where=label)
-    return plan_from_record(selected, model, name=name or BEST, names=all_plan_names(record))
+    plan = derive_stored(selected, model, where=label)
+    validate_derivation(selected, plan, where=label)
+    return export_plan(selected, plan, model, name=name or BEST, names=all_plan_names(record))
 
 
 def plan_from_record(record: dict[str, Any], model: Model, *, name: str = BEST,
                      names: tuple[str, ...] = (BEST,)) -> ExportPlan:
-    """An :class:`ExportPlan` from one top-level plan record (``select_plan``'s result) and its model."""
-    c = record["candidate"]
-    beyond = [f"{key} {c[key]}" for key in ("ep", "cp") if c.get(key, 1) > 1]
-    beyond += ["sequence parallelism"] * bool(c.get("sequence_parallel")) + ["selective recomputation"] * (
-        c.get("recompute") == "selective") + [f"encoder tp {c.get('encoder_tp')}"] * (
-        c.get("encoder_tp", c["tp"]) != c["tp"])
+    """An :class:`ExportPlan` from one top-level plan record (``select_plan``'s result) and its model:
+    its candidate derived on the model."""
+    return export_plan(record, derive_stored(record, model, where=f"plan '{name}'"), model, name=name, names=names)
+
+
+def export_plan(record: dict[str, Any], plan: Plan, model: Model, *, name: str = BEST,
+                names: tuple[str, ...] = (BEST,)) -> ExportPlan:
+    """An :class:`ExportPlan` of a plan record's candidate and ``plan``, its derivation on ``model``."""
+    c = stored_candidate(record, where=f"plan '{name}'")
+    beyond = [f"{key} {value}" for key, value in (("ep", c.ep), ("cp", c.cp)) if value > 1]
+    beyond += ["sequence parallelism"] * c.sequence_parallel + ["selective recomputation"] * (
+        c.recompute == "selective") + [f"encoder tp {c.encoder_tp}"] * (c.encoder_tp is not None)
     if beyond:
         raise MpipeError(f"plan '{name}' uses {', '.join(beyond)}; export writes pp x dp x tp plans with no or full "
                          f"recomputation and the encoder at the plan's tp; re-plan with --ep 1 --cp 1 (no sequence "
                          f"parallelism, no --encoder-tp, --recompute off or on)")
-    skeletons = parse_schedule(c["schedule"]).skeletons
     regions = tuple(
-        ExportRegion(int(p["region"]), skeletons[int(p["region"]) - 1], (int(p["layers"][0]), int(p["layers"][1])),
-                     slabs=tuple((int(a), int(b)) for a, b in p.get("slabs") or ()),
-                     owners=tuple(int(o) for o in p.get("owners") or ()))
-        for p in record["placement"]
+        ExportRegion(p.region, plan.schedule.skeletons[p.region - 1], p.layers,
+                     slabs=p.owner.slabs if isinstance(p.owner, ByLayer) else (),
+                     owners=p.owner.owners if isinstance(p.owner, ByMicrobatch) else ())
+        for p in plan.placement
     )
-    events = [parse_event(text) for text in record["order"]["events"]]
-    orders = tuple(tuple(events[i] for i in nodes if isinstance(events[i], (Fwd, Bwd)))
-                   for nodes in record["order"]["nodes"])
+    orders = tuple(tuple(e for e in plan.nodes(rank) if isinstance(e, (Fwd, Bwd))) for rank in range(plan.num_ranks))
     layers = tuple(ExportLayer(u.name, u.block, u.cost.kind if isinstance(u.cost, ArchCost) else None, u.trainable)
                    for u in model.layers)
     return ExportPlan(
-        name=name, names=tuple(names), pp=int(c["pp"]), tp=int(c["tp"]), dp=int(c["dp"]), dtype=str(c["dtype"]),
-        recompute=bool(c.get("recompute", False)), num_microbatches=int(c["microbatches"]), regions=regions,
-        orders=orders, layers=layers, num_vision_layers=model.backbone_start,
+        name=name, names=tuple(names), pp=c.pp, tp=c.tp, dp=c.dp, dtype=c.dtype, recompute=bool(c.recompute),
+        num_microbatches=c.num_microbatches, regions=regions, orders=orders, layers=layers,
+        num_vision_layers=model.backbone_start,
         text_tokens=tuple(mb.text_tokens for mb in workload_of(record).microbatches),
     )
 

@@ -81,8 +81,7 @@ def validate_memory(view: PlanView, job: RunJob, local_ranks: Sequence[int], ava
     if job.compute != "real":
         return
     scale = DTYPE_BYTES[job.dtype_for(view)] / DTYPE_BYTES.get(view.dtype, DTYPE_BYTES[job.dtype_for(view)])
-    ranks = view.record["predicted"]["ranks"]  # the file's predicted figures, checked on load
-    peaks = [float(ranks[view.layout.coordinates(g)[0]]["memory"]["peak_bytes"]) * scale for g in local_ranks]
+    peaks = [view.predicted_peak_bytes[view.layout.coordinates(g)[0]] * scale for g in local_ranks]
     need = sum(peaks) if shared else max(peaks, default=0.0)
     if need > available_bytes:
         what = f"{len(peaks)} local ranks together" if shared else "its busiest rank"

@@ -80,6 +80,8 @@ class PlanView:
     microbatches: tuple[Microbatch, ...]
     durations_s: tuple[float, ...]
     predicted_step_s: float
+    predicted_peak_bytes: tuple[float, ...]
+    """Per pipeline rank, its predicted peak memory."""
     region_layers: dict[int, tuple[int, int]]
     """Region -> its layers [start, stop)."""
     stage_slabs: dict[Stage, tuple[int, int]]
@@ -254,6 +256,7 @@ def _view(file: PlanFile, section: PlanSection, model: Model, plan: Plan) -> Pla
         microbatches=microbatches,
         durations_s=section.durations_s,
         predicted_step_s=section.predicted_step_s,
+        predicted_peak_bytes=section.peak_bytes,
         region_layers=region_layers,
         stage_slabs=stage_slabs,
         recvs={k: tuple(sorted(v, key=lambda t: t.index)) for k, v in recvs.items()},
