@@ -153,7 +153,7 @@ def tiny_capacity_profile(tmp_path):
 @pytest.mark.parametrize("args,words", [
     (["--devices", "1"], "no (pp, tp, dp) with pp*tp*dp = 1 devices gives a plan"),
     (["--devices", "29", "--global-batch", "29"], "has 25 layers"),
-    (["--devices", "4", "--pp", "3"], "--pp 3"),
+    (["--devices", "4", "--pp", "3"], "pp pinned to 3"),
     (["--owners", "lottery"], "--owners 'lottery'"),
     (["--skeletons", "zigzag"], "--skeletons 'zigzag'"),
     (["--sampler", "annealing"], "--sampler 'annealing'"),

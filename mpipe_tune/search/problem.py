@@ -75,8 +75,8 @@ class Problem:
                f"give 1 to {MAX_GLOBAL_BATCH} sequences")
         if self.workload is not None and len(self.workload) != self.global_batch:
             raise MpipeError(
-                f"the workload file '{self.workload.name}' holds {len(self.workload)} sequences but --global-batch is "
-                f"{self.global_batch}; a file is one step's global batch: drop --global-batch or make them equal"
+                f"the workload file '{self.workload.name}' holds {len(self.workload)} sequences but the global batch is "
+                f"{self.global_batch}; a file is one step's global batch: leave the global batch out or make them equal"
             )
         _limit(self.num_samples, "number of sampled steps", 1, MAX_SAMPLES, f"average over 1 to {MAX_SAMPLES} steps")
 

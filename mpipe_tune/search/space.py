@@ -210,13 +210,13 @@ class SearchSpace:
                         out.append((pp, tp, dp, cp))
         if not out:
             pinned = (("pp", o.pp), ("tp", o.tp), ("dp", o.dp), ("cp", o.cp if o.cp != (1,) else None), ("ep", o.ep))
-            pins = "".join(f", --{k} {','.join(map(str, v))}" for k, v in pinned if v)
+            pins = "".join(f", {k} pinned to {','.join(map(str, v))}" for k, v in pinned if v)
             raise MpipeError(
                 f"no (pp, tp, dp) with pp*tp*dp = {N} devices gives a plan: pp must be >= {o.min_pp} with at "
                 f"least one layer per stage (model '{self.problem.model.name}' has {self.num_layers} layers), tp must "
                 f"divide the {per_node} devices per node of profile '{self.problem.profile.name}' and the model's "
                 f"heads and split widths, dp must divide "
-                f"--global-batch {G}{pins}; change --devices or --global-batch"
+                f"the global batch {G}{pins}; change the device count or the global batch"
             )
         return sorted(out, key=lambda layout: (layout[3], layout[:3]))  # cp = 1 first, as before cp existed
 

@@ -105,7 +105,7 @@ def test_a_workload_file_is_one_step_of_the_global_batch():
     problem = Problem(MODEL, PROFILE, 2, 6, workload=workload, num_samples=5)
     assert problem.samples == 1
     assert problem.replica_workload(0, 2, 3).microbatches == workload.microbatches[:3]
-    with pytest.raises(MpipeError, match="holds 6 sequences but --global-batch is 8"):
+    with pytest.raises(MpipeError, match="holds 6 sequences but the global batch is 8"):
         Problem(MODEL, PROFILE, 2, 8, workload=workload)
 
 

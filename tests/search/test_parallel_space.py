@@ -90,5 +90,5 @@ def test_old_candidate_records_read_as_what_they_meant():
 def test_a_space_of_invalid_expert_degrees_says_so():
     from mpipe_tune.errors import MpipeError
 
-    with pytest.raises(MpipeError, match="--ep 8"):
+    with pytest.raises(MpipeError, match="ep pinned to 8"):
         space(ep=(8,))
