@@ -1,6 +1,7 @@
 """The runtime: execute a plan file on torch.distributed and measure it beside the prediction.
 
-- :mod:`~mpipe_tune.runtime.plan_view` reads plan.json into per-rank event lists and transfers;
+- :mod:`~mpipe_tune.runtime.plan_view` reads plan.json (:mod:`mpipe_tune.plan_file`), derives its
+  candidate again and reads the derived Plan into per-rank event lists and transfers;
 - :mod:`~mpipe_tune.runtime.blueprint` checks what the runtime can build from a model spec;
 - :mod:`~mpipe_tune.runtime.layout` numbers the plan's pp x dp x tp ranks as the cost model lays them
   out, and :mod:`~mpipe_tune.runtime.mesh` builds them into torch's ``DeviceMesh`` with the process
@@ -19,4 +20,5 @@
   its timings into step times and a Chrome trace.
 
 Importing this package imports no torch; plan_view, layout, blueprint, job, launch, session and measure never do.
+Nothing here imports ``report`` or ``search`` (tests/test_layering.py).
 """

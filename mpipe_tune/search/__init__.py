@@ -2,7 +2,8 @@
 
 The driver (:func:`run_search`) and :mod:`mpipe_tune.search.trials` (a study's trials as a table) are
 the only places Optuna is imported; the driver is loaded on first use so that importing the rest of
-the planner stays cheap.
+the planner stays cheap. The points it samples are :class:`~mpipe_tune.algebra.candidate.Candidate`
+values, defined in the algebra below both the cost model and the search (re-exported here).
 """
 
 from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline, even_split
