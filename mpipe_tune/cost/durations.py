@@ -18,36 +18,58 @@ rank ``r`` starts at device ``r * tp * cp * dp`` and ``devices_per_node`` decide
 inter-node.
 
 :class:`DurationModel` compiles a plan once into index arrays, so that durations for a new layer
-table (another workload) are a few numpy gathers, with no per-event Python on the hot path.
+table (another workload) are one compiled pass (:func:`mpipe_tune.cost.kernels.event_durations`)
+over the table's prefix sums (:func:`table_sums`, computed once per table), with no per-event Python.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import copy
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from mpipe_tune.algebra.derive import Plan
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, DpReduce, Fwd, Group
 from mpipe_tune.algebra.model import Model
+from mpipe_tune.cost import kernels
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 
 _LINK_OF_COMM = {Comm.SEND: "p2p", Comm.RECV_GRAD: "p2p", Comm.GATHER: "gather", Comm.SCATTER: "scatter"}
 
 
+@dataclass(frozen=True, eq=False)
+class TableSums:
+    """A layer table as the duration pass reads it: per-microbatch prefix sums over layers of the
+    forward and footprint-gated backward seconds, flattened to ``(layers + 1) * M``, and the
+    boundary bytes flattened to ``layers * M``."""
+
+    table: LayerTable
+    fwd_prefix: np.ndarray
+    bwd_prefix: np.ndarray
+    boundary_bytes: np.ndarray
+
+
+def table_sums(table: LayerTable, model: Model) -> TableSums:
+    """The prefix sums of ``table`` (once per table: a search reuses each sampled step's table)."""
+    return TableSums(table, _prefix(table.fwd_s).ravel(), _prefix(table.backward_s(model)).ravel(),
+                     np.ascontiguousarray(table.boundary_bytes, dtype=float).ravel())
+
+
 class DurationModel:
     """A plan's events as arrays: which slab and microbatch each compute event reads, which tensor
-    each transfer carries and at what alpha-beta rate, and the fixed cost of each reduce."""
+    each transfer carries and at what alpha-beta rate (zero on one rank), and the fixed cost of each
+    reduce."""
 
     def __init__(self, plan: Plan, model: Model, profile: HardwareProfile, options: CostOptions) -> None:
         self.model = model
         events = plan.order.events
         n = len(events)
-        devices_per_rank = options.tp_degree * options.cp_degree * options.dp_degree
+        self.devices_per_rank = options.tp_degree * options.cp_degree * options.dp_degree
         self.fwd_idx, self.bwd_idx, self.coll_idx = [], [], []
         fwd_slab, bwd_slab, coll_tensor = [], [], []
-        alpha, beta = [], []
+        links = []
         self._reduces: list[tuple[int, DpReduce]] = []
         for i, event in enumerate(events):
             if isinstance(event, Fwd):
@@ -56,15 +78,11 @@ class DurationModel:
             elif isinstance(event, Bwd):
                 self.bwd_idx.append(i)
                 bwd_slab.append((*plan.slab(event.region, event.rank), event.mb))
-            elif isinstance(event, Coll) and event.src[1] != event.dst[1]:
+            elif isinstance(event, Coll):
                 producer = event.src if event.comm in (Comm.SEND, Comm.GATHER) else event.dst
                 self.coll_idx.append(i)
                 coll_tensor.append((plan.slab(*producer)[1] - 1, event.mb))
-                node_src = (event.src[1] * devices_per_rank) // profile.devices_per_node
-                node_dst = (event.dst[1] * devices_per_rank) // profile.devices_per_node
-                link = profile.link(_LINK_OF_COMM[event.comm], inter_node=node_src != node_dst)
-                alpha.append(link.alpha_s)  # a point-to-point transfer: alpha + beta * n
-                beta.append(link.beta_s_per_byte)
+                links.append(self.link(profile, event.comm, event.src[1], event.dst[1]))
             elif isinstance(event, DpReduce):
                 self._reduces.append((i, event))
         # Flat indices into the (layers + 1, M) prefix sums and the (layers, M) boundary table.
@@ -78,27 +96,45 @@ class DurationModel:
         self.fwd_idx = np.array(self.fwd_idx, dtype=np.int64)
         self.bwd_idx = np.array(self.bwd_idx, dtype=np.int64)
         self.coll_idx = np.array(self.coll_idx, dtype=np.int64)
-        self.alpha = np.array(alpha)
-        self.beta = np.array(beta)
+        links = np.array(links, dtype=float).reshape(-1, 2)
+        self.alpha, self.beta = np.ascontiguousarray(links[:, 0]), np.ascontiguousarray(links[:, 1])
+        self.reduce_idx = np.array([i for i, _ in self._reduces], dtype=np.int64)
         self.num_events = n
         self.plan, self.profile, self.options = plan, profile, options
         self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
 
-    def durations(self, table: LayerTable) -> np.ndarray:
+    def link(self, profile: HardwareProfile, comm: Comm, src_rank: int, dst_rank: int) -> tuple[float, float]:
+        """``(alpha_s, beta_s_per_byte)`` of a transfer between two pipeline ranks; (0, 0) on one rank."""
+        if src_rank == dst_rank:
+            return 0.0, 0.0
+        node_src = (src_rank * self.devices_per_rank) // profile.devices_per_node
+        node_dst = (dst_rank * self.devices_per_rank) // profile.devices_per_node
+        link = profile.link(_LINK_OF_COMM[comm], inter_node=node_src != node_dst)
+        return link.alpha_s, link.beta_s_per_byte  # a point-to-point transfer: alpha + beta * n
+
+    def with_links(self, positions: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> "DurationModel":
+        """A copy whose transfers at ``positions`` (into :attr:`coll_idx`) run at new rates: the same
+        events moved between ranks (see :meth:`mpipe_tune.cost.compiled.CompiledPlan.with_owners`)."""
+        out = copy.copy(self)
+        out.alpha, out.beta = self.alpha.copy(), self.beta.copy()
+        out.alpha[positions], out.beta[positions] = alpha, beta
+        return out
+
+    def durations(self, table: LayerTable | TableSums) -> np.ndarray:
         """Seconds per event, aligned with ``plan.order.events``."""
-        out = np.zeros(self.num_events)
-        fwd = _prefix(table.fwd_s)
-        bwd = _prefix(table.backward_s(self.model))
+        sums = table if isinstance(table, TableSums) else table_sums(table, self.model)
+        out = np.empty(self.num_events)
+        kernels.event_durations(sums.fwd_prefix, sums.bwd_prefix, sums.boundary_bytes, self.fwd_idx, self.fwd_hi,
+                                self.fwd_lo, self.bwd_idx, self.bwd_hi, self.bwd_lo, self.coll_idx, self.coll_flat,
+                                self.alpha, self.beta, self.reduce_idx, self.reduce_seconds(sums.table), out)
+        return out
+
+    def reduce_seconds(self, table: LayerTable) -> np.ndarray:
+        """Seconds of each reduce (aligned with :attr:`reduce_idx`): parameter counts only, so once."""
         if self._reduce_s is None:
             self._reduce_s = np.array([_reduce_s(self.plan, e, self.model, table, self.profile, self.options)
-                                       for _, e in self._reduces])
-            self._reduce_idx = np.array([i for i, _ in self._reduces], dtype=np.int64)
-        out[self._reduce_idx] = self._reduce_s
-        fwd, bwd = fwd.ravel(), bwd.ravel()
-        out[self.fwd_idx] = fwd[self.fwd_hi] - fwd[self.fwd_lo]
-        out[self.bwd_idx] = bwd[self.bwd_hi] - bwd[self.bwd_lo]
-        out[self.coll_idx] = self.alpha + self.beta * table.boundary_bytes.ravel()[self.coll_flat]
-        return out
+                                       for _, e in self._reduces], dtype=float)
+        return self._reduce_s
 
 
 def estimate_durations(

@@ -8,11 +8,11 @@ from mpipe_tune.algebra.derive import Owners, Plan, derive
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.schedule import Cut, Schedule
 from mpipe_tune.cost.arch import validate_expert_parallel_degree, validate_tensor_parallel_degree
-from mpipe_tune.cost.durations import estimate_durations
+from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table
-from mpipe_tune.cost.memory import MemoryReport, estimate_memory
+from mpipe_tune.cost.memory import MemoryReport
 from mpipe_tune.cost.profile import HardwareProfile
-from mpipe_tune.cost.timing import Timeline, read_timeline
+from mpipe_tune.cost.timing import Timeline
 from mpipe_tune.cost.workload import Workload
 from mpipe_tune.errors import MpipeError
 
@@ -57,8 +57,8 @@ def predict(
     table = build_layer_table(model, workload, profile, options)
     owners = Owners(slab_counts=slab_counts, microbatch=microbatch_owners, layer_weights=layer_weights(model, table))
     plan = derive(cut, schedule, model, num_ranks, M, owners)
-    durations = estimate_durations(plan, model, table, profile, options)
-    timeline = read_timeline(plan, durations)
-    memory = estimate_memory(plan, model, table, options, timeline, profile.memory_capacity_bytes)
+    compiled = CompiledPlan(plan, model, profile, options)
+    timeline = compiled.timeline(table)
+    memory = compiled.memory(table, timeline)
     return Prediction(plan, timeline, table, memory)
 
