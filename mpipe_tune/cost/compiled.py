@@ -23,11 +23,12 @@ from __future__ import annotations
 import numpy as np
 
 from mpipe_tune.algebra.derive import Plan
-from mpipe_tune.algebra.events import Bwd, Coll, Comm, DpReduce, EdgeKind, Fwd, StepBarrier
+from mpipe_tune.algebra.events import Bwd, Coll, Comm, Fwd
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByMicrobatch, validate_owners
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.durations import DurationModel, TableSums, table_sums
+from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, REDUCE, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.memory import MemoryLayout, MemoryReport, estimate_static_bytes
 from mpipe_tune.cost.profile import HardwareProfile
@@ -41,9 +42,10 @@ class CompiledPlan:
         self.plan, self.model, self.profile, self.options = plan, model, profile, options
         self.owners = _owners(plan)
         """The transposed region's owner map (rank of microbatch 0, 1, ...); None without one."""
-        self.order = CompiledOrder(plan)
-        self.durations_model = DurationModel(plan, model, profile, options)
-        self.memory_layout = MemoryLayout(plan)
+        self.arrays = EventArrays.of(plan)
+        self.order = CompiledOrder(plan, self.arrays)
+        self.durations_model = DurationModel(plan, model, profile, options, self.arrays)
+        self.memory_layout = MemoryLayout(plan, self.arrays)
         self._moves: _OwnerMoves | None = None
         self._static: tuple[np.ndarray, tuple[float, ...]] | None = None
 
@@ -55,7 +57,7 @@ class CompiledPlan:
         out = CompiledPlan.__new__(CompiledPlan)
         out.__dict__.update(self.__dict__)
         out.options, out._static = options, None
-        out.durations_model = DurationModel(self.plan, self.model, self.profile, options)
+        out.durations_model = DurationModel(self.plan, self.model, self.profile, options, self.arrays)
         return out
 
     @property
@@ -122,78 +124,63 @@ def _owners(plan: Plan) -> tuple[int, ...] | None:
 
 
 class _OwnerMoves:
-    """What an owner change moves in one compiled plan, found once: per microbatch its encode, its
-    encoder backward, its Gather and Scatter; per rank its events that stay; the edges that stay."""
+    """What an owner change moves in one compiled plan, found once: per microbatch its encode and
+    encoder backward; per rank its events that stay; the edges that stay; the Gathers and Scatters
+    of the transposed region and the live tensors of its encodes."""
 
     def __init__(self, compiled: CompiledPlan) -> None:
-        plan = compiled.plan
-        events = plan.order.events
-        region = plan.placement[0].region
-        M = plan.num_microbatches
+        a = compiled.arrays
+        M = compiled.plan.num_microbatches
+        source = a.source_region
+        encode = a.is_encode()
+        encoder_bwd = (a.kind == BWD) & (a.region == source)
         self.encode = np.full(M, -1, dtype=np.int64)
+        self.encode[a.mb[encode]] = np.flatnonzero(encode)
         self.encoder_bwd = np.full(M, -1, dtype=np.int64)
-        gather, scatter = {}, {}
-        for i, e in enumerate(events):
-            if isinstance(e, Fwd) and e.region == region:
-                self.encode[e.mb] = i
-            elif isinstance(e, Bwd) and e.region == region:
-                self.encoder_bwd[e.mb] = i
-            elif isinstance(e, Coll) and e.comm is Comm.GATHER and e.src[0] == region:
-                gather[i] = e
-            elif isinstance(e, Coll) and e.comm is Comm.SCATTER and e.dst[0] == region:
-                scatter[i] = e
-        moved = set(self.encode.tolist()) | set(self.encoder_bwd.tolist())
+        self.encoder_bwd[a.mb[encoder_bwd]] = np.flatnonzero(encoder_bwd)
+        self.has_encoder_bwd = bool(encoder_bwd.any())
         # Per rank: its backbone program, and where its reduces and barrier begin.
-        self.kept: list[np.ndarray] = []
-        self.tail_at: list[int] = []
-        for nodes in plan.order.nodes:
-            kept = [i for i in nodes if i not in moved]
-            self.kept.append(np.array(kept, dtype=np.int64))
-            self.tail_at.append(next(k for k, i in enumerate(kept) if isinstance(events[i], (DpReduce, StepBarrier))))
+        moved = encode | encoder_bwd
+        tail = (a.kind == REDUCE) | (a.kind == BARRIER)
+        self.kept = [nodes[~moved[nodes]] for nodes in a.nodes]
+        self.tail_at = [int(np.argmax(tail[kept])) for kept in self.kept]
         # Edges that are not per-rank sequence edges (derive adds those last, so a shared pair keeps
         # its first kind; a Sequence edge into the barrier is a reduce's, and stays).
-        keep = [(s, t) for s, t, kind in plan.order.edges
-                if kind is not EdgeKind.SEQUENCE or isinstance(events[t], StepBarrier)]
-        self.edges = np.array(keep, dtype=np.int64).reshape(-1, 2)
-        # The moved transfers, by their position in the duration model, with the rank they stay at.
-        position = {int(i): k for k, i in enumerate(compiled.durations_model.coll_idx)}
-        self.transfers = [(position[i], e.comm, e.mb, e.dst[1] if e.comm is Comm.GATHER else e.src[1])
-                          for i, e in {**gather, **scatter}.items()]
+        keep = ~a.edge_is_sequence | (a.kind[a.edge_dst] == BARRIER)
+        self.edge_src, self.edge_dst = a.edge_src[keep], a.edge_dst[keep]
+        # The moved transfers, by their position in the duration model: a Gather leaves the owner,
+        # a Scatter reaches it.
+        coll = a.kind == COLL
+        self.gather = np.flatnonzero(coll & (a.comm == COMMS.index(Comm.GATHER)) & (a.region == source))
+        self.scatter = np.flatnonzero(coll & (a.comm == COMMS.index(Comm.SCATTER)) & (a.other_region == source))
+        coll_idx = compiled.durations_model.coll_idx
+        self.positions = np.concatenate((np.searchsorted(coll_idx, self.gather), np.searchsorted(coll_idx, self.scatter)))
+        self.comm = a.comm[np.concatenate((self.gather, self.scatter))]
         # The moved live tensors: an encode's saved activations and its output until the Gather.
         layout = compiled.memory_layout
-        self.tensors = np.flatnonzero(np.isin(layout.alloc_event, self.encode))
-        self.tensor_mb = {int(i): mb for mb, i in enumerate(self.encode.tolist())}
-        self.has_encoder_bwd = bool((self.encoder_bwd >= 0).all())
+        self.tensors = np.flatnonzero(encode[layout.alloc_event])
+        self.tensor_mb = a.mb[layout.alloc_event[self.tensors]]
 
     def apply(self, compiled: CompiledPlan, owners: tuple[int, ...]) -> CompiledPlan:
-        P = compiled.plan.num_ranks
-        owned = [[m for m in range(len(owners)) if owners[m] == r] for r in range(P)]
+        a = compiled.arrays
+        owner = np.array(owners, dtype=np.int64)
         nodes = []
-        for r in range(P):
-            kept, at = self.kept[r], self.tail_at[r]
-            backward = self.encoder_bwd[owned[r]] if self.has_encoder_bwd else kept[:0]
-            nodes.append(np.concatenate((self.encode[owned[r]], kept[:at], backward, kept[at:])))
-        sequence = [np.stack((x[:-1], x[1:]), axis=1) for x in nodes]
-        edges = np.concatenate([self.edges, *sequence])
+        for r, (kept, at) in enumerate(zip(self.kept, self.tail_at)):
+            owned = np.flatnonzero(owner == r)
+            backward = self.encoder_bwd[owned] if self.has_encoder_bwd else kept[:0]
+            nodes.append(np.concatenate((self.encode[owned], kept[:at], backward, kept[at:])))
+        src = np.concatenate([self.edge_src] + [x[:-1] for x in nodes])
+        dst = np.concatenate([self.edge_dst] + [x[1:] for x in nodes])
         old = compiled.order
-        order = CompiledOrder.from_arrays(old.num_events, np.ascontiguousarray(edges[:, 0]),
-                                          np.ascontiguousarray(edges[:, 1]), nodes, old.encode,
-                                          old.first_forward, old.has_source)
-        durations = compiled.durations_model
-        positions, alpha, beta = [], [], []
-        for k, comm, mb, other in self.transfers:
-            a, b = ((durations.link(compiled.profile, comm, owners[mb], other)) if comm is Comm.GATHER
-                    else durations.link(compiled.profile, comm, other, owners[mb]))
-            positions.append(k)
-            alpha.append(a)
-            beta.append(b)
-        layout = compiled.memory_layout
-        ranks = np.array([owners[self.tensor_mb[int(i)]] for i in layout.alloc_event[self.tensors]], dtype=np.int64)
+        order = CompiledOrder.from_arrays(old.num_events, src, dst, nodes, old.encode, old.first_forward,
+                                          old.has_source)
+        src_rank = np.concatenate((owner[a.mb[self.gather]], a.rank[self.scatter]))
+        dst_rank = np.concatenate((a.other_rank[self.gather], owner[a.mb[self.scatter]]))
+        alpha, beta = compiled.durations_model.links(self.comm, src_rank, dst_rank)
         out = CompiledPlan.__new__(CompiledPlan)
         out.__dict__.update(compiled.__dict__)
         out.owners = owners
         out.order = order
-        out.durations_model = durations.with_links(np.array(positions, dtype=np.int64), np.array(alpha),
-                                                   np.array(beta))
-        out.memory_layout = layout.moved(self.tensors, ranks)
+        out.durations_model = compiled.durations_model.with_links(self.positions, alpha, beta)
+        out.memory_layout = compiled.memory_layout.moved(self.tensors, owner[self.tensor_mb])
         return out

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpipe_tune.algebra.derive import Plan
-from mpipe_tune.algebra.events import Bwd, Coll, Comm, Fwd
+from mpipe_tune.algebra.events import Comm
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost import kernels
+from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.timing import Timeline
 
@@ -93,24 +94,25 @@ class MemoryLayout:
     The first ``num_saved`` tensors are saved activations (size: a slab's difference of the saved
     bytes' per-microbatch prefix sums), the rest stage outputs (size: one boundary entry)."""
 
-    def __init__(self, plan: Plan) -> None:
-        index = plan.index
+    def __init__(self, plan: Plan, arrays: EventArrays | None = None) -> None:
+        a = arrays or EventArrays.of(plan)
         M = plan.num_microbatches
-        saved, shipped = [], []
-        for i, event in enumerate(plan.order.events):
-            if isinstance(event, Fwd):
-                lo, hi = plan.slab(event.region, event.rank)
-                bwd = index.get(Bwd(event.region, event.rank, event.mb))
-                if bwd is not None:
-                    saved.append((event.rank, i, bwd, hi * M + event.mb, lo * M + event.mb))
-            elif isinstance(event, Coll) and event.comm in (Comm.SEND, Comm.GATHER):
-                producer = index[Fwd(event.src[0], event.src[1], event.mb)]
-                shipped.append((event.src[1], producer, i, (plan.slab(*event.src)[1] - 1) * M + event.mb, 0))
-        rows = np.array(saved + shipped, dtype=np.int64).reshape(-1, 5)
+        # Saved activations: a forward whose stage has a backward for that microbatch.
+        forwards = np.flatnonzero(a.kind == FWD)
+        backward = a.index_of(BWD)[a.region[forwards], a.rank[forwards], a.mb[forwards]]
+        saved, backward = forwards[backward >= 0], backward[backward >= 0]
+        region, rank, mb = a.region[saved], a.rank[saved], a.mb[saved]
+        # Stage outputs: from the producing forward until the Send or Gather that ships them.
+        shipped = np.flatnonzero((a.kind == COLL) & ((a.comm == COMMS.index(Comm.SEND)) |
+                                                     (a.comm == COMMS.index(Comm.GATHER))))
+        s_region, s_rank, s_mb = a.region[shipped], a.rank[shipped], a.mb[shipped]
         self.num_ranks = plan.num_ranks
         self.num_saved = len(saved)
-        self.rank, self.alloc_event, self.free_event = (np.ascontiguousarray(rows[:, k]) for k in range(3))
-        self.hi, self.lo = rows[:, 3], rows[:, 4]
+        self.rank = np.concatenate((rank, s_rank))
+        self.alloc_event = np.concatenate((saved, a.index_of(FWD)[s_region, s_rank, s_mb]))
+        self.free_event = np.concatenate((backward, shipped))
+        self.hi = np.concatenate((a.slab_hi[region, rank] * M + mb, (a.slab_hi[s_region, s_rank] - 1) * M + s_mb))
+        self.lo = np.concatenate((a.slab_lo[region, rank] * M + mb, np.zeros(len(shipped), dtype=np.int64)))
 
     def moved(self, positions: np.ndarray, ranks: np.ndarray) -> "MemoryLayout":
         """A copy whose tensors at ``positions`` live on new ``ranks`` (an owner change)."""

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpipe_tune.algebra.derive import Plan
-from mpipe_tune.algebra.events import Fwd
-from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost import kernels
+from mpipe_tune.cost.event_arrays import FWD, EventArrays
 
 
 def predecessor_lists(num_events: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -34,23 +33,17 @@ class CompiledOrder:
     """An order as arrays: a topological order, each event's predecessors, the rank that runs each
     event, and the encoder work and first backbone forward that the spill reads."""
 
-    def __init__(self, plan: Plan) -> None:
-        order = plan.order
-        n = len(order.events)
-        edges = np.array([(s, t) for s, t, _ in order.edges], dtype=np.int64).reshape(-1, 2)
-        source = plan.placement[0] if plan.placement[0].layout is Layout.REPLICATED else None
-        encode = [i for i, e in enumerate(order.events)
-                  if source is not None and isinstance(e, Fwd) and e.region == source.region]
-        first_forward = [next(i for i in nodes if isinstance(order.events[i], Fwd) and
-                              (source is None or order.events[i].region != source.region)) for nodes in order.nodes]
-        nodes = [np.array(nodes, dtype=np.int64) for nodes in order.nodes]
-        encode, first_forward = np.array(encode, dtype=np.int64), np.array(first_forward, dtype=np.int64)
-        if len(order.topo) != n:  # an order built by hand, without its topological order
-            self.__dict__.update(vars(CompiledOrder.from_arrays(n, edges[:, 0], edges[:, 1], nodes, encode,
-                                                                first_forward, source is not None)))
+    def __init__(self, plan: Plan, arrays: EventArrays | None = None) -> None:
+        a = arrays or EventArrays.of(plan)
+        n = len(a.kind)
+        encode = a.is_encode()
+        backbone_forward = (a.kind == FWD) & ~encode
+        first_forward = np.array([nodes[np.argmax(backbone_forward[nodes])] for nodes in a.nodes], dtype=np.int64)
+        args = (a.edge_src, a.edge_dst, list(a.nodes), np.flatnonzero(encode), first_forward, a.source_region >= 0)
+        if len(plan.order.topo) != n:  # an order built by hand, without its topological order
+            self.__dict__.update(vars(CompiledOrder.from_arrays(n, *args)))
             return
-        self._build(n, edges[:, 0], edges[:, 1], nodes, np.array(order.topo, dtype=np.int64), encode,
-                    first_forward, source is not None)
+        self._build(n, args[0], args[1], args[2], np.array(plan.order.topo, dtype=np.int64), *args[3:])
 
     @classmethod
     def from_arrays(cls, num_events: int, src: np.ndarray, dst: np.ndarray, nodes: list[np.ndarray],
