@@ -41,7 +41,8 @@ untried neighbours, so trials are not spent on repeats.
 
 **Convergence.** A proposal that was already tried and has no untried neighbour that its bounds
 leave open is *settled*: it costs no trial (the sampler is told it failed, so it is not in its
-history). After ``_SETTLED_STREAK`` settled proposals in a row the sampler has converged, and the run
+history). After ``_SETTLED_STREAK`` settled proposals in a row the sampler has converged: the
+refinement starts at once if it has not yet, and once it has run out of neighbours to try too, the run
 ends early: when the untried rest of the space fits in the trial budget that is left, it is
 enumerated in increasing bound order as in exhaustive mode (so the result is the space's optimum),
 else the run stops as converged. :attr:`SearchResult.ending` says which, and :meth:`SearchResult.how`
@@ -561,7 +562,9 @@ class _Run:
                 if alternative is None:  # settled: no trial, and after a streak of them, converged
                     self.settled += 1
                     streak += 1
-                    if streak >= _SETTLED_STREAK:
+                    if streak >= _SETTLED_STREAK and refine and len(self.stored) + done < explore_until:
+                        explore_until, streak = len(self.stored) + done, 0  # the sampler settled early: refine now
+                    elif streak >= _SETTLED_STREAK:
                         self.converged(remaining - done)
                         return
                     continue

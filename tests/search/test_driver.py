@@ -165,3 +165,17 @@ def test_a_converged_sampler_switches_to_exhaustive_when_the_rest_fits_the_budge
     assert result.best.candidate == optimum.candidate and result.best.mean_s == optimum.mean_s
     assert result.num_trials <= len(evaluations)  # pruned by bounds: fewer than one trial per point
     assert "exhaustive" in result.how("tpe")
+
+
+def test_a_sampler_that_settles_early_hands_over_to_the_refinement_first(tmp_path, monkeypatch):
+    """Settled proposals before half the budget start the best-first refinement at once; the run ends
+    only when that has no neighbour left either."""
+    _stuck_sampler(monkeypatch)
+    space, evaluator = make(devices=4, batch=8)
+    first = next(space.enumerate())[0]
+    stuck = run_search(space, evaluator, storage=url(tmp_path, "a.db"), n_trials=100, exhaustive=False,
+                       refine=False, progress=False)
+    refined = run_search(space, Evaluator(evaluator.problem), storage=url(tmp_path, "b.db"), n_trials=100,
+                         exhaustive=False, progress=False)
+    assert refined.num_trials > stuck.num_trials and refined.num_trials > 1 + len(space.neighbors(first))
+    assert refined.best.mean_s <= stuck.best.mean_s
