@@ -20,10 +20,12 @@ by microbatch, whoever owns it), so the result equals a fresh derive and predict
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from mpipe_tune.algebra.derive import Plan
-from mpipe_tune.algebra.events import Bwd, Coll, Comm, Fwd
+from mpipe_tune.algebra.derive import Order, Plan, topological_order
+from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByMicrobatch, validate_owners
 from mpipe_tune.algebra.schedule import Layout
@@ -39,7 +41,9 @@ class CompiledPlan:
     """One derived plan with its cost arrays, for one model, profile and set of cost options."""
 
     def __init__(self, plan: Plan, model: Model, profile: HardwareProfile, options: CostOptions) -> None:
-        self.plan, self.model, self.profile, self.options = plan, model, profile, options
+        self.derived, self.model, self.profile, self.options = plan, model, profile, options
+        """``derived``: the plan as derive built it (a re-timed plan's differs from it in its owners)."""
+        self._plan: Plan | None = plan
         self.owners = _owners(plan)
         """The transposed region's owner map (rank of microbatch 0, 1, ...); None without one."""
         self.arrays = EventArrays.of(plan)
@@ -54,11 +58,20 @@ class CompiledPlan:
         its live tensors are shared, the durations recompiled."""
         if options == self.options:
             return self
+        assert self.owners == _owners(self.derived), "compile other options before re-timing owners"
         out = CompiledPlan.__new__(CompiledPlan)
         out.__dict__.update(self.__dict__)
         out.options, out._static = options, None
-        out.durations_model = DurationModel(self.plan, self.model, self.profile, options, self.arrays)
+        out.durations_model = DurationModel(self.derived, self.model, self.profile, options, self.arrays)
         return out
+
+    @property
+    def plan(self) -> Plan:
+        """The plan this compiles: derive's, or for a re-timed owner map the plan that derive builds
+        for it (made on first use: the re-timed arrays do not need it)."""
+        if self._plan is None:
+            self._plan = self._moves.plan(self)
+        return self._plan
 
     @property
     def num_events(self) -> int:
@@ -81,7 +94,7 @@ class CompiledPlan:
     def static_bytes(self, table: LayerTable) -> tuple[float, ...]:
         """Per rank, weights, gradients and optimizer state (parameter counts only: cached)."""
         if self._static is None or self._static[0] is not table.param_count:
-            self._static = (table.param_count, estimate_static_bytes(self.plan, self.model, table, self.options))
+            self._static = (table.param_count, estimate_static_bytes(self.derived, self.model, table, self.options))
         return self._static[1]
 
     def memory(self, table: LayerTable, timeline: Timeline) -> MemoryReport:
@@ -96,17 +109,17 @@ class CompiledPlan:
         owners = tuple(owners)
         if owners == self.owners:
             return self
-        validate_owners(owners, self.plan.num_ranks, self.plan.num_microbatches)
+        validate_owners(owners, self.derived.num_ranks, self.derived.num_microbatches)
         if self._moves is None:
             self._moves = _OwnerMoves(self)
         return self._moves.apply(self, owners)
 
     def events(self):
         """The events (with their ranks under :attr:`owners`), aligned with every per-event array."""
-        events = self.plan.order.events
-        if self.owners == _owners(self.plan):
+        events = self.derived.order.events
+        if self.owners == _owners(self.derived):
             return events
-        region = self.plan.placement[0].region
+        region = self.derived.placement[0].region
         out = list(events)
         for i, event in enumerate(events):
             if isinstance(event, (Fwd, Bwd)) and event.region == region:
@@ -130,7 +143,7 @@ class _OwnerMoves:
 
     def __init__(self, compiled: CompiledPlan) -> None:
         a = compiled.arrays
-        M = compiled.plan.num_microbatches
+        M = compiled.derived.num_microbatches
         source = a.source_region
         encode = a.is_encode()
         encoder_bwd = (a.kind == BWD) & (a.region == source)
@@ -146,8 +159,8 @@ class _OwnerMoves:
         self.tail_at = [int(np.argmax(tail[kept])) for kept in self.kept]
         # Edges that are not per-rank sequence edges (derive adds those last, so a shared pair keeps
         # its first kind; a Sequence edge into the barrier is a reduce's, and stays).
-        keep = ~a.edge_is_sequence | (a.kind[a.edge_dst] == BARRIER)
-        self.edge_src, self.edge_dst = a.edge_src[keep], a.edge_dst[keep]
+        self.keep = ~a.edge_is_sequence | (a.kind[a.edge_dst] == BARRIER)
+        self.edge_src, self.edge_dst = a.edge_src[self.keep], a.edge_dst[self.keep]
         # The moved transfers, by their position in the duration model: a Gather leaves the owner,
         # a Scatter reaches it.
         coll = a.kind == COLL
@@ -179,8 +192,23 @@ class _OwnerMoves:
         alpha, beta = compiled.durations_model.links(self.comm, src_rank, dst_rank)
         out = CompiledPlan.__new__(CompiledPlan)
         out.__dict__.update(compiled.__dict__)
-        out.owners = owners
+        out.owners, out._plan = owners, None
         out.order = order
-        out.durations_model = compiled.durations_model.with_links(self.positions, alpha, beta)
+        out.durations_model = compiled.durations_model.with_links(self.positions, alpha, beta, lambda: out.plan)
         out.memory_layout = compiled.memory_layout.moved(self.tensors, owner[self.tensor_mb])
         return out
+
+    def plan(self, retimed: CompiledPlan) -> Plan:
+        """The plan derive builds for ``retimed``'s owners, from the re-timed arrays: the same events
+        with their new ranks, the kept edges and then each rank's Sequence edges in derive's order."""
+        derived = retimed.derived
+        kinds = [kind for (_, _, kind), keep in zip(derived.order.edges, self.keep.tolist()) if keep]
+        edges = dict(zip(zip(self.edge_src.tolist(), self.edge_dst.tolist()), kinds))
+        for nodes in retimed.order.nodes:
+            for pair in zip(nodes[:-1].tolist(), nodes[1:].tolist()):
+                edges.setdefault(pair, EdgeKind.SEQUENCE)
+        edges = tuple((s, t, kind) for (s, t), kind in edges.items())
+        topo = topological_order(len(derived.order.events), edges)
+        order = Order(retimed.events(), edges, tuple(tuple(n.tolist()) for n in retimed.order.nodes), tuple(topo))
+        first = replace(derived.placement[0], owner=ByMicrobatch(retimed.owners))
+        return replace(derived, placement=(first, *derived.placement[1:]), order=order)

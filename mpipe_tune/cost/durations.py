@@ -4,13 +4,15 @@
   layer table's forward, or footprint-gated backward, seconds for that microbatch.
 - ``Coll``: ``alpha + beta * n`` with ``n`` the output bytes of the last layer before the seam, on
   the intra- or inter-node link by where the two pipeline ranks sit; free on one rank.
-- ``DpReduce``: ring all-reduce of the region's (or slab's) trainable gradient bytes over its group:
+- ``DpReduce``: the part that the rank's compute does not hide (:mod:`~mpipe_tune.cost.overlap`; all
+  of it with ``overlap_dp_comm`` off) of a ring all-reduce of the region's (or slab's) trainable
+  gradient bytes over its group:
   DataGroup = the ``dp * cp`` data- and context-parallel ranks of a slab, ReplicaGroup = every
   pipeline rank times those. With expert parallelism a slab's routed-expert gradients (``1/ep`` of
   them per rank) are all-reduced over the experts' own data-parallel group of ``dp * cp / ep``
   ranks, after the rest. A distributed
   optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the parameters instead: the same
-  bytes over the same ring, charged as the all-reduce.
+  bytes over the same ring, half of them each. Gradients travel in ``grad_reduce_dtype``.
 - ``Loss`` and ``StepBarrier`` cost nothing (the LM head layer carries the loss's work).
 
 Ranks are laid out with tensor parallelism innermost, then context, data and pipeline, so pipeline
@@ -25,6 +27,7 @@ over the table's prefix sums (:func:`table_sums`, computed once per table), with
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -35,6 +38,7 @@ from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost import kernels
 from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, REDUCE, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
+from mpipe_tune.cost.overlap import compile_overlap
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 
 _LINK_OF_COMM = {Comm.SEND: "p2p", Comm.RECV_GRAD: "p2p", Comm.GATHER: "gather", Comm.SCATTER: "scatter"}
@@ -82,8 +86,12 @@ class DurationModel:
         self.coll_flat = (a.slab_hi[region, rank] - 1) * M + a.mb[self.coll_idx]
         self.alpha, self.beta = self.links(comm, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
         self.reduce_idx = np.flatnonzero(a.kind == REDUCE)
-        self._reduces = [plan.order.events[i] for i in self.reduce_idx.tolist()]
+        self._reduces = [(i, plan.order.events[i]) for i in self.reduce_idx.tolist()]
         self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
+        self._overlap = None
+        """The reduces' overlap with compute (:mod:`~mpipe_tune.cost.overlap`), compiled with them."""
+        self.order_plan: Callable[[], Plan] = lambda: plan
+        """The plan whose per-rank orders the overlap reads (a re-timed plan's differ from ``plan``'s)."""
 
     def links(self, comm: np.ndarray, src_rank: np.ndarray, dst_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per transfer (codes of :data:`~mpipe_tune.cost.event_arrays.COMMS`, pipeline ranks),
@@ -99,12 +107,15 @@ class DurationModel:
             alpha[at], beta[at] = link.alpha_s, link.beta_s_per_byte  # a point-to-point transfer: alpha + beta * n
         return alpha, beta
 
-    def with_links(self, positions: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> "DurationModel":
-        """A copy whose transfers at ``positions`` (into :attr:`coll_idx`) run at new rates: the same
-        events moved between ranks (see :meth:`mpipe_tune.cost.compiled.CompiledPlan.with_owners`)."""
+    def with_links(self, positions: np.ndarray, alpha: np.ndarray, beta: np.ndarray,
+                   order_plan: Callable[[], Plan]) -> "DurationModel":
+        """A copy whose transfers at ``positions`` (into :attr:`coll_idx`) run at new rates and whose
+        ranks run the orders of ``order_plan()``: the same events moved between ranks (see
+        :meth:`mpipe_tune.cost.compiled.CompiledPlan.with_owners`)."""
         out = copy.copy(self)
         out.alpha, out.beta = self.alpha.copy(), self.beta.copy()
         out.alpha[positions], out.beta[positions] = alpha, beta
+        out.order_plan, out._reduce_s, out._overlap = order_plan, None, None
         return out
 
     def durations(self, table: LayerTable | TableSums) -> np.ndarray:
@@ -114,13 +125,20 @@ class DurationModel:
         kernels.event_durations(sums.fwd_prefix, sums.bwd_prefix, sums.boundary_bytes, self.fwd_idx, self.fwd_hi,
                                 self.fwd_lo, self.bwd_idx, self.bwd_hi, self.bwd_lo, self.coll_idx, self.coll_flat,
                                 self.alpha, self.beta, self.reduce_idx, self.reduce_seconds(sums.table), out)
+        if self._overlap is not None:  # reads the compute events' durations only
+            out[self.reduce_idx] = self._overlap.exposed(out, self._reduce_s)
         return out
 
     def reduce_seconds(self, table: LayerTable) -> np.ndarray:
         """Seconds of each reduce (aligned with :attr:`reduce_idx`): parameter counts only, so once."""
         if self._reduce_s is None:
-            self._reduce_s = np.array([_reduce_s(self.plan, e, self.model, table, self.profile, self.options)
-                                       for e in self._reduces], dtype=float)
+            reduce_options = replace(self.options, grad_bytes_per_param=float(self.options.grad_reduce_bytes()))
+            self._reduce_s = np.array([_reduce_s(self.plan, e, self.model, table, self.profile, reduce_options)
+                                       for _, e in self._reduces], dtype=float)
+            # The overlap only moves data-parallel reduce time around: without any, there is none.
+            data = [k for k, (_, e) in enumerate(self._reduces) if e.group is Group.DATA]
+            if self._reduce_s[data].any():
+                self._overlap = compile_overlap(self.order_plan(), self._reduces, self.model, table, self.options)
         return self._reduce_s
 
 
@@ -175,9 +193,32 @@ def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, prof
 
 
 def _all_reduce_s(profile: HardwareProfile, size_bytes: float, group_size: int, span_devices: int) -> float:
-    """A ring all-reduce over ``group_size`` ranks whose devices span ``span_devices`` (inter-node
-    link once that is more than a node)."""
+    """An all-reduce over ``group_size`` ranks whose devices span ``span_devices`` (one every
+    ``span_devices / group_size`` devices): :func:`hierarchical_all_reduce_s`."""
+    return hierarchical_all_reduce_s(profile, size_bytes, group_size, span_devices // group_size)
+
+
+def hierarchical_all_reduce_s(profile: HardwareProfile, size_bytes: float, group_size: int, stride: int) -> float:
+    """An all-reduce over ``group_size`` ranks placed one every ``stride`` devices, as NCCL runs it
+    across nodes: with ``k`` members on each node (``devices_per_node / stride``, at most the group),
+    a ring reduce-scatter inside each node, a ring all-reduce of each rank's ``1/k`` share across the
+    nodes over the rank's own inter-node link, and a ring all-gather inside the node. One node: the
+    intra-node ring all-reduce; one member per node: the inter-node ring all-reduce of everything.
+
+    >>> from mpipe_tune.specs import load_profile
+    >>> h100 = load_profile("h100-sxm")
+    >>> flat = hierarchical_all_reduce_s(h100, 8e9, 16, 8)  # tp8: one member per node
+    >>> split = hierarchical_all_reduce_s(h100, 8e9, 16, 1)  # two full nodes: 8 NICs share the bytes
+    >>> round(flat / split, 1)
+    5.9
+    """
     if group_size == 1:
         return 0.0
-    link = profile.link("all_reduce", inter_node=span_devices > profile.devices_per_node)
-    return estimate_collective_s(link, "all_reduce", size_bytes, group_size)
+    per_node = max(1, min(group_size, profile.devices_per_node // stride)) if stride <= profile.devices_per_node else 1
+    nodes = -(-group_size // per_node)
+    intra = profile.link("all_reduce", inter_node=False)
+    if nodes == 1:
+        return estimate_collective_s(intra, "all_reduce", size_bytes, group_size)
+    inter = profile.link("all_reduce", inter_node=True)
+    return (estimate_collective_s(intra, "all_reduce", size_bytes, per_node)
+            + estimate_collective_s(inter, "all_reduce", size_bytes / per_node, nodes))

@@ -132,8 +132,10 @@ class MemoryLayout:
         delta = np.concatenate((size, -size))
         rank = np.concatenate((self.rank, self.rank))
         # Per rank in time order, frees before allocations at the same instant: a buffer handed
-        # over is reusable at once.
-        by = np.lexsort((delta, time, rank))
+        # over is reusable at once. Instants equal up to rounding (the timeline's starts are finish -
+        # duration) count as one instant.
+        tick = 1e-12 * max(float(finish_s.max(initial=0.0)), 1e-300)
+        by = np.lexsort((delta, np.rint(time / tick), rank))
         return kernels.running_peaks(rank[by], delta[by], self.num_ranks)
 
     def report(self, static: tuple[float, ...], table: LayerTable, timeline: Timeline,

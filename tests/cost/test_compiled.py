@@ -19,11 +19,11 @@ from conftest import make_model
 
 def _same_step(retimed: CompiledPlan, fresh: Prediction, table) -> None:
     """``retimed`` predicts exactly what a fresh derive + predict with its owners does."""
-    events = retimed.events()
-    assert events == fresh.plan.order.events
+    assert retimed.events() == fresh.plan.order.events
     assert set(zip(retimed.order.src.tolist(), retimed.order.dst.tolist())) == {
         (s, t) for s, t, _ in fresh.plan.order.edges}
     assert [x.tolist() for x in retimed.order.nodes] == [list(n) for n in fresh.plan.order.nodes]
+    assert retimed.plan == fresh.plan  # placement, edges in derive's order and kinds, topological order
     t, f = retimed.timeline(table), fresh.timeline
     assert np.array_equal(t.durations_s, f.durations_s)
     assert np.array_equal(t.finish_s, f.finish_s)
@@ -67,12 +67,13 @@ def test_owner_maps_retimed_equal_a_fresh_derive(case):
         _same_step(compiled.with_owners(owners), fresh, table)
 
 
-@pytest.mark.parametrize("P,M,tp", [(16, 32, 1), (4, 8, 4)])
-def test_owner_maps_retimed_across_nodes_equal_a_fresh_derive(P, M, tp):
-    """A real model on 8-device nodes: moved Gathers and Scatters change link class (or become free)."""
+@pytest.mark.parametrize("P,M,tp,dp", [(16, 32, 1, 1), (4, 8, 4, 1), (4, 8, 1, 2)])
+def test_owner_maps_retimed_across_nodes_equal_a_fresh_derive(P, M, tp, dp):
+    """A real model on 8-device nodes: moved Gathers and Scatters change link class (or become free);
+    with dp > 1 the data-parallel reduces' overlap reads the ranks' new orders."""
     model = load_model("qwen2vl-vit-llama3-8b")
     profile = load_profile("h100-sxm")
-    options = CostOptions(tp_degree=tp)
+    options = CostOptions(tp_degree=tp, dp_degree=dp)
     workload = load_workload("balanced", num_microbatches=M, seed=3)
     cut = Cut((next(i for i, u in enumerate(model.layers) if u.block == "llm"),))
     schedule = parse_schedule("transpose,1f1b")
