@@ -6,9 +6,9 @@ networkx code they replace, so their results are bit-for-bit those of the refere
 (:func:`mpipe_tune.cost.timing.longest_path_reference`, the tests check it).
 
 Why numba: the longest path is a dependent chain through a deep, narrow graph (a 1F1B order at
-P=16, M=128 has 8,594 events on about 300 levels), so a level-synchronous numpy pass pays a dozen
-numpy calls per level and loses to a plain Python loop; a compiled loop is 20-100 times faster
-than either (benchmarks/README.md records the measurements).
+P=16, M=128 has 8,594 events on 582 levels), so a level-synchronous numpy pass pays several numpy
+calls per level and barely beats a plain Python loop; the compiled loop is 20-40 times faster than
+either (``benchmarks/bench_evaluator.py --choices``; benchmarks/README.md records the measurements).
 """
 
 from __future__ import annotations
