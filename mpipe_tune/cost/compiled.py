@@ -14,8 +14,10 @@ and the Scatter reaches. :meth:`~CompiledPlan.with_owners` moves exactly those e
 list becomes its owned encodes, its unchanged backbone program, its owned encoder backwards and
 its unchanged reduces; the graph keeps every non-sequence edge and takes the new ranks' sequence
 edges; the moved transfers take their new link's rate (free on one rank) and the moved tensors
-their new rank. Event indices stay those of ``derive`` with the new owners (derive numbers events
-by microbatch, whoever owns it), so the result equals a fresh derive and predict.
+their new rank; the data-parallel reduces' overlap (:mod:`~mpipe_tune.cost.overlap`), which reads
+the ranks' orders, is compiled again for them. Event indices stay those of ``derive`` with the new
+owners (derive numbers events by microbatch, whoever owns it), so the result equals a fresh derive
+and predict; :attr:`CompiledPlan.plan` builds that plan itself when asked.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByMicrobatch, validate_owners
 from mpipe_tune.algebra.schedule import Layout
-from mpipe_tune.cost.durations import DurationModel, TableSums, table_sums
+from mpipe_tune.cost.durations import DurationModel, TableSums
 from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, REDUCE, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.memory import MemoryLayout, MemoryReport, estimate_static_bytes
@@ -76,9 +78,6 @@ class CompiledPlan:
     @property
     def num_events(self) -> int:
         return self.order.num_events
-
-    def sums(self, table: LayerTable | TableSums) -> TableSums:
-        return table if isinstance(table, TableSums) else table_sums(table, self.model)
 
     def durations(self, table: LayerTable | TableSums) -> np.ndarray:
         """Seconds per event (aligned with the plan's events) for one layer table."""
