@@ -8,7 +8,7 @@
         plans predicted in full. The studies are kept in memory here, so that storage time does
         not blur the comparison; the exhaustive optimum with pruning is reported as well.
 
-    python benchmarks/bench_search.py default-plan [--runs 3]
+    python benchmarks/bench_search.py default-plan [--runs 3] [--fresh-cache]
         Wall time of ``mpipe-tune plan`` with no arguments (fresh SQLite study each run).
 
     python benchmarks/bench_search.py deepseek [--trials 2000] [--profile]
@@ -30,12 +30,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import optuna
 
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 from mpipe_tune.specs import load_model, load_profile
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SPACES = {
     "example-mllm, ideal, 4 devices, batch 16": ("example-mllm", "ideal", 4, 16, SpaceOptions()),
@@ -45,6 +48,11 @@ SPACES = {
 }
 DEEPSEEK = ["--model", "qwen2vl-vit-deepseek-v3", "--profile", "ascend-910c-cm384", "--devices", "512",
             "--global-batch", "512", "--recompute", "search"]
+
+
+def checkout_env() -> dict:
+    """The environment for a ``mpipe-tune`` child process that runs this checkout's package."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def versions() -> str:
@@ -90,11 +98,16 @@ def sampler(args) -> None:
 def default_plan(args) -> None:
     print(versions())
     walls = []
+    # This checkout's package, and with --fresh-cache an empty numba cache per run (a fresh install:
+    # the cost model's kernels compile on first use).
+    env = checkout_env()
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as folder:
+            if args.fresh_cache:
+                env["NUMBA_CACHE_DIR"] = os.path.join(folder, "numba-cache")
             start = time.perf_counter()
             proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "plan", "--no-progress"], cwd=folder,
-                                  capture_output=True, text=True)
+                                  capture_output=True, text=True, env=env)
             walls.append(time.perf_counter() - start)
             assert proc.returncode == 0, proc.stderr
     print(proc.stdout)
@@ -117,7 +130,9 @@ def deepseek(args) -> None:
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(40)
             print(out.getvalue())
         else:
-            proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *argv], capture_output=True, text=True)
+            env = checkout_env()
+            proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *argv], capture_output=True, text=True,
+                                  env=env)
             wall = time.perf_counter() - start
             assert proc.returncode == 0, proc.stderr
             print(proc.stdout)
@@ -131,6 +146,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--budget", type=float, default=0.1, help="trials as a share of the space (default 0.1)")
     p = sub.add_parser("default-plan")
+    p.add_argument("--fresh-cache", action="store_true", help="an empty numba cache per run (a fresh install)")
     p.add_argument("--runs", type=int, default=3)
     p = sub.add_parser("deepseek")
     p.add_argument("--trials", type=int, default=2000)

@@ -240,7 +240,7 @@ class Plan(Command):
             "candidate": best.candidate.to_dict(),
             "global_batch": problem.global_batch, "samples": problem.samples, "seed": problem.seed,
             "workload_source": problem.source_name, "devices": problem.devices,
-            "study": result.study_name, "storage": result.storage, "mode": result.mode,
+            "study": result.study_name, "storage": result.storage, "mode": result.mode, "ending": result.ending,
             "trials": result.num_trials, "new_trials": result.num_new, "evaluated": result.num_evaluated,
             "space_size": result.space_size, "wall_s": result.wall_s, "interrupted": result.interrupted,
             "comparison": rows,
@@ -269,7 +269,7 @@ class Plan(Command):
             print(f"planning {p.model.name} on {p.devices} x {p.profile.name}, workload {p.source_name}: "
                   f"{p.global_batch} sequences per step, mean over {p.samples} sampled step(s)")
             repeats = result.num_new - result.num_evaluated - result.num_bounded
-            how = (f"{result.space_size} points, exhaustive" if result.mode == "exhaustive" else f"sampler {args.sampler}")
+            how = result.how(args.sampler)
             print(f"study '{result.study_name}' in {storage}: {result.num_trials} trials in {result.wall_s:.1f} s "
                   f"({how}; this run: {result.num_evaluated} plans predicted, {result.num_bounded} settled by their "
                   f"lower bound" + (f", {repeats} repeats" if repeats > 0 else "") + ")\n")

@@ -20,91 +20,126 @@ rank ``r`` starts at device ``r * tp * cp * dp`` and ``devices_per_node`` decide
 inter-node.
 
 :class:`DurationModel` compiles a plan once into index arrays, so that durations for a new layer
-table (another workload) are a few numpy gathers, with no per-event Python on the hot path.
+table (another workload) are one compiled pass (:func:`mpipe_tune.cost.kernels.event_durations`)
+over the table's prefix sums (:func:`table_sums`, computed once per table), with no per-event Python.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from mpipe_tune.algebra.derive import Plan
-from mpipe_tune.algebra.events import Bwd, Coll, Comm, DpReduce, Fwd, Group
+from mpipe_tune.algebra.events import Comm, DpReduce, Group
 from mpipe_tune.algebra.model import Model
+from mpipe_tune.cost import kernels
+from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, REDUCE, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.overlap import compile_overlap
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 
 _LINK_OF_COMM = {Comm.SEND: "p2p", Comm.RECV_GRAD: "p2p", Comm.GATHER: "gather", Comm.SCATTER: "scatter"}
+_SEND, _GATHER = COMMS.index(Comm.SEND), COMMS.index(Comm.GATHER)
+
+
+@dataclass(frozen=True, eq=False)
+class TableSums:
+    """A layer table as the duration pass reads it: per-microbatch prefix sums over layers of the
+    forward and footprint-gated backward seconds, flattened to ``(layers + 1) * M``, and the
+    boundary bytes flattened to ``layers * M``."""
+
+    table: LayerTable
+    fwd_prefix: np.ndarray
+    bwd_prefix: np.ndarray
+    boundary_bytes: np.ndarray
+
+
+def table_sums(table: LayerTable, model: Model) -> TableSums:
+    """The prefix sums of ``table`` (once per table: a search reuses each sampled step's table)."""
+    return TableSums(table, _prefix(table.fwd_s).ravel(), _prefix(table.backward_s(model)).ravel(),
+                     np.ascontiguousarray(table.boundary_bytes, dtype=float).ravel())
 
 
 class DurationModel:
     """A plan's events as arrays: which slab and microbatch each compute event reads, which tensor
-    each transfer carries and at what alpha-beta rate, and the fixed cost of each reduce."""
+    each transfer carries and at what alpha-beta rate (zero on one rank), and the fixed cost of each
+    reduce."""
 
-    def __init__(self, plan: Plan, model: Model, profile: HardwareProfile, options: CostOptions) -> None:
-        self.model = model
-        events = plan.order.events
-        n = len(events)
-        devices_per_rank = options.tp_degree * options.cp_degree * options.dp_degree
-        self.fwd_idx, self.bwd_idx, self.coll_idx = [], [], []
-        fwd_slab, bwd_slab, coll_tensor = [], [], []
-        alpha, beta = [], []
-        self._reduces: list[tuple[int, DpReduce]] = []
-        for i, event in enumerate(events):
-            if isinstance(event, Fwd):
-                self.fwd_idx.append(i)
-                fwd_slab.append((*plan.slab(event.region, event.rank), event.mb))
-            elif isinstance(event, Bwd):
-                self.bwd_idx.append(i)
-                bwd_slab.append((*plan.slab(event.region, event.rank), event.mb))
-            elif isinstance(event, Coll) and event.src[1] != event.dst[1]:
-                producer = event.src if event.comm in (Comm.SEND, Comm.GATHER) else event.dst
-                self.coll_idx.append(i)
-                coll_tensor.append((plan.slab(*producer)[1] - 1, event.mb))
-                node_src = (event.src[1] * devices_per_rank) // profile.devices_per_node
-                node_dst = (event.dst[1] * devices_per_rank) // profile.devices_per_node
-                link = profile.link(_LINK_OF_COMM[event.comm], inter_node=node_src != node_dst)
-                alpha.append(link.alpha_s)  # a point-to-point transfer: alpha + beta * n
-                beta.append(link.beta_s_per_byte)
-            elif isinstance(event, DpReduce):
-                self._reduces.append((i, event))
-        # Flat indices into the (layers + 1, M) prefix sums and the (layers, M) boundary table.
+    def __init__(self, plan: Plan, model: Model, profile: HardwareProfile, options: CostOptions,
+                 arrays: EventArrays | None = None) -> None:
+        a = arrays or EventArrays.of(plan)
         M = plan.num_microbatches
-        fwd_slab = np.array(fwd_slab, dtype=np.int64).reshape(-1, 3)
-        bwd_slab = np.array(bwd_slab, dtype=np.int64).reshape(-1, 3)
-        coll_tensor = np.array(coll_tensor, dtype=np.int64).reshape(-1, 2)
-        self.fwd_hi, self.fwd_lo = fwd_slab[:, 1] * M + fwd_slab[:, 2], fwd_slab[:, 0] * M + fwd_slab[:, 2]
-        self.bwd_hi, self.bwd_lo = bwd_slab[:, 1] * M + bwd_slab[:, 2], bwd_slab[:, 0] * M + bwd_slab[:, 2]
-        self.coll_flat = coll_tensor[:, 0] * M + coll_tensor[:, 1]
-        self.fwd_idx = np.array(self.fwd_idx, dtype=np.int64)
-        self.bwd_idx = np.array(self.bwd_idx, dtype=np.int64)
-        self.coll_idx = np.array(self.coll_idx, dtype=np.int64)
-        self.alpha = np.array(alpha)
-        self.beta = np.array(beta)
-        self.num_events = n
-        self.plan, self.profile, self.options = plan, profile, options
+        self.model, self.plan, self.profile, self.options = model, plan, profile, options
+        self.devices_per_rank = options.tp_degree * options.cp_degree * options.dp_degree
+        self.num_events = len(a.kind)
+        # Flat indices into the (layers + 1, M) prefix sums and the (layers, M) boundary table.
+        self.fwd_idx, self.fwd_hi, self.fwd_lo = _slab_indices(a, FWD, M)
+        self.bwd_idx, self.bwd_hi, self.bwd_lo = _slab_indices(a, BWD, M)
+        self.coll_idx = np.flatnonzero(a.kind == COLL)
+        comm = a.comm[self.coll_idx]
+        forward = (comm == _SEND) | (comm == _GATHER)  # the tensor is the source's output, else the destination's
+        region = np.where(forward, a.region[self.coll_idx], a.other_region[self.coll_idx])
+        rank = np.where(forward, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
+        self.coll_flat = (a.slab_hi[region, rank] - 1) * M + a.mb[self.coll_idx]
+        self.alpha, self.beta = self.links(comm, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
+        self.reduce_idx = np.flatnonzero(a.kind == REDUCE)
+        self._reduces = [(i, plan.order.events[i]) for i in self.reduce_idx.tolist()]
         self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
+        self._overlap = None
+        """The reduces' overlap with compute (:mod:`~mpipe_tune.cost.overlap`), compiled with them."""
+        self.order_plan: Callable[[], Plan] = lambda: plan
+        """The plan whose per-rank orders the overlap reads (a re-timed plan's differ from ``plan``'s)."""
 
-    def durations(self, table: LayerTable) -> np.ndarray:
+    def links(self, comm: np.ndarray, src_rank: np.ndarray, dst_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per transfer (codes of :data:`~mpipe_tune.cost.event_arrays.COMMS`, pipeline ranks),
+        ``alpha_s`` and ``beta_s_per_byte``: the intra- or inter-node link by where the two ranks sit;
+        (0, 0) on one rank."""
+        per_node = self.profile.devices_per_node
+        inter = (src_rank * self.devices_per_rank) // per_node != (dst_rank * self.devices_per_rank) // per_node
+        alpha, beta = np.zeros(len(comm)), np.zeros(len(comm))
+        cross = src_rank != dst_rank
+        for code, flag in set(zip(comm[cross].tolist(), inter[cross].tolist())):
+            link = self.profile.link(_LINK_OF_COMM[COMMS[code]], inter_node=flag)
+            at = cross & (comm == code) & (inter == flag)
+            alpha[at], beta[at] = link.alpha_s, link.beta_s_per_byte  # a point-to-point transfer: alpha + beta * n
+        return alpha, beta
+
+    def with_links(self, positions: np.ndarray, alpha: np.ndarray, beta: np.ndarray,
+                   order_plan: Callable[[], Plan]) -> "DurationModel":
+        """A copy whose transfers at ``positions`` (into :attr:`coll_idx`) run at new rates and whose
+        ranks run the orders of ``order_plan()``: the same events moved between ranks (see
+        :meth:`mpipe_tune.cost.compiled.CompiledPlan.with_owners`)."""
+        out = copy.copy(self)
+        out.alpha, out.beta = self.alpha.copy(), self.beta.copy()
+        out.alpha[positions], out.beta[positions] = alpha, beta
+        out.order_plan, out._reduce_s, out._overlap = order_plan, None, None
+        return out
+
+    def durations(self, table: LayerTable | TableSums) -> np.ndarray:
         """Seconds per event, aligned with ``plan.order.events``."""
-        out = np.zeros(self.num_events)
-        fwd = _prefix(table.fwd_s)
-        bwd = _prefix(table.backward_s(self.model))
+        sums = table if isinstance(table, TableSums) else table_sums(table, self.model)
+        out = np.empty(self.num_events)
+        kernels.event_durations(sums.fwd_prefix, sums.bwd_prefix, sums.boundary_bytes, self.fwd_idx, self.fwd_hi,
+                                self.fwd_lo, self.bwd_idx, self.bwd_hi, self.bwd_lo, self.coll_idx, self.coll_flat,
+                                self.alpha, self.beta, self.reduce_idx, self.reduce_seconds(sums.table), out)
+        if self._overlap is not None:  # reads the compute events' durations only
+            out[self.reduce_idx] = self._overlap.exposed(out, self._reduce_s)
+        return out
+
+    def reduce_seconds(self, table: LayerTable) -> np.ndarray:
+        """Seconds of each reduce (aligned with :attr:`reduce_idx`): parameter counts only, so once."""
         if self._reduce_s is None:
             reduce_options = replace(self.options, grad_bytes_per_param=float(self.options.grad_reduce_bytes()))
             self._reduce_s = np.array([_reduce_s(self.plan, e, self.model, table, self.profile, reduce_options)
-                                       for _, e in self._reduces])
-            self._reduce_idx = np.array([i for i, _ in self._reduces], dtype=np.int64)
-            self._overlap = compile_overlap(self.plan, self._reduces, self.model, table, self.options)
-        fwd, bwd = fwd.ravel(), bwd.ravel()
-        out[self.fwd_idx] = fwd[self.fwd_hi] - fwd[self.fwd_lo]
-        out[self.bwd_idx] = bwd[self.bwd_hi] - bwd[self.bwd_lo]
-        out[self.coll_idx] = self.alpha + self.beta * table.boundary_bytes.ravel()[self.coll_flat]
-        reduce_s = self._reduce_s if self._overlap is None else self._overlap.exposed(out, self._reduce_s)
-        out[self._reduce_idx] = reduce_s
-        return out
+                                       for _, e in self._reduces], dtype=float)
+            # The overlap only moves data-parallel reduce time around: without any, there is none.
+            data = [k for k, (_, e) in enumerate(self._reduces) if e.group is Group.DATA]
+            if self._reduce_s[data].any():
+                self._overlap = compile_overlap(self.order_plan(), self._reduces, self.model, table, self.options)
+        return self._reduce_s
 
 
 def estimate_durations(
@@ -112,6 +147,13 @@ def estimate_durations(
 ) -> np.ndarray:
     """Seconds per event, aligned with ``plan.order.events``."""
     return DurationModel(plan, model, profile, options).durations(table)
+
+
+def _slab_indices(a: EventArrays, kind: int, M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The events of one compute kind, and the flat prefix-sum indices of their slab's end and start."""
+    at = np.flatnonzero(a.kind == kind)
+    region, rank, mb = a.region[at], a.rank[at], a.mb[at]
+    return at, a.slab_hi[region, rank] * M + mb, a.slab_lo[region, rank] * M + mb
 
 
 def _prefix(per_layer: np.ndarray) -> np.ndarray:

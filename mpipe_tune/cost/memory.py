@@ -21,13 +21,16 @@ The peak is the largest running sum over the rank's timeline.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
 
 from mpipe_tune.algebra.derive import Plan
-from mpipe_tune.algebra.events import Bwd, Coll, Comm, Fwd
+from mpipe_tune.algebra.events import Comm
 from mpipe_tune.algebra.model import Model
+from mpipe_tune.cost import kernels
+from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.timing import Timeline
 
@@ -51,6 +54,19 @@ class MemoryReport:
 
 
 def estimate_static_bytes(plan: Plan, model: Model, table: LayerTable, options: CostOptions) -> tuple[float, ...]:
+    """Per rank, the bytes of its weights, gradients and optimizer state."""
+    return static_bytes_of(rank_layers(plan), model, table, options)
+
+
+def rank_layers(plan: Plan) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per rank, the layer ranges ``[start, stop)`` whose weights it holds (one per region)."""
+    return tuple(tuple(plan.slab(p.region, r) for p in plan.placement) for r in range(plan.num_ranks))
+
+
+def static_bytes_of(layers: tuple[tuple[tuple[int, int], ...], ...], model: Model, table: LayerTable,
+                    options: CostOptions) -> tuple[float, ...]:
+    """Per rank, the static bytes of the layer ranges it holds (:func:`rank_layers`): what the
+    placement alone decides, before any order exists."""
     trainable = np.array(model.trainable_bits(), dtype=bool)
     ep = options.ep_degree
     tp = table.tp_degrees(options)  # the encoder's layers split over encoder_tp where that is set
@@ -63,48 +79,78 @@ def estimate_static_bytes(plan: Plan, model: Model, table: LayerTable, options: 
     per_layer = (params * options.dtype_bytes() + params * trainable * (options.grad_bytes_per_param + optimizer)
                  + experts * trainable * (expert_optimizer - optimizer))  # 0 unless ep > 1 with ZeRO-1
     out = []
-    for r in range(plan.num_ranks):
+    for ranges in layers:
         total = 0.0
-        for p in plan.placement:
-            start, stop = plan.slab(p.region, r)
+        for start, stop in ranges:
             total += float(per_layer[start:stop].sum())
         out.append(total)
     return tuple(out)
 
 
+class MemoryLayout:
+    """An order's live tensors as arrays, compiled once: for each, the rank that holds it, the
+    events whose start and finish bound its life, and where its size is in the layer table.
+
+    The first ``num_saved`` tensors are saved activations (size: a slab's difference of the saved
+    bytes' per-microbatch prefix sums), the rest stage outputs (size: one boundary entry)."""
+
+    def __init__(self, plan: Plan, arrays: EventArrays | None = None) -> None:
+        a = arrays or EventArrays.of(plan)
+        M = plan.num_microbatches
+        # Saved activations: a forward whose stage has a backward for that microbatch.
+        forwards = np.flatnonzero(a.kind == FWD)
+        backward = a.index_of(BWD)[a.region[forwards], a.rank[forwards], a.mb[forwards]]
+        saved, backward = forwards[backward >= 0], backward[backward >= 0]
+        region, rank, mb = a.region[saved], a.rank[saved], a.mb[saved]
+        # Stage outputs: from the producing forward until the Send or Gather that ships them.
+        shipped = np.flatnonzero((a.kind == COLL) & ((a.comm == COMMS.index(Comm.SEND)) |
+                                                     (a.comm == COMMS.index(Comm.GATHER))))
+        s_region, s_rank, s_mb = a.region[shipped], a.rank[shipped], a.mb[shipped]
+        self.num_ranks = plan.num_ranks
+        self.num_saved = len(saved)
+        self.rank = np.concatenate((rank, s_rank))
+        self.alloc_event = np.concatenate((saved, a.index_of(FWD)[s_region, s_rank, s_mb]))
+        self.free_event = np.concatenate((backward, shipped))
+        self.hi = np.concatenate((a.slab_hi[region, rank] * M + mb, (a.slab_hi[s_region, s_rank] - 1) * M + s_mb))
+        self.lo = np.concatenate((a.slab_lo[region, rank] * M + mb, np.zeros(len(shipped), dtype=np.int64)))
+
+    def moved(self, positions: np.ndarray, ranks: np.ndarray) -> "MemoryLayout":
+        """A copy whose tensors at ``positions`` live on new ``ranks`` (an owner change)."""
+        out = copy.copy(self)
+        out.rank = self.rank.copy()
+        out.rank[positions] = ranks
+        return out
+
+    def activation_peaks(self, table: LayerTable, start_s: np.ndarray, finish_s: np.ndarray) -> np.ndarray:
+        """Per rank, the peak of live activation bytes on the timeline."""
+        saved_prefix = np.vstack((np.zeros((1, table.saved_bytes.shape[1])),
+                                  np.cumsum(table.saved_bytes, axis=0))).ravel()
+        k = self.num_saved
+        size = np.concatenate((saved_prefix[self.hi[:k]] - saved_prefix[self.lo[:k]],
+                               np.asarray(table.boundary_bytes, dtype=float).ravel()[self.hi[k:]]))
+        time = np.concatenate((start_s[self.alloc_event], finish_s[self.free_event]))
+        delta = np.concatenate((size, -size))
+        rank = np.concatenate((self.rank, self.rank))
+        # Per rank in time order, frees before allocations at the same instant: a buffer handed
+        # over is reusable at once. Instants equal up to rounding (the timeline's starts are finish -
+        # duration) count as one instant.
+        tick = 1e-12 * max(float(finish_s.max(initial=0.0)), 1e-300)
+        by = np.lexsort((delta, np.rint(time / tick), rank))
+        return kernels.running_peaks(rank[by], delta[by], self.num_ranks)
+
+    def report(self, static: tuple[float, ...], table: LayerTable, timeline: Timeline,
+               capacity_bytes: float) -> MemoryReport:
+        peaks = self.activation_peaks(table, timeline.start_s, timeline.finish_s).tolist()
+        return MemoryReport(
+            static_bytes=static,
+            activation_peak_bytes=tuple(peaks),
+            peak_bytes=tuple(s + a for s, a in zip(static, peaks)),
+            capacity_bytes=capacity_bytes,
+        )
+
+
 def estimate_memory(
     plan: Plan, model: Model, table: LayerTable, options: CostOptions, timeline: Timeline, capacity_bytes: float
 ) -> MemoryReport:
-    static = estimate_static_bytes(plan, model, table, options)
-    saved_prefix = np.vstack((np.zeros((1, table.saved_bytes.shape[1])), np.cumsum(table.saved_bytes, axis=0)))
-    index = plan.index
-    start, finish = timeline.start_s, timeline.finish_s
-    deltas: list[list[tuple[float, float]]] = [[] for _ in range(plan.num_ranks)]
-    for i, event in enumerate(plan.order.events):
-        if isinstance(event, Fwd):
-            lo, hi = plan.slab(event.region, event.rank)
-            bwd = index.get(Bwd(event.region, event.rank, event.mb))
-            if bwd is not None:
-                saved = float(saved_prefix[hi, event.mb] - saved_prefix[lo, event.mb])
-                deltas[event.rank] += [(start[i], saved), (finish[bwd], -saved)]
-        elif isinstance(event, Coll) and event.comm in (Comm.SEND, Comm.GATHER):
-            producer = index[Fwd(event.src[0], event.src[1], event.mb)]
-            size = float(table.boundary_bytes[plan.slab(*event.src)[1] - 1, event.mb])
-            deltas[event.src[1]] += [(start[producer], size), (finish[i], -size)]
-    peaks = []
-    # Instants equal up to rounding (the timeline's starts are finish - duration) count as one instant.
-    tick = 1e-12 * max(float(finish.max(initial=0.0)), 1e-300)
-    for rank_deltas in deltas:
-        # Frees before allocations at the same instant: a buffer handed over is reusable at once.
-        rank_deltas.sort(key=lambda td: (round(td[0] / tick), td[1]))
-        running = peak = 0.0
-        for _, delta in rank_deltas:
-            running += delta
-            peak = max(peak, running)
-        peaks.append(peak)
-    return MemoryReport(
-        static_bytes=static,
-        activation_peak_bytes=tuple(peaks),
-        peak_bytes=tuple(s + a for s, a in zip(static, peaks)),
-        capacity_bytes=capacity_bytes,
-    )
+    return MemoryLayout(plan).report(estimate_static_bytes(plan, model, table, options), table, timeline,
+                                     capacity_bytes)

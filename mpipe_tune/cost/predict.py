@@ -1,5 +1,6 @@
 """One-call prediction of a :class:`~mpipe_tune.algebra.candidate.Candidate`: layer table, balanced
-slabs, derive, durations, timeline, memory.
+slabs, derive, then the compiled plan's timeline and memory (:class:`~mpipe_tune.cost.compiled.CompiledPlan`,
+the same one the search's evaluator reads).
 
 ``predict(candidate, model, workload, profile, options)``: the candidate fixes the plan (cut,
 schedule, slabs, owners, degrees, dtype, recomputation, frozen blocks); ``options`` carries the cost
@@ -16,11 +17,11 @@ from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch
 from mpipe_tune.cost.arch import validate_expert_parallel_degree, validate_tensor_parallel_degree
-from mpipe_tune.cost.durations import estimate_durations
+from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table
-from mpipe_tune.cost.memory import MemoryReport, estimate_memory
+from mpipe_tune.cost.memory import MemoryReport
 from mpipe_tune.cost.profile import HardwareProfile
-from mpipe_tune.cost.timing import Timeline, read_timeline
+from mpipe_tune.cost.timing import Timeline
 from mpipe_tune.inputs.workload import Workload
 from mpipe_tune.errors import MpipeError
 
@@ -87,7 +88,7 @@ def predict(
     validate_expert_parallel_degree(model, options.ep_degree)
     table = build_layer_table(model, workload, profile, options)
     plan = c.derive(model, layer_weights(model, table))
-    durations = estimate_durations(plan, model, table, profile, options)
-    timeline = read_timeline(plan, durations)
-    memory = estimate_memory(plan, model, table, options, timeline, profile.memory_capacity_bytes)
+    compiled = CompiledPlan(plan, model, profile, options)
+    timeline = compiled.timeline(table)
+    memory = compiled.memory(table, timeline)
     return Prediction(resolved(c, plan), plan, timeline, table, memory, options)

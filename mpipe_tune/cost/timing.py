@@ -4,9 +4,10 @@ Every rank runs one event at a time in its order; an event starts when its rank 
 predecessors are done. With the per-rank Sequence edges in the graph this is exactly the longest
 path through the node-weighted DAG: ``finish(e) = duration(e) + max(finish(p) for p in preds(e))``.
 
-:class:`CompiledOrder` compiles an order once into flat integer arrays (a topological order and the
-predecessors of each event) so that evaluating new durations touches no event objects; the networkx
-graph (:func:`longest_path_reference`) stays as the readable reference and the two must agree.
+:class:`CompiledOrder` compiles an order once into flat integer arrays (a topological order, the
+predecessors of each event, which rank runs it) so that evaluating new durations is one compiled
+pass (:mod:`mpipe_tune.cost.kernels`) that touches no event objects; the networkx graph
+(:func:`longest_path_reference`) stays as the readable reference and the two agree exactly.
 """
 
 from __future__ import annotations
@@ -16,44 +17,101 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpipe_tune.algebra.derive import Plan
-from mpipe_tune.algebra.events import Fwd
-from mpipe_tune.algebra.schedule import Layout
+from mpipe_tune.cost import kernels
+from mpipe_tune.cost.event_arrays import FWD, EventArrays
+
+
+def predecessor_lists(num_events: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Compressed predecessor lists: ``pred[ptr[e]:ptr[e + 1]]`` are the sources of edges into ``e``."""
+    by_target = np.argsort(dst, kind="stable")
+    ptr = np.zeros(num_events + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_events), out=ptr[1:])
+    return ptr, np.ascontiguousarray(src[by_target], dtype=np.int64)
 
 
 class CompiledOrder:
-    """An order as arrays: events in topological order and their predecessors."""
+    """An order as arrays: a topological order, each event's predecessors, the rank that runs each
+    event, and the encoder work and first backbone forward that the spill reads."""
 
-    def __init__(self, plan: Plan) -> None:
-        n = len(plan.order.events)
-        topo = plan.order.topo
-        position = [0] * n
-        for k, event in enumerate(topo):
-            position[event] = k
-        preds: list[list[int]] = [[] for _ in range(n)]
-        for s, t, _ in plan.order.edges:
-            preds[position[t]].append(position[s])
-        self.num_events = n
-        self.topo = np.array(topo, dtype=np.int64)
-        # Predecessors in topological positions, for a loop over plain lists.
-        self._preds = [tuple(p) for p in preds]
+    def __init__(self, plan: Plan, arrays: EventArrays | None = None) -> None:
+        a = arrays or EventArrays.of(plan)
+        n = len(a.kind)
+        encode = a.is_encode()
+        backbone_forward = (a.kind == FWD) & ~encode
+        first_forward = np.array([nodes[np.argmax(backbone_forward[nodes])] for nodes in a.nodes], dtype=np.int64)
+        args = (a.edge_src, a.edge_dst, list(a.nodes), np.flatnonzero(encode), first_forward, a.source_region >= 0)
+        if len(plan.order.topo) != n:  # an order built by hand, without its topological order
+            self.__dict__.update(vars(CompiledOrder.from_arrays(n, *args)))
+            return
+        self._build(n, args[0], args[1], args[2], np.array(plan.order.topo, dtype=np.int64), *args[3:])
+
+    @classmethod
+    def from_arrays(cls, num_events: int, src: np.ndarray, dst: np.ndarray, nodes: list[np.ndarray],
+                    encode: np.ndarray, first_forward: np.ndarray, has_source: bool) -> "CompiledOrder":
+        """An order given as edges and per-rank event lists (its topological order computed here)."""
+        out = cls.__new__(cls)
+        by_source = np.argsort(src, kind="stable")
+        succ_ptr = np.zeros(num_events + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src, minlength=num_events), out=succ_ptr[1:])
+        topo = kernels.topological_order(num_events, succ_ptr, np.ascontiguousarray(dst[by_source]))
+        assert len(topo) == num_events, "a cyclic order"
+        out._build(num_events, src, dst, nodes, topo, encode, first_forward, has_source)
+        return out
+
+    def _build(self, n, src, dst, nodes, topo, encode, first_forward, has_source) -> None:
+        self.num_events, self.num_ranks = n, len(nodes)
+        self.src, self.dst = src, dst
+        self.nodes = nodes
+        """Per rank, the indices of its events in the order it runs them."""
+        self.topo = topo
+        self.pred_ptr, self.pred_idx = predecessor_lists(n, src, dst)
+        self.on_rank = np.concatenate(nodes) if nodes else np.zeros(0, dtype=np.int64)
+        self.rank_of_on_rank = np.repeat(np.arange(len(nodes)), [len(x) for x in nodes])
+        rank_of = np.full(n, -1, dtype=np.int64)
+        rank_of[self.on_rank] = self.rank_of_on_rank
+        self.encode = encode
+        """The Replicated region's forwards (the encodes): empty without a transposed region."""
+        self.encode_rank = rank_of[encode]
+        self.first_forward = first_forward
+        """Per rank, its first backbone (Sharded) forward."""
+        self.has_source = has_source
+        self._scratch = np.empty(n)
 
     def finish_times(self, durations: np.ndarray) -> np.ndarray:
         """Finish time of every event (indexed like ``plan.order.events``)."""
-        d = durations[self.topo].tolist()
-        finish = [0.0] * self.num_events
-        for k, preds in enumerate(self._preds):
-            start = 0.0
-            for p in preds:
-                f = finish[p]
-                if f > start:
-                    start = f
-            finish[k] = start + d[k]
         out = np.empty(self.num_events)
-        out[self.topo] = finish
+        kernels.finish_times(durations, self.topo, self.pred_ptr, self.pred_idx, out)
         return out
 
     def makespan(self, durations: np.ndarray) -> float:
-        return float(self.finish_times(durations).max(initial=0.0))
+        return kernels.makespan(durations, self.topo, self.pred_ptr, self.pred_idx, self._scratch)
+
+    def timeline(self, durations: np.ndarray) -> "Timeline":
+        """Makespan, per-rank busy time and bubble, and the paper's spill ``max(0, E_r - w_r)``."""
+        P = self.num_ranks
+        finish = self.finish_times(durations)
+        makespan = float(finish.max(initial=0.0))
+        busy = np.bincount(self.rank_of_on_rank, weights=durations[self.on_rank], minlength=P)
+        if not self.has_source:
+            encoder = slack = np.zeros(P)
+        else:
+            encoder = np.bincount(self.encode_rank, weights=durations[self.encode], minlength=P)
+            no_encoder = durations.copy()
+            no_encoder[self.encode] = 0.0
+            free = self.finish_times(no_encoder) - no_encoder
+            slack = free[self.first_forward]
+        encoder, slack, busy = encoder.tolist(), slack.tolist(), busy.tolist()
+        return Timeline(
+            makespan_s=makespan,
+            busy_s=tuple(busy),
+            bubble_s=tuple(makespan - b for b in busy),
+            spill_s=tuple(max(0.0, e - w) for e, w in zip(encoder, slack)),
+            encoder_s=tuple(encoder),
+            warmup_slack_s=tuple(slack),
+            start_s=finish - durations,
+            finish_s=finish,
+            durations_s=durations,
+        )
 
 
 def longest_path_reference(plan: Plan, durations: np.ndarray) -> np.ndarray:
@@ -87,34 +145,4 @@ class Timeline:
 
 def read_timeline(plan: Plan, durations: np.ndarray, compiled: CompiledOrder | None = None) -> Timeline:
     """Makespan, per-rank busy time and bubble, and the paper's spill ``max(0, E_r - w_r)``."""
-    compiled = compiled or CompiledOrder(plan)
-    finish = compiled.finish_times(durations)
-    makespan = float(finish.max(initial=0.0))
-    busy = tuple(float(durations[list(nodes)].sum()) for nodes in plan.order.nodes)
-    source = plan.placement[0] if plan.placement[0].layout is Layout.REPLICATED else None
-    encode = np.zeros(len(durations), dtype=bool)
-    if source is not None:
-        for i, event in enumerate(plan.order.events):
-            encode[i] = isinstance(event, Fwd) and event.region == source.region
-    encoder = tuple(float(durations[list(nodes)][encode[list(nodes)]].sum()) for nodes in plan.order.nodes)
-    if source is None:
-        slack = (0.0,) * plan.num_ranks
-    else:
-        no_encoder = np.where(encode, 0.0, durations)
-        free = compiled.finish_times(no_encoder) - no_encoder
-        slack = tuple(float(free[_first_sharded_forward(plan, nodes, encode)]) for nodes in plan.order.nodes)
-    return Timeline(
-        makespan_s=makespan,
-        busy_s=busy,
-        bubble_s=tuple(makespan - b for b in busy),
-        spill_s=tuple(max(0.0, e - w) for e, w in zip(encoder, slack)),
-        encoder_s=encoder,
-        warmup_slack_s=slack,
-        start_s=finish - durations,
-        finish_s=finish,
-        durations_s=durations,
-    )
-
-
-def _first_sharded_forward(plan: Plan, nodes: tuple[int, ...], encode: np.ndarray) -> int:
-    return next(i for i in nodes if isinstance(plan.order.events[i], Fwd) and not encode[i])
+    return (compiled or CompiledOrder(plan)).timeline(durations)

@@ -39,6 +39,15 @@ over the capacity), passing over neighbours whose bound already loses (they cost
 proposes only when no trial has. A sampler proposal that was already tried is replaced by one of its
 untried neighbours, so trials are not spent on repeats.
 
+**Convergence.** A proposal that was already tried and has no untried neighbour that its bounds
+leave open is *settled*: it costs no trial (the sampler is told it failed, so it is not in its
+history). After ``_SETTLED_STREAK`` settled proposals in a row the sampler has converged: the
+refinement starts at once if it has not yet, and once it has run out of neighbours to try too, the run
+ends early: when the untried rest of the space fits in the trial budget that is left, it is
+enumerated in increasing bound order as in exhaustive mode (so the result is the space's optimum),
+else the run stops as converged. :attr:`SearchResult.ending` says which, and :meth:`SearchResult.how`
+is the summary's wording.
+
 Optuna is imported here and in search/ only (the trial writer's child process, :mod:`mpipe_tune.search.trials`).
 """
 
@@ -76,6 +85,8 @@ _OPEN_ATTEMPTS = 5
 """Tries at opening the study, when workers started together race to create its database."""
 """Runs expected to add at least this many trials write them from a child process (see writer.py)."""
 _GIB = 2.0**30
+_SETTLED_STREAK = 20
+"""Settled proposals in a row (see Convergence) after which the sampler counts as converged."""
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; older: constraints_func
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -105,6 +116,24 @@ class SearchResult:
     storage: str
     interrupted: bool
     wall_s: float
+    ending: str = "budget"
+    """Why the run stopped: ``budget`` (the study holds the requested trials, or a sampled run's
+    timeout), ``enumerated`` (an exhaustive run), ``converged`` (the sampler kept proposing settled
+    points and the untried rest of the space is larger than the budget left), ``exhaustive`` (it
+    converged and the untried rest was enumerated with bounds: the best is the space's optimum)."""
+    num_settled: int = 0
+    """Settled proposals this run (already tried, no untried neighbour open): no trial each."""
+
+    def how(self, sampler: str) -> str:
+        """How the study was searched, for the summary line."""
+        if self.mode == "exhaustive":
+            return f"{self.space_size} points, exhaustive"
+        if self.ending == "exhaustive":
+            return (f"sampler {sampler} converged ({self.num_settled} settled proposals), then the rest of the "
+                    f"{self.space_size} points exhaustive with bounds")
+        if self.ending == "converged":
+            return f"sampler {sampler} converged: {self.num_settled} settled proposals, stopped before the budget"
+        return f"sampler {sampler}"
 
 
 def problem_key(evaluator: Evaluator, space: SearchSpace) -> str:
@@ -168,9 +197,13 @@ def run_search(
     best, least = _best_of(_stored(study), evaluator)
     if run.least is not None and (least is None or run.least.peak_bytes < least.peak_bytes):
         least = run.least
+    if exhaustive:
+        run.ending = "enumerated"
+    elif run.ending == "exhaustive":
+        size = run.space_size
     return SearchResult(best, least, len(_stored(study)), run.new, len(run.predicted), run.bounded, size,
                         "exhaustive" if exhaustive else "optuna", study_name, storage, run.interrupted,
-                        time.perf_counter() - start)
+                        time.perf_counter() - start, run.ending, run.settled)
 
 
 # --------------------------------------------------------------------------------------- study
@@ -326,11 +359,17 @@ class _Run:
         self.predicted: set[Candidate] = set()
         self.interrupted = False
         self.bar = None
+        self.ending = "budget"
+        self.settled = 0
+        self.space_size: int | None = None
 
     def out_of_time(self) -> bool:
         return self.timeout_s is not None and time.perf_counter() - self.start > self.timeout_s
 
     def open_bar(self, total: int, label: str) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
         if self.progress and total > 0:
             from tqdm import tqdm
 
@@ -344,7 +383,7 @@ class _Run:
             self.new -= self.writer.refused.value  # handed over, but found the study full
 
     def start_writing(self, expected_new: int, n_trials: int | None = None) -> None:
-        if self.storage is not None and expected_new >= _WRITER_FROM:
+        if self.writer is None and self.storage is not None and expected_new >= _WRITER_FROM:
             self.writer = TrialWriter(self.storage, self.study.study_name, n_trials)
 
     def record(self, trial, n_trials: int | None = None) -> bool:
@@ -468,6 +507,18 @@ class _Run:
             ))
         return len(points)
 
+    def converged(self, budget: int) -> None:
+        """The sampler converged with ``budget`` trials left: enumerate the untried rest of the space
+        when it fits in them (``ending`` ``exhaustive``), else stop (``converged``)."""
+        untried = 0
+        for _, c in self.space.enumerate():
+            untried += c not in self.tried
+            if untried > budget:
+                self.ending = "converged"
+                return
+        self.ending = "exhaustive"
+        self.space_size = self.exhaustive()
+
     def propose(self, mirror):
         """Ask the sampler for a point: (trial, params, candidate)."""
         trial = mirror.ask()
@@ -494,7 +545,7 @@ class _Run:
         last_sync = time.perf_counter()
         self.open_bar(remaining, "plan")
         self.start_writing(remaining, n_trials)
-        done = 0
+        done = streak = 0
         while done < remaining and not self.out_of_time():
             if self.storage is not None and self.study_total() >= n_trials:  # other workers count too
                 break
@@ -505,22 +556,27 @@ class _Run:
                 if step is not None:
                     mirror.enqueue_trial(step)
             trial, params, candidate = self.propose(mirror)
-            repeat = candidate in self.tried
-            if repeat:  # the sampler proposes a point already tried: try an untried neighbour instead
+            if candidate in self.tried:  # the sampler proposes a point already tried: try an untried neighbour
                 alternative = next(((p, c) for p, c in self.space.neighbors(params) if not self.hopeless(c)), None)
-                if alternative is not None:
-                    mirror.tell(trial, state=TrialState.FAIL)  # a discarded proposal, not a trial
-                    mirror.enqueue_trial(alternative[0])
-                    trial, params, candidate = self.propose(mirror)
-                    repeat = False
+                mirror.tell(trial, state=TrialState.FAIL)  # a discarded proposal, not a trial
+                if alternative is None:  # settled: no trial, and after a streak of them, converged
+                    self.settled += 1
+                    streak += 1
+                    if streak >= _SETTLED_STREAK and refine and len(self.stored) + done < explore_until:
+                        explore_until, streak = len(self.stored) + done, 0  # the sampler settled early: refine now
+                    elif streak >= _SETTLED_STREAK:
+                        self.converged(remaining - done)
+                        return
+                    continue
+                mirror.enqueue_trial(alternative[0])
+                trial, params, candidate = self.propose(mirror)
+            streak = 0
             e = self.evaluate(candidate)
             info = self.info(e)
             trial.set_user_attr(ATTR, info)
             if _HAS_SET_CONSTRAINT:
                 trial.set_constraint("memory", info["memory_excess_gib"])
-            # A repeat (its whole neighbourhood tried too) tells the sampler nothing new: it is stored,
-            # but hidden from the sampler's history, which it reads whole on every trial.
-            frozen = mirror.tell(trial, state=TrialState.FAIL) if repeat else mirror.tell(trial, e.mean_s)
+            frozen = mirror.tell(trial, e.mean_s)
             stored = self.record(optuna.trial.create_trial(
                 params=frozen.params, distributions=frozen.distributions, value=e.mean_s,
                 user_attrs=frozen.user_attrs, system_attrs=frozen.system_attrs,

@@ -7,9 +7,11 @@ static, while ``greedy`` and ``optimal`` are per-step rules over the step's enco
 known from its image sizes before the step starts. Their slack ``w_r`` is read off the round-robin
 prediction of the same step (the slack does not depend on who encodes).
 
-The evaluator composes the cost model's public passes exactly as :func:`mpipe_tune.cost.predict.
-predict` does (layer table, derive, durations, timeline, memory), but derives and compiles each
-order once for all sampled steps and caches layer tables, orders and results, since a search
+The evaluator reads every step through the cost model's compiled plan
+(:class:`~mpipe_tune.cost.compiled.CompiledPlan`), the same one :func:`mpipe_tune.cost.predict.predict`
+uses; it only decides what to compute and caches: layer tables (with their prefix sums) per sampled
+step and setting, one derived and compiled plan per (schedule, cut, P, M, slabs) and cost options,
+each per-step owner map as a re-timing of that plan (no second derive), and results, since a search
 revisits the same pieces many times.
 """
 
@@ -20,26 +22,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Collectives, Order, Owners, Plan, derive
-from mpipe_tune.algebra.placement import (
-    ByLayer, ByMicrobatch, RegionPlacement, balanced_counts, round_robin, slabs_from_counts,
-)
+from mpipe_tune.algebra.derive import Owners, derive
+from mpipe_tune.algebra.placement import balanced_counts, round_robin, slabs_from_counts
 from mpipe_tune.algebra.schedule import Layout
-from mpipe_tune.cost.durations import DurationModel
+from mpipe_tune.cost.compiled import CompiledPlan
+from mpipe_tune.cost.durations import TableSums, table_sums
 from mpipe_tune.cost.layers import LayerTable, build_layer_table
+from mpipe_tune.cost.memory import static_bytes_of
 from mpipe_tune.cost.predict import Prediction, layer_weights, predict
-from mpipe_tune.cost.timing import CompiledOrder, Timeline, read_timeline
 from mpipe_tune.inputs.workload import Workload
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.owners import owners_for
 from mpipe_tune.search.problem import Problem
-
-from mpipe_tune.cost.memory import estimate_memory, estimate_static_bytes
-
-
-def estimate_peaks(plan: Plan, model, table: LayerTable, options, timeline: Timeline, profile) -> tuple[float, ...]:
-    """Per-rank peak memory in bytes."""
-    return tuple(estimate_memory(plan, model, table, options, timeline, profile.memory_capacity_bytes).peak_bytes)
 
 
 @dataclass(frozen=True)
@@ -94,11 +88,13 @@ class Evaluator:
 
     def __init__(self, problem: Problem, *, max_cached_orders: int = 48) -> None:
         self.problem = problem
-        self._tables: dict[tuple, tuple[Workload, LayerTable]] = {}
+        self._tables: dict[tuple, tuple[Workload, LayerTable, TableSums]] = {}
         self._weights: dict[tuple, tuple[float, ...]] = {}
-        self._orders: OrderedDict[tuple, tuple[Plan, CompiledOrder]] = OrderedDict()
+        self._derived: OrderedDict[tuple, CompiledPlan] = OrderedDict()
+        """Per (schedule, cut, P, M, slabs): the derived plan, compiled for the first options seen."""
+        self._compiled: OrderedDict[tuple, CompiledPlan] = OrderedDict()
+        """Per derived plan, cost options and owner map: the plan compiled for them."""
         self._max_orders = max_cached_orders
-        self._durations: OrderedDict[tuple, DurationModel] = OrderedDict()
         self._steps: dict[tuple, StepResult] = {}
         self._results: dict[Candidate, Evaluation] = {}
         self._bounds: dict = {}
@@ -123,6 +119,9 @@ class Evaluator:
 
     def table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable]:
         """Step ``sample``'s replica workload for ``c`` and its layer table."""
+        return self._table(sample, c)[:2]
+
+    def _table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable, TableSums]:
         key = (sample, *c.setting)
         if key not in self._tables:
             p = self.problem
@@ -131,7 +130,8 @@ class Evaluator:
             # dp = 1 lets the cost model's per-layer cache serve every dp (the predict() equality tests
             # check this stays true).
             options = replace(self.options(c), dp_degree=1)
-            self._tables[key] = (workload, build_layer_table(p.model, workload, p.profile, options))
+            table = build_layer_table(p.model, workload, p.profile, options)
+            self._tables[key] = (workload, table, table_sums(table, p.model))
         return self._tables[key]
 
     def expected_layer_weights(self, c: Candidate) -> tuple[float, ...]:
@@ -191,21 +191,18 @@ class Evaluator:
         key = ("static", replace(c, label="", owner_policy=None))
         if key not in self._bounds:
             _, table = self.table(0, c)
-            self._bounds[key] = max(estimate_static_bytes(self._placement_plan(c), self.problem.model, table,
-                                                          self.options(c)))
+            self._bounds[key] = max(static_bytes_of(self._rank_layers(c), self.problem.model, table,
+                                                    self.options(c)))
         return self._bounds[key]
 
-    def _placement_plan(self, c: Candidate) -> Plan:
-        """A plan with ``c``'s placement and an empty order: what static memory reads."""
+    def _rank_layers(self, c: Candidate) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Per rank, the layer ranges whose weights it holds under ``c``'s placement: its slab of each
+        Sharded region, and the whole of a Replicated one."""
         cut, schedule = c.parsed()
         slabs = iter(self.slab_counts(c))
-        placement = []
-        for j, ((start, stop), layout) in enumerate(zip(cut.regions(self.problem.model.num_layers),
-                                                        schedule.layouts()), start=1):
-            owner = (ByLayer(slabs_from_counts(start, next(slabs))) if layout is Layout.SHARDED
-                     else ByMicrobatch(round_robin(c.num_microbatches, c.pp)))
-            placement.append(RegionPlacement(j, (start, stop), layout, owner))
-        return Plan(cut, schedule, c.pp, c.num_microbatches, tuple(placement), Collectives((), ()), Order((), (), ()))
+        per_region = [slabs_from_counts(start, next(slabs)) if layout is Layout.SHARDED else ((start, stop),) * c.pp
+                      for (start, stop), layout in zip(cut.regions(self.problem.model.num_layers), schedule.layouts())]
+        return tuple(tuple(region[r] for region in per_region) for r in range(c.pp))
 
     def lower_bound(self, c: Candidate) -> float:
         """Mean over the sampled steps of :meth:`lower_bounds`: never above ``evaluate(c).mean_s``."""
@@ -251,9 +248,8 @@ class Evaluator:
         """The transposed region's owner map of ``c`` on step ``sample`` (None without a transpose)."""
         if not c.has_transpose:
             return None
-        slabs = self.slab_counts(c)
         if c.owner_policy in (None, "round-robin"):
-            return self._order(c, slabs, None)[0].placement[0].owner.owners
+            return round_robin(c.num_microbatches, c.pp)  # derive's default owner map
         return owners_for(c.owner_policy, self.encode_s(c, sample), self.slack_s(c, sample))
 
     def slack_s(self, c: Candidate, sample: int) -> tuple[float, ...]:
@@ -278,28 +274,39 @@ class Evaluator:
 
     # ---------------------------------------------------------------------------- internals
 
-    def _order(self, c: Candidate, slabs, owners) -> tuple[Plan, CompiledOrder]:
-        key = (c.schedule, c.cut, c.pp, c.num_microbatches, slabs, owners)
-        if key in self._orders:
-            self._orders.move_to_end(key)
-            return self._orders[key]
-        cut, schedule = c.parsed()
-        plan = derive(cut, schedule, self.problem.model, c.pp, c.num_microbatches,
-                      Owners(slab_counts=slabs, microbatch=owners))
-        self._orders[key] = (plan, CompiledOrder(plan))
-        if len(self._orders) > self._max_orders:
-            self._orders.popitem(last=False)
-        return self._orders[key]
+    def compiled(self, c: Candidate, slabs, owners: tuple[int, ...] | None = None) -> CompiledPlan:
+        """``c``'s plan with ``slabs``, compiled for ``c``'s cost options; ``owners`` (None: derive's
+        default) re-times it for another owner map of the transposed region."""
+        options = self.options(c)
+        key = (c.schedule, c.cut, c.pp, c.num_microbatches, slabs)
+        plan = self._lookup(self._compiled, (key, options, owners))
+        if plan is not None:
+            return plan
+        if owners is not None:
+            plan = self.compiled(c, slabs).with_owners(owners)
+        else:
+            base = self._lookup(self._derived, key)
+            if base is None:
+                cut, schedule = c.parsed()
+                p = self.problem
+                base = CompiledPlan(derive(cut, schedule, p.model, c.pp, c.num_microbatches, Owners(slab_counts=slabs)),
+                                    p.model, p.profile, options)
+                self._store(self._derived, key, base)
+            plan = base.for_options(options)
+        self._store(self._compiled, (key, options, owners), plan)
+        return plan
 
-    def _duration_model(self, plan: Plan, options) -> DurationModel:
-        key = (id(plan), options.tp_degree, options.dp_degree, options.ep_degree, options.cp_degree,
-               options.encoder_tp)
-        model = self._durations.get(key)
-        if model is None or model.plan is not plan:
-            model = self._durations[key] = DurationModel(plan, self.problem.model, self.problem.profile, options)
-            if len(self._durations) > self._max_orders:
-                self._durations.popitem(last=False)
-        return model
+    @staticmethod
+    def _lookup(cache: OrderedDict, key):
+        value = cache.get(key)
+        if value is not None:
+            cache.move_to_end(key)
+        return value
+
+    def _store(self, cache: OrderedDict, key, value) -> None:
+        cache[key] = value
+        if len(cache) > self._max_orders:
+            cache.popitem(last=False)
 
     def _step(self, c: Candidate, slabs, sample: int, memory: bool) -> StepResult:
         owners = None
@@ -309,12 +316,10 @@ class Evaluator:
         cached = self._steps.get(key)
         if cached is not None and (not memory or cached.peak_bytes is not None):
             return cached
-        p = self.problem
-        plan, compiled = self._order(c, slabs, owners)
-        _, table = self.table(sample, c)
-        options = self.options(c)
-        t = read_timeline(plan, self._duration_model(plan, options).durations(table), compiled)
-        peaks = estimate_peaks(plan, p.model, table, options, t, p.profile) if memory else None
+        plan = self.compiled(c, slabs, owners)
+        _, table, sums = self._table(sample, c)
+        t = plan.timeline(sums)
+        peaks = plan.memory(table, t).peak_bytes if memory else None
         result = StepResult(
             makespan_s=t.makespan_s,
             bubble_share=sum(t.bubble_s) / (t.makespan_s * c.pp) if t.makespan_s > 0 else 0.0,

@@ -118,3 +118,64 @@ def test_bad_storage_and_trials_are_user_errors(tmp_path):
         run_search(space, evaluator, storage="nosuchdb://x", n_trials=3, progress=False)
     with pytest.raises(MpipeError, match="--trials"):
         run_search(space, evaluator, storage=url(tmp_path), n_trials=0, progress=False)
+
+
+class _FirstChoiceSampler(optuna.samplers.BaseSampler):
+    """Proposes the first option of every choice, forever: a sampler that has converged on one point."""
+
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return param_distribution.choices[0]
+
+
+def _stuck_sampler(monkeypatch):
+    from mpipe_tune.search import driver
+
+    monkeypatch.setattr(driver, "_make_sampler", lambda name, seed: _FirstChoiceSampler())
+
+
+def test_a_sampler_stuck_on_settled_points_ends_as_converged_without_wasting_trials(tmp_path, monkeypatch):
+    _stuck_sampler(monkeypatch)
+    space, evaluator = make(devices=4, batch=8)  # 364 points, more than the budget
+    first = next(space.enumerate())[0]
+    result = run_search(space, evaluator, storage=url(tmp_path), n_trials=100, exhaustive=False, refine=False,
+                        progress=False)
+    # The first point, then its neighbours that the bounds leave open instead of repeats; then settled
+    # proposals only, none of them a trial.
+    assert result.ending == "converged" and result.num_settled == 20
+    assert result.num_trials == result.num_new and 2 <= result.num_trials <= 1 + len(space.neighbors(first))
+    study = optuna.load_study(study_name=result.study_name, storage=url(tmp_path))
+    candidates = [t.user_attrs["mpipe"]["candidate"] for t in study.trials]
+    assert len({repr(c) for c in candidates}) == len(candidates)  # no repeats stored
+    assert "converged" in result.how("tpe") and "stopped before the budget" in result.how("tpe")
+
+
+def test_a_converged_sampler_switches_to_exhaustive_when_the_rest_fits_the_budget(tmp_path, monkeypatch):
+    _stuck_sampler(monkeypatch)
+    space, evaluator = make(devices=4, batch=8, skeletons=("1f1b",), owner_policies=("round-robin", "greedy"))
+    optimum, evaluations = exhaustive_optimum(space, Evaluator(evaluator.problem))
+    result = run_search(space, evaluator, storage=url(tmp_path), n_trials=len(evaluations), exhaustive=False,
+                        refine=False, progress=False)
+    assert result.mode == "optuna" and result.ending == "exhaustive" and result.space_size == len(evaluations)
+    assert result.best.candidate == optimum.candidate and result.best.mean_s == optimum.mean_s
+    assert result.num_trials <= len(evaluations)  # pruned by bounds: fewer than one trial per point
+    assert "exhaustive" in result.how("tpe")
+
+
+def test_a_sampler_that_settles_early_hands_over_to_the_refinement_first(tmp_path, monkeypatch):
+    """Settled proposals before half the budget start the best-first refinement at once; the run ends
+    only when that has no neighbour left either."""
+    _stuck_sampler(monkeypatch)
+    space, evaluator = make(devices=4, batch=8)
+    first = next(space.enumerate())[0]
+    stuck = run_search(space, evaluator, storage=url(tmp_path, "a.db"), n_trials=100, exhaustive=False,
+                       refine=False, progress=False)
+    refined = run_search(space, Evaluator(evaluator.problem), storage=url(tmp_path, "b.db"), n_trials=100,
+                         exhaustive=False, progress=False)
+    assert refined.num_trials > stuck.num_trials and refined.num_trials > 1 + len(space.neighbors(first))
+    assert refined.best.mean_s <= stuck.best.mean_s

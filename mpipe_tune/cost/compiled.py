@@ -1,0 +1,213 @@
+"""A compiled plan: derive once, then evaluate any layer table with array passes only.
+
+:class:`CompiledPlan` holds a derived plan as three compiled parts, each an array form of one
+readable pass: the order (:class:`~mpipe_tune.cost.timing.CompiledOrder`: topological order,
+predecessors, ranks), the durations (:class:`~mpipe_tune.cost.durations.DurationModel`: slab
+and tensor indices, link rates, reduce costs) and the live tensors
+(:class:`~mpipe_tune.cost.memory.MemoryLayout`). ``predict`` and the search's evaluator both read
+a step through it: :meth:`~CompiledPlan.timeline`, :meth:`~CompiledPlan.memory`,
+:meth:`~CompiledPlan.static_bytes`, and :meth:`~CompiledPlan.makespan` for the search's hot loop.
+
+**Owner maps without re-deriving.** The transposed region's owner map decides only which rank runs
+each microbatch's encode ``Fwd(1, owner, m)`` and its backward, and which rank the Gather leaves
+and the Scatter reaches. :meth:`~CompiledPlan.with_owners` moves exactly those events: each rank's
+list becomes its owned encodes, its unchanged backbone program, its owned encoder backwards and
+its unchanged reduces; the graph keeps every non-sequence edge and takes the new ranks' sequence
+edges; the moved transfers take their new link's rate (free on one rank) and the moved tensors
+their new rank; the data-parallel reduces' overlap (:mod:`~mpipe_tune.cost.overlap`), which reads
+the ranks' orders, is compiled again for them. Event indices stay those of ``derive`` with the new
+owners (derive numbers events by microbatch, whoever owns it), so the result equals a fresh derive
+and predict; :attr:`CompiledPlan.plan` builds that plan itself when asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from mpipe_tune.algebra.derive import Order, Plan, topological_order
+from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
+from mpipe_tune.algebra.model import Model
+from mpipe_tune.algebra.placement import ByMicrobatch, validate_owners
+from mpipe_tune.algebra.schedule import Layout
+from mpipe_tune.cost.durations import DurationModel, TableSums
+from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, REDUCE, EventArrays
+from mpipe_tune.cost.layers import CostOptions, LayerTable
+from mpipe_tune.cost.memory import MemoryLayout, MemoryReport, estimate_static_bytes
+from mpipe_tune.cost.profile import HardwareProfile
+from mpipe_tune.cost.timing import CompiledOrder, Timeline
+
+
+class CompiledPlan:
+    """One derived plan with its cost arrays, for one model, profile and set of cost options."""
+
+    def __init__(self, plan: Plan, model: Model, profile: HardwareProfile, options: CostOptions) -> None:
+        self.derived, self.model, self.profile, self.options = plan, model, profile, options
+        """``derived``: the plan as derive built it (a re-timed plan's differs from it in its owners)."""
+        self._plan: Plan | None = plan
+        self.owners = _owners(plan)
+        """The transposed region's owner map (rank of microbatch 0, 1, ...); None without one."""
+        self.arrays = EventArrays.of(plan)
+        self.order = CompiledOrder(plan, self.arrays)
+        self.durations_model = DurationModel(plan, model, profile, options, self.arrays)
+        self.memory_layout = MemoryLayout(plan, self.arrays)
+        self._moves: _OwnerMoves | None = None
+        self._static: tuple[np.ndarray, tuple[float, ...]] | None = None
+
+    def for_options(self, options: CostOptions) -> "CompiledPlan":
+        """The same plan compiled for other cost options (degrees, dtype, recompute): the order and
+        its live tensors are shared, the durations recompiled."""
+        if options == self.options:
+            return self
+        assert self.owners == _owners(self.derived), "compile other options before re-timing owners"
+        out = CompiledPlan.__new__(CompiledPlan)
+        out.__dict__.update(self.__dict__)
+        out.options, out._static = options, None
+        out.durations_model = DurationModel(self.derived, self.model, self.profile, options, self.arrays)
+        return out
+
+    @property
+    def plan(self) -> Plan:
+        """The plan this compiles: derive's, or for a re-timed owner map the plan that derive builds
+        for it (made on first use: the re-timed arrays do not need it)."""
+        if self._plan is None:
+            self._plan = self._moves.plan(self)
+        return self._plan
+
+    @property
+    def num_events(self) -> int:
+        return self.order.num_events
+
+    def durations(self, table: LayerTable | TableSums) -> np.ndarray:
+        """Seconds per event (aligned with the plan's events) for one layer table."""
+        return self.durations_model.durations(table)
+
+    def makespan(self, table: LayerTable | TableSums) -> float:
+        """The step time alone: durations and one longest-path pass (the search's hot loop)."""
+        return self.order.makespan(self.durations(table))
+
+    def timeline(self, table: LayerTable | TableSums) -> Timeline:
+        return self.order.timeline(self.durations(table))
+
+    def static_bytes(self, table: LayerTable) -> tuple[float, ...]:
+        """Per rank, weights, gradients and optimizer state (parameter counts only: cached)."""
+        if self._static is None or self._static[0] is not table.param_count:
+            self._static = (table.param_count, estimate_static_bytes(self.derived, self.model, table, self.options))
+        return self._static[1]
+
+    def memory(self, table: LayerTable, timeline: Timeline) -> MemoryReport:
+        """Per-rank static and activation memory on ``timeline`` (one of this plan's)."""
+        return self.memory_layout.report(self.static_bytes(table), table, timeline,
+                                         self.profile.memory_capacity_bytes)
+
+    def with_owners(self, owners: tuple[int, ...]) -> "CompiledPlan":
+        """The same plan with the transposed region's microbatches owned by ``owners`` (rank of
+        microbatch 0, 1, ...), re-timed without deriving again (see the module docstring)."""
+        assert self.owners is not None, "only a plan with a transposed region has an owner map"
+        owners = tuple(owners)
+        if owners == self.owners:
+            return self
+        validate_owners(owners, self.derived.num_ranks, self.derived.num_microbatches)
+        if self._moves is None:
+            self._moves = _OwnerMoves(self)
+        return self._moves.apply(self, owners)
+
+    def events(self):
+        """The events (with their ranks under :attr:`owners`), aligned with every per-event array."""
+        events = self.derived.order.events
+        if self.owners == _owners(self.derived):
+            return events
+        region = self.derived.placement[0].region
+        out = list(events)
+        for i, event in enumerate(events):
+            if isinstance(event, (Fwd, Bwd)) and event.region == region:
+                out[i] = type(event)(region, self.owners[event.mb], event.mb)
+            elif isinstance(event, Coll) and event.comm is Comm.GATHER and event.src[0] == region:
+                out[i] = Coll(event.comm, (region, self.owners[event.mb]), event.dst, event.mb)
+            elif isinstance(event, Coll) and event.comm is Comm.SCATTER and event.dst[0] == region:
+                out[i] = Coll(event.comm, event.src, (region, self.owners[event.mb]), event.mb)
+        return tuple(out)
+
+
+def _owners(plan: Plan) -> tuple[int, ...] | None:
+    first = plan.placement[0]
+    return first.owner.owners if first.layout is Layout.REPLICATED and isinstance(first.owner, ByMicrobatch) else None
+
+
+class _OwnerMoves:
+    """What an owner change moves in one compiled plan, found once: per microbatch its encode and
+    encoder backward; per rank its events that stay; the edges that stay; the Gathers and Scatters
+    of the transposed region and the live tensors of its encodes."""
+
+    def __init__(self, compiled: CompiledPlan) -> None:
+        a = compiled.arrays
+        M = compiled.derived.num_microbatches
+        source = a.source_region
+        encode = a.is_encode()
+        encoder_bwd = (a.kind == BWD) & (a.region == source)
+        self.encode = np.full(M, -1, dtype=np.int64)
+        self.encode[a.mb[encode]] = np.flatnonzero(encode)
+        self.encoder_bwd = np.full(M, -1, dtype=np.int64)
+        self.encoder_bwd[a.mb[encoder_bwd]] = np.flatnonzero(encoder_bwd)
+        self.has_encoder_bwd = bool(encoder_bwd.any())
+        # Per rank: its backbone program, and where its reduces and barrier begin.
+        moved = encode | encoder_bwd
+        tail = (a.kind == REDUCE) | (a.kind == BARRIER)
+        self.kept = [nodes[~moved[nodes]] for nodes in a.nodes]
+        self.tail_at = [int(np.argmax(tail[kept])) for kept in self.kept]
+        # Edges that are not per-rank sequence edges (derive adds those last, so a shared pair keeps
+        # its first kind; a Sequence edge into the barrier is a reduce's, and stays).
+        self.keep = ~a.edge_is_sequence | (a.kind[a.edge_dst] == BARRIER)
+        self.edge_src, self.edge_dst = a.edge_src[self.keep], a.edge_dst[self.keep]
+        # The moved transfers, by their position in the duration model: a Gather leaves the owner,
+        # a Scatter reaches it.
+        coll = a.kind == COLL
+        self.gather = np.flatnonzero(coll & (a.comm == COMMS.index(Comm.GATHER)) & (a.region == source))
+        self.scatter = np.flatnonzero(coll & (a.comm == COMMS.index(Comm.SCATTER)) & (a.other_region == source))
+        coll_idx = compiled.durations_model.coll_idx
+        self.positions = np.concatenate((np.searchsorted(coll_idx, self.gather), np.searchsorted(coll_idx, self.scatter)))
+        self.comm = a.comm[np.concatenate((self.gather, self.scatter))]
+        # The moved live tensors: an encode's saved activations and its output until the Gather.
+        layout = compiled.memory_layout
+        self.tensors = np.flatnonzero(encode[layout.alloc_event])
+        self.tensor_mb = a.mb[layout.alloc_event[self.tensors]]
+
+    def apply(self, compiled: CompiledPlan, owners: tuple[int, ...]) -> CompiledPlan:
+        a = compiled.arrays
+        owner = np.array(owners, dtype=np.int64)
+        nodes = []
+        for r, (kept, at) in enumerate(zip(self.kept, self.tail_at)):
+            owned = np.flatnonzero(owner == r)
+            backward = self.encoder_bwd[owned] if self.has_encoder_bwd else kept[:0]
+            nodes.append(np.concatenate((self.encode[owned], kept[:at], backward, kept[at:])))
+        src = np.concatenate([self.edge_src] + [x[:-1] for x in nodes])
+        dst = np.concatenate([self.edge_dst] + [x[1:] for x in nodes])
+        old = compiled.order
+        order = CompiledOrder.from_arrays(old.num_events, src, dst, nodes, old.encode, old.first_forward,
+                                          old.has_source)
+        src_rank = np.concatenate((owner[a.mb[self.gather]], a.rank[self.scatter]))
+        dst_rank = np.concatenate((a.other_rank[self.gather], owner[a.mb[self.scatter]]))
+        alpha, beta = compiled.durations_model.links(self.comm, src_rank, dst_rank)
+        out = CompiledPlan.__new__(CompiledPlan)
+        out.__dict__.update(compiled.__dict__)
+        out.owners, out._plan = owners, None
+        out.order = order
+        out.durations_model = compiled.durations_model.with_links(self.positions, alpha, beta, lambda: out.plan)
+        out.memory_layout = compiled.memory_layout.moved(self.tensors, owner[self.tensor_mb])
+        return out
+
+    def plan(self, retimed: CompiledPlan) -> Plan:
+        """The plan derive builds for ``retimed``'s owners, from the re-timed arrays: the same events
+        with their new ranks, the kept edges and then each rank's Sequence edges in derive's order."""
+        derived = retimed.derived
+        kinds = [kind for (_, _, kind), keep in zip(derived.order.edges, self.keep.tolist()) if keep]
+        edges = dict(zip(zip(self.edge_src.tolist(), self.edge_dst.tolist()), kinds))
+        for nodes in retimed.order.nodes:
+            for pair in zip(nodes[:-1].tolist(), nodes[1:].tolist()):
+                edges.setdefault(pair, EdgeKind.SEQUENCE)
+        edges = tuple((s, t, kind) for (s, t), kind in edges.items())
+        topo = topological_order(len(derived.order.events), edges)
+        order = Order(retimed.events(), edges, tuple(tuple(n.tolist()) for n in retimed.order.nodes), tuple(topo))
+        first = replace(derived.placement[0], owner=ByMicrobatch(retimed.owners))
+        return replace(derived, placement=(first, *derived.placement[1:]), order=order)
