@@ -13,7 +13,7 @@ from mpipe_tune.cli_profile import Profile
 from mpipe_tune.cli_run import Run
 from mpipe_tune.cli_trials import Trials
 from mpipe_tune import __version__
-from mpipe_tune.command import Command
+from mpipe_tune.command import Command, add_framework_arguments, framework_options
 from mpipe_tune.errors import MpipeError
 
 
@@ -52,8 +52,7 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero", type=int, default=1, choices=(0, 1),
                         help="ZeRO stage: 1 shards the optimizer state over the data-parallel ranks (default), 0 does not")
     parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism with --tp")
-    parser.add_argument("--moe-imbalance", type=float, default=1.0,
-                        help="routed tokens on the busiest expert-parallel rank over the mean (default 1: balanced)")
+    add_framework_arguments(parser)
     parser.add_argument("--recompute", nargs="?", const="full", default="none", choices=("none", "selective", "full"),
                         help="activation recomputation: none (default), selective (the attention core) or full "
                              "(--recompute alone)")
@@ -92,7 +91,6 @@ def parse_candidate(args: argparse.Namespace, model, num_microbatches: int):
 def load_candidate(args: argparse.Namespace):
     """Load the inputs the arguments name, parse the candidate and predict it: returns (Prediction,
     model, workload, profile)."""
-    from mpipe_tune.cost.layers import CostOptions
     from mpipe_tune.cost.predict import predict
     from mpipe_tune.specs import load_model, load_profile, load_workload
 
@@ -100,7 +98,7 @@ def load_candidate(args: argparse.Namespace):
     profile = load_profile(args.profile)
     workload = load_workload(args.workload, num_microbatches=args.microbatches, seed=args.seed)
     candidate = parse_candidate(args, model, len(workload) if args.microbatches is None else args.microbatches)
-    prediction = predict(candidate, model, workload, profile, CostOptions(moe_imbalance=args.moe_imbalance))
+    prediction = predict(candidate, model, workload, profile, framework_options(args))
     return prediction, candidate.model_of(model), workload, profile
 
 

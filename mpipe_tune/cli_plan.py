@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from mpipe_tune.command import Command
+from mpipe_tune.command import Command, add_framework_arguments, framework_options
 from mpipe_tune.errors import MpipeError
 
 EXAMPLE_DEVICES = 4
@@ -29,7 +29,6 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
 
 def _problem(args: argparse.Namespace):
     """The model (frozen blocks applied), profile, and the search Problem the arguments describe."""
-    from mpipe_tune.cost.layers import CostOptions
     from mpipe_tune.inputs.workload import MIXES
     from mpipe_tune.search import Problem
     from mpipe_tune.specs import load_model, load_profile, load_workload
@@ -39,7 +38,7 @@ def _problem(args: argparse.Namespace):
     if frozen:
         model = model.with_frozen(frozen)
     profile = load_profile(args.profile)
-    options = CostOptions(dtype=args.dtype, moe_imbalance=args.moe_imbalance)
+    options = framework_options(args, dtype=args.dtype)
     options.validate_degrees()
     options.dtype_bytes()
     note = profile.slow_dtype_note(args.dtype)
@@ -141,8 +140,7 @@ class Plan(Command):
         g.add_argument("--recompute", default="off", choices=("off", "on", "selective", "search", "all"),
                        help="activation recomputation: off (default), on (full), selective (the attention core), "
                             "search (off and on) or all (off, selective and on)")
-        g.add_argument("--moe-imbalance", type=float, default=1.0,
-                       help="routed tokens on the busiest expert-parallel rank over the mean (default 1: balanced)")
+        add_framework_arguments(g)
         g.add_argument("--current", default=None, metavar="LAYOUT",
                        help="the layout you run today, shown as a row beside the best plan, e.g. "
                             "'pp=8,tp=1,dp=1,schedule=1f1b,M=16,recompute=on' (keys pp, tp, dp, schedule, M, recompute, "
@@ -339,7 +337,7 @@ class Show(Command):
                                  f"{now[:12]} now, {then[:12]} in the plan); re-plan with 'mpipe-tune plan'")
         candidate = stored_candidate(record, where=where)
         try:
-            prediction = predict(candidate, model, workload, profile, CostOptions(moe_imbalance=inputs["moe_imbalance"]))
+            prediction = predict(candidate, model, workload, profile, CostOptions.from_framework(inputs))
         except MpipeError as exc:
             raise MpipeError(f"{where}: its stored candidate does not predict ({exc}); the file is damaged or was "
                              f"edited: re-create it with 'mpipe-tune plan'") from None

@@ -23,3 +23,27 @@ class Command(ABC):
     @abstractmethod
     def take_action(self, args: argparse.Namespace) -> int:
         """Carry the subcommand out; return the exit code."""
+
+
+def add_framework_arguments(parser) -> None:
+    """The flags of how the trainer runs, shared by ``predict`` and ``plan`` (a parser or a group):
+    see :meth:`mpipe_tune.cost.layers.CostOptions.framework`."""
+    parser.add_argument("--moe-imbalance", type=float, default=1.0,
+                        help="routed tokens on the busiest expert-parallel rank over the mean (default 1: balanced)")
+    from mpipe_tune.algebra.candidate import GRAD_REDUCE_DTYPES
+
+    parser.add_argument("--grad-reduce-dtype", default="fp32", choices=GRAD_REDUCE_DTYPES,
+                        help="dtype of the data-parallel gradient reduce: fp32 (default, Megatron-LM's) or bf16 "
+                             "(NeMo's grad_sync_dtype=bf16)")
+    parser.add_argument("--dp-overlap", default="on", choices=("on", "off"),
+                        help="data-parallel reduce (and ZeRO-1 all-gather) overlapped with the backward (forward) "
+                             "in buckets: on (default, as Megatron-LM and torchtitan run it) or off (after the "
+                             "last backward)")
+
+
+def framework_options(args: argparse.Namespace, **fields):
+    """The cost options those flags give (plus ``fields``)."""
+    from mpipe_tune.cost.layers import CostOptions
+
+    return CostOptions(moe_imbalance=args.moe_imbalance, grad_reduce_dtype=args.grad_reduce_dtype,
+                       overlap_dp_comm=args.dp_overlap == "on", **fields)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mpipe_tune.algebra.candidate import DTYPE_BYTES, MAX_DEVICES, RECOMPUTE_GRANULARITIES
+from mpipe_tune.algebra.candidate import DTYPE_BYTES, GRAD_REDUCE_DTYPES, MAX_DEVICES, RECOMPUTE_GRANULARITIES
 from mpipe_tune.inputs.workload import MAX_MICROBATCHES
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import check_finite
@@ -123,6 +123,10 @@ def validate_inputs(inputs: Any, *, where: str) -> None:
         raise damaged(where, "field 'inputs.model.frozen' must be a list of block names")
     try:
         check_finite(inputs.get("moe_imbalance"), where=f"{where} inputs", field="moe_imbalance", lower=1.0)
+        if inputs.get("grad_reduce_dtype", "fp32") not in GRAD_REDUCE_DTYPES:
+            raise MpipeError(f"{where} inputs: field 'grad_reduce_dtype' must be one of {', '.join(GRAD_REDUCE_DTYPES)}")
+        if not isinstance(inputs.get("overlap_dp_comm", True), bool):
+            raise MpipeError(f"{where} inputs: field 'overlap_dp_comm' must be true or false")
     except MpipeError as exc:
         raise MpipeError(f"{exc}; {_FIX}") from None
 

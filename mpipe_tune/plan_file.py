@@ -13,7 +13,7 @@ Layout (schema_version 2)::
         "model":    {"spec": "tiny-vit-llm", "name": "...", "frozen": ["encoder"], "hash": "<sha256>"},
         "profile":  {"spec": "ideal", "name": "ideal", "hash": "<sha256>"},
         "workload": {"name": "...", "hash": "<sha256>", "microbatches": [{"image_tokens": .., "text_tokens": .., "images": [..]}]},
-        "moe_imbalance": 1.0
+        "moe_imbalance": 1.0, "grad_reduce_dtype": "fp32", "overlap_dp_comm": true
       },
       "candidate": {"schedule": "transpose,1f1b", "cut": [9], "pp": 4, "tp": 1, "dp": 1, "ep": 1, "cp": 1,
                     "encoder_tp": 1, "microbatches": 8, "owner_policy": "round-robin",
@@ -71,7 +71,8 @@ from mpipe_tune.plan_check import damaged, validate_inputs, validate_search, val
 SCHEMA = "mpipe-tune/plan"
 SCHEMA_VERSION = 2
 """2: each section's ``candidate`` is :meth:`Candidate.to_dict` (its owner policy, label and frozen
-blocks included) and the MoE load imbalance is an input (``inputs.moe_imbalance``). Files of version 1
+blocks included) and how the trainer runs is an input (``inputs.moe_imbalance``, ``grad_reduce_dtype``,
+``overlap_dp_comm``; the last two added without a version change, defaults when absent). Files of version 1
 (the candidate without those fields, the imbalance in it) load through :func:`upgrade_v1`."""
 
 

@@ -81,3 +81,31 @@ def test_plan_searches_encoder_tp_and_run_and_export_refuse_it(tmp_path, capsys)
     one_line_error(capsys, code, "the runtime runs the encoder at the plan's tp; re-plan without --encoder-tp")
     code = main(["export", str(out), "--to", "torch-csv"])
     one_line_error(capsys, code, "encoder tp 1")
+
+
+def test_predict_and_plan_take_how_the_trainer_reduces_gradients(tmp_path, capsys):
+    base = ["predict", "--model", "llama3-8b", "--profile", "h100-sxm", "--schedule", "1f1b", "--pp", "2", "--dp", "4",
+            "--microbatches", "4", "--json"]
+    steps = {}
+    for extra in ([], ["--dp-overlap", "off"], ["--dp-overlap", "off", "--grad-reduce-dtype", "bf16"]):
+        assert main([*base, *extra]) == 0
+        record = json.loads(capsys.readouterr().out)
+        steps[tuple(extra)] = record["makespan_s"]
+        assert record["overlap_dp_comm"] is ("off" not in extra)
+        assert record["grad_reduce_dtype"] == ("bf16" if "bf16" in extra else "fp32")
+    serial, serial_bf16 = steps[("--dp-overlap", "off")], steps[("--dp-overlap", "off", "--grad-reduce-dtype", "bf16")]
+    assert steps[()] < serial and serial_bf16 < serial  # the exposed reduce shrinks with overlap (buckets of 40M
+    # parameters: an 8B model has many) and with half the bytes
+    out = tmp_path / "plan.json"
+    assert main(["plan", *SMALL, "--profile", "h100-sxm", "--grad-reduce-dtype", "bf16", "--dp-overlap", "off",
+                 "--trials", "10", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(out)]) == 0
+    capsys.readouterr()
+    inputs = load_plan(out)["inputs"]
+    assert (inputs["grad_reduce_dtype"], inputs["overlap_dp_comm"]) == ("bf16", False)
+    assert main(["show", str(out), "--json"]) == 0  # re-predicted with the stored options: the same step
+    shown = json.loads(capsys.readouterr().out)
+    assert abs(shown["makespan_s"] - shown["recorded_makespan_s"]) <= 1e-12 * shown["makespan_s"]
+    record = json.loads(out.read_text())
+    record["inputs"]["grad_reduce_dtype"] = "fp16"
+    out.write_text(json.dumps(record))
+    one_line_error(capsys, main(["show", str(out)]), "field 'grad_reduce_dtype' must be one of fp32, bf16")

@@ -39,6 +39,8 @@ MAX_DEVICES = 1 << 16
 """The most devices a problem or a candidate may have (65536): more than any pipeline-parallel training job spans."""
 ROUND_ROBIN = "round-robin"
 """The static owner policy: microbatch m on rank m mod P."""
+GRAD_REDUCE_DTYPES = ("fp32", "bf16")
+"""The dtypes frameworks reduce data-parallel gradients in (``CostOptions.grad_reduce_dtype``)."""
 
 
 def normalize_recompute(value: bool | str) -> bool | str:

@@ -40,15 +40,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
-from mpipe_tune.algebra.candidate import DTYPE_BYTES, normalize_recompute, recompute_granularity
+from mpipe_tune.algebra.candidate import DTYPE_BYTES, GRAD_REDUCE_DTYPES, normalize_recompute, recompute_granularity
 from mpipe_tune.algebra.model import ENCODER_BLOCK, ArchCost, ExplicitCost, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
+
+FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm")
+"""The :class:`CostOptions` fields a plan's inputs record beside its candidate (see :meth:`CostOptions.framework`)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,17 @@ class CostOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
+
+    def framework(self) -> dict[str, Any]:
+        """How the trainer runs what the candidate does not say (:data:`FRAMEWORK_OPTIONS`): the MoE load
+        imbalance, the gradient reduce's dtype and whether data-parallel communication overlaps compute.
+        What ``plan`` stores in plan.json's inputs and ``predict --json`` prints."""
+        return {key: getattr(self, key) for key in FRAMEWORK_OPTIONS}
+
+    @classmethod
+    def from_framework(cls, stored: dict[str, Any]) -> CostOptions:
+        """Options from a :meth:`framework` record; a key a file predates takes its default."""
+        return cls(**{key: stored[key] for key in FRAMEWORK_OPTIONS if key in stored})
 
     @property
     def recompute_granularity(self) -> str:
@@ -163,9 +178,9 @@ class CostOptions:
 
     def grad_reduce_bytes(self) -> int:
         """Bytes per gradient element the data-parallel reduce moves (:attr:`grad_reduce_dtype`)."""
-        if self.grad_reduce_dtype not in ("fp32", "bf16"):
+        if self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
             raise MpipeError(f"gradient reduce dtype {self.grad_reduce_dtype!r} is not one frameworks reduce in; "
-                             f"use fp32 or bf16")
+                             f"use {' or '.join(GRAD_REDUCE_DTYPES)}")
         return DTYPE_BYTES[self.grad_reduce_dtype]
 
 

@@ -70,7 +70,7 @@ def plan_record(prediction, model, workload: Workload, profile, inputs: PlanInpu
                       "hash": model.content_hash()},
             "profile": {"spec": inputs.profile_spec, "name": profile.name, "hash": profile.content_hash()},
             "workload": stored_workload,
-            "moe_imbalance": prediction.options.moe_imbalance,
+            **prediction.options.framework(),
         },
         **section,
     }

@@ -25,7 +25,7 @@ def prediction_record(prediction, model, workload, profile) -> dict[str, Any]:
         "profile": profile.name,
         "workload": workload.name,
         **prediction.candidate.to_dict(),
-        "moe_imbalance": prediction.options.moe_imbalance,
+        **prediction.options.framework(),
         "placement": placement_record(plan),
         "makespan_s": t.makespan_s,
         "bubble_share": sum(t.bubble_s) / (t.makespan_s * plan.num_ranks) if t.makespan_s > 0 else 0.0,
