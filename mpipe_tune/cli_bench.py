@@ -27,6 +27,8 @@ class Bench(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("plan", help="plan.json written by 'mpipe-tune plan' (it stores the baselines)")
+        parser.add_argument("--model", default=None,
+                            help="built-in model name or YAML file (default: the one the plan names; for a moved file)")
         parser.add_argument("--plans", default=None,
                             help="comma-separated plans to run, e.g. best,megatron (default: every plan in the file)")
         parser.add_argument("--compute", default="real", choices=("real", "emulated"),
@@ -62,7 +64,7 @@ class Bench(Command):
                 validate_picture_path(Path(args.gantt) / f"{name}.png", label="--gantt")
         runs = round_robin(names, args.rounds)
         last = args.rounds - 1
-        template = RunJob(args.plan, steps=args.steps, compute=args.compute, dtype=args.dtype, seed=args.seed)
+        template = RunJob(args.plan, model_spec=args.model, steps=args.steps, compute=args.compute, dtype=args.dtype, seed=args.seed)
         jobs = [replace(template, plan_name=name, trace=bool(args.gantt) and k == last) for name, k in runs]
 
         def on_result(index: int, result: dict) -> None:

@@ -5,6 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +122,17 @@ def test_ctrl_c_prints_the_rounds_that_finished(plan_file):
             proc.wait()
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "mpipe-tune bench: interrupted", err
     assert "\nbest " in out and "(cut short: the rows hold the rounds that finished)" in out
+
+
+def test_a_moved_model_file_is_named_and_found_again_with_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    (tmp_path / "m.yaml").write_text((Path(str(resources.files("mpipe_tune.models"))) / "example-mllm.yaml").read_text())
+    assert main(["plan", "--model", "m.yaml", "--devices", "2", "--workload", "tiny.yaml", "--trials", "5",
+                 "--no-progress", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", "plan.json"]) == 0
+    capsys.readouterr()
+    (tmp_path / "m.yaml").rename(tmp_path / "moved.yaml")
+    args = ["bench", "plan.json", "--compute", "emulated", "--rounds", "1", "--steps", "1", "--plans", "best", "--json"]
+    one_line_error(capsys, main(args), "is not there any more (moved or deleted); point to it with --model")
+    assert main([*args, "--model", "moved.yaml"]) == 0
+    assert [p["name"] for p in json.loads(capsys.readouterr().out)["plans"]] == ["best"]
