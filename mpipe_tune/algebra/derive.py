@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from mpipe_tune.algebra import order as programs
 from mpipe_tune.algebra.events import (
     Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier,
@@ -318,39 +320,131 @@ def _build_order(
     stages: list[Stage] = [(j, r) for j in sharded for r in range(P)]
     gates = stage_gates(model, placement, stages, source)
 
-    b = _Builder()
+    template = _Builder()
+    _microbatch_edges(template, 0, stages, source, gates)
+    flow = _every_microbatch(template, M, source)
+    events = flow.events
     barrier = StepBarrier()
-    for m in range(M):
-        _microbatch_edges(b, m, stages, source, gates)
-    for key in [e for e in b.events if isinstance(e, DpReduce)]:
-        b.edge(key, barrier, EdgeKind.SEQUENCE)
+    reduces = [i for i, e in enumerate(events) if isinstance(e, DpReduce)]
+    if reduces:
+        events.append(barrier)
+    src, dst = [*flow.src, *reduces], [*flow.dst, *[len(events) - 1] * len(reduces)]
+    kinds = [*flow.kinds, *[EdgeKind.SEQUENCE] * len(reduces)]
 
     skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
-    nodes = tuple(b.sequence(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1],
-                                          barrier))
+    index = dict(zip(events, range(len(events))))
+    nodes = tuple(_indices(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1],
+                                        barrier), events, index)
                   for r in range(P))
+    seq_src, seq_dst = _sequence_edges(nodes, np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64))
+    src += seq_src
+    dst += seq_dst
+    kinds += [EdgeKind.SEQUENCE] * len(seq_src)
 
-    edges = tuple((s, t, kind) for (s, t), kind in b.edges.items())
-    topo = topological_order(len(b.events), edges)
+    edges = tuple(zip(src, dst, kinds))
+    topo = _kahn(len(events), np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64))
     assert topo is not None, "derive built a cyclic order"
-    order = Order(events=tuple(b.events), edges=edges, nodes=nodes, topo=tuple(topo))
+    order = Order(events=tuple(events), edges=edges, nodes=nodes, topo=tuple(topo))
     return Plan(cut, schedule, P, M, placement, collectives, order, tuple(stages))
+
+
+@dataclass(frozen=True)
+class _Flow:
+    """The dataflow edges of every microbatch: events in order of first use, edges as index columns."""
+
+    events: list[Event]
+    src: list[int]
+    dst: list[int]
+    kinds: list[EdgeKind]
+
+
+def _every_microbatch(template: _Builder, M: int, source: RegionPlacement | None) -> _Flow:
+    """Microbatch 0's dataflow (``template``) repeated for microbatches 0..M-1, as derive would add them one
+    microbatch after another: every microbatch has the same events and edges but its own ``mb`` (and, on
+    the source region, its own owner); only the reduces are shared, first met in microbatch 0."""
+    first = template.events
+    shared = [isinstance(e, DpReduce) for e in first]
+    own = [k for k, is_shared in enumerate(shared) if not is_shared]
+    width = len(own)
+    # ids[m, k]: the index of template event k in microbatch m.
+    ids = np.empty((M, len(first)), dtype=np.int64)
+    ids[0] = np.arange(len(first))
+    ids[1:, own] = len(first) + width * np.arange(M - 1)[:, None] + np.arange(width)
+    ids[1:, [k for k, is_shared in enumerate(shared) if is_shared]] = np.flatnonzero(shared)
+    t_src, t_dst = np.array(list(template.edges), dtype=np.int64).reshape(-1, 2).T
+    assert not any(shared[s] and shared[t] for s, t in zip(t_src, t_dst)), "every edge has a per-microbatch end"
+    rest: list[Event] = [None] * (width * (M - 1))  # type: ignore[list-item]
+    owners = source.owner.owners if source else ()
+    for position, k in enumerate(own):
+        rest[position::width] = _for_microbatches(first[k], range(1, M), owners, source.region if source else 0)
+    return _Flow(first + rest, ids[:, t_src].ravel().tolist(), ids[:, t_dst].ravel().tolist(),
+                 list(template.edges.values()) * M)
+
+
+_new = tuple.__new__  # builds an event from its fields without the named tuple's Python-level __new__
+
+
+def _for_microbatches(event: Event, mbs: range, owners: Sequence[int], source_region: int) -> list[Event]:
+    """Microbatch 0's ``event`` as it is in each microbatch of ``mbs``: the same event with that ``mb``,
+    run by (or sent from or to) that microbatch's owner when it is on the source region."""
+    cls, tag = type(event), event[-1]
+    if tag == "L":
+        return [_new(cls, (m, tag)) for m in mbs]
+    if tag in "FB":
+        region, rank = event[0], event[1]
+        if region == source_region:
+            return [_new(cls, (region, owners[m], m, tag)) for m in mbs]
+        return [_new(cls, (region, rank, m, tag)) for m in mbs]
+    comm, s, t = event[0], event[1], event[2]
+    if s[0] == source_region:
+        return [_new(cls, (comm, (s[0], owners[m]), t, m, tag)) for m in mbs]
+    if t[0] == source_region:
+        return [_new(cls, (comm, s, (t[0], owners[m]), m, tag)) for m in mbs]
+    return [_new(cls, (comm, s, t, m, tag)) for m in mbs]
+
+
+def _indices(seq: Sequence[Event], events: list[Event], index: dict[Event, int]) -> tuple[int, ...]:
+    """The indices of a rank's events, adding (at the end, in order) any that no dataflow edge named."""
+    for e in seq:
+        if e not in index:
+            index[e] = len(events)
+            events.append(e)
+    return tuple(map(index.__getitem__, seq))
+
+
+def _sequence_edges(nodes: Sequence[Sequence[int]], src: np.ndarray, dst: np.ndarray) -> tuple[list[int], list[int]]:
+    """Each rank's Sequence edges (consecutive events, rank after rank) that no earlier edge joins already."""
+    a = np.array([i for n in nodes for i in n[:-1]], dtype=np.int64)
+    c = np.array([i for n in nodes for i in n[1:]], dtype=np.int64)
+    key = a << 32 | c
+    first = np.zeros(len(key), dtype=bool)
+    first[np.unique(key, return_index=True)[1]] = True
+    keep = first & ~np.isin(key, src << 32 | dst)
+    return a[keep].tolist(), c[keep].tolist()
 
 
 def topological_order(num_events: int, edges: Sequence[tuple[int, int, EdgeKind]]) -> list[int] | None:
     """Kahn's algorithm, lowest index first among ready events; None when the graph has a cycle."""
-    indegree = [0] * num_events
-    succ: list[list[int]] = [[] for _ in range(num_events)]
-    for s, t, _ in edges:
-        succ[s].append(t)
-        indegree[t] += 1
-    ready = [i for i in range(num_events) if indegree[i] == 0]
-    ready.reverse()
+    src = np.fromiter((e[0] for e in edges), dtype=np.int64, count=len(edges))
+    dst = np.fromiter((e[1] for e in edges), dtype=np.int64, count=len(edges))
+    return _kahn(num_events, src, dst)
+
+
+def _kahn(num_events: int, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
+    """:func:`topological_order` over edge columns: the ready events are a stack, initially every source
+    with the lowest index on top; an event's successors are released in the order of its edges."""
+    by_source = np.argsort(src, kind="stable")
+    succ = dst[by_source].tolist()
+    ptr = np.zeros(num_events + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=num_events), out=ptr[1:])
+    ptr = ptr.tolist()
+    indegree = np.bincount(dst, minlength=num_events).tolist()
+    ready = [i for i in range(num_events - 1, -1, -1) if indegree[i] == 0]
     order = []
     while ready:
         i = ready.pop()
         order.append(i)
-        for t in succ[i]:
+        for t in succ[ptr[i]:ptr[i + 1]]:
             indegree[t] -= 1
             if indegree[t] == 0:
                 ready.append(t)
