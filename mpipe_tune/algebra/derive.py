@@ -287,27 +287,32 @@ def rank_program(skeleton: Skeleton, rank: int, P: int, M: int, v: int) -> progr
 
 
 def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], source: RegionPlacement | None,
-                 gates: StageGates, last: Stage, barrier: StepBarrier) -> list[Event]:
-    """A rank's event list: its encodes, its program's forwards (the loss after the last stage's) and
-    gated backwards, its encoder cooldown, its reduces and the barrier."""
-    seq: list[Event] = []
+                 gates: StageGates, last: Stage, flow: _Flow, barrier: int) -> tuple[int, ...]:
+    """A rank's event list (as indices: ``flow.events``, then the barrier): its encodes, its program's forwards (the loss
+    after the last stage's) and gated backwards, its encoder cooldown, its reduces and the barrier."""
+    seq: list[int] = []
+    mine = source.owner.microbatches_of(rank) if source else ()
     if source:
-        seq.extend(Fwd(source.region, rank, m) for m in source.owner.microbatches_of(rank))
+        encode = flow.per_microbatch(Fwd(source.region, source.owner.owners[0], 0))
+        seq.extend(encode[m] for m in mine)
+    fwd = [flow.per_microbatch(Fwd(j, rank, 0)) for j in sharded]
+    bwd = [flow.per_microbatch(Bwd(j, rank, 0)) if gates.has_bwd[(j, rank)] else None for j in sharded]
+    loss = flow.per_microbatch(Loss(0)) if (sharded[-1], rank) == last else None
     for op, chunk, m in program:
-        stage = (sharded[chunk], rank)
         if op == "F":
-            seq.append(Fwd(*stage, m))
-            if stage == last:
-                seq.append(Loss(m))
-        elif gates.has_bwd[stage]:
-            seq.append(Bwd(*stage, m))
+            seq.append(fwd[chunk][m])
+            if loss is not None and chunk == len(sharded) - 1:
+                seq.append(loss[m])
+        elif bwd[chunk] is not None:
+            seq.append(bwd[chunk][m])
     if gates.source_bwd:
-        seq.extend(Bwd(source.region, rank, m) for m in source.owner.microbatches_of(rank))
+        encoder_bwd = flow.per_microbatch(Bwd(source.region, source.owner.owners[0], 0))
+        seq.extend(encoder_bwd[m] for m in mine)
     if gates.replica_reduce is not None:
-        seq.append(gates.replica_reduce)
-    seq.extend(DpReduce(j, Group.DATA, rank) for j in sharded if gates.reduces[(j, rank)])
+        seq.append(flow.index_of(gates.replica_reduce))
+    seq.extend(flow.index_of(DpReduce(j, Group.DATA, rank)) for j in sharded if gates.reduces[(j, rank)])
     seq.append(barrier)
-    return seq
+    return tuple(seq)
 
 
 def _build_order(
@@ -323,28 +328,25 @@ def _build_order(
     template = _Builder()
     _microbatch_edges(template, 0, stages, source, gates)
     flow = _every_microbatch(template, M, source)
-    events = flow.events
-    barrier = StepBarrier()
-    reduces = [i for i, e in enumerate(events) if isinstance(e, DpReduce)]
-    if reduces:
-        events.append(barrier)
-    src, dst = [*flow.src, *reduces], [*flow.dst, *[len(events) - 1] * len(reduces)]
-    kinds = [*flow.kinds, *[EdgeKind.SEQUENCE] * len(reduces)]
+    barrier = len(flow.events)
+    reduces = [flow.index_of(e) for e in template.events if isinstance(e, DpReduce)]
 
     skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
-    index = dict(zip(events, range(len(events))))
-    nodes = tuple(_indices(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1],
-                                        barrier), events, index)
+    nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1], flow,
+                               barrier)
                   for r in range(P))
+    src = flow.src.tolist() + reduces
+    dst = flow.dst.tolist() + [barrier] * len(reduces)
     seq_src, seq_dst = _sequence_edges(nodes, np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64))
     src += seq_src
     dst += seq_dst
-    kinds += [EdgeKind.SEQUENCE] * len(seq_src)
+    kinds = flow.kinds + [EdgeKind.SEQUENCE] * (len(reduces) + len(seq_src))
+    events = (*flow.events, StepBarrier())
 
     edges = tuple(zip(src, dst, kinds))
     topo = _kahn(len(events), np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64))
     assert topo is not None, "derive built a cyclic order"
-    order = Order(events=tuple(events), edges=edges, nodes=nodes, topo=tuple(topo))
+    order = Order(events=events, edges=edges, nodes=nodes, topo=tuple(topo))
     return Plan(cut, schedule, P, M, placement, collectives, order, tuple(stages))
 
 
@@ -353,9 +355,21 @@ class _Flow:
     """The dataflow edges of every microbatch: events in order of first use, edges as index columns."""
 
     events: list[Event]
-    src: list[int]
-    dst: list[int]
+    src: np.ndarray
+    dst: np.ndarray
     kinds: list[EdgeKind]
+    template: dict[Event, int]
+    """Microbatch 0's events (the reduces among them): their column in ``ids``."""
+    ids: np.ndarray
+    """``ids[m, k]``: the index in ``events`` of template event ``k`` as it is in microbatch ``m``."""
+
+    def per_microbatch(self, event: Event) -> list[int]:
+        """Per microbatch m, the index of microbatch 0's ``event`` as it is in microbatch m."""
+        return self.ids[:, self.template[event]].tolist()
+
+    def index_of(self, shared: Event) -> int:
+        """The index of an event every microbatch shares (a reduce)."""
+        return self.template[shared]
 
 
 def _every_microbatch(template: _Builder, M: int, source: RegionPlacement | None) -> _Flow:
@@ -366,19 +380,18 @@ def _every_microbatch(template: _Builder, M: int, source: RegionPlacement | None
     shared = [isinstance(e, DpReduce) for e in first]
     own = [k for k, is_shared in enumerate(shared) if not is_shared]
     width = len(own)
-    # ids[m, k]: the index of template event k in microbatch m.
     ids = np.empty((M, len(first)), dtype=np.int64)
     ids[0] = np.arange(len(first))
     ids[1:, own] = len(first) + width * np.arange(M - 1)[:, None] + np.arange(width)
-    ids[1:, [k for k, is_shared in enumerate(shared) if is_shared]] = np.flatnonzero(shared)
-    t_src, t_dst = np.array(list(template.edges), dtype=np.int64).reshape(-1, 2).T
-    assert not any(shared[s] and shared[t] for s, t in zip(t_src, t_dst)), "every edge has a per-microbatch end"
+    ids[1:, np.flatnonzero(shared)] = np.flatnonzero(shared)
     rest: list[Event] = [None] * (width * (M - 1))  # type: ignore[list-item]
     owners = source.owner.owners if source else ()
     for position, k in enumerate(own):
         rest[position::width] = _for_microbatches(first[k], range(1, M), owners, source.region if source else 0)
-    return _Flow(first + rest, ids[:, t_src].ravel().tolist(), ids[:, t_dst].ravel().tolist(),
-                 list(template.edges.values()) * M)
+    t_src, t_dst = np.array(list(template.edges), dtype=np.int64).reshape(-1, 2).T
+    assert not any(shared[s] and shared[t] for s, t in zip(t_src, t_dst)), "every edge has a per-microbatch end"
+    return _Flow(first + rest, ids[:, t_src].ravel(), ids[:, t_dst].ravel(), list(template.edges.values()) * M,
+                 template.index, ids)
 
 
 _new = tuple.__new__  # builds an event from its fields without the named tuple's Python-level __new__
@@ -401,15 +414,6 @@ def _for_microbatches(event: Event, mbs: range, owners: Sequence[int], source_re
     if t[0] == source_region:
         return [_new(cls, (comm, s, (t[0], owners[m]), m, tag)) for m in mbs]
     return [_new(cls, (comm, s, t, m, tag)) for m in mbs]
-
-
-def _indices(seq: Sequence[Event], events: list[Event], index: dict[Event, int]) -> tuple[int, ...]:
-    """The indices of a rank's events, adding (at the end, in order) any that no dataflow edge named."""
-    for e in seq:
-        if e not in index:
-            index[e] = len(events)
-            events.append(e)
-    return tuple(map(index.__getitem__, seq))
 
 
 def _sequence_edges(nodes: Sequence[Sequence[int]], src: np.ndarray, dst: np.ndarray) -> tuple[list[int], list[int]]:
