@@ -15,7 +15,9 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +78,22 @@ def derive(
     placement = _place(cut, schedule, model, P, M, owners)
     region_trainable = [_trainable(model, *p.layers) for p in placement]
     collectives = _collectives(schedule, region_trainable)
-    return _build_order(cut, schedule, model, P, M, placement, collectives)
+    with _collector_paused():
+        return _build_order(cut, schedule, model, P, M, placement, collectives)
+
+
+@contextmanager
+def _collector_paused():
+    """Pause Python's cyclic garbage collector while the order is built: the order is tens of thousands of
+    new tuples and no reference cycle, and the allocations alone would start several full collections,
+    each walking the caller's whole heap (at P=32, M=256 those took half of derive in a search process)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _trainable(model: Model, start: int, stop: int) -> bool:
