@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from itertools import chain
 from dataclasses import dataclass
 
 import numpy as np
@@ -352,16 +353,15 @@ def _build_order(
     nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1], flow,
                                barrier)
                   for r in range(P))
-    src = flow.src.tolist() + reduces
-    dst = flow.dst.tolist() + [barrier] * len(reduces)
-    seq_src, seq_dst = _sequence_edges(nodes, np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64))
-    src += seq_src
-    dst += seq_dst
+    src = np.concatenate((flow.src, reduces)).astype(np.int64)
+    dst = np.concatenate((flow.dst, [barrier] * len(reduces))).astype(np.int64)
+    seq_src, seq_dst = _sequence_edges(nodes, src, dst)
+    src, dst = np.concatenate((src, seq_src)), np.concatenate((dst, seq_dst))
     kinds = flow.kinds + [EdgeKind.SEQUENCE] * (len(reduces) + len(seq_src))
     events = (*flow.events, StepBarrier())
 
-    edges = tuple(zip(src, dst, kinds))
-    topo = _kahn(len(events), np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64))
+    edges = tuple(zip(src.tolist(), dst.tolist(), kinds))
+    topo = _kahn(len(events), src, dst)
     assert topo is not None, "derive built a cyclic order"
     order = Order(events=events, edges=edges, nodes=nodes, topo=tuple(topo))
     return Plan(cut, schedule, P, M, placement, collectives, order, tuple(stages))
@@ -433,15 +433,22 @@ def _for_microbatches(event: Event, mbs: range, owners: Sequence[int], source_re
     return [_new(cls, (comm, s, t, m, tag)) for m in mbs]
 
 
-def _sequence_edges(nodes: Sequence[Sequence[int]], src: np.ndarray, dst: np.ndarray) -> tuple[list[int], list[int]]:
+def _sequence_edges(nodes: Sequence[Sequence[int]], src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each rank's Sequence edges (consecutive events, rank after rank) that no earlier edge joins already."""
-    a = np.array([i for n in nodes for i in n[:-1]], dtype=np.int64)
-    c = np.array([i for n in nodes for i in n[1:]], dtype=np.int64)
-    key = a << 32 | c
-    first = np.zeros(len(key), dtype=bool)
-    first[np.unique(key, return_index=True)[1]] = True
-    keep = first & ~np.isin(key, src << 32 | dst)
-    return a[keep].tolist(), c[keep].tolist()
+    flat = np.fromiter(chain.from_iterable(nodes), dtype=np.int64, count=sum(map(len, nodes)))
+    last = np.cumsum([len(n) for n in nodes]) - 1
+    joined = np.ones(len(flat), dtype=bool)
+    joined[last] = False  # a rank's last event starts no Sequence edge
+    a = flat[joined]
+    c = flat[np.flatnonzero(joined) + 1]
+    # Keep a pair where it is the first of its key among the earlier edges' keys and the pairs before it.
+    keys = np.concatenate((src << 32 | dst, a << 32 | c))
+    by_key = np.argsort(keys, kind="stable")
+    sorted_keys = keys[by_key]
+    first = np.zeros(len(keys), dtype=bool)
+    first[by_key[np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1]))]] = True
+    keep = first[len(src):]
+    return a[keep], c[keep]
 
 
 def topological_order(num_events: int, edges: Sequence[tuple[int, int, EdgeKind]]) -> list[int] | None:
