@@ -79,15 +79,16 @@ def derive(
     placement = _place(cut, schedule, model, P, M, owners)
     region_trainable = [_trainable(model, *p.layers) for p in placement]
     collectives = _collectives(schedule, region_trainable)
-    with _collector_paused():
+    with collector_paused():
         return _build_order(cut, schedule, model, P, M, placement, collectives)
 
 
 @contextmanager
-def _collector_paused():
-    """Pause Python's cyclic garbage collector while the order is built: the order is tens of thousands of
-    new tuples and no reference cycle, and the allocations alone would start several full collections,
-    each walking the caller's whole heap (at P=32, M=256 those took half of derive in a search process)."""
+def collector_paused():
+    """Pause Python's cyclic garbage collector while a plan is built (derive's order, the cost model's
+    compiled arrays): it is tens of thousands of new tuples and no reference cycle, and the allocations
+    alone would start collections that walk them and, several times over, the caller's whole heap (at
+    P=32, M=256 those took about half of a new candidate's time in the evaluator benchmark)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
