@@ -468,13 +468,14 @@ def _kahn(num_events: int, src: np.ndarray, dst: np.ndarray) -> list[int] | None
     np.cumsum(np.bincount(src, minlength=num_events), out=ptr[1:])
     ptr = ptr.tolist()
     indegree = np.bincount(dst, minlength=num_events).tolist()
-    ready = [i for i in range(num_events - 1, -1, -1) if indegree[i] == 0]
-    order = []
+    ready = np.flatnonzero(np.array(indegree) == 0)[::-1].tolist()
+    order: list[int] = []
+    pop, push, run = ready.pop, ready.append, order.append
     while ready:
-        i = ready.pop()
-        order.append(i)
+        i = pop()
+        run(i)
         for t in succ[ptr[i]:ptr[i + 1]]:
             indegree[t] -= 1
-            if indegree[t] == 0:
-                ready.append(t)
+            if not indegree[t]:
+                push(t)
     return order if len(order) == num_events else None
