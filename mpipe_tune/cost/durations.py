@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Plan
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.events import Comm, DpReduce, Group
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost import kernels

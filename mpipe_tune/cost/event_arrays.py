@@ -15,7 +15,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Plan
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.events import Comm, EdgeKind
 from mpipe_tune.algebra.placement import ByLayer
 

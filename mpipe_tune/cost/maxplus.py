@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Plan
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, DpReduce, Fwd, StepBarrier
 from mpipe_tune.algebra.schedule import Layout
 

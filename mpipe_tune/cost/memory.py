@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Plan
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.events import Comm
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost import kernels

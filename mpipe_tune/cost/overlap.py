@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Plan
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Group
 
 

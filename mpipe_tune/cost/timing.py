@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Plan
+from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.cost import kernels
 from mpipe_tune.cost.event_arrays import FWD, EventArrays
 

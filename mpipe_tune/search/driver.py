@@ -397,7 +397,7 @@ class _Run:
         if self.storage is None:
             self.study.add_trial(trial)
             return True
-        if store_trial(self.study, trial, n_trials):
+        if store_trial(self.study, trial, n_trials, self.storage):
             return True
         self.new -= 1  # it found the study full: stored as failed, not a trial of this run
         return False

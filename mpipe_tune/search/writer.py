@@ -22,6 +22,7 @@ writing them. The child ignores Ctrl-C: the search drains the queue on its way o
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import queue as queue_module
@@ -39,15 +40,26 @@ BACKLOG = 32
 study that other workers fill wastes at most this many of this worker's trials."""
 
 
-def store_trial(study, trial, n_trials: int | None = None) -> bool:
+@functools.lru_cache(maxsize=4)
+def _rdb_storage(url: str):
+    """Optuna's public RDB storage for ``url``, one per process: what a reservation is written through."""
+    import optuna
+
+    return optuna.storages.RDBStorage(url)
+
+
+def store_trial(study, trial, n_trials: int | None = None, storage_url: str | None = None) -> bool:
     """Add the finished ``trial`` (a FrozenTrial) to ``study``; with ``n_trials``, only while the study
-    holds fewer finished trials. Returns False when it was not counted (stored as failed)."""
+    holds fewer finished trials (``storage_url``, the study's RDB URL, is then needed: the last places
+    are reserved through it). Returns False when it was not counted (stored as failed)."""
     from optuna.trial import TrialState, create_trial
 
     if n_trials is None or len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < n_trials - EXACT_TAIL:
         study.add_trial(trial)
         return True
-    storage, study_id = study._storage, study._study_id
+    assert storage_url is not None, "a shared trial count needs the study's storage URL"
+    storage = _rdb_storage(storage_url)
+    study_id = storage.get_study_id_from_name(study.study_name)
     running = create_trial(state=TrialState.RUNNING, params=trial.params, distributions=trial.distributions,
                            user_attrs=trial.user_attrs, system_attrs=trial.system_attrs)
     trial_id = storage.create_new_trial(study_id, template_trial=running)
@@ -109,7 +121,7 @@ def _write_trials(storage: str, study_name: str, n_trials: int | None, queue, fu
             continue
         if trial is None:
             return
-        if full.is_set() or not store_trial(study, trial, n_trials):  # once full, always full: not written
+        if full.is_set() or not store_trial(study, trial, n_trials, storage):  # once full, always full: not written
             with refused.get_lock():
                 refused.value += 1
             full.set()
