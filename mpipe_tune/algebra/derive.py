@@ -7,10 +7,14 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
 2. :func:`_collectives`: the seam table and the reduces, gated per region by Lemma 1
    (:mod:`mpipe_tune.algebra.footprint`);
 3. :func:`stage_gates`: the same gates per stage of the step, in input-to-loss order;
-4. :func:`_microbatch_edges`: one microbatch's activation, turnaround, gradient and accumulate edges;
+4. :func:`_microbatch_edges`: one microbatch's activation, turnaround, gradient and accumulate edges,
+   built for microbatch 0 and repeated for every microbatch as index arrays by :func:`_every_microbatch`;
 5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
-   skeleton: a new skeleton is one entry there), lowered to its event list by :func:`_rank_events`;
+   skeleton: a new skeleton is one entry there), lowered to its event indices by :func:`_rank_events`;
 6. :func:`topological_order`: a deadlock-free execution of the graph.
+
+The plain build these passes replace (every microbatch's edges and every rank's events de-duplicated
+through dictionaries) is the reference of ``tests/algebra/test_derive_reference.py``.
 """
 
 from __future__ import annotations
@@ -181,7 +185,7 @@ def _collectives(schedule: Schedule, region_trainable: Sequence[bool]) -> Collec
 
 
 class _Builder:
-    """Accumulates events and edges; events are added once and referred to by index."""
+    """Accumulates one microbatch's events and edges; events are added once and referred to by index."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -197,13 +201,6 @@ class _Builder:
 
     def edge(self, src: Event, dst: Event, kind: EdgeKind) -> None:
         self.edges.setdefault((self.add(src), self.add(dst)), kind)
-
-    def sequence(self, seq: Sequence[Event]) -> tuple[int, ...]:
-        """Add a rank's events in order, joined by Sequence edges; returns their indices."""
-        ids = [self.add(key) for key in seq]
-        for a, c in zip(ids, ids[1:]):
-            self.edges.setdefault((a, c), EdgeKind.SEQUENCE)
-        return tuple(ids)
 
 
 @dataclass(frozen=True)
