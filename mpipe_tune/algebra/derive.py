@@ -7,16 +7,25 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
 2. :func:`_collectives`: the seam table and the reduces, gated per region by Lemma 1
    (:mod:`mpipe_tune.algebra.footprint`);
 3. :func:`stage_gates`: the same gates per stage of the step, in input-to-loss order;
-4. :func:`_microbatch_edges`: one microbatch's activation, turnaround, gradient and accumulate edges;
+4. :func:`_microbatch_edges`: one microbatch's activation, turnaround, gradient and accumulate edges,
+   built for microbatch 0 and repeated for every microbatch as index arrays by :func:`_every_microbatch`;
 5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
-   skeleton: a new skeleton is one entry there), lowered to its event list by :func:`_rank_events`;
+   skeleton: a new skeleton is one entry there), lowered to its event indices by :func:`_rank_events`;
 6. :func:`topological_order`: a deadlock-free execution of the graph.
+
+The plain build these passes replace (every microbatch's edges and every rank's events de-duplicated
+through dictionaries) is the reference of ``tests/algebra/test_derive_reference.py``.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from itertools import chain
 from dataclasses import dataclass
+
+import numpy as np
 
 from mpipe_tune.algebra import order as programs
 from mpipe_tune.algebra.events import (
@@ -74,7 +83,23 @@ def derive(
     placement = _place(cut, schedule, model, P, M, owners)
     region_trainable = [_trainable(model, *p.layers) for p in placement]
     collectives = _collectives(schedule, region_trainable)
-    return _build_order(cut, schedule, model, P, M, placement, collectives)
+    with collector_paused():
+        return _build_order(cut, schedule, model, P, M, placement, collectives)
+
+
+@contextmanager
+def collector_paused():
+    """Pause Python's cyclic garbage collector while a plan is built (derive's order, the cost model's
+    compiled arrays): it is tens of thousands of new tuples and no reference cycle, and the allocations
+    alone would start collections that walk them and, several times over, the caller's whole heap (at
+    P=32, M=256 those took about half of a new candidate's time in the evaluator benchmark)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _trainable(model: Model, start: int, stop: int) -> bool:
@@ -160,7 +185,7 @@ def _collectives(schedule: Schedule, region_trainable: Sequence[bool]) -> Collec
 
 
 class _Builder:
-    """Accumulates events and edges; events are added once and referred to by index."""
+    """Accumulates one microbatch's events and edges; events are added once and referred to by index."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -176,13 +201,6 @@ class _Builder:
 
     def edge(self, src: Event, dst: Event, kind: EdgeKind) -> None:
         self.edges.setdefault((self.add(src), self.add(dst)), kind)
-
-    def sequence(self, seq: Sequence[Event]) -> tuple[int, ...]:
-        """Add a rank's events in order, joined by Sequence edges; returns their indices."""
-        ids = [self.add(key) for key in seq]
-        for a, c in zip(ids, ids[1:]):
-            self.edges.setdefault((a, c), EdgeKind.SEQUENCE)
-        return tuple(ids)
 
 
 @dataclass(frozen=True)
@@ -285,27 +303,32 @@ def rank_program(skeleton: Skeleton, rank: int, P: int, M: int, v: int) -> progr
 
 
 def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], source: RegionPlacement | None,
-                 gates: StageGates, last: Stage, barrier: StepBarrier) -> list[Event]:
-    """A rank's event list: its encodes, its program's forwards (the loss after the last stage's) and
-    gated backwards, its encoder cooldown, its reduces and the barrier."""
-    seq: list[Event] = []
+                 gates: StageGates, last: Stage, flow: _Flow, barrier: int) -> tuple[int, ...]:
+    """A rank's event list (as indices: ``flow.events``, then the barrier): its encodes, its program's forwards (the loss
+    after the last stage's) and gated backwards, its encoder cooldown, its reduces and the barrier."""
+    seq: list[int] = []
+    mine = source.owner.microbatches_of(rank) if source else ()
     if source:
-        seq.extend(Fwd(source.region, rank, m) for m in source.owner.microbatches_of(rank))
+        encode = flow.per_microbatch(Fwd(source.region, source.owner.owners[0], 0))
+        seq.extend(encode[m] for m in mine)
+    fwd = [flow.per_microbatch(Fwd(j, rank, 0)) for j in sharded]
+    bwd = [flow.per_microbatch(Bwd(j, rank, 0)) if gates.has_bwd[(j, rank)] else None for j in sharded]
+    loss = flow.per_microbatch(Loss(0)) if (sharded[-1], rank) == last else None
     for op, chunk, m in program:
-        stage = (sharded[chunk], rank)
         if op == "F":
-            seq.append(Fwd(*stage, m))
-            if stage == last:
-                seq.append(Loss(m))
-        elif gates.has_bwd[stage]:
-            seq.append(Bwd(*stage, m))
+            seq.append(fwd[chunk][m])
+            if loss is not None and chunk == len(sharded) - 1:
+                seq.append(loss[m])
+        elif bwd[chunk] is not None:
+            seq.append(bwd[chunk][m])
     if gates.source_bwd:
-        seq.extend(Bwd(source.region, rank, m) for m in source.owner.microbatches_of(rank))
+        encoder_bwd = flow.per_microbatch(Bwd(source.region, source.owner.owners[0], 0))
+        seq.extend(encoder_bwd[m] for m in mine)
     if gates.replica_reduce is not None:
-        seq.append(gates.replica_reduce)
-    seq.extend(DpReduce(j, Group.DATA, rank) for j in sharded if gates.reduces[(j, rank)])
+        seq.append(flow.index_of(gates.replica_reduce))
+    seq.extend(flow.index_of(DpReduce(j, Group.DATA, rank)) for j in sharded if gates.reduces[(j, rank)])
     seq.append(barrier)
-    return seq
+    return tuple(seq)
 
 
 def _build_order(
@@ -318,40 +341,138 @@ def _build_order(
     stages: list[Stage] = [(j, r) for j in sharded for r in range(P)]
     gates = stage_gates(model, placement, stages, source)
 
-    b = _Builder()
-    barrier = StepBarrier()
-    for m in range(M):
-        _microbatch_edges(b, m, stages, source, gates)
-    for key in [e for e in b.events if isinstance(e, DpReduce)]:
-        b.edge(key, barrier, EdgeKind.SEQUENCE)
+    template = _Builder()
+    _microbatch_edges(template, 0, stages, source, gates)
+    flow = _every_microbatch(template, M, source)
+    barrier = len(flow.events)
+    reduces = [flow.index_of(e) for e in template.events if isinstance(e, DpReduce)]
 
     skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
-    nodes = tuple(b.sequence(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1],
-                                          barrier))
+    nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1], flow,
+                               barrier)
                   for r in range(P))
+    src = np.concatenate((flow.src, reduces)).astype(np.int64)
+    dst = np.concatenate((flow.dst, [barrier] * len(reduces))).astype(np.int64)
+    seq_src, seq_dst = _sequence_edges(nodes, src, dst)
+    src, dst = np.concatenate((src, seq_src)), np.concatenate((dst, seq_dst))
+    kinds = flow.kinds + [EdgeKind.SEQUENCE] * (len(reduces) + len(seq_src))
+    events = (*flow.events, StepBarrier())
 
-    edges = tuple((s, t, kind) for (s, t), kind in b.edges.items())
-    topo = topological_order(len(b.events), edges)
+    edges = tuple(zip(src.tolist(), dst.tolist(), kinds))
+    topo = _kahn(len(events), src, dst)
     assert topo is not None, "derive built a cyclic order"
-    order = Order(events=tuple(b.events), edges=edges, nodes=nodes, topo=tuple(topo))
+    order = Order(events=events, edges=edges, nodes=nodes, topo=tuple(topo))
     return Plan(cut, schedule, P, M, placement, collectives, order, tuple(stages))
+
+
+@dataclass(frozen=True)
+class _Flow:
+    """The dataflow edges of every microbatch: events in order of first use, edges as index columns."""
+
+    events: list[Event]
+    src: np.ndarray
+    dst: np.ndarray
+    kinds: list[EdgeKind]
+    template: dict[Event, int]
+    """Microbatch 0's events (the reduces among them): their column in ``ids``."""
+    ids: np.ndarray
+    """``ids[m, k]``: the index in ``events`` of template event ``k`` as it is in microbatch ``m``."""
+
+    def per_microbatch(self, event: Event) -> list[int]:
+        """Per microbatch m, the index of microbatch 0's ``event`` as it is in microbatch m."""
+        return self.ids[:, self.template[event]].tolist()
+
+    def index_of(self, shared: Event) -> int:
+        """The index of an event every microbatch shares (a reduce)."""
+        return self.template[shared]
+
+
+def _every_microbatch(template: _Builder, M: int, source: RegionPlacement | None) -> _Flow:
+    """Microbatch 0's dataflow (``template``) repeated for microbatches 0..M-1, as derive would add them one
+    microbatch after another: every microbatch has the same events and edges but its own ``mb`` (and, on
+    the source region, its own owner); only the reduces are shared, first met in microbatch 0."""
+    first = template.events
+    shared = [isinstance(e, DpReduce) for e in first]
+    own = [k for k, is_shared in enumerate(shared) if not is_shared]
+    width = len(own)
+    ids = np.empty((M, len(first)), dtype=np.int64)
+    ids[0] = np.arange(len(first))
+    ids[1:, own] = len(first) + width * np.arange(M - 1)[:, None] + np.arange(width)
+    ids[1:, np.flatnonzero(shared)] = np.flatnonzero(shared)
+    rest: list[Event] = [None] * (width * (M - 1))  # type: ignore[list-item]
+    owners = source.owner.owners if source else ()
+    for position, k in enumerate(own):
+        rest[position::width] = _for_microbatches(first[k], range(1, M), owners, source.region if source else 0)
+    t_src, t_dst = np.array(list(template.edges), dtype=np.int64).reshape(-1, 2).T
+    assert not any(shared[s] and shared[t] for s, t in zip(t_src, t_dst)), "every edge has a per-microbatch end"
+    return _Flow(first + rest, ids[:, t_src].ravel(), ids[:, t_dst].ravel(), list(template.edges.values()) * M,
+                 template.index, ids)
+
+
+_new = tuple.__new__  # builds an event from its fields without the named tuple's Python-level __new__
+
+
+def _for_microbatches(event: Event, mbs: range, owners: Sequence[int], source_region: int) -> list[Event]:
+    """Microbatch 0's ``event`` as it is in each microbatch of ``mbs``: the same event with that ``mb``,
+    run by (or sent from or to) that microbatch's owner when it is on the source region."""
+    cls, tag = type(event), event[-1]
+    if tag == "L":
+        return [_new(cls, (m, tag)) for m in mbs]
+    if tag in "FB":
+        region, rank = event[0], event[1]
+        if region == source_region:
+            return [_new(cls, (region, owners[m], m, tag)) for m in mbs]
+        return [_new(cls, (region, rank, m, tag)) for m in mbs]
+    comm, s, t = event[0], event[1], event[2]
+    if s[0] == source_region:
+        return [_new(cls, (comm, (s[0], owners[m]), t, m, tag)) for m in mbs]
+    if t[0] == source_region:
+        return [_new(cls, (comm, s, (t[0], owners[m]), m, tag)) for m in mbs]
+    return [_new(cls, (comm, s, t, m, tag)) for m in mbs]
+
+
+def _sequence_edges(nodes: Sequence[Sequence[int]], src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's Sequence edges (consecutive events, rank after rank) that no earlier edge joins already."""
+    flat = np.fromiter(chain.from_iterable(nodes), dtype=np.int64, count=sum(map(len, nodes)))
+    last = np.cumsum([len(n) for n in nodes]) - 1
+    joined = np.ones(len(flat), dtype=bool)
+    joined[last] = False  # a rank's last event starts no Sequence edge
+    a = flat[joined]
+    c = flat[np.flatnonzero(joined) + 1]
+    # Keep a pair where it is the first of its key among the earlier edges' keys and the pairs before it.
+    keys = np.concatenate((src << 32 | dst, a << 32 | c))
+    by_key = np.argsort(keys, kind="stable")
+    sorted_keys = keys[by_key]
+    first = np.zeros(len(keys), dtype=bool)
+    first[by_key[np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1]))]] = True
+    keep = first[len(src):]
+    return a[keep], c[keep]
 
 
 def topological_order(num_events: int, edges: Sequence[tuple[int, int, EdgeKind]]) -> list[int] | None:
     """Kahn's algorithm, lowest index first among ready events; None when the graph has a cycle."""
-    indegree = [0] * num_events
-    succ: list[list[int]] = [[] for _ in range(num_events)]
-    for s, t, _ in edges:
-        succ[s].append(t)
-        indegree[t] += 1
-    ready = [i for i in range(num_events) if indegree[i] == 0]
-    ready.reverse()
-    order = []
+    src = np.fromiter((e[0] for e in edges), dtype=np.int64, count=len(edges))
+    dst = np.fromiter((e[1] for e in edges), dtype=np.int64, count=len(edges))
+    return _kahn(num_events, src, dst)
+
+
+def _kahn(num_events: int, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
+    """:func:`topological_order` over edge columns: the ready events are a stack, initially every source
+    with the lowest index on top; an event's successors are released in the order of its edges."""
+    by_source = np.argsort(src, kind="stable")
+    succ = dst[by_source].tolist()
+    ptr = np.zeros(num_events + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=num_events), out=ptr[1:])
+    ptr = ptr.tolist()
+    indegree = np.bincount(dst, minlength=num_events).tolist()
+    ready = np.flatnonzero(np.array(indegree) == 0)[::-1].tolist()
+    order: list[int] = []
+    pop, push, run = ready.pop, ready.append, order.append
     while ready:
-        i = ready.pop()
-        order.append(i)
-        for t in succ[i]:
+        i = pop()
+        run(i)
+        for t in succ[ptr[i]:ptr[i + 1]]:
             indegree[t] -= 1
-            if indegree[t] == 0:
-                ready.append(t)
+            if not indegree[t]:
+                push(t)
     return order if len(order) == num_events else None

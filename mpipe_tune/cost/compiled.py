@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Order, Plan, topological_order
+from mpipe_tune.algebra.derive import Order, Plan, collector_paused, topological_order
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByMicrobatch, validate_owners
@@ -48,10 +48,11 @@ class CompiledPlan:
         self._plan: Plan | None = plan
         self.owners = _owners(plan)
         """The transposed region's owner map (rank of microbatch 0, 1, ...); None without one."""
-        self.arrays = EventArrays.of(plan)
-        self.order = CompiledOrder(plan, self.arrays)
-        self.durations_model = DurationModel(plan, model, profile, options, self.arrays)
-        self.memory_layout = MemoryLayout(plan, self.arrays)
+        with collector_paused():
+            self.arrays = EventArrays.of(plan)
+            self.order = CompiledOrder(plan, self.arrays)
+            self.durations_model = DurationModel(plan, model, profile, options, self.arrays)
+            self.memory_layout = MemoryLayout(plan, self.arrays)
         self._moves: _OwnerMoves | None = None
         self._static: tuple[np.ndarray, tuple[float, ...]] | None = None
 
