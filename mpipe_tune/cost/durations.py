@@ -12,6 +12,8 @@
   optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the parameters instead: the same
   bytes over the same ring, charged as the all-reduce.
 - ``Loss`` and ``StepBarrier`` cost nothing (the LM head layer carries the loss's work).
+- The optimizer update of each rank is added to its last event before the barrier
+  (:mod:`mpipe_tune.cost.update`).
 
 Ranks are laid out with tensor parallelism innermost, then context, data and pipeline, so pipeline
 rank ``r`` starts at device ``r * tp * cp * dp`` and ``devices_per_node`` decides which links are
@@ -32,6 +34,7 @@ from mpipe_tune.algebra.events import Bwd, Coll, Comm, DpReduce, Fwd, Group
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
+from mpipe_tune.cost.update import estimate_update_s, update_charges
 
 _LINK_OF_COMM = {Comm.SEND: "p2p", Comm.RECV_GRAD: "p2p", Comm.GATHER: "gather", Comm.SCATTER: "scatter"}
 
@@ -83,6 +86,7 @@ class DurationModel:
         self.num_events = n
         self.plan, self.profile, self.options = plan, profile, options
         self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
+        self._update: tuple[np.ndarray, np.ndarray] | None = None  # the optimizer update, likewise
 
     def durations(self, table: LayerTable) -> np.ndarray:
         """Seconds per event, aligned with ``plan.order.events``."""
@@ -94,6 +98,10 @@ class DurationModel:
                                        for _, e in self._reduces])
             self._reduce_idx = np.array([i for i, _ in self._reduces], dtype=np.int64)
         out[self._reduce_idx] = self._reduce_s
+        if self._update is None:  # parameter counts only, like the reduces
+            self._update = update_charges(self.plan, estimate_update_s(self.plan, self.model, table, self.profile,
+                                                                       self.options))
+        out[self._update[0]] += self._update[1]
         fwd, bwd = fwd.ravel(), bwd.ravel()
         out[self.fwd_idx] = fwd[self.fwd_hi] - fwd[self.fwd_lo]
         out[self.bwd_idx] = bwd[self.bwd_hi] - bwd[self.bwd_lo]

@@ -10,8 +10,15 @@ its latency has another origin than its bandwidth (a datasheet bandwidth with an
 An efficiency entry's ``value`` is the achieved fraction of peak for a layer kind's forward and, unless
 the entry gives ``backward_value``, its backward too. Optional ``forward_overhead_s`` and
 ``backward_overhead_s`` are fixed seconds per layer call on top of the roofline (framework dispatch,
-small kernels that the roofline of the FLOPs cannot see); absent, they are 0. The profiler fits all four
-per layer kind when it calibrates (:mod:`mpipe_tune.profiler.calibrate`).
+small kernels that the roofline of the FLOPs cannot see); absent, they are 0. Optional
+``forward_image_overhead_s`` and ``backward_image_overhead_s`` are fixed seconds per image beyond the
+first of a microbatch, for kinds whose runtime module makes one call per image (the ViT block attends
+inside each image: one attention call each); absent, 0. The profiler fits them per layer kind when it
+calibrates (:mod:`mpipe_tune.profiler.calibrate`).
+
+Optional top-level ``optimizer_update_bytes_per_s``: the rate of the optimizer update (bytes of
+weights, gradients and optimizer state read and written per second), measured by the profiler on the
+runtime's own update; a profile without it updates at ``memory_bytes_per_s``.
 
 All numbers are SI base units given as plain JSON numbers: bytes, seconds, bytes per second, FLOP/s.
 Built-in profiles live in ``profiles/`` (package data ``mpipe_tune.profiles``); :func:`load_profile`
@@ -48,10 +55,11 @@ LINK_CLASSES = ("intra_node", "inter_node")
 COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_all")
 _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
-    "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes",
+    "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "optimizer_update_bytes_per_s",
 }
-_OPTIONAL_TOP_KEYS = {"notes"}
-_EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s")
+_OPTIONAL_TOP_KEYS = {"notes", "optimizer_update_bytes_per_s"}
+_IMAGE_OVERHEADS = ("forward_image_overhead_s", "backward_image_overhead_s")
+_EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s", *_IMAGE_OVERHEADS)
 """Optional numbers of an efficiency entry besides ``value`` (not provenance)."""
 _MISSING = object()
 
@@ -90,6 +98,11 @@ class HardwareProfile:
     """Layer kind -> efficiency of its backward, for the entries that give ``backward_value``."""
     call_overhead_s: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
     """Layer kind -> (forward, backward) fixed seconds per call, for the entries that give either."""
+    image_overhead_s: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
+    """Layer kind -> (forward, backward) fixed seconds per image beyond a microbatch's first, for the
+    entries that give either."""
+    optimizer_update_bytes_per_s: float | None = None
+    """Measured rate of the optimizer update; None: it runs at :attr:`memory_bytes_per_s`."""
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``."""
@@ -129,6 +142,17 @@ class HardwareProfile:
         entry = kind if kind in self.efficiency else "default"
         return self.call_overhead_s.get(entry, (0.0, 0.0))
 
+    def image_overhead_for(self, kind: str) -> tuple[float, float]:
+        """(forward, backward) fixed seconds per image beyond a microbatch's first for a ``kind`` layer
+        (its entry's, or ``"default"``'s when the profile has none for ``kind``); (0, 0) unless given."""
+        entry = kind if kind in self.efficiency else "default"
+        return self.image_overhead_s.get(entry, (0.0, 0.0))
+
+    @property
+    def update_bytes_per_s(self) -> float:
+        """Bytes per second of the optimizer update: the measured rate, else the memory bandwidth."""
+        return self.optimizer_update_bytes_per_s or self.memory_bytes_per_s
+
     def link(self, collective: str, *, inter_node: bool = False) -> LinkCost:
         """Cost of ``collective`` on the intra- or inter-node link class, falling back to its ``p2p``."""
         if collective not in COLLECTIVES:
@@ -163,6 +187,9 @@ class HardwareProfile:
             "efficiency": {k: self._efficiency_entry(k) for k in self.efficiency},
             "links": links,
         }
+        if self.optimizer_update_bytes_per_s is not None:
+            data["optimizer_update_bytes_per_s"] = number("optimizer_update_bytes_per_s",
+                                                          self.optimizer_update_bytes_per_s)
         if self.notes:
             data["notes"] = self.notes
         return data
@@ -173,6 +200,8 @@ class HardwareProfile:
             entry["backward_value"] = self.backward_efficiency[kind]
         if kind in self.call_overhead_s:
             entry["forward_overhead_s"], entry["backward_overhead_s"] = self.call_overhead_s[kind]
+        if kind in self.image_overhead_s:
+            entry["forward_image_overhead_s"], entry["backward_image_overhead_s"] = self.image_overhead_s[kind]
         return {**entry, **_thaw(self.provenance[f"efficiency.{kind}"])}
 
     @cached_property
@@ -253,11 +282,13 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
     peak_flops = {d: v.number(f"peak_flops_per_s.{d}", e, positive=True) for d, e in peaks.items()}
     memory_bps = v.number("memory_bytes_per_s", data["memory_bytes_per_s"], positive=True)
     capacity = v.number("memory_capacity_bytes", data["memory_capacity_bytes"], positive=True)
+    update_bps = (v.number("optimizer_update_bytes_per_s", data["optimizer_update_bytes_per_s"], positive=True)
+                  if "optimizer_update_bytes_per_s" in data else None)
 
     effs = v.table("efficiency", data["efficiency"], allowed=None)
     if "default" not in effs:
         v.fail("efficiency.default", _MISSING, "is required", 'add {"value": 1.0, "source": "assumed"}')
-    efficiency, backward_efficiency, call_overhead = {}, {}, {}
+    efficiency, backward_efficiency, call_overhead, image_overhead = {}, {}, {}, {}
     for kind, entry in effs.items():
         path = f"efficiency.{kind}"
         efficiency[kind] = v.efficiency(f"{path}.value", v.number(path, entry, positive=True,
@@ -269,6 +300,10 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
             call_overhead[kind] = tuple(
                 v.scalar(f"{path}.{key}", entry[key], positive=False) if key in entry else 0.0
                 for key in ("forward_overhead_s", "backward_overhead_s"))
+        if any(key in entry for key in _IMAGE_OVERHEADS):
+            image_overhead[kind] = tuple(
+                v.scalar(f"{path}.{key}", entry[key], positive=False) if key in entry else 0.0
+                for key in _IMAGE_OVERHEADS)
 
     classes = v.table("links", data["links"], allowed=LINK_CLASSES)
     links = {}
@@ -289,7 +324,8 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         memory_capacity_bytes=capacity, efficiency=MappingProxyType(efficiency),
         links=MappingProxyType(links), provenance=MappingProxyType(v.provenance),
         notes=notes, backward_efficiency=MappingProxyType(backward_efficiency),
-        call_overhead_s=MappingProxyType(call_overhead),
+        call_overhead_s=MappingProxyType(call_overhead), image_overhead_s=MappingProxyType(image_overhead),
+        optimizer_update_bytes_per_s=update_bps,
     )
 
 
