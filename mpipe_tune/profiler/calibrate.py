@@ -135,7 +135,7 @@ def layer_samples(torch: ModuleType, device: str, model: Model, dtype: str, sett
                 if images == 1:
                     progress(f"layer {layer.name} {tokens} tokens")
                     too_long = too_long or float(np.median(fwd[k]) + np.median(bwd[k])) > settings.calibration_max_point_s
-        if too_long:
+        if not agreement.all_stop(not too_long):  # some rank's point took too long: every rank stops growing
             for skipped in settings.calibration_tokens[position + 1:]:
                 for index in chain:
                     progress(f"layer {model.layers[index].name} {skipped} tokens (skipped)")

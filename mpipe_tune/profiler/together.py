@@ -153,11 +153,20 @@ def speed_probe_s(torch, device: str, model: Model, dtype: str, tokens: int, agr
     return float(sum(np.median(s) for s in fwd + bwd))
 
 
-def profile_probe_s(points: list[LayerPoint] | tuple[LayerPoint, ...], tokens: int) -> float | None:
-    """The speed probe at profile time: the sum of the calibration medians at ``tokens`` (one image),
-    forward and backward, or None when the profile was not calibrated at that size."""
-    chosen = [p.seconds.median for p in points if p.tokens == tokens and p.images == 1]
-    return float(sum(chosen)) if chosen else None
+def profile_probe_s(profile, tokens: int) -> float | None:
+    """The speed probe at profile time: the sum of the profile's calibration medians at ``tokens``
+    (one image), forward and backward, over its kinds' layers (every layer of the chain), or None
+    when the profile was not calibrated at that size."""
+    total, found = 0.0, False
+    for kind in profile.efficiency:
+        origin = profile.provenance[f"efficiency.{kind}"]
+        if kind == "default" or "median_s" not in origin:
+            continue
+        images = origin.get("images", [1] * len(origin["tokens"]))
+        for n, count, seconds in zip(origin["tokens"], images, origin["median_s"]):
+            if n == tokens and count == 1:
+                total, found = total + seconds, True
+    return total if found else None
 
 
 def probed_run_jobs(ctx, jobs: list, model: Model, dtype: str, tokens: int) -> list[dict[str, Any]] | None:
