@@ -129,7 +129,7 @@ class Spec:
         return P * self.tp * self.dp
 
 
-QUICK = ("1f1b M=4", "transpose,1f1b rr M=4", "1f1b dp2 M=2", "transpose,1f1b tp2 M=4")
+QUICK = ("1f1b M=4", "transpose,1f1b rr M=4", "1f1b dp2 M=2", "transpose,1f1b rr tp2 M=4")
 
 
 def plan_specs(model) -> list[Spec]:
