@@ -262,8 +262,8 @@ def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: 
                    f"call (>= 0; fitted where a phase has {MIN_SIZES_FOR_OVERHEAD} sizes or more) minimising the "
                    f"relative error of overhead + max(W / (eff * peak), D / bandwidth) against the medians, with "
                    f"this profile's {dtype} peak and bandwidth and the cost model's W and D"
-                   + (f"; also timed on the patches split into several images, with fixed seconds per image beyond "
-                      f"the first fitted beside (one attention call per image)" if per_image else "") + how,
+                   + ("; also timed on the patches split into several images, with fixed seconds per image beyond "
+                      "the first fitted beside (one attention call per image)" if per_image else "") + how,
             "rms_relative_error": math.sqrt(squares / len(points)),
             "layers": [p.layer_name for p in points],
             "tokens": [p.tokens for p in points],

@@ -48,7 +48,7 @@ from mpipe_tune.cost.workload import Microbatch
 from mpipe_tune.profiler.device import Timer
 from mpipe_tune.profiler.roofline import TORCH_DTYPES
 from mpipe_tune.profiler.settings import SweepSettings
-from mpipe_tune.profiler.stats import Spread, summarize
+from mpipe_tune.profiler.stats import Spread
 
 @dataclass(frozen=True)
 class LayerPoint:

@@ -111,3 +111,11 @@ def test_vit_blocks_pay_a_call_per_image_beyond_the_first():
     np.testing.assert_allclose((with_calls.backward_s(MODEL) - plain.backward_s(MODEL))[vit],
                                np.outer(np.ones(vit.sum()), extra_images * bwd_image_s), rtol=1e-9)
     np.testing.assert_array_equal(with_calls.fwd_s[~vit], plain.fwd_s[~vit])  # other kinds: no per-image call
+
+
+def test_docstring_examples():
+    import doctest
+
+    from mpipe_tune.cost import update
+
+    assert doctest.testmod(update).failed == 0
