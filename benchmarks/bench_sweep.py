@@ -417,6 +417,8 @@ def real_point(fidelity: dict) -> dict | None:
     predicted and measured (median of each plan's steps after each run's first)."""
     from bench_fidelity import measured_s
 
+    if "encoder_share" not in fidelity:  # a record from before the probe and the raw runs (issue 14)
+        return None
     plans = {r["label"]: r for r in fidelity.get("plans", []) if r["tp"] == 1 and r["dp"] == 1}
     transposes = [r for r in plans.values() if r["schedule"] == "transpose,1f1b"]
     if not transposes or not all(label in plans for label in REAL_BASELINES.values()):

@@ -81,3 +81,29 @@ def test_there_are_24_plans_or_more_with_data_and_tensor_parallel_ones(fidelity)
     assert len(specs) >= 24 and len({s.label for s in specs}) == len(specs)
     assert any(s.dp > 1 for s in specs) and any(s.tp > 1 for s in specs) and max(s.world for s in specs) <= 4
     assert set(fidelity.QUICK) <= {s.label for s in specs}
+
+
+def test_the_sweep_places_the_real_compute_point_from_the_fidelity_record(fidelity):
+    spec = importlib.util.spec_from_file_location("bench_sweep", BENCHMARKS / "bench_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = sweep
+    try:
+        spec.loader.exec_module(sweep)
+
+        def plan(label, schedule, predicted, measured, tp=1):
+            return {"label": label, "schedule": schedule, "tp": tp, "dp": 1, "predicted_s": predicted,
+                    "runs": [{"step_times_s": [9.0, measured, measured]}]}
+
+        record = {"model": "models/small-vit-llm.yaml", "pp": 2, "encoder_share": 0.2, "date": "2026-12-01",
+                  "plans": [plan("transpose,1f1b rr M=4", "transpose,1f1b", 1.0, 1.1),
+                            plan("transpose,1f1b rr M=8", "transpose,1f1b", 0.9, 1.2),
+                            plan("transpose,1f1b rr tp2 M=4", "transpose,1f1b", 0.5, 0.6, tp=2),  # not pp-only
+                            plan("1f1b megatron-slabs M=4", "1f1b", 1.8, 2.4),
+                            plan("1f1b disttrain-slabs M=4", "1f1b", 1.35, 1.8)]}
+        real = sweep.real_point(record)
+        assert real["best"] == "transpose,1f1b rr M=8" and real["pp"] == 2 and real["encoder_share"] == 0.2
+        assert real["speedup_predicted"] == pytest.approx({"megatron": 2.0, "disttrain": 1.5})
+        assert real["speedup_measured"] == pytest.approx({"megatron": 2.0, "disttrain": 1.5})
+        assert sweep.real_point({"plans": []}) is None
+    finally:
+        del sys.modules[spec.name]
