@@ -9,6 +9,9 @@ comparison is of trends, not a reproduction.
     python benchmarks/bench_paper_configs.py
         The fixed configurations below (the paper's degrees, M and batch), the baselines side by side.
 
+    python benchmarks/bench_paper_configs.py fixed --profile h100-sxm
+        The same, every configuration on another profile (the calibrated h100-sxm, issue 16).
+
     python benchmarks/bench_paper_configs.py own-best
         ``mpipe-tune plan --exhaustive --recompute search --json`` at the same two scales (and the 8
         devices with the image-heavy mix), with the fixed configuration as ``--current``: per baseline,
@@ -64,15 +67,16 @@ def run(config: dict) -> list[str]:
     return lines
 
 
-def fixed() -> None:
+def fixed(profile: str | None = None) -> None:
+    configs = CONFIGS if profile is None else [{**c, "profile": profile} for c in CONFIGS]
     print(f"python {platform.python_version()}; workload mix '{MIX}', 4 sampled steps (seeds 0-3), bf16\n")
-    for config in CONFIGS:
+    for config in configs:
         print(f"- {config['name']}: {config['model']} on {config['profile']}, pp={config['pp']} tp={config['tp']} "
               f"dp={config['dp']}, M={config['microbatches']}, global batch {config['global_batch']} sequences; "
               f"paper measured {config['paper']}")
     print("\n| scale | recompute | schedule | step ms (mean) | p90 ms | speedup vs megatron | vs disttrain | peak GiB |")
     print("|---|---|---|---|---|---|---|---|")
-    for config in CONFIGS:
+    for config in configs:
         for line in run(config):
             print(line)
 
@@ -135,10 +139,12 @@ def own_best() -> None:
 
 
 def main() -> None:
-    what = sys.argv[1] if len(sys.argv) > 1 else "fixed"
-    if what not in ("fixed", "own-best"):
-        sys.exit(f"usage: {sys.argv[0]} [fixed|own-best]")
-    {"fixed": fixed, "own-best": own_best}[what]()
+    args = sys.argv[1:]
+    what = args[0] if args and not args[0].startswith("--") else "fixed"
+    profile = args[args.index("--profile") + 1] if "--profile" in args[:-1] else None
+    if what not in ("fixed", "own-best") or (profile and what != "fixed"):
+        sys.exit(f"usage: {sys.argv[0]} [fixed [--profile NAME] | own-best]")
+    fixed(profile) if what == "fixed" else own_best()
 
 
 if __name__ == "__main__":

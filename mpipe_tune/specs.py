@@ -37,10 +37,16 @@ def _read_yaml(path: Path) -> Any:
     return load_data_file(path, "model", as_json=False)
 
 
-def _resolve(name: str) -> Any:
+def _resolve(name: str, base: Path | None = None) -> Any:
+    """The parsed data of model ``name``: a YAML file (a relative path is looked up first in ``base``, the
+    folder of the file that composes it, then in the working folder), a Hugging Face config, or a built-in.
+    A file's own relative ``compose`` entries are made absolute here, so that they resolve against its folder
+    however deep it is composed."""
     path = Path(name)
+    if base is not None and not path.is_absolute() and (base / path).exists():
+        path = base / path
     if path.suffix in (".yaml", ".yml") and path.exists():
-        return _read_yaml(path)
+        return _absolute_composes(_read_yaml(path), path.resolve().parent)
     if is_hf_config(path):
         return from_hf_config(path)
     builtin = _models_dir() / f"{name}.yaml"
@@ -50,8 +56,18 @@ def _resolve(name: str) -> Any:
         raise MpipeError(f"model folder {path} holds no config.json; give a Hugging Face model folder, "
                          f"a config.json, a YAML model file or a built-in model name")
     raise MpipeError(
-        f"model '{name}' is neither a file nor a built-in model; built-ins: {', '.join(builtin_models())}"
+        f"model '{name}' is neither a file nor a built-in model (a relative path is looked up in the folder of "
+        f"the file that composes it, then in the working folder); built-ins: {', '.join(builtin_models())}"
     )
+
+
+def _absolute_composes(data: Any, folder: Path) -> Any:
+    """``data`` with each ``compose`` entry that names a file next to it (relative to ``folder``) made absolute."""
+    if not isinstance(data, dict) or not isinstance(data.get("compose"), list):
+        return data
+    entries = [str(folder / e) if isinstance(e, str) and not Path(e).is_absolute() and (folder / e).exists() else e
+               for e in data["compose"]]
+    return {**data, "compose": entries}
 
 
 def resolve_spec(spec: str, kind: str) -> str:

@@ -73,6 +73,7 @@ def test_plan_searches_encoder_tp_and_run_and_export_refuse_it(tmp_path, capsys)
     summary = json.loads(capsys.readouterr().out)
     for r in summary["comparison"] + summary["own_best"]:
         assert r["encoder_tp"] in (1, 2), r["plan"]
+        assert r["encoder_tp"] * r["encoder_dp"] == r["tp"] * r["dp"] * r["cp"], r  # the encoder's own tp x dp: the slab's ranks
     record = json.loads(out.read_text())
     record["candidate"]["encoder_tp"] = 1  # whichever the search chose, a plan with the encoder at tp 1
     out.write_text(json.dumps(record))

@@ -17,6 +17,8 @@ Assumptions (details in :mod:`~mpipe_tune.cost.arch_pieces` and :mod:`~mpipe_tun
   ``dtype_bytes`` wide, as are gradients; optimizer traffic is not a layer's.
 - Saved activations are every tensor some kernel needs in its backward, without recomputation, each
   counted once per rank (norms and residuals are not split over tensor-parallel ranks).
+- The linear layers' matmuls are counted apart (``linear_*_flops``): an fp8 step runs only those at the
+  fp8 peak, as Transformer Engine does; the attention core's FLOPs are counted apart too.
 - Tensor parallelism is Megatron-LM's column/row split of matmuls and attention heads, one
   all-reduce after each row-split output (two per transformer block) and a vocab-parallel embedding
   and loss.
@@ -110,6 +112,10 @@ class ArchWork:
     selective_saved_activation_bytes: float = 0.0
     """Bytes the forward keeps for the backward under selective recomputation (the attention core's
     own outputs dropped unless another kernel keeps them)."""
+    linear_fwd_flops: float = 0.0
+    """Of ``fwd_flops``, the linear layers' matmuls (what an fp8 step runs at the fp8 peak)."""
+    linear_dgrad_flops: float = 0.0
+    linear_wgrad_flops: float = 0.0
 
 
 _NO_WORK = ArchWork(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -162,6 +168,7 @@ def estimate_arch_work(
                 selective_elems.setdefault(name, elems)
     pieces = layer.pieces
     cores = [p for p in pieces if p.attention_core]
+    linears = [p for p in pieces if p.linear]
     return ArchWork(
         fwd_flops=sum(p.fwd_flops for p in pieces),
         fwd_bytes=dtype_bytes * sum(p.fwd_elems for p in pieces),
@@ -177,6 +184,9 @@ def estimate_arch_work(
         attention_core_dgrad_flops=sum(p.dgrad_flops for p in cores),
         attention_core_dgrad_bytes=dtype_bytes * sum(p.dgrad_elems for p in cores),
         selective_saved_activation_bytes=dtype_bytes * sum(selective_elems.values()),
+        linear_fwd_flops=sum(p.fwd_flops for p in linears),
+        linear_dgrad_flops=sum(p.dgrad_flops for p in linears),
+        linear_wgrad_flops=sum(p.wgrad_flops for p in linears),
     )
 
 

@@ -68,6 +68,9 @@ class Piece:
     """Parameters one token touches in the full layer (for MoE experts: its top-k, not all)."""
     expert_params: int = 0
     """Of ``params``, those of routed experts: what expert parallelism divides over its ranks."""
+    linear: bool = False
+    """A matmul of a linear layer: the only kind of kernel an fp8 step runs in fp8 (Transformer Engine's
+    mixed precision; attention cores, norms and pointwise kernels stay in bf16)."""
 
 
 def matmul(
@@ -115,6 +118,7 @@ def matmul(
         params=copies * weights_per_copy,
         active_params=copies_per_token * weights_per_copy,
         expert_params=copies * weights_per_copy if routed else 0,
+        linear=True,
     )
 
 

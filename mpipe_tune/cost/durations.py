@@ -4,13 +4,15 @@
   layer table's forward, or footprint-gated backward, seconds for that microbatch.
 - ``Coll``: ``alpha + beta * n`` with ``n`` the output bytes of the last layer before the seam, on
   the intra- or inter-node link by where the two pipeline ranks sit; free on one rank.
-- ``DpReduce``: ring all-reduce of the region's (or slab's) trainable gradient bytes over its group:
+- ``DpReduce``: the part that the rank's compute does not hide (:mod:`~mpipe_tune.cost.overlap`; all
+  of it with ``overlap_dp_comm`` off) of a ring all-reduce of the region's (or slab's) trainable
+  gradient bytes over its group:
   DataGroup = the ``dp * cp`` data- and context-parallel ranks of a slab, ReplicaGroup = every
   pipeline rank times those. With expert parallelism a slab's routed-expert gradients (``1/ep`` of
   them per rank) are all-reduced over the experts' own data-parallel group of ``dp * cp / ep``
   ranks, after the rest. A distributed
   optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the parameters instead: the same
-  bytes over the same ring, charged as the all-reduce.
+  bytes over the same ring, half of them each. Gradients travel in ``grad_reduce_dtype``.
 - ``Loss`` and ``StepBarrier`` cost nothing (the LM head layer carries the loss's work).
 - The optimizer update of each rank is added to its last event before the barrier
   (:mod:`mpipe_tune.cost.update`).
@@ -33,6 +35,7 @@ from mpipe_tune.algebra.derive import Plan
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, DpReduce, Fwd, Group
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.layers import CostOptions, LayerTable
+from mpipe_tune.cost.overlap import compile_overlap
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.cost.update import estimate_update_s, update_charges
 
@@ -94,18 +97,21 @@ class DurationModel:
         fwd = _prefix(table.fwd_s)
         bwd = _prefix(table.backward_s(self.model))
         if self._reduce_s is None:
-            self._reduce_s = np.array([_reduce_s(self.plan, e, self.model, table, self.profile, self.options)
+            reduce_options = replace(self.options, grad_bytes_per_param=float(self.options.grad_reduce_bytes()))
+            self._reduce_s = np.array([_reduce_s(self.plan, e, self.model, table, self.profile, reduce_options)
                                        for _, e in self._reduces])
             self._reduce_idx = np.array([i for i, _ in self._reduces], dtype=np.int64)
-        out[self._reduce_idx] = self._reduce_s
-        if self._update is None:  # parameter counts only, like the reduces
-            self._update = update_charges(self.plan, estimate_update_s(self.plan, self.model, table, self.profile,
-                                                                       self.options))
-        out[self._update[0]] += self._update[1]
+            self._overlap = compile_overlap(self.plan, self._reduces, self.model, table, self.options)
         fwd, bwd = fwd.ravel(), bwd.ravel()
         out[self.fwd_idx] = fwd[self.fwd_hi] - fwd[self.fwd_lo]
         out[self.bwd_idx] = bwd[self.bwd_hi] - bwd[self.bwd_lo]
         out[self.coll_idx] = self.alpha + self.beta * table.boundary_bytes.ravel()[self.coll_flat]
+        reduce_s = self._reduce_s if self._overlap is None else self._overlap.exposed(out, self._reduce_s)
+        out[self._reduce_idx] = reduce_s
+        if self._update is None:  # parameter counts only, like the reduces
+            self._update = update_charges(self.plan, estimate_update_s(self.plan, self.model, table, self.profile,
+                                                                       self.options))
+        out[self._update[0]] += self._update[1]
         return out
 
 
@@ -153,9 +159,32 @@ def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, prof
 
 
 def _all_reduce_s(profile: HardwareProfile, size_bytes: float, group_size: int, span_devices: int) -> float:
-    """A ring all-reduce over ``group_size`` ranks whose devices span ``span_devices`` (inter-node
-    link once that is more than a node)."""
+    """An all-reduce over ``group_size`` ranks whose devices span ``span_devices`` (one every
+    ``span_devices / group_size`` devices): :func:`hierarchical_all_reduce_s`."""
+    return hierarchical_all_reduce_s(profile, size_bytes, group_size, span_devices // group_size)
+
+
+def hierarchical_all_reduce_s(profile: HardwareProfile, size_bytes: float, group_size: int, stride: int) -> float:
+    """An all-reduce over ``group_size`` ranks placed one every ``stride`` devices, as NCCL runs it
+    across nodes: with ``k`` members on each node (``devices_per_node / stride``, at most the group),
+    a ring reduce-scatter inside each node, a ring all-reduce of each rank's ``1/k`` share across the
+    nodes over the rank's own inter-node link, and a ring all-gather inside the node. One node: the
+    intra-node ring all-reduce; one member per node: the inter-node ring all-reduce of everything.
+
+    >>> from mpipe_tune.specs import load_profile
+    >>> h100 = load_profile("h100-sxm")
+    >>> flat = hierarchical_all_reduce_s(h100, 8e9, 16, 8)  # tp8: one member per node
+    >>> split = hierarchical_all_reduce_s(h100, 8e9, 16, 1)  # two full nodes: 8 NICs share the bytes
+    >>> round(flat / split, 1)
+    5.9
+    """
     if group_size == 1:
         return 0.0
-    link = profile.link("all_reduce", inter_node=span_devices > profile.devices_per_node)
-    return estimate_collective_s(link, "all_reduce", size_bytes, group_size)
+    per_node = max(1, min(group_size, profile.devices_per_node // stride)) if stride <= profile.devices_per_node else 1
+    nodes = -(-group_size // per_node)
+    intra = profile.link("all_reduce", inter_node=False)
+    if nodes == 1:
+        return estimate_collective_s(intra, "all_reduce", size_bytes, group_size)
+    inter = profile.link("all_reduce", inter_node=True)
+    return (estimate_collective_s(intra, "all_reduce", size_bytes, per_node)
+            + estimate_collective_s(inter, "all_reduce", size_bytes / per_node, nodes))

@@ -15,7 +15,8 @@ the layer's parameter count.
   charged under the same footprint as the backward), plus, for an image-stream kind, the profile's
   seconds per image beyond the microbatch's first (:func:`estimate_image_calls_s`: the runtime's ViT
   block makes one attention call per image). With ``tp_degree > 1`` the forward and the dgrad
-  each pay the layer's tensor-parallel all-reduces over the intra-node link; with ``ep_degree > 1`` a
+  each pay the layer's tensor-parallel all-reduces over the intra-node link, less the share the
+  profile's ``tp_comm_overlap`` hides behind the GEMMs; with ``ep_degree > 1`` a
   MoE layer's forward and dgrad each pay its dispatch and combine all-to-alls
   (:func:`~mpipe_tune.cost.profile.estimate_collective_s`'s ``all_to_all`` over ``ep`` ranks, on the
   inter-node link once the group's ``tp * ep`` devices span more than a node), not overlapped with
@@ -112,6 +113,17 @@ class CostOptions:
     """Optimizer state sharded over the data-parallel group (a distributed optimizer, ZeRO-1; the
     experts' state over their own data-parallel group, ``dp / ep`` ranks). Its gradient
     reduce-scatter and parameter all-gather move the bytes of the ring all-reduce charged without it."""
+    grad_reduce_dtype: str = "fp32"
+    """Dtype the data-parallel gradient reduce moves: ``fp32`` (Megatron-LM's default for bf16 training,
+    gradients accumulated and reduced in fp32) or ``bf16`` (NeMo's ``grad_sync_dtype=bf16``, torchtitan's
+    FSDP ``reduce_dtype`` bf16). Memory still holds :attr:`grad_bytes_per_param` per gradient."""
+    overlap_dp_comm: bool = True
+    """The data-parallel reduce (and, with :attr:`shard_optimizer`, the parameter all-gather) overlapped
+    with the backward (forward) in buckets, as Megatron-LM's ``overlap_grad_reduce`` /
+    ``overlap_param_gather`` and torchtitan's FSDP run it (see :mod:`mpipe_tune.cost.overlap`); False
+    serialises each whole reduce after the rank's last backward."""
+    dp_bucket_params: float = 40e6
+    """Parameters per data-parallel communication bucket (Megatron-LM's default bucket, 40M elements)."""
     recompute: bool | str = False
     """Activation recomputation: ``False`` (none), ``"selective"`` (the attention core) or ``True``
     (full: each layer keeps only its input for the backward, which first re-runs the layer's
@@ -170,9 +182,19 @@ class CostOptions:
                              f"expert-parallel rank's routed tokens over the mean; 1 is balanced)")
 
     def dtype_bytes(self) -> int:
+        """Bytes per element of the weights, activations and gradients a step keeps and moves: the dtype's,
+        except fp8, which frameworks run as mixed precision (Transformer Engine casts the linear layers'
+        GEMM inputs to fp8 inside the kernels; every tensor between kernels stays bf16): 2."""
         if self.dtype not in DTYPE_BYTES:
             raise MpipeError(f"--dtype {self.dtype!r} is not a known dtype; use one of {', '.join(DTYPE_BYTES)}")
-        return DTYPE_BYTES[self.dtype]
+        return DTYPE_BYTES["bf16"] if self.dtype == "fp8" else DTYPE_BYTES[self.dtype]
+
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient element the data-parallel reduce moves (:attr:`grad_reduce_dtype`)."""
+        if self.grad_reduce_dtype not in ("fp32", "bf16"):
+            raise MpipeError(f"gradient reduce dtype {self.grad_reduce_dtype!r} is not one frameworks reduce in; "
+                             f"use fp32 or bf16")
+        return DTYPE_BYTES[self.grad_reduce_dtype]
 
 
 @dataclass(frozen=True)
@@ -336,13 +358,13 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
         ep_degree=options.ep_degree, moe_imbalance=options.moe_imbalance, cp_degree=options.cp_degree,
         sequence_parallel=options.sequence_parallel,
     )
-    fwd_peak = profile.peak(options.dtype) * profile.efficiency_for(cost.kind)
-    bwd_peak = profile.peak(options.dtype) * profile.backward_efficiency_for(cost.kind)
+    fwd_compute_s, dgrad_compute_s, wgrad_compute_s, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(
+        work, cost.kind, profile, options.dtype)
     bandwidth = profile.memory_bytes_per_s
     comm_s = 0.0
     if options.tp_degree > 1 and work.tp_comm_bytes > 0:
         link = profile.link("all_reduce", inter_node=options.tp_degree > profile.devices_per_node)
-        comm_s = estimate_collective_s(link, "all_reduce", work.tp_comm_bytes, options.tp_degree)
+        comm_s = estimate_collective_s(link, "all_reduce", work.tp_comm_bytes, options.tp_degree) * profile.tp_comm_exposed
     ring_fwd_s = ring_bwd_s = 0.0
     if options.ep_degree > 1 or options.cp_degree > 1:
         ep = options.ep_degree
@@ -355,18 +377,18 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
             comm_s += sum(estimate_collective_s(link, "all_to_all", n, ep) for n in traffic.all_to_all_bytes)
         if traffic.ring_steps:
             link = profile.link("p2p", inter_node=options.tp_degree * options.cp_degree > profile.devices_per_node)
-            core_fwd_s = max(work.attention_core_fwd_flops / fwd_peak, work.attention_core_fwd_bytes / bandwidth)
-            core_bwd_s = max(work.attention_core_dgrad_flops / bwd_peak, work.attention_core_dgrad_bytes / bandwidth)
+            core_fwd_s = max(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth)
+            core_bwd_s = max(core_bwd_compute_s, work.attention_core_dgrad_bytes / bandwidth)
             ring_fwd_s = exposed_ring_s(link, traffic.ring_step_bytes, traffic.ring_steps, core_fwd_s)
             ring_bwd_s = exposed_ring_s(link, 2.0 * traffic.ring_step_bytes, traffic.ring_steps, core_bwd_s)
     tokens = mb.image_tokens if cost.kind in arch.IMAGE_STREAM_KINDS else mb.text_tokens
     fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if tokens > 0 else (0.0, 0.0)
     fwd_images_s, bwd_images_s = estimate_image_calls_s(profile, cost.kind, mb)
     fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s, bwd_call_s + bwd_images_s
-    fwd = fwd_call_s + max(work.fwd_flops / fwd_peak, work.fwd_bytes / bandwidth) + comm_s + ring_fwd_s
-    dgrad = max(work.dgrad_flops / bwd_peak, work.dgrad_bytes / bandwidth) + comm_s + ring_bwd_s
-    wgrad = max(work.wgrad_flops / bwd_peak, work.wgrad_bytes / bandwidth)
-    core_s = max(work.attention_core_fwd_flops / fwd_peak, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
+    fwd = fwd_call_s + max(fwd_compute_s, work.fwd_bytes / bandwidth) + comm_s + ring_fwd_s
+    dgrad = max(dgrad_compute_s, work.dgrad_bytes / bandwidth) + comm_s + ring_bwd_s
+    wgrad = max(wgrad_compute_s, work.wgrad_bytes / bandwidth)
+    core_s = max(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
     return (fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s, core_s,
             work.selective_saved_activation_bytes)
 
@@ -381,6 +403,31 @@ def estimate_image_calls_s(profile: HardwareProfile, kind: str, mb: Microbatch) 
     extra = max(0, len(mb.image_sizes()) - 1)
     fwd_s, bwd_s = profile.image_overhead_for(kind)
     return extra * fwd_s, extra * bwd_s
+
+
+def compute_seconds(work: arch.ArchWork, kind: str, profile: HardwareProfile, dtype: str):
+    """Compute-bound seconds of a layer's (forward, dgrad, wgrad, attention-core forward, attention-core
+    backward): each part's FLOPs over its efficiency times its peak. The attention core runs at the
+    profile's attention-core efficiency (``HardwareProfile.attention_core_efficiency_for``), the rest at
+    the kind's. With ``dtype`` fp8 only the linear layers' matmuls run at the fp8 peak (at the profile's
+    ``fp8_linear`` efficiency where it has one) and every other kernel at the bf16 peak (Transformer
+    Engine's fp8 recipe: GEMMs in fp8; attention, norms and pointwise kernels in bf16); any other dtype
+    runs everything at its own peak."""
+    linear_peak = profile.peak(dtype)
+    other_peak = profile.peak("bf16") if dtype == "fp8" else linear_peak
+    layer_fwd, layer_bwd = profile.efficiency_for(kind), profile.backward_efficiency_for(kind)
+    linear_fwd = profile.linear_efficiency_for(kind, dtype)
+    linear_bwd = profile.linear_efficiency_for(kind, dtype, backward=True)
+    core_fwd = work.attention_core_fwd_flops / (profile.attention_core_efficiency_for(kind) * other_peak)
+    core_bwd = work.attention_core_dgrad_flops / (profile.attention_core_efficiency_for(kind, backward=True) * other_peak)
+
+    def part(flops: float, linear: float, core: float, efficiency: float, linear_efficiency: float) -> float:
+        return linear / (linear_efficiency * linear_peak) + max(0.0, flops - linear - core) / (efficiency * other_peak)
+
+    return (part(work.fwd_flops, work.linear_fwd_flops, work.attention_core_fwd_flops, layer_fwd, linear_fwd) + core_fwd,
+            part(work.dgrad_flops, work.linear_dgrad_flops, work.attention_core_dgrad_flops, layer_bwd, linear_bwd)
+            + core_bwd,
+            part(work.wgrad_flops, work.linear_wgrad_flops, 0.0, layer_bwd, linear_bwd), core_fwd, core_bwd)
 
 
 def exposed_ring_s(link, step_bytes: float, steps: int, core_s: float) -> float:

@@ -105,9 +105,11 @@ def estimate_memory(
             size = float(table.boundary_bytes[plan.slab(*event.src)[1] - 1, event.mb])
             deltas[event.src[1]] += [(start[producer], size), (finish[i], -size)]
     peaks = []
+    # Instants equal up to rounding (the timeline's starts are finish - duration) count as one instant.
+    tick = 1e-12 * max(float(finish.max(initial=0.0)), 1e-300)
     for rank_deltas in deltas:
         # Frees before allocations at the same instant: a buffer handed over is reusable at once.
-        rank_deltas.sort(key=lambda td: (td[0], td[1]))
+        rank_deltas.sort(key=lambda td: (round(td[0] / tick), td[1]))
         running = peak = 0.0
         for _, delta in rank_deltas:
             running += delta

@@ -20,6 +20,9 @@ Optional top-level ``optimizer_update_bytes_per_s``: the rate of the optimizer u
 weights, gradients and optimizer state read and written per second), measured by the profiler on the
 runtime's own update; a profile without it updates at ``memory_bytes_per_s``.
 
+An optional ``tp_comm_overlap`` entry (a number with provenance) states the fraction of the
+tensor-parallel collectives' time hidden behind compute; absent, they are fully exposed.
+
 All numbers are SI base units given as plain JSON numbers: bytes, seconds, bytes per second, FLOP/s.
 Built-in profiles live in ``profiles/`` (package data ``mpipe_tune.profiles``); :func:`load_profile`
 takes their file stem or a path.
@@ -46,7 +49,8 @@ from mpipe_tune.inputs import load_data_file
 
 SCHEMA_VERSION = 1
 SOURCES = ("datasheet", "measured", "assumed", "ideal")
-"""``datasheet``: a vendor figure, a lead rather than a measurement; ``measured``: fitted by the profiler;
+"""``datasheet``: a vendor figure, a lead rather than a measurement; ``measured``: fitted to measurements (by the
+profiler on the device, or by ``benchmarks/fit_published.py`` to published measured runs, cited in the entry);
 ``assumed``: a typical value chosen by hand; ``ideal``: a closed-form test value, not a device."""
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 _TRAINING_DTYPES = ("fp32", "tf32", "bf16", "fp16")
@@ -55,9 +59,17 @@ LINK_CLASSES = ("intra_node", "inter_node")
 COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_all")
 _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
-    "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "optimizer_update_bytes_per_s",
+    "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "tp_comm_overlap",
+    "optimizer_update_bytes_per_s",
 }
-_OPTIONAL_TOP_KEYS = {"notes", "optimizer_update_bytes_per_s"}
+_OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s"}
+ATTENTION_CORE = "attention_core"
+"""Efficiency entry of the attention core (scores and values, one fused kernel) inside any layer kind: where
+the profile has it, the core's FLOPs are timed at it and the rest of the layer at the kind's entry; where
+not, the whole layer at the kind's entry."""
+FP8_LINEAR = "fp8_linear"
+"""Efficiency entry of the linear layers' GEMMs in an fp8 step (against the fp8 peak, casts and scaling
+included); absent, they run at the layer kind's efficiency."""
 _IMAGE_OVERHEADS = ("forward_image_overhead_s", "backward_image_overhead_s")
 _EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s", *_IMAGE_OVERHEADS)
 """Optional numbers of an efficiency entry besides ``value`` (not provenance)."""
@@ -103,6 +115,15 @@ class HardwareProfile:
     entries that give either."""
     optimizer_update_bytes_per_s: float | None = None
     """Measured rate of the optimizer update; None: it runs at :attr:`memory_bytes_per_s`."""
+    tp_comm_overlap: float | None = None
+    """Fraction in [0, 1] of the tensor-parallel all-reduce (reduce-scatter / all-gather) time hidden behind
+    the layer's GEMMs (Transformer Engine's comm-GEMM overlap); None (absent from the file): 0, every
+    tensor-parallel collective exposed."""
+
+    @property
+    def tp_comm_exposed(self) -> float:
+        """Share of the tensor-parallel collective time left on the critical path (1 - :attr:`tp_comm_overlap`)."""
+        return 1.0 - (self.tp_comm_overlap or 0.0)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``."""
@@ -135,6 +156,18 @@ class HardwareProfile:
         (the entry is ``kind``'s, or ``"default"`` when the profile has none for ``kind``)."""
         entry = kind if kind in self.efficiency else "default"
         return self.backward_efficiency.get(entry, self.efficiency[entry])
+
+    def attention_core_efficiency_for(self, kind: str, *, backward: bool = False) -> float:
+        """Efficiency of the attention core inside a ``kind`` layer: the :data:`ATTENTION_CORE` entry's
+        (its ``backward_value`` for the backward), else the same as the rest of the layer."""
+        entry = ATTENTION_CORE if ATTENTION_CORE in self.efficiency else kind
+        return self.backward_efficiency_for(entry) if backward else self.efficiency_for(entry)
+
+    def linear_efficiency_for(self, kind: str, dtype: str, *, backward: bool = False) -> float:
+        """Efficiency of a ``kind`` layer's linear GEMMs in a ``dtype`` step: the :data:`FP8_LINEAR` entry's
+        for fp8 where the profile has one, else the kind's."""
+        entry = FP8_LINEAR if dtype == "fp8" and FP8_LINEAR in self.efficiency else kind
+        return self.backward_efficiency_for(entry) if backward else self.efficiency_for(entry)
 
     def call_overhead_for(self, kind: str) -> tuple[float, float]:
         """(forward, backward) fixed seconds per call of a ``kind`` layer; (0, 0) unless its entry (or
@@ -190,6 +223,8 @@ class HardwareProfile:
         if self.optimizer_update_bytes_per_s is not None:
             data["optimizer_update_bytes_per_s"] = number("optimizer_update_bytes_per_s",
                                                           self.optimizer_update_bytes_per_s)
+        if self.tp_comm_overlap is not None:
+            data["tp_comm_overlap"] = number("tp_comm_overlap", self.tp_comm_overlap)
         if self.notes:
             data["notes"] = self.notes
         return data
@@ -305,6 +340,12 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
                 v.scalar(f"{path}.{key}", entry[key], positive=False) if key in entry else 0.0
                 for key in _IMAGE_OVERHEADS)
 
+    tp_overlap = None
+    if "tp_comm_overlap" in data:
+        tp_overlap = v.number("tp_comm_overlap", data["tp_comm_overlap"], positive=False)
+        if tp_overlap > 1:
+            v.fail("tp_comm_overlap.value", tp_overlap, "must lie in [0, 1]",
+                   "give the fraction of the tensor-parallel collective time hidden behind compute")
     classes = v.table("links", data["links"], allowed=LINK_CLASSES)
     links = {}
     for link_class in LINK_CLASSES:
@@ -325,7 +366,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         links=MappingProxyType(links), provenance=MappingProxyType(v.provenance),
         notes=notes, backward_efficiency=MappingProxyType(backward_efficiency),
         call_overhead_s=MappingProxyType(call_overhead), image_overhead_s=MappingProxyType(image_overhead),
-        optimizer_update_bytes_per_s=update_bps,
+        optimizer_update_bytes_per_s=update_bps, tp_comm_overlap=tp_overlap,
     )
 
 

@@ -64,6 +64,8 @@ def row(label: str, e: Evaluation, reference: Evaluation | None, best: Evaluatio
         "slabs": [list(s) for s in e.slab_counts],
         "pp": c.pp, "tp": c.tp, "dp": c.dp, "ep": c.ep, "cp": c.cp,
         "encoder_tp": c.tp if c.encoder_tp is None else c.encoder_tp,
+        "encoder_dp": c.dp * c.cp * c.tp // (c.encoder_tp or c.tp),  # the encoder's own data parallelism:
+        # its gradients reduce over dp x cp x tp / encoder_tp ranks (the groups inside a slab encode other images)
         "microbatches": c.num_microbatches,
         "recompute": c.recompute,
         "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel,
@@ -124,7 +126,7 @@ def faster_than_best(families: list[OwnBest], best: Evaluation) -> list[OwnBest]
 # --------------------------------------------------------------------------------------- table
 
 ROW_COLUMNS = ("plan", "schedule", "cut", "owners", "slabs", "pp", "tp", "dp", "ep", "cp", "encoder_tp",
-               "microbatches", "recompute", "zero_stage", "sequence_parallel",
+               "encoder_dp", "microbatches", "recompute", "zero_stage", "sequence_parallel",
                "step_s", "p90_s", "step_samples_s", "speedup", "best_speedup", "bubble_share", "spill_s",
                "peak_bytes", "fits_memory")
 """The columns of a comparison frame: the keys of :func:`row`, values in SI units (seconds, bytes)."""
@@ -168,7 +170,8 @@ COLUMNS = (
     Column("cut", lambda r: ",".join(map(str, r["cut"])) or MISSING, min_width=7),
     Column("owners", text("owners"), min_width=11),
     Column("pp/tp/dp", lambda r: f"{r['pp']}/{r['tp']}/{r['dp']}" + (
-        f" etp{r['encoder_tp']}" if r.get("encoder_tp", r["tp"]) != r["tp"] else ""), min_width=9),
+        f" etp{r['encoder_tp']} edp{r['encoder_dp']}" if r.get("encoder_tp", r["tp"]) != r["tp"] else ""),
+        min_width=9),
     Column("M", text("microbatches"), ">", 4),
     Column("step ms", ms("step_s"), ">", 10),
     Column("p90 ms", ms("p90_s"), ">", 10),

@@ -1,0 +1,170 @@
+"""Calibrate the shipped accelerator profiles on the published runs marked ``fit``; report the rest.
+
+For each profile that has fit runs in ``published_runs.yaml`` (h100-sxm), these numbers are fitted by
+damped Gauss-Newton on the log of predicted over published step time, first on the bf16 fit runs:
+
+- ``efficiency.default``: achieved fraction of peak of every kernel but the attention core (the
+  matmuls, which are almost all of a layer's FLOPs);
+- ``efficiency.attention_core``: the attention core's, against the full-square FLOPs the cost model
+  charges (a causal kernel skips about half of them, so this can reach 1 where the kernel reaches ~50%);
+- ``tp_comm_overlap``: the share of tensor-parallel collective time hidden behind GEMMs;
+
+then, with those held, on the fp8 fit runs:
+
+- ``efficiency.fp8_linear``: the linear layers' GEMMs in an fp8 step, against the fp8 peak.
+
+Forward and backward get the same efficiency: published step times do not separate the two phases
+(the profiler's own calibration, ``mpipe-tune profile``, fits them apart on a device). Per-call
+overheads are left at 0: at these sizes a layer call lasts milliseconds. The fitted numbers are
+written into the profile with ``source: measured``, the fit runs and their citations in the entries'
+provenance. Profiles without published runs get the same numbers only where stated
+(``--transfer h200``: same GH100 compute die and software stack; its own HBM3e bandwidth and capacity
+stay in the roofline), marked ``source: assumed``; the Ascend profiles stay at their datasheet peaks.
+
+    python benchmarks/fit_published.py            # fit and print, write nothing
+    python benchmarks/fit_published.py --write --transfer h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
+
+from bench_published import evaluate, print_table, summary  # noqa: E402
+from published import ROOT, load_runs, predict_run  # noqa: E402
+
+from mpipe_tune.cost.profile import dump_profile, load_profile, parse_profile  # noqa: E402
+
+DATE = "2026-12-01"
+BF16_NAMES = ("efficiency.default", "efficiency.attention_core", "tp_comm_overlap")
+FP8_NAMES = ("efficiency.fp8_linear",)
+START = {"efficiency.default": 0.6, "efficiency.attention_core": 0.6, "tp_comm_overlap": 0.5,
+         "efficiency.fp8_linear": 0.5}
+WHAT = {
+    "efficiency.default": "achieved fraction of the dtype's peak of every kernel but the attention core, forward "
+                          "and backward",
+    "efficiency.attention_core": "achieved fraction of peak of the attention core against its full-square FLOPs (a "
+                                 "causal kernel computes about half of them), forward and backward",
+    "tp_comm_overlap": "share of the tensor-parallel all-reduce / reduce-scatter / all-gather time hidden behind GEMMs",
+    "efficiency.fp8_linear": "achieved fraction of the fp8 peak of the linear layers' GEMMs in an fp8 step (casts and "
+                             "scaling included), forward and backward",
+}
+
+
+def with_parameters(base: dict, values: dict[str, float], provenance: dict[str, dict] | None = None) -> dict:
+    """The profile's JSON form with the named numbers set (provenance: per name, the keys to add)."""
+    data = {**base, "efficiency": dict(base["efficiency"])}
+    for name, value in values.items():
+        entry = {"value": float(value), **(provenance or {}).get(name, {"source": "assumed"})}
+        if name.startswith("efficiency."):
+            data["efficiency"][name.split(".", 1)[1]] = entry
+        else:
+            data[name] = entry
+    return data
+
+
+def residuals(base: dict, values: dict[str, float], runs) -> np.ndarray:
+    profile = parse_profile(with_parameters(base, values), where="fit")
+    return np.array([math.log(predict_run(run, profile).timeline.makespan_s / run.step_time_s) for run in runs])
+
+
+def fit(base: dict, runs, names: tuple[str, ...], fixed: dict[str, float], iterations: int = 12):
+    """Damped Gauss-Newton in [0.05, 1] (overlap: [0, 1]) over ``names``, the ``fixed`` numbers held;
+    returns the fitted numbers and the final residuals."""
+    lower = np.array([0.0 if n == "tp_comm_overlap" else 0.05 for n in names])
+    theta = np.array([START[n] for n in names])
+
+    def at(t):
+        return {**fixed, **dict(zip(names, t))}
+
+    r = residuals(base, at(theta), runs)
+    damping = 1e-3
+    for _ in range(iterations):
+        jacobian = np.empty((len(runs), len(theta)))
+        for k in range(len(theta)):
+            step = 1e-3 if theta[k] + 1e-3 <= 1.0 else -1e-3
+            moved = theta.copy()
+            moved[k] += step
+            jacobian[:, k] = (residuals(base, at(moved), runs) - r) / step
+        normal, gradient = jacobian.T @ jacobian, jacobian.T @ r
+        while True:
+            delta = np.linalg.lstsq(normal + damping * np.diag(np.diag(normal) + 1e-12), -gradient, rcond=None)[0]
+            candidate = np.clip(theta + delta, lower, 1.0)
+            r_new = residuals(base, at(candidate), runs)
+            if r_new @ r_new < r @ r:
+                theta, r, damping = candidate, r_new, damping / 3
+                break
+            damping *= 10
+            if damping > 1e6:
+                return dict(zip(names, theta)), r
+        if np.max(np.abs(delta)) < 1e-5:
+            break
+    return dict(zip(names, theta)), r
+
+
+def provenance(names, runs, r: np.ndarray, transferred_from: str | None = None) -> dict[str, dict]:
+    steps = np.array([run.step_time_s for run in runs])
+    predicted = steps * np.exp(r)
+    r2 = 1.0 - float(np.sum((predicted - steps) ** 2) / np.sum((steps - steps.mean()) ** 2))
+    citations = sorted({f"{run.suite}: {run.source} ({run.table})" for run in runs})
+    runs_text = ", ".join(run.name for run in runs)
+    out = {}
+    for name in names:
+        if transferred_from:
+            out[name] = {"source": "assumed", "date": DATE,
+                         "ref": f"{WHAT[name]}: the {transferred_from} fit (benchmarks/fit_published.py) transferred, "
+                                f"not fitted on this device (no published run with its full configuration collected); "
+                                f"same GH100 compute and software stack, this profile's own memory bandwidth and "
+                                f"capacity in the roofline"}
+        else:
+            out[name] = {"source": "measured", "date": DATE, "fit_r2": round(r2, 4),
+                         "ref": f"{WHAT[name]}: fitted by benchmarks/fit_published.py (log step time, damped "
+                                f"Gauss-Newton) to the published measured runs {runs_text}; fit_r2 is of their step "
+                                f"times; held-out runs in benchmarks/README.md",
+                         "citations": citations}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write the fitted numbers into profiles/")
+    parser.add_argument("--transfer", nargs="*", default=[], help="profiles that take the fit as an assumption")
+    args = parser.parse_args(argv)
+    runs = load_runs()
+    for name in sorted({run.profile for run in runs if run.split == "fit"}):
+        base = load_profile(name).to_dict()
+        fitted, notes = {}, {}
+        for dtype, names in (("bf16", BF16_NAMES), ("fp8", FP8_NAMES)):
+            fit_runs = [run for run in runs if run.profile == name and run.split == "fit" and run.dtype == dtype]
+            if not fit_runs:
+                continue
+            values, r = fit(base, fit_runs, names, fitted)
+            fitted.update(values)
+            notes[dtype] = (names, fit_runs, r)
+            print(f"{name} {dtype}: " + ", ".join(f"{n} = {v:.4f}" for n, v in values.items())
+                  + f"  (fit runs {len(fit_runs)}, rms log error {math.sqrt(float(np.mean(r ** 2))):.4f})")
+        if args.write:
+            origin = {k: v for names, fit_runs, r in notes.values() for k, v in provenance(names, fit_runs, r).items()}
+            path = ROOT / "profiles" / f"{name}.json"
+            dump_profile(parse_profile(with_parameters(base, fitted, origin), where=str(path)), path)
+            for other in args.transfer:
+                moved = {k: v for names, fit_runs, r in notes.values()
+                         for k, v in provenance(names, fit_runs, r, transferred_from=name).items()}
+                target = ROOT / "profiles" / f"{other}.json"
+                data = with_parameters(load_profile(other).to_dict(), fitted, moved)
+                dump_profile(parse_profile(data, where=str(target)), target)
+                print(f"  transferred to {other} (source: assumed)")
+        profile = parse_profile(with_parameters(base, fitted), where="fit")
+        rows = evaluate([run for run in runs if run.profile == name], None, {name: profile})
+        print_table(rows, summary(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Published, measured training runs (``published_runs.yaml``) as typed records, and their prediction.
+
+Shared by ``bench_published.py`` (predict every run, print published against predicted) and
+``fit_published.py`` (fit the profiles' efficiencies on the runs marked ``fit``). A run is predicted
+as a new user would predict it: the model spec, the profile, a workload of ``global_batch / dp``
+microbatches of ``seq_len`` text tokens, Megatron-LM's layout of ``pp`` ranks with ``vp`` interleaved
+virtual stages (``decoders / (pp * vp)`` decoder layers per virtual stage, the embedding with the
+first and the head with the last), and :func:`mpipe_tune.cost.predict.predict`, the function
+``mpipe-tune predict`` calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import yaml
+
+from mpipe_tune.algebra.model import Model
+from mpipe_tune.algebra.schedule import Cut, parse_schedule
+from mpipe_tune.cost.layers import DTYPE_BYTES, CostOptions
+from mpipe_tune.cost.predict import Prediction, predict
+from mpipe_tune.cost.profile import HardwareProfile
+from mpipe_tune.cost.workload import Microbatch, Workload
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.specs import load_model, load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS_FILE = Path(__file__).resolve().parent / "published_runs.yaml"
+SPLITS = ("fit", "held_out")
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One measured run with its stated configuration (fields as ``published_runs.yaml`` documents)."""
+
+    suite: str
+    model: str
+    profile: str
+    accelerator: str
+    dtype: str
+    devices: int
+    tp: int
+    pp: int
+    vp: int
+    cp: int
+    ep: int
+    sequence_parallel: bool
+    distributed_optimizer: bool
+    recompute: str
+    micro_batch: int
+    seq_len: int
+    global_batch: int
+    grad_reduce_dtype: str
+    step_time_s: float
+    """Measured seconds per training step."""
+    mfu: float
+    """Published model-FLOPs utilisation (against the dtype's peak)."""
+    split: str
+    source: str
+    table: str
+    note: str = ""
+    decoder_layers: int | None = None
+    """Decoder layers of a proxy run (None: the model's own)."""
+
+    @property
+    def name(self) -> str:
+        proxy = f"-L{self.decoder_layers}" if self.decoder_layers else ""
+        return f"{self.suite}@{self.devices}{proxy}"
+
+    @property
+    def dp(self) -> int:
+        return self.devices // (self.tp * self.pp * self.cp)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def tokens_per_s_per_device(self) -> float:
+        return self.seq_len * self.global_batch / self.step_time_s / self.devices
+
+
+def load_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
+    """Every run of every suite, a suite's ``like`` filling in the fields it does not give."""
+    data = yaml.safe_load(path.read_text())
+    by_id: dict[str, dict] = {}
+    runs = []
+    known = {f.name for f in fields(PublishedRun)}
+    for suite in data["suites"]:
+        base = dict(by_id[suite["like"]]) if "like" in suite else {}
+        base.update({k: v for k, v in suite.items() if k not in ("runs", "like")})
+        by_id[suite["id"]] = base
+        for row in suite["runs"]:
+            entry = {**base, **row, "suite": base["id"]}
+            unknown = set(entry) - known - {"id"}
+            if unknown:
+                raise MpipeError(f"{path}: suite {base['id']!r} has unknown fields {sorted(unknown)}")
+            run = PublishedRun(**{k: v for k, v in entry.items() if k in known})
+            _validate(run, path)
+            runs.append(run)
+    return runs
+
+
+def _validate(run: PublishedRun, path: Path) -> None:
+    if run.split not in SPLITS:
+        raise MpipeError(f"{path}: run {run.name} has split {run.split!r}; use one of {', '.join(SPLITS)}")
+    if run.micro_batch != 1:
+        raise MpipeError(f"{path}: run {run.name} has micro_batch {run.micro_batch}; a microbatch here is one "
+                         f"sequence, so only micro_batch 1 is predicted: leave the run out or split it")
+    if run.devices % (run.tp * run.pp * run.cp) or run.global_batch % (run.dp * run.micro_batch):
+        raise MpipeError(f"{path}: run {run.name}: devices {run.devices} must be a multiple of tp*pp*cp and the "
+                         f"global batch {run.global_batch} a multiple of dp*micro_batch; correct the row")
+
+
+def run_model(run: PublishedRun) -> Model:
+    """The run's model spec; a proxy run keeps the first ``decoder_layers`` decoder layers."""
+    spec = run.model if not run.model.endswith(".yaml") else str(ROOT / run.model)
+    model = load_model(spec)
+    if run.decoder_layers is None:
+        return model
+    first, *decoders, last = model.layers
+    return replace(model, name=f"{model.name}-L{run.decoder_layers}",
+                   layers=(first, *decoders[:run.decoder_layers], last))
+
+
+def run_options(run: PublishedRun) -> CostOptions:
+    """The run's cost options. The gradient buffer is kept in the dtype the framework reduces it in
+    (NeMo's ``grad_sync_dtype``, Megatron-Core's ``grad_reduce_in_fp32``): 2 bytes per gradient for a bf16
+    reduce, 4 for fp32."""
+    return CostOptions(grad_bytes_per_param=float(DTYPE_BYTES[run.grad_reduce_dtype]), dtype=run.dtype, tp_degree=run.tp, dp_degree=run.dp, cp_degree=run.cp, ep_degree=run.ep,
+                       sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
+                       recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype)
+
+
+def megatron_layout(model: Model, pp: int, vp: int) -> tuple[Cut, str, tuple[tuple[int, ...], ...]]:
+    """Cut, schedule text and slab counts of Megatron-LM's layout: ``vp`` woven regions, each rank's
+    virtual stage ``decoders / (pp * vp)`` decoder layers, the embedding first and the head last.
+
+    >>> from mpipe_tune.specs import load_model
+    >>> cut, schedule, slabs = megatron_layout(load_model("llama3-8b"), 2, 2)
+    >>> cut.boundaries, schedule, slabs
+    ((17,), '1f1b,1f1b', ((9, 8), (8, 9)))
+    """
+    decoders = model.num_layers - 2
+    if decoders % (pp * vp):
+        raise MpipeError(f"{decoders} decoder layers do not split into pp {pp} x vp {vp} equal virtual stages")
+    per_stage = decoders // (pp * vp)
+    slabs = []
+    for region in range(vp):
+        counts = [per_stage] * pp
+        if region == 0:
+            counts[0] += 1
+        if region == vp - 1:
+            counts[-1] += 1
+        slabs.append(tuple(counts))
+    boundaries = tuple(1 + per_stage * pp * k for k in range(1, vp))
+    return Cut(boundaries), ",".join(["1f1b"] * vp), tuple(slabs)
+
+
+def predict_run(run: PublishedRun, profile: HardwareProfile | None = None) -> Prediction:
+    """The cost model's prediction of ``run`` on ``profile`` (default: the run's named profile)."""
+    model = run_model(run)
+    profile = load_profile(run.profile) if profile is None else profile
+    workload = Workload(tuple(Microbatch(0, run.seq_len * run.micro_batch) for _ in range(run.num_microbatches)),
+                        f"{run.name}: {run.num_microbatches} x {run.seq_len} tokens")
+    cut, schedule, slabs = megatron_layout(model, run.pp, run.vp)
+    return predict(cut, parse_schedule(schedule), model, workload, profile, run.pp, slab_counts=slabs,
+                   options=run_options(run))

@@ -1,0 +1,50 @@
+"""The published-runs data file that bench_published.py predicts and fit_published.py calibrates from."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def published():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import published as module
+        yield module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_every_run_has_its_configuration_a_citation_and_a_split(published):
+    runs = published.load_runs()
+    assert len({run.name for run in runs}) == len(runs)
+    for run in runs:
+        assert run.source.startswith("https://") and run.table and run.step_time_s > 0 and 0 < run.mfu < 1
+        assert run.devices == run.tp * run.pp * run.cp * run.dp
+        assert run.global_batch == run.num_microbatches * run.dp * run.micro_batch
+    bf16 = [run for run in runs if run.dtype == "bf16"]
+    held = [run for run in bf16 if run.split == "held_out"]
+    assert 3 * len(held) >= len(bf16)  # at least a third held out
+    # a held-out model family: the calibration never sees Llama 3.1 405B
+    assert all(run.split == "held_out" for run in runs if "405b" in run.suite)
+
+
+def test_a_suite_like_another_takes_its_configuration(published):
+    runs = {run.name: run for run in published.load_runs()}
+    bf16, fp8 = runs["dgxc-llama31-70b@64"], runs["dgxc-llama31-70b-fp8@64"]
+    assert (fp8.dtype, fp8.tp, fp8.pp, fp8.vp, fp8.cp, fp8.model) == ("fp8", bf16.tp, bf16.pp, bf16.vp, bf16.cp, bf16.model)
+
+
+def test_megatron_layout_gives_each_virtual_stage_its_share(published):
+    from mpipe_tune.errors import MpipeError
+    from mpipe_tune.specs import load_model
+
+    model = load_model(BENCHMARKS / "models" / "llama31-405b.yaml")
+    cut, schedule, slabs = published.megatron_layout(model, 9, 7)
+    assert len(cut.boundaries) == 6 and schedule.count("1f1b") == 7
+    assert sum(map(sum, slabs)) == model.num_layers and slabs[0][0] == 3 and slabs[-1][-1] == 3
+    with pytest.raises(MpipeError, match="126 decoder layers do not split into pp 4 x vp 5"):
+        published.megatron_layout(model, 4, 5)
