@@ -377,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.replot:
         record = json.loads(Path(args.replot).read_text())
+        if any("runs" not in r for r in record.get("plans", [{}])):
+            raise SystemExit(f"{args.replot}: a record without every run's raw steps and probes (written before "
+                             f"issue 14's probes); measure it again: python benchmarks/bench_fidelity.py --json ...")
         if args.plot:
             plot(record, args.plot)
         print_table(record)
