@@ -459,8 +459,9 @@ def plot(record: dict, path: Path) -> None:
                                      for pp in PIPELINE_DEGREES]])
             j = PIPELINE_DEGREES.index(real["pp"])
             ax.add_patch(plt.Rectangle((j - 0.47, len(rows) - 0.45), 0.94, 0.9, fill=False, ec="red", lw=1.8))
+            dark = norm(real["speedup_predicted"][name]) < 0.55
             ax.text(j, len(rows), f"{real['speedup_predicted'][name]:.2f}  m {real['speedup_measured'][name]:.2f}",
-                    ha="center", va="center", fontsize=6.5)
+                    ha="center", va="center", fontsize=6.5, color="white" if dark else "black")
             ax.axhline(len(rows) - 0.5, color="black", lw=2)
         image = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto", origin="lower")
         for i, row in enumerate(rows):
@@ -520,7 +521,7 @@ def report(record: dict, plot_path: Path) -> None:
               + f"; {m['wall_s']:.0f} s")
     if record.get("real"):
         r = record["real"]
-        print(f"\nmeasured (real compute, {r['config']}, {r['date']}) P={r['pp']}, best {r['best']}: "
+        print(f"\nmeasured ({r['config']}, {r['date']}) P={r['pp']}, best {r['best']}: "
               + ", ".join(f"over {n} {r['speedup_measured'][n]:.3f}x (predicted {r['speedup_predicted'][n]:.3f}x)"
                           for n in BASELINE_NAMES))
     for n in record.get("paper_nearest", []):
