@@ -60,7 +60,7 @@ def test_quick_cpu_sweep_writes_a_profile_that_loads(tmp_path):
     assert update["source"] == "measured" and update["size_bytes"] > 0
     assert profile.update_bytes_per_s == pytest.approx(update["size_bytes"] / update["median_s"])
     assert update["repeats"] % 2 == 0  # both local ranks timed it at once: their repeats are pooled
-    assert "wrote" in stdout and "p2p" in stdout
+    assert "wrote" in stdout and "p2p" in stdout and "optimizer update" in stdout
     assert [p.name for p in tmp_path.iterdir()] == ["quick.json"]  # no scratch or temporary files left
 
 
