@@ -413,14 +413,14 @@ REAL_BASELINES = {"megatron": "1f1b megatron-slabs M=4", "disttrain": "1f1b dist
 
 def real_point(fidelity: dict) -> dict | None:
     """The real-compute point at P = 2 from ``bench_fidelity.py``'s record: the fastest predicted
-    ``transpose,1f1b`` plan at pp 2 (tp = dp = 1) against the Megatron-style and DistTrain-like slabs,
+    ``transpose,1f1b`` plan at pp 2 (tp = dp = 1, trainable encoder, as the baselines') against the Megatron-style and DistTrain-like slabs,
     predicted and measured (median of each plan's steps after each run's first)."""
     from bench_fidelity import measured_s
 
     if "encoder_share" not in fidelity:  # a record from before the probe and the raw runs (issue 14)
         return None
     plans = {r["label"]: r for r in fidelity.get("plans", []) if r["tp"] == 1 and r["dp"] == 1}
-    transposes = [r for r in plans.values() if r["schedule"] == "transpose,1f1b"]
+    transposes = [r for r in plans.values() if r["schedule"] == "transpose,1f1b" and not r.get("frozen_encoder")]
     if not transposes or not all(label in plans for label in REAL_BASELINES.values()):
         return None
     best = min(transposes, key=lambda r: r["predicted_s"])
