@@ -1,23 +1,32 @@
-"""Fidelity of the cost model: predicted against measured step time of real-compute plans on this machine.
+"""Fidelity of the cost model: predicted against measured step time, real compute on this machine.
 
-1. Profile this machine (roofline, gloo links over 2 processes, and the layers of
-   the built-in ``small-vit-llm`` (``models/small-vit-llm.yaml``) calibrated at the microbatch sizes planned below), right
-   before the runs, since the VM's speed drifts; or reuse a profile with ``--profile``.
-2. Make a set of plans at P = 2 with the cost model on that profile: ``1f1b`` with the encoder in
-   stage 0 (balanced and Megatron-style slabs), ``transpose,1f1b`` with round-robin, contiguous and
-   one-rank owners, ``gpipe``, ``transpose,gpipe``, interleaved ``1f1b,1f1b``, frozen and trainable
-   encoders, M = 2, 4, 8. Every plan trains the same global batch (8 samples of 128 text tokens with
-   0-2 small images each), packed into M microbatches, so their step times are comparable and the
-   plan predicted fastest can be set beside the one measured fastest.
-3. Run every plan on the real executor (``--compute real``, fp32, gloo, 2 local ranks) for
-   ``--steps`` steps, in ``--rounds`` rounds (plans interleaved, the order reversed every other round);
-   the measured step time is the median of all steps but each round's first (warm-up).
-4. Report per plan predicted / measured, the mean absolute percentage error (MAPE), Kendall's tau
-   between the two rankings, the gap between the plan predicted best and the measured best, and the
-   same figures for two simpler layer-time models fitted to the same calibration points (one
-   efficiency per layer kind; one per kind and phase), to show what the per-call overhead buys.
+1. Profile this machine right before the runs, once per world size the plans use (2 ranks: pp 2;
+   4 ranks: pp 2 with dp 2 or tp 2), with the layers of the built-in ``small-vit-llm`` calibrated by
+   all ranks at once (:mod:`mpipe_tune.profiler.together`), at the microbatch sizes planned below;
+   or reuse the profiles with ``--profiles DIR``.
+2. Make at least 24 plans with the cost model on those profiles: ``1f1b`` with the encoder in stage 0
+   (balanced and Megatron-style slabs), ``transpose,1f1b`` with round-robin, contiguous and one-rank
+   owners, ``gpipe``, ``transpose,gpipe``, interleaved ``1f1b,1f1b``, frozen and trainable encoders,
+   M = 2, 4, 8, and data- and tensor-parallel plans. Every plan trains the same global batch (8
+   samples of 128 text tokens with 0-2 small images each), packed into microbatches, so their step
+   times are comparable and the plan predicted fastest can be set beside the one measured fastest.
+3. Run every plan on the real executor (``--compute real``, fp32, gloo, one process per rank) for
+   ``--steps`` steps, in ``--rounds`` rounds (plans interleaved, the order reversed every other round),
+   with the speed probe (a fixed short timing of the calibration chain, all ranks at once) right
+   before and right after each run; measured = median of all steps but each run's first (warm-up).
+4. Emulated-compute fidelity at P = 8 and 16 for the baseline set (``megatron``, ``disttrain``,
+   ``vpp``, ``gpipe``, ``mpipe-rr`` of ``qwen2vl-vit-llama3-8b`` on ``h100-sxm``, as
+   ``bench_runtime_emulated.py`` plans them): every compute event waits its predicted time on the
+   real executor, so this measures the executor's realisation of the predicted schedule.
+5. Report per plan predicted / measured, MAPE raw and probe-corrected (each run's prediction times
+   the probe's seconds at run time over its seconds at profile time: the correction comes from the
+   probe alone, never from the step times), Kendall's tau, and the gap between the plan predicted
+   best and the measured best. ``--replot`` computes all of it again from the record, which keeps
+   every run's raw step times and probes.
 
-    python benchmarks/bench_fidelity.py [--profile PATH] [--rounds 3] [--steps 5] [--json OUT] [--plot PNG]
+    python benchmarks/bench_fidelity.py [--rounds 3] [--steps 5] [--json OUT] [--plot PNG]
+    python benchmarks/bench_fidelity.py --quick          # 4 plans, 1 round, quick profiles: an end-to-end check
+    python benchmarks/bench_fidelity.py --replot benchmarks/fidelity-results.json [--plot PNG]
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,25 +49,38 @@ import pandas as pd
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost.profile import dump_profile, load_profile, parse_profile
+from mpipe_tune.cost.profile import dump_profile, load_profile
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.frames import Column, format_markdown, ms, text
-from mpipe_tune.profiler.fit import fit_efficiency
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.specs import load_model
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the emulated runs plan as bench_runtime_emulated.py does
+
+from quiet import ForeignLoad, wait_for_quiet  # noqa: E402
+
 MODEL_PATH = HERE.parent / "models" / "small-vit-llm.yaml"
-PROFILE_PATH = HERE / "profiles" / "fidelity-vm.json"
+PROFILE_DIR = HERE / "profiles"
 P = 2
-"""Two ranks: one per core of this 2-core machine, so real compute is not time-shared between ranks."""
+"""Two pipeline ranks: one per core of this 2-core machine (4 ranks with dp 2 or tp 2 share them)."""
 NUM_SAMPLES, SAMPLE_TEXT_TOKENS, SEED = 8, 128, 0
 IMAGE_TOKENS = (16, 36, 64)
 """Image sizes in backbone tokens (64, 144 and 256 ViT patches: 112, 168 and 224 px squares)."""
 CALIBRATION_TOKENS = (64, 128, 256, 512)
-"""Layer sizes the profile is calibrated at: the rows of one layer call in the plans below (128-512
+"""Layer sizes the profiles are calibrated at: the rows of one layer call in the plans below (128-512
 text tokens per microbatch, 64-1024 ViT patches)."""
-OPTIONS = CostOptions(dtype="fp32")
+PROBE_TOKENS = 256
+"""The speed probe's size (one of the calibration sizes, so the profile holds its value)."""
+OPTIONS = CostOptions(dtype="fp32", optimizer_bytes_per_param=0.0, grad_bytes_per_param=4.0, shard_optimizer=False)
+"""What the runtime does: fp32, plain SGD (no optimizer state, fp32 gradients), every data-parallel
+replica updating all its weights after an all-reduce (no distributed optimizer)."""
+EMULATED_PPS, EMULATED_MICROBATCHES = (8, 16), 32
+EMULATED_BASELINES = ("megatron", "disttrain", "vpp", "gpipe", "mpipe-rr")
+
+
+def profile_path(world: int, folder: Path = PROFILE_DIR) -> Path:
+    return folder / ("fidelity-vm.json" if world == P else f"fidelity-vm-{world}ranks.json")
 
 
 # --------------------------------------------------------------------------------------- workload
@@ -75,94 +97,117 @@ def samples(seed: int = SEED) -> list[Microbatch]:
     return out
 
 
-def packed(num_microbatches: int) -> Workload:
-    """The global batch packed in order into ``num_microbatches`` microbatches of equal sample counts."""
-    per = NUM_SAMPLES // num_microbatches
-    batch = samples()
+def packed(num_microbatches: int, dp: int = 1) -> Workload:
+    """One replica's share of the global batch packed in order into ``num_microbatches`` microbatches
+    of equal sample counts. With ``dp`` replicas each trains ``1/dp`` of the samples; the runtime gives
+    every replica the stored shapes (those of the first share), with its own synthetic data."""
+    batch = samples()[:NUM_SAMPLES // dp]
+    per = len(batch) // num_microbatches
     mbs = []
     for m in range(num_microbatches):
         group = batch[m * per:(m + 1) * per]
         images = tuple(size for s in group for size in s.images)
         mbs.append(Microbatch(sum(images), sum(s.text_tokens for s in group), images))
-    return Workload(tuple(mbs), f"fidelity-{NUM_SAMPLES}x{SAMPLE_TEXT_TOKENS}@seed{SEED}/M{num_microbatches}")
+    return Workload(tuple(mbs), f"fidelity-{NUM_SAMPLES // dp}x{SAMPLE_TEXT_TOKENS}@seed{SEED}/M{num_microbatches}")
 
 
 # ------------------------------------------------------------------------------------------ plans
 
 
-def plan_specs(model) -> list[Candidate]:
+@dataclass(frozen=True)
+class Spec:
+    label: str
+    schedule: str
+    cut: tuple[int, ...]
+    num_microbatches: int
+    frozen: bool = False
+    slab_counts: tuple[tuple[int, ...], ...] | None = None
+    owners: tuple[int, ...] | None = None
+    tp: int = 1
+    dp: int = 1
+
+    @property
+    def world(self) -> int:
+        return P * self.tp * self.dp
+
+
+QUICK = ("1f1b M=4", "transpose,1f1b rr M=4", "1f1b dp2 M=2", "transpose,1f1b rr tp2 M=4")
+
+
+def plan_specs(model) -> list[Spec]:
     enc = model.backbone_start
     llm = model.num_layers - enc
     megatron = ((enc + llm // 2, llm - llm // 2),)  # whole encoder + half the backbone in stage 0
     mid = enc + llm // 2
-    frozen = ("encoder",)
-
-    def spec(label, schedule, cut, num_microbatches, **fields):
-        return Candidate(schedule, cut, pp=P, tp=1, dp=1, num_microbatches=num_microbatches, label=label,
-                         dtype=OPTIONS.dtype, **fields)
-
     return [
-        spec("1f1b M=2", "1f1b", (), 2),
-        spec("1f1b M=4", "1f1b", (), 4),
-        spec("1f1b M=8", "1f1b", (), 8),
-        spec("1f1b megatron-slabs M=4", "1f1b", (), 4, slab_counts=megatron),
-        spec("1f1b frozen-enc M=4", "1f1b", (), 4, frozen=frozen),
-        spec("gpipe M=4", "gpipe", (), 4),
-        spec("transpose,1f1b rr M=2", "transpose,1f1b", (enc,), 2),
-        spec("transpose,1f1b rr M=4", "transpose,1f1b", (enc,), 4),
-        spec("transpose,1f1b rr M=8", "transpose,1f1b", (enc,), 8),
-        spec("transpose,1f1b contiguous M=8", "transpose,1f1b", (enc,), 8, owner_map=(0, 0, 0, 0, 1, 1, 1, 1)),
-        spec("transpose,1f1b all-rank1 M=4", "transpose,1f1b", (enc,), 4, owner_map=(1, 1, 1, 1)),
-        spec("transpose,1f1b rr frozen-enc M=4", "transpose,1f1b", (enc,), 4, frozen=frozen),
-        spec("transpose,gpipe rr M=4", "transpose,gpipe", (enc,), 4),
-        spec("1f1b,1f1b enc/llm M=4", "1f1b,1f1b", (enc,), 4),
-        spec("1f1b,1f1b vpp M=4", "1f1b,1f1b", (mid,), 4),
+        Spec("1f1b M=2", "1f1b", (), 2),
+        Spec("1f1b M=4", "1f1b", (), 4),
+        Spec("1f1b M=8", "1f1b", (), 8),
+        Spec("1f1b megatron-slabs M=4", "1f1b", (), 4, slab_counts=megatron),
+        Spec("1f1b disttrain-slabs M=4", "1f1b", (), 4, slab_counts=((enc, llm),)),  # the encoder alone in stage 0
+        Spec("1f1b frozen-enc M=4", "1f1b", (), 4, frozen=True),
+        Spec("1f1b frozen-enc M=8", "1f1b", (), 8, frozen=True),
+        Spec("gpipe M=4", "gpipe", (), 4),
+        Spec("gpipe M=8", "gpipe", (), 8),
+        Spec("transpose,1f1b rr M=2", "transpose,1f1b", (enc,), 2),
+        Spec("transpose,1f1b rr M=4", "transpose,1f1b", (enc,), 4),
+        Spec("transpose,1f1b rr M=8", "transpose,1f1b", (enc,), 8),
+        Spec("transpose,1f1b contiguous M=8", "transpose,1f1b", (enc,), 8, owners=(0, 0, 0, 0, 1, 1, 1, 1)),
+        Spec("transpose,1f1b all-rank1 M=4", "transpose,1f1b", (enc,), 4, owners=(1, 1, 1, 1)),
+        Spec("transpose,1f1b rr frozen-enc M=4", "transpose,1f1b", (enc,), 4, frozen=True),
+        Spec("transpose,gpipe rr M=4", "transpose,gpipe", (enc,), 4),
+        Spec("transpose,gpipe rr M=8", "transpose,gpipe", (enc,), 8),
+        Spec("1f1b,1f1b enc/llm M=4", "1f1b,1f1b", (enc,), 4),
+        Spec("1f1b,1f1b vpp M=4", "1f1b,1f1b", (mid,), 4),
+        Spec("1f1b dp2 M=2", "1f1b", (), 2, dp=2),
+        Spec("transpose,1f1b rr dp2 M=2", "transpose,1f1b", (enc,), 2, dp=2),
+        Spec("1f1b megatron-slabs dp2 M=2", "1f1b", (), 2, slab_counts=megatron, dp=2),
+        Spec("1f1b tp2 M=4", "1f1b", (), 4, tp=2),
+        Spec("transpose,1f1b rr tp2 M=4", "transpose,1f1b", (enc,), 4, tp=2),
+        Spec("gpipe tp2 M=4", "gpipe", (), 4, tp=2),
     ]
 
 
-def predict_spec(spec: Candidate, profile, base_model):
-    workload = packed(spec.num_microbatches)
-    return predict(spec, base_model, workload, profile, OPTIONS), spec.model_of(base_model), workload
+def candidate_of(spec: Spec) -> Candidate:
+    """The candidate of ``spec`` (the one place a spec becomes a candidate)."""
+    transpose = "transpose" in spec.schedule.split(",")
+    return Candidate(spec.schedule, spec.cut, pp=P, tp=spec.tp, dp=spec.dp, num_microbatches=spec.num_microbatches,
+                     slab_counts=spec.slab_counts, owner_map=spec.owners, label=spec.label, dtype=OPTIONS.dtype,
+                     owner_policy="round-robin" if transpose and spec.owners is None else None,
+                     frozen=("encoder",) if spec.frozen else ())
 
 
-def make_plans(folder: Path, profile, profile_spec: str) -> list[tuple[Candidate, str, dict]]:
+def predict_spec(spec: Spec, profile, base_model):
+    """``spec``'s candidate predicted on ``profile``: (prediction, the model as run, the workload)."""
+    candidate = candidate_of(spec)
+    workload = packed(spec.num_microbatches, spec.dp)
+    return predict(candidate, base_model, workload, profile, OPTIONS), candidate.model_of(base_model), workload
+
+
+def encoder_share(profile) -> float:
+    """The encoder's (and projector's) share of the global batch's compute seconds, forward plus
+    backward, from the layer table (one sample per microbatch), as ``bench_sweep.py`` defines it."""
+    from mpipe_tune.cost.layers import build_layer_table
+    from mpipe_tune.cost.predict import layer_weights
+
+    model = load_model(str(MODEL_PATH))
+    weights = layer_weights(model, build_layer_table(model, packed(NUM_SAMPLES), profile, OPTIONS))
+    enc = model.backbone_start
+    return sum(weights[:enc]) / sum(weights)
+
+
+def make_plans(folder: Path, specs: list[Spec], profiles: dict[int, Path]) -> list[tuple[Spec, str, dict]]:
     base = load_model(str(MODEL_PATH))
     out = []
-    for index, spec in enumerate(plan_specs(base)):
+    for index, spec in enumerate(specs):
+        profile = load_profile(profiles[spec.world])
         prediction, model, workload = predict_spec(spec, profile, base)
-        record = plan_record(prediction, model, workload, profile, PlanInputs(str(MODEL_PATH), spec.frozen, profile_spec))
+        inputs = PlanInputs(str(MODEL_PATH), ("encoder",) if spec.frozen else (), str(profiles[spec.world]))
+        record = plan_record(prediction, model, workload, profile, inputs)
         path = folder / f"plan{index:02d}.json"
         dump_plan(record, path)
         out.append((spec, str(path), record))
     return out
-
-
-def as_fixed(record: dict) -> Candidate:
-    """The candidate as the plan file stores it, with the slabs and owners it was derived with, to re-predict the same plan."""
-    return Candidate.from_dict(record["candidate"])
-
-
-# ----------------------------------------------------------------------- simpler layer-time models
-
-
-def variant_profile(profile, kind: str):
-    """The profile with its efficiencies refitted to its own calibration points by a simpler model:
-    ``"one-eff"`` one efficiency per layer kind over both phases (the profiler's first model);
-    ``"per-phase"`` a forward and a backward efficiency per kind, no call overhead."""
-    data = profile.to_dict()
-    peak, bandwidth = profile.peak(OPTIONS.dtype), profile.memory_bytes_per_s
-    for name, entry in data["efficiency"].items():
-        for key in ("backward_value", "forward_overhead_s", "backward_overhead_s"):
-            entry.pop(key, None)
-        points = list(zip(entry["phase"], entry["flops"], entry["bytes"], entry["median_s"]))
-        if kind == "one-eff":
-            entry["value"] = fit_efficiency(*zip(*[p[1:] for p in points]), peak_flops_per_s=peak,
-                                            bytes_per_s=bandwidth).efficiency
-        else:
-            for phase, key in (("fwd", "value"), ("bwd", "backward_value")):
-                chosen = [p[1:] for p in points if p[0] == phase]
-                entry[key] = fit_efficiency(*zip(*chosen), peak_flops_per_s=peak, bytes_per_s=bandwidth).efficiency
-    return parse_profile(data, where=f"{profile.name} ({kind})")
 
 
 # ------------------------------------------------------------------------------------- statistics
@@ -182,11 +227,35 @@ def figures(predicted, measured) -> dict[str, float]:
         "mape": float(np.mean(np.abs(errors))),
         "max_abs_error": float(np.max(np.abs(errors))),
         "mean_error": float(np.mean(errors)),
-        "kendall_tau": kendall_tau(predicted, measured),
+        "kendall_tau": kendall_tau(predicted, measured) if len(predicted) > 1 else float("nan"),
         "best_gap": float(measured[best_predicted] / measured.min() - 1),
         "predicted_best": best_predicted,
         "measured_best": int(np.argmin(measured)),
     }
+
+
+def measured_s(runs: list[dict]) -> float:
+    """A plan's measured step: the median over its runs of every step but each run's first."""
+    return statistics.median(t for r in runs for t in r["step_times_s"][1:])
+
+
+def probe_factor(runs: list[dict], at_profile_s: float) -> float:
+    """How much slower the machine ran during a plan's runs than at profile time, from the speed probe
+    alone: the median over its runs of (mean of the probes before and after) / the profile's probe."""
+    return statistics.median((r["probe_before_s"] + r["probe_after_s"]) / 2 / at_profile_s for r in runs)
+
+
+def summarize_record(record: dict) -> dict:
+    """Every figure, from the record's raw step times and probes (what ``--replot`` prints)."""
+    plans = record["plans"]
+    measured = [measured_s(r["runs"]) for r in plans]
+    predicted = [r["predicted_s"] for r in plans]
+    corrected = [r["predicted_s"] * probe_factor(r["runs"], r["profile_probe_s"]) for r in plans]
+    out = {"measured_s": measured, "corrected_s": corrected,
+           "raw": figures(predicted, measured), "probe_corrected": figures(corrected, measured)}
+    for pp, rows in record.get("emulated", {}).items():
+        out[f"emulated_P{pp}"] = figures([r["predicted_s"] for r in rows], [measured_s(r["runs"]) for r in rows])
+    return out
 
 
 def trace_breakdown(trace: dict, num_ranks: int) -> dict[str, float]:
@@ -216,178 +285,90 @@ def trace_breakdown(trace: dict, num_ranks: int) -> dict[str, float]:
     return out
 
 
-# ------------------------------------------------------------------------------- other tenants' load
-
-
-class ForeignLoad:
-    """CPU share taken by processes other than this one and its descendants over a window.
-
-    The two cores are shared with other jobs (other sessions' tests and benchmarks, some in containers
-    whose processes are not listed here). Foreign time = all busy time in ``/proc/stat`` minus the
-    time of this process tree, sampled every ``period_s`` by a thread."""
-
-    def __init__(self, period_s: float = 0.5) -> None:
-        import threading
-
-        self.period_s = period_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._ticks = os.sysconf("SC_CLK_TCK")
-        self.busy_s = self.own_s = self.total_s = 0.0
-
-    @staticmethod
-    def _machine() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        idle = fields[3] + fields[4]
-        return sum(fields[:8]) - idle, sum(fields[:8])
-
-    @staticmethod
-    def _processes() -> dict[int, int]:
-        """CPU ticks of this process and its descendants (their own, plus their reaped children's, so
-        that a rank that exits between two samples is still counted, through its parent)."""
-        parent, ticks = {}, {}
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                try:
-                    stat = Path(entry.path, "stat").read_text()
-                except OSError:
-                    continue
-                fields = stat[stat.rindex(")") + 2:].split()
-                pid = int(entry.name)
-                parent[pid], ticks[pid] = int(fields[1]), sum(int(x) for x in fields[11:15])
-        mine, me = {}, os.getpid()
-        for pid in ticks:
-            node = pid
-            while node > 1 and node != me:
-                node = parent.get(node, 0)
-            if node == me:
-                mine[pid] = ticks[pid]
-        return mine
-
-    def _run(self) -> None:
-        busy0, total0 = self._machine()
-        seen = self._processes()
-        while not self._stop.wait(self.period_s):
-            busy, total = self._machine()
-            now = self._processes()
-            # A process that ended was reaped by its parent (in this tree), whose children's ticks now
-            # hold its whole time: take back what was counted of it while it lived.
-            own = sum(t - seen.get(pid, 0) for pid, t in now.items()) - sum(t for pid, t in seen.items() if pid not in now)
-            self.busy_s += (busy - busy0) / self._ticks
-            self.total_s += (total - total0) / self._ticks
-            self.own_s += max(0, own) / self._ticks
-            busy0, total0, seen = busy, total, now
-
-    def __enter__(self) -> "ForeignLoad":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def share(self) -> float:
-        """Foreign CPU time over all CPU time (0.5 = one of two cores taken)."""
-        return max(0.0, self.busy_s - self.own_s) / self.total_s if self.total_s else 0.0
-
-
-def wait_for_quiet(threshold: float, max_wait_s: float, window_s: float = 3.0) -> tuple[float, float]:
-    """Wait until other tenants take less than ``threshold`` of the CPU over a window (or give up after
-    ``max_wait_s``); returns (the last window's foreign share, seconds waited)."""
-    started = time.perf_counter()
-    while True:
-        with ForeignLoad() as load:
-            time.sleep(window_s)
-        waited = time.perf_counter() - started
-        if load.share < threshold or waited >= max_wait_s:
-            return load.share, waited
-        print(f"  other tenants take {load.share:.0%} of the CPU; waiting ({waited:.0f} s so far)", file=sys.stderr)
-
-
 # ----------------------------------------------------------------------------------------- driver
 
 
-def measure_profile(path: Path) -> dict:
+def measure_profile(path: Path, world: int, quick: bool) -> dict:
+    """Profile this machine for ``world`` local ranks (layers calibrated by all of them at once)."""
     from mpipe_tune.profiler.build import assemble_profile, profile_device
 
     started = time.perf_counter()
     with ForeignLoad() as load:
-        measurements = profile_device("cpu", P, ("fp32",), quick=False, progress=lambda _: None,
+        measurements = profile_device("cpu", world, ("fp32",), quick=quick, progress=lambda _: None,
                                       calibration=load_model(str(MODEL_PATH)), calibration_tokens=CALIBRATION_TOKENS)
     dump_profile(assemble_profile(measurements, name=path.stem), path)
-    return {"wall_s": time.perf_counter() - started, "foreign_cpu_share": load.share}
+    return {"world": world, "wall_s": time.perf_counter() - started, "foreign_cpu_share": load.share}
 
 
-def recalibrate(profile, model):
-    """The profile with its efficiency table refitted to the model's layers timed now (about 5 s)."""
-    from mpipe_tune.profiler.build import efficiency_entries
-    from mpipe_tune.profiler.calibrate import time_layers
-    from mpipe_tune.profiler.device import device_share, import_torch
-    from mpipe_tune.profiler.settings import sweep_settings
-
-    torch = import_torch("cpu")
-    settings = replace(sweep_settings("cpu", quick=False), calibration_tokens=CALIBRATION_TOKENS)
-    with device_share(torch, "cpu", P):
-        points = time_layers(torch, "cpu", model, OPTIONS.dtype, settings, lambda _: None)
-    data = profile.to_dict()
-    data["efficiency"] = efficiency_entries(
-        points, peak_flops_per_s=profile.peak(OPTIONS.dtype), bytes_per_s=profile.memory_bytes_per_s,
-        model_name=model.name, dtype=OPTIONS.dtype, device="cpu",
-        measured={"source": "measured", "date": datetime.date.today().isoformat()})
-    probe = next(p.seconds.median for p in points if p.kind == "dense_block" and p.phase == "fwd" and p.tokens == 256)
-    return parse_profile(data, where=f"{profile.name} recalibrated"), probe
-
-
-def profile_probe(profile) -> float | None:
-    """The profile's own median for the speed probe (decoder block forward at 256 tokens), if calibrated there."""
-    origin = profile.provenance.get("efficiency.dense_block", {})
-    for tokens, phase, seconds in zip(origin.get("tokens", ()), origin.get("phase", ()), origin.get("median_s", ())):
-        if tokens == 256 and phase == "fwd":
-            return seconds
-    return None
-
-
-def run_plan(path: str, steps: int) -> tuple[dict, float, float]:
-    """One launch of 2 ranks running one plan; returns its result, the foreign CPU share during the
-    run and its wall time (process start-up included)."""
+def run_plan(path: str, steps: int, world: int) -> tuple[dict, float, float]:
+    """One launch of ``world`` ranks running one plan between two speed probes; returns the result
+    (its summary, trace and probes), the foreign CPU share during it and its wall time."""
+    from mpipe_tune.profiler.together import probed_run_jobs
     from mpipe_tune.runtime.launch import launch_local
-    from mpipe_tune.runtime.worker import RunJob, run_jobs
+    from mpipe_tune.runtime.worker import RunJob
 
     started = time.perf_counter()
+    job = RunJob(path, steps=steps, compute="real", dtype="fp32", trace=True)
     with ForeignLoad() as load:
-        [result] = launch_local(run_jobs, ([RunJob(path, steps=steps, compute="real", dtype="fp32", trace=True)],),
-                                P, timeout_s=600.0, deadline_s=1800.0)
+        [result] = launch_local(probed_run_jobs, ([job], load_model(str(MODEL_PATH)), OPTIONS.dtype, PROBE_TOKENS),
+                                world, timeout_s=600.0, deadline_s=1800.0)
     return result, load.share, time.perf_counter() - started
 
 
-def quiet_run(path: str, steps: int, threshold: float, max_wait_s: float, max_tries: int,
-              recalibrate_with=None) -> tuple[dict, list[dict], object]:
+def quiet_run(path: str, steps: int, world: int, threshold: float, max_wait_s: float,
+              max_tries: int) -> tuple[dict, list[dict]]:
     """Run a plan until a run sees other jobs take less than ``threshold`` of the CPU (at most
-    ``max_tries`` runs; the last one counts then); returns the kept result, every try's conditions
-    and, with ``recalibrate_with=(profile, model)``, the profile recalibrated right before the kept run."""
+    ``max_tries`` runs; the last one counts then); returns the kept result and every try's conditions."""
     tries = []
-    fresh = None
-    for attempt in range(max_tries):
+    for _ in range(max_tries):
         before, waited = wait_for_quiet(threshold, max_wait_s)
-        with ForeignLoad() as load:
-            probe = None
-            if recalibrate_with is not None:
-                fresh, probe = recalibrate(*recalibrate_with)
-            result, share, wall_s = run_plan(path, steps)
-        tries.append({"foreign_before": before, "waited_s": waited, "foreign_during": load.share, "wall_s": wall_s,
-                      "dense_block_256_fwd_s": probe})
-        if load.share < threshold:
+        result, share, wall_s = run_plan(path, steps, world)
+        tries.append({"foreign_before": before, "waited_s": waited, "foreign_during": share, "wall_s": wall_s})
+        if share < threshold:
             break
-        print(f"  {Path(path).name}: other jobs took {load.share:.0%} of the CPU during the run; again", file=sys.stderr)
-    return result, tries, fresh
+        print(f"  {Path(path).name}: other jobs took {share:.0%} of the CPU during the run; again", file=sys.stderr)
+    return result, tries
 
 
-def main() -> int:
+def run_record(result: dict, tries: list[dict], world: int) -> dict:
+    """What the record keeps of one run: raw step times, probes, the trace's breakdown, conditions."""
+    return {"step_times_s": result["summary"]["step_times_s"], "probe_before_s": result["probe_before_s"],
+            "probe_after_s": result["probe_after_s"], "breakdown": trace_breakdown(result["trace"], world),
+            "tries": tries}
+
+
+def emulated_rows(folder: Path, pps: tuple[int, ...], names: tuple[str, ...], steps: int) -> dict[str, list[dict]]:
+    """The baseline set at each P with emulated compute: each P's plans in one launch of P ranks."""
+    from bench_runtime_emulated import MODEL, PROFILE, baseline_plans
+
+    from mpipe_tune.runtime.launch import launch_local
+    from mpipe_tune.runtime.worker import RunJob, run_jobs
+
+    out = {}
+    for pp in pps:
+        paths = baseline_plans(folder / f"emulated-p{pp}", pp, EMULATED_MICROBATCHES, names)
+        jobs = [RunJob(path, steps=steps, compute="emulated") for path in paths.values()]
+        with ForeignLoad() as load:
+            results = launch_local(run_jobs, (jobs,), pp, timeout_s=300.0, deadline_s=1800.0)
+        out[str(pp)] = [{"label": name, "model": MODEL, "profile": PROFILE, "microbatches": EMULATED_MICROBATCHES,
+                         "predicted_s": r["summary"]["predicted_step_s"],
+                         "runs": [{"step_times_s": r["summary"]["step_times_s"]}], "foreign_share": load.share}
+                        for name, r in zip(paths, results)]
+        print(f"emulated P={pp} done", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default=None, help="reuse this profile instead of measuring one first")
+    parser.add_argument("--profiles", default=None, metavar="DIR",
+                        help="reuse the profiles in DIR (fidelity-vm.json, fidelity-vm-4ranks.json) instead of "
+                             "measuring them first")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="steps per plan and round (the first is warm-up)")
+    parser.add_argument("--emulated-steps", type=int, default=4)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"an end-to-end check: the plans {', '.join(QUICK)}, 1 round of 3 steps, quick "
+                             f"profiles in a scratch folder, emulated P=8 with megatron and mpipe-rr, no waiting")
     parser.add_argument("--quiet-below", type=float, default=0.05,
                         help="keep a measurement (the profile, each plan's run) only when other jobs took less than "
                              "this share of the CPU during it, and wait for such a spell before each (default 0.05)")
@@ -396,136 +377,135 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="write the full record here")
     parser.add_argument("--plot", default=None, help="write the predicted-vs-measured plot here (PNG)")
     parser.add_argument("--replot", default=None, metavar="JSON",
-                        help="measure nothing: print the tables and draw --plot from a record written by --json")
-    args = parser.parse_args()
+                        help="measure nothing: compute the figures, print the tables and draw --plot from a record "
+                             "written by --json")
+    args = parser.parse_args(argv)
     if args.replot:
         record = json.loads(Path(args.replot).read_text())
+        if any("runs" not in r for r in record.get("plans", [{}])):
+            raise SystemExit(f"{args.replot}: a record without every run's raw steps and probes (written before "
+                             f"issue 14's probes); measure it again: python benchmarks/bench_fidelity.py --json ...")
         if args.plot:
-            plot(record["plans"], record, args.plot)
+            plot(record, args.plot)
         print_table(record)
         return 0
+    if args.quick:
+        args.rounds, args.steps, args.emulated_steps, args.max_wait, args.max_tries = 1, 3, 2, 0.0, 1
 
     from mpipe_tune.runtime.launch import disable_backend_autoload
 
     disable_backend_autoload()
     import torch
 
-    conditions: dict = {"profile": []}
-    if args.profile is None:
-        for _ in range(args.max_tries):
-            before, waited = wait_for_quiet(args.quiet_below, args.max_wait)
-            measured = measure_profile(PROFILE_PATH)
-            conditions["profile"].append({"foreign_before": before, "waited_s": waited, **measured})
-            if measured["foreign_cpu_share"] < args.quiet_below:
-                break
-        profile_path = PROFILE_PATH
-    else:
-        profile_path = Path(args.profile)
-    profile = load_profile(profile_path)
-    with tempfile.TemporaryDirectory() as folder:
-        plans = make_plans(Path(folder), profile, str(profile_path))
+    base = load_model(str(MODEL_PATH))
+    specs = [s for s in plan_specs(base) if not args.quick or s.label in QUICK]
+    started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        profiles_dir = Path(args.profiles) if args.profiles else (folder if args.quick else PROFILE_DIR)
+        conditions: dict = {"profiles": [], "load_average_before": os.getloadavg()}
+        for world in sorted({s.world for s in specs}):
+            if args.profiles:
+                continue
+            for _ in range(args.max_tries):
+                before, waited = wait_for_quiet(args.quiet_below, args.max_wait)
+                measured = measure_profile(profile_path(world, profiles_dir), world, args.quick)
+                conditions["profiles"].append({"foreign_before": before, "waited_s": waited, **measured})
+                if measured["foreign_cpu_share"] < args.quiet_below:
+                    break
+        profiles = {world: profile_path(world, profiles_dir) for world in {s.world for s in specs}}
+        plans = make_plans(folder, specs, profiles)
         runs: list[list[dict]] = [[] for _ in plans]
-        tries: list[list[list[dict]]] = [[] for _ in plans]
-        fresh_predicted: list[list[float]] = [[] for _ in plans]
-        base = load_model(str(MODEL_PATH))
         started = time.perf_counter()
         for r in range(args.rounds):
             order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
             for i in order:
-                result, attempts, fresh = quiet_run(plans[i][1], args.steps, args.quiet_below, args.max_wait,
-                                                    args.max_tries, recalibrate_with=(profile, base))
-                runs[i].append(result)
-                tries[i].append(attempts)
-                fixed = as_fixed(plans[i][2])
-                fresh_predicted[i].append(predict_spec(fixed, fresh, base)[0].timeline.makespan_s)
+                spec, path, _ = plans[i]
+                result, tries = quiet_run(path, args.steps, spec.world, args.quiet_below, args.max_wait, args.max_tries)
+                runs[i].append(run_record(result, tries, spec.world))
             print(f"round {r} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         conditions["runs_wall_s"] = time.perf_counter() - started
+        emulated = emulated_rows(folder, EMULATED_PPS[:1] if args.quick else EMULATED_PPS,
+                                 ("megatron", "mpipe-rr") if args.quick else EMULATED_BASELINES, args.emulated_steps)
+        conditions["load_average_after"] = os.getloadavg()
+        from mpipe_tune.profiler.together import profile_probe_s
 
-    variants = {kind: variant_profile(profile, kind) for kind in ("one-eff", "per-phase")}
-    rows = []
-    for (spec, _path, record), results, plan_tries, fresh_s in zip(plans, runs, tries, fresh_predicted):
-        steps_s = [t for r in results for t in r["summary"]["step_times_s"][1:]]
-        round_medians = [statistics.median(r["summary"]["step_times_s"][1:]) for r in results]
-        fixed = as_fixed(record)
-        rows.append({
-            "label": spec.label,
-            "schedule": spec.schedule, "microbatches": spec.num_microbatches, "frozen_encoder": bool(spec.frozen),
-            "slabs": record["candidate"]["slabs"], "owners": record["candidate"]["owners"],
-            "predicted_s": record["predicted"]["makespan_s"],
-            "measured_s": statistics.median(steps_s),
-            "round_medians_s": round_medians,
-            "steps_s": steps_s,
-            "predicted_by_variant_s": {k: predict_spec(fixed, v, base)[0].timeline.makespan_s
-                                       for k, v in variants.items()},
-            "breakdown": [trace_breakdown(r["trace"], P) for r in results],
-            "tries": plan_tries,
-            "predicted_recalibrated_s": fresh_s,
-            "paired_errors_recalibrated": [f / m - 1 for f, m in zip(fresh_s, round_medians)],
-            "max_foreign_share": max(t[-1]["foreign_during"] for t in plan_tries),
-        })
-    measured = [r["measured_s"] for r in rows]
-    # Measurement noise: each round's median against the all-round median, as a MAPE.
-    noise = float(np.mean([abs(m / r["measured_s"] - 1) for r in rows for m in r["round_medians_s"]]))
+        probes = {world: profile_probe_s(load_profile(path), PROBE_TOKENS) for world, path in profiles.items()}
+        share = encoder_share(load_profile(profiles[P])) if P in profiles else None
+        profile_files = {world: os.path.relpath(path, HERE.parent) if not args.quick else path.name
+                         for world, path in profiles.items()}
+    rows = [{
+        "label": spec.label, "schedule": spec.schedule, "microbatches": spec.num_microbatches, "tp": spec.tp,
+        "dp": spec.dp, "world": spec.world, "frozen_encoder": spec.frozen, "slabs": record["candidate"]["slabs"],
+        "owners": record["candidate"]["owners"], "profile": str(profile_files[spec.world]),
+        "predicted_s": record["predicted"]["makespan_s"], "profile_probe_s": probes[spec.world], "runs": plan_runs,
+    } for (spec, _path, record), plan_runs in zip(plans, runs)]
     record = {
-        "command": "python benchmarks/bench_fidelity.py " + " ".join(sys.argv[1:]),
-        "date": datetime.date.today().isoformat(),
+        "command": "python benchmarks/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.date.today().isoformat(), "started": started_at,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}",
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
-        "model": str(MODEL_PATH.relative_to(HERE.parent)), "profile": os.path.relpath(profile_path, HERE.parent), "pp": P,
-        "steps": args.steps, "rounds": args.rounds, "conditions": conditions,
-        "figures": figures([r["predicted_s"] for r in rows], measured),
-        "figures_by_variant": {k: figures([r["predicted_by_variant_s"][k] for r in rows], measured)
-                               for k in variants},
-        "figures_recalibrated": figures([statistics.median(r["predicted_recalibrated_s"]) for r in rows], measured),
-        "paired_mape_recalibrated": float(np.mean([abs(e) for r in rows for e in r["paired_errors_recalibrated"]])),
-        "noise_round_vs_all_mape": noise,
-        "profile_dense_block_256_fwd_s": profile_probe(profile),
-        "plans": rows,
+        "model": str(MODEL_PATH.relative_to(HERE.parent)), "pp": P, "steps": args.steps, "rounds": args.rounds,
+        "probe_tokens": PROBE_TOKENS, "conditions": conditions, "plans": rows, "emulated": emulated,
+        "encoder_share": share,
     }
+    record["figures"] = {k: v for k, v in summarize_record(record).items() if k not in ("measured_s", "corrected_s")}
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     if args.plot:
-        plot(rows, record, args.plot)
+        plot(record, args.plot)
     print_table(record)
     return 0
 
 
+# ------------------------------------------------------------------------------------------ tables
+
+
 def plans_frame(record: dict) -> pd.DataFrame:
-    """One row per plan: predicted and measured step time (s), the error, per-round medians and
-    recalibrated predictions (s), and the two simpler layer-time models' predictions (s)."""
+    """One row per plan: predicted, probe-corrected and measured step time (s), both errors, the
+    per-run medians (s) and the probe factors."""
+    summary = summarize_record(record)
     return pd.DataFrame.from_records([{
-        "plan": r["label"], "predicted_s": r["predicted_s"], "measured_s": r["measured_s"],
-        "error": r["predicted_s"] / r["measured_s"] - 1, "round_medians_s": r["round_medians_s"],
-        "predicted_recalibrated_s": r["predicted_recalibrated_s"],
-        "one_eff_s": r["predicted_by_variant_s"]["one-eff"], "per_phase_s": r["predicted_by_variant_s"]["per-phase"],
-    } for r in record["plans"]])
+        "plan": r["label"], "world": r["world"], "predicted_s": r["predicted_s"], "measured_s": m,
+        "error": r["predicted_s"] / m - 1, "corrected_s": c, "corrected_error": c / m - 1,
+        "run_medians_s": [statistics.median(run["step_times_s"][1:]) for run in r["runs"]],
+        "probe_factors": [(run["probe_before_s"] + run["probe_after_s"]) / 2 / r["profile_probe_s"] for run in r["runs"]],
+    } for r, m, c in zip(record["plans"], summary["measured_s"], summary["corrected_s"])])
 
 
 def figures_frame(record: dict) -> pd.DataFrame:
     """One row per prediction: MAPE, max abs and mean error, Kendall's tau, best gap (plain ratios)."""
-    rows = [("overhead + per-phase efficiency, one profile", record["figures"]),
-            ("the same, recalibrated before each run (median over rounds)", record["figures_recalibrated"]),
-            *[(f"{k}, one profile", f) for k, f in record["figures_by_variant"].items()]]
-    return pd.DataFrame.from_records([{"prediction": name, **f} for name, f in rows])
+    summary = summarize_record(record)
+    names = {"raw": "real compute, the profile's prediction",
+             "probe_corrected": "real compute, probe-corrected",
+             **{f"emulated_P{pp}": f"emulated compute, P={pp} baselines" for pp in record.get("emulated", {})}}
+    return pd.DataFrame.from_records([{"prediction": name, "plans": _count(record, key), **summary[key]}
+                                      for key, name in names.items()])
 
 
-def _ms_list(key: str):
-    return lambda r: ", ".join(f"{m * 1e3:.0f}" for m in r[key])
+def _count(record: dict, key: str) -> int:
+    return len(record["plans"]) if not key.startswith("emulated") else len(record["emulated"][key.removeprefix("emulated_P")])
+
+
+def _list(key: str, fmt):
+    return lambda r: ", ".join(fmt(v) for v in r[key])
 
 
 PLAN_COLUMNS = (
     Column("#", lambda r: str(r.name), ">"),
     Column("plan", lambda r: f"`{r['plan']}`"),
+    Column("ranks", text("world"), ">"),
     Column("predicted ms", ms("predicted_s", ".1f"), ">"),
     Column("measured ms", ms("measured_s", ".1f"), ">"),
     Column("error", text("error", "+.1%"), ">"),
-    Column("measured per round ms", _ms_list("round_medians_s")),
-    Column("recalibrated: predicted per round ms", _ms_list("predicted_recalibrated_s")),
-    Column("one-eff ms", ms("one_eff_s", ".1f"), ">"),
-    Column("per-phase ms", ms("per_phase_s", ".1f"), ">"),
+    Column("probe-corrected ms", ms("corrected_s", ".1f"), ">"),
+    Column("corrected error", text("corrected_error", "+.1%"), ">"),
+    Column("measured per run ms", _list("run_medians_s", lambda v: f"{v * 1e3:.0f}")),
+    Column("probe factor per run", _list("probe_factors", lambda v: f"{v:.3f}")),
 )
 FIGURE_COLUMNS = (
     Column("prediction", text("prediction")),
+    Column("plans", text("plans"), ">"),
     Column("MAPE", text("mape", ".1%"), ">"),
     Column("max abs error", text("max_abs_error", ".1%"), ">"),
     Column("mean error", text("mean_error", "+.1%"), ">"),
@@ -534,78 +514,86 @@ FIGURE_COLUMNS = (
 )
 
 
+def emulated_frame(record: dict) -> pd.DataFrame:
+    return pd.DataFrame.from_records([{
+        "pp": int(pp), "plan": r["label"], "predicted_s": r["predicted_s"], "measured_s": measured_s(r["runs"]),
+        "error": r["predicted_s"] / measured_s(r["runs"]) - 1,
+    } for pp, rows in record.get("emulated", {}).items() for r in rows])
+
+
+EMULATED_COLUMNS = (
+    Column("P", text("pp"), ">"),
+    Column("plan", text("plan")),
+    Column("predicted ms", ms("predicted_s", ".1f"), ">"),
+    Column("measured ms", ms("measured_s", ".1f"), ">"),
+    Column("error", text("error", "+.1%"), ">"),
+)
+
+
 def print_table(record: dict) -> None:
     print(format_markdown(plans_frame(record), PLAN_COLUMNS))
     print()
+    if record.get("emulated"):
+        print(format_markdown(emulated_frame(record), EMULATED_COLUMNS))
+        print()
     print(format_markdown(figures_frame(record), FIGURE_COLUMNS))
-    measured = np.array([r["measured_s"] for r in record["plans"]])
-    for name, key in (("the profile", None), ("one-eff", "one-eff"), ("per-phase", "per-phase")):
-        predicted = np.array([r["predicted_s"] if key is None else r["predicted_by_variant_s"][key]
-                              for r in record["plans"]])
-        scale = float(np.median(measured / predicted))
-        errors = np.abs(scale * predicted / measured - 1)
-        print(f"diagnostic, {name} times one common factor {scale:.3f} (the level set aside, the shape kept): "
-              f"MAPE {errors.mean():.1%}, max {errors.max():.1%}")
-    print(f"\nrecalibrated before each run, each run against its own prediction: MAPE "
-          f"{record['paired_mape_recalibrated']:.1%}")
-    print(f"measurement noise (each round's median against all rounds): {record['noise_round_vs_all_mape']:.1%}")
-    probes = [t[-1]["dense_block_256_fwd_s"] for r in record["plans"] for t in r["tries"]]
-    at_profile = record.get("profile_dense_block_256_fwd_s")
-    print(f"machine speed probe (decoder block forward, 256 tokens) over the runs: {min(probes) * 1e3:.2f}.."
-          f"{max(probes) * 1e3:.2f} ms, median {statistics.median(probes) * 1e3:.2f} ms"
-          + (f"; in the profile: {at_profile * 1e3:.2f} ms" if at_profile else ""))
-    kept = [t[-1]["foreign_during"] for r in record["plans"] for t in r["tries"]]
-    retried = sum(len(t) - 1 for r in record["plans"] for t in r["tries"])
-    print(f"other jobs' CPU share during the kept runs: median {statistics.median(kept):.1%}, max {max(kept):.1%} "
-          f"({retried} runs repeated for noise); profile: {record['conditions']['profile']}; "
-          f"runs {record['conditions']['runs_wall_s']:.0f} s")
+    kept = [t[-1]["foreign_during"] for r in record["plans"] for run in r["runs"] for t in [run["tries"]]]
+    retried = sum(len(run["tries"]) - 1 for r in record["plans"] for run in r["runs"])
+    conditions = record["conditions"]
+    print(f"\nother jobs' CPU share during the kept runs: median {statistics.median(kept):.1%}, max {max(kept):.1%} "
+          f"({retried} runs repeated for noise); load average before {conditions['load_average_before']}, after "
+          f"{conditions['load_average_after']}; runs {conditions['runs_wall_s']:.0f} s; profiles: {conditions['profiles']}")
 
 
-def plot(rows: list[dict], record: dict, path: str) -> None:
+def plot(record: dict, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    summary = summarize_record(record)
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
-    measured = np.array([r["measured_s"] for r in rows]) * 1e3
-    everything = np.concatenate([measured, *[np.array([r["predicted_s"], *r["predicted_recalibrated_s"],
-                                                       r["predicted_by_variant_s"]["one-eff"]]) * 1e3 for r in rows]])
-    lo, hi = everything.min() * 0.9, everything.max() * 1.1
-    series = [("overhead + per-phase eff., one profile", np.array([r["predicted_s"] for r in rows]) * 1e3, "o", "C0"),
-              ("the same, recalibrated before each run",
-               np.array([statistics.median(r["predicted_recalibrated_s"]) for r in rows]) * 1e3, "s", "C2"),
-              ("one profile, one efficiency per kind",
-               np.array([r["predicted_by_variant_s"]["one-eff"] for r in rows]) * 1e3, "x", "C3")]
+    measured = np.array(summary["measured_s"]) * 1e3
+    series = [("the profile's prediction", np.array([r["predicted_s"] for r in record["plans"]]) * 1e3, "o", "C0",
+               summary["raw"]),
+              ("probe-corrected", np.array(summary["corrected_s"]) * 1e3, "s", "C2", summary["probe_corrected"])]
     ax = axes[0]
+    everything = np.concatenate([measured, series[0][1], series[1][1]])
+    lo, hi = everything.min() * 0.9, everything.max() * 1.1
     grid = np.array([lo, hi])
     ax.fill_between(grid, grid * 0.95, grid * 1.05, color="0.9", label="±5%")
     ax.plot(grid, grid, color="0.5", lw=1)
-    for label, predicted, marker, colour in series:
-        f = figures(predicted, measured)
-        ax.scatter(measured, predicted, marker=marker, color=colour,
-                   label=f"{label}: MAPE {f['mape']:.1%}, tau {f['kendall_tau']:.2f}")
+    for label, predicted, marker, colour, f in series:
+        ax.scatter(measured, predicted, marker=marker, color=colour, facecolors="none" if marker == "s" else colour,
+                   label=f"{label}: MAPE {f['mape']:.1%}, tau {f['kendall_tau']:.2f}, best gap {f['best_gap']:.1%}")
     for i, (m, p) in enumerate(zip(measured, series[0][1])):
         ax.annotate(str(i), (m, p), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured step time (ms)")
     ax.set_ylabel("predicted step time (ms)")
-    ax.set_title(f"{len(rows)} plans, P={record['pp']}, real compute on CPU/gloo")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"{len(record['plans'])} plans, pp={record['pp']} (2-4 ranks), real compute on CPU/gloo")
+    ax.legend(fontsize=7, loc="upper left")
     ax = axes[1]
-    order = np.argsort(measured)
-    y = np.arange(len(rows))
-    spread = [(min(rows[i]["round_medians_s"]) * 1e3, max(rows[i]["round_medians_s"]) * 1e3) for i in order]
-    ax.hlines(y, [s[0] for s in spread], [s[1] for s in spread], color="0.6", lw=3, label="measured, range of round medians")
-    ax.scatter(measured[order], y, color="k", s=14, label="measured (median)", zorder=3)
-    ax.scatter(series[0][1][order], y, color="C0", marker="o", facecolors="none", label="predicted, one profile", zorder=3)
-    ax.scatter(series[1][1][order], y, color="C2", marker="s", facecolors="none", label="predicted, recalibrated", zorder=3)
-    ax.set_yticks(y)
-    ax.set_yticklabels([f"{i}: {rows[i]['label']}" for i in order], fontsize=7)
-    ax.set_xlabel("step time (ms)")
-    ax.set_title("plans by measured step time")
-    ax.legend(fontsize=8, loc="lower right")
+    emulated = emulated_frame(record)
+    if len(emulated):
+        values = np.concatenate([emulated["measured_s"], emulated["predicted_s"]]) * 1e3
+        grid = np.array([values.min() * 0.9, values.max() * 1.1])
+        ax.fill_between(grid, grid * 0.95, grid * 1.05, color="0.9", label="±5%")
+        ax.plot(grid, grid, color="0.5", lw=1)
+        for k, (pp, group) in enumerate(emulated.groupby("pp")):
+            f = summary[f"emulated_P{pp}"]
+            ax.scatter(group["measured_s"] * 1e3, group["predicted_s"] * 1e3, color=f"C{k + 3}",
+                       label=f"P={pp}: MAPE {f['mape']:.1%}, tau {f['kendall_tau']:.2f}")
+            for _, row in group.iterrows():
+                ax.annotate(row["plan"], (row["measured_s"] * 1e3, row["predicted_s"] * 1e3), textcoords="offset points",
+                            xytext=(4, 3), fontsize=7)
+        ax.set_xlim(*grid)
+        ax.set_ylim(*grid)
+        ax.legend(fontsize=8, loc="upper left")
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_title("baseline set, emulated compute (qwen2vl-vit-llama3-8b, h100-sxm)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

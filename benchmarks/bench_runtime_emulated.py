@@ -65,6 +65,30 @@ def make_plans(folder: Path, P: int, M: int) -> dict[str, str]:
     return paths
 
 
+def baseline_plans(folder: Path, P: int, M: int, names) -> dict[str, str]:
+    """Plan files of the named baselines (:mod:`mpipe_tune.search.baselines`: ``megatron``,
+    ``disttrain``, ``vpp``, ``gpipe``, ``mpipe-rr``) at pp ``P``, M microbatches, tp = dp = 1, on the
+    same model, profile and workload; a baseline that does not exist at ``P`` is left out."""
+    from mpipe_tune.search.baselines import baseline
+
+    model, profile = load_model(MODEL), load_profile(PROFILE)
+    workload = load_workload(MIX, num_microbatches=M, seed=SEED)
+    options = CostOptions()
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name in names:
+        c = baseline(name, model, P, 1, 1, M, vpp_microbatches=(M,))
+        if c is None:
+            continue
+        cut, schedule = c.parsed()
+        prediction = predict(cut, schedule, model, workload, profile, P, num_microbatches=c.num_microbatches,
+                             slab_counts=c.slab_counts, options=options)
+        path = folder / f"{name}.json"
+        dump_plan(plan_record(prediction, model, workload, profile, options, PlanInputs(MODEL, (), PROFILE)), path)
+        paths[name] = str(path)
+    return paths
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pp", type=int, default=8)

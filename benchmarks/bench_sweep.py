@@ -406,6 +406,32 @@ def table(record: dict) -> str:
     return "\n".join(lines)
 
 
+REAL_BASELINES = {"megatron": "1f1b megatron-slabs M=4", "disttrain": "1f1b disttrain-slabs M=4"}
+"""The fidelity benchmark's plans that are the two baselines' layouts at P = 2 (real compute)."""
+
+
+def real_point(fidelity: dict) -> dict | None:
+    """The real-compute point at P = 2 from ``bench_fidelity.py``'s record: the fastest predicted
+    ``transpose,1f1b`` plan at pp 2 (tp = dp = 1, trainable encoder, as the baselines') against the Megatron-style and DistTrain-like slabs,
+    predicted and measured (median of each plan's steps after each run's first)."""
+    from bench_fidelity import measured_s
+
+    if "encoder_share" not in fidelity:  # a record from before the probe and the raw runs (issue 14)
+        return None
+    plans = {r["label"]: r for r in fidelity.get("plans", []) if r["tp"] == 1 and r["dp"] == 1}
+    transposes = [r for r in plans.values() if r["schedule"] == "transpose,1f1b" and not r.get("frozen_encoder")]
+    if not transposes or not all(label in plans for label in REAL_BASELINES.values()):
+        return None
+    best = min(transposes, key=lambda r: r["predicted_s"])
+    out = {"config": f"{Path(fidelity['model']).stem}, this CPU, real compute", "pp": fidelity["pp"],
+           "encoder_share": fidelity["encoder_share"], "best": best["label"], "date": fidelity["date"],
+           "speedup_predicted": {}, "speedup_measured": {}}
+    for name, label in REAL_BASELINES.items():
+        out["speedup_predicted"][name] = plans[label]["predicted_s"] / best["predicted_s"]
+        out["speedup_measured"][name] = measured_s(plans[label]["runs"]) / measured_s(best["runs"])
+    return out
+
+
 def plot(record: dict, path: Path) -> None:
     import matplotlib
 
@@ -421,10 +447,21 @@ def plot(record: dict, path: Path) -> None:
     values = [v for p in record["points"] for n in BASELINE_NAMES if (v := speedup(p, n)) is not None]
     norm = LogNorm(vmin=min(0.75, min(values)), vmax=max(values))
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.88")
-    fig, axes = plt.subplots(1, 2, figsize=(15, 0.3 * len(rows) + 1.6), sharey=True, layout="constrained")
+    real = record.get("real")
+    fig, axes = plt.subplots(1, 2, figsize=(15, 0.3 * (len(rows) + bool(real)) + 1.6), sharey=True,
+                             layout="constrained")
     for ax, name in zip(axes, BASELINE_NAMES):
         grid = np.array([[np.nan if (v := speedup(points.get((r["backbone"], r["config"], pp)), name)) is None else v
                           for pp in PIPELINE_DEGREES] for r in rows])
+        if real:  # one more row on top: the real-compute point at P = 2 on this machine
+            grid = np.vstack([grid, [real["speedup_predicted"][name] if pp == real["pp"] else np.nan
+                                     for pp in PIPELINE_DEGREES]])
+            j = PIPELINE_DEGREES.index(real["pp"])
+            ax.add_patch(plt.Rectangle((j - 0.47, len(rows) - 0.45), 0.94, 0.9, fill=False, ec="red", lw=1.8))
+            dark = norm(real["speedup_predicted"][name]) < 0.55
+            ax.text(j, len(rows), f"{real['speedup_predicted'][name]:.2f}  m {real['speedup_measured'][name]:.2f}",
+                    ha="center", va="center", fontsize=6.5, color="white" if dark else "black")
+            ax.axhline(len(rows) - 0.5, color="black", lw=2)
         image = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto", origin="lower")
         for i, row in enumerate(rows):
             for j, pp in enumerate(PIPELINE_DEGREES):
@@ -449,8 +486,10 @@ def plot(record: dict, path: Path) -> None:
         ax.set_xticks(range(len(PIPELINE_DEGREES)), [str(pp) for pp in PIPELINE_DEGREES])
         ax.set_xlabel("P = pp (devices: P for llama3-8b at tp 1, 8 P for llama3-70b at tp 8)")
         ax.set_title(f"best <transpose,1f1b> over {name} (at its own best M)", fontsize=10)
-    axes[0].set_yticks(range(len(rows)), [f"{r['backbone']} | {r['config']} | {r['encoder_share']:.1%}" for r in rows],
-                       fontsize=7)
+    labels = [f"{r['backbone']} | {r['config']} | {r['encoder_share']:.1%}" for r in rows]
+    if real:
+        labels.append(f"{real['config']} | {real['encoder_share']:.1%}")
+    axes[0].set_yticks(range(len(labels)), labels, fontsize=7)
     axes[0].set_ylabel("configuration | encoder share of the step's compute")
     bar = fig.colorbar(image, ax=list(axes), shrink=0.5, label="predicted speedup (log scale)")
     ticks = [t for t in (0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0) if norm.vmin <= t <= norm.vmax]
@@ -458,7 +497,8 @@ def plot(record: dict, path: Path) -> None:
     bar.minorticks_off()
     fig.suptitle(f"Where transpose pays: predicted speedup on {PROFILE} (bf16, recompute {record['recompute']}, dp 1, "
                  f"fixed global batch)", fontsize=11)
-    fig.supxlabel(f"red box, m: measured speedup (emulated compute, mpipe-tune bench). star: the sweep point nearest "
+    fig.supxlabel(f"red box, m: measured speedup (emulated compute, mpipe-tune bench; the top row: real compute on "
+                  f"this 2-core CPU, bench_fidelity.py's plans, predicted on its profile). star: the sweep point nearest "
                   f"the paper's 2.70x at 8 devices vs Megatron-LM / 1.21x at 512 devices vs DistTrain-like. "
                   f"{NO_FIT} (grey): no layout of the baseline fits memory. hatched: no transpose plan fits (the "
                   f"fastest is shown).", fontsize=7)
@@ -478,6 +518,11 @@ def report(record: dict, plot_path: Path) -> None:
               + ", ".join(f"over {n} {m['speedup_measured'][n]:.3f}x (predicted {m['speedup_predicted'][n]:.3f}x)"
                           if m["speedup_measured"][n] is not None else f"over {n}: {NO_FIT}" for n in BASELINE_NAMES)
               + f"; {m['wall_s']:.0f} s")
+    if record.get("real"):
+        r = record["real"]
+        print(f"\nmeasured ({r['config']}, {r['date']}) P={r['pp']}, best {r['best']}: "
+              + ", ".join(f"over {n} {r['speedup_measured'][n]:.3f}x (predicted {r['speedup_predicted'][n]:.3f}x)"
+                          for n in BASELINE_NAMES))
     for n in record.get("paper_nearest", []):
         if n["point"] is None:
             print(f"\npaper {n['name']} ({n['speedup']}x): no sweep point at {n['devices']} devices fits")
@@ -524,9 +569,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="on: every plan recomputes activations (default); search: each plan takes it or not")
     parser.add_argument("--no-measure", action="store_true", help="skip the emulated-compute runs")
     parser.add_argument("--replot", default=None, metavar="JSON", help="print the table and draw from a record")
+    parser.add_argument("--fidelity", default=str(HERE / "fidelity-results.json"), metavar="JSON",
+                        help="bench_fidelity.py's record, whose real-compute plans at P = 2 are placed on the plot "
+                             "(skipped when the file is missing or has no such plans)")
     args = parser.parse_args(argv)
+    fidelity = Path(args.fidelity)
+    real = real_point(json.loads(fidelity.read_text())) if fidelity.is_file() else None
     if args.replot:
-        report(json.loads(Path(args.replot).read_text()), Path(args.plot))
+        record = json.loads(Path(args.replot).read_text())
+        if real:
+            record["real"] = real  # the fidelity record's, not stored in the sweep's
+        report(record, Path(args.plot))
         return
     start = time.perf_counter()
     configs, points = run_sweep(RECOMPUTE[args.recompute])
@@ -536,6 +589,8 @@ def main(argv: list[str] | None = None) -> None:
               "pipeline_degrees": list(PIPELINE_DEGREES), "versions": versions(), "sweep_wall_s": sweep_s,
               "configs": configs, "points": points}
     record["paper_nearest"] = nearest_paper(points)
+    if real:
+        record["real"] = real
     if not args.no_measure:
         start = time.perf_counter()
         record["measured"] = measure(points, measured_choices(points, record["paper_nearest"]))

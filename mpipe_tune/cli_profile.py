@@ -28,8 +28,9 @@ class Profile(Command):
         parser.add_argument("--quick", action="store_true",
                             help="a reduced sweep (small sizes, few repeats): a smoke test in seconds")
         parser.add_argument("--calibrate", default=None, metavar="MODEL",
-                            help="also fit per-layer-kind efficiencies by timing the runtime's layers of this "
-                                 "model (built-in name or YAML file) in the first of --dtypes")
+                            help="also fit per-layer-kind efficiencies and call overheads by timing the runtime's "
+                                 "layers of this model (built-in name or YAML file) in the first of --dtypes, on "
+                                 "--nproc ranks at once as a run's stages, and the runtime's optimizer update")
         parser.add_argument("--out", required=True, help="profile file to write, e.g. profiles/NAME.json")
         parser.add_argument("--name", default=None, help="profile name (default: the --out file's stem)")
 
@@ -108,6 +109,9 @@ def print_summary(profile, out: Path, elapsed_s: float) -> None:
         print(f"  peak {dtype:5s} {value / 1e12:9.4g} TFLOP/s")
     print(f"  memory     {profile.memory_bytes_per_s / 1e9:9.4g} GB/s, "
           f"capacity {profile.memory_capacity_bytes / 2**30:.4g} GiB")
+    if profile.optimizer_update_bytes_per_s is not None:
+        print(f"  optimizer update {profile.optimizer_update_bytes_per_s / 1e9:9.4g} GB/s (the runtime's update, "
+              f"timed by every rank at once)")
     for kind, value in profile.efficiency.items():
         origin = profile.provenance[f"efficiency.{kind}"]
         fit = f"  (rms relative error {origin['rms_relative_error']:.0%})" if "rms_relative_error" in origin else ""

@@ -1,4 +1,4 @@
-"""The fidelity benchmark's tables are DataFrames of its recorded results (seconds, plain ratios)."""
+"""The fidelity benchmark's figures come from its record's raw step times and probes alone."""
 
 import importlib.util
 import json
@@ -22,18 +22,88 @@ def fidelity():
         del sys.modules[spec.name]
 
 
-def test_the_fidelity_tables_are_frames_of_the_recorded_seconds(fidelity, capsys):
-    record = json.loads((BENCHMARKS / "fidelity-results.json").read_text())
-    plans = fidelity.plans_frame(record)
-    assert list(plans.columns) == ["plan", "predicted_s", "measured_s", "error", "round_medians_s",
-                                   "predicted_recalibrated_s", "one_eff_s", "per_phase_s"]
-    for (_, row), r in zip(plans.iterrows(), record["plans"]):
-        assert (row["plan"], row["predicted_s"], row["measured_s"]) == (r["label"], r["predicted_s"], r["measured_s"])
-        assert row["error"] == r["predicted_s"] / r["measured_s"] - 1
-        assert row["per_phase_s"] == r["predicted_by_variant_s"]["per-phase"]
-    figures = fidelity.figures_frame(record)
-    assert figures.iloc[0]["mape"] == record["figures"]["mape"] and len(figures) == 2 + len(record["figures_by_variant"])
-    fidelity.print_table(record)
-    out = capsys.readouterr().out.splitlines()
-    first = record["plans"][0]
-    assert out[2].startswith(f"| 0 | `{first['label']}` | {first['predicted_s'] * 1e3:.1f} | ")
+def _run(steps, probe_before, probe_after):
+    return {"step_times_s": steps, "probe_before_s": probe_before, "probe_after_s": probe_after,
+            "tries": [{"foreign_during": 0.01}]}
+
+
+def _record(plans, emulated=None):
+    return {"pp": 2, "plans": plans, "emulated": emulated or {},
+            "conditions": {"load_average_before": (0, 0, 0), "load_average_after": (0, 0, 0), "runs_wall_s": 1.0,
+                           "profiles": []}}
+
+
+def _plan(label, predicted, runs, probe=0.010):
+    return {"label": label, "world": 2, "predicted_s": predicted, "profile_probe_s": probe, "runs": runs}
+
+
+def test_figures_are_computed_from_raw_steps_and_the_probe_alone(fidelity):
+    # Every plan measured 10% over its prediction, and the probe ran 10% slower than at profile time:
+    # raw MAPE 1/11 (prediction / measured - 1 = -1/11), probe-corrected 0. The first step is warm-up.
+    plans = [_plan("a", 1.0, [_run([9.0, 1.1, 1.1], 0.011, 0.011), _run([9.0, 1.1, 1.1], 0.0105, 0.0115)]),
+             _plan("b", 2.0, [_run([9.0, 2.2, 2.2, 2.2], 0.011, 0.011)]),
+             _plan("c", 1.5, [_run([0.1, 1.65, 1.65], 0.012, 0.010)])]
+    summary = fidelity.summarize_record(_record(plans))
+    assert summary["measured_s"] == pytest.approx([1.1, 2.2, 1.65])
+    assert summary["raw"]["mape"] == pytest.approx(1 / 11) and summary["raw"]["mean_error"] == pytest.approx(-1 / 11)
+    assert summary["probe_corrected"]["mape"] == pytest.approx(0.0, abs=1e-12)
+    assert summary["raw"]["kendall_tau"] == pytest.approx(1.0) and summary["raw"]["best_gap"] == 0.0
+    # a probe that says nothing changed leaves the prediction as it is
+    still = [_plan("a", 1.0, [_run([1.0, 1.1], 0.010, 0.010)])]
+    assert fidelity.summarize_record(_record(still))["corrected_s"] == [1.0]
+
+
+def test_best_gap_is_the_measured_cost_of_trusting_the_prediction(fidelity):
+    plans = [_plan("fast on paper", 1.0, [_run([0, 1.3], 0.01, 0.01)]),
+             _plan("fast in fact", 1.2, [_run([0, 1.25], 0.01, 0.01)])]
+    raw = fidelity.summarize_record(_record(plans))["raw"]
+    assert raw["best_gap"] == pytest.approx(1.3 / 1.25 - 1) and raw["kendall_tau"] == pytest.approx(-1.0)
+
+
+def test_replot_prints_every_plan_and_the_emulated_rows(fidelity, tmp_path, capsys):
+    emulated = {"8": [{"label": "megatron", "predicted_s": 5.0, "runs": [{"step_times_s": [6.0, 5.1, 5.1]}]},
+                      {"label": "mpipe-rr", "predicted_s": 3.0, "runs": [{"step_times_s": [4.0, 3.1, 3.1]}]}]}
+    record = _record([_plan("a", 1.0, [_run([9.0, 1.1, 1.1], 0.011, 0.011)]),
+                      _plan("b", 2.0, [_run([9.0, 2.2], 0.011, 0.011)])], emulated)
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    assert fidelity.main(["--replot", str(path), "--plot", str(tmp_path / "fig.png")]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 | `a` | 2 | 1000.0 | 1100.0 | -9.1% | 1100.0 | " in out
+    assert "| 8 | mpipe-rr | 3000.0 | 3100.0 | -3.2% |" in out
+    assert (tmp_path / "fig.png").stat().st_size > 0
+
+
+def test_there_are_24_plans_or_more_with_data_and_tensor_parallel_ones(fidelity):
+    from mpipe_tune.specs import load_model
+
+    specs = fidelity.plan_specs(load_model(str(fidelity.MODEL_PATH)))
+    assert len(specs) >= 24 and len({s.label for s in specs}) == len(specs)
+    assert any(s.dp > 1 for s in specs) and any(s.tp > 1 for s in specs) and max(s.world for s in specs) <= 4
+    assert set(fidelity.QUICK) <= {s.label for s in specs}
+
+
+def test_the_sweep_places_the_real_compute_point_from_the_fidelity_record(fidelity):
+    spec = importlib.util.spec_from_file_location("bench_sweep", BENCHMARKS / "bench_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = sweep
+    try:
+        spec.loader.exec_module(sweep)
+
+        def plan(label, schedule, predicted, measured, tp=1):
+            return {"label": label, "schedule": schedule, "tp": tp, "dp": 1, "predicted_s": predicted,
+                    "runs": [{"step_times_s": [9.0, measured, measured]}]}
+
+        record = {"model": "models/small-vit-llm.yaml", "pp": 2, "encoder_share": 0.2, "date": "2026-12-01",
+                  "plans": [plan("transpose,1f1b rr M=4", "transpose,1f1b", 1.0, 1.1),
+                            plan("transpose,1f1b rr M=8", "transpose,1f1b", 0.9, 1.2),
+                            plan("transpose,1f1b rr tp2 M=4", "transpose,1f1b", 0.5, 0.6, tp=2),  # not pp-only
+                            plan("1f1b megatron-slabs M=4", "1f1b", 1.8, 2.4),
+                            plan("1f1b disttrain-slabs M=4", "1f1b", 1.35, 1.8)]}
+        real = sweep.real_point(record)
+        assert real["best"] == "transpose,1f1b rr M=8" and real["pp"] == 2 and real["encoder_share"] == 0.2
+        assert real["speedup_predicted"] == pytest.approx({"megatron": 2.0, "disttrain": 1.5})
+        assert real["speedup_measured"] == pytest.approx({"megatron": 2.0, "disttrain": 1.5})
+        assert sweep.real_point({"plans": []}) is None
+    finally:
+        del sys.modules[spec.name]

@@ -14,6 +14,8 @@
   optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the parameters instead: the same
   bytes over the same ring, half of them each. Gradients travel in ``grad_reduce_dtype``.
 - ``Loss`` and ``StepBarrier`` cost nothing (the LM head layer carries the loss's work).
+- The optimizer update of each rank is added to its last event before the barrier
+  (:mod:`mpipe_tune.cost.update`).
 
 Ranks are laid out with tensor parallelism innermost, then context, data and pipeline, so pipeline
 rank ``r`` starts at device ``r * tp * cp * dp`` and ``devices_per_node`` decides which links are
@@ -40,6 +42,7 @@ from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, REDUCE, EventArr
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.overlap import compile_overlap
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
+from mpipe_tune.cost.update import estimate_update_s, update_charges
 
 _LINK_OF_COMM = {Comm.SEND: "p2p", Comm.RECV_GRAD: "p2p", Comm.GATHER: "gather", Comm.SCATTER: "scatter"}
 _SEND, _GATHER = COMMS.index(Comm.SEND), COMMS.index(Comm.GATHER)
@@ -90,6 +93,8 @@ class DurationModel:
         self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
         self._overlap = None
         """The reduces' overlap with compute (:mod:`~mpipe_tune.cost.overlap`), compiled with them."""
+        self._update: tuple[np.ndarray, np.ndarray] | None = None
+        """The optimizer update: (events, seconds), parameter counts and the ranks' orders only, so once."""
         self.order_plan: Callable[[], Plan] = lambda: plan
         """The plan whose per-rank orders the overlap reads (a re-timed plan's differ from ``plan``'s)."""
 
@@ -115,7 +120,7 @@ class DurationModel:
         out = copy.copy(self)
         out.alpha, out.beta = self.alpha.copy(), self.beta.copy()
         out.alpha[positions], out.beta[positions] = alpha, beta
-        out.order_plan, out._reduce_s, out._overlap = order_plan, None, None
+        out.order_plan, out._reduce_s, out._overlap, out._update = order_plan, None, None, None
         return out
 
     def durations(self, table: LayerTable | TableSums) -> np.ndarray:
@@ -127,6 +132,11 @@ class DurationModel:
                                 self.alpha, self.beta, self.reduce_idx, self.reduce_seconds(sums.table), out)
         if self._overlap is not None:  # reads the compute events' durations only
             out[self.reduce_idx] = self._overlap.exposed(out, self._reduce_s)
+        if self._update is None:  # the ranks' last events move with their orders (a re-timed plan's)
+            plan = self.order_plan()
+            self._update = update_charges(plan, estimate_update_s(plan, self.model, sums.table, self.profile,
+                                                                  self.options))
+        out[self._update[0]] += self._update[1]
         return out
 
     def reduce_seconds(self, table: LayerTable) -> np.ndarray:

@@ -12,7 +12,9 @@ the layer's parameter count.
   efficiency for the layer kind (the forward's, or the backward's for dgrad and wgrad, which differ
   where the profile says so). A layer that has tokens to work on also pays the profile's fixed
   seconds per call for its kind: once per forward, and once per backward it runs (``bwd_overhead_s``,
-  charged under the same footprint as the backward). With ``tp_degree > 1`` the forward and the dgrad
+  charged under the same footprint as the backward), plus, for an image-stream kind, the profile's
+  seconds per image beyond the microbatch's first (:func:`estimate_image_calls_s`: the runtime's ViT
+  block makes one attention call per image). With ``tp_degree > 1`` the forward and the dgrad
   each pay the layer's tensor-parallel all-reduces over the intra-node link, less the share the
   profile's ``tp_comm_overlap`` hides behind the GEMMs; with ``ep_degree > 1`` a
   MoE layer's forward and dgrad each pay its dispatch and combine all-to-alls
@@ -370,12 +372,26 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
             ring_bwd_s = exposed_ring_s(link, 2.0 * traffic.ring_step_bytes, traffic.ring_steps, core_bwd_s)
     tokens = mb.image_tokens if cost.kind in arch.IMAGE_STREAM_KINDS else mb.text_tokens
     fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if tokens > 0 else (0.0, 0.0)
+    fwd_images_s, bwd_images_s = estimate_image_calls_s(profile, cost.kind, mb)
+    fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s, bwd_call_s + bwd_images_s
     fwd = fwd_call_s + max(fwd_compute_s, work.fwd_bytes / bandwidth) + comm_s + ring_fwd_s
     dgrad = max(dgrad_compute_s, work.dgrad_bytes / bandwidth) + comm_s + ring_bwd_s
     wgrad = max(wgrad_compute_s, work.wgrad_bytes / bandwidth)
     core_s = max(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
     return (fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s, core_s,
             work.selective_saved_activation_bytes)
+
+
+def estimate_image_calls_s(profile: HardwareProfile, kind: str, mb: Microbatch) -> tuple[float, float]:
+    """(forward, backward) seconds of the per-image calls beyond the first: the profile's per-image
+    overhead for ``kind`` (:meth:`~mpipe_tune.cost.profile.HardwareProfile.image_overhead_for`; the ViT
+    block attends inside each image, one attention call per image) times the microbatch's images less
+    one. Text-stream kinds and microbatches of at most one image pay nothing."""
+    if kind not in arch.IMAGE_STREAM_KINDS:
+        return 0.0, 0.0
+    extra = max(0, len(mb.image_sizes()) - 1)
+    fwd_s, bwd_s = profile.image_overhead_for(kind)
+    return extra * fwd_s, extra * bwd_s
 
 
 def compute_seconds(work: arch.ArchWork, kind: str, profile: HardwareProfile, dtype: str):

@@ -63,21 +63,15 @@ def rank_layers(plan: Plan) -> tuple[tuple[tuple[int, int], ...], ...]:
     return tuple(tuple(plan.slab(p.region, r) for p in plan.placement) for r in range(plan.num_ranks))
 
 
-def static_bytes_of(layers: tuple[tuple[tuple[int, int], ...], ...], model: Model, table: LayerTable,
-                    options: CostOptions) -> tuple[float, ...]:
-    """Per rank, the static bytes of the layer ranges it holds (:func:`rank_layers`): what the
-    placement alone decides, before any order exists."""
-    trainable = np.array(model.trainable_bits(), dtype=bool)
-    ep = options.ep_degree
-    tp = table.tp_degrees(options)  # the encoder's layers split over encoder_tp where that is set
-    experts = table.expert_params() / (tp * ep)  # a rank's share of the routed experts
-    params = (table.param_count - table.expert_params() * (1 - 1 / ep)) / tp
-    ranks = options.dp_degree * options.cp_degree
-    shards, expert_shards = (ranks, ranks // ep) if options.shard_optimizer else (1, 1)
-    optimizer = options.optimizer_bytes_per_param / shards
-    expert_optimizer = options.optimizer_bytes_per_param / expert_shards
-    per_layer = (params * options.dtype_bytes() + params * trainable * (options.grad_bytes_per_param + optimizer)
-                 + experts * trainable * (expert_optimizer - optimizer))  # 0 unless ep > 1 with ZeRO-1
+def local_params(table: LayerTable, options: CostOptions) -> np.ndarray:
+    """Per layer, the parameters one rank holds: split over the tensor-parallel group (the encoder's
+    over ``encoder_tp`` where that is set), the routed experts also over the expert-parallel group."""
+    tp = table.tp_degrees(options)
+    return (table.param_count - table.expert_params() * (1 - 1 / options.ep_degree)) / tp
+
+
+def per_rank_sum(layers: tuple[tuple[tuple[int, int], ...], ...], per_layer: np.ndarray) -> tuple[float, ...]:
+    """Per rank, the sum of ``per_layer`` over the layer ranges it holds (:func:`rank_layers`)."""
     out = []
     for ranges in layers:
         total = 0.0
@@ -85,6 +79,23 @@ def static_bytes_of(layers: tuple[tuple[tuple[int, int], ...], ...], model: Mode
             total += float(per_layer[start:stop].sum())
         out.append(total)
     return tuple(out)
+
+
+def static_bytes_of(layers: tuple[tuple[tuple[int, int], ...], ...], model: Model, table: LayerTable,
+                    options: CostOptions) -> tuple[float, ...]:
+    """Per rank, the static bytes of the layer ranges it holds (:func:`rank_layers`): what the
+    placement alone decides, before any order exists."""
+    trainable = np.array(model.trainable_bits(), dtype=bool)
+    ep = options.ep_degree
+    experts = table.expert_params() / (table.tp_degrees(options) * ep)  # a rank's share of the routed experts
+    params = local_params(table, options)
+    ranks = options.dp_degree * options.cp_degree
+    shards, expert_shards = (ranks, ranks // ep) if options.shard_optimizer else (1, 1)
+    optimizer = options.optimizer_bytes_per_param / shards
+    expert_optimizer = options.optimizer_bytes_per_param / expert_shards
+    per_layer = (params * options.dtype_bytes() + params * trainable * (options.grad_bytes_per_param + optimizer)
+                 + experts * trainable * (expert_optimizer - optimizer))  # 0 unless ep > 1 with ZeRO-1
+    return per_rank_sum(layers, per_layer)
 
 
 class MemoryLayout:

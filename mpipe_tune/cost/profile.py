@@ -10,8 +10,15 @@ its latency has another origin than its bandwidth (a datasheet bandwidth with an
 An efficiency entry's ``value`` is the achieved fraction of peak for a layer kind's forward and, unless
 the entry gives ``backward_value``, its backward too. Optional ``forward_overhead_s`` and
 ``backward_overhead_s`` are fixed seconds per layer call on top of the roofline (framework dispatch,
-small kernels that the roofline of the FLOPs cannot see); absent, they are 0. The profiler fits all four
-per layer kind when it calibrates (:mod:`mpipe_tune.profiler.calibrate`).
+small kernels that the roofline of the FLOPs cannot see); absent, they are 0. Optional
+``forward_image_overhead_s`` and ``backward_image_overhead_s`` are fixed seconds per image beyond the
+first of a microbatch, for kinds whose runtime module makes one call per image (the ViT block attends
+inside each image: one attention call each); absent, 0. The profiler fits them per layer kind when it
+calibrates (:mod:`mpipe_tune.profiler.calibrate`).
+
+Optional top-level ``optimizer_update_bytes_per_s``: the rate of the optimizer update (bytes of
+weights, gradients and optimizer state read and written per second), measured by the profiler on the
+runtime's own update; a profile without it updates at ``memory_bytes_per_s``.
 
 An optional ``tp_comm_overlap`` entry (a number with provenance) states the fraction of the
 tensor-parallel collectives' time hidden behind compute; absent, they are fully exposed.
@@ -53,8 +60,9 @@ COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_a
 _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "tp_comm_overlap",
+    "optimizer_update_bytes_per_s",
 }
-_OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap"}
+_OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s"}
 ATTENTION_CORE = "attention_core"
 """Efficiency entry of the attention core (scores and values, one fused kernel) inside any layer kind: where
 the profile has it, the core's FLOPs are timed at it and the rest of the layer at the kind's entry; where
@@ -62,7 +70,8 @@ not, the whole layer at the kind's entry."""
 FP8_LINEAR = "fp8_linear"
 """Efficiency entry of the linear layers' GEMMs in an fp8 step (against the fp8 peak, casts and scaling
 included); absent, they run at the layer kind's efficiency."""
-_EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s")
+_IMAGE_OVERHEADS = ("forward_image_overhead_s", "backward_image_overhead_s")
+_EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s", *_IMAGE_OVERHEADS)
 """Optional numbers of an efficiency entry besides ``value`` (not provenance)."""
 _MISSING = object()
 
@@ -101,6 +110,11 @@ class HardwareProfile:
     """Layer kind -> efficiency of its backward, for the entries that give ``backward_value``."""
     call_overhead_s: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
     """Layer kind -> (forward, backward) fixed seconds per call, for the entries that give either."""
+    image_overhead_s: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
+    """Layer kind -> (forward, backward) fixed seconds per image beyond a microbatch's first, for the
+    entries that give either."""
+    optimizer_update_bytes_per_s: float | None = None
+    """Measured rate of the optimizer update; None: it runs at :attr:`memory_bytes_per_s`."""
     tp_comm_overlap: float | None = None
     """Fraction in [0, 1] of the tensor-parallel all-reduce (reduce-scatter / all-gather) time hidden behind
     the layer's GEMMs (Transformer Engine's comm-GEMM overlap); None (absent from the file): 0, every
@@ -161,6 +175,17 @@ class HardwareProfile:
         entry = kind if kind in self.efficiency else "default"
         return self.call_overhead_s.get(entry, (0.0, 0.0))
 
+    def image_overhead_for(self, kind: str) -> tuple[float, float]:
+        """(forward, backward) fixed seconds per image beyond a microbatch's first for a ``kind`` layer
+        (its entry's, or ``"default"``'s when the profile has none for ``kind``); (0, 0) unless given."""
+        entry = kind if kind in self.efficiency else "default"
+        return self.image_overhead_s.get(entry, (0.0, 0.0))
+
+    @property
+    def update_bytes_per_s(self) -> float:
+        """Bytes per second of the optimizer update: the measured rate, else the memory bandwidth."""
+        return self.optimizer_update_bytes_per_s or self.memory_bytes_per_s
+
     def link(self, collective: str, *, inter_node: bool = False) -> LinkCost:
         """Cost of ``collective`` on the intra- or inter-node link class, falling back to its ``p2p``."""
         if collective not in COLLECTIVES:
@@ -195,6 +220,9 @@ class HardwareProfile:
             "efficiency": {k: self._efficiency_entry(k) for k in self.efficiency},
             "links": links,
         }
+        if self.optimizer_update_bytes_per_s is not None:
+            data["optimizer_update_bytes_per_s"] = number("optimizer_update_bytes_per_s",
+                                                          self.optimizer_update_bytes_per_s)
         if self.tp_comm_overlap is not None:
             data["tp_comm_overlap"] = number("tp_comm_overlap", self.tp_comm_overlap)
         if self.notes:
@@ -207,6 +235,8 @@ class HardwareProfile:
             entry["backward_value"] = self.backward_efficiency[kind]
         if kind in self.call_overhead_s:
             entry["forward_overhead_s"], entry["backward_overhead_s"] = self.call_overhead_s[kind]
+        if kind in self.image_overhead_s:
+            entry["forward_image_overhead_s"], entry["backward_image_overhead_s"] = self.image_overhead_s[kind]
         return {**entry, **_thaw(self.provenance[f"efficiency.{kind}"])}
 
     @cached_property
@@ -287,11 +317,13 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
     peak_flops = {d: v.number(f"peak_flops_per_s.{d}", e, positive=True) for d, e in peaks.items()}
     memory_bps = v.number("memory_bytes_per_s", data["memory_bytes_per_s"], positive=True)
     capacity = v.number("memory_capacity_bytes", data["memory_capacity_bytes"], positive=True)
+    update_bps = (v.number("optimizer_update_bytes_per_s", data["optimizer_update_bytes_per_s"], positive=True)
+                  if "optimizer_update_bytes_per_s" in data else None)
 
     effs = v.table("efficiency", data["efficiency"], allowed=None)
     if "default" not in effs:
         v.fail("efficiency.default", _MISSING, "is required", 'add {"value": 1.0, "source": "assumed"}')
-    efficiency, backward_efficiency, call_overhead = {}, {}, {}
+    efficiency, backward_efficiency, call_overhead, image_overhead = {}, {}, {}, {}
     for kind, entry in effs.items():
         path = f"efficiency.{kind}"
         efficiency[kind] = v.efficiency(f"{path}.value", v.number(path, entry, positive=True,
@@ -303,6 +335,10 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
             call_overhead[kind] = tuple(
                 v.scalar(f"{path}.{key}", entry[key], positive=False) if key in entry else 0.0
                 for key in ("forward_overhead_s", "backward_overhead_s"))
+        if any(key in entry for key in _IMAGE_OVERHEADS):
+            image_overhead[kind] = tuple(
+                v.scalar(f"{path}.{key}", entry[key], positive=False) if key in entry else 0.0
+                for key in _IMAGE_OVERHEADS)
 
     tp_overlap = None
     if "tp_comm_overlap" in data:
@@ -329,7 +365,8 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         memory_capacity_bytes=capacity, efficiency=MappingProxyType(efficiency),
         links=MappingProxyType(links), provenance=MappingProxyType(v.provenance),
         notes=notes, backward_efficiency=MappingProxyType(backward_efficiency),
-        call_overhead_s=MappingProxyType(call_overhead), tp_comm_overlap=tp_overlap,
+        call_overhead_s=MappingProxyType(call_overhead), image_overhead_s=MappingProxyType(image_overhead),
+        optimizer_update_bytes_per_s=update_bps, tp_comm_overlap=tp_overlap,
     )
 
 

@@ -6,11 +6,13 @@ measurements into the JSON form ``parse_profile`` accepts, every number with its
 spreads behind it. The inter-node link class, which a single-host run cannot see, is a copy of the
 intra-node one marked ``assumed``. When a calibration model is given, each layer kind (and a
 ``default`` over all its kinds) gets a forward efficiency (``value``), a ``backward_value`` and fixed
-seconds per forward and backward call, fitted to its layers' timings; without one, ``default`` is 1.0,
-``assumed``, and no call overhead.
+seconds per forward and backward call, fitted to its layers' timings (and, for the ViT block, fixed
+seconds per image), and the profile gets the measured ``optimizer_update_bytes_per_s``; without one,
+``default`` is 1.0, ``assumed``, and no call overhead.
 
-On CPU one device is one of the ``nproc`` processes: the roofline and the layer timings run with that
-process's share of the cores (:func:`~mpipe_tune.profiler.device.device_share`).
+On CPU one device is one of the ``nproc`` processes: the roofline runs with that process's share of
+the cores (:func:`~mpipe_tune.profiler.device.device_share`); the layers are timed by ``nproc`` ranks
+at once, as a run's stages (:mod:`~mpipe_tune.profiler.together`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.profile import SCHEMA_VERSION
 from mpipe_tune.profiler.calibrate import (
     MIN_SIZES_FOR_OVERHEAD,
+    PER_IMAGE_KINDS,
     LayerFit,
     LayerPoint,
     calibration_layers,
     fit_layer_timing,
-    time_layers,
 )
 from mpipe_tune.profiler.device import (
     BACKENDS,
@@ -45,6 +47,7 @@ from mpipe_tune.profiler.links import LINK_COLLECTIVES, LinkSweep, measure_links
 from mpipe_tune.profiler.roofline import RateSweep, measure_memory_bandwidth, measure_peak_flops
 from mpipe_tune.profiler.settings import SweepSettings, sweep_settings
 from mpipe_tune.profiler.stats import summarize
+from mpipe_tune.profiler.together import UpdatePoint, calibrate_together
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ class Measurements:
     layer_points: tuple[LayerPoint, ...] = ()
     calibration_model: str | None = None
     calibration_dtype: str | None = None
+    update_point: UpdatePoint | None = None
+    """The runtime's optimizer update timed on the calibration layers' weights (with a calibration)."""
 
 
 def count_steps(dtypes: tuple[str, ...], settings: SweepSettings, calibration: Model | None = None,
@@ -96,8 +101,9 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
     with device_share(torch, device, nproc):
         peaks = {dtype: measure_peak_flops(torch, device, dtype, settings, progress) for dtype in dtypes}
         memory = measure_memory_bandwidth(torch, device, settings, progress)
-        points = () if calibration is None else tuple(
-            time_layers(torch, device, calibration, dtypes[0], settings, progress))
+    points, update = (), None
+    if calibration is not None:
+        points, update = calibrate_together(device, nproc, calibration, dtypes[0], settings, progress)
     capacity, capacity_ref = memory_capacity_bytes(torch, device, nproc)
     links = measure_links(device, nproc, settings, progress)
     per_node = nproc if device == "cpu" else getattr(torch, device).device_count()
@@ -105,6 +111,7 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
         device, device_name(torch, device), nproc, per_node, torch.__version__, peaks, memory, capacity,
         capacity_ref, links, quick, threads_per_process(nproc) if device == "cpu" else None, points,
         calibration.name if calibration is not None else None, dtypes[0] if calibration is not None else None,
+        update,
     )
 
 
@@ -164,6 +171,18 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
                    "profile across nodes or replace it with the interconnect's figures",
         }
 
+    extra = {}
+    if m.update_point is not None:
+        u = m.update_point
+        extra["optimizer_update_bytes_per_s"] = {
+            "value": u.bytes_per_s, **measured,
+            "ref": f"the runtime's optimizer update (plain SGD: read weight and gradient, write weight) on the "
+                   f"weights of model {m.calibration_model!r}'s calibration layers in {m.calibration_dtype}, "
+                   f"{u.size_bytes / 2**20:.1f} MiB read and written per call, timed by {m.nproc} ranks at once; "
+                   f"bytes over the median{how}",
+            "size_bytes": u.size_bytes, "median_s": u.seconds.median, "iqr_s": u.seconds.iqr,
+            "repeats": u.seconds.num_repeats,
+        }
     return {
         "schema_version": SCHEMA_VERSION,
         "name": name,
@@ -179,6 +198,7 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
         "memory_capacity_bytes": capacity,
         "efficiency": _efficiencies(m, measured, how),
         "links": {"intra_node": intra, "inter_node": inter},
+        **extra,
     }
 
 
@@ -207,17 +227,20 @@ def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: 
     for point in layer_points:
         groups.setdefault(point.kind, []).append(point)
     entries = {}
-    for kind, points in [("default", list(layer_points)), *sorted(groups.items())]:
+    single = [p for p in layer_points if p.images == 1]  # the default entry: no kind's per-image part
+    for kind, points in [("default", single), *sorted(groups.items())]:
         fits: dict[str, LayerFit] = {}
         predicted = [0.0] * len(points)
         squares = 0.0
+        per_image = kind in PER_IMAGE_KINDS and any(p.images > 1 for p in points)
         for phase in ("fwd", "bwd"):
             chosen = [i for i, p in enumerate(points) if p.phase == phase]
             if not chosen:
                 continue
             fit = fit_layer_timing([points[i].flops for i in chosen], [points[i].bytes_moved for i in chosen],
                                    [points[i].seconds.median for i in chosen], peak_flops_per_s=peak,
-                                   bytes_per_s=bandwidth)
+                                   bytes_per_s=bandwidth,
+                                   extra_images=[points[i].images - 1 for i in chosen] if per_image else None)
             fits[phase] = fit
             squares += fit.rms_relative_error**2 * len(chosen)
             for i, seconds in zip(chosen, fit.predicted_s):
@@ -228,6 +251,9 @@ def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: 
             numbers["backward_value"] = fits["bwd"].efficiency
         numbers["forward_overhead_s"] = forward.overhead_s
         numbers["backward_overhead_s"] = fits["bwd"].overhead_s if "bwd" in fits else 0.0
+        if per_image:
+            numbers["forward_image_overhead_s"] = forward.image_overhead_s
+            numbers["backward_image_overhead_s"] = fits["bwd"].image_overhead_s if "bwd" in fits else 0.0
         what = "every calibrated layer kind" if kind == "default" else f"the runtime's {kind} layers"
         entries[kind] = {
             **numbers, **measured,
@@ -235,10 +261,13 @@ def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: 
                    f"in model order on fresh microbatches; per phase, the efficiency and the fixed seconds per "
                    f"call (>= 0; fitted where a phase has {MIN_SIZES_FOR_OVERHEAD} sizes or more) minimising the "
                    f"relative error of overhead + max(W / (eff * peak), D / bandwidth) against the medians, with "
-                   f"this profile's {dtype} peak and bandwidth and the cost model's W and D{how}",
+                   f"this profile's {dtype} peak and bandwidth and the cost model's W and D"
+                   + ("; also timed on the patches split into several images, with fixed seconds per image beyond "
+                      "the first fitted beside (one attention call per image)" if per_image else "") + how,
             "rms_relative_error": math.sqrt(squares / len(points)),
             "layers": [p.layer_name for p in points],
             "tokens": [p.tokens for p in points],
+            "images": [p.images for p in points],
             "phase": [p.phase for p in points],
             "flops": [p.flops for p in points],
             "bytes": [p.bytes_moved for p in points],

@@ -20,6 +20,16 @@ same layer inside a stage. The backward of a layer that received a tensor from t
 first) includes its input gradient, as the cost model charges a trainable layer in the middle of a
 model. Growth over sizes stops once one layer's forward plus backward takes longer than the settings
 allow.
+
+Repeats run in batches of ``settings.repeats`` (after the warm-up) until every layer's forward and
+backward median moved by at most ``settings.calibration_tolerance`` (relative) over the last batch,
+or ``settings.calibration_max_repeats`` repeats were taken. The ranks of
+:mod:`~mpipe_tune.profiler.together` time at once, as a pipeline's stages run: each repeat starts
+after a barrier and all ranks agree when to stop.
+
+Kinds whose runtime module makes one call per image (:data:`PER_IMAGE_KINDS`: the ViT block attends
+inside each image) are also timed on the same patches split into :data:`CALIBRATION_IMAGES` images,
+so that the fit can tell the fixed seconds per image from those per call.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.profiler.device import Timer
 from mpipe_tune.profiler.roofline import TORCH_DTYPES
 from mpipe_tune.profiler.settings import SweepSettings
-from mpipe_tune.profiler.stats import Spread, summarize
+from mpipe_tune.profiler.stats import Spread
 
 @dataclass(frozen=True)
 class LayerPoint:
@@ -53,6 +63,24 @@ class LayerPoint:
     flops: float
     bytes_moved: float
     seconds: Spread
+    images: int = 1
+    """Images the microbatch's patches were split into (1 for text-stream kinds)."""
+
+
+PER_IMAGE_KINDS = frozenset({"vit_block"})
+"""Kinds whose runtime module makes a call per image (:class:`~mpipe_tune.runtime.layers.VitBlock`
+attends inside each image), so their time has a per-image part."""
+CALIBRATION_IMAGES = 4
+"""Images the multi-image calibration points split a size's patches into."""
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How the ranks that calibrate together keep in step: ``barrier()`` before each timed repeat,
+    ``all_stop(flag)`` true once every rank's flag is. One process alone: neither waits."""
+
+    barrier: Callable[[], None] = lambda: None
+    all_stop: Callable[[bool], bool] = lambda stop: stop
 
 
 def calibration_layers(model: Model) -> list[int]:
@@ -69,105 +97,178 @@ def calibration_layers(model: Model) -> list[int]:
     return sorted(first.values())
 
 
-def time_layers(torch: ModuleType, device: str, model: Model, dtype: str, settings: SweepSettings,
-                progress: Callable[[str], None]) -> list[LayerPoint]:
-    """Forward and backward medians of each distinct layer of ``model``, timed in a chain (see the module
-    docstring), at the settings' sizes."""
+def layer_samples(torch: ModuleType, device: str, model: Model, dtype: str, settings: SweepSettings,
+                  progress: Callable[[str], None], agreement: Agreement = Agreement(),
+                  ) -> list[tuple[LayerPoint, list[float]]]:
+    """Forward and backward seconds of each distinct layer of ``model``, every repeat's, timed in a
+    chain (see the module docstring) at the settings' sizes, beside the point each belongs to (its
+    ``seconds`` a placeholder until the samples of all ranks that timed together are summarized)."""
     from mpipe_tune.runtime.blueprint import blueprint
-    from mpipe_tune.runtime.layers import build_layer
 
     specs = blueprint(model)
-    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
-    where = torch.device(device)
     chain = calibration_layers(model)
-    modules = [build_layer(replace(specs[i], trainable=True), seed=0, dtype=torch_dtype, device=where) for i in chain]
+    modules = chain_modules(torch, device, model, dtype)
     timer = Timer(torch, device)
-    points: list[LayerPoint] = []
+    torch_dtype, where = getattr(torch, TORCH_DTYPES[dtype]), torch.device(device)
+    out: list[tuple[LayerPoint, list[float]]] = []
     for position, tokens in enumerate(settings.calibration_tokens):
-        mb = calibration_microbatch(model, tokens)
-        fwd, bwd, fed = _time_chain(torch, timer, specs, chain, modules, mb, torch_dtype, where, settings)
         too_long = False
-        for k, index in enumerate(chain):
-            layer = model.layers[index]
-            work = arch.estimate_arch_work(layer.cost.kind, layer.cost.dims_dict(), mb, dtype_bytes=DTYPE_BYTES[dtype])
-            bwd_flops = work.wgrad_flops + (work.dgrad_flops if fed[k] else 0.0)
-            bwd_bytes = work.wgrad_bytes + (work.dgrad_bytes if fed[k] else 0.0)
-            fwd_s, bwd_s = summarize(fwd[k]), summarize(bwd[k])
-            points.append(LayerPoint(layer.name, specs[index].kind, tokens, "fwd", work.fwd_flops, work.fwd_bytes, fwd_s))
-            points.append(LayerPoint(layer.name, specs[index].kind, tokens, "bwd", bwd_flops, bwd_bytes, bwd_s))
-            progress(f"layer {layer.name} {tokens} tokens")
-            too_long = too_long or fwd_s.median + bwd_s.median > settings.calibration_max_point_s
-        if too_long:
+        for images in (1, CALIBRATION_IMAGES):
+            kinds = None if images == 1 else PER_IMAGE_KINDS
+            if kinds is not None and not any(specs[i].kind in kinds for i in chain):
+                continue
+            mb = calibration_microbatch(model, tokens, images)
+            fwd, bwd, fed = time_chain(torch, timer, specs, chain, modules, mb, torch_dtype, where, settings,
+                                        agreement)
+            for k, index in enumerate(chain):
+                layer, kind = model.layers[index], specs[index].kind
+                if kinds is not None and kind not in kinds:
+                    continue
+                work = arch.estimate_arch_work(kind, layer.cost.dims_dict(), mb, dtype_bytes=DTYPE_BYTES[dtype])
+                bwd_flops = work.wgrad_flops + (work.dgrad_flops if fed[k] else 0.0)
+                bwd_bytes = work.wgrad_bytes + (work.dgrad_bytes if fed[k] else 0.0)
+                count = images if kind in arch.IMAGE_STREAM_KINDS else 1
+                blank = Spread(0.0, 0.0, 0)
+                out.append((LayerPoint(layer.name, kind, tokens, "fwd", work.fwd_flops, work.fwd_bytes, blank, count),
+                            fwd[k]))
+                out.append((LayerPoint(layer.name, kind, tokens, "bwd", bwd_flops, bwd_bytes, blank, count), bwd[k]))
+                if images == 1:
+                    progress(f"layer {layer.name} {tokens} tokens")
+                    too_long = too_long or float(np.median(fwd[k]) + np.median(bwd[k])) > settings.calibration_max_point_s
+        if not agreement.all_stop(not too_long):  # some rank's point took too long: every rank stops growing
             for skipped in settings.calibration_tokens[position + 1:]:
                 for index in chain:
                     progress(f"layer {model.layers[index].name} {skipped} tokens (skipped)")
             break
-    return points
+    return out
 
 
-def _time_chain(torch, timer: Timer, specs, chain: list[int], modules: list, mb: Microbatch, dtype, where,
-                settings: SweepSettings) -> tuple[list[list[float]], list[list[float]], list[bool]]:
+def chain_modules(torch: ModuleType, device: str, model: Model, dtype: str) -> list:
+    """The runtime's modules of the calibration chain (:func:`calibration_layers`), all trainable."""
+    from mpipe_tune.runtime.blueprint import blueprint
+    from mpipe_tune.runtime.layers import build_layer
+
+    specs = blueprint(model)
+    torch_dtype, where = getattr(torch, TORCH_DTYPES[dtype]), torch.device(device)
+    return [build_layer(replace(specs[i], trainable=True), seed=0, dtype=torch_dtype, device=where)
+            for i in calibration_layers(model)]
+
+
+def is_stable(previous: Sequence[float] | None, current: Sequence[float], tolerance: float) -> bool:
+    """Every median within ``tolerance`` (relative) of the previous batch's.
+
+    >>> is_stable(None, [1.0], 0.02), is_stable([1.0, 2.0], [1.01, 2.0], 0.02), is_stable([1.0], [1.05], 0.02)
+    (False, True, False)
+    """
+    return previous is not None and all(abs(c - p) <= tolerance * p for p, c in zip(previous, current))
+
+
+def repeat_until_stable(run_batch: Callable[[], list[list[float]]], settings: SweepSettings,
+                        agreement: Agreement) -> list[list[float]]:
+    """Call ``run_batch`` (``settings.repeats`` more samples for each quantity) until every quantity's
+    median is stable (:func:`is_stable`) on every rank, or ``settings.calibration_max_repeats``
+    samples were taken; returns all samples per quantity."""
+    samples: list[list[float]] | None = None
+    previous = None
+    while True:
+        batch = run_batch()
+        samples = batch if samples is None else [s + b for s, b in zip(samples, batch)]
+        medians = [float(np.median(s)) for s in samples]
+        done = is_stable(previous, medians, settings.calibration_tolerance) or \
+            len(samples[0]) >= settings.calibration_max_repeats
+        if agreement.all_stop(done):
+            return samples
+        previous = medians
+
+
+def time_chain(torch, timer: Timer, specs, chain: list[int], modules: list, mb: Microbatch, dtype, where,
+                settings: SweepSettings, agreement: Agreement,
+                ) -> tuple[list[list[float]], list[list[float]], list[bool]]:
     """Per chained layer, its forward and backward seconds over the repeats, and whether it was fed a
     tensor by the layer before it (and so computes an input gradient)."""
+    n = len(chain)
+    fed = [False] * n
+    drawn = [0]  # microbatches drawn so far: each repeat gets fresh inputs
+
+    def batch(repeats: int, keep: bool) -> list[list[float]]:
+        fwd: list[list[float]] = [[] for _ in range(n)]
+        bwd: list[list[float]] = [[] for _ in range(n)]
+        for _ in range(repeats):
+            agreement.barrier()
+            _chain_once(torch, timer, specs, chain, modules, mb, dtype, where, drawn[0], fed, fwd, bwd)
+            drawn[0] += 1
+        return fwd + bwd if keep else []
+
+    batch(max(1, settings.warmup), keep=False)
+    samples = repeat_until_stable(lambda: batch(settings.repeats, keep=True), settings, agreement)
+    return samples[:n], samples[n:], fed
+
+
+def _chain_once(torch, timer: Timer, specs, chain: list[int], modules: list, mb: Microbatch, dtype, where,
+                repeat: int, fed: list[bool], fwd: list[list[float]], bwd: list[list[float]]) -> None:
+    """One training forward through the chain and the backward back, each layer's call timed."""
     from mpipe_tune.runtime.blueprint import output_shape
     from mpipe_tune.runtime.data import MicrobatchInputs
 
     n = len(chain)
-    fwd: list[list[float]] = [[] for _ in range(n)]
-    bwd: list[list[float]] = [[] for _ in range(n)]
-    fed = [False] * n
-    warmup = max(1, settings.warmup)
-    for repeat in range(warmup + settings.repeats):
-        inputs = MicrobatchInputs(mb, repeat, 0, dtype, where)  # fresh draws, as each microbatch of a run
-        y = None
-        saved = []
-        for k, index in enumerate(chain):
-            x = None
-            if index > 0:
-                shape = output_shape(specs[index - 1], mb)
-                fed[k] = y is not None and tuple(y.shape) == tuple(shape)
-                x = y.detach() if fed[k] else torch.randn(shape, dtype=dtype, device=where)
-                x.requires_grad_(True)
-            outputs: list = []
-            seconds = timer.seconds_per_call(lambda: outputs.append(modules[k](x, inputs)))
-            y = outputs[0]
-            saved.append((x, y))
-            if repeat >= warmup:
-                fwd[k].append(seconds)
+    inputs = MicrobatchInputs(mb, repeat, 0, dtype, where)  # fresh draws, as each microbatch of a run
+    y = None
+    saved = []
+    for k, index in enumerate(chain):
+        x = None
+        if index > 0:
+            shape = output_shape(specs[index - 1], mb)
+            fed[k] = y is not None and tuple(y.shape) == tuple(shape)
+            x = y.detach() if fed[k] else torch.randn(shape, dtype=dtype, device=where)
+            x.requires_grad_(True)
+        outputs: list = []
+        seconds = timer.seconds_per_call(lambda: outputs.append(modules[k](x, inputs)))
+        y = outputs[0]
+        saved.append((x, y))
+        fwd[k].append(seconds)
+    grad = None
+    for k in reversed(range(n)):
+        x, y = saved[k]
+        out_grad = None if y.dim() == 0 else (grad if grad is not None else torch.ones_like(y))
+        seconds = timer.seconds_per_call(lambda: torch.autograd.backward(y, out_grad))
+        bwd[k].append(seconds)
         grad = None
-        for k in reversed(range(n)):
-            x, y = saved[k]
-            out_grad = None if y.dim() == 0 else (grad if grad is not None else torch.ones_like(y))
-            seconds = timer.seconds_per_call(lambda: torch.autograd.backward(y, out_grad))
-            if repeat >= warmup:
-                bwd[k].append(seconds)
-            grad = None
-            if x is not None and fed[k]:
-                grad = x.grad if x.grad is not None else torch.zeros_like(x)
-    return fwd, bwd, fed
+        if x is not None and fed[k]:
+            grad = x.grad if x.grad is not None else torch.zeros_like(x)
 
 
-def calibration_microbatch(model: Model, tokens: int) -> Microbatch:
-    """A microbatch of ``tokens`` text tokens and one image of about ``tokens`` ViT patches.
+def calibration_microbatch(model: Model, tokens: int, images: int = 1) -> Microbatch:
+    """A microbatch of ``tokens`` text tokens and about ``tokens`` ViT patches, in one image or split
+    as evenly as whole image tokens allow into ``images`` (at most one per image token).
 
     >>> from mpipe_tune.specs import load_model
     >>> calibration_microbatch(load_model("tiny-vit-llm"), 64)
     Microbatch(image_tokens=16, text_tokens=64, images=())
+    >>> calibration_microbatch(load_model("tiny-vit-llm"), 64, images=3).images
+    (6, 5, 5)
     """
     merge = next((layer.cost.dims_dict()["merge_factor"] for layer in model.layers
                   if isinstance(layer.cost, ArchCost) and "merge_factor" in layer.cost.dims_dict()), 1)
-    return Microbatch(image_tokens=max(1, math.ceil(tokens / merge)), text_tokens=tokens)
+    image_tokens = max(1, math.ceil(tokens / merge))
+    if images == 1:
+        return Microbatch(image_tokens=image_tokens, text_tokens=tokens)
+    count = min(images, image_tokens)
+    sizes = tuple(image_tokens // count + (1 if i < image_tokens % count else 0) for i in range(count))
+    return Microbatch(image_tokens=image_tokens, text_tokens=tokens, images=sizes)
 
 
 @dataclass(frozen=True)
 class LayerFit:
-    """``overhead_s + max(W / (efficiency * F), D / B)`` fitted to one phase of one layer kind."""
+    """``overhead_s + (images - 1) * image_overhead_s + max(W / (efficiency * F), D / B)`` fitted to one
+    phase of one layer kind."""
 
     efficiency: float
     overhead_s: float
     rms_relative_error: float
     """Root mean square of ``(predicted - measured) / measured`` over the points."""
     predicted_s: tuple[float, ...]
+    image_overhead_s: float = 0.0
+    """Fixed seconds per image beyond the first (0 unless points of several images were fitted)."""
 
 
 MIN_SIZES_FOR_OVERHEAD = 3
@@ -176,31 +277,63 @@ efficiency (two parameters from two sizes would follow any noise exactly)."""
 
 
 def fit_layer_timing(flops: Sequence[float], bytes_moved: Sequence[float], times_s: Sequence[float], *,
-                     peak_flops_per_s: float, bytes_per_s: float) -> LayerFit:
-    """The efficiency in (0, 1] and overhead >= 0 minimising the relative error against ``times_s``.
+                     peak_flops_per_s: float, bytes_per_s: float,
+                     extra_images: Sequence[int] | None = None) -> LayerFit:
+    """The efficiency in (0, 1], overhead >= 0 and (with ``extra_images``, each point's images less
+    one, not all equal) per-image overhead >= 0 minimising the relative error against ``times_s``.
 
-    For each efficiency on a logarithmic grid from 1e-6 to 1 (0.1% steps) the best overhead has a
-    closed form (relative least squares, clipped at 0); the pair with the smallest error wins. With
-    fewer than :data:`MIN_SIZES_FOR_OVERHEAD` distinct FLOP counts the overhead is 0.
+    For each efficiency on a logarithmic grid from 1e-6 to 1 (0.1% steps) the best overheads have a
+    closed form (relative least squares, each clipped at 0); the triple with the smallest error wins.
+    With fewer than :data:`MIN_SIZES_FOR_OVERHEAD` distinct FLOP counts the overheads are 0.
 
     >>> f = fit_layer_timing([1e9, 2e9, 4e9], [0, 0, 0], [0.011, 0.021, 0.041],
     ...                      peak_flops_per_s=1e11, bytes_per_s=1e10)
     >>> round(f.efficiency, 2), round(f.overhead_s, 4), round(f.rms_relative_error, 4)
     (1.0, 0.001, 0.0)
+    >>> f = fit_layer_timing([1e9, 2e9, 4e9, 1e9, 2e9, 4e9], [0] * 6, [0.011, 0.021, 0.041, 0.017, 0.027, 0.047],
+    ...                      peak_flops_per_s=1e11, bytes_per_s=1e10, extra_images=[0, 0, 0, 3, 3, 3])
+    >>> round(f.overhead_s, 4), round(f.image_overhead_s, 4), round(f.rms_relative_error, 4)
+    (0.001, 0.002, 0.0)
     """
     t = np.asarray(times_s, dtype=float)
     w = np.asarray(flops, dtype=float)
     assert t.ndim == 1 and len(t) >= 1 and np.all(t > 0) and w.shape == t.shape, (w, t)
+    c = np.zeros_like(t) if extra_images is None else np.asarray(extra_images, dtype=float)
     grid = np.geomspace(1e-6, 1.0, 13_817)  # ratio 1.001 between neighbours
     roof = np.maximum(w[None, :] / (grid[:, None] * peak_flops_per_s),
                       np.asarray(bytes_moved, dtype=float)[None, :] / bytes_per_s)
+    overhead = np.zeros(len(grid))
+    per_image = np.zeros(len(grid))
     if len(np.unique(w)) >= MIN_SIZES_FOR_OVERHEAD:
-        inv2 = 1.0 / t**2
-        overhead = np.maximum(0.0, ((t - roof) * inv2).sum(axis=1) / inv2.sum())
-    else:
-        overhead = np.zeros(len(grid))
-    predicted = roof + overhead[:, None]
+        overhead, per_image = _overheads(t, roof, c if len(np.unique(c)) > 1 else None)
+    predicted = roof + overhead[:, None] + per_image[:, None] * c[None, :]
     errors = np.sqrt(np.mean(((predicted - t) / t) ** 2, axis=1))
     best = int(np.argmin(errors))
     return LayerFit(float(grid[best]), float(overhead[best]), float(errors[best]),
-                    tuple(float(x) for x in predicted[best]))
+                    tuple(float(x) for x in predicted[best]), float(per_image[best]))
+
+
+def _overheads(t: np.ndarray, roof: np.ndarray, c: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per grid row, the overhead ``a >= 0`` and per-image overhead ``b >= 0`` minimising
+    ``sum(((t - roof - a - b c) / t)^2)`` (``b = 0`` without ``c``): the free least-squares solution
+    where both are >= 0, else the better of the one-parameter solutions on the boundary."""
+    weight = 1.0 / t**2
+    r = t[None, :] - roof
+    only_a = np.maximum(0.0, (r * weight).sum(axis=1) / weight.sum())
+    if c is None:
+        return only_a, np.zeros_like(only_a)
+    swc, swcc = (weight * c).sum(), (weight * c * c).sum()
+    sw = weight.sum()
+    swr, swcr = (r * weight).sum(axis=1), (r * weight * c).sum(axis=1)
+    det = sw * swcc - swc * swc
+    free_a, free_b = (swcc * swr - swc * swcr) / det, (sw * swcr - swc * swr) / det
+    only_b = np.maximum(0.0, swcr / swcc)
+    candidates = [(np.maximum(free_a, 0.0), np.maximum(free_b, 0.0)), (only_a, np.zeros_like(only_a)),
+                  (np.zeros_like(only_b), only_b)]
+    errors = [(((r - a[:, None] - b[:, None] * c[None, :]) ** 2) * weight).sum(axis=1) for a, b in candidates]
+    valid = (free_a >= 0) & (free_b >= 0)
+    errors[0] = np.where(valid, errors[0], np.inf)
+    choice = np.argmin(np.stack(errors), axis=0)
+    a = np.choose(choice, [cand[0] for cand in candidates])
+    b = np.choose(choice, [cand[1] for cand in candidates])
+    return a, b

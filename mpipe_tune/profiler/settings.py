@@ -34,6 +34,11 @@ class SweepSettings:
     """Microbatch sizes (image and text tokens) at which each layer is timed for its efficiency."""
     calibration_max_point_s: float
     """Stop growing a layer's token count once its forward plus backward takes longer than this."""
+    calibration_tolerance: float = 0.02
+    """A layer's calibration repeats stop once every median moved by at most this (relative) over the
+    last batch of ``repeats``."""
+    calibration_max_repeats: int = 35
+    """... or once this many repeats were taken (whichever comes first)."""
 
 
 def sweep_settings(device: str, *, quick: bool) -> SweepSettings:
@@ -43,7 +48,7 @@ def sweep_settings(device: str, *, quick: bool) -> SweepSettings:
             matmul_sizes=(64, 128, 256), matmul_max_call_s=0.05, copy_bytes=16 * MiB,
             message_sizes_bytes=tuple(4**k for k in range(1, 9)),  # 4 B .. 64 KiB
             warmup=1, repeats=3, link_repeats=5, min_repeat_s=5e-4,
-            calibration_tokens=(16, 64), calibration_max_point_s=0.2,
+            calibration_tokens=(16, 64), calibration_max_point_s=0.2, calibration_max_repeats=6,
         )
     messages = tuple(4**k for k in range(1, 13))  # 4 B .. 16 MiB, powers of 4
     if device == "cpu":

@@ -10,6 +10,12 @@ Data parallelism: replica ``d`` trains its own microbatches, of the plan's store
 replicas together train ``dp * M`` distinct microbatches. A reduce event sums the gradients of its
 layers over its real process group (:mod:`mpipe_tune.runtime.mesh`): every trained weight's gradient
 is that of the summed loss over all of them, as in the single-process reference.
+
+A microbatch without images skips the encoder: the image-stream layers of a slab (patch embedding,
+ViT blocks, merger, projector) are not called on it, their output is the empty tensor of the last
+skipped layer's shape, and their backward is nothing. This is what the cost model charges (a layer
+whose stream has no tokens costs nothing, :mod:`mpipe_tune.cost.arch`), and what a trainer does
+with a text-only batch; the gradients are those of calling them on empty inputs (zero).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd
+from mpipe_tune.inputs.arch_dims import IMAGE_STREAM_KINDS
+from mpipe_tune.runtime.blueprint import output_shape
 from mpipe_tune.runtime.data import MicrobatchInputs
 from mpipe_tune.runtime.mesh import RankMesh, all_reduce_bucketed, local_tensor
 from mpipe_tune.runtime.mllm import LayerStack
@@ -43,6 +51,8 @@ class RealCompute:
         self._bwd_of: dict[tuple[int, int], int] = {
             (e.region, e.mb): i for i in view.nodes[rank] if isinstance(e := view.events[i], Bwd)
         }
+        self._text_start = next((s.index for s in stack.specs if s.kind not in IMAGE_STREAM_KINDS), len(stack.specs))
+        """The first layer that is not image-stream (the encoder's layers come first)."""
         self.begin_step()
 
     def begin_step(self) -> None:
@@ -64,13 +74,23 @@ class RealCompute:
         if x is not None:
             bwd = self._bwd_of.get((event.region, event.mb))
             x = x.detach().requires_grad_(bwd is not None and self.view.needs_input_grad(bwd))
+        h = x
+        if self.view.microbatches[event.mb].image_tokens == 0 and start < self._text_start:
+            start, h = self._skip_encoder(event.mb, start, stop)
         with torch.set_grad_enabled(track), tp_context(self.mesh.tp_mesh):
-            y = self.stack.run(start, stop, x, self._microbatch(event.mb))
+            y = self.stack.run(start, stop, h, self._microbatch(event.mb)) if start < stop else h
         if track:
             self._saved[(event.region, event.mb)] = (x, y)
         if index in self._loss_sources:
             self._outputs[index] = y
         return y.detach()
+
+    def _skip_encoder(self, m: int, start: int, stop: int) -> tuple[int, torch.Tensor]:
+        """Microbatch ``m`` has no images: where the slab's run resumes (the first text layer, or
+        ``stop``) and the skipped image-stream layers' output, an empty tensor of the last one's shape."""
+        resume = min(self._text_start, stop)
+        shape = output_shape(self.stack.specs[resume - 1], self.view.microbatches[m])
+        return resume, torch.empty(shape, dtype=self.dtype, device=self.device)
 
     def loss(self, index: int) -> None:
         source = self.view.loss_source[index]
@@ -78,12 +98,13 @@ class RealCompute:
 
     def backward(self, index: int, event: Bwd, grad: torch.Tensor | None) -> torch.Tensor | None:
         x, y = self._saved.pop((event.region, event.mb))
-        with tp_context(self.mesh.tp_mesh):
-            if index in self.view.loss_fed:
-                torch.autograd.backward(y)
-            else:
-                assert grad is not None, f"{event} has no output gradient"
-                torch.autograd.backward(y, grad)
+        if y.requires_grad:  # not when every layer of the slab was skipped (an encoder slab, no images)
+            with tp_context(self.mesh.tp_mesh):
+                if index in self.view.loss_fed:
+                    torch.autograd.backward(y)
+                else:
+                    assert grad is not None, f"{event} has no output gradient"
+                    torch.autograd.backward(y, grad)
         if not self.view.needs_input_grad(index):
             return None
         assert x is not None
@@ -97,11 +118,18 @@ class RealCompute:
         layers = range(*self.view.reduce_layers(event, self.rank))
         all_reduce_bucketed([local_tensor(p.grad) for p in self.stack.trainable_parameters(layers)], group)
 
-    @torch.no_grad()
     def update(self) -> None:
-        """Plain SGD (written out: building a torch.optim optimizer imports torch._dynamo, seconds per rank)."""
-        for p in self.stack.trainable_parameters():
-            p.add_(p.grad, alpha=-self.lr)
+        sgd_update(self.stack.trainable_parameters(), self.lr)
+
+
+@torch.no_grad()
+def sgd_update(parameters, lr: float) -> None:
+    """The runtime's optimizer step: plain SGD, ``p -= lr * grad`` per trainable parameter, no state
+    (written out: building a torch.optim optimizer imports torch._dynamo, seconds per rank). Each
+    parameter reads its weight and gradient and writes its weight; the profiler times this function
+    for the profile's ``optimizer_update`` rate."""
+    for p in parameters:
+        p.add_(p.grad, alpha=-lr)
 
 
 class EmulatedCompute:

@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from mpipe_tune.profiler.calibrate import MIN_SIZES_FOR_OVERHEAD, calibration_microbatch, fit_layer_timing
+from mpipe_tune.profiler.calibrate import (
+    MIN_SIZES_FOR_OVERHEAD,
+    Agreement,
+    calibration_microbatch,
+    fit_layer_timing,
+    repeat_until_stable,
+)
+from mpipe_tune.profiler.settings import sweep_settings
 from mpipe_tune.specs import load_model
 
 PEAK, BANDWIDTH = 1e11, 1e10
@@ -61,3 +68,56 @@ def test_calibration_sizes_are_rows_per_layer_call():
     assert (mb.text_tokens, mb.image_tokens) == (256, 64)  # 256 text tokens, one image of 256 ViT patches
     assert calibration_microbatch(model, 2).image_tokens == 1
     assert calibration_microbatch(load_model("llama3-8b"), 100).image_tokens == 100  # no encoder: merge 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fit_tells_the_per_image_calls_from_the_per_layer_call(seed):
+    rng = np.random.default_rng(seed)
+    flops = np.tile(np.geomspace(1e7, 1e10, 4), 2)
+    images = np.repeat([1, 4], 4)  # each size once in one image, once split into four
+    eff, overhead, per_image = rng.uniform(0.2, 0.8), rng.uniform(2e-4, 2e-3), rng.uniform(1e-4, 1e-3)
+    times = (timings(flops, flops / 100, eff, overhead) + per_image * (images - 1)) * rng.normal(1.0, 0.005, 8)
+    fit = fit_layer_timing(flops, flops / 100, times, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH,
+                           extra_images=images - 1)
+    assert fit.efficiency == pytest.approx(eff, rel=0.03)
+    assert fit.overhead_s == pytest.approx(overhead, rel=0.2)
+    assert fit.image_overhead_s == pytest.approx(per_image, rel=0.2)
+    # without the per-image term the same points fit worse
+    plain = fit_layer_timing(flops, flops / 100, times, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH)
+    assert plain.image_overhead_s == 0.0 and plain.rms_relative_error > fit.rms_relative_error
+
+
+def test_per_image_overhead_is_clipped_at_zero():
+    flops = np.tile([1e9, 2e9, 4e9], 2)
+    times = timings(flops, [0] * 6, 0.5, 1e-3) - 1e-4 * np.repeat([0, 3], 3)  # split images run faster
+    fit = fit_layer_timing(flops, [0] * 6, times, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH,
+                           extra_images=np.repeat([0, 3], 3))
+    assert fit.image_overhead_s == 0.0 and fit.overhead_s > 0
+
+
+def test_repeats_stop_once_the_medians_are_stable_or_at_the_maximum():
+    settings = sweep_settings("cpu", quick=False)  # batches of 7 repeats, 2% tolerance, at most 35
+    steady = iter(range(100))
+    batches = []
+
+    def batch(values):
+        batches.append(values)
+        return [list(values)]
+
+    samples = repeat_until_stable(lambda: batch([1.0] * settings.repeats), settings, Agreement())
+    assert len(samples[0]) == 2 * settings.repeats  # the second batch confirms the first's median
+    batches.clear()
+    samples = repeat_until_stable(lambda: batch([float(next(steady))] * settings.repeats), settings, Agreement())
+    assert len(samples[0]) == settings.calibration_max_repeats  # the median keeps moving: stop at the maximum
+    # a rank that is not stable yet keeps every rank going
+    votes = []
+    stop_when_all = Agreement(all_stop=lambda stop: votes.append(stop) or len(votes) >= 3)
+    samples = repeat_until_stable(lambda: batch([1.0] * settings.repeats), settings, stop_when_all)
+    assert len(samples[0]) == 3 * settings.repeats
+
+
+def test_multi_image_calibration_microbatches_split_the_same_patches():
+    model = load_model("tiny-vit-llm")
+    one, four = calibration_microbatch(model, 256), calibration_microbatch(model, 256, images=4)
+    assert four.image_tokens == one.image_tokens == 64 and four.images == (16, 16, 16, 16)
+    assert calibration_microbatch(model, 4, images=4).images == (1,)  # no more images than image tokens

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mpipe_tune.cost.profile import COLLECTIVES, LinkCost, estimate_collective_s
-from mpipe_tune.profiler import device, fit, links, stats
+from mpipe_tune.profiler import calibrate, device, fit, links, stats
 from mpipe_tune.profiler.fit import fit_alpha_beta, fit_efficiency, roofline_s, step_multipliers, to_link_cost
 from mpipe_tune.profiler.stats import summarize
 
@@ -104,6 +104,6 @@ def test_summarize_gives_median_and_interquartile_range():
     assert summarize([7.0]).iqr == 0.0
 
 
-@pytest.mark.parametrize("module", [fit, stats, device, links])
+@pytest.mark.parametrize("module", [fit, stats, device, links, calibrate])
 def test_docstring_examples(module):
     assert doctest.testmod(module).failed == 0

@@ -52,7 +52,15 @@ def test_quick_cpu_sweep_writes_a_profile_that_loads(tmp_path):
         origin = profile.provenance[f"efficiency.{kind}"]
         assert origin["source"] == "measured" and 0 < profile.efficiency_for(kind) <= 1
         assert len(origin["median_s"]) == len(origin["predicted_s"]) == len(origin["tokens"]) >= 2
-    assert "wrote" in stdout and "p2p" in stdout
+    vit = profile.to_dict()["efficiency"]["vit_block"]
+    assert 4 in vit["images"] and 1 in vit["images"]  # the ViT block also on several images per microbatch
+    assert profile.image_overhead_for("vit_block") == (vit["forward_image_overhead_s"], vit["backward_image_overhead_s"])
+    assert profile.image_overhead_for("dense_block") == (0.0, 0.0)
+    update = profile.provenance["optimizer_update_bytes_per_s"]
+    assert update["source"] == "measured" and update["size_bytes"] > 0
+    assert profile.update_bytes_per_s == pytest.approx(update["size_bytes"] / update["median_s"])
+    assert update["repeats"] % 2 == 0  # both local ranks timed it at once: their repeats are pooled
+    assert "wrote" in stdout and "p2p" in stdout and "optimizer update" in stdout
     assert [p.name for p in tmp_path.iterdir()] == ["quick.json"]  # no scratch or temporary files left
 
 
