@@ -1,0 +1,36 @@
+"""Model specs that compose other files: relative paths resolve against the composing file's folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.specs import load_model
+
+BLOCK = "layers: [{name: blk, block: llm, fwd_s_per_token: 1.0e-6, bwd_s_per_token: 2.0e-6, repeat: 3}]\n"
+
+
+def write_tree(root):
+    (root / "parts" / "deeper").mkdir(parents=True)
+    (root / "parts" / "deeper" / "block.yaml").write_text(f"name: block\n{BLOCK}")
+    (root / "parts" / "backbone.yaml").write_text("name: backbone\ncompose: [deeper/block.yaml, deeper/block.yaml]\n")
+    (root / "mllm.yaml").write_text("name: mllm\ncompose: [parts/backbone.yaml, parts/deeper/block.yaml]\n")
+    return root / "mllm.yaml"
+
+
+def test_relative_composes_resolve_against_each_files_folder_from_any_working_folder(tmp_path, monkeypatch):
+    path = write_tree(tmp_path / "models")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    model = load_model(path)
+    assert model.num_layers == 9  # backbone (2 x 3, nested one folder deeper) + 3
+    monkeypatch.chdir(tmp_path / "models")
+    assert load_model("mllm.yaml").num_layers == 9
+
+
+def test_a_missing_composed_file_names_where_it_was_looked_up(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\ncompose: [parts/nothing.yaml]\n")
+    with pytest.raises(MpipeError, match="folder of the file that composes it"):
+        load_model(path)
