@@ -8,15 +8,16 @@ from mpipe_tune.algebra import Cut, parse_schedule
 from mpipe_tune.algebra.events import DpReduce, StepBarrier
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import load_profile, parse_profile
 from mpipe_tune.cost.update import estimate_update_s
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.specs import load_model
 
+from conftest import predict_plan
+
 MODEL = load_model("tiny-vit-llm")
-FIRST_LLM = next(i for i, u in enumerate(MODEL.layers) if u.block == "llm")
+FIRST_LLM = MODEL.backbone_start
 WORKLOAD = Workload(tuple(Microbatch(16, 64, (4, 12)) for _ in range(4)), "four")
 SGD = CostOptions(dtype="fp32", optimizer_bytes_per_param=0.0)
 UPDATE_RATE = 2e9
@@ -39,7 +40,7 @@ def last_event_s(result, rank: int) -> tuple[object, float]:
 
 def test_each_rank_updates_its_trainable_weights_after_its_last_reduce():
     profile = ideal_with(optimizer_update_bytes_per_s=UPDATE_RATE)
-    result = predict(Cut(()), parse_schedule("1f1b"), MODEL, WORKLOAD, profile, 2, options=SGD)
+    result = predict_plan(Cut(()), parse_schedule("1f1b"), MODEL, WORKLOAD, profile, 2, options=SGD)
     for rank in range(2):
         start, stop = result.plan.slab(1, rank)
         expected = params(range(start, stop)) * 12 / UPDATE_RATE  # SGD in fp32: read w and g, write w
@@ -53,7 +54,7 @@ def test_each_rank_updates_its_trainable_weights_after_its_last_reduce():
 def test_state_bytes_count_twice_and_a_distributed_optimizer_updates_a_shard():
     profile = ideal_with(optimizer_update_bytes_per_s=UPDATE_RATE)
     table = build_layer_table(MODEL, WORKLOAD, profile, CostOptions())
-    plan = predict(Cut(()), parse_schedule("1f1b"), MODEL, WORKLOAD, profile, 1).plan
+    plan = predict_plan(Cut(()), parse_schedule("1f1b"), MODEL, WORKLOAD, profile, 1).plan
     everything = params(range(MODEL.num_layers))
     adam = CostOptions(dtype="bf16", dp_degree=4, shard_optimizer=False)  # 12 state bytes, fp32 gradients
     assert estimate_update_s(plan, MODEL, table, profile, adam)[0] == pytest.approx(
@@ -80,12 +81,12 @@ def test_a_shared_last_event_carries_the_largest_update_of_the_ranks_that_share_
     every rank updates the whole encoder (a replica each)."""
     profile = ideal_with(optimizer_update_bytes_per_s=UPDATE_RATE)
     model = MODEL.with_frozen(("llm",))
-    result = predict(Cut((FIRST_LLM,)), parse_schedule("transpose,1f1b"), model, WORKLOAD, profile, 2, options=SGD)
+    result = predict_plan(Cut((FIRST_LLM,)), parse_schedule("transpose,1f1b"), model, WORKLOAD, profile, 2, options=SGD)
     trainable = [i for i, u in enumerate(model.layers) if u.trainable]
     for rank in range(2):
         event, seconds = last_event_s(result, rank)
         assert isinstance(event, DpReduce) and event.rank is None
-    free = predict(Cut((FIRST_LLM,)), parse_schedule("transpose,1f1b"), model, WORKLOAD, load_profile("ideal"), 2,
+    free = predict_plan(Cut((FIRST_LLM,)), parse_schedule("transpose,1f1b"), model, WORKLOAD, load_profile("ideal"), 2,
                    options=SGD)
     _, free_seconds = last_event_s(free, 0)  # the same reduce at the ideal profile's 1e13 B/s
     update = params(trainable) * 12
