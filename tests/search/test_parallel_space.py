@@ -74,7 +74,8 @@ def test_zero1_never_costs_time_and_saves_memory():
     s, evaluator = space(ep=None)
     c = next(c for _, c in s.enumerate() if c.dp >= 2)
     one, none = evaluator.evaluate(c), evaluator.evaluate(replace(c, zero_stage=0))
-    assert one.makespans_s == none.makespans_s and one.peak_bytes < none.peak_bytes
+    # The same reduce bytes; each rank updates only its 1/dp shard of the optimizer state, so never slower.
+    assert all(a <= b for a, b in zip(one.makespans_s, none.makespans_s)) and one.peak_bytes < none.peak_bytes
 
 
 def test_old_candidate_records_read_as_what_they_meant():
