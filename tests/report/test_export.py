@@ -4,7 +4,10 @@ where one exists here (torch's CSV loader, tomllib, shlex, PyYAML)."""
 import shlex
 import subprocess
 import sys
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 import pytest
 import yaml
