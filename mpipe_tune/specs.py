@@ -37,14 +37,11 @@ def _read_yaml(path: Path) -> Any:
     return load_data_file(path, "model", as_json=False)
 
 
-def _resolve(name: str, base: Path | None = None) -> Any:
-    """The parsed data of model ``name``: a YAML file (a relative path is looked up first in ``base``, the
-    folder of the file that composes it, then in the working folder), a Hugging Face config, or a built-in.
-    A file's own relative ``compose`` entries are made absolute here, so that they resolve against its folder
-    however deep it is composed."""
+def _resolve(name: str) -> Any:
+    """The parsed data of model ``name``: a YAML file, a Hugging Face config, or a built-in. A file's own
+    relative ``compose`` entries are made absolute here (against its folder), so that they resolve there
+    however deep it is composed; the top-level spec is relative to the working folder."""
     path = Path(name)
-    if base is not None and not path.is_absolute() and (base / path).exists():
-        path = base / path
     if path.suffix in (".yaml", ".yml") and path.exists():
         return _absolute_composes(_read_yaml(path), path.resolve().parent)
     if is_hf_config(path):
