@@ -415,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
                     break
         profiles = {world: profile_path(world, profiles_dir) for world in {s.world for s in specs}}
         plans = make_plans(folder, specs, profiles)
+        # The emulated runs go first: they are short, and a failure there must not cost the real runs.
+        emulated = emulated_rows(folder, EMULATED_PPS[:1] if args.quick else EMULATED_PPS,
+                                 ("megatron", "mpipe-rr") if args.quick else EMULATED_BASELINES, args.emulated_steps)
         runs: list[list[dict]] = [[] for _ in plans]
         started = time.perf_counter()
         for r in range(args.rounds):
@@ -425,8 +428,6 @@ def main(argv: list[str] | None = None) -> int:
                 runs[i].append(run_record(result, tries, spec.world))
             print(f"round {r} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         conditions["runs_wall_s"] = time.perf_counter() - started
-        emulated = emulated_rows(folder, EMULATED_PPS[:1] if args.quick else EMULATED_PPS,
-                                 ("megatron", "mpipe-rr") if args.quick else EMULATED_BASELINES, args.emulated_steps)
         conditions["load_average_after"] = os.getloadavg()
         from mpipe_tune.profiler.together import profile_probe_s
 

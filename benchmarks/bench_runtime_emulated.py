@@ -56,13 +56,7 @@ def make_plans(folder: Path, P: int, M: int) -> dict[str, str]:
         "megatron 1f1b": Candidate("1f1b", (), pp=P, tp=1, dp=1, num_microbatches=M,
                                    slab_counts=megatron_slabs(model, weights, P)),
     }
-    paths = {}
-    for name, c in candidates.items():
-        prediction = predict(c, model, workload, profile, options)
-        path = folder / f"{name.replace(' ', '-').replace(',', '_')}.json"
-        dump_plan(plan_record(prediction, model, workload, profile, PlanInputs(MODEL, (), PROFILE)), path)
-        paths[name] = str(path)
-    return paths
+    return write_plans(folder, candidates, model, workload, profile, options)
 
 
 def baseline_plans(folder: Path, P: int, M: int, names) -> dict[str, str]:
@@ -75,16 +69,22 @@ def baseline_plans(folder: Path, P: int, M: int, names) -> dict[str, str]:
     workload = load_workload(MIX, num_microbatches=M, seed=SEED)
     options = CostOptions()
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {}
+    candidates = {}
     for name in names:
         c = baseline(name, model, P, 1, 1, M, vpp_microbatches=(M,))
-        if c is None:
-            continue
-        cut, schedule = c.parsed()
-        prediction = predict(cut, schedule, model, workload, profile, P, num_microbatches=c.num_microbatches,
-                             slab_counts=c.slab_counts, options=options)
-        path = folder / f"{name}.json"
-        dump_plan(plan_record(prediction, model, workload, profile, options, PlanInputs(MODEL, (), PROFILE)), path)
+        if c is not None:
+            candidates[name] = c
+    return write_plans(folder, candidates, model, workload, profile, options)
+
+
+def write_plans(folder: Path, candidates: dict[str, Candidate], model, workload, profile,
+                options: CostOptions) -> dict[str, str]:
+    """Predict each named candidate and write its plan file into ``folder``; name -> path."""
+    paths = {}
+    for name, c in candidates.items():
+        prediction = predict(c, model, workload, profile, options)
+        path = folder / f"{name.replace(' ', '-').replace(',', '_')}.json"
+        dump_plan(plan_record(prediction, model, workload, profile, PlanInputs(MODEL, (), PROFILE)), path)
         paths[name] = str(path)
     return paths
 
