@@ -107,3 +107,18 @@ def test_the_sweep_places_the_real_compute_point_from_the_fidelity_record(fideli
         assert sweep.real_point({"plans": []}) is None
     finally:
         del sys.modules[spec.name]
+
+
+def test_the_emulated_baseline_plans_are_plan_files_the_executor_reads(tmp_path, monkeypatch):
+    # bench_fidelity's emulated rows start from these files; a stale call here once cost a whole real-compute run.
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from bench_runtime_emulated import baseline_plans
+
+    from mpipe_tune.runtime.plan_view import read_plan_file, validate_runnable
+
+    paths = baseline_plans(tmp_path, 2, 4, ("megatron", "mpipe-rr", "vpp"))
+    assert set(paths) == {"megatron", "mpipe-rr", "vpp"}
+    for name, path in paths.items():
+        view = read_plan_file(path)  # re-derives the candidate and checks the stored order against it
+        validate_runnable(view, 2)
+        assert (view.candidate.pp, view.candidate.num_microbatches) == (2, 4), name
