@@ -456,13 +456,23 @@ def topological_order(num_events: int, edges: Sequence[tuple[int, int, EdgeKind]
     return _kahn(num_events, src, dst)
 
 
+COMPILED_SORT_FROM = 4096
+"""Graphs of at least this many events are sorted by the compiled kernel (:mod:`mpipe_tune.algebra.kernels`),
+smaller ones in Python: the same order, and no compile for the small plans that need none."""
+
+
 def _kahn(num_events: int, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
     """:func:`topological_order` over edge columns: the ready events are a stack, initially every source
     with the lowest index on top; an event's successors are released in the order of its edges."""
     by_source = np.argsort(src, kind="stable")
-    succ = dst[by_source].tolist()
     ptr = np.zeros(num_events + 1, dtype=np.int64)
     np.cumsum(np.bincount(src, minlength=num_events), out=ptr[1:])
+    if num_events >= COMPILED_SORT_FROM:
+        from mpipe_tune.algebra.kernels import topological_order as compiled
+
+        topo = compiled(num_events, ptr, np.ascontiguousarray(dst[by_source], dtype=np.int64))
+        return topo.tolist() if len(topo) == num_events else None
+    succ = dst[by_source].tolist()
     ptr = ptr.tolist()
     indegree = np.bincount(dst, minlength=num_events).tolist()
     ready = np.flatnonzero(np.array(indegree) == 0)[::-1].tolist()

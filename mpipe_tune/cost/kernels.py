@@ -60,34 +60,6 @@ def makespan(durations, topo, pred_ptr, pred_idx, scratch):
 
 
 @_jit
-def topological_order(num_events, succ_ptr, succ_idx):
-    """Kahn's algorithm over a successor list; fewer than ``num_events`` entries means a cycle."""
-    indegree = np.zeros(num_events, dtype=np.int64)
-    for j in range(succ_idx.shape[0]):
-        indegree[succ_idx[j]] += 1
-    ready = np.empty(num_events, dtype=np.int64)
-    top = 0
-    for i in range(num_events - 1, -1, -1):
-        if indegree[i] == 0:
-            ready[top] = i
-            top += 1
-    order = np.empty(num_events, dtype=np.int64)
-    count = 0
-    while top > 0:
-        top -= 1
-        i = ready[top]
-        order[count] = i
-        count += 1
-        for j in range(succ_ptr[i], succ_ptr[i + 1]):
-            t = succ_idx[j]
-            indegree[t] -= 1
-            if indegree[t] == 0:
-                ready[top] = t
-                top += 1
-    return order[:count]
-
-
-@_jit
 def running_peaks(rank, delta, num_ranks):
     """Per rank, the largest running sum (at least 0) of ``delta`` in the given order."""
     running = np.zeros(num_ranks)

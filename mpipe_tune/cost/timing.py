@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpipe_tune.algebra.kernels import topological_order
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.cost import kernels
 from mpipe_tune.cost.event_arrays import FWD, EventArrays
@@ -53,7 +54,7 @@ class CompiledOrder:
         by_source = np.argsort(src, kind="stable")
         succ_ptr = np.zeros(num_events + 1, dtype=np.int64)
         np.cumsum(np.bincount(src, minlength=num_events), out=succ_ptr[1:])
-        topo = kernels.topological_order(num_events, succ_ptr, np.ascontiguousarray(dst[by_source]))
+        topo = topological_order(num_events, succ_ptr, np.ascontiguousarray(dst[by_source]))
         assert len(topo) == num_events, "a cyclic order"
         out._build(num_events, src, dst, nodes, topo, encode, first_forward, has_source)
         return out
