@@ -23,16 +23,18 @@ and predict; :attr:`CompiledPlan.plan` builds that plan itself when asked.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cached_property
 
 import numpy as np
 
 from mpipe_tune.algebra.derive import Order, Plan, collector_paused, topological_order
+from mpipe_tune.algebra.encoder_backward import BackboneSteps, backbone_steps
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByMicrobatch, validate_owners
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.durations import DurationModel, TableSums
-from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, REDUCE, EventArrays
+from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, FWD, REDUCE, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.memory import MemoryLayout, MemoryReport, estimate_static_bytes
 from mpipe_tune.cost.profile import HardwareProfile
@@ -110,9 +112,37 @@ class CompiledPlan:
         if owners == self.owners:
             return self
         validate_owners(owners, self.derived.num_ranks, self.derived.num_microbatches)
+        return self.rearranged(owners)
+
+    def rearranged(self, owners: tuple[int, ...], encoder_backward_slots: tuple[int, ...] | None = None) -> "CompiledPlan":
+        """The same plan with ``owners`` (as :meth:`with_owners`) and its encoder backwards at
+        ``encoder_backward_slots`` (:mod:`~mpipe_tune.algebra.encoder_backward`; None: the cooldown)."""
         if self._moves is None:
             self._moves = _OwnerMoves(self)
-        return self._moves.apply(self, owners)
+        return self._moves.apply(self, tuple(owners), encoder_backward_slots)
+
+    def with_encoder_backward(self, slots: tuple[int, ...]) -> "CompiledPlan":
+        """The same plan and owners with the encoder backwards at ``slots``, re-timed without deriving again."""
+        assert self.owners is not None, "only a plan with a transposed region has encoder backwards to place"
+        return self.rearranged(self.owners, tuple(slots))
+
+    def order_with_encoder_backward(self, slots: tuple[int, ...]) -> CompiledOrder:
+        """The order alone of :meth:`with_encoder_backward` (what a search over slots times, with the
+        durations of one arrangement held fixed)."""
+        if self._moves is None:
+            self._moves = _OwnerMoves(self)
+        return self._moves.order(self, self.owners, tuple(slots))[1]
+
+    @cached_property
+    def backbone_steps(self) -> BackboneSteps:
+        """The plan's backbone in unit-time steps (owner-independent: derived once, shared by re-timed copies)."""
+        return _backbone_steps(self.arrays, self.derived)
+
+    @property
+    def has_encoder_backward(self) -> bool:
+        """Whether the plan runs encoder backwards (a trainable transposed region)."""
+        a = self.arrays
+        return a.source_region >= 0 and bool(((a.kind == BWD) & (a.region == a.source_region)).any())
 
     def events(self):
         """The events (with their ranks under :attr:`owners`), aligned with every per-event array."""
@@ -129,6 +159,24 @@ class CompiledPlan:
             elif isinstance(event, Coll) and event.comm is Comm.SCATTER and event.dst[0] == region:
                 out[i] = Coll(event.comm, event.src, (region, self.owners[event.mb]), event.mb)
         return tuple(out)
+
+
+def _backbone_steps(a: EventArrays, plan: Plan) -> BackboneSteps:
+    M = plan.num_microbatches
+    first_region, first_rank = plan.stages[0]
+    encoder_bwd = (a.kind == BWD) & (a.region == a.source_region)
+    first_bwd = (a.kind == BWD) & (a.region == first_region) & (a.rank == first_rank)
+
+    def per_microbatch(mask: np.ndarray) -> np.ndarray:
+        out = np.full(M, -1, dtype=np.int64)
+        out[a.mb[mask]] = np.flatnonzero(mask)
+        return out
+
+    dataflow = ~a.edge_is_sequence
+    return backbone_steps(a.edge_src[dataflow], a.edge_dst[dataflow], a.nodes, is_encoder_bwd=encoder_bwd,
+                          is_backbone=((a.kind == FWD) | (a.kind == BWD)) & (a.region != a.source_region),
+                          is_tail=(a.kind == REDUCE) | (a.kind == BARRIER), encoder_bwd=per_microbatch(encoder_bwd),
+                          first_bwd=per_microbatch(first_bwd))
 
 
 def _owners(plan: Plan) -> tuple[int, ...] | None:
@@ -174,19 +222,27 @@ class _OwnerMoves:
         self.tensors = np.flatnonzero(encode[layout.alloc_event])
         self.tensor_mb = a.mb[layout.alloc_event[self.tensors]]
 
-    def apply(self, compiled: CompiledPlan, owners: tuple[int, ...]) -> CompiledPlan:
-        a = compiled.arrays
+    def order(self, compiled: CompiledPlan, owners: tuple[int, ...],
+              slots: tuple[int, ...] | None) -> tuple[list[np.ndarray], CompiledOrder]:
+        """Each rank's list for ``owners`` (its encoder backwards at ``slots``, None: the cooldown) and their order."""
         owner = np.array(owners, dtype=np.int64)
         nodes = []
         for r, (kept, at) in enumerate(zip(self.kept, self.tail_at)):
             owned = np.flatnonzero(owner == r)
             backward = self.encoder_bwd[owned] if self.has_encoder_bwd else kept[:0]
             nodes.append(np.concatenate((self.encode[owned], kept[:at], backward, kept[at:])))
+        if slots is not None:
+            nodes = list(compiled.backbone_steps.place(nodes, owners, slots))
         src = np.concatenate([self.edge_src] + [x[:-1] for x in nodes])
         dst = np.concatenate([self.edge_dst] + [x[1:] for x in nodes])
         old = compiled.order
-        order = CompiledOrder.from_arrays(old.num_events, src, dst, nodes, old.encode, old.first_forward,
-                                          old.has_source)
+        return nodes, CompiledOrder.from_arrays(old.num_events, src, dst, nodes, old.encode, old.first_forward,
+                                                old.has_source)
+
+    def apply(self, compiled: CompiledPlan, owners: tuple[int, ...], slots: tuple[int, ...] | None) -> CompiledPlan:
+        a = compiled.arrays
+        owner = np.array(owners, dtype=np.int64)
+        _, order = self.order(compiled, owners, slots)
         src_rank = np.concatenate((owner[a.mb[self.gather]], a.rank[self.scatter]))
         dst_rank = np.concatenate((a.other_rank[self.gather], owner[a.mb[self.scatter]]))
         alpha, beta = compiled.durations_model.links(self.comm, src_rank, dst_rank)
