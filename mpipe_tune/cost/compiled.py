@@ -18,6 +18,12 @@ their new rank; the data-parallel reduces' overlap (:mod:`~mpipe_tune.cost.overl
 the ranks' orders, is compiled again for them. Event indices stay those of ``derive`` with the new
 owners (derive numbers events by microbatch, whoever owns it), so the result equals a fresh derive
 and predict; :attr:`CompiledPlan.plan` builds that plan itself when asked.
+
+**Encoder backwards placed without re-deriving.** :meth:`~CompiledPlan.rearranged` also moves each
+owned encoder backward to a slot (:mod:`mpipe_tune.algebra.encoder_backward`) instead of the
+cooldown, and :meth:`~CompiledPlan.with_encoder_backward` does that alone; the result again equals
+derive with those slots. :attr:`~CompiledPlan.backbone_steps` (the unit-time steps the slots are
+read against) does not depend on the owners, so it is found once per derived plan.
 """
 
 from __future__ import annotations
