@@ -144,7 +144,7 @@ class CompiledPlan:
         """The plan's backbone in unit-time steps (owner-independent: derived once, shared by re-timed copies)."""
         return _backbone_steps(self.arrays, self.derived)
 
-    @property
+    @cached_property
     def has_encoder_backward(self) -> bool:
         """Whether the plan runs encoder backwards (a trainable transposed region)."""
         a = self.arrays

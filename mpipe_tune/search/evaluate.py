@@ -281,24 +281,22 @@ class Evaluator:
         return prediction, workload
 
     def encoder_backward_slots(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
-        """The slots of ``c``'s encoder backwards on step ``sample`` (None: the plan runs none)."""
+        """The slots of ``c``'s encoder backwards on step ``sample`` (None: the cooldown, or the plan runs none)."""
         return self._placed(c, self.slab_counts(c), sample)[1]
 
     # ---------------------------------------------------------------------------- internals
 
     def _placed(self, c: Candidate, slabs, sample: int) -> tuple[CompiledPlan, tuple[int, ...] | None]:
         """``c``'s compiled plan on step ``sample`` with its owners and its encoder backwards placed,
-        and their slots (None without encoder backwards)."""
+        and their slots (None for the cooldown, and without encoder backwards)."""
         owners = None
         if c.has_transpose and c.owner_policy not in (None, "round-robin"):
             owners = self.owners(c, sample)
         plan = self.compiled(c, slabs, owners)
-        if not plan.has_encoder_backward:
-            return plan, None
         slots = c.encoder_backward_slots
+        if (slots is None and c.encoder_backward == COOLDOWN) or not plan.has_encoder_backward:
+            return plan, None  # derive's order: the cooldown
         if slots is None:
-            if c.encoder_backward == COOLDOWN:
-                return plan, plan.backbone_steps.cooldown_slots(plan.owners)
             slots = placement_slots(plan, c.encoder_backward, self._table(sample, c)[2])
         return plan.with_encoder_backward(slots), slots
 
