@@ -4,6 +4,7 @@ A candidate fixes everything ``derive`` and the cost model need except the workl
 skeleton list (normal form), the pipeline / tensor / data degrees (and the expert- and
 context-parallel ones, and the encoder's own tensor-parallel degree), the microbatch count, the owners
 of the transposed region (a policy, an explicit map, or both: the map a policy chose for one step),
+where each rank runs the encoder backwards it owns (a placement, and for ``optimised`` its slots),
 the memory policy (recomputation, ZeRO stage, sequence parallelism), the compute dtype, the frozen
 blocks, and optionally explicit ByLayer slab counts (the baselines give them; searched candidates
 leave them ``None``, meaning slabs balanced by expected layer cost). Fields added after the first plan

@@ -11,6 +11,8 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
    built for microbatch 0 and repeated for every microbatch as index arrays by :func:`_every_microbatch`;
 5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
    skeleton: a new skeleton is one entry there), lowered to its event indices by :func:`_rank_events`;
+   its owned encoder backwards then move where the placement puts them
+   (:func:`mpipe_tune.algebra.encoder_backward.arrange`; the cooldown leaves them where they are);
 6. :func:`topological_order`: a deadlock-free execution of the graph.
 
 The plain build these passes replace (every microbatch's edges and every rank's events de-duplicated
