@@ -362,8 +362,7 @@ def _build_order(
     if gates.source_bwd and not encoder_backward.is_cooldown:
         nodes = encoder_backwards.arrange(
             encoder_backward, nodes, (*flow.events, StepBarrier()), flow.src, flow.dst, source_region=source.region,
-            owners=source.owner.owners, encoder_bwd=flow.per_microbatch(Bwd(source.region, source.owner.owners[0], 0)),
-            first_bwd=flow.per_microbatch(Bwd(*stages[0], 0)))
+            first_stage=stages[0], owners=source.owner.owners)
     src = np.concatenate((flow.src, reduces)).astype(np.int64)
     dst = np.concatenate((flow.dst, [barrier] * len(reduces))).astype(np.int64)
     seq_src, seq_dst = _sequence_edges(nodes, src, dst)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpipe_tune.algebra.events import EdgeKind
 from mpipe_tune.errors import MpipeError
 
 COOLDOWN, EARLIEST, OPTIMISED = "cooldown", "earliest", "optimised"
@@ -238,20 +239,38 @@ def _unit_finish(n: int, src: np.ndarray, dst: np.ndarray, steps: np.ndarray) ->
     return np.array(finish, dtype=np.int64)
 
 
-def arrange(choice: EncoderBackward, nodes: Sequence[Sequence[int]], events: Sequence, src: np.ndarray,
-            dst: np.ndarray, *, source_region: int, owners: Sequence[int], encoder_bwd: Sequence[int],
-            first_bwd: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-    """derive's pass: ``nodes`` (the cooldown order) with the encoder backwards where ``choice`` puts
-    them. ``events``: the order's events (a tuple's last field is its kind tag, a stage event's first
-    its region); ``src``/``dst``: the dataflow edges; per microbatch ``encoder_bwd`` and ``first_bwd``
-    as in :func:`backbone_steps`."""
+def steps_of(events: Sequence, src: np.ndarray, dst: np.ndarray, nodes: Sequence[Sequence[int]], *,
+             source_region: int, first_stage: tuple[int, int], num_microbatches: int) -> BackboneSteps:
+    """:func:`backbone_steps` of an order given as its events (a tuple's last field is its kind tag, a
+    stage event's first two its region and rank, its third its microbatch), its dataflow edges
+    ``src``/``dst`` and its ranks' lists; ``first_stage``: the first backbone stage (region, rank)."""
     tags = np.array([e[-1] for e in events])
-    region = np.array([e[0] if e[-1] in "FB" else -1 for e in events], dtype=np.int64)
-    compute = (tags == "F") | (tags == "B")
-    steps = backbone_steps(np.asarray(src), np.asarray(dst), nodes,
-                           is_encoder_bwd=(tags == "B") & (region == source_region),
-                           is_backbone=compute & (region != source_region), is_tail=(tags == "R") | (tags == "S"),
-                           encoder_bwd=np.asarray(encoder_bwd), first_bwd=np.asarray(first_bwd))
+    stage = (tags == "F") | (tags == "B")
+    region, rank, mb = (np.array([e[k] if e[-1] in "FB" else -1 for e in events], dtype=np.int64) for k in range(3))
+    encoder = (tags == "B") & (region == source_region)
+    first = (tags == "B") & (region == first_stage[0]) & (rank == first_stage[1])
+    encoder_bwd, first_bwd = (np.full(num_microbatches, -1, dtype=np.int64) for _ in range(2))
+    encoder_bwd[mb[encoder]], first_bwd[mb[first]] = np.flatnonzero(encoder), np.flatnonzero(first)
+    return backbone_steps(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), nodes,
+                          is_encoder_bwd=encoder, is_backbone=stage & (region != source_region),
+                          is_tail=(tags == "R") | (tags == "S"), encoder_bwd=encoder_bwd, first_bwd=first_bwd)
+
+
+def plan_steps(plan) -> BackboneSteps:
+    """:func:`steps_of` a derived plan (one with a transposed source region)."""
+    dataflow = [(s, t) for s, t, kind in plan.order.edges if kind is not EdgeKind.SEQUENCE]
+    src, dst = (np.array([e[k] for e in dataflow], dtype=np.int64) for k in (0, 1))
+    return steps_of(plan.order.events, src, dst, plan.order.nodes, source_region=plan.source.region,
+                    first_stage=plan.stages[0], num_microbatches=plan.num_microbatches)
+
+
+def arrange(choice: EncoderBackward, nodes: Sequence[Sequence[int]], events: Sequence, src: np.ndarray,
+            dst: np.ndarray, *, source_region: int, first_stage: tuple[int, int],
+            owners: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """derive's pass: ``nodes`` (the cooldown order) with the encoder backwards where ``choice`` puts
+    them; the other arguments as :func:`steps_of` takes them."""
+    steps = steps_of(events, src, dst, nodes, source_region=source_region, first_stage=first_stage,
+                     num_microbatches=len(owners))
     if choice.slots is not None:
         steps.validate_slots(choice.slots, owners)
         slots = choice.slots

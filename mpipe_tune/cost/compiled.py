@@ -34,13 +34,13 @@ from functools import cached_property
 import numpy as np
 
 from mpipe_tune.algebra.derive import Order, Plan, collector_paused, topological_order
-from mpipe_tune.algebra.encoder_backward import BackboneSteps, backbone_steps
+from mpipe_tune.algebra.encoder_backward import BackboneSteps, plan_steps
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByMicrobatch, validate_owners
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.durations import DurationModel, TableSums
-from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, FWD, REDUCE, EventArrays
+from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, REDUCE, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.memory import MemoryLayout, MemoryReport, estimate_static_bytes
 from mpipe_tune.cost.profile import HardwareProfile
@@ -142,7 +142,7 @@ class CompiledPlan:
     @cached_property
     def backbone_steps(self) -> BackboneSteps:
         """The plan's backbone in unit-time steps (owner-independent: derived once, shared by re-timed copies)."""
-        return _backbone_steps(self.arrays, self.derived)
+        return plan_steps(self.derived)
 
     @cached_property
     def has_encoder_backward(self) -> bool:
@@ -165,24 +165,6 @@ class CompiledPlan:
             elif isinstance(event, Coll) and event.comm is Comm.SCATTER and event.dst[0] == region:
                 out[i] = Coll(event.comm, event.src, (region, self.owners[event.mb]), event.mb)
         return tuple(out)
-
-
-def _backbone_steps(a: EventArrays, plan: Plan) -> BackboneSteps:
-    M = plan.num_microbatches
-    first_region, first_rank = plan.stages[0]
-    encoder_bwd = (a.kind == BWD) & (a.region == a.source_region)
-    first_bwd = (a.kind == BWD) & (a.region == first_region) & (a.rank == first_rank)
-
-    def per_microbatch(mask: np.ndarray) -> np.ndarray:
-        out = np.full(M, -1, dtype=np.int64)
-        out[a.mb[mask]] = np.flatnonzero(mask)
-        return out
-
-    dataflow = ~a.edge_is_sequence
-    return backbone_steps(a.edge_src[dataflow], a.edge_dst[dataflow], a.nodes, is_encoder_bwd=encoder_bwd,
-                          is_backbone=((a.kind == FWD) | (a.kind == BWD)) & (a.region != a.source_region),
-                          is_tail=(a.kind == REDUCE) | (a.kind == BARRIER), encoder_bwd=per_microbatch(encoder_bwd),
-                          first_bwd=per_microbatch(first_bwd))
 
 
 def _owners(plan: Plan) -> tuple[int, ...] | None:

@@ -13,7 +13,7 @@ import pytest
 from conftest import make_model
 from mpipe_tune.algebra import Cut, Owners, derive, parse_schedule
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.encoder_backward import EARLIEST, EncoderBackward
+from mpipe_tune.algebra.encoder_backward import EARLIEST, EncoderBackward, plan_steps
 from mpipe_tune.algebra.events import Bwd
 from mpipe_tune.errors import MpipeError
 
@@ -116,3 +116,24 @@ def test_the_candidate_stores_its_placement_and_old_records_load_as_the_cooldown
     assert Candidate.from_dict(old).encoder_backward == "cooldown"
     assert Candidate.from_dict(old).encoder_backward_slots is None
     assert c.derive(MODEL).order == _derive(placement=EncoderBackward(slots=(3, 8, 8, 8))).order
+
+
+@pytest.mark.parametrize("schedule,cut,P,M", CASES)
+def test_any_legal_slots_together_give_a_deadlock_free_order(schedule, cut, P, M):
+    """Slots at or above each microbatch's smallest legal slot, drawn at random, derive (derive asserts
+    a topological order exists); one below it is refused."""
+    rng = random.Random(P * 7 + M)
+    owners = tuple(rng.randrange(P) for _ in range(M))
+    cooldown = _derive(schedule, cut, P, M, owners)
+    steps = plan_steps(cooldown)
+    low, high = steps.min_slots(owners), steps.cooldown_slots(owners)
+    assert all(a <= b for a, b in zip(low, high))
+    for _ in range(3):
+        slots = tuple(rng.randint(a, b) for a, b in zip(low, high))
+        plan = _derive(schedule, cut, P, M, owners, EncoderBackward(slots=slots))
+        assert len(plan.order.topo) == len(plan.order.events)
+    m = next((m for m in range(M) if low[m] > 0), None)
+    if m is not None:
+        with pytest.raises(MpipeError, match=f"microbatch {m} on rank {owners[m]} comes before its gradient"):
+            _derive(schedule, cut, P, M, owners, EncoderBackward(slots=tuple(
+                low[k] - (k == m) for k in range(M))))
