@@ -100,6 +100,8 @@ class Evaluator:
         """Per derived plan, cost options and owner map: the plan compiled for them."""
         self._max_orders = max_cached_orders
         self._steps: dict[tuple, StepResult] = {}
+        self._slots: dict[tuple, tuple[int, ...]] = {}
+        """Per plan, placement and sampled step: the encoder backward slots the placement chose."""
         self._results: dict[Candidate, Evaluation] = {}
         self._bounds: dict = {}
 
@@ -289,16 +291,23 @@ class Evaluator:
     def _placed(self, c: Candidate, slabs, sample: int) -> tuple[CompiledPlan, tuple[int, ...] | None]:
         """``c``'s compiled plan on step ``sample`` with its owners and its encoder backwards placed,
         and their slots (None for the cooldown, and without encoder backwards)."""
-        owners = None
-        if c.has_transpose and c.owner_policy not in (None, "round-robin"):
-            owners = self.owners(c, sample)
+        owners = self._retimed_owners(c, sample)
         plan = self.compiled(c, slabs, owners)
         slots = c.encoder_backward_slots
         if (slots is None and c.encoder_backward == COOLDOWN) or not plan.has_encoder_backward:
             return plan, None  # derive's order: the cooldown
         if slots is None:
-            slots = placement_slots(plan, c.encoder_backward, self._table(sample, c)[2])
+            key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, sample)
+            if key not in self._slots:
+                self._slots[key] = placement_slots(plan, c.encoder_backward, self._table(sample, c)[2])
+            slots = self._slots[key]
         return plan.with_encoder_backward(slots), slots
+
+    def _retimed_owners(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
+        """The owner map ``c``'s plan is re-timed for on step ``sample``; None: derive's round-robin."""
+        if c.has_transpose and c.owner_policy not in (None, "round-robin"):
+            return self.owners(c, sample)
+        return None
 
     def compiled(self, c: Candidate, slabs, owners: tuple[int, ...] | None = None) -> CompiledPlan:
         """``c``'s plan with ``slabs``, compiled for ``c``'s cost options; ``owners`` (None: derive's
@@ -335,9 +344,7 @@ class Evaluator:
             cache.popitem(last=False)
 
     def _step(self, c: Candidate, slabs, sample: int, memory: bool) -> StepResult:
-        owners = None
-        if c.has_transpose and c.owner_policy not in (None, "round-robin"):
-            owners = self.owners(c, sample)
+        owners = self._retimed_owners(c, sample)
         key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, c.encoder_backward_slots, sample)
         cached = self._steps.get(key)
         if cached is not None and (not memory or cached.peak_bytes is not None):
