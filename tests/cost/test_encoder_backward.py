@@ -65,13 +65,13 @@ def test_the_fastest_placement_is_the_fastest_of_the_three_and_moves_nothing_wit
     times = [_prediction(p)[0].timeline.makespan_s for p in PLACEMENTS]
     assert best.timeline.makespan_s == min(times)
     assert best.candidate.encoder_backward == PLACEMENTS[times.index(min(times))]
-    frozen = replace(base.candidate, frozen=("encoder",))
+    frozen = replace(base.candidate, frozen=("encoder", "projector"))
     assert predict_fastest_placement(frozen, model, workload, hw).candidate.encoder_backward == "cooldown"
 
 
 def test_optimise_slots_refuses_a_plan_without_encoder_backwards():
-    base, model, workload, hw = _prediction("cooldown", frozen=("encoder",))
-    compiled = CompiledPlan(base.plan, model.with_frozen(("encoder",)), hw, base.options)
+    base, model, workload, hw = _prediction("cooldown", frozen=("encoder", "projector"))
+    compiled = CompiledPlan(base.plan, model.with_frozen(("encoder", "projector")), hw, base.options)
     assert not compiled.has_encoder_backward
     with pytest.raises(AssertionError):
         optimise_slots(compiled, base.table)

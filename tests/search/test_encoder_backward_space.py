@@ -31,7 +31,7 @@ def test_the_choice_is_offered_for_a_trainable_transposed_encoder_only():
     assert {c.encoder_backward for _, c in transposed} == set(PLACEMENTS)
     assert all("encoder_backward" not in params and c.encoder_backward == "cooldown"
                for params, c in points if not c.has_transpose)
-    frozen, _ = _space(PLACEMENTS, frozen=("encoder",))
+    frozen, _ = _space(PLACEMENTS, frozen=("encoder", "projector"))
     assert all("encoder_backward" not in params for params, _ in frozen.enumerate())
     cooldown_only, _ = _space(("cooldown",))
     assert cooldown_only.size() == len(points) - 2 * len(transposed) // 3
