@@ -12,7 +12,8 @@ alone, ``optimised`` from :func:`optimise_slots`.
    arrives (on the current timeline: before a backbone event that starts later than both the
    gradient's arrival and the end of the rank's previous event), and to the cooldown, re-timing
    each with the order alone (the durations of the starting arrangement held fixed, so only the
-   longest path is recomputed), and keeps a move that shortens the step;
+   longest path is recomputed), and keeps a move that shortens the step; it repeats that round, up to
+   :data:`PASSES` times, while a round still moves something;
 3. it times the result exactly (the data-parallel reduces' overlap reads the ranks' orders, so
    durations can move with them) and returns the fastest of the three by that exact time, ties to
    the simpler (cooldown, then earliest).
@@ -33,6 +34,8 @@ from mpipe_tune.cost.layers import LayerTable
 
 GAPS_PER_MICROBATCH = 4
 """Idle gaps :func:`optimise_slots` tries per encoder backward (besides the cooldown)."""
+PASSES = 3
+"""Rounds over the microbatches :func:`optimise_slots` makes at most (it stops at one that moves nothing)."""
 
 
 def placement_slots(compiled: CompiledPlan, placement: str, table: LayerTable | TableSums) -> tuple[int, ...]:
@@ -47,8 +50,8 @@ def placement_slots(compiled: CompiledPlan, placement: str, table: LayerTable | 
     return optimise_slots(compiled, table)
 
 
-def optimise_slots(compiled: CompiledPlan, table: LayerTable | TableSums, *,
-                   gaps: int = GAPS_PER_MICROBATCH) -> tuple[int, ...]:
+def optimise_slots(compiled: CompiledPlan, table: LayerTable | TableSums, *, gaps: int = GAPS_PER_MICROBATCH,
+                   passes: int = PASSES) -> tuple[int, ...]:
     """The ``optimised`` placement of ``compiled``'s encoder backwards on ``table`` (module docstring)."""
     assert compiled.has_encoder_backward, "a plan without encoder backwards has nothing to place"
     steps, owners = compiled.backbone_steps, compiled.owners
@@ -59,17 +62,21 @@ def optimise_slots(compiled: CompiledPlan, table: LayerTable | TableSums, *,
     durations = compiled.with_encoder_backward(current).durations(table)
     order = compiled.order_with_encoder_backward(current)
     best = order.makespan(durations)
-    for m, r in enumerate(owners):
-        finish = order.finish_times(durations)
-        arrival = finish[steps.first_bwd[m]]
-        for slot in _gap_slots(order.nodes[r], steps.compute[r], finish, durations, arrival, gaps):
-            if slot == current[m]:
-                continue
-            trial = current[:m] + (slot,) + current[m + 1:]
-            trial_order = compiled.order_with_encoder_backward(trial)
-            time_s = trial_order.makespan(durations)
-            if time_s < best * (1 - 1e-12):
-                best, current, order = time_s, trial, trial_order
+    for _ in range(passes):
+        start = current
+        for m, r in enumerate(owners):
+            finish = order.finish_times(durations)
+            arrival = finish[steps.first_bwd[m]]
+            for slot in _gap_slots(order.nodes[r], steps.compute[r], finish, durations, arrival, gaps):
+                if slot == current[m]:
+                    continue
+                trial = current[:m] + (slot,) + current[m + 1:]
+                trial_order = compiled.order_with_encoder_backward(trial)
+                time_s = trial_order.makespan(durations)
+                if time_s < best * (1 - 1e-12):
+                    best, current, order = time_s, trial, trial_order
+        if current == start:
+            break
     exact.setdefault(current, compiled.with_encoder_backward(current).makespan(table))
     return min(exact, key=exact.get)
 
