@@ -75,3 +75,16 @@ def test_optimise_slots_refuses_a_plan_without_encoder_backwards():
     assert not compiled.has_encoder_backward
     with pytest.raises(AssertionError):
         optimise_slots(compiled, base.table)
+
+
+def test_optimised_shortens_the_issue_s_example_by_running_rank_0_s_first_encoder_backward_in_its_drain():
+    """``predict --schedule transpose,1f1b --pp 4 --microbatches 8`` (example-mllm, ideal, balanced):
+    in the cooldown rank 0 ends with two encoder backwards after every other rank's backbone is done."""
+    model, hw = load_model("example-mllm"), load_profile("ideal")
+    workload = load_workload("balanced", num_microbatches=8, seed=0)
+    c = _candidate(model, 4, 8)
+    cooldown = predict(c, model, workload, hw)
+    optimised = predict(replace(c, encoder_backward="optimised"), model, workload, hw)
+    assert optimised.timeline.makespan_s < cooldown.timeline.makespan_s
+    rank0 = [str(e) for e in optimised.plan.nodes(0)]
+    assert rank0.index("B1.0#0") < rank0.index("B2.0#7")
