@@ -204,7 +204,7 @@ def backbone_steps(src: np.ndarray, dst: np.ndarray, nodes: Sequence[Sequence[in
     pred_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(all_dst, minlength=n), out=pred_ptr[1:])
     pred_idx = all_src[by_target]
-    finish = _unit_finish(n, all_src, all_dst, is_backbone.astype(np.int64))
+    finish = _unit_finish(n, all_src, all_dst, pred_ptr, pred_idx, is_backbone.astype(np.int64))
     compute = tuple(c[is_backbone[c]] for c in chains)
     return BackboneSteps(
         compute=compute, start=tuple(finish[c] - 1 for c in compute), arrival=finish[first_bwd],
@@ -212,30 +212,17 @@ def backbone_steps(src: np.ndarray, dst: np.ndarray, nodes: Sequence[Sequence[in
         is_encoder_bwd=is_encoder_bwd, is_backbone=is_backbone, is_tail=is_tail, pred_ptr=pred_ptr, pred_idx=pred_idx)
 
 
-def _unit_finish(n: int, src: np.ndarray, dst: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """Finish step of every event: ``steps[e]`` after the latest of its predecessors (Kahn's order)."""
-    by_source = np.argsort(src, kind="stable")
-    succ = dst[by_source].tolist()
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
-    ptr_list = ptr.tolist()
-    indegree = np.bincount(dst, minlength=n).tolist()
-    ready = np.flatnonzero(np.array(indegree) == 0).tolist()
-    begin = [0] * n
-    duration = steps.tolist()
+def _unit_finish(n: int, src: np.ndarray, dst: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray,
+                 steps: np.ndarray) -> np.ndarray:
+    """Finish step of every event: ``steps[e]`` after the latest of its predecessors, in topological order."""
+    from mpipe_tune.algebra.derive import _kahn  # derive imports this module: its Kahn's order, read here
+
+    order = _kahn(n, src, dst)
+    assert order is not None, "the backbone order is cyclic"
+    ptr, pred, duration = pred_ptr.tolist(), pred_idx.tolist(), steps.tolist()
     finish = [0] * n
-    done = 0
-    while ready:
-        e = ready.pop()
-        done += 1
-        f = finish[e] = begin[e] + duration[e]
-        for t in succ[ptr_list[e]:ptr_list[e + 1]]:
-            if f > begin[t]:
-                begin[t] = f
-            indegree[t] -= 1
-            if not indegree[t]:
-                ready.append(t)
-    assert done == n, "the backbone order is cyclic"
+    for e in order:
+        finish[e] = duration[e] + max((finish[p] for p in pred[ptr[e]:ptr[e + 1]]), default=0)
     return np.array(finish, dtype=np.int64)
 
 
