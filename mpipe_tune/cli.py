@@ -40,6 +40,10 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slabs", default=None, help="layer count of each rank's slab, P per Sharded region, in order")
     parser.add_argument("--owner", default="round-robin", help="'round-robin' or the rank of microbatch 0, 1, ... (0-based)")
     parser.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder")
+    parser.add_argument("--encoder-backward", default="cooldown", choices=("cooldown", "earliest", "optimised", "search"),
+                        help="where each rank runs the trainable encoder's backwards it owns: cooldown (default, after "
+                             "its last backbone event), earliest (first idle step after the gradient arrives), "
+                             "optimised (slots chosen with the cost model) or search (the fastest of the three)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel degree (default 1)")
     parser.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
@@ -78,7 +82,8 @@ def parse_candidate(args: argparse.Namespace, model, num_microbatches: int):
         str(schedule), cut.boundaries, pp=args.pp, tp=args.tp, dp=args.dp, num_microbatches=num_microbatches,
         owner_policy="round-robin" if owner_map is None and "transpose" in str(schedule).split(",") else None,
         recompute=args.recompute, ep=args.ep, cp=args.cp, zero_stage=args.zero, sequence_parallel=args.sequence_parallel,
-        encoder_tp=args.encoder_tp, owner_map=owner_map, dtype=args.dtype, frozen=frozen)
+        encoder_tp=args.encoder_tp, owner_map=owner_map, dtype=args.dtype, frozen=frozen,
+        encoder_backward="cooldown" if args.encoder_backward == "search" else args.encoder_backward)
     if not args.slabs:
         return candidate
     candidate.validate()  # P >= 1 before --slabs is split into P counts per region
@@ -91,14 +96,15 @@ def parse_candidate(args: argparse.Namespace, model, num_microbatches: int):
 def load_candidate(args: argparse.Namespace):
     """Load the inputs the arguments name, parse the candidate and predict it: returns (Prediction,
     model, workload, profile)."""
-    from mpipe_tune.cost.predict import predict
+    from mpipe_tune.cost.predict import predict, predict_fastest_placement
     from mpipe_tune.specs import load_model, load_profile, load_workload
 
     model = load_model(args.model)
     profile = load_profile(args.profile)
     workload = load_workload(args.workload, num_microbatches=args.microbatches, seed=args.seed)
     candidate = parse_candidate(args, model, len(workload) if args.microbatches is None else args.microbatches)
-    prediction = predict(candidate, model, workload, profile, framework_options(args))
+    run = predict_fastest_placement if args.encoder_backward == "search" else predict
+    prediction = run(candidate, model, workload, profile, framework_options(args))
     return prediction, candidate.model_of(model), workload, profile
 
 

@@ -56,6 +56,7 @@ def _problem(args: argparse.Namespace):
 
 
 def _space_options(args: argparse.Namespace):
+    from mpipe_tune.algebra.encoder_backward import PLACEMENTS
     from mpipe_tune.search import SpaceOptions
     from mpipe_tune.search.owners import POLICIES
 
@@ -78,7 +79,8 @@ def _space_options(args: argparse.Namespace):
               "encoder_tp": args.encoder_tp == "search"}
     return SpaceOptions(skeletons=skeletons, max_chunks=args.max_chunks, cut_window=args.cut_window,
                         owner_policies=owners, max_microbatches=args.max_microbatches, recompute=recompute,
-                        ep=ep, cp=_int_list(args.cp, "--cp"), **memory, **pins)
+                        ep=ep, cp=_int_list(args.cp, "--cp"), **memory, **pins,
+                        encoder_backward=PLACEMENTS if args.encoder_backward == "search" else (args.encoder_backward,))
 
 
 def _section(evaluator, evaluation) -> dict:
@@ -165,6 +167,9 @@ class Plan(Command):
         s.add_argument("--cut-window", type=int, default=1,
                        help="layers either side of the encoder/backbone seam a transpose cut may move (default 1)")
         s.add_argument("--owners", default="round-robin,greedy,optimal", help="owner policies to search")
+        s.add_argument("--encoder-backward", default="cooldown", choices=("cooldown", "earliest", "optimised", "search"),
+                       help="where ranks run the trainable transposed encoder's backwards: cooldown (default), "
+                            "earliest, optimised, or search (try all three)")
         s.add_argument("--max-microbatches", type=int, default=64, help="largest microbatch count (default 64)")
         d = parser.add_argument_group("search")
         d.add_argument("--trials", type=int, default=DEFAULT_TRIALS,

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mpipe_tune.algebra.candidate import DTYPE_BYTES, GRAD_REDUCE_DTYPES, MAX_DEVICES, RECOMPUTE_GRANULARITIES
+from mpipe_tune.algebra.encoder_backward import COOLDOWN, PLACEMENTS
 from mpipe_tune.inputs.workload import MAX_MICROBATCHES
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import check_finite
@@ -87,6 +88,12 @@ def validate_candidate(c: Any, *, where: str) -> None:
         raise damaged(where, "candidate field 'owners' is missing (null for a plan without a transpose region)")
     if c["owners"] is not None:
         _int_list(c["owners"], where=where, field="owners", lower=0, upper=pp - 1, length=m)
+    if c.get("encoder_backward", COOLDOWN) not in PLACEMENTS:
+        raise damaged(where, f"candidate field 'encoder_backward' = {c['encoder_backward']!r} must be one of "
+                           f"{', '.join(PLACEMENTS)}")
+    if c.get("encoder_backward_slots") is not None:
+        _int_list(c["encoder_backward_slots"], where=where, field="encoder_backward_slots", lower=0, upper=1 << 30,
+                  length=m)
 
 
 def validate_predicted(predicted: Any, num_events: int, pp: int, *, where: str) -> None:

@@ -4,6 +4,7 @@ A candidate fixes everything ``derive`` and the cost model need except the workl
 skeleton list (normal form), the pipeline / tensor / data degrees (and the expert- and
 context-parallel ones, and the encoder's own tensor-parallel degree), the microbatch count, the owners
 of the transposed region (a policy, an explicit map, or both: the map a policy chose for one step),
+where each rank runs the encoder backwards it owns (a placement, and for ``optimised`` its slots),
 the memory policy (recomputation, ZeRO stage, sequence parallelism), the compute dtype, the frozen
 blocks, and optionally explicit ByLayer slab counts (the baselines give them; searched candidates
 leave them ``None``, meaning slabs balanced by expected layer cost). Fields added after the first plan
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipe_tune.algebra.derive import Owners, derive
+from mpipe_tune.algebra.encoder_backward import COOLDOWN, EncoderBackward, validate_placement
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import Cut, Schedule, Skeleton, parse_schedule
@@ -115,6 +117,12 @@ class Candidate:
     """Compute and activation dtype (a key of :data:`DTYPE_BYTES`)."""
     frozen: tuple[str, ...] = ()
     """Blocks whose layers are frozen (``Model.with_frozen``), e.g. ``("encoder",)``."""
+    encoder_backward: str = COOLDOWN
+    """Where each rank runs the encoder backwards it owns (:mod:`~mpipe_tune.algebra.encoder_backward`):
+    ``cooldown``, ``earliest`` or ``optimised``; it moves nothing without a trainable transposed region."""
+    encoder_backward_slots: tuple[int, ...] | None = None
+    """Explicit slots of the encoder backwards, one per microbatch (what ``optimised`` chose for one
+    step); ``None``: the placement decides."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
@@ -135,6 +143,11 @@ class Candidate:
             raise MpipeError(f"the owner map {','.join(map(str, self.owner_map))} is given, but schedule "
                              f"<{self.schedule}> has no transpose region, so no microbatch has an owner; drop the "
                              f"owners or use a schedule with transpose")
+        validate_placement(self.encoder_backward)
+        if self.encoder_backward != COOLDOWN and not self.has_transpose:
+            raise MpipeError(f"the encoder backward placement {self.encoder_backward!r} is given, but schedule "
+                             f"<{self.schedule}> has no transpose region, so no rank owns an encoder backward; use "
+                             f"cooldown or a schedule with transpose")
 
     def model_of(self, model: Model) -> Model:
         """``model`` with this candidate's frozen blocks frozen (the model itself when none are)."""
@@ -145,7 +158,8 @@ class Candidate:
         balanced by ``layer_weights`` (default: one per layer), a missing owner map is round-robin."""
         cut, schedule = self.parsed()
         owners = Owners(slab_counts=self.slab_counts, microbatch=self.owner_map, layer_weights=layer_weights)
-        return derive(cut, schedule, self.model_of(model), self.pp, self.num_microbatches, owners)
+        return derive(cut, schedule, self.model_of(model), self.pp, self.num_microbatches, owners,
+                      EncoderBackward(self.encoder_backward, self.encoder_backward_slots))
 
     @property
     def setting(self) -> tuple:
@@ -182,7 +196,8 @@ class Candidate:
         recompute = {"none": "", "full": "  recompute"}.get(granularity, f"  recompute {granularity}")
         memory = ("  zero0" if self.zero_stage == 0 else "") + ("  sp" if self.sequence_parallel else "")
         extra = ("" if self.dtype == "bf16" else f"  {self.dtype}") + (
-            f"  frozen {','.join(self.frozen)}" if self.frozen else "")
+            f"  frozen {','.join(self.frozen)}" if self.frozen else "") + (
+            "" if self.encoder_backward == COOLDOWN else f"  encoder backward {self.encoder_backward}")
         return (f"<{self.schedule}> cut {cut}  {self.degrees}  M={self.num_microbatches}{owners}{slabs}{recompute}"
                 f"{memory}{extra}")
 
@@ -197,6 +212,9 @@ class Candidate:
             "slabs": [list(c) for c in self.slab_counts] if self.slab_counts else None,
             "recompute": self.recompute, "zero_stage": self.zero_stage, "sequence_parallel": self.sequence_parallel,
             "dtype": self.dtype, "frozen": list(self.frozen), "label": self.label,
+            "encoder_backward": self.encoder_backward,
+            "encoder_backward_slots": (list(self.encoder_backward_slots)
+                                       if self.encoder_backward_slots is not None else None),
         }
 
     @classmethod
@@ -205,6 +223,7 @@ class Candidate:
         (and trial records from before the plan file's names keep theirs: ``slab_counts``)."""
         slabs = data.get("slabs", data.get("slab_counts"))
         owner_map = data.get("owners")
+        slots = data.get("encoder_backward_slots")
         return cls(
             schedule=data["schedule"], cut=tuple(data["cut"]), pp=int(data["pp"]), tp=int(data["tp"]),
             dp=int(data["dp"]), num_microbatches=int(data["microbatches"]), owner_policy=data.get("owner_policy"),
@@ -214,4 +233,6 @@ class Candidate:
             encoder_tp=int(data["encoder_tp"]) if data.get("encoder_tp") is not None else None,
             owner_map=tuple(int(r) for r in owner_map) if owner_map is not None else None,
             dtype=str(data.get("dtype", "bf16")), frozen=tuple(data.get("frozen", ())),
+            encoder_backward=str(data.get("encoder_backward", COOLDOWN)),
+            encoder_backward_slots=tuple(int(k) for k in slots) if slots is not None else None,
         )

@@ -11,6 +11,8 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
    built for microbatch 0 and repeated for every microbatch as index arrays by :func:`_every_microbatch`;
 5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
    skeleton: a new skeleton is one entry there), lowered to its event indices by :func:`_rank_events`;
+   its owned encoder backwards then move where the placement puts them
+   (:func:`mpipe_tune.algebra.encoder_backward.arrange`; the cooldown leaves them where they are);
 6. :func:`topological_order`: a deadlock-free execution of the graph.
 
 The plain build these passes replace (every microbatch's edges and every rank's events de-duplicated
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpipe_tune.algebra import encoder_backward as encoder_backwards
 from mpipe_tune.algebra import order as programs
 from mpipe_tune.algebra.events import (
     Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier,
@@ -67,9 +70,12 @@ def derive(
     num_ranks: int,
     num_microbatches: int,
     owners: Owners | None = None,
+    encoder_backward: encoder_backwards.EncoderBackward | None = None,
 ) -> Plan:
-    """Map a valid ``(cut, schedule)`` and a model to placement, collectives and order."""
+    """Map a valid ``(cut, schedule)`` and a model to placement, collectives and order; ``encoder_backward``
+    places the owned encoder backwards (:mod:`mpipe_tune.algebra.encoder_backward`; default: the cooldown)."""
     owners = owners or Owners()
+    encoder_backward = encoder_backward or encoder_backwards.EncoderBackward()
     P, M = num_ranks, num_microbatches
     if not isinstance(P, int) or P < 1:
         raise MpipeError(f"the pipeline degree P is {P!r}, but P must be an integer >= 1")
@@ -84,7 +90,7 @@ def derive(
     region_trainable = [_trainable(model, *p.layers) for p in placement]
     collectives = _collectives(schedule, region_trainable)
     with collector_paused():
-        return _build_order(cut, schedule, model, P, M, placement, collectives)
+        return _build_order(cut, schedule, model, P, M, placement, collectives, encoder_backward)
 
 
 @contextmanager
@@ -334,6 +340,7 @@ def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], s
 def _build_order(
     cut: Cut, schedule: Schedule, model: Model, P: int, M: int,
     placement: tuple[RegionPlacement, ...], collectives: Collectives,
+    encoder_backward: encoder_backwards.EncoderBackward,
 ) -> Plan:
     source = source_of(placement)
     sharded = [p.region for p in placement if p.layout is Layout.SHARDED]
@@ -351,6 +358,11 @@ def _build_order(
     nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1], flow,
                                barrier)
                   for r in range(P))
+    encoder_backward.validate(M, gates.source_bwd)
+    if gates.source_bwd and not encoder_backward.is_cooldown:
+        nodes = encoder_backwards.arrange(
+            encoder_backward, nodes, (*flow.events, StepBarrier()), flow.src, flow.dst, source_region=source.region,
+            first_stage=stages[0], owners=source.owner.owners)
     src = np.concatenate((flow.src, reduces)).astype(np.int64)
     dst = np.concatenate((flow.dst, [barrier] * len(reduces))).astype(np.int64)
     seq_src, seq_dst = _sequence_edges(nodes, src, dst)

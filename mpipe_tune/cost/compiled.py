@@ -18,15 +18,23 @@ their new rank; the data-parallel reduces' overlap (:mod:`~mpipe_tune.cost.overl
 the ranks' orders, is compiled again for them. Event indices stay those of ``derive`` with the new
 owners (derive numbers events by microbatch, whoever owns it), so the result equals a fresh derive
 and predict; :attr:`CompiledPlan.plan` builds that plan itself when asked.
+
+**Encoder backwards placed without re-deriving.** :meth:`~CompiledPlan.rearranged` also moves each
+owned encoder backward to a slot (:mod:`mpipe_tune.algebra.encoder_backward`) instead of the
+cooldown, and :meth:`~CompiledPlan.with_encoder_backward` does that alone; the result again equals
+derive with those slots. :attr:`~CompiledPlan.backbone_steps` (the unit-time steps the slots are
+read against) does not depend on the owners, so it is found once per derived plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cached_property
 
 import numpy as np
 
 from mpipe_tune.algebra.derive import Order, Plan, collector_paused, topological_order
+from mpipe_tune.algebra.encoder_backward import BackboneSteps, plan_steps
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByMicrobatch, validate_owners
@@ -110,9 +118,37 @@ class CompiledPlan:
         if owners == self.owners:
             return self
         validate_owners(owners, self.derived.num_ranks, self.derived.num_microbatches)
+        return self.rearranged(owners)
+
+    def rearranged(self, owners: tuple[int, ...], encoder_backward_slots: tuple[int, ...] | None = None) -> "CompiledPlan":
+        """The same plan with ``owners`` (as :meth:`with_owners`) and its encoder backwards at
+        ``encoder_backward_slots`` (:mod:`~mpipe_tune.algebra.encoder_backward`; None: the cooldown)."""
         if self._moves is None:
             self._moves = _OwnerMoves(self)
-        return self._moves.apply(self, owners)
+        return self._moves.apply(self, tuple(owners), encoder_backward_slots)
+
+    def with_encoder_backward(self, slots: tuple[int, ...]) -> "CompiledPlan":
+        """The same plan and owners with the encoder backwards at ``slots``, re-timed without deriving again."""
+        assert self.owners is not None, "only a plan with a transposed region has encoder backwards to place"
+        return self.rearranged(self.owners, tuple(slots))
+
+    def order_with_encoder_backward(self, slots: tuple[int, ...]) -> CompiledOrder:
+        """The order alone of :meth:`with_encoder_backward` (what a search over slots times, with the
+        durations of one arrangement held fixed)."""
+        if self._moves is None:
+            self._moves = _OwnerMoves(self)
+        return self._moves.order(self, self.owners, tuple(slots))[1]
+
+    @cached_property
+    def backbone_steps(self) -> BackboneSteps:
+        """The plan's backbone in unit-time steps (owner-independent: derived once, shared by re-timed copies)."""
+        return plan_steps(self.derived)
+
+    @cached_property
+    def has_encoder_backward(self) -> bool:
+        """Whether the plan runs encoder backwards (a trainable transposed region)."""
+        a = self.arrays
+        return a.source_region >= 0 and bool(((a.kind == BWD) & (a.region == a.source_region)).any())
 
     def events(self):
         """The events (with their ranks under :attr:`owners`), aligned with every per-event array."""
@@ -174,19 +210,27 @@ class _OwnerMoves:
         self.tensors = np.flatnonzero(encode[layout.alloc_event])
         self.tensor_mb = a.mb[layout.alloc_event[self.tensors]]
 
-    def apply(self, compiled: CompiledPlan, owners: tuple[int, ...]) -> CompiledPlan:
-        a = compiled.arrays
+    def order(self, compiled: CompiledPlan, owners: tuple[int, ...],
+              slots: tuple[int, ...] | None) -> tuple[list[np.ndarray], CompiledOrder]:
+        """Each rank's list for ``owners`` (its encoder backwards at ``slots``, None: the cooldown) and their order."""
         owner = np.array(owners, dtype=np.int64)
         nodes = []
         for r, (kept, at) in enumerate(zip(self.kept, self.tail_at)):
             owned = np.flatnonzero(owner == r)
             backward = self.encoder_bwd[owned] if self.has_encoder_bwd else kept[:0]
             nodes.append(np.concatenate((self.encode[owned], kept[:at], backward, kept[at:])))
+        if slots is not None:
+            nodes = list(compiled.backbone_steps.place(nodes, owners, slots))
         src = np.concatenate([self.edge_src] + [x[:-1] for x in nodes])
         dst = np.concatenate([self.edge_dst] + [x[1:] for x in nodes])
         old = compiled.order
-        order = CompiledOrder.from_arrays(old.num_events, src, dst, nodes, old.encode, old.first_forward,
-                                          old.has_source)
+        return nodes, CompiledOrder.from_arrays(old.num_events, src, dst, nodes, old.encode, old.first_forward,
+                                                old.has_source)
+
+    def apply(self, compiled: CompiledPlan, owners: tuple[int, ...], slots: tuple[int, ...] | None) -> CompiledPlan:
+        a = compiled.arrays
+        owner = np.array(owners, dtype=np.int64)
+        _, order = self.order(compiled, owners, slots)
         src_rank = np.concatenate((owner[a.mb[self.gather]], a.rank[self.scatter]))
         dst_rank = np.concatenate((a.other_rank[self.gather], owner[a.mb[self.scatter]]))
         alpha, beta = compiled.durations_model.links(self.comm, src_rank, dst_rank)

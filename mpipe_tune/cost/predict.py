@@ -3,7 +3,9 @@ slabs, derive, then the compiled plan's timeline and memory (:class:`~mpipe_tune
 the same one the search's evaluator reads).
 
 ``predict(candidate, model, workload, profile, options)``: the candidate fixes the plan (cut,
-schedule, slabs, owners, degrees, dtype, recomputation, frozen blocks); ``options`` carries the cost
+schedule, slabs, owners, encoder backward placement, degrees, dtype, recomputation, frozen blocks;
+an ``optimised`` placement without its slots has them chosen on the workload,
+:func:`~mpipe_tune.cost.encoder_backward.optimise_slots`); ``options`` carries the cost
 model's settings that are not a planning choice (the MoE load imbalance, optimizer bytes), and its
 degree fields are replaced by the candidate's (:func:`cost_options`).
 """
@@ -13,11 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from mpipe_tune.algebra.candidate import ROUND_ROBIN, Candidate
+from mpipe_tune.algebra.encoder_backward import COOLDOWN, OPTIMISED, PLACEMENTS, runs_encoder_backward
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch
 from mpipe_tune.cost.arch import validate_expert_parallel_degree, validate_tensor_parallel_degree
 from mpipe_tune.cost.compiled import CompiledPlan
+from mpipe_tune.cost.encoder_backward import optimise_slots
 from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table
 from mpipe_tune.cost.memory import MemoryReport
 from mpipe_tune.cost.profile import HardwareProfile
@@ -87,8 +91,34 @@ def predict(
     validate_tensor_parallel_degree(model, options.tp_degree)
     validate_expert_parallel_degree(model, options.ep_degree)
     table = build_layer_table(model, workload, profile, options)
-    plan = c.derive(model, layer_weights(model, table))
+    choose_slots = c.encoder_backward == OPTIMISED and c.encoder_backward_slots is None
+    plan = (replace(c, encoder_backward=COOLDOWN) if choose_slots else c).derive(model, layer_weights(model, table))
     compiled = CompiledPlan(plan, model, profile, options)
+    if choose_slots and compiled.has_encoder_backward:
+        slots = optimise_slots(compiled, table)
+        compiled = compiled.with_encoder_backward(slots)
+        plan, c = compiled.plan, replace(c, encoder_backward_slots=slots)
     timeline = compiled.timeline(table)
     memory = compiled.memory(table, timeline)
     return Prediction(resolved(c, plan), plan, timeline, table, memory, options)
+
+
+def predict_fastest_placement(
+    candidate: Candidate,
+    model: Model,
+    workload: Workload,
+    profile: HardwareProfile,
+    options: CostOptions = CostOptions(),
+) -> Prediction:
+    """:func:`predict` of ``candidate`` under each encoder backward placement (:data:`PLACEMENTS`), the
+    fastest kept (ties to the earlier placement); a plan without encoder backwards is predicted once."""
+    best = predict(replace(candidate, encoder_backward=COOLDOWN, encoder_backward_slots=None), model, workload,
+                   profile, options)
+    if not runs_encoder_backward(best.plan):
+        return best
+    for placement in PLACEMENTS[1:]:
+        other = predict(replace(candidate, encoder_backward=placement, encoder_backward_slots=None), model, workload,
+                        profile, options)
+        if other.timeline.makespan_s < best.timeline.makespan_s:
+            best = other
+    return best

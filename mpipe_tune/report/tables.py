@@ -69,7 +69,9 @@ def print_prediction(record: dict[str, Any]) -> None:
     print(f"model {record['model']}  profile {record['profile']}  workload {record['workload']}")
     print(f"schedule <{record['schedule']}>  cut {record['cut'] or '-'}  P={record['pp']} tp={record['tp']} "
           f"dp={record['dp']}" + (f" encoder tp={record['encoder_tp']}" if record.get("encoder_tp", record["tp"])
-                                  != record["tp"] else "") + f"  M={record['microbatches']}  dtype {record['dtype']}")
+                                  != record["tp"] else "") + f"  M={record['microbatches']}  dtype {record['dtype']}"
+          + (f"  encoder backward {record['encoder_backward']}" if record.get("encoder_backward", "cooldown")
+             != "cooldown" else ""))
     print(f"predicted step time: {record['makespan_s'] * 1e3:.3f} ms   bubble share {record['bubble_share']:.1%}\n")
     frame = rank_frame(record)
     table = TextTable.fit(frame, RANK_COLUMNS)

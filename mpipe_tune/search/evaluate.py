@@ -5,7 +5,9 @@ expected layer cost over the sampled steps, or given), and the same order runs e
 transposed region's owner map is the one part that follows each step's data: ``round-robin`` is
 static, while ``greedy`` and ``optimal`` are per-step rules over the step's encode costs, which are
 known from its image sizes before the step starts. Their slack ``w_r`` is read off the round-robin
-prediction of the same step (the slack does not depend on who encodes).
+prediction of the same step (the slack does not depend on who encodes). The encoder backward
+placement (``cooldown``, ``earliest``, ``optimised``) is a per-step rule too: ``earliest`` follows the
+step's owner map, ``optimised`` also its durations (:mod:`mpipe_tune.cost.encoder_backward`).
 
 The evaluator reads every step through the cost model's compiled plan
 (:class:`~mpipe_tune.cost.compiled.CompiledPlan`), the same one :func:`mpipe_tune.cost.predict.predict`
@@ -23,10 +25,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mpipe_tune.algebra.derive import Owners, derive
+from mpipe_tune.algebra.encoder_backward import COOLDOWN, OPTIMISED
 from mpipe_tune.algebra.placement import balanced_counts, round_robin, slabs_from_counts
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import TableSums, table_sums
+from mpipe_tune.cost.encoder_backward import placement_slots
 from mpipe_tune.cost.layers import LayerTable, build_layer_table
 from mpipe_tune.cost.memory import static_bytes_of
 from mpipe_tune.cost.predict import Prediction, layer_weights, predict
@@ -96,6 +100,8 @@ class Evaluator:
         """Per derived plan, cost options and owner map: the plan compiled for them."""
         self._max_orders = max_cached_orders
         self._steps: dict[tuple, StepResult] = {}
+        self._slots: dict[tuple, tuple[int, ...]] = {}
+        """Per plan, placement and sampled step: the encoder backward slots the placement chose."""
         self._results: dict[Candidate, Evaluation] = {}
         self._bounds: dict = {}
 
@@ -254,7 +260,7 @@ class Evaluator:
 
     def slack_s(self, c: Candidate, sample: int) -> tuple[float, ...]:
         """Per rank, the warmup slack ``w_r`` of ``c``'s round-robin plan on step ``sample``."""
-        rr = replace(c, owner_policy="round-robin")
+        rr = replace(c, owner_policy="round-robin", encoder_backward=COOLDOWN, encoder_backward_slots=None)
         return self._step(rr, self.slab_counts(rr), sample, memory=False).slack_s
 
     def encode_s(self, c: Candidate, sample: int) -> np.ndarray:
@@ -268,11 +274,40 @@ class Evaluator:
         p = self.problem
         workload, _ = self.table(sample, c)
         options = self.options(c)
-        explicit = replace(c, slab_counts=self.slab_counts(c), owner_map=self.owners(c, sample), dtype=options.dtype)
+        slots = c.encoder_backward_slots
+        if c.encoder_backward == OPTIMISED and slots is None:
+            slots = self.encoder_backward_slots(c, sample)
+        explicit = replace(c, slab_counts=self.slab_counts(c), owner_map=self.owners(c, sample), dtype=options.dtype,
+                           encoder_backward_slots=slots)
         prediction = predict(explicit, p.model, workload, p.profile, options)
         return prediction, workload
 
+    def encoder_backward_slots(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
+        """The slots of ``c``'s encoder backwards on step ``sample`` (None: the cooldown, or the plan runs none)."""
+        return self._placed(c, self.slab_counts(c), sample)[1]
+
     # ---------------------------------------------------------------------------- internals
+
+    def _placed(self, c: Candidate, slabs, sample: int) -> tuple[CompiledPlan, tuple[int, ...] | None]:
+        """``c``'s compiled plan on step ``sample`` with its owners and its encoder backwards placed,
+        and their slots (None for the cooldown, and without encoder backwards)."""
+        owners = self._retimed_owners(c, sample)
+        plan = self.compiled(c, slabs, owners)
+        slots = c.encoder_backward_slots
+        if (slots is None and c.encoder_backward == COOLDOWN) or not plan.has_encoder_backward:
+            return plan, None  # derive's order: the cooldown
+        if slots is None:
+            key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, sample)
+            if key not in self._slots:
+                self._slots[key] = placement_slots(plan, c.encoder_backward, self._table(sample, c)[2])
+            slots = self._slots[key]
+        return plan.with_encoder_backward(slots), slots
+
+    def _retimed_owners(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
+        """The owner map ``c``'s plan is re-timed for on step ``sample``; None: derive's round-robin."""
+        if c.has_transpose and c.owner_policy not in (None, "round-robin"):
+            return self.owners(c, sample)
+        return None
 
     def compiled(self, c: Candidate, slabs, owners: tuple[int, ...] | None = None) -> CompiledPlan:
         """``c``'s plan with ``slabs``, compiled for ``c``'s cost options; ``owners`` (None: derive's
@@ -309,14 +344,12 @@ class Evaluator:
             cache.popitem(last=False)
 
     def _step(self, c: Candidate, slabs, sample: int, memory: bool) -> StepResult:
-        owners = None
-        if c.has_transpose and c.owner_policy not in (None, "round-robin"):
-            owners = self.owners(c, sample)
-        key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, sample)
+        owners = self._retimed_owners(c, sample)
+        key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, c.encoder_backward_slots, sample)
         cached = self._steps.get(key)
         if cached is not None and (not memory or cached.peak_bytes is not None):
             return cached
-        plan = self.compiled(c, slabs, owners)
+        plan, _ = self._placed(c, slabs, sample)
         _, table, sums = self._table(sample, c)
         t = plan.timeline(sums)
         peaks = plan.memory(table, t).peak_bytes if memory else None

@@ -19,7 +19,10 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
    multiples of ``cp`` and divide every MoE layer's experts (:meth:`CostOptions.validate_degrees`);
 8. ``zero``: the ZeRO stage (0 or 1), and ``sequence_parallel`` (with ``tp > 1``), when searched;
 9. ``encoder_tp[4|2|1]``: the encoder's own tensor-parallel degree, a divisor of ``tp``, when searched
-   and ``tp > 1`` (a space without it, or with ``tp = 1`` only, has the parameter names it had before).
+   and ``tp > 1`` (a space without it, or with ``tp = 1`` only, has the parameter names it had before);
+10. ``encoder_backward``: where the owned encoder backwards run (``cooldown``, ``earliest``,
+    ``optimised``; :mod:`mpipe_tune.algebra.encoder_backward`), when several are searched and the
+    transposed region has a trainable layer.
 
 :meth:`SearchSpace.build` walks the tree with a ``choose(name, options)`` callback: Optuna's
 ``suggest_categorical`` for sampling, an odometer for exhaustive enumeration. A choice whose options
@@ -33,6 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mpipe_tune.algebra.encoder_backward import COOLDOWN
 from mpipe_tune.algebra.order import is_interleavable
 from mpipe_tune.algebra.placement import balanced_counts
 from mpipe_tune.algebra.schedule import Skeleton
@@ -75,6 +79,8 @@ class SpaceOptions:
     encoder_tp: bool = False
     """Also search the encoder's own tensor-parallel degree over the divisors of ``tp`` (where
     ``tp > 1``; see :attr:`~mpipe_tune.cost.layers.CostOptions.encoder_tp_degree`)."""
+    encoder_backward: tuple[str, ...] = (COOLDOWN,)
+    """Encoder backward placements to try where the transposed region is trainable (the first is used alone)."""
     min_pp: int = 2
     pp: tuple[int, ...] | None = None
     """Allowed pipeline degrees (None: any)."""
@@ -259,8 +265,17 @@ class SearchSpace:
         sp = choose("sequence_parallel", sequence) if len(sequence) > 1 else sequence[0]
         encoders = self.encoder_tp_choices(tp)
         encoder_tp = choose(self.param_name("encoder_tp", encoders, None), encoders) if len(encoders) > 1 else tp
+        placements = self.encoder_backward_choices(cut[0]) if transpose else [COOLDOWN]
+        placement = choose("encoder_backward", placements) if len(placements) > 1 else placements[0]
         return Candidate(schedule, cut, pp, tp, dp, num_microbatches, policy, recompute=recompute, ep=ep, cp=cp,
-                         zero_stage=zero, sequence_parallel=sp, encoder_tp=encoder_tp)
+                         zero_stage=zero, sequence_parallel=sp, encoder_tp=encoder_tp, encoder_backward=placement)
+
+    def encoder_backward_choices(self, boundary: int) -> list[str]:
+        """The encoder backward placements searched for a transpose of layers ``[0, boundary)``: the
+        space's, where one of those layers is trainable (else there is no encoder backward to place)."""
+        if not any(self.problem.model.trainable_bits()[:boundary]):
+            return [COOLDOWN]
+        return list(self.options.encoder_backward)
 
     def encoder_tp_choices(self, tp: int) -> list[int]:
         """The encoder's tensor-parallel degrees searched at ``tp``: ``tp`` first, then its smaller divisors
