@@ -17,7 +17,9 @@ edges; the moved transfers take their new link's rate (free on one rank) and the
 their new rank; the data-parallel reduces' overlap (:mod:`~mpipe_tune.cost.overlap`), which reads
 the ranks' orders, is compiled again for them. Event indices stay those of ``derive`` with the new
 owners (derive numbers events by microbatch, whoever owns it), so the result equals a fresh derive
-and predict; :attr:`CompiledPlan.plan` builds that plan itself when asked.
+and predict; :attr:`CompiledPlan.plan` builds that plan itself when asked. A plan with an interior or
+sink transpose places that region's events inside the wavefront by its owners
+(:mod:`mpipe_tune.algebra.transpose_order`), so a new owner map there is derived and compiled again.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Order, Plan, collector_paused, topological_order
+from mpipe_tune.algebra.derive import Order, Owners, Plan, collector_paused, derive, topological_order
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
 from mpipe_tune.algebra.model import Model
-from mpipe_tune.algebra.placement import ByMicrobatch, validate_owners
-from mpipe_tune.algebra.schedule import Layout
+from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch, validate_owners
+from mpipe_tune.algebra.plan import replicated_of
 from mpipe_tune.cost.durations import DurationModel, TableSums
 from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, REDUCE, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
@@ -110,9 +112,19 @@ class CompiledPlan:
         if owners == self.owners:
             return self
         validate_owners(owners, self.derived.num_ranks, self.derived.num_microbatches)
+        if self.derived.inner_transposes:
+            return self._derived_for(owners)
         if self._moves is None:
             self._moves = _OwnerMoves(self)
         return self._moves.apply(self, owners)
+
+    def _derived_for(self, owners: tuple[int, ...]) -> "CompiledPlan":
+        """This plan derived again with ``owners`` (the same slabs), compiled for the same options."""
+        d = self.derived
+        slabs = tuple(p.owner.counts() for p in d.placement if isinstance(p.owner, ByLayer))
+        plan = derive(d.cut, d.schedule, self.model, d.num_ranks, d.num_microbatches,
+                      Owners(slab_counts=slabs, microbatch=owners))
+        return CompiledPlan(plan, self.model, self.profile, self.options)
 
     def events(self):
         """The events (with their ranks under :attr:`owners`), aligned with every per-event array."""
@@ -132,8 +144,9 @@ class CompiledPlan:
 
 
 def _owners(plan: Plan) -> tuple[int, ...] | None:
-    first = plan.placement[0]
-    return first.owner.owners if first.layout is Layout.REPLICATED and isinstance(first.owner, ByMicrobatch) else None
+    """The owner map every Replicated region of ``plan`` shares; None without one."""
+    replicated = replicated_of(plan.placement)
+    return replicated[0].owner.owners if replicated else None
 
 
 class _OwnerMoves:
