@@ -394,14 +394,19 @@ def _place_owned(nodes: tuple[tuple[int, ...], ...], flow: _Flow, barrier: int, 
     regions = {p.region for p in owned_regions}
     sink = gates.chain[-1][1] is None
     events = flow.events
+    # Proxy durations (:mod:`~mpipe_tune.algebra.transpose_order`): a Sharded stage's forward one unit
+    # (the balanced pipeline its slabs aim at), an owned region's its layers over the mean slab's, a
+    # backward twice its forward; a source's encodes none (Mpipe hides them in the warmup idle time).
+    sharded_layers = [stop - start for p in placement if isinstance(p.owner, ByLayer) for start, stop in p.owner.slabs]
+    unit = {p.region: (p.layers[1] - p.layers[0]) * len(sharded_layers) / sum(sharded_layers) for p in owned_regions}
     owned: dict[int, int] = {}
     weight = np.zeros(barrier + 1)
     for i, e in enumerate(events):
         tag = e[-1]
         if tag in "FB":
             p = placement[e[0] - 1]
-            start, stop = p.owner.slabs[e[1]] if isinstance(p.owner, ByLayer) else p.layers
-            weight[i] = (stop - start) * (1 if tag == "F" else 2)
+            forward = 1.0 if isinstance(p.owner, ByLayer) else unit.get(e[0], 0.0)
+            weight[i] = forward if tag == "F" else 2 * forward
             if e[0] in regions:
                 owned[i] = e[1]
         elif tag == "L" and sink:

@@ -8,14 +8,18 @@ event runs as soon as its input has arrived and its owner is free**, before the 
 event if both could start; the programs keep their own order.
 
 The placement is read off a list-scheduling run of the step on *proxy durations* that the algebra
-can compute without a cost model: a forward costs its slab's layer count, a backward twice that,
+can compute without a cost model (derive gives them): every Sharded stage's forward one unit (the
+balanced pipeline its slabs aim at), an owned region's forward its layer count over the mean slab's,
+a backward twice its forward; a source transpose's encodes nothing (they fill the warmup idle time),
 transfers, losses and reduces nothing. The run is event-driven: the next event to start anywhere is
 the one with the earliest possible start (an owned event first on a tie). It never deadlocks: the
 programs and the dataflow form an acyclic graph (each seam through a Replicated region keeps the
 dependency the direct Send had), so the earliest unrun event of that graph is always startable. Each
 rank's list is the order its events ran in, which is an execution of the graph, so the order derive
 returns stays acyclic with its Sequence edges. The proxy reads the placement only (not the workload's
-layer weights), so the same slabs and owner map always give the same order.
+layer weights), so the same slabs and owner map always give the same order. Where the real durations
+differ much from the proxy (a slab much dearer than the others), an owner may wait at an owned event
+whose input comes later than the proxy said.
 
 >>> nodes = ((0, 2, 9), (1, 9))      # rank 0 runs 0 then 2; rank 1 runs 1; 9 is the barrier
 >>> src, dst = [0, 3, 1], [3, 1, 2]  # 0 -> owned event 3 -> 1, and 1 -> 2
