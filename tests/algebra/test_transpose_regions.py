@@ -210,8 +210,9 @@ def test_order_laws_with_interior_and_sink_transposes(case):
     assert makespan_maxplus(plan, durations) == pytest.approx(makespan, rel=1e-12)
 
 
-def test_a_large_sink_plan_derives_quickly_enough_to_search():
-    """P=16, M=128 with a sink head: the owners' placement pass stays a small part of derive."""
+def test_a_large_sink_plan_lists_every_event_once():
+    """P=16, M=128 with a sink head: every stage event, the sink's forward, loss and backward per
+    microbatch, and each rank's two reduces and barrier, on ranks."""
     sizes = [32, 1]
     plan = derive(cut_of(sizes), parse_schedule("1f1b,transpose"), model_of(sizes), 16, 128)
     assert sum(len(n) for n in plan.order.nodes) == 16 * 128 * 2 + 128 * 3 + 16 * 3
