@@ -6,14 +6,22 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
 1. :func:`_place`: the placement of every region (ByLayer slabs, ByMicrobatch owners);
 2. :func:`_collectives`: the seam table and the reduces, gated per region by Lemma 1
    (:mod:`mpipe_tune.algebra.footprint`);
-3. :func:`stage_gates`: the same gates per stage of the step, in input-to-loss order;
+3. :func:`stage_gates`: the same gates per unit of the step's chain (each Replicated region, each
+   Sharded stage), in input-to-loss order;
 4. :func:`_microbatch_edges`: one microbatch's activation, turnaround, gradient and accumulate edges,
    built for microbatch 0 and repeated for every microbatch as index arrays by :func:`_every_microbatch`;
 5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
    skeleton: a new skeleton is one entry there), lowered to its event indices by :func:`_rank_events`;
    its owned encoder backwards then move where the placement puts them
    (:func:`mpipe_tune.algebra.encoder_backward.arrange`; the cooldown leaves them where they are);
+   an interior or sink transpose's events are then placed into their owners' lists where their data
+   arrives (:func:`mpipe_tune.algebra.transpose_order.place_owned_events`);
 6. :func:`topological_order`: a deadlock-free execution of the graph.
+
+Every Replicated region of a schedule (a source, interior or sink transpose) shares the one owner map
+``Owners.microbatch``: microbatch ``m``'s work in each of them runs on rank ``owners[m]``. One map is
+what a candidate, the plan file and the owner policies carry, and it keeps a microbatch's replicated
+activations on one rank.
 
 The plain build these passes replace (every microbatch's edges and every rank's events de-duplicated
 through dictionaries) is the reference of ``tests/algebra/test_derive_reference.py``.
@@ -31,6 +39,7 @@ import numpy as np
 
 from mpipe_tune.algebra import encoder_backward as encoder_backwards
 from mpipe_tune.algebra import order as programs
+from mpipe_tune.algebra.transpose_order import place_owned_events
 from mpipe_tune.algebra.events import (
     Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier,
 )
@@ -40,7 +49,7 @@ from mpipe_tune.algebra.placement import (
     ByLayer, ByMicrobatch, RegionPlacement, balanced_counts, round_robin, slabs_from_counts,
     validate_counts, validate_owners,
 )
-from mpipe_tune.algebra.plan import Collectives, Order, Plan, Seam, source_of
+from mpipe_tune.algebra.plan import Collectives, Order, Plan, Seam, replicated_of, source_of
 from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, validate_schedule
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
@@ -58,7 +67,8 @@ class Owners:
     slab_counts: tuple[tuple[int, ...], ...] | None = None
     """Per Sharded region (in order), each rank's slab layer count."""
     microbatch: tuple[int, ...] | None = None
-    """ByMicrobatch owners of the Replicated region: rank of microbatch 0, 1, ...; default round-robin."""
+    """ByMicrobatch owners of every Replicated region (one map, shared): rank of microbatch 0, 1, ...;
+    default round-robin."""
     layer_weights: tuple[float, ...] | None = None
     """Per model layer, the cost used to balance default slabs; default one per layer."""
 
@@ -113,13 +123,6 @@ def _trainable(model: Model, start: int, stop: int) -> bool:
 
 
 def _validate_supported(schedule: Schedule, P: int, M: int) -> None:
-    layouts = schedule.layouts()
-    for j, layout in enumerate(layouts[1:], start=2):
-        if layout is Layout.REPLICATED:
-            raise NotSupportedError(
-                f"schedule '{schedule}': transpose in region {j} (interior or sink) is valid in the algebra but "
-                f"not supported yet; use transpose only on region 1"
-            )
     sharded = [s for s in schedule.skeletons if s.layout is Layout.SHARDED]
     if not sharded:
         raise NotSupportedError(
@@ -209,83 +212,96 @@ class _Builder:
         self.edges.setdefault((self.add(src), self.add(dst)), kind)
 
 
+Unit = tuple[int, "int | None"]
+"""One link of a microbatch's chain: a Sharded stage ``(region, rank)``, or a Replicated region
+``(region, None)`` (run by the microbatch's owner)."""
+
+
+def unit_chain(placement: Sequence[RegionPlacement], stages: Sequence[Stage]) -> tuple[Unit, ...]:
+    """The units a microbatch passes through, input to loss: the regions in order, a Sharded region
+    as its stages (in rank order, as in ``stages``), a Replicated region as one unit."""
+    by_region: dict[int, list[Unit]] = {}
+    for j, r in stages:
+        by_region.setdefault(j, []).append((j, r))
+    return tuple(u for p in placement
+                 for u in (by_region[p.region] if p.layout is Layout.SHARDED else [(p.region, None)]))
+
+
 @dataclass(frozen=True)
 class StageGates:
-    """Lemma 1 per stage of the step (the source region first, then the Sharded stages in wavefront order)."""
+    """Lemma 1 per unit of the step's chain (:func:`unit_chain`: the Replicated regions and the Sharded
+    stages, input to loss); a Sharded stage's key is its ``(region, rank)``, a Replicated region's
+    ``(region, None)``."""
 
-    sends: dict[Stage, bool]
-    """The stage sends its input gradient upstream."""
-    has_bwd: dict[Stage, bool]
-    """The stage runs a backward (it receives a gradient)."""
-    reduces: dict[Stage, bool]
-    """The stage reduces weight gradients over its DataGroup."""
+    chain: tuple[Unit, ...]
+    sends: dict[Unit, bool]
+    """The unit sends its input gradient upstream."""
+    has_bwd: dict[Unit, bool]
+    """The unit runs a backward (it receives a gradient)."""
+    reduces: dict[Unit, bool]
+    """The unit reduces weight gradients (a stage over its DataGroup, a Replicated region over the ReplicaGroup)."""
     source_bwd: bool
     """The source region runs its backward (the cooldown)."""
     replica_reduce: DpReduce | None
     """The source region's ReplicaGroup reduce, when it has trainable layers."""
 
+    def reduce_of(self, unit: Unit) -> DpReduce:
+        region, rank = unit
+        return DpReduce(region, Group.REPLICA) if rank is None else DpReduce(region, Group.DATA, rank)
 
-def stage_gates(model: Model, placement: tuple[RegionPlacement, ...], stages: Sequence[Stage],
-                source: RegionPlacement | None) -> StageGates:
-    """The footprint gates of every stage, from the trainable bits of its layers and their order only."""
-    unit_bits = ([_trainable(model, *source.layers)] if source else []) + [
-        _trainable(model, *placement[j - 1].owner.slabs[r]) for j, r in stages
-    ]
-    gates = footprint(unit_bits)
-    offset = 1 if source else 0
+
+def stage_gates(model: Model, placement: tuple[RegionPlacement, ...], stages: Sequence[Stage]) -> StageGates:
+    """The footprint gates of every unit, from the trainable bits of its layers and their order only."""
+    chain = unit_chain(placement, stages)
+    bits = [_trainable(model, *(placement[j - 1].layers if r is None else placement[j - 1].owner.slabs[r]))
+            for j, r in chain]
+    gates = footprint(bits)
+    source = source_of(placement)
     return StageGates(
-        sends={s: gates.sends_grad[i + offset] for i, s in enumerate(stages)},
-        has_bwd={s: gates.receives_grad[i + offset] for i, s in enumerate(stages)},
-        reduces={s: gates.reduces[i + offset] for i, s in enumerate(stages)},
+        chain=chain,
+        sends=dict(zip(chain, gates.sends_grad)),
+        has_bwd=dict(zip(chain, gates.receives_grad)),
+        reduces=dict(zip(chain, gates.reduces)),
         source_bwd=bool(source) and gates.receives_grad[0],
         replica_reduce=DpReduce(source.region, Group.REPLICA) if source and gates.reduces[0] else None,
     )
 
 
-def _microbatch_edges(b: _Builder, m: int, stages: Sequence[Stage], source: RegionPlacement | None,
-                      gates: StageGates) -> None:
-    """Microbatch ``m``'s dataflow: encode and gather, forwards and sends to the loss, then backwards
-    with their gradient transfers, accumulates and the scatter back to the encoder's owner."""
-    last = stages[-1]
-    fwds = [Fwd(j, r, m) for j, r in stages]
-    if source:
-        owner = source.owner.owners[m]
-        enc = Fwd(source.region, owner, m)
-        gather = Coll(Comm.GATHER, (source.region, owner), stages[0], m)
-        b.edge(enc, gather, EdgeKind.ACTIVATION)
-        b.edge(gather, fwds[0], EdgeKind.ACTIVATION)
-    for (s, t), f_s, f_t in zip(zip(stages, stages[1:]), fwds, fwds[1:]):
-        send = Coll(Comm.SEND, s, t, m)
-        b.edge(f_s, send, EdgeKind.ACTIVATION)
-        b.edge(send, f_t, EdgeKind.ACTIVATION)
+def _link_comms(upstream: Unit, downstream: Unit) -> tuple[Comm, Comm]:
+    """The forward and backward transfer between two consecutive units: Send / RecvGrad inside a
+    region or between Sharded regions, else the seam's pair (:data:`_SEAM_COMMS`)."""
+    layout = [Layout.REPLICATED if u[1] is None else Layout.SHARDED for u in (upstream, downstream)]
+    return _SEAM_COMMS[(layout[0], layout[1])]
+
+
+def _microbatch_edges(b: _Builder, m: int, gates: StageGates, owners: Sequence[int]) -> None:
+    """Microbatch ``m``'s dataflow along the chain: forwards and the transfers between them to the
+    loss, then the gated backwards with their gradient transfers and accumulates. A Replicated unit
+    runs on ``owners[m]``."""
+    chain = gates.chain
+    at = [(j, owners[m] if r is None else r) for j, r in chain]
+    fwds = [Fwd(*s, m) for s in at]
+    for i in range(1, len(chain)):
+        comm = Coll(_link_comms(chain[i - 1], chain[i])[0], at[i - 1], at[i], m)
+        b.edge(fwds[i - 1], comm, EdgeKind.ACTIVATION)
+        b.edge(comm, fwds[i], EdgeKind.ACTIVATION)
     loss = Loss(m)
     b.edge(fwds[-1], loss, EdgeKind.ACTIVATION)
-    if gates.has_bwd[last]:
-        b.edge(loss, Bwd(*last, m), EdgeKind.TURNAROUND)
-    for i in reversed(range(len(stages))):
-        s = stages[i]
-        if not gates.has_bwd[s]:
+    if gates.has_bwd[chain[-1]]:
+        b.edge(loss, Bwd(*at[-1], m), EdgeKind.TURNAROUND)
+    for i in reversed(range(len(chain))):
+        u = chain[i]
+        if not gates.has_bwd[u]:
             continue
-        bwd = Bwd(*s, m)
+        bwd = Bwd(*at[i], m)
         b.edge(fwds[i], bwd, EdgeKind.ACTIVATION)
-        if gates.reduces[s]:
-            b.edge(bwd, DpReduce(s[0], Group.DATA, s[1]), EdgeKind.ACCUMULATE)
-        if not gates.sends[s]:
+        if gates.reduces[u]:
+            b.edge(bwd, gates.reduce_of(u), EdgeKind.ACCUMULATE)
+        if not gates.sends[u]:
             continue
-        if i > 0:
-            grad = Coll(Comm.RECV_GRAD, s, stages[i - 1], m)
-            b.edge(bwd, grad, EdgeKind.GRADIENT)
-            b.edge(grad, Bwd(*stages[i - 1], m), EdgeKind.GRADIENT)
-        else:
-            assert source is not None
-            owner = source.owner.owners[m]
-            scatter = Coll(Comm.SCATTER, s, (source.region, owner), m)
-            enc_bwd = Bwd(source.region, owner, m)
-            b.edge(bwd, scatter, EdgeKind.GRADIENT)
-            b.edge(scatter, enc_bwd, EdgeKind.GRADIENT)
-            b.edge(Fwd(source.region, owner, m), enc_bwd, EdgeKind.ACTIVATION)
-            if gates.replica_reduce:
-                b.edge(enc_bwd, gates.replica_reduce, EdgeKind.ACCUMULATE)
+        grad = Coll(_link_comms(chain[i - 1], u)[1], at[i], at[i - 1], m)
+        b.edge(bwd, grad, EdgeKind.GRADIENT)
+        b.edge(grad, Bwd(*at[i - 1], m), EdgeKind.GRADIENT)
 
 
 def _one_f_one_b_program(rank: int, P: int, M: int, v: int) -> programs.Program:
@@ -309,7 +325,7 @@ def rank_program(skeleton: Skeleton, rank: int, P: int, M: int, v: int) -> progr
 
 
 def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], source: RegionPlacement | None,
-                 gates: StageGates, last: Stage, flow: _Flow, barrier: int) -> tuple[int, ...]:
+                 gates: StageGates, last: Unit, flow: _Flow, barrier: int) -> tuple[int, ...]:
     """A rank's event list (as indices: ``flow.events``, then the barrier): its encodes, its program's forwards (the loss
     after the last stage's) and gated backwards, its encoder cooldown, its reduces and the barrier."""
     seq: list[int] = []
@@ -344,25 +360,34 @@ def _build_order(
 ) -> Plan:
     source = source_of(placement)
     sharded = [p.region for p in placement if p.layout is Layout.SHARDED]
+    replicated = replicated_of(placement)
+    owners = replicated[0].owner.owners if replicated else ()
     v = len(sharded)
     stages: list[Stage] = [(j, r) for j in sharded for r in range(P)]
-    gates = stage_gates(model, placement, stages, source)
+    gates = stage_gates(model, placement, stages)
 
     template = _Builder()
-    _microbatch_edges(template, 0, stages, source, gates)
-    flow = _every_microbatch(template, M, source)
+    _microbatch_edges(template, 0, gates, owners)
+    flow = _every_microbatch(template, M, owners, frozenset(p.region for p in replicated))
     barrier = len(flow.events)
     reduces = [flow.index_of(e) for e in template.events if isinstance(e, DpReduce)]
 
     skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
-    nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1], flow,
-                               barrier)
+    nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, gates.chain[-1],
+                               flow, barrier)
                   for r in range(P))
     encoder_backward.validate(M, gates.source_bwd)
+    inner = [p for p in replicated if p.region > 1]  # Plan.inner_transposes
     if gates.source_bwd and not encoder_backward.is_cooldown:
+        if inner:
+            raise NotSupportedError(
+                f"schedule '{schedule}': placing the encoder backwards ({encoder_backward.placement}) beside an "
+                f"interior or sink transpose is not supported yet; use the cooldown placement with this schedule")
         nodes = encoder_backwards.arrange(
             encoder_backward, nodes, (*flow.events, StepBarrier()), flow.src, flow.dst, source_region=source.region,
             first_stage=stages[0], owners=source.owner.owners)
+    if inner:
+        nodes = _place_owned(nodes, flow, barrier, placement, gates, inner)
     src = np.concatenate((flow.src, reduces)).astype(np.int64)
     dst = np.concatenate((flow.dst, [barrier] * len(reduces))).astype(np.int64)
     seq_src, seq_dst = _sequence_edges(nodes, src, dst)
@@ -375,6 +400,38 @@ def _build_order(
     assert topo is not None, "derive built a cyclic order"
     order = Order(events=events, edges=edges, nodes=nodes, topo=tuple(topo))
     return Plan(cut, schedule, P, M, placement, collectives, order, tuple(stages))
+
+
+def _place_owned(nodes: tuple[tuple[int, ...], ...], flow: _Flow, barrier: int, placement: tuple[RegionPlacement, ...],
+                 gates: StageGates, owned_regions: Sequence[RegionPlacement]) -> tuple[tuple[int, ...], ...]:
+    """The ranks' lists with the interior and sink transposes' events placed by their owners
+    (:func:`~mpipe_tune.algebra.transpose_order.place_owned_events`): each region's forwards and gated
+    backwards, a sink's losses, and each trainable region's ReplicaGroup reduce before the barrier."""
+    regions = {p.region for p in owned_regions}
+    sink = gates.chain[-1][1] is None
+    events = flow.events
+    # Proxy durations (:mod:`~mpipe_tune.algebra.transpose_order`): a Sharded stage's forward one unit
+    # (the balanced pipeline its slabs aim at), an owned region's its layers over the mean slab's, a
+    # backward twice its forward; a source's encodes none (Mpipe hides them in the warmup idle time).
+    sharded_layers = [stop - start for p in placement if isinstance(p.owner, ByLayer) for start, stop in p.owner.slabs]
+    unit = {p.region: (p.layers[1] - p.layers[0]) * len(sharded_layers) / sum(sharded_layers) for p in owned_regions}
+    owned: dict[int, int] = {}
+    weight = np.zeros(barrier + 1)
+    for i, e in enumerate(events):
+        tag = e[-1]
+        if tag in "FB":
+            p = placement[e[0] - 1]
+            forward = 1.0 if isinstance(p.owner, ByLayer) else unit.get(e[0], 0.0)
+            weight[i] = forward if tag == "F" else 2 * forward
+            if e[0] in regions:
+                owned[i] = e[1]
+        elif tag == "L" and sink:
+            owned[i] = placement[-1].owner.owners[e[0]]
+    is_tail = np.zeros(barrier + 1, dtype=bool)
+    is_tail[barrier] = True
+    is_tail[[i for i, e in enumerate(events) if isinstance(e, DpReduce)]] = True
+    extra = [flow.index_of(gates.reduce_of((p.region, None))) for p in owned_regions if gates.reduces[(p.region, None)]]
+    return place_owned_events(nodes, barrier + 1, flow.src, flow.dst, owned, weight, is_tail, extra)
 
 
 @dataclass(frozen=True)
@@ -399,10 +456,10 @@ class _Flow:
         return self.template[shared]
 
 
-def _every_microbatch(template: _Builder, M: int, source: RegionPlacement | None) -> _Flow:
+def _every_microbatch(template: _Builder, M: int, owners: Sequence[int], replicated: frozenset[int]) -> _Flow:
     """Microbatch 0's dataflow (``template``) repeated for microbatches 0..M-1, as derive would add them one
     microbatch after another: every microbatch has the same events and edges but its own ``mb`` (and, on
-    the source region, its own owner); only the reduces are shared, first met in microbatch 0."""
+    the ``replicated`` regions, its own owner); only the reduces are shared, first met in microbatch 0."""
     first = template.events
     shared = [isinstance(e, DpReduce) for e in first]
     own = [k for k, is_shared in enumerate(shared) if not is_shared]
@@ -412,9 +469,8 @@ def _every_microbatch(template: _Builder, M: int, source: RegionPlacement | None
     ids[1:, own] = len(first) + width * np.arange(M - 1)[:, None] + np.arange(width)
     ids[1:, np.flatnonzero(shared)] = np.flatnonzero(shared)
     rest: list[Event] = [None] * (width * (M - 1))  # type: ignore[list-item]
-    owners = source.owner.owners if source else ()
     for position, k in enumerate(own):
-        rest[position::width] = _for_microbatches(first[k], range(1, M), owners, source.region if source else 0)
+        rest[position::width] = _for_microbatches(first[k], range(1, M), owners, replicated)
     t_src, t_dst = np.array(list(template.edges), dtype=np.int64).reshape(-1, 2).T
     assert not any(shared[s] and shared[t] for s, t in zip(t_src, t_dst)), "every edge has a per-microbatch end"
     return _Flow(first + rest, ids[:, t_src].ravel(), ids[:, t_dst].ravel(), list(template.edges.values()) * M,
@@ -424,21 +480,22 @@ def _every_microbatch(template: _Builder, M: int, source: RegionPlacement | None
 _new = tuple.__new__  # builds an event from its fields without the named tuple's Python-level __new__
 
 
-def _for_microbatches(event: Event, mbs: range, owners: Sequence[int], source_region: int) -> list[Event]:
+def _for_microbatches(event: Event, mbs: range, owners: Sequence[int], replicated: frozenset[int]) -> list[Event]:
     """Microbatch 0's ``event`` as it is in each microbatch of ``mbs``: the same event with that ``mb``,
-    run by (or sent from or to) that microbatch's owner when it is on the source region."""
+    run by (or sent from or to) that microbatch's owner when it is on a ``replicated`` region (a transfer
+    has at most one such end: normal form puts no two Replicated regions side by side)."""
     cls, tag = type(event), event[-1]
     if tag == "L":
         return [_new(cls, (m, tag)) for m in mbs]
     if tag in "FB":
         region, rank = event[0], event[1]
-        if region == source_region:
+        if region in replicated:
             return [_new(cls, (region, owners[m], m, tag)) for m in mbs]
         return [_new(cls, (region, rank, m, tag)) for m in mbs]
     comm, s, t = event[0], event[1], event[2]
-    if s[0] == source_region:
+    if s[0] in replicated:
         return [_new(cls, (comm, (s[0], owners[m]), t, m, tag)) for m in mbs]
-    if t[0] == source_region:
+    if t[0] in replicated:
         return [_new(cls, (comm, s, (t[0], owners[m]), m, tag)) for m in mbs]
     return [_new(cls, (comm, s, t, m, tag)) for m in mbs]
 

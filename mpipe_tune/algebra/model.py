@@ -104,6 +104,19 @@ class Model:
         without an ``llm`` block starts its backbone after its encoder (:attr:`encoder_end`)."""
         return next((i for i, u in enumerate(self.layers) if u.block == BACKBONE_BLOCK), self.encoder_end)
 
+    @property
+    def head_start(self) -> int:
+        """Index of the first layer of the model's head: the trailing layers after its last backbone
+        (``llm``) layer, such as a generator head (:attr:`num_layers` when there are none, or no backbone).
+
+        >>> m = Model("m", tuple(Layer(f"u{i}", b, True, ExplicitCost(1.0, 1.0))
+        ...                      for i, b in enumerate(("encoder", "llm", "llm", "generator"))))
+        >>> m.head_start, m.num_layers
+        (3, 4)
+        """
+        last = next((i for i in reversed(range(self.num_layers)) if self.layers[i].block == BACKBONE_BLOCK), None)
+        return self.num_layers if last is None else last + 1
+
     def trainable_bits(self) -> tuple[bool, ...]:
         return tuple(layer.trainable for layer in self.layers)
 

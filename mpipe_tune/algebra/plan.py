@@ -19,10 +19,18 @@ from mpipe_tune.algebra.schedule import Cut, Layout, Schedule
 
 
 def source_of(placement: tuple[RegionPlacement, ...]) -> RegionPlacement | None:
-    """The Replicated source region (the transposed encoder) of a placement, or None: region 1 is the
-    only place a Replicated region may be until interior and sink transposes are supported."""
+    """The Replicated source region (the transposed encoder) of a placement, or None: region 1 when it
+    is Replicated. A source runs its owned encodes before its rank's wavefront and its backwards in the
+    cooldown; an interior or sink transpose (a Replicated region after the first, see
+    :func:`replicated_of`) is not a source: its events run inside the wavefront."""
     first = placement[0]
     return first if first.layout is Layout.REPLICATED else None
+
+
+def replicated_of(placement: tuple[RegionPlacement, ...]) -> tuple[RegionPlacement, ...]:
+    """Every Replicated region of a placement (source, interior and sink), input to loss; they share
+    one owner map."""
+    return tuple(p for p in placement if p.layout is Layout.REPLICATED)
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,17 @@ class Plan:
     def source(self) -> RegionPlacement | None:
         """The Replicated source region (the transposed encoder) when the plan has one (:func:`source_of`)."""
         return source_of(self.placement)
+
+    @property
+    def replicated(self) -> tuple[RegionPlacement, ...]:
+        """Every Replicated region (:func:`replicated_of`)."""
+        return replicated_of(self.placement)
+
+    @property
+    def inner_transposes(self) -> tuple[RegionPlacement, ...]:
+        """The interior and sink transposes: Replicated regions after the first, whose events their
+        owners run inside the wavefront (:mod:`mpipe_tune.algebra.transpose_order`)."""
+        return tuple(p for p in self.replicated if p.region > 1)
 
     def sharded_regions(self) -> tuple[int, ...]:
         return tuple(p.region for p in self.placement if p.layout is Layout.SHARDED)

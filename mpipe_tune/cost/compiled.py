@@ -17,7 +17,9 @@ edges; the moved transfers take their new link's rate (free on one rank) and the
 their new rank; the data-parallel reduces' overlap (:mod:`~mpipe_tune.cost.overlap`), which reads
 the ranks' orders, is compiled again for them. Event indices stay those of ``derive`` with the new
 owners (derive numbers events by microbatch, whoever owns it), so the result equals a fresh derive
-and predict; :attr:`CompiledPlan.plan` builds that plan itself when asked.
+and predict; :attr:`CompiledPlan.plan` builds that plan itself when asked. A plan with an interior or
+sink transpose places that region's events inside the wavefront by its owners
+(:mod:`mpipe_tune.algebra.transpose_order`), so a new owner map there is derived and compiled again.
 
 **Encoder backwards placed without re-deriving.** :meth:`~CompiledPlan.rearranged` also moves each
 owned encoder backward to a slot (:mod:`mpipe_tune.algebra.encoder_backward`) instead of the
@@ -33,12 +35,13 @@ from functools import cached_property
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Order, Plan, collector_paused, topological_order
+from mpipe_tune.algebra import encoder_backward as encoder_backwards
+from mpipe_tune.algebra.derive import Order, Owners, Plan, collector_paused, derive, topological_order
 from mpipe_tune.algebra.encoder_backward import BackboneSteps, plan_steps
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
 from mpipe_tune.algebra.model import Model
-from mpipe_tune.algebra.placement import ByMicrobatch, validate_owners
-from mpipe_tune.algebra.schedule import Layout
+from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch, validate_owners
+from mpipe_tune.algebra.plan import replicated_of
 from mpipe_tune.cost.durations import DurationModel, TableSums
 from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, REDUCE, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
@@ -123,6 +126,8 @@ class CompiledPlan:
     def rearranged(self, owners: tuple[int, ...], encoder_backward_slots: tuple[int, ...] | None = None) -> "CompiledPlan":
         """The same plan with ``owners`` (as :meth:`with_owners`) and its encoder backwards at
         ``encoder_backward_slots`` (:mod:`~mpipe_tune.algebra.encoder_backward`; None: the cooldown)."""
+        if self.derived.inner_transposes:
+            return self._derived_for(tuple(owners), encoder_backward_slots)
         if self._moves is None:
             self._moves = _OwnerMoves(self)
         return self._moves.apply(self, tuple(owners), encoder_backward_slots)
@@ -135,6 +140,8 @@ class CompiledPlan:
     def order_with_encoder_backward(self, slots: tuple[int, ...]) -> CompiledOrder:
         """The order alone of :meth:`with_encoder_backward` (what a search over slots times, with the
         durations of one arrangement held fixed)."""
+        if self.derived.inner_transposes:
+            return self._derived_for(self.owners, tuple(slots)).order
         if self._moves is None:
             self._moves = _OwnerMoves(self)
         return self._moves.order(self, self.owners, tuple(slots))[1]
@@ -149,6 +156,17 @@ class CompiledPlan:
         """Whether the plan runs encoder backwards (a trainable transposed region)."""
         a = self.arrays
         return a.source_region >= 0 and bool(((a.kind == BWD) & (a.region == a.source_region)).any())
+
+    def _derived_for(self, owners: tuple[int, ...], encoder_backward_slots: tuple[int, ...] | None) -> "CompiledPlan":
+        """This plan derived again with ``owners`` (the same slabs) and the encoder backwards at
+        ``encoder_backward_slots`` (None: the cooldown), compiled for the same options."""
+        d = self.derived
+        slabs = tuple(p.owner.counts() for p in d.placement if isinstance(p.owner, ByLayer))
+        placement = None if encoder_backward_slots is None else encoder_backwards.EncoderBackward(
+            encoder_backwards.OPTIMISED, tuple(encoder_backward_slots))
+        plan = derive(d.cut, d.schedule, self.model, d.num_ranks, d.num_microbatches,
+                      Owners(slab_counts=slabs, microbatch=owners), placement)
+        return CompiledPlan(plan, self.model, self.profile, self.options)
 
     def events(self):
         """The events (with their ranks under :attr:`owners`), aligned with every per-event array."""
@@ -168,8 +186,9 @@ class CompiledPlan:
 
 
 def _owners(plan: Plan) -> tuple[int, ...] | None:
-    first = plan.placement[0]
-    return first.owner.owners if first.layout is Layout.REPLICATED and isinstance(first.owner, ByMicrobatch) else None
+    """The owner map every Replicated region of ``plan`` shares; None without one."""
+    replicated = replicated_of(plan.placement)
+    return replicated[0].owner.owners if replicated else None
 
 
 class _OwnerMoves:

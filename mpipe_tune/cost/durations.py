@@ -45,7 +45,6 @@ from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.cost.update import estimate_update_s, update_charges
 
 _LINK_OF_COMM = {Comm.SEND: "p2p", Comm.RECV_GRAD: "p2p", Comm.GATHER: "gather", Comm.SCATTER: "scatter"}
-_SEND, _GATHER = COMMS.index(Comm.SEND), COMMS.index(Comm.GATHER)
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,7 +82,7 @@ class DurationModel:
         self.bwd_idx, self.bwd_hi, self.bwd_lo = _slab_indices(a, BWD, M)
         self.coll_idx = np.flatnonzero(a.kind == COLL)
         comm = a.comm[self.coll_idx]
-        forward = (comm == _SEND) | (comm == _GATHER)  # the tensor is the source's output, else the destination's
+        forward = a.is_forward_transfer(self.coll_idx)  # the tensor is the source's output, else the destination's
         region = np.where(forward, a.region[self.coll_idx], a.other_region[self.coll_idx])
         rank = np.where(forward, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
         self.coll_flat = (a.slab_hi[region, rank] - 1) * M + a.mb[self.coll_idx]

@@ -92,6 +92,14 @@ class EventArrays:
         table[self.region[at], self.rank[at], self.mb[at]] = at
         return table
 
+    def is_forward_transfer(self, at: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Per event (of ``at``): a transfer of an activation (a Send, or a seam transfer into a later
+        region: the source's Gather, a Scatter into an interior or sink transpose), whose tensor is its
+        source stage's output; the other transfers carry the gradient of their destination's output."""
+        comm, region, other = self.comm[at], self.region[at], self.other_region[at]
+        return (self.kind[at] == COLL) & ((comm == COMMS.index(Comm.SEND)) |
+                                          ((comm != COMMS.index(Comm.RECV_GRAD)) & (region < other)))
+
     def is_encode(self) -> np.ndarray:
         """Per event: a forward of the transposed source region (an encode)."""
         return (self.kind == FWD) & (self.region == self.source_region)

@@ -21,7 +21,6 @@ import numpy as np
 
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, DpReduce, Fwd, StepBarrier
-from mpipe_tune.algebra.schedule import Layout
 
 NEG = -np.inf
 
@@ -49,17 +48,18 @@ def maxplus_closure(a: np.ndarray) -> np.ndarray:
 
 
 def phase_of(plan: Plan) -> list[int]:
-    """Phase index of every event, in the schedule's composition order."""
-    replicated = {p.region for p in plan.placement if p.layout is Layout.REPLICATED}
+    """Phase index of every event, in the schedule's composition order. An interior or sink transpose
+    runs inside the wavefront, so its events and seam transfers are the wavefront's phase."""
+    source = plan.source.region if plan.source else None
     phases = []
     for event in plan.order.events:
-        if isinstance(event, Fwd) and event.region in replicated:
+        if isinstance(event, Fwd) and event.region == source:
             phases.append(0)
-        elif isinstance(event, Coll) and event.comm is Comm.GATHER:
+        elif isinstance(event, Coll) and event.comm is Comm.GATHER and event.src[0] == source:
             phases.append(1)
-        elif isinstance(event, Coll) and event.comm is Comm.SCATTER:
+        elif isinstance(event, Coll) and event.comm is Comm.SCATTER and event.dst[0] == source:
             phases.append(3)
-        elif isinstance(event, Bwd) and event.region in replicated:
+        elif isinstance(event, Bwd) and event.region == source:
             phases.append(4)
         elif isinstance(event, (DpReduce, StepBarrier)):
             phases.append(5)

@@ -1,7 +1,7 @@
 """Memory per rank, read off the placement and the order.
 
-Static memory of rank ``r``: the parameters of its slabs and, when the schedule transposes a
-region, of that whole region (every rank holds a replica), split over the tensor-parallel group
+Static memory of rank ``r``: the parameters of its slabs and of every region the schedule transposes
+(source, interior or sink: every rank holds a replica of it whole), split over the tensor-parallel group
 (and a MoE layer's routed experts over the expert-parallel group too): weights at the compute dtype
 for every layer, plus gradients and optimizer state for trainable layers. With ``shard_optimizer``
 (ZeRO-1) the optimizer state is sharded over the data- and context-parallel ranks (``dp * cp``,
@@ -27,10 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpipe_tune.algebra.plan import Plan
-from mpipe_tune.algebra.events import Comm
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost import kernels
-from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, EventArrays
+from mpipe_tune.cost.event_arrays import BWD, FWD, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.timing import Timeline
 
@@ -113,9 +112,9 @@ class MemoryLayout:
         backward = a.index_of(BWD)[a.region[forwards], a.rank[forwards], a.mb[forwards]]
         saved, backward = forwards[backward >= 0], backward[backward >= 0]
         region, rank, mb = a.region[saved], a.rank[saved], a.mb[saved]
-        # Stage outputs: from the producing forward until the Send or Gather that ships them.
-        shipped = np.flatnonzero((a.kind == COLL) & ((a.comm == COMMS.index(Comm.SEND)) |
-                                                     (a.comm == COMMS.index(Comm.GATHER))))
+        # Stage outputs: from the producing forward until the transfer that ships them (a Send, or a
+        # Gather or Scatter into the next region).
+        shipped = np.flatnonzero(a.is_forward_transfer())
         s_region, s_rank, s_mb = a.region[shipped], a.rank[shipped], a.mb[shipped]
         self.num_ranks = plan.num_ranks
         self.num_saved = len(saved)

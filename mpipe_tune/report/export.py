@@ -266,7 +266,7 @@ def _validate_all_sharded(plan: ExportPlan, target: str, why: str) -> None:
         if not region.is_sharded:
             raise MpipeError(
                 f"{target} cannot express {plan.describe()}: region {region.index} is a transpose (its layers on "
-                f"every rank, each microbatch encoded by its owner), {why}; the closest plan it can express: "
+                f"every rank, each microbatch run by its owner), {why}; the closest plan it can express: "
                 f"{_encoder_first(plan)}")
 
 

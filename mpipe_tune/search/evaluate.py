@@ -264,9 +264,13 @@ class Evaluator:
         return self._step(rr, self.slab_counts(rr), sample, memory=False).slack_s
 
     def encode_s(self, c: Candidate, sample: int) -> np.ndarray:
-        """Encode (transposed-region forward) seconds of each microbatch of step ``sample``."""
+        """Owned forward seconds of each microbatch of step ``sample``: the forwards of every
+        transposed region (the encoder, and any interior or sink transpose: they share the owner map)."""
         _, table = self.table(sample, c)
-        return table.fwd_s[: c.cut[0]].sum(axis=0)
+        cut, schedule = c.parsed()
+        regions = cut.regions(self.problem.model.num_layers)
+        return sum(table.fwd_s[start:stop].sum(axis=0)
+                   for (start, stop), layout in zip(regions, schedule.layouts()) if layout is Layout.REPLICATED)
 
     def prediction(self, c: Candidate, sample: int = 0) -> tuple[Prediction, Workload]:
         """The full prediction of ``c`` on one step, by the cost model's own ``predict`` with the

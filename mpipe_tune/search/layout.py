@@ -133,10 +133,10 @@ def parse_layout(text: str, space: SearchSpace, *, label: str = "current") -> Ca
     if recompute not in ("on", "off"):
         raise _fail(where, f"recompute={recompute}, but it must be on or off")
     owners = pairs.get("owners")
-    transpose = schedule.skeletons[0] is Skeleton.TRANSPOSE
+    transpose = Skeleton.TRANSPOSE in schedule.skeletons  # any transpose: they share the owner map
     if owners is not None and (owners not in POLICIES or not transpose):
         raise _fail(where, f"owners={owners}: give an owner policy ({', '.join(POLICIES)}) and only with a schedule "
-                          f"that starts with transpose")
+                          f"that has a transpose")
     if "cut" in pairs:
         c = _with_cut(where, pairs["cut"], schedule, pp, space)
     else:

@@ -5,11 +5,14 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
 1. ``degrees``: ``(pp, tp, dp)`` with ``pp * tp * dp`` = the device count, ``tp`` dividing the
    devices of one node, ``dp`` dividing the global batch, ``pp >= 2``; with context parallelism
    searched, ``(pp, tp, dp, cp)`` with ``pp * tp * cp * dp`` = the device count;
-2. ``schedule``: a skeleton list in normal form from the grammar ``[transpose,] S{v}`` with ``S``
-   one Sharded skeleton and ``v`` woven regions (``v > 1`` is interleaving), kept only when some cut
-   gives every Sharded region at least ``pp`` layers and some microbatch count fits it;
+2. ``schedule``: a skeleton list in normal form from the grammar ``[transpose,] S{v} [,transpose]``
+   with ``S`` one Sharded skeleton and ``v`` woven regions (``v > 1`` is interleaving), kept only when
+   some cut gives every Sharded region at least ``pp`` layers and some microbatch count fits it; the
+   trailing (sink) transpose only for a model with a head after its backbone (a generator head,
+   :attr:`~mpipe_tune.algebra.model.Model.head_start`);
 3. ``cut``: for a transpose, its boundary at the encoder/backbone seam or up to ``cut_window``
-   layers either side; the boundaries between woven Sharded regions balance their expected cost;
+   layers either side; the boundaries between woven Sharded regions balance their expected cost; a
+   sink transpose holds the head;
 4. ``microbatch_size``: sequences per microbatch ``s``, so that ``M = sequences per replica / s`` is
    at least ``pp`` (when possible), at most ``max_microbatches``, in equal rounds of ``M // pp`` for
    interleaved 1F1B (a size, rather than ``M``, keeps its meaning when the degrees change);
@@ -57,6 +60,9 @@ class SpaceOptions:
     """Most Sharded regions woven into one wavefront (2: plain and interleaved with two chunks)."""
     transpose: bool = True
     """Also search schedules that transpose the encoder."""
+    head_transpose: bool = True
+    """Also search schedules that transpose the model's head as a sink region (``1f1b,transpose``,
+    ``transpose,1f1b,transpose``), where the model has one (layers after its last backbone layer)."""
     cut_window: int = 1
     """Layers either side of the encoder/backbone seam the transpose boundary may move."""
     owner_policies: tuple[str, ...] = POLICIES
@@ -105,6 +111,7 @@ class SearchSpace:
         self.num_layers = model.num_layers
         self.encoder_end = model.encoder_end
         self.backbone_start = model.backbone_start
+        self.head_start = model.head_start
         self.family = self._family()
         self.cut_window = tuple(range(max(1, self.encoder_end - options.cut_window),
                                       min(self.num_layers - 1, self.backbone_start + options.cut_window) + 1))
@@ -123,27 +130,39 @@ class SearchSpace:
         firsts = [()]
         if self.options.transpose and self.encoder_end > 0:
             firsts.append((Skeleton.TRANSPOSE.value,))
+        lasts = [()]
+        if self.options.transpose and self.options.head_transpose and self.head_start < self.num_layers:
+            lasts.append((Skeleton.TRANSPOSE.value,))
         out = []
         for first in firsts:
-            for skeleton in self.options.skeletons:
-                for v in range(1, self.options.max_chunks + 1):
-                    out.append(",".join(first + (skeleton,) * v))
+            for last in lasts:
+                for skeleton in self.options.skeletons:
+                    for v in range(1, self.options.max_chunks + 1):
+                        out.append(",".join(first + (skeleton,) * v + last))
         return out
 
-    def woven_cut(self, start: int, chunks: int, pp: int) -> tuple[int, ...] | None:
-        """Boundaries splitting layers ``[start, L)`` into ``chunks`` Sharded regions of balanced
-        expected cost (equal layer counts if that leaves a region under ``pp`` layers); None when
-        no split gives every region ``pp`` layers."""
-        key = ("woven", start, chunks, pp)
+    def shape(self, schedule: str) -> tuple[bool, int, bool]:
+        """A family schedule's (source transpose, woven Sharded regions, sink transpose)."""
+        skeletons = schedule.split(",")
+        transpose = skeletons[0] == Skeleton.TRANSPOSE.value
+        sink = len(skeletons) > 1 and skeletons[-1] == Skeleton.TRANSPOSE.value
+        return transpose, len(skeletons) - transpose - sink, sink
+
+    def woven_cut(self, start: int, chunks: int, pp: int, stop: int | None = None) -> tuple[int, ...] | None:
+        """Boundaries splitting layers ``[start, stop)`` (default: to the last layer) into ``chunks``
+        Sharded regions of balanced expected cost (equal layer counts if that leaves a region under
+        ``pp`` layers); None when no split gives every region ``pp`` layers."""
+        stop = self.num_layers if stop is None else stop
+        key = ("woven", start, chunks, pp, stop)
         if key not in self._cuts:
-            self._cuts[key] = self._woven_cut(start, chunks, pp)
+            self._cuts[key] = self._woven_cut(start, chunks, pp, stop)
         return self._cuts[key]
 
-    def _woven_cut(self, start: int, chunks: int, pp: int) -> tuple[int, ...] | None:
-        n = self.num_layers - start
+    def _woven_cut(self, start: int, chunks: int, pp: int, stop: int) -> tuple[int, ...] | None:
+        n = stop - start
         if n < chunks * pp:
             return None
-        counts = balanced_counts(self.weights[start:], chunks) if chunks > 1 else (n,)
+        counts = balanced_counts(self.weights[start:stop], chunks) if chunks > 1 else (n,)
         if min(counts) < pp:
             counts = tuple(n // chunks + (1 if i < n % chunks else 0) for i in range(chunks))
         boundaries, at = [], start
@@ -152,11 +171,20 @@ class SearchSpace:
             boundaries.append(at)
         return tuple(boundaries)
 
-    def transpose_cuts(self, pp: int, chunks: int) -> list[int]:
-        key = ("transpose", pp, chunks)
+    def transpose_cuts(self, pp: int, chunks: int, stop: int | None = None) -> list[int]:
+        key = ("transpose", pp, chunks, stop)
         if key not in self._cuts:
-            self._cuts[key] = [b for b in self.cut_window if self.woven_cut(b, chunks, pp) is not None]
+            self._cuts[key] = [b for b in self.cut_window if self.woven_cut(b, chunks, pp, stop) is not None]
         return self._cuts[key]
+
+    def cut_of(self, schedule: str, pp: int, boundary: int | None) -> tuple[int, ...]:
+        """The cut of a family schedule at ``pp``: the source transpose's ``boundary`` (None without
+        one), the woven regions' balanced boundaries, and the head's start for a sink transpose."""
+        _, chunks, sink = self.shape(schedule)
+        stop = self.head_start if sink else None
+        start = 0 if boundary is None else boundary
+        woven = self.woven_cut(start, chunks, pp, stop)
+        return ((boundary,) if boundary is not None else ()) + woven + ((self.head_start,) if sink else ())
 
     def microbatch_choices(self, pp: int, dp: int, schedule: str) -> list[int]:
         """Microbatch counts dividing a replica's sequences, at most ``max_microbatches``, at least
@@ -180,10 +208,10 @@ class SearchSpace:
         if key not in self._schedules:
             out = []
             for schedule in self.family:
-                skeletons = schedule.split(",")
-                transpose = skeletons[0] == Skeleton.TRANSPOSE.value
-                chunks = len(skeletons) - transpose
-                cut_ok = (self.transpose_cuts(pp, chunks) if transpose else self.woven_cut(0, chunks, pp) is not None)
+                transpose, chunks, sink = self.shape(schedule)
+                stop = self.head_start if sink else None
+                cut_ok = (self.transpose_cuts(pp, chunks, stop) if transpose
+                          else self.woven_cut(0, chunks, pp, stop) is not None)
                 if cut_ok and self.microbatch_choices(pp, dp, schedule):
                     out.append(schedule)
             self._schedules[key] = out
@@ -239,20 +267,17 @@ class SearchSpace:
         pp, tp, dp, cp = self.layouts[names.index(choose("degrees", names))]
         schedules = self.schedules(pp, dp)
         schedule = choose(self.param_name("schedule", schedules, self.family), schedules)
-        skeletons = schedule.split(",")
-        transpose = skeletons[0] == Skeleton.TRANSPOSE.value
-        chunks = len(skeletons) - transpose
+        transpose, chunks, sink = self.shape(schedule)
+        boundary = None
         if transpose:
-            cuts = self.transpose_cuts(pp, chunks)
+            cuts = self.transpose_cuts(pp, chunks, self.head_start if sink else None)
             boundary = choose(self.param_name("cut", cuts, self.cut_window), cuts)
-            cut = (boundary, *self.woven_cut(boundary, chunks, pp))
-        else:
-            cut = self.woven_cut(0, chunks, pp)
+        cut = self.cut_of(schedule, pp, boundary)
         per_replica = self.problem.global_batch // dp
         sizes = [per_replica // m for m in reversed(self.microbatch_choices(pp, dp, schedule))]
         num_microbatches = per_replica // choose(self.param_name("microbatch_size", sizes, None), sizes)
         policy = None
-        if transpose:
+        if transpose or sink:
             policies = self.owner_choices(pp, num_microbatches)
             policy = choose(self.param_name("owners", policies, self.options.owner_policies), policies)
         settings = list(self.options.recompute)

@@ -73,7 +73,6 @@ def test_vpp_seams_are_send_recvgrad():
 
 
 @pytest.mark.parametrize("sched,cut,P,M,match", [
-    ("1f1b,transpose", (ENC,), 2, 4, "region 2.*not supported yet"),
     ("transpose", (), 2, 4, "lone transpose.*not supported yet"),
     ("1f1b,gpipe", (4,), 2, 4, "mixing 1f1b and gpipe.*not supported yet"),
     ("1f1b,1f1b", (4,), 2, 5, r"2 rounds.*multiple of 2; got M=5, P=2 \(use M=4 or M=6\)"),

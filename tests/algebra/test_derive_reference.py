@@ -78,10 +78,11 @@ def reference_kahn(num_events, edges):
 def reference_order(plan, model):
     """(events, edges, nodes, topo) of ``plan``'s placement, built the plain way."""
     stages = list(plan.stages)
-    gates = stage_gates(model, plan.placement, stages, plan.source)
+    gates = stage_gates(model, plan.placement, stages)
+    owners = plan.source.owner.owners if plan.source else ()
     b = ReferenceBuilder()
     for m in range(plan.num_microbatches):
-        _microbatch_edges(b, m, stages, plan.source, gates)
+        _microbatch_edges(b, m, gates, owners)
     for key in [e for e in b.index if isinstance(e, DpReduce)]:
         b.edge(key, StepBarrier(), EdgeKind.SEQUENCE)
     skeleton = next(s for s in plan.schedule.skeletons if s.layout is Layout.SHARDED)
