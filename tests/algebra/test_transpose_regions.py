@@ -216,3 +216,15 @@ def test_a_large_sink_plan_lists_every_event_once():
     sizes = [32, 1]
     plan = derive(cut_of(sizes), parse_schedule("1f1b,transpose"), model_of(sizes), 16, 128)
     assert sum(len(n) for n in plan.order.nodes) == 16 * 128 * 2 + 128 * 3 + 16 * 3
+
+
+def test_an_encoder_backward_placement_beside_a_sink_transpose_is_refused_in_one_line():
+    from mpipe_tune.algebra.encoder_backward import EARLIEST, EncoderBackward
+
+    sizes = (2, 4, 1)
+    cooldown = derive(cut_of(sizes), parse_schedule("transpose,1f1b,transpose"), model_of(sizes), 2, 4)
+    assert any(isinstance(e, Bwd) and e.region == 1 for e in cooldown.order.events)
+    with pytest.raises(NotSupportedError, match="use the cooldown placement") as error:
+        derive(cut_of(sizes), parse_schedule("transpose,1f1b,transpose"), model_of(sizes), 2, 4,
+               encoder_backward=EncoderBackward(EARLIEST))
+    assert "\n" not in str(error.value)
