@@ -29,7 +29,7 @@ import numpy as np
 
 from mpipe_tune.algebra import order as programs
 from mpipe_tune.algebra.events import (
-    Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier,
+    Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier, Wgrad,
 )
 from mpipe_tune.algebra.footprint import footprint
 from mpipe_tune.algebra.model import Model
@@ -121,11 +121,17 @@ def _validate_supported(schedule: Schedule, P: int, M: int) -> None:
             f"not supported yet; add a Sharded region after it, e.g. 'transpose,1f1b'"
         )
     if len(set(sharded)) > 1:
+        mixed = " and ".join(sorted({s.value for s in sharded}))
         raise NotSupportedError(
-            f"schedule '{schedule}': mixing 1f1b and gpipe in one wavefront is not supported yet; "
+            f"schedule '{schedule}': mixing {mixed} in one wavefront is not supported yet; "
             f"use the same skeleton for every Sharded region"
         )
-    if sharded[0] is Skeleton.ONE_F_ONE_B and len(sharded) > 1 and not programs.is_interleavable(P, M):
+    if sharded[0].chunk_counts is not None and len(sharded) not in sharded[0].chunk_counts:
+        raise MpipeError(
+            f"schedule '{schedule}' has {len(sharded)} zbv region(s), but zbv runs exactly two chunks in a V; "
+            f"give two zbv regions with a cut between them, e.g. 'zbv,zbv' (or 'transpose,zbv,zbv')"
+        )
+    if sharded[0].runs_in_rounds and len(sharded) > 1 and not programs.is_interleavable(P, M):
         rounds = programs.num_rounds(P, M)
         below = next(m for m in range(M - 1, 0, -1) if programs.is_interleavable(P, m))
         above = next(m for m in range(M + 1, M + P + 1) if programs.is_interleavable(P, m))
@@ -237,9 +243,11 @@ def stage_gates(model: Model, placement: tuple[RegionPlacement, ...], stages: Se
 
 
 def _microbatch_edges(b: _Builder, m: int, stages: Sequence[Stage], source: RegionPlacement | None,
-                      gates: StageGates) -> None:
+                      gates: StageGates, split: bool = False) -> None:
     """Microbatch ``m``'s dataflow: encode and gather, forwards and sends to the loss, then backwards
-    with their gradient transfers, accumulates and the scatter back to the encoder's owner."""
+    with their gradient transfers, accumulates and the scatter back to the encoder's owner. With
+    ``split`` a stage that reduces runs its weight gradient as its own event after its backward (the
+    output gradient it reads) and that event feeds the reduce."""
     last = stages[-1]
     fwds = [Fwd(j, r, m) for j, r in stages]
     if source:
@@ -262,7 +270,11 @@ def _microbatch_edges(b: _Builder, m: int, stages: Sequence[Stage], source: Regi
             continue
         bwd = Bwd(*s, m)
         b.edge(fwds[i], bwd, EdgeKind.ACTIVATION)
-        if gates.reduces[s]:
+        if gates.reduces[s] and split:
+            weights = Wgrad(*s, m)
+            b.edge(bwd, weights, EdgeKind.GRADIENT)
+            b.edge(weights, DpReduce(s[0], Group.DATA, s[1]), EdgeKind.ACCUMULATE)
+        elif gates.reduces[s]:
             b.edge(bwd, DpReduce(s[0], Group.DATA, s[1]), EdgeKind.ACCUMULATE)
         if not gates.sends[s]:
             continue
@@ -290,9 +302,20 @@ def _gpipe_program(rank: int, P: int, M: int, v: int) -> programs.Program:
     return programs.gpipe(M, v)
 
 
+def _zb1p_program(rank: int, P: int, M: int, v: int) -> programs.Program:
+    return programs.zero_bubble_h1(rank, P, M, v)
+
+
+def _zbv_program(rank: int, P: int, M: int, v: int) -> programs.Program:
+    assert v == 2, "zbv runs two chunks"
+    return programs.zero_bubble_v(rank, P, M)
+
+
 PROGRAMS: dict[Skeleton, Callable[[int, int, int, int], programs.Program]] = {
     Skeleton.ONE_F_ONE_B: _one_f_one_b_program,
     Skeleton.GPIPE: _gpipe_program,
+    Skeleton.ZB1P: _zb1p_program,
+    Skeleton.ZBV: _zbv_program,
 }
 """Per Sharded skeleton, ``(rank, P, M, v) -> program`` (see :mod:`mpipe_tune.algebra.order`)."""
 
@@ -300,6 +323,20 @@ PROGRAMS: dict[Skeleton, Callable[[int, int, int, int], programs.Program]] = {
 def rank_program(skeleton: Skeleton, rank: int, P: int, M: int, v: int) -> programs.Program:
     """Rank ``rank``'s ``(op, chunk, mb)`` program in a wavefront of ``v`` regions of ``skeleton``."""
     return PROGRAMS[skeleton](rank, P, M, v)
+
+
+def wavefront_stages(skeleton: Skeleton, sharded: Sequence[int], P: int) -> list[Stage]:
+    """The Sharded stages in wavefront order: every region's ranks in increasing order, except that
+    ``zbv`` places its second region in a V, on the ranks in decreasing order (rank r runs stages r and
+    2P-1-r, so the last stage, and the loss, are on rank 0).
+
+    >>> wavefront_stages(Skeleton.ZBV, [1, 2], 2)
+    [(1, 0), (1, 1), (2, 1), (2, 0)]
+    """
+    ranks = [range(P)] * len(sharded)
+    if skeleton is Skeleton.ZBV:
+        ranks[1] = range(P - 1, -1, -1)
+    return [(j, r) for j, order in zip(sharded, ranks) for r in order]
 
 
 def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], source: RegionPlacement | None,
@@ -313,14 +350,18 @@ def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], s
         seq.extend(encode[m] for m in mine)
     fwd = [flow.per_microbatch(Fwd(j, rank, 0)) for j in sharded]
     bwd = [flow.per_microbatch(Bwd(j, rank, 0)) if gates.has_bwd[(j, rank)] else None for j in sharded]
+    weights = [flow.per_microbatch(Wgrad(j, rank, 0)) if Wgrad(j, rank, 0) in flow.template else None
+               for j in sharded]
     loss = flow.per_microbatch(Loss(0)) if (sharded[-1], rank) == last else None
     for op, chunk, m in program:
         if op == "F":
             seq.append(fwd[chunk][m])
             if loss is not None and chunk == len(sharded) - 1:
                 seq.append(loss[m])
-        elif bwd[chunk] is not None:
+        elif op == "B" and bwd[chunk] is not None:
             seq.append(bwd[chunk][m])
+        elif op == "W" and weights[chunk] is not None:
+            seq.append(weights[chunk][m])
     if gates.source_bwd:
         encoder_bwd = flow.per_microbatch(Bwd(source.region, source.owner.owners[0], 0))
         seq.extend(encoder_bwd[m] for m in mine)
@@ -338,16 +379,16 @@ def _build_order(
     source = source_of(placement)
     sharded = [p.region for p in placement if p.layout is Layout.SHARDED]
     v = len(sharded)
-    stages: list[Stage] = [(j, r) for j in sharded for r in range(P)]
+    skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
+    stages = wavefront_stages(skeleton, sharded, P)
     gates = stage_gates(model, placement, stages, source)
 
     template = _Builder()
-    _microbatch_edges(template, 0, stages, source, gates)
+    _microbatch_edges(template, 0, stages, source, gates, skeleton.splits_backward)
     flow = _every_microbatch(template, M, source)
     barrier = len(flow.events)
     reduces = [flow.index_of(e) for e in template.events if isinstance(e, DpReduce)]
 
-    skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
     nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, stages[-1], flow,
                                barrier)
                   for r in range(P))
@@ -418,7 +459,7 @@ def _for_microbatches(event: Event, mbs: range, owners: Sequence[int], source_re
     cls, tag = type(event), event[-1]
     if tag == "L":
         return [_new(cls, (m, tag)) for m in mbs]
-    if tag in "FB":
+    if tag in "FBW":
         region, rank = event[0], event[1]
         if region == source_region:
             return [_new(cls, (region, owners[m], m, tag)) for m in mbs]

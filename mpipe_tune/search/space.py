@@ -120,8 +120,10 @@ class SearchSpace:
         out = []
         for first in firsts:
             for skeleton in self.options.skeletons:
-                for v in range(1, self.options.max_chunks + 1):
-                    out.append(",".join(first + (skeleton,) * v))
+                counts = Skeleton(skeleton).chunk_counts or range(1, self.options.max_chunks + 1)
+                for v in counts:
+                    if v <= self.options.max_chunks:
+                        out.append(",".join(first + (skeleton,) * v))
         return out
 
     def woven_cut(self, start: int, chunks: int, pp: int) -> tuple[int, ...] | None:
@@ -156,8 +158,8 @@ class SearchSpace:
         """Microbatch counts dividing a replica's sequences, at most ``max_microbatches``, at least
         ``pp`` when some is (else the largest); for interleaved 1F1B only those that split into its
         equal rounds (:func:`~mpipe_tune.algebra.order.is_interleavable`, torch's rule)."""
-        skeletons = schedule.split(",")
-        interleaved = skeletons.count(Skeleton.ONE_F_ONE_B.value) > 1
+        woven = [Skeleton(s) for s in schedule.split(",") if s != Skeleton.TRANSPOSE.value]
+        interleaved = len(woven) > 1 and woven[0].runs_in_rounds
         options = [
             d for d in divisors(self.problem.global_batch // dp)
             if d <= self.options.max_microbatches and (not interleaved or is_interleavable(pp, d))
