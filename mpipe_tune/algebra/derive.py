@@ -8,9 +8,12 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
    (:mod:`mpipe_tune.algebra.footprint`);
 3. :func:`stage_gates`: the same gates per stage of the step, in input-to-loss order;
 4. :func:`_microbatch_edges`: one microbatch's activation, turnaround, gradient and accumulate edges,
-   built for microbatch 0 and repeated for every microbatch as index arrays by :func:`_every_microbatch`;
+   built for microbatch 0 and repeated for every microbatch as index arrays by :func:`_every_microbatch`
+   (a skeleton that splits its backwards, ``zb1p`` and ``zbv``, adds ``Bwd -> Wgrad -> reduce`` for
+   every stage that reduces, in place of ``Bwd -> reduce``);
 5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
    skeleton: a new skeleton is one entry there), lowered to its event indices by :func:`_rank_events`;
+   the stages' wavefront order is :func:`wavefront_stages` (``zbv``'s second region in a V);
 6. :func:`topological_order`: a deadlock-free execution of the graph.
 
 The plain build these passes replace (every microbatch's edges and every rank's events de-duplicated
@@ -38,7 +41,7 @@ from mpipe_tune.algebra.placement import (
     validate_counts, validate_owners,
 )
 from mpipe_tune.algebra.plan import Collectives, Order, Plan, Seam, source_of
-from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, validate_schedule
+from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, parse_schedule, validate_schedule
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
 _SEAM_COMMS = {
@@ -53,7 +56,9 @@ class Owners:
     """Owner choices for derive; anything left None takes its default."""
 
     slab_counts: tuple[tuple[int, ...], ...] | None = None
-    """Per Sharded region (in order), each rank's slab layer count."""
+    """Per Sharded region (in order), its slabs' layer counts in layer order: rank 0's first, except on a
+    region placed on the ranks in reverse (``zbv``'s second, :func:`rank_slabs`), whose first slab is
+    rank P-1's."""
     microbatch: tuple[int, ...] | None = None
     """ByMicrobatch owners of the Replicated region: rank of microbatch 0, 1, ...; default round-robin."""
     layer_weights: tuple[float, ...] | None = None
@@ -169,7 +174,8 @@ def _place(cut: Cut, schedule: Schedule, model: Model, P: int, M: int, owners: O
             validate_counts(counts, j, stop - start, P)
         else:
             counts = balanced_counts(weights[start:stop], P)
-        placement.append(RegionPlacement(j, (start, stop), Layout.SHARDED, ByLayer(slabs_from_counts(start, counts))))
+        slabs = rank_slabs(schedule, sharded_index, start, counts)
+        placement.append(RegionPlacement(j, (start, stop), Layout.SHARDED, ByLayer(slabs)))
         sharded_index += 1
     return tuple(placement)
 
@@ -328,21 +334,42 @@ def rank_program(skeleton: Skeleton, rank: int, P: int, M: int, v: int) -> progr
 def wavefront_stages(skeleton: Skeleton, sharded: Sequence[int], P: int) -> list[Stage]:
     """The Sharded stages in wavefront order: every region's ranks in increasing order, except that
     ``zbv`` places its second region in a V, on the ranks in decreasing order (rank r runs stages r and
-    2P-1-r, so the last stage, and the loss, are on rank 0).
+    2P-1-r, so the last stage, and the loss, are on rank 0; :func:`_place` gives rank P-1 that
+    region's first slab).
 
     >>> wavefront_stages(Skeleton.ZBV, [1, 2], 2)
     [(1, 0), (1, 1), (2, 1), (2, 0)]
     """
     ranks = [range(P)] * len(sharded)
-    if skeleton is Skeleton.ZBV:
-        ranks[1] = range(P - 1, -1, -1)
+    for k in _reversed_chunks(skeleton):
+        ranks[k] = range(P - 1, -1, -1)
     return [(j, r) for j, order in zip(sharded, ranks) for r in order]
+
+
+def _reversed_chunks(skeleton: Skeleton) -> frozenset[int]:
+    """The chunks (positions among a wavefront's Sharded regions) placed on the ranks in reverse:
+    ``zbv``'s second."""
+    return frozenset({1}) if skeleton is Skeleton.ZBV else frozenset()
+
+
+def rank_slabs(schedule: Schedule, chunk: int, start: int, counts: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Per rank, its slab of the ``chunk``-th Sharded region (0-based) that starts at layer ``start``,
+    from the slabs' layer counts in layer order: dealt to ranks 0, 1, ..., or to P-1, ..., 0 on a
+    chunk placed in reverse (``zbv``'s second).
+
+    >>> rank_slabs(parse_schedule("zbv,zbv"), 1, 4, (1, 3))
+    ((7, 10), (4, 7))
+    """
+    slabs = slabs_from_counts(start, counts)
+    skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
+    return slabs[::-1] if chunk in _reversed_chunks(skeleton) else slabs
 
 
 def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], source: RegionPlacement | None,
                  gates: StageGates, last: Stage, flow: _Flow, barrier: int) -> tuple[int, ...]:
     """A rank's event list (as indices: ``flow.events``, then the barrier): its encodes, its program's forwards (the loss
-    after the last stage's) and gated backwards, its encoder cooldown, its reduces and the barrier."""
+    after the last stage's), gated backwards and weight gradients (split skeletons), its encoder cooldown, its
+    reduces and the barrier."""
     seq: list[int] = []
     mine = source.owner.microbatches_of(rank) if source else ()
     if source:

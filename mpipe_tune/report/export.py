@@ -194,8 +194,8 @@ def export_plan(record: dict[str, Any], plan: Plan, model: Model, *, name: str =
     split = sorted({s.value for s in plan.schedule.skeletons if s.splits_backward})
     if split:
         raise MpipeError(f"plan '{name}' uses the zero-bubble skeleton {', '.join(split)}, whose split input- and "
-                         f"weight-gradient backwards no export writes yet; export a 1f1b plan of the same cut "
-                         f"(e.g. the file's 'megatron' baseline) or run the plan with 'mpipe-tune run'")
+                         f"weight-gradient backwards no export writes yet; export a 1f1b plan such as the file's "
+                         f"'megatron' baseline (--plan megatron), or run this one with 'mpipe-tune run'")
     if beyond:
         raise MpipeError(f"plan '{name}' uses {', '.join(beyond)}; export writes pp x dp x tp plans with no or full "
                          f"recomputation and the encoder at the plan's tp; re-plan with --ep 1 --cp 1 (no sequence "

@@ -1,0 +1,114 @@
+"""The zero-bubble skeletons in the cost model: split durations, closed forms on equal F/B/W times,
+live memory until the weight gradients, and the compiled plan against its references."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from mpipe_tune.algebra import Bwd, Cut, Fwd, StepBarrier, Wgrad, parse_schedule
+from mpipe_tune.cost.compiled import CompiledPlan
+from mpipe_tune.cost.layers import CostOptions
+from mpipe_tune.cost.maxplus import makespan_maxplus
+from mpipe_tune.cost.profile import load_profile
+from mpipe_tune.cost.timing import longest_path_reference
+from mpipe_tune.inputs.workload import load_workload
+from mpipe_tune.specs import load_model
+
+from conftest import make_model, predict_plan, uniform_workload
+
+
+def _last_events(plan) -> set[int]:
+    """Each rank's last event before the barrier: where the optimizer update is charged."""
+    events = plan.order.events
+    return {next(i for i in reversed(nodes) if not isinstance(events[i], StepBarrier)) for nodes in plan.order.nodes}
+
+
+@pytest.mark.parametrize("frozen", [(), ("encoder",)], ids=["trained", "frozen-encoder"])
+def test_input_and_weight_gradients_add_up_to_the_unsplit_backward(frozen):
+    """On a real model (h100-sxm): every zb1p stage's Bwd + Wgrad is the 1f1b Bwd of the same stage and
+    microbatch, the Wgrad its trainable layers' weight-gradient seconds; a frozen stage has no Wgrad."""
+    model = load_model("tiny-vit-llm")
+    model = model.with_frozen(frozen) if frozen else model
+    profile, workload = load_profile("h100-sxm"), load_workload("balanced", num_microbatches=4, seed=2)
+    one = predict_plan(Cut(()), parse_schedule("1f1b"), model, workload, profile, 2)
+    zb = predict_plan(Cut(()), parse_schedule("zb1p"), model, workload, profile, 2)
+    assert one.plan.placement == zb.plan.placement
+    unsplit = {e: d for e, d in zip(one.plan.order.events, one.timeline.durations_s) if isinstance(e, Bwd)}
+    split = dict(zip(zb.plan.order.events, zb.timeline.durations_s))
+    charged = {zb.plan.order.events[i] for i in _last_events(zb.plan)} | {
+        one.plan.order.events[i] for i in _last_events(one.plan)}
+    trainable = np.array(model.trainable_bits())
+    weights = zb.table.wgrad_s * trainable[:, None]
+    checked = 0
+    for event, seconds in unsplit.items():
+        w = Wgrad(*event[:3])
+        if event in charged or w in charged:
+            continue
+        start, stop = zb.plan.slab(event.region, event.rank)
+        assert (w in split) == bool(trainable[start:stop].any())
+        assert split[event] + split.get(w, 0.0) == pytest.approx(seconds, rel=1e-12)
+        assert split.get(w, 0.0) == pytest.approx(weights[start:stop, event.mb].sum(), rel=1e-12)
+        checked += 1
+    assert checked >= 4
+
+
+def _equal_parts(schedule: str, P: int, M: int):
+    """One explicit-cost layer per stage, forward = input gradient = weight gradient = 1 s, free links."""
+    v = len(schedule.split(","))
+    model = make_model(["llm"] * (P * v), fwd=1.0, bwd=2.0)
+    cut = Cut(tuple(P * j for j in range(1, v)))
+    return predict_plan(cut, parse_schedule(schedule), model, uniform_workload(M), load_profile("ideal"), P)
+
+
+@pytest.mark.parametrize("P,M", [(2, 2), (2, 6), (4, 4), (4, 8), (4, 16), (8, 16)])
+def test_zb1p_closed_form_on_equal_parts(P, M):
+    """ZB-H1: ``3M + (P-1)(tf + tb - tw)`` with tf = tb = tw = 1 s, against 1F1B's ``(M+P-1)(tf+tb+tw)``:
+    the deferred weight gradients fill all but ``(P-1)`` seconds of 1F1B's ``3(P-1)`` bubble."""
+    assert _equal_parts("1f1b", P, M).timeline.makespan_s == pytest.approx(3 * (M + P - 1))
+    assert _equal_parts("zb1p", P, M).timeline.makespan_s == pytest.approx(3 * M + (P - 1))
+
+
+@pytest.mark.parametrize("P,M", [(2, 3), (2, 8), (4, 7), (4, 16), (8, 15), (8, 32)])
+def test_zbv_closed_form_on_equal_parts(P, M):
+    """ZB-V with ``M >= 2P-1``: every rank's work is ``6M`` chunk steps; the step is ``6M + 2(P-1)``
+    hmm"""
+    zb = _equal_parts("zbv,zbv", P, M).timeline
+    assert zb.makespan_s == pytest.approx(6 * M + 2 * (P - 1))
+
+
+def test_zb1p_keeps_1f1b_activations_and_adds_the_kept_gradients():
+    """Memory in microbatch units (every layer saves 1 byte per microbatch, keeps 0.25 from its input
+    gradient to its weight gradient): 1F1B's rank r holds ``P - r`` microbatches at its peak; zb1p's
+    rank r holds ``P`` (its ``P - r`` in flight and the ``r`` whose weight gradients it defers), the
+    first rank's 1F1B peak on every rank, plus the kept gradients of its ``r + 1`` pending weight
+    gradients."""
+    P, M = 4, 8
+    results = {}
+    for schedule in ("1f1b", "zb1p"):
+        prediction = _equal_parts(schedule, P, M)
+        table = replace(prediction.table, saved_bytes=np.ones_like(prediction.table.fwd_s),
+                        wgrad_kept_bytes=np.full_like(prediction.table.fwd_s, 0.25))
+        compiled = CompiledPlan(prediction.plan, make_model(["llm"] * P), load_profile("ideal"), CostOptions())
+        results[schedule] = compiled.memory(table, prediction.timeline).activation_peak_bytes
+    assert results["1f1b"] == pytest.approx([P - r for r in range(P)])
+    assert results["zb1p"] == pytest.approx([P + 0.25 * (r + 1) for r in range(P)])
+
+
+@pytest.mark.parametrize("schedule,cut,P,M", [
+    ("zb1p", (), 4, 8), ("zb1p,zb1p", (6,), 3, 6), ("zbv,zbv", (6,), 3, 7), ("transpose,zbv,zbv", (2, 8), 3, 5),
+    ("transpose,zb1p", (2,), 4, 6),
+])
+def test_compiled_timeline_equals_the_longest_path_and_maxplus(schedule, cut, P, M):
+    model = make_model(["encoder"] * 2 + ["llm"] * 10, trainable=[False] * 2 + [True] * 10)
+    profile = load_profile("h100-sxm")
+    workload = load_workload("balanced", num_microbatches=M, seed=5)
+    prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, workload, profile, P)
+    durations = prediction.timeline.durations_s
+    assert np.allclose(prediction.timeline.finish_s, longest_path_reference(prediction.plan, durations), rtol=1e-12)
+    assert makespan_maxplus(prediction.plan, durations) == pytest.approx(prediction.timeline.makespan_s, rel=1e-12)
+    assert any(isinstance(e, Wgrad) for e in prediction.plan.order.events)
+    forwards = [e for e in prediction.plan.order.events if isinstance(e, Fwd)]
+    assert len(forwards) == M * (len(prediction.plan.stages) + (1 if "transpose" in schedule else 0))
