@@ -107,8 +107,9 @@ def _in_rounds(P: int, M: int, v: int, warmup: int, weight_delay: int | None) ->
 def zero_bubble_h1(rank: int, num_ranks: int, num_microbatches: int, num_chunks: int = 1) -> Program:
     """ZB-H1 (torch's ZB1P): 1F1B's forwards and input-gradient backwards with ``(v-1)·g + P-r-1``
     warmup forwards, and rank r's weight gradients each ``r`` backwards late, so that the last ranks,
-    idle at the end of 1F1B, fill their cooldown with deferred weight gradients while the same
-    activations stay live as in 1F1B. With ``v > 1`` chunks ``M`` must pass :func:`is_interleavable`.
+    idle at the end of 1F1B, fill their cooldown with deferred weight gradients while holding no more
+    microbatches' activations than 1F1B's first rank does (``P``). With ``v > 1`` chunks ``M`` must
+    pass :func:`is_interleavable`.
 
     >>> zero_bubble_h1(rank=1, num_ranks=2, num_microbatches=3)
     [('F', 0, 0), ('B', 0, 0), ('F', 0, 1), ('B', 0, 1), ('W', 0, 0), ('F', 0, 2), ('B', 0, 2), ('W', 0, 1), ('W', 0, 2)]
