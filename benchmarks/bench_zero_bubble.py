@@ -39,12 +39,14 @@ LAYERS_PER_RANK = 4
 
 
 def closed_form_bubble(schedule: str, P: int, M: int) -> str:
-    """The bubble share theory gives on equal parts (tf = tb = tw = t per rank's slab): 1F1B idles
-    ``3(P-1)t`` of ``3(M+P-1)t``; interleaving in two chunks halves the idle time; ZB-H1 (Qi et al.
-    2024) idles ``(P-1)(tf + tb - tw) = (P-1)t``; for ZB-V the paper gives ``(P-1)(tf + tb - 2tw)``
-    in chunk times, zero on equal parts."""
+    """The bubble share theory gives on equal parts (tf = tb = tw = t for a rank's whole slab), each
+    rank idling ``I`` of a step of ``3M t + I``: 1F1B ``I = 3(P-1)t``; interleaving in two chunks halves
+    it; ZB-H1 (Qi et al. 2024, ZB1P) ``(P-1)(tf + tb - tw) = (P-1)t``, the authors' bubble rate
+    ``(P-1)/3M``; with two chunks, and for ZB-V, the last rank's unavoidable wait for the ``P-1``
+    chunk forwards before its first, ``(P-1)t/2`` (the authors count ZB-V's rate as 0). The step
+    cannot be shorter than ``3M t`` plus that wait, so a zero-bubble schedule is this lower bound."""
     idle = {"1f1b": 3 * (P - 1), "1f1b,1f1b": 1.5 * (P - 1), "zb1p": P - 1, "zb1p,zb1p": (P - 1) / 2,
-            "zbv,zbv": 0.0}[schedule]
+            "zbv,zbv": (P - 1) / 2}[schedule]
     return f"{idle / (3 * M + idle):.3f}"
 
 
