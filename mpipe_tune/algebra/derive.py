@@ -358,7 +358,7 @@ def rank_slabs(schedule: Schedule, chunk: int, start: int, counts: Sequence[int]
     chunk placed in reverse (``zbv``'s second).
 
     >>> rank_slabs(parse_schedule("zbv,zbv"), 1, 4, (1, 3))
-    ((7, 10), (4, 7))
+    ((5, 8), (4, 5))
     """
     slabs = slabs_from_counts(start, counts)
     skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
