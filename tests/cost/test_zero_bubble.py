@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra import Bwd, Coll, Comm, Cut, Fwd, StepBarrier, Wgrad, parse_schedule
+from mpipe_tune.algebra import Bwd, Coll, Comm, Cut, ExplicitCost, Fwd, Layer, Model, StepBarrier, Wgrad, parse_schedule
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.maxplus import makespan_maxplus
@@ -56,11 +56,16 @@ def test_input_and_weight_gradients_add_up_to_the_unsplit_backward(frozen):
 
 
 def _equal_parts(schedule: str, P: int, M: int):
-    """One explicit-cost layer per stage, forward = input gradient = weight gradient = 1 s, free links."""
+    """One explicit-cost layer per stage, forward = input gradient = weight gradient = 1 s, free links;
+    in front of them a trainable layer that costs nothing, so that the first stage's layer computes its
+    input gradient too (the model's first layer has none to compute, Lemma 1)."""
     v = len(schedule.split(","))
-    model = make_model(["llm"] * (P * v), fwd=1.0, bwd=2.0)
-    cut = Cut(tuple(P * j for j in range(1, v)))
-    return predict_plan(cut, parse_schedule(schedule), model, uniform_workload(M), load_profile("ideal"), P)
+    model = Model("equal-parts", (Layer("input", "llm", True, ExplicitCost(0.0, 0.0)),) + tuple(
+        Layer(f"layer{i}", "llm", True, ExplicitCost(1.0, 2.0)) for i in range(P * v)))
+    cut = Cut(tuple(1 + P * j for j in range(1, v)))
+    slabs = ((2,) + (1,) * (P - 1),) + ((1,) * P,) * (v - 1)
+    return predict_plan(cut, parse_schedule(schedule), model, uniform_workload(M), load_profile("ideal"), P,
+                        slab_counts=slabs)
 
 
 @pytest.mark.parametrize("P,M", [(2, 2), (2, 6), (4, 4), (4, 8), (4, 16), (8, 16)])
@@ -86,7 +91,7 @@ def test_zbv_closed_form_on_equal_parts(P, M):
 
 
 def test_zb1p_keeps_1f1b_activations_and_adds_the_kept_gradients():
-    """Memory in microbatch units (every layer saves 1 byte per microbatch, keeps 0.25 from its input
+    """Memory in microbatch units (every stage saves 1 byte per microbatch, keeps 0.25 from its input
     gradient to its weight gradient): 1F1B's rank r holds ``P - r`` microbatches at its peak; zb1p's
     rank r holds ``P`` (its ``P - r`` in flight and the ``r`` whose weight gradients it defers), the
     first rank's 1F1B peak on every rank, plus the kept gradients of its ``r + 1`` pending weight
@@ -95,9 +100,10 @@ def test_zb1p_keeps_1f1b_activations_and_adds_the_kept_gradients():
     results = {}
     for schedule in ("1f1b", "zb1p"):
         prediction = _equal_parts(schedule, P, M)
-        table = replace(prediction.table, saved_bytes=np.ones_like(prediction.table.fwd_s),
-                        wgrad_kept_bytes=np.full_like(prediction.table.fwd_s, 0.25))
-        compiled = CompiledPlan(prediction.plan, make_model(["llm"] * P), load_profile("ideal"), CostOptions())
+        unit = np.ones_like(prediction.table.fwd_s)
+        unit[0] = 0.0  # the costless input layer keeps nothing
+        table = replace(prediction.table, saved_bytes=unit, wgrad_kept_bytes=0.25 * unit)
+        compiled = CompiledPlan(prediction.plan, make_model(["llm"] * (P + 1)), load_profile("ideal"), CostOptions())
         results[schedule] = compiled.memory(table, prediction.timeline).activation_peak_bytes
     assert results["1f1b"] == pytest.approx([P - r for r in range(P)])
     assert results["zb1p"] == pytest.approx([P + 0.25 * (r + 1) for r in range(P)])
@@ -147,9 +153,10 @@ def test_memory_equals_a_walk_over_allocations_and_frees():
         elif isinstance(e, Coll) and e.comm in (Comm.SEND, Comm.GATHER):
             size = table.boundary_bytes[plan.slab(*e.src)[1] - 1, e.mb]
             deltas[e.src[1]] += [(t.start_s[index[Fwd(e.src[0], e.src[1], e.mb)]], size), (t.finish_s[i], -size)]
+    tick = 1e-12 * t.makespan_s  # instants equal up to rounding are one instant, frees first
     for rank, rank_deltas in enumerate(deltas):
         running, peak = 0.0, 0.0
-        for _, d in sorted(rank_deltas):
+        for _, d in sorted((round(time / tick), d) for time, d in rank_deltas):
             running += d
             peak = max(peak, running)
         assert result.memory.activation_peak_bytes[rank] == pytest.approx(peak, rel=1e-9)
