@@ -44,6 +44,7 @@ from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost import kernels
 from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, REDUCE, WGRAD, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
+from mpipe_tune.cost.memory import prefix_sums
 from mpipe_tune.cost.overlap import compile_overlap
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.cost.update import estimate_update_s, update_charges
@@ -68,9 +69,9 @@ class TableSums:
 
 def table_sums(table: LayerTable, model: Model) -> TableSums:
     """The prefix sums of ``table`` (once per table: a search reuses each sampled step's table)."""
-    return TableSums(table, _prefix(table.fwd_s).ravel(), _prefix(table.backward_s(model)).ravel(),
+    return TableSums(table, prefix_sums(table.fwd_s), prefix_sums(table.backward_s(model)),
                      np.ascontiguousarray(table.boundary_bytes, dtype=float).ravel(),
-                     _prefix(table.weight_grad_s(model)).ravel())
+                     prefix_sums(table.weight_grad_s(model)))
 
 
 class DurationModel:
@@ -179,12 +180,6 @@ def _slab_indices(a: EventArrays, kind: int, M: int) -> tuple[np.ndarray, np.nda
     at = np.flatnonzero(a.kind == kind)
     region, rank, mb = a.region[at], a.rank[at], a.mb[at]
     return at, a.slab_hi[region, rank] * M + mb, a.slab_lo[region, rank] * M + mb
-
-
-def _prefix(per_layer: np.ndarray) -> np.ndarray:
-    out = np.zeros((per_layer.shape[0] + 1, per_layer.shape[1]))
-    np.cumsum(per_layer, axis=0, out=out[1:])
-    return out
 
 
 def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, profile: HardwareProfile, options: CostOptions) -> float:

@@ -152,11 +152,11 @@ class MemoryLayout:
     def activation_peaks(self, table: LayerTable, start_s: np.ndarray, finish_s: np.ndarray) -> np.ndarray:
         """Per rank, the peak of live activation bytes on the timeline."""
         k, o = self.num_saved, self.num_saved + self.num_outputs
-        saved_prefix = _prefix(table.saved_bytes)
+        saved_prefix = prefix_sums(table.saved_bytes)
         size = np.concatenate((saved_prefix[self.hi[:k]] - saved_prefix[self.lo[:k]],
                                np.asarray(table.boundary_bytes, dtype=float).ravel()[self.hi[k:o]]))
         if o < len(self.hi) and table.wgrad_kept_bytes is not None:
-            kept_prefix = _prefix(table.wgrad_kept_bytes)
+            kept_prefix = prefix_sums(table.wgrad_kept_bytes)
             size = np.concatenate((size, kept_prefix[self.hi[o:]] - kept_prefix[self.lo[o:]]))
         elif o < len(self.hi):
             size = np.concatenate((size, np.zeros(len(self.hi) - o)))
@@ -181,9 +181,12 @@ class MemoryLayout:
         )
 
 
-def _prefix(per_layer: np.ndarray) -> np.ndarray:
-    """Per-microbatch prefix sums over layers, flattened to ``(layers + 1) * M``."""
-    return np.vstack((np.zeros((1, per_layer.shape[1])), np.cumsum(per_layer, axis=0))).ravel()
+def prefix_sums(per_layer: np.ndarray) -> np.ndarray:
+    """Per-microbatch prefix sums over the layers of a ``(layers, M)`` table, flattened to
+    ``(layers + 1) * M``: a slab ``[lo, hi)`` of microbatch m sums to ``p[hi * M + m] - p[lo * M + m]``."""
+    out = np.zeros((per_layer.shape[0] + 1, per_layer.shape[1]))
+    np.cumsum(per_layer, axis=0, out=out[1:])
+    return out.ravel()
 
 
 def estimate_memory(
