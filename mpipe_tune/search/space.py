@@ -6,13 +6,14 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
    devices of one node, ``dp`` dividing the global batch, ``pp >= 2``; with context parallelism
    searched, ``(pp, tp, dp, cp)`` with ``pp * tp * cp * dp`` = the device count;
 2. ``schedule``: a skeleton list in normal form from the grammar ``[transpose,] S{v}`` with ``S``
-   one Sharded skeleton and ``v`` woven regions (``v > 1`` is interleaving), kept only when some cut
+   one Sharded skeleton and ``v`` woven regions (``v > 1`` is interleaving; ``zbv`` only with
+   ``v = 2``, its V), kept only when some cut
    gives every Sharded region at least ``pp`` layers and some microbatch count fits it;
 3. ``cut``: for a transpose, its boundary at the encoder/backbone seam or up to ``cut_window``
    layers either side; the boundaries between woven Sharded regions balance their expected cost;
 4. ``microbatch_size``: sequences per microbatch ``s``, so that ``M = sequences per replica / s`` is
    at least ``pp`` (when possible), at most ``max_microbatches``, in equal rounds of ``M // pp`` for
-   interleaved 1F1B (a size, rather than ``M``, keeps its meaning when the degrees change);
+   interleaved 1F1B and zb1p (a size, rather than ``M``, keeps its meaning when the degrees change);
 5. ``owners``: the transposed region's owner policy (``optimal`` only for small ``M``);
 6. ``recompute``: the recomputation granularity (none, selective, full), when several are searched;
 7. ``ep``: the expert-parallel degree, when several are searched: those that divide ``dp * cp``, are
