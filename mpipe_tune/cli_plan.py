@@ -57,6 +57,7 @@ def _problem(args: argparse.Namespace):
 
 def _space_options(args: argparse.Namespace):
     from mpipe_tune.algebra.encoder_backward import PLACEMENTS
+    from mpipe_tune.algebra.schedule import Layout, Skeleton
     from mpipe_tune.search import SpaceOptions
     from mpipe_tune.search.owners import POLICIES
 
@@ -65,8 +66,10 @@ def _space_options(args: argparse.Namespace):
     if unknown or not owners:
         raise MpipeError(f"--owners {args.owners!r}: use policies from {', '.join(POLICIES)}, separated by commas")
     skeletons = tuple(s.strip() for s in args.skeletons.split(",") if s.strip())
-    if not skeletons or any(s not in ("1f1b", "gpipe") for s in skeletons):
-        raise MpipeError(f"--skeletons {args.skeletons!r}: use Sharded skeletons 1f1b and/or gpipe, e.g. 1f1b,gpipe")
+    sharded = [s.value for s in Skeleton if s.layout is Layout.SHARDED]
+    if not skeletons or any(s not in sharded for s in skeletons):
+        raise MpipeError(f"--skeletons {args.skeletons!r}: use Sharded skeletons from {', '.join(sharded)}, "
+                         f"e.g. 1f1b,gpipe")
     for flag, value in (("--max-microbatches", args.max_microbatches), ("--max-chunks", args.max_chunks)):
         if value < 1:
             raise MpipeError(f"{flag} is {value}, but it must be an integer >= 1")
@@ -162,7 +165,8 @@ class Plan(Command):
         s.add_argument("--encoder-tp", default="off", choices=("off", "search"),
                        help="the encoder's own tensor-parallel degree: off (default: the plan's tp) or search over "
                             "the divisors of tp (where tp > 1)")
-        s.add_argument("--skeletons", default="1f1b,gpipe", help="Sharded skeletons to use (default 1f1b,gpipe)")
+        s.add_argument("--skeletons", default="1f1b,gpipe",
+                       help="Sharded skeletons to use, of 1f1b, gpipe, zb1p, zbv (default 1f1b,gpipe)")
         s.add_argument("--max-chunks", type=int, default=2, help="most interleaved Sharded regions per rank (default 2)")
         s.add_argument("--cut-window", type=int, default=1,
                        help="layers either side of the encoder/backbone seam a transpose cut may move (default 1)")

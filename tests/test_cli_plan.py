@@ -166,6 +166,16 @@ def test_impossible_or_malformed_requests_exit_2_with_one_line(tmp_path, capsys,
     one_line_error(capsys, plan(tmp_path, *SMALL, *args), words)
 
 
+def test_zero_bubble_skeletons_are_planned_on_request_and_export_refuses_them(tmp_path, capsys):
+    assert plan(tmp_path, *SMALL, "--skeletons", "zb1p,zbv") == 0
+    best = json.loads((tmp_path / "plan.json").read_text())["candidate"]["schedule"]
+    assert {s for s in best.split(",") if s != "transpose"} <= {"zb1p", "zbv"}, best
+    assert '"W' in (tmp_path / "plan.json").read_text()  # its order holds the weight-gradient events
+    capsys.readouterr()
+    code = main(["export", str(tmp_path / "plan.json"), "--to", "torch-csv"])
+    one_line_error(capsys, code, "zero-bubble skeleton")
+
+
 def test_a_model_that_fits_no_plan_exits_2(tmp_path, capsys):
     code = plan(tmp_path, *SMALL, "--model", "tiny-vit-llm", "--profile", tiny_capacity_profile(tmp_path))
     one_line_error(capsys, code, "no plan fits memory: of the plans tried the smallest static memory")

@@ -8,7 +8,7 @@ Imports nothing heavy: no torch, no Optuna, no seconds; nothing from ``cost``, `
 from mpipe_tune.algebra.candidate import Candidate, default_cut
 from mpipe_tune.algebra.derive import Owners, derive
 from mpipe_tune.algebra.events import (
-    Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, StepBarrier, parse_event,
+    Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, StepBarrier, Wgrad, parse_event,
 )
 from mpipe_tune.algebra.footprint import Footprint, footprint
 from mpipe_tune.algebra.model import ArchCost, ExplicitCost, Layer, Model, parse_model
@@ -21,7 +21,7 @@ from mpipe_tune.algebra.schedule import (
 __all__ = [
     "ArchCost", "Bwd", "ByLayer", "ByMicrobatch", "Candidate", "Coll", "Collectives", "Comm", "Cut", "DpReduce",
     "EdgeKind", "Event", "ExplicitCost", "Footprint", "Fwd", "Group", "Layer", "Layout", "Loss", "Model",
-    "Order", "Owners", "Plan", "RegionPlacement", "Schedule", "Seam", "Skeleton", "StepBarrier",
+    "Order", "Owners", "Plan", "RegionPlacement", "Schedule", "Seam", "Skeleton", "StepBarrier", "Wgrad",
     "balanced_counts", "default_cut", "derive", "footprint", "normalize", "parse_cut", "parse_event", "parse_model",
     "parse_schedule", "round_robin", "validate_schedule",
 ]

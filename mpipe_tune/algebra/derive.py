@@ -9,13 +9,16 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
 3. :func:`stage_gates`: the same gates per unit of the step's chain (each Replicated region, each
    Sharded stage), in input-to-loss order;
 4. :func:`_microbatch_edges`: one microbatch's activation, turnaround, gradient and accumulate edges,
-   built for microbatch 0 and repeated for every microbatch as index arrays by :func:`_every_microbatch`;
+   built for microbatch 0 and repeated for every microbatch as index arrays by :func:`_every_microbatch`
+   (a skeleton that splits its backwards, ``zb1p`` and ``zbv``, adds ``Bwd -> Wgrad -> reduce`` for
+   every stage that reduces, in place of ``Bwd -> reduce``);
 5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
    skeleton: a new skeleton is one entry there), lowered to its event indices by :func:`_rank_events`;
    its owned encoder backwards then move where the placement puts them
    (:func:`mpipe_tune.algebra.encoder_backward.arrange`; the cooldown leaves them where they are);
    an interior or sink transpose's events are then placed into their owners' lists where their data
    arrives (:func:`mpipe_tune.algebra.transpose_order.place_owned_events`);
+   the stages' wavefront order is :func:`wavefront_stages` (``zbv``'s second region in a V);
 6. :func:`topological_order`: a deadlock-free execution of the graph.
 
 Every Replicated region of a schedule (a source, interior or sink transpose) shares the one owner map
@@ -41,7 +44,7 @@ from mpipe_tune.algebra import encoder_backward as encoder_backwards
 from mpipe_tune.algebra import order as programs
 from mpipe_tune.algebra.transpose_order import place_owned_events
 from mpipe_tune.algebra.events import (
-    Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier,
+    Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier, Wgrad,
 )
 from mpipe_tune.algebra.footprint import footprint
 from mpipe_tune.algebra.model import Model
@@ -50,7 +53,7 @@ from mpipe_tune.algebra.placement import (
     validate_counts, validate_owners,
 )
 from mpipe_tune.algebra.plan import Collectives, Order, Plan, Seam, replicated_of, source_of
-from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, validate_schedule
+from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, parse_schedule, validate_schedule
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
 _SEAM_COMMS = {
@@ -65,7 +68,9 @@ class Owners:
     """Owner choices for derive; anything left None takes its default."""
 
     slab_counts: tuple[tuple[int, ...], ...] | None = None
-    """Per Sharded region (in order), each rank's slab layer count."""
+    """Per Sharded region (in order), its slabs' layer counts in layer order: rank 0's first, except on a
+    region placed on the ranks in reverse (``zbv``'s second, :func:`rank_slabs`), whose first slab is
+    rank P-1's."""
     microbatch: tuple[int, ...] | None = None
     """ByMicrobatch owners of every Replicated region (one map, shared): rank of microbatch 0, 1, ...;
     default round-robin."""
@@ -130,11 +135,17 @@ def _validate_supported(schedule: Schedule, P: int, M: int) -> None:
             f"not supported yet; add a Sharded region after it, e.g. 'transpose,1f1b'"
         )
     if len(set(sharded)) > 1:
+        mixed = " and ".join(sorted({s.value for s in sharded}))
         raise NotSupportedError(
-            f"schedule '{schedule}': mixing 1f1b and gpipe in one wavefront is not supported yet; "
+            f"schedule '{schedule}': mixing {mixed} in one wavefront is not supported yet; "
             f"use the same skeleton for every Sharded region"
         )
-    if sharded[0] is Skeleton.ONE_F_ONE_B and len(sharded) > 1 and not programs.is_interleavable(P, M):
+    if sharded[0].chunk_counts is not None and len(sharded) not in sharded[0].chunk_counts:
+        raise MpipeError(
+            f"schedule '{schedule}' has {len(sharded)} zbv region(s), but zbv runs exactly two chunks in a V; "
+            f"give two zbv regions with a cut between them, e.g. 'zbv,zbv' (or 'transpose,zbv,zbv')"
+        )
+    if sharded[0].runs_in_rounds and len(sharded) > 1 and not programs.is_interleavable(P, M):
         rounds = programs.num_rounds(P, M)
         below = next(m for m in range(M - 1, 0, -1) if programs.is_interleavable(P, m))
         above = next(m for m in range(M + 1, M + P + 1) if programs.is_interleavable(P, m))
@@ -172,7 +183,8 @@ def _place(cut: Cut, schedule: Schedule, model: Model, P: int, M: int, owners: O
             validate_counts(counts, j, stop - start, P)
         else:
             counts = balanced_counts(weights[start:stop], P)
-        placement.append(RegionPlacement(j, (start, stop), Layout.SHARDED, ByLayer(slabs_from_counts(start, counts))))
+        slabs = rank_slabs(schedule, sharded_index, start, counts)
+        placement.append(RegionPlacement(j, (start, stop), Layout.SHARDED, ByLayer(slabs)))
         sharded_index += 1
     return tuple(placement)
 
@@ -274,10 +286,11 @@ def _link_comms(upstream: Unit, downstream: Unit) -> tuple[Comm, Comm]:
     return _SEAM_COMMS[(layout[0], layout[1])]
 
 
-def _microbatch_edges(b: _Builder, m: int, gates: StageGates, owners: Sequence[int]) -> None:
+def _microbatch_edges(b: _Builder, m: int, gates: StageGates, owners: Sequence[int], split: bool = False) -> None:
     """Microbatch ``m``'s dataflow along the chain: forwards and the transfers between them to the
     loss, then the gated backwards with their gradient transfers and accumulates. A Replicated unit
-    runs on ``owners[m]``."""
+    runs on ``owners[m]``. With ``split`` a Sharded stage that reduces runs its weight gradient as its
+    own event after its backward (the output gradient it reads) and that event feeds the reduce."""
     chain = gates.chain
     at = [(j, owners[m] if r is None else r) for j, r in chain]
     fwds = [Fwd(*s, m) for s in at]
@@ -295,7 +308,11 @@ def _microbatch_edges(b: _Builder, m: int, gates: StageGates, owners: Sequence[i
             continue
         bwd = Bwd(*at[i], m)
         b.edge(fwds[i], bwd, EdgeKind.ACTIVATION)
-        if gates.reduces[u]:
+        if gates.reduces[u] and split and u[1] is not None:
+            weights = Wgrad(*at[i], m)
+            b.edge(bwd, weights, EdgeKind.GRADIENT)
+            b.edge(weights, gates.reduce_of(u), EdgeKind.ACCUMULATE)
+        elif gates.reduces[u]:
             b.edge(bwd, gates.reduce_of(u), EdgeKind.ACCUMULATE)
         if not gates.sends[u]:
             continue
@@ -312,9 +329,20 @@ def _gpipe_program(rank: int, P: int, M: int, v: int) -> programs.Program:
     return programs.gpipe(M, v)
 
 
+def _zb1p_program(rank: int, P: int, M: int, v: int) -> programs.Program:
+    return programs.zero_bubble_h1(rank, P, M, v)
+
+
+def _zbv_program(rank: int, P: int, M: int, v: int) -> programs.Program:
+    assert v == 2, "zbv runs two chunks"
+    return programs.zero_bubble_v(rank, P, M)
+
+
 PROGRAMS: dict[Skeleton, Callable[[int, int, int, int], programs.Program]] = {
     Skeleton.ONE_F_ONE_B: _one_f_one_b_program,
     Skeleton.GPIPE: _gpipe_program,
+    Skeleton.ZB1P: _zb1p_program,
+    Skeleton.ZBV: _zbv_program,
 }
 """Per Sharded skeleton, ``(rank, P, M, v) -> program`` (see :mod:`mpipe_tune.algebra.order`)."""
 
@@ -324,10 +352,45 @@ def rank_program(skeleton: Skeleton, rank: int, P: int, M: int, v: int) -> progr
     return PROGRAMS[skeleton](rank, P, M, v)
 
 
+def wavefront_stages(skeleton: Skeleton, sharded: Sequence[int], P: int) -> list[Stage]:
+    """The Sharded stages in wavefront order: every region's ranks in increasing order, except that
+    ``zbv`` places its second region in a V, on the ranks in decreasing order (rank r runs stages r and
+    2P-1-r, so the last stage, and the loss, are on rank 0; :func:`_place` gives rank P-1 that
+    region's first slab).
+
+    >>> wavefront_stages(Skeleton.ZBV, [1, 2], 2)
+    [(1, 0), (1, 1), (2, 1), (2, 0)]
+    """
+    ranks = [range(P)] * len(sharded)
+    for k in _reversed_chunks(skeleton):
+        ranks[k] = range(P - 1, -1, -1)
+    return [(j, r) for j, order in zip(sharded, ranks) for r in order]
+
+
+def _reversed_chunks(skeleton: Skeleton) -> frozenset[int]:
+    """The chunks (positions among a wavefront's Sharded regions) placed on the ranks in reverse:
+    ``zbv``'s second."""
+    return frozenset({1}) if skeleton is Skeleton.ZBV else frozenset()
+
+
+def rank_slabs(schedule: Schedule, chunk: int, start: int, counts: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Per rank, its slab of the ``chunk``-th Sharded region (0-based) that starts at layer ``start``,
+    from the slabs' layer counts in layer order: dealt to ranks 0, 1, ..., or to P-1, ..., 0 on a
+    chunk placed in reverse (``zbv``'s second).
+
+    >>> rank_slabs(parse_schedule("zbv,zbv"), 1, 4, (1, 3))
+    ((5, 8), (4, 5))
+    """
+    slabs = slabs_from_counts(start, counts)
+    skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
+    return slabs[::-1] if chunk in _reversed_chunks(skeleton) else slabs
+
+
 def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], source: RegionPlacement | None,
                  gates: StageGates, last: Unit, flow: _Flow, barrier: int) -> tuple[int, ...]:
     """A rank's event list (as indices: ``flow.events``, then the barrier): its encodes, its program's forwards (the loss
-    after the last stage's) and gated backwards, its encoder cooldown, its reduces and the barrier."""
+    after the last stage's), gated backwards and weight gradients (split skeletons), its encoder cooldown, its
+    reduces and the barrier."""
     seq: list[int] = []
     mine = source.owner.microbatches_of(rank) if source else ()
     if source:
@@ -335,14 +398,18 @@ def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], s
         seq.extend(encode[m] for m in mine)
     fwd = [flow.per_microbatch(Fwd(j, rank, 0)) for j in sharded]
     bwd = [flow.per_microbatch(Bwd(j, rank, 0)) if gates.has_bwd[(j, rank)] else None for j in sharded]
+    weights = [flow.per_microbatch(Wgrad(j, rank, 0)) if Wgrad(j, rank, 0) in flow.template else None
+               for j in sharded]
     loss = flow.per_microbatch(Loss(0)) if (sharded[-1], rank) == last else None
     for op, chunk, m in program:
         if op == "F":
             seq.append(fwd[chunk][m])
             if loss is not None and chunk == len(sharded) - 1:
                 seq.append(loss[m])
-        elif bwd[chunk] is not None:
+        elif op == "B" and bwd[chunk] is not None:
             seq.append(bwd[chunk][m])
+        elif op == "W" and weights[chunk] is not None:
+            seq.append(weights[chunk][m])
     if gates.source_bwd:
         encoder_bwd = flow.per_microbatch(Bwd(source.region, source.owner.owners[0], 0))
         seq.extend(encoder_bwd[m] for m in mine)
@@ -363,16 +430,16 @@ def _build_order(
     replicated = replicated_of(placement)
     owners = replicated[0].owner.owners if replicated else ()
     v = len(sharded)
-    stages: list[Stage] = [(j, r) for j in sharded for r in range(P)]
+    skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
+    stages = wavefront_stages(skeleton, sharded, P)
     gates = stage_gates(model, placement, stages)
 
     template = _Builder()
-    _microbatch_edges(template, 0, gates, owners)
+    _microbatch_edges(template, 0, gates, owners, skeleton.splits_backward)
     flow = _every_microbatch(template, M, owners, frozenset(p.region for p in replicated))
     barrier = len(flow.events)
     reduces = [flow.index_of(e) for e in template.events if isinstance(e, DpReduce)]
 
-    skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
     nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, gates.chain[-1],
                                flow, barrier)
                   for r in range(P))
@@ -487,7 +554,7 @@ def _for_microbatches(event: Event, mbs: range, owners: Sequence[int], replicate
     cls, tag = type(event), event[-1]
     if tag == "L":
         return [_new(cls, (m, tag)) for m in mbs]
-    if tag in "FB":
+    if tag in "FBW":
         region, rank = event[0], event[1]
         if region in replicated:
             return [_new(cls, (region, owners[m], m, tag)) for m in mbs]

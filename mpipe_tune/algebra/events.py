@@ -6,6 +6,7 @@ A *stage* is a pair (region, rank); regions are 1-based as in the paper, ranks a
 ==========================  =====================================================
 ``F2.0#3``                  Fwd(region 2, rank 0, mb 3)
 ``B2.0#3``                  Bwd(region 2, rank 0, mb 3)
+``W2.0#3``                  Wgrad(region 2, rank 0, mb 3)
 ``gather(1.3>2.0)#3``       Coll(Gather, from stage (1, 3) to stage (2, 0), mb 3)
 ``L#3``                     Loss(mb 3)
 ``reduce(1,replica)``       DpReduce(region 1, ReplicaGroup) over every rank
@@ -17,6 +18,13 @@ A *stage* is a pair (region, rank); regions are 1-based as in the paper, ranks a
 True
 >>> str(parse_event("B2.0#3"))
 'B2.0#3'
+
+A skeleton that splits the backward (``zb1p``, ``zbv``) runs a trainable stage's ``Bwd`` as the
+input-gradient part only (what it sends upstream) and a ``Wgrad`` after it for the weight gradients,
+which the stage's DataGroup reduce accumulates; the other skeletons run one ``Bwd`` for both.
+
+>>> parse_event("W2.0#3") == Wgrad(2, 0, 3), Wgrad(2, 0, 3) == Bwd(2, 0, 3)
+(True, False)
 """
 
 from __future__ import annotations
@@ -80,6 +88,18 @@ class Bwd(NamedTuple):
         return f"B{self.region}.{self.rank}#{self.mb}"
 
 
+class Wgrad(NamedTuple):
+    """The weight-gradient part of a split backward of stage (region, rank) on microbatch ``mb``."""
+
+    region: int
+    rank: int
+    mb: int
+    tag: str = "W"
+
+    def __str__(self) -> str:
+        return f"W{self.region}.{self.rank}#{self.mb}"
+
+
 class Coll(NamedTuple):
     """A transfer of microbatch ``mb``'s activation (forward comms) or gradient (backward comms)
     from stage ``src`` to stage ``dst``. It occupies a link, not a rank."""
@@ -128,18 +148,21 @@ class StepBarrier(NamedTuple):
         return "barrier"
 
 
-Event = Union[Fwd, Bwd, Coll, Loss, DpReduce, StepBarrier]
+Event = Union[Fwd, Bwd, Wgrad, Coll, Loss, DpReduce, StepBarrier]
 
-_COMPUTE = re.compile(r"([FB])(\d+)\.(\d+)#(\d+)")
+_COMPUTE = re.compile(r"([FBW])(\d+)\.(\d+)#(\d+)")
 _COLL = re.compile(r"(gather|scatter|send|recvgrad)\((\d+)\.(\d+)>(\d+)\.(\d+)\)#(\d+)")
 _LOSS = re.compile(r"L#(\d+)")
 _REDUCE = re.compile(r"reduce\((\d+),(replica|data)(?:,r(\d+))?\)")
 
 
+_COMPUTE_CLASSES = {"F": Fwd, "B": Bwd, "W": Wgrad}
+
+
 def parse_event(text: str) -> Event:
     """Parse the text form of an event (the inverse of ``str``)."""
     if m := _COMPUTE.fullmatch(text):
-        cls = Fwd if m[1] == "F" else Bwd
+        cls = _COMPUTE_CLASSES[m[1]]
         return cls(int(m[2]), int(m[3]), int(m[4]))
     if m := _COLL.fullmatch(text):
         return Coll(Comm(m[1]), (int(m[2]), int(m[3])), (int(m[4]), int(m[5])), int(m[6]))
@@ -149,5 +172,5 @@ def parse_event(text: str) -> Event:
         return DpReduce(int(m[1]), Group(m[2]), None if m[3] is None else int(m[3]))
     if text == "barrier":
         return StepBarrier()
-    raise MpipeError(f"'{text}' is not an event; expected forms like F2.0#3, B2.0#3, gather(1.3>2.0)#3, L#3, reduce(2,data,r0), barrier")
+    raise MpipeError(f"'{text}' is not an event; expected forms like F2.0#3, B2.0#3, W2.0#3, gather(1.3>2.0)#3, L#3, reduce(2,data,r0), barrier")
 

@@ -2,7 +2,9 @@
 
 A wavefront is one or more consecutive Sharded regions; each rank owns one slab of each, so it runs
 ``v`` virtual stages (chunks). A program is a list of ``(op, chunk, mb)`` with ``op`` in ``"F"``,
-``"B"``; :func:`mpipe_tune.algebra.derive.derive` turns it into events.
+``"B"`` and, for the zero-bubble skeletons, ``"W"`` (the weight-gradient half of a split backward,
+whose ``"B"`` is then the input-gradient half); :func:`mpipe_tune.algebra.derive.derive` turns it
+into events.
 
 - ``1f1b`` with v = 1 is Megatron-LM's non-interleaved schedule: rank r runs ``min(P-r-1, M)``
   warmup forwards, then alternates one forward and one backward, then drains the backwards.
@@ -14,6 +16,12 @@ A wavefront is one or more consecutive Sharded regions; each rank owns one slab 
   alternating before every forward has run; core 0.9 and earlier ran all forwards first there).
 - ``gpipe`` runs every forward (chunk-major, microbatches in order), then every backward (last
   chunk first, microbatches in order).
+- ``zb1p`` (:func:`zero_bubble_h1`) is torch's ``ScheduleInterleavedZeroBubble`` (ZB1P, the ZB-H1
+  schedule of Qi et al. 2024): the order of forwards and input-gradient backwards of 1F1B with
+  ``P-r-1`` warmup forwards (plus ``(v-1)·g`` with v chunks), and rank r runs the weight gradient of
+  its k-th backward right after its (k+r)-th backward, the last ``r`` of them at the end.
+- ``zbv`` (:func:`zero_bubble_v`) is torch's ``ScheduleZBVZeroBubble`` (the ZB-V schedule): two
+  chunks, chunk 1 placed in reverse (rank r runs stages r and 2P-1-r).
 
 >>> one_f_one_b(rank=0, num_ranks=2, num_microbatches=3)
 [('F', 0, 0), ('F', 0, 1), ('B', 0, 0), ('F', 0, 2), ('B', 0, 1), ('B', 0, 2)]
@@ -67,24 +75,88 @@ def interleaved_one_f_one_b(rank: int, num_ranks: int, num_microbatches: int, nu
     P, M, v = num_ranks, num_microbatches, num_chunks
     assert is_interleavable(P, M), "interleaved 1F1B needs M to be a multiple of its rounds, max(1, M // P)"
     g = M // num_rounds(P, M)
+    return _in_rounds(P, M, v, warmup=(v - 1) * g + 2 * (P - rank - 1), weight_delay=None)
+
+
+def _in_rounds(P: int, M: int, v: int, warmup: int, weight_delay: int | None) -> Program:
+    """``warmup`` forwards (at most all ``M·v``), then one forward (while any is left) and one backward
+    at a time. Forward k runs chunk ``(k // g) % v``, backward k chunk ``v-1 - (k // g) % v``, each
+    chunk's microbatches in increasing order (``g`` microbatches a round). With a ``weight_delay`` d
+    the backwards are split: the weight gradient of backward k runs right after backward k+d, those of
+    the last d backwards at the end."""
+    g = M // num_rounds(P, M) if v > 1 else M
     total = M * v
-    warmup = min((v - 1) * g + 2 * (P - rank - 1), total)
+    warmup = min(warmup, total)
 
-    def microbatch(k: int) -> int:
-        return (k // (g * v)) * g + k % g
+    def step(op: str, chunk: int, k: int) -> tuple[str, int, int]:
+        return (op, chunk, (k // (g * v)) * g + k % g)
 
-    def forward(k: int) -> tuple[str, int, int]:
-        return ("F", (k // g) % v, microbatch(k))
-
-    def backward(k: int) -> tuple[str, int, int]:
-        return ("B", v - 1 - (k // g) % v, microbatch(k))
-
-    program: Program = [forward(k) for k in range(warmup)]
-    for i in range(total - warmup):
-        program.append(forward(warmup + i))
-        program.append(backward(i))
-    program.extend(backward(k) for k in range(total - warmup, total))
+    program: Program = [step("F", (k // g) % v, k) for k in range(warmup)]
+    backwards = [step("B", v - 1 - (k // g) % v, k) for k in range(total)]
+    for k, backward in enumerate(backwards):
+        if warmup + k < total:
+            program.append(step("F", ((warmup + k) // g) % v, warmup + k))
+        program.append(backward)
+        if weight_delay is not None and k >= weight_delay:
+            program.append(("W", *backwards[k - weight_delay][1:]))
+    if weight_delay is not None:
+        program.extend(("W", *b[1:]) for b in backwards[max(0, total - weight_delay):])
     return program
+
+
+def zero_bubble_h1(rank: int, num_ranks: int, num_microbatches: int, num_chunks: int = 1) -> Program:
+    """ZB-H1 (torch's ZB1P): 1F1B's forwards and input-gradient backwards with ``(v-1)·g + P-r-1``
+    warmup forwards, and rank r's weight gradients each ``r`` backwards late, so that the last ranks,
+    idle at the end of 1F1B, fill their cooldown with deferred weight gradients while holding no more
+    microbatches' activations than 1F1B's first rank does (``P``). With ``v > 1`` chunks ``M`` must
+    pass :func:`is_interleavable`.
+
+    >>> zero_bubble_h1(rank=1, num_ranks=2, num_microbatches=3)
+    [('F', 0, 0), ('B', 0, 0), ('F', 0, 1), ('B', 0, 1), ('W', 0, 0), ('F', 0, 2), ('B', 0, 2), ('W', 0, 1), ('W', 0, 2)]
+    """
+    P, M, v = num_ranks, num_microbatches, num_chunks
+    assert v == 1 or is_interleavable(P, M), "zero bubble with chunks needs M to be a multiple of max(1, M // P)"
+    g = M // num_rounds(P, M)
+    return _in_rounds(P, M, v, warmup=(v - 1) * g + P - rank - 1, weight_delay=rank)
+
+
+def zero_bubble_v(rank: int, num_ranks: int, num_microbatches: int) -> Program:
+    """ZB-V (torch's ``ScheduleZBVZeroBubble``): two chunks, rank r holding stage r of chunk 0 and stage
+    2P-1-r of chunk 1. The program is written for ``n = max(2P-1, M)`` microbatches and those of
+    index ``M`` or more are dropped:
+
+    1. warmup: ``2(P-r)-1`` forwards of chunk 0; ``r`` times a forward of chunk 1 then of chunk 0;
+       ``P-r`` times forward, input gradient and weight gradient of chunk 1;
+    2. steady state, until every forward has run: a forward of chunk 0 (while any is left), the input
+       and weight gradients of chunk 0, then forward, input and weight gradient of chunk 1;
+    3. cooldown: ``r`` times the input gradients of chunk 0 and chunk 1; ``P-r`` times input and
+       weight gradient of chunk 0; then every weight gradient left, chunk 1's first.
+
+    >>> [f"{op}{chunk}.{mb}" for op, chunk, mb in zero_bubble_v(rank=1, num_ranks=2, num_microbatches=3)]
+    ['F0.0', 'F1.0', 'F0.1', 'F1.1', 'B1.0', 'W1.0', 'F0.2', 'B0.0', 'W0.0', 'F1.2', 'B1.1', 'W1.1', 'B0.1', 'B1.2', 'B0.2', 'W0.1', 'W1.2', 'W0.2']
+    """
+    P, M = num_ranks, num_microbatches
+    n = max(2 * P - 1, M)
+    count = {(op, chunk): 0 for op in "FBW" for chunk in (0, 1)}
+    program: Program = []
+
+    def run(*steps: tuple[str, int]) -> None:
+        for op, chunk in steps:
+            program.append((op, chunk, count[(op, chunk)]))
+            count[(op, chunk)] += 1
+
+    run(*[("F", 0)] * (2 * (P - rank) - 1))
+    run(*[("F", 1), ("F", 0)] * rank)
+    run(*[("F", 1), ("B", 1), ("W", 1)] * (P - rank))
+    while count[("F", 1)] < count[("F", 0)] or count[("F", 0)] < n:
+        if count[("F", 0)] < n:
+            run(("F", 0))
+        run(("B", 0), ("W", 0), ("F", 1), ("B", 1), ("W", 1))
+    run(*[("B", 0), ("B", 1)] * rank)
+    run(*[("B", 0), ("W", 0)] * (P - rank))
+    run(*[("W", 1)] * (count[("B", 1)] - count[("W", 1)]))
+    run(*[("W", 0)] * (count[("B", 0)] - count[("W", 0)]))
+    return [step for step in program if step[2] < M]
 
 
 def gpipe(num_microbatches: int, num_chunks: int) -> Program:

@@ -28,11 +28,34 @@ class Skeleton(enum.Enum):
     ONE_F_ONE_B = "1f1b"
     GPIPE = "gpipe"
     TRANSPOSE = "transpose"
+    ZB1P = "zb1p"
+    """Zero bubble, ZB-H1 style: 1F1B's order with each backward split into an input-gradient and a
+    weight-gradient event, the weight gradients deferred into the cooldown (torch's ZB1P)."""
+    ZBV = "zbv"
+    """Zero bubble, ZB-V style: two chunks in a V (the second chunk's stages on the ranks in reverse
+    order, so the loss is on rank 0), backwards split as in ``zb1p`` (torch's ZBV)."""
 
     @property
     def layout(self) -> Layout:
-        """``transpose`` is Replicated; ``1f1b`` and ``gpipe`` are Sharded."""
+        """``transpose`` is Replicated; ``1f1b``, ``gpipe``, ``zb1p`` and ``zbv`` are Sharded."""
         return Layout.REPLICATED if self is Skeleton.TRANSPOSE else Layout.SHARDED
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether a trainable stage's backward runs as two events, input gradient (``Bwd``) then
+        weight gradient (``Wgrad``): the zero-bubble skeletons."""
+        return self in (Skeleton.ZB1P, Skeleton.ZBV)
+
+    @property
+    def runs_in_rounds(self) -> bool:
+        """Whether several regions of it interleave in equal rounds of ``M // P`` microbatches (torch's
+        rule, :func:`~mpipe_tune.algebra.order.is_interleavable`): ``1f1b`` and ``zb1p``."""
+        return self in (Skeleton.ONE_F_ONE_B, Skeleton.ZB1P)
+
+    @property
+    def chunk_counts(self) -> tuple[int, ...] | None:
+        """The numbers of woven regions it runs, None for any: ``zbv`` runs exactly two."""
+        return (2,) if self is Skeleton.ZBV else None
 
 
 @dataclass(frozen=True)

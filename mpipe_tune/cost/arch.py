@@ -116,6 +116,9 @@ class ArchWork:
     """Of ``fwd_flops``, the linear layers' matmuls (what an fp8 step runs at the fp8 peak)."""
     linear_dgrad_flops: float = 0.0
     linear_wgrad_flops: float = 0.0
+    wgrad_grad_bytes: float = 0.0
+    """Bytes of the output gradients the weight-gradient pass reads (its matmuls' and lookups'): what a
+    split backward (the zero-bubble skeletons) keeps from its input-gradient to its weight-gradient event."""
 
 
 _NO_WORK = ArchWork(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -187,6 +190,7 @@ def estimate_arch_work(
         linear_fwd_flops=sum(p.fwd_flops for p in linears),
         linear_dgrad_flops=sum(p.dgrad_flops for p in linears),
         linear_wgrad_flops=sum(p.wgrad_flops for p in linears),
+        wgrad_grad_bytes=dtype_bytes * sum(p.wgrad_grad_elems for p in pieces),
     )
 
 

@@ -71,6 +71,9 @@ class Piece:
     linear: bool = False
     """A matmul of a linear layer: the only kind of kernel an fp8 step runs in fp8 (Transformer Engine's
     mixed precision; attention cores, norms and pointwise kernels stay in bf16)."""
+    wgrad_grad_elems: float = 0.0
+    """Elements of the output gradient the weight-gradient pass reads: what a split backward keeps from
+    its input-gradient event until its weight-gradient event."""
 
 
 def matmul(
@@ -119,6 +122,7 @@ def matmul(
         active_params=copies_per_token * weights_per_copy,
         expert_params=copies * weights_per_copy if routed else 0,
         linear=True,
+        wgrad_grad_elems=output_elems,
     )
 
 
@@ -211,6 +215,7 @@ def lookup(tokens: float, rows: int, width: int, *, tp_degree: int) -> Piece:
         wgrad_elems=output_elems + 2.0 * rows_read * width,  # read the output gradient, add into the rows
         params=rows * width,
         active_params=rows * width,
+        wgrad_grad_elems=output_elems,
     )
 
 

@@ -2,6 +2,10 @@
 
 - ``Fwd``/``Bwd`` of a stage: the sum over its slab (a Replicated region: all its layers) of the
   layer table's forward, or footprint-gated backward, seconds for that microbatch.
+- A split backward (the zero-bubble skeletons): ``Wgrad`` is the slab's weight-gradient seconds
+  (trainable layers' ``wgrad_s``: for a matmul its weight GEMM, about the forward GEMM's FLOPs), and
+  its ``Bwd`` the rest of the backward (input gradients, attention core included, the per-call overhead
+  and any recomputation): the two add up to the unsplit backward.
 - ``Coll``: ``alpha + beta * n`` with ``n`` the output bytes of the last layer before the seam, on
   the intra- or inter-node link by where the two pipeline ranks sit; free on one rank.
 - ``DpReduce``: the part that the rank's compute does not hide (:mod:`~mpipe_tune.cost.overlap`; all
@@ -38,8 +42,9 @@ from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.events import Comm, DpReduce, Group
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost import kernels
-from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, REDUCE, EventArrays
+from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, REDUCE, WGRAD, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
+from mpipe_tune.cost.memory import prefix_sums
 from mpipe_tune.cost.overlap import compile_overlap
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.cost.update import estimate_update_s, update_charges
@@ -57,12 +62,15 @@ class TableSums:
     fwd_prefix: np.ndarray
     bwd_prefix: np.ndarray
     boundary_bytes: np.ndarray
+    wgrad_prefix: np.ndarray | None = None
+    """The same prefix sums of the weight-gradient seconds (:meth:`LayerTable.weight_grad_s`)."""
 
 
 def table_sums(table: LayerTable, model: Model) -> TableSums:
     """The prefix sums of ``table`` (once per table: a search reuses each sampled step's table)."""
-    return TableSums(table, _prefix(table.fwd_s).ravel(), _prefix(table.backward_s(model)).ravel(),
-                     np.ascontiguousarray(table.boundary_bytes, dtype=float).ravel())
+    return TableSums(table, prefix_sums(table.fwd_s), prefix_sums(table.backward_s(model)),
+                     np.ascontiguousarray(table.boundary_bytes, dtype=float).ravel(),
+                     prefix_sums(table.weight_grad_s(model)))
 
 
 class DurationModel:
@@ -80,6 +88,10 @@ class DurationModel:
         # Flat indices into the (layers + 1, M) prefix sums and the (layers, M) boundary table.
         self.fwd_idx, self.fwd_hi, self.fwd_lo = _slab_indices(a, FWD, M)
         self.bwd_idx, self.bwd_hi, self.bwd_lo = _slab_indices(a, BWD, M)
+        self.wgrad_idx, self.wgrad_hi, self.wgrad_lo = _slab_indices(a, WGRAD, M)
+        self.wgrad_bwd = (a.index_of(BWD)[a.region[self.wgrad_idx], a.rank[self.wgrad_idx], a.mb[self.wgrad_idx]]
+                          if len(self.wgrad_idx) else self.wgrad_idx)
+        """Per ``Wgrad`` event, its stage's ``Bwd`` for the same microbatch (which runs the rest)."""
         self.coll_idx = np.flatnonzero(a.kind == COLL)
         comm = a.comm[self.coll_idx]
         forward = a.is_forward_transfer(self.coll_idx)  # the tensor is the source's output, else the destination's
@@ -129,6 +141,10 @@ class DurationModel:
         kernels.event_durations(sums.fwd_prefix, sums.bwd_prefix, sums.boundary_bytes, self.fwd_idx, self.fwd_hi,
                                 self.fwd_lo, self.bwd_idx, self.bwd_hi, self.bwd_lo, self.coll_idx, self.coll_flat,
                                 self.alpha, self.beta, self.reduce_idx, self.reduce_seconds(sums.table), out)
+        if len(self.wgrad_idx):  # split backwards: the weight gradients move from the Bwd to the Wgrad
+            weights = sums.wgrad_prefix[self.wgrad_hi] - sums.wgrad_prefix[self.wgrad_lo]
+            out[self.wgrad_idx] = weights
+            out[self.wgrad_bwd] = np.maximum(out[self.wgrad_bwd] - weights, 0.0)
         if self._overlap is not None:  # reads the compute events' durations only
             out[self.reduce_idx] = self._overlap.exposed(out, self._reduce_s)
         if self._update is None:  # the ranks' last events move with their orders (a re-timed plan's)
@@ -163,12 +179,6 @@ def _slab_indices(a: EventArrays, kind: int, M: int) -> tuple[np.ndarray, np.nda
     at = np.flatnonzero(a.kind == kind)
     region, rank, mb = a.region[at], a.rank[at], a.mb[at]
     return at, a.slab_hi[region, rank] * M + mb, a.slab_lo[region, rank] * M + mb
-
-
-def _prefix(per_layer: np.ndarray) -> np.ndarray:
-    out = np.zeros((per_layer.shape[0] + 1, per_layer.shape[1]))
-    np.cumsum(per_layer, axis=0, out=out[1:])
-    return out
 
 
 def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, profile: HardwareProfile, options: CostOptions) -> float:

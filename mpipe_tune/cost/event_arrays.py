@@ -19,7 +19,7 @@ from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.events import Comm, EdgeKind
 from mpipe_tune.algebra.placement import ByLayer
 
-FWD, BWD, COLL, REDUCE, LOSS, BARRIER = range(6)
+FWD, BWD, COLL, REDUCE, LOSS, BARRIER, WGRAD = range(7)
 COMMS = (Comm.SEND, Comm.RECV_GRAD, Comm.GATHER, Comm.SCATTER)
 """Transfer kinds by their code in :attr:`EventArrays.comm`."""
 _SEND, _RECV_GRAD, _GATHER, _SCATTER = COMMS
@@ -33,6 +33,7 @@ def _comm_code(comm: Comm) -> int:  # by identity: hashing an Enum member runs P
 _ROW = {
     "F": lambda e: (FWD, e[0], e[1], e[2], -1, -1, -1),
     "B": lambda e: (BWD, e[0], e[1], e[2], -1, -1, -1),
+    "W": lambda e: (WGRAD, e[0], e[1], e[2], -1, -1, -1),
     "C": lambda e: (COLL, e[1][0], e[1][1], e[3], _comm_code(e[0]), e[2][0], e[2][1]),
     "R": lambda e: (REDUCE, e[0], -1 if e[2] is None else e[2], -1, -1, -1, -1),
     "L": lambda e: (LOSS, -1, -1, e[0], -1, -1, -1),

@@ -211,6 +211,11 @@ class LayerTable:
     layer_replicas: np.ndarray | None = None
     """Shape (num_layers,): replicas of each layer's weights inside a tensor-parallel group
     (``tp / encoder_tp`` for the encoder's layers, else 1); None means 1 everywhere."""
+    wgrad_kept_bytes: np.ndarray | None = None
+    """What a split backward (the zero-bubble skeletons) keeps from the input-gradient event to the
+    weight-gradient event beyond the saved activations: the output gradients its weight GEMMs read and,
+    under recomputation, the activations the backward re-created (an upper bound: the weight GEMMs read
+    only their inputs among them). None means zeros (explicit-cost layers model no memory)."""
 
     def tp_degrees(self, options: CostOptions) -> np.ndarray:
         """Per layer, the tensor-parallel degree its weights are split over."""
@@ -229,6 +234,12 @@ class LayerTable:
         needs_dgrad, trainable, runs = _footprint_masks(model.trainable_bits())
         return self.dgrad_s * needs_dgrad + self.wgrad_s * trainable + (self.recompute_s + self.bwd_overhead_s) * runs
 
+    def weight_grad_s(self, model: Model) -> np.ndarray:
+        """Of :meth:`backward_s`, the weight-gradient seconds (trainable layers only): what a split
+        backward's ``Wgrad`` event runs; its ``Bwd`` runs the rest (input gradients, the per-call
+        overhead and any recomputation)."""
+        return self.wgrad_s * _footprint_masks(model.trainable_bits())[1]
+
 
 @lru_cache(maxsize=256)
 def _footprint_masks(trainable_bits: tuple[bool, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -245,19 +256,20 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         if key not in unique:
             unique[key] = _layer_row(layer.cost, layer.block, workload.microbatches, profile, options)
     rows = [unique[(layer.cost, layer.block)] for layer in model.layers]
-    fwd, dgrad, wgrad, boundary, saved, bwd_overhead, core_s, selective_saved = (
+    fwd, dgrad, wgrad, boundary, saved, bwd_overhead, core_s, selective_saved, wgrad_grad = (
         np.array(column) for column in zip(*rows))
     replicas = options.encoder_replicas
     gather = np.zeros_like(fwd)
     encoder = np.array([layer.block == ENCODER_BLOCK and isinstance(layer.cost, ArchCost) for layer in model.layers])
     if replicas > 1 and encoder.any():
-        fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved = (
-            a.copy() for a in (fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved))
+        fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad = (
+            a.copy() for a in (fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad))
         encoder_options = replace(options, tp_degree=options.encoder_tp, encoder_tp_degree=None)
         for key in {(u.cost, u.block) for u, e in zip(model.layers, encoder) if e}:
             at = [i for i, u in enumerate(model.layers) if (u.cost, u.block) == key]
             row = _encoder_row(key[0], workload.microbatches, profile, encoder_options, replicas)
-            for column, values in zip((fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved), row):
+            for column, values in zip((fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad),
+                                      row):
                 column[at] = values
         last = int(np.flatnonzero(encoder)[-1])  # the features are gathered after the encoder's last layer
         gather_s = np.array([estimate_feature_gather_s(model.layers[last].cost, mb, profile, options)
@@ -265,12 +277,13 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         gather[last] = gather_s  # forward; backward, its gradient: a reduce-scatter of the same bytes
     granularity = options.recompute_granularity
     experts = np.array([_expert_param_count(layer.cost) for layer in model.layers], dtype=float)
+    kept = {"full": boundary, "selective": selective_saved, "none": saved}[granularity]
     return LayerTable(
         fwd_s=fwd + gather,
         dgrad_s=dgrad + gather,
         wgrad_s=wgrad,
         boundary_bytes=boundary,
-        saved_bytes={"full": boundary, "selective": selective_saved, "none": saved}[granularity],
+        saved_bytes=kept,
         param_count=np.array([_param_count(layer.cost) for layer in model.layers], dtype=float),
         recompute_s={"full": fwd, "selective": core_s, "none": np.zeros_like(fwd)}[granularity],
         bwd_overhead_s=bwd_overhead,
@@ -278,6 +291,7 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         layer_tp_degree=(np.where(encoder, float(options.encoder_tp), float(options.tp_degree))
                          if replicas > 1 and encoder.any() else None),
         layer_replicas=np.where(encoder, float(replicas), 1.0) if replicas > 1 and encoder.any() else None,
+        wgrad_kept_bytes=wgrad_grad + np.maximum(saved - kept, 0.0),
     )
 
 
@@ -303,7 +317,7 @@ def _encoder_row(cost: ArchCost, microbatches, profile, encoder_options: CostOpt
     the busiest share of each microbatch's images."""
     values = np.array([_arch_seconds(cost, encoder_split(mb, replicas), profile, encoder_options)
                        for mb in microbatches], dtype=float)
-    return tuple(values[:, i] for i in (0, 1, 2, 4, 5, 6, 7))
+    return tuple(values[:, i] for i in (0, 1, 2, 4, 5, 6, 7, 8))
 
 
 def estimate_feature_gather_s(cost: ArchCost, mb: Microbatch, profile: HardwareProfile,
@@ -335,9 +349,9 @@ def _layer_row(cost, block: str, microbatches, profile, options):
         bwd = cost.bwd_s_per_token * tokens
         zeros = np.zeros_like(tokens)
         return (cost.fwd_s_per_token * tokens, bwd / 2, bwd / 2, cost.boundary_bytes_per_token * tokens, zeros, zeros,
-                zeros, zeros)
+                zeros, zeros, zeros)
     values = np.array([_arch_seconds(cost, mb, profile, options) for mb in microbatches], dtype=float)
-    return tuple(values[:, i] for i in range(8))
+    return tuple(values[:, i] for i in range(9))
 
 
 @lru_cache(maxsize=65536)
@@ -379,7 +393,7 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
     wgrad = max(wgrad_compute_s, work.wgrad_bytes / bandwidth)
     core_s = max(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
     return (fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s, core_s,
-            work.selective_saved_activation_bytes)
+            work.selective_saved_activation_bytes, work.wgrad_grad_bytes)
 
 
 def estimate_image_calls_s(profile: HardwareProfile, kind: str, mb: Microbatch) -> tuple[float, float]:

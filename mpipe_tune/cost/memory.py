@@ -13,8 +13,12 @@ Activations: a tensor is live from the start of the event that produces it to th
 last consumer on the predicted timeline:
 
 - the activations a stage's forward saves for its backward, from ``Fwd(s, m)`` to ``Bwd(s, m)``
-  (a stage without a backward saves nothing);
-- a stage's output, from ``Fwd(s, m)`` until the transfer that ships it has finished.
+  (a stage without a backward saves nothing), or to ``Wgrad(s, m)`` where the backward is split (the
+  zero-bubble skeletons: the weight gradients read the saved inputs of the weight GEMMs);
+- a stage's output, from ``Fwd(s, m)`` until the transfer that ships it has finished;
+- with a split backward, what ``Bwd(s, m)`` leaves for ``Wgrad(s, m)``: the output gradients the
+  weight GEMMs read (and under recomputation the re-created activations), from the start of the
+  ``Bwd`` to the finish of the ``Wgrad`` (:attr:`~mpipe_tune.cost.layers.LayerTable.wgrad_kept_bytes`).
 
 The peak is the largest running sum over the rank's timeline.
 """
@@ -29,7 +33,7 @@ import numpy as np
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost import kernels
-from mpipe_tune.cost.event_arrays import BWD, FWD, EventArrays
+from mpipe_tune.cost.event_arrays import BWD, FWD, WGRAD, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.timing import Timeline
 
@@ -102,7 +106,9 @@ class MemoryLayout:
     events whose start and finish bound its life, and where its size is in the layer table.
 
     The first ``num_saved`` tensors are saved activations (size: a slab's difference of the saved
-    bytes' per-microbatch prefix sums), the rest stage outputs (size: one boundary entry)."""
+    bytes' per-microbatch prefix sums), the next ``num_outputs`` stage outputs (size: one boundary
+    entry), the rest what split backwards keep for their weight gradients (a slab's difference of the
+    kept bytes' prefix sums)."""
 
     def __init__(self, plan: Plan, arrays: EventArrays | None = None) -> None:
         a = arrays or EventArrays.of(plan)
@@ -112,17 +118,28 @@ class MemoryLayout:
         backward = a.index_of(BWD)[a.region[forwards], a.rank[forwards], a.mb[forwards]]
         saved, backward = forwards[backward >= 0], backward[backward >= 0]
         region, rank, mb = a.region[saved], a.rank[saved], a.mb[saved]
+        # Split backwards: the saved activations live until the weight gradients, and the Bwd's output
+        # gradients from the Bwd until then.
+        weights = np.flatnonzero(a.kind == WGRAD)
+        if len(weights):
+            last_use = a.index_of(WGRAD)[region, rank, mb]
+            backward = np.where(last_use >= 0, last_use, backward)
+        k_bwd = a.index_of(BWD)[a.region[weights], a.rank[weights], a.mb[weights]] if len(weights) else weights
+        k_region, k_rank, k_mb = a.region[weights], a.rank[weights], a.mb[weights]
         # Stage outputs: from the producing forward until the transfer that ships them (a Send, or a
         # Gather or Scatter into the next region).
         shipped = np.flatnonzero(a.is_forward_transfer())
         s_region, s_rank, s_mb = a.region[shipped], a.rank[shipped], a.mb[shipped]
         self.num_ranks = plan.num_ranks
         self.num_saved = len(saved)
-        self.rank = np.concatenate((rank, s_rank))
-        self.alloc_event = np.concatenate((saved, a.index_of(FWD)[s_region, s_rank, s_mb]))
-        self.free_event = np.concatenate((backward, shipped))
-        self.hi = np.concatenate((a.slab_hi[region, rank] * M + mb, (a.slab_hi[s_region, s_rank] - 1) * M + s_mb))
-        self.lo = np.concatenate((a.slab_lo[region, rank] * M + mb, np.zeros(len(shipped), dtype=np.int64)))
+        self.num_outputs = len(shipped)
+        self.rank = np.concatenate((rank, s_rank, k_rank))
+        self.alloc_event = np.concatenate((saved, a.index_of(FWD)[s_region, s_rank, s_mb], k_bwd))
+        self.free_event = np.concatenate((backward, shipped, weights))
+        self.hi = np.concatenate((a.slab_hi[region, rank] * M + mb, (a.slab_hi[s_region, s_rank] - 1) * M + s_mb,
+                                  a.slab_hi[k_region, k_rank] * M + k_mb))
+        self.lo = np.concatenate((a.slab_lo[region, rank] * M + mb, np.zeros(len(shipped), dtype=np.int64),
+                                  a.slab_lo[k_region, k_rank] * M + k_mb))
 
     def moved(self, positions: np.ndarray, ranks: np.ndarray) -> "MemoryLayout":
         """A copy whose tensors at ``positions`` live on new ``ranks`` (an owner change)."""
@@ -133,11 +150,15 @@ class MemoryLayout:
 
     def activation_peaks(self, table: LayerTable, start_s: np.ndarray, finish_s: np.ndarray) -> np.ndarray:
         """Per rank, the peak of live activation bytes on the timeline."""
-        saved_prefix = np.vstack((np.zeros((1, table.saved_bytes.shape[1])),
-                                  np.cumsum(table.saved_bytes, axis=0))).ravel()
-        k = self.num_saved
+        k, o = self.num_saved, self.num_saved + self.num_outputs
+        saved_prefix = prefix_sums(table.saved_bytes)
         size = np.concatenate((saved_prefix[self.hi[:k]] - saved_prefix[self.lo[:k]],
-                               np.asarray(table.boundary_bytes, dtype=float).ravel()[self.hi[k:]]))
+                               np.asarray(table.boundary_bytes, dtype=float).ravel()[self.hi[k:o]]))
+        if o < len(self.hi) and table.wgrad_kept_bytes is not None:
+            kept_prefix = prefix_sums(table.wgrad_kept_bytes)
+            size = np.concatenate((size, kept_prefix[self.hi[o:]] - kept_prefix[self.lo[o:]]))
+        elif o < len(self.hi):
+            size = np.concatenate((size, np.zeros(len(self.hi) - o)))
         time = np.concatenate((start_s[self.alloc_event], finish_s[self.free_event]))
         delta = np.concatenate((size, -size))
         rank = np.concatenate((self.rank, self.rank))
@@ -157,6 +178,14 @@ class MemoryLayout:
             peak_bytes=tuple(s + a for s, a in zip(static, peaks)),
             capacity_bytes=capacity_bytes,
         )
+
+
+def prefix_sums(per_layer: np.ndarray) -> np.ndarray:
+    """Per-microbatch prefix sums over the layers of a ``(layers, M)`` table, flattened to
+    ``(layers + 1) * M``: a slab ``[lo, hi)`` of microbatch m sums to ``p[hi * M + m] - p[lo * M + m]``."""
+    out = np.zeros((per_layer.shape[0] + 1, per_layer.shape[1]))
+    np.cumsum(per_layer, axis=0, out=out[1:])
+    return out.ravel()
 
 
 def estimate_memory(

@@ -14,7 +14,8 @@ the exposed remainder an upper bound):
   ``q_k = min(1, bucket / slab parameters)`` the share of one bucket. With times relative to the end
   of compute, ``f_k = max(f_{k-1} + R_k, -a_k + q_k w_k + R_k, -a_k + w_k + q_k R_k)``: a slab's
   reduce starts once its first bucket is full and no earlier than the previous slab's is done, and
-  its last bucket only leaves when its backward ends. Exposed: ``max(0, f_v)``.
+  its last bucket only leaves when its backward ends (with a split backward, the zero-bubble
+  skeletons', the slab's last weight-gradient event is that backward). Exposed: ``max(0, f_v)``.
 - All-gather (forward side, ZeRO-1 only). The slabs in the order their first forward runs; ``b_k`` the
   compute before that forward, ``x_k`` its seconds, ``A_k`` the all-gather, issued back to back at the
   step's start (``g_k = A_1 + ... + A_k``). The forward is delayed by
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpipe_tune.algebra.plan import Plan
-from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Group
+from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Group, Wgrad
 
 
 def exposed_reduce_s(ready_before_end_s, last_backward_s, reduce_s, bucket_share) -> float:
@@ -70,7 +71,7 @@ def exposed_gather_s(compute_before_s, first_forward_s, gather_s, bucket_share) 
 @dataclass(frozen=True)
 class _RankReduces:
     compute: np.ndarray
-    """The rank's compute events (Fwd, Bwd) in its order."""
+    """The rank's compute events (Fwd, Bwd, Wgrad) in its order."""
     reduce_positions: np.ndarray
     """Indices (into the plan's reduces) of this rank's DataGroup reduces, in the order their last
     backward runs."""
@@ -92,13 +93,13 @@ class DataParallelOverlap:
         self.ranks: list[_RankReduces] = []
         position = {i: k for k, (i, _) in enumerate(reduces)}
         for ids in plan.order.nodes:
-            compute = [i for i in ids if isinstance(events[i], (Fwd, Bwd))]
+            compute = [i for i in ids if isinstance(events[i], (Fwd, Bwd, Wgrad))]
             entries = []
             for i in ids:
                 if not (isinstance(events[i], DpReduce) and events[i].group is Group.DATA):
                     continue
                 mine = [p for p, e in enumerate(compute) if events[e].region == events[i].region]
-                backwards = [p for p in mine if isinstance(events[compute[p]], Bwd)] or mine
+                backwards = [p for p in mine if isinstance(events[compute[p]], (Bwd, Wgrad))] or mine
                 forwards = [p for p in mine if isinstance(events[compute[p]], Fwd)]
                 entries.append((backwards[-1], position[i], forwards[0]))
             if entries:

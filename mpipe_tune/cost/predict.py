@@ -59,7 +59,8 @@ def cost_options(candidate: Candidate, options: CostOptions = CostOptions()) -> 
 
 def resolved(candidate: Candidate, plan: Plan) -> Candidate:
     """``candidate`` with the slab counts and the owner map ``plan`` placed (derive's choices made explicit)."""
-    slabs = tuple(tuple(b - a for a, b in p.owner.slabs) for p in plan.placement if isinstance(p.owner, ByLayer))
+    # In layer order (a region placed on the ranks in reverse, zbv's second, lists rank P-1's slab first).
+    slabs = tuple(tuple(b - a for a, b in sorted(p.owner.slabs)) for p in plan.placement if isinstance(p.owner, ByLayer))
     owners = next((p.owner.owners for p in plan.placement if isinstance(p.owner, ByMicrobatch)), None)
     return replace(candidate, slab_counts=slabs, owner_map=owners)
 

@@ -48,7 +48,8 @@ it was made for into an :class:`ExportPlan`; the writers read nothing else. Each
     0 (NT = min(P, M)); another owner map cannot be expressed.
 
 Where a format cannot express a plan (a transpose region for torch-csv, torchtitan and Megatron-LM,
-GPipe for Megatron-LM, an owner map hyper-parallel has no mode for), the writer raises one
+GPipe for Megatron-LM, an owner map hyper-parallel has no mode for, a zero-bubble skeleton's split
+backward for any of them), the writer raises one
 :class:`~mpipe_tune.errors.MpipeError` line that says why and names the closest plan it can express.
 """
 
@@ -190,6 +191,11 @@ def export_plan(record: dict[str, Any], plan: Plan, model: Model, *, name: str =
     beyond = [f"{key} {value}" for key, value in (("ep", c.ep), ("cp", c.cp)) if value > 1]
     beyond += ["sequence parallelism"] * c.sequence_parallel + ["selective recomputation"] * (
         c.recompute == "selective") + [f"encoder tp {c.encoder_tp}"] * (c.encoder_tp is not None)
+    split = sorted({s.value for s in plan.schedule.skeletons if s.splits_backward})
+    if split:
+        raise MpipeError(f"plan '{name}' uses the zero-bubble skeleton {', '.join(split)}, whose split input- and "
+                         f"weight-gradient backwards no export writes yet; export a 1f1b plan such as the file's "
+                         f"'megatron' baseline (--plan megatron), or run this one with 'mpipe-tune run'")
     if beyond:
         raise MpipeError(f"plan '{name}' uses {', '.join(beyond)}; export writes pp x dp x tp plans with no or full "
                          f"recomputation and the encoder at the plan's tp; re-plan with --ep 1 --cp 1 (no sequence "

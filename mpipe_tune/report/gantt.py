@@ -1,8 +1,8 @@
 """Per-rank timeline pictures in the style of the paper's Figure 2: predicted (:func:`draw_gantt`,
 from a prediction's timeline) and measured (:func:`draw_measured_gantt`, from a run's Chrome trace).
 
-One row per rank; encoder forwards, backbone forwards, backwards, encoder backwards and
-reduces in distinct colours, microbatch numbers on the bars. Collectives occupy links, not ranks, so
+One row per rank; encoder forwards, backbone forwards, backwards (input gradients, where a
+zero-bubble skeleton splits them), weight gradients, encoder backwards and reduces in distinct colours, microbatch numbers on the bars. Collectives occupy links, not ranks, so
 they are drawn as thin bars under the row of the rank that sends them.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from mpipe_tune.algebra.plan import Plan
-from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Fwd, Loss, parse_event
+from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Fwd, Loss, Wgrad, parse_event
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.files import validate_out_path, write_together
@@ -30,6 +30,7 @@ COLOURS = {
     "encoder bwd": "#c8553d",
     "forward": "#4f86c6",
     "backward": "#7bb661",
+    "weight grad": "#2e8b8b",
     "reduce": "#8e6bbf",
     "collective": "#9a9a9a",
 }
@@ -40,6 +41,8 @@ def _category(replicated: set[int], event) -> str | None:
         return "encoder fwd" if event.region in replicated else "forward"
     if isinstance(event, Bwd):
         return "encoder bwd" if event.region in replicated else "backward"
+    if isinstance(event, Wgrad):
+        return "weight grad"
     if isinstance(event, DpReduce):
         return "reduce"
     if isinstance(event, Coll):
@@ -128,7 +131,9 @@ def _draw(bars: list[tuple[int, Any, float, float]], links: list[tuple[int, floa
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit})")
     ax.set_title(title)
-    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in (legend or COLOURS)], loc="upper center",
+    split = any(isinstance(event, Wgrad) for _, event, _, _ in bars)  # only zero-bubble plans have weight grads
+    shown = [k for k in (legend or COLOURS) if split or k != "weight grad"]
+    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in shown], loc="upper center",
               bbox_to_anchor=(0.5, -0.35 if num_rows < 4 else -0.18), ncol=6, fontsize=8, frameon=False)
     fig.tight_layout()
     try:

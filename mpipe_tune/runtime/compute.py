@@ -16,6 +16,12 @@ ViT blocks, merger, projector) are not called on it, their output is the empty t
 skipped layer's shape, and their backward is nothing. This is what the cost model charges (a layer
 whose stream has no tokens costs nothing, :mod:`mpipe_tune.cost.arch`), and what a trainer does
 with a text-only batch; the gradients are those of calling them on empty inputs (zero).
+
+A split backward (the zero-bubble skeletons): the ``Bwd`` computes only the gradient of the stage's
+input, keeping the autograd graph, and the ``Wgrad`` later runs the graph again for the slab's
+weight gradients (``torch.autograd.backward`` with ``inputs=`` each time). Eager autograd has no
+way to stop half-way and resume, so the ``Wgrad`` recomputes the input-gradient path inside the slab
+as well: the gradients equal an unsplit step's, the time is not a fused split's.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd
+from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Wgrad
 from mpipe_tune.inputs.arch_dims import IMAGE_STREAM_KINDS
 from mpipe_tune.runtime.blueprint import output_shape
 from mpipe_tune.runtime.data import MicrobatchInputs
@@ -51,6 +57,8 @@ class RealCompute:
         self._bwd_of: dict[tuple[int, int], int] = {
             (e.region, e.mb): i for i in view.nodes[rank] if isinstance(e := view.events[i], Bwd)
         }
+        self._split = frozenset((e.region, e.mb) for i in view.nodes[rank] if isinstance(e := view.events[i], Wgrad))
+        """(region, mb) whose backward is split: its Bwd leaves the weight gradients to a Wgrad."""
         self._text_start = next((s.index for s in stack.specs if s.kind not in IMAGE_STREAM_KINDS), len(stack.specs))
         """The first layer that is not image-stream (the encoder's layers come first)."""
         self.begin_step()
@@ -59,6 +67,8 @@ class RealCompute:
         self._inputs: dict[int, MicrobatchInputs] = {}
         self._saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._outputs: dict[int, torch.Tensor] = {}
+        self._pending: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        """A split backward's (output, output gradient; None from the loss), from its Bwd to its Wgrad."""
         self.losses: dict[int, float] = {}
         self.stack.zero_grads()
 
@@ -98,17 +108,28 @@ class RealCompute:
 
     def backward(self, index: int, event: Bwd, grad: torch.Tensor | None) -> torch.Tensor | None:
         x, y = self._saved.pop((event.region, event.mb))
-        if y.requires_grad:  # not when every layer of the slab was skipped (an encoder slab, no images)
+        split = (event.region, event.mb) in self._split
+        if split:  # the weight gradients wait for the Wgrad; without an input gradient to send, so does all
+            self._pending[(event.region, event.mb)] = (y, grad)
+        if y.requires_grad and not (split and not self.view.needs_input_grad(index)):
+            # not when every layer of the slab was skipped (an encoder slab, no images)
+            assert grad is not None or index in self.view.loss_fed, f"{event} has no output gradient"
             with tp_context(self.mesh.tp_mesh):
-                if index in self.view.loss_fed:
-                    torch.autograd.backward(y)
-                else:
-                    assert grad is not None, f"{event} has no output gradient"
-                    torch.autograd.backward(y, grad)
+                torch.autograd.backward(y, grad, inputs=[x] if split else None, retain_graph=split)
         if not self.view.needs_input_grad(index):
             return None
         assert x is not None
         return x.grad if x.grad is not None else torch.zeros_like(x)
+
+    def weight_grad(self, index: int, event: Wgrad) -> None:
+        """The weight gradients of a split backward: the slab's trainable parameters, from the graph and
+        output gradient its Bwd kept."""
+        y, grad = self._pending.pop((event.region, event.mb))
+        if not y.requires_grad:
+            return
+        parameters = list(self.stack.trainable_parameters(range(*self.view.slab(event.region, event.rank))))
+        with tp_context(self.mesh.tp_mesh):
+            torch.autograd.backward(y, grad, inputs=parameters)
 
     @torch.no_grad()
     def reduce(self, index: int, event: DpReduce) -> None:
@@ -158,6 +179,9 @@ class EmulatedCompute:
         pass
 
     def backward(self, index: int, event: Bwd, grad: None) -> None:
+        self._sleep(index, time.perf_counter())
+
+    def weight_grad(self, index: int, event: Wgrad) -> None:
         self._sleep(index, time.perf_counter())
 
     def reduce(self, index: int, event: DpReduce) -> None:

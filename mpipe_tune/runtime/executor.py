@@ -2,7 +2,8 @@
 
 There is no code per schedule. For each event of ``nodes(rank)``, in order: receive what its incoming
 transfers carry, run it (forward or backward of the stage's slab, the loss, a gradient reduce, the
-step barrier), then send what its outgoing transfers carry. Which tensors those are is read off the
+step barrier, or the weight-gradient half of a split backward), then send what its outgoing
+transfers carry. Which tensors those are is read off the
 graph (:mod:`mpipe_tune.runtime.plan_view`), so a new skeleton in the algebra runs unchanged.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Loss, StepBarrier
+from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Loss, StepBarrier, Wgrad
 from mpipe_tune.runtime.plan_view import PlanView
 from mpipe_tune.runtime.transport import Transport
 
@@ -60,6 +61,8 @@ class Executor:
                 out = compute.forward(i, event, received)
             elif isinstance(event, Bwd):
                 out = compute.backward(i, event, received)
+            elif isinstance(event, Wgrad):
+                compute.weight_grad(i, event)
             elif isinstance(event, Loss):
                 compute.loss(i)
             elif isinstance(event, DpReduce):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Event, Fwd, Group, Loss, StepBarrier
+from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Event, Fwd, Group, Loss, StepBarrier, Wgrad
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByLayer
 from mpipe_tune.algebra.plan import Plan
@@ -212,7 +212,7 @@ def _view(file: PlanFile, section: PlanSection, model: Model, plan: Plan) -> Pla
         for i in rank_nodes:
             event = events[i]
             assert not isinstance(event, Coll), f"Coll event {event} in rank {rank}'s list"
-            if isinstance(event, (Fwd, Bwd)):
+            if isinstance(event, (Fwd, Bwd, Wgrad)):
                 assert event.rank == rank, f"event {event} listed on rank {rank}"
             rank_of.setdefault(i, rank)
 
@@ -243,7 +243,7 @@ def _view(file: PlanFile, section: PlanSection, model: Model, plan: Plan) -> Pla
                     loss_fed[t] = i
     backward_stages = frozenset((e.region, e.rank, e.mb) for e in events if isinstance(e, Bwd))
     for i in rank_of:
-        assert isinstance(events[i], (Fwd, Bwd, Loss, DpReduce, StepBarrier)), events[i]
+        assert isinstance(events[i], (Fwd, Bwd, Wgrad, Loss, DpReduce, StepBarrier)), events[i]
 
     return PlanView(
         path=file.path,

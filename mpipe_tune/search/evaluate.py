@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Owners, derive
+from mpipe_tune.algebra.derive import Owners, derive, rank_slabs
 from mpipe_tune.algebra.encoder_backward import COOLDOWN, OPTIMISED
-from mpipe_tune.algebra.placement import balanced_counts, round_robin, slabs_from_counts
+from mpipe_tune.algebra.placement import balanced_counts, round_robin
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import TableSums, table_sums
@@ -205,9 +205,14 @@ class Evaluator:
         """Per rank, the layer ranges whose weights it holds under ``c``'s placement: its slab of each
         Sharded region, and the whole of a Replicated one."""
         cut, schedule = c.parsed()
-        slabs = iter(self.slab_counts(c))
-        per_region = [slabs_from_counts(start, next(slabs)) if layout is Layout.SHARDED else ((start, stop),) * c.pp
-                      for (start, stop), layout in zip(cut.regions(self.problem.model.num_layers), schedule.layouts())]
+        counts = iter(enumerate(self.slab_counts(c)))
+        per_region = []
+        for (start, stop), layout in zip(cut.regions(self.problem.model.num_layers), schedule.layouts()):
+            if layout is Layout.SHARDED:
+                chunk, region_counts = next(counts)
+                per_region.append(rank_slabs(schedule, chunk, start, region_counts))
+            else:
+                per_region.append(((start, stop),) * c.pp)
         return tuple(tuple(region[r] for region in per_region) for r in range(c.pp))
 
     def lower_bound(self, c: Candidate) -> float:
@@ -222,7 +227,9 @@ class Evaluator:
         for microbatch 0's forwards on ranks ``< r`` (first Sharded region), and after its last
         backward (microbatch ``M-1``'s, first Sharded region, in every program) those ranks still
         run theirs; and all the work, encodes included, shares ``P`` ranks. Transfers and reduces
-        only add time, so ``max(max_r fill_r + W_r + drain_r, total / P)`` bounds the makespan.
+        only add time, so ``max(max_r fill_r + W_r + drain_r, total / P)`` bounds the makespan. A split
+        backward (the zero-bubble skeletons) may run weight gradients after that last backward, so
+        there ``drain_r`` is left out.
         """
         key = replace(c, label="")
         if key in self._bounds:
@@ -231,19 +238,23 @@ class Evaluator:
         cut, schedule = c.parsed()
         regions = [r for r, layout in zip(cut.regions(self.problem.model.num_layers), schedule.layouts())
                    if layout is Layout.SHARDED]
+        # Per Sharded region, the position in layer order of each rank's slab (zbv's second region: reversed).
+        position = [np.argsort(np.argsort([lo for lo, _ in rank_slabs(schedule, chunk, start, counts)]))
+                    for chunk, ((start, _), counts) in enumerate(zip(regions, slabs))]
+        split = any(s.splits_backward for s in schedule.skeletons)
         bounds = []
         for sample in range(self.problem.samples):
             _, table = self.table(sample, c)
             fwd, bwd = table.fwd_s, table.backward_s(self.problem.model)
             work = fwd.sum(axis=1) + bwd.sum(axis=1)  # per layer, over the step's microbatches
             busy = np.zeros(c.pp)
-            for (start, _), counts in zip(regions, slabs):
+            for (start, _), counts, at in zip(regions, slabs, position):
                 edges = start + np.concatenate(([0], np.cumsum(counts)))
-                busy += np.add.reduceat(work[start:edges[-1]], edges[:-1] - start)
+                busy += np.add.reduceat(work[start:edges[-1]], edges[:-1] - start)[at]
             start, counts = regions[0][0], slabs[0]
             edges = start + np.concatenate(([0], np.cumsum(counts)))
             first = np.add.reduceat(fwd[start:edges[-1], 0], edges[:-1] - start)
-            last = np.add.reduceat(bwd[start:edges[-1], -1], edges[:-1] - start)
+            last = np.add.reduceat(bwd[start:edges[-1], -1], edges[:-1] - start) * (not split)
             chain = np.concatenate(([0.0], np.cumsum(first + last)[:-1]))
             total = work.sum()
             bounds.append(max(float((chain + busy).max()), float(total) / c.pp))

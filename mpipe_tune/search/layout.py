@@ -116,7 +116,7 @@ def parse_layout(text: str, space: SearchSpace, *, label: str = "current") -> Ca
     except MpipeError as exc:
         raise _fail(where, str(exc)) from None
     sharded = [s for s in schedule.skeletons if s.layout is Layout.SHARDED]
-    interleaved = len(sharded) > 1 and sharded[0] is Skeleton.ONE_F_ONE_B
+    interleaved = len(sharded) > 1 and sharded[0].runs_in_rounds
     per_replica = G // dp
 
     def allows(d: int) -> bool:

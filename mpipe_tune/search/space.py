@@ -6,16 +6,16 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
    devices of one node, ``dp`` dividing the global batch, ``pp >= 2``; with context parallelism
    searched, ``(pp, tp, dp, cp)`` with ``pp * tp * cp * dp`` = the device count;
 2. ``schedule``: a skeleton list in normal form from the grammar ``[transpose,] S{v} [,transpose]``
-   with ``S`` one Sharded skeleton and ``v`` woven regions (``v > 1`` is interleaving), kept only when
-   some cut gives every Sharded region at least ``pp`` layers and some microbatch count fits it; the
-   trailing (sink) transpose only for a model with a head after its backbone (a generator head,
-   :attr:`~mpipe_tune.algebra.model.Model.head_start`);
+   with ``S`` one Sharded skeleton and ``v`` woven regions (``v > 1`` is interleaving; ``zbv`` only
+   with ``v = 2``, its V), kept only when some cut gives every Sharded region at least ``pp`` layers
+   and some microbatch count fits it; the trailing (sink) transpose only for a model with a head after
+   its backbone (a generator head, :attr:`~mpipe_tune.algebra.model.Model.head_start`);
 3. ``cut``: for a transpose, its boundary at the encoder/backbone seam or up to ``cut_window``
    layers either side; the boundaries between woven Sharded regions balance their expected cost; a
    sink transpose holds the head;
 4. ``microbatch_size``: sequences per microbatch ``s``, so that ``M = sequences per replica / s`` is
    at least ``pp`` (when possible), at most ``max_microbatches``, in equal rounds of ``M // pp`` for
-   interleaved 1F1B (a size, rather than ``M``, keeps its meaning when the degrees change);
+   interleaved 1F1B and zb1p (a size, rather than ``M``, keeps its meaning when the degrees change);
 5. ``owners``: the transposed region's owner policy (``optimal`` only for small ``M``);
 6. ``recompute``: the recomputation granularity (none, selective, full), when several are searched;
 7. ``ep``: the expert-parallel degree, when several are searched: those that divide ``dp * cp``, are
@@ -137,8 +137,10 @@ class SearchSpace:
         for first in firsts:
             for last in lasts:
                 for skeleton in self.options.skeletons:
-                    for v in range(1, self.options.max_chunks + 1):
-                        out.append(",".join(first + (skeleton,) * v + last))
+                    counts = Skeleton(skeleton).chunk_counts or range(1, self.options.max_chunks + 1)
+                    for v in counts:
+                        if v <= self.options.max_chunks:
+                            out.append(",".join(first + (skeleton,) * v + last))
         return out
 
     def shape(self, schedule: str) -> tuple[bool, int, bool]:
@@ -190,8 +192,8 @@ class SearchSpace:
         """Microbatch counts dividing a replica's sequences, at most ``max_microbatches``, at least
         ``pp`` when some is (else the largest); for interleaved 1F1B only those that split into its
         equal rounds (:func:`~mpipe_tune.algebra.order.is_interleavable`, torch's rule)."""
-        skeletons = schedule.split(",")
-        interleaved = skeletons.count(Skeleton.ONE_F_ONE_B.value) > 1
+        woven = [Skeleton(s) for s in schedule.split(",") if s != Skeleton.TRANSPOSE.value]
+        interleaved = len(woven) > 1 and woven[0].runs_in_rounds
         options = [
             d for d in divisors(self.problem.global_batch // dp)
             if d <= self.options.max_microbatches and (not interleaved or is_interleavable(pp, d))

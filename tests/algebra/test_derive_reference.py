@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mpipe_tune.algebra import (
-    Bwd, Cut, DpReduce, EdgeKind, Fwd, Group, Layout, Loss, Owners, Schedule, Skeleton, StepBarrier, derive,
+    Bwd, Cut, DpReduce, EdgeKind, Fwd, Group, Layout, Loss, Owners, Schedule, Skeleton, StepBarrier, Wgrad, derive,
 )
 from mpipe_tune.algebra.derive import _microbatch_edges, rank_program, stage_gates, topological_order
 from mpipe_tune.algebra.order import is_interleavable
@@ -47,8 +47,10 @@ def reference_rank_events(plan, rank, gates, skeleton):
             seq.append(Fwd(*stage, m))
             if stage == plan.stages[-1]:
                 seq.append(Loss(m))
-        elif gates.has_bwd[stage]:
+        elif op == "B" and gates.has_bwd[stage]:
             seq.append(Bwd(*stage, m))
+        elif op == "W" and gates.reduces[stage]:
+            seq.append(Wgrad(*stage, m))
     if gates.source_bwd:
         seq += [Bwd(source.region, rank, m) for m in range(M) if source.owner.owners[m] == rank]
     if gates.replica_reduce is not None:
@@ -80,12 +82,12 @@ def reference_order(plan, model):
     stages = list(plan.stages)
     gates = stage_gates(model, plan.placement, stages)
     owners = plan.source.owner.owners if plan.source else ()
+    skeleton = next(s for s in plan.schedule.skeletons if s.layout is Layout.SHARDED)
     b = ReferenceBuilder()
     for m in range(plan.num_microbatches):
-        _microbatch_edges(b, m, gates, owners)
+        _microbatch_edges(b, m, gates, owners, skeleton.splits_backward)
     for key in [e for e in b.index if isinstance(e, DpReduce)]:
         b.edge(key, StepBarrier(), EdgeKind.SEQUENCE)
-    skeleton = next(s for s in plan.schedule.skeletons if s.layout is Layout.SHARDED)
     nodes = []
     for rank in range(plan.num_ranks):
         ids = [b.add(e) for e in reference_rank_events(plan, rank, gates, skeleton)]
@@ -96,14 +98,17 @@ def reference_order(plan, model):
     return tuple(b.index), edges, tuple(nodes), tuple(reference_kahn(len(b.index), edges))
 
 
-def random_candidate(rng):
+def random_candidate(rng, zero_bubble=False):
     """A random small candidate: skeleton, wavefront width, transpose, P, M, slab cuts, owners and
-    trainable bits (at least one trainable layer)."""
+    trainable bits (at least one trainable layer); with ``zero_bubble`` the skeleton is zb1p or zbv."""
     P = int(rng.integers(1, 5))
     skeleton = Skeleton.ONE_F_ONE_B if rng.random() < 0.6 else Skeleton.GPIPE
     v = int(rng.integers(1, 4))
+    if zero_bubble:
+        skeleton = Skeleton.ZB1P if skeleton is Skeleton.ONE_F_ONE_B else Skeleton.ZBV
+        v = 2 if skeleton is Skeleton.ZBV else v
     M = int(rng.integers(1, 3 * P + 3))
-    if skeleton is Skeleton.ONE_F_ONE_B and v > 1:
+    if skeleton.runs_in_rounds and v > 1:
         M = int(rng.choice([m for m in range(1, 3 * P + 3) if is_interleavable(P, m)]))
     transpose = bool(rng.random() < 0.6)
     enc = int(rng.integers(1, 4)) if transpose else 0
@@ -121,7 +126,17 @@ def random_candidate(rng):
 
 @pytest.mark.parametrize("seed", range(300))
 def test_derive_equals_the_plain_reference_build(seed):
-    cut, schedule, model, P, M, owners = random_candidate(np.random.default_rng(seed))
+    assert_derive_equals_reference(random_candidate(np.random.default_rng(seed)))
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_zero_bubble_derive_equals_the_plain_reference_build(seed):
+    """Split backwards (Wgrad events, V placement) too: the same plain build with the W ops."""
+    assert_derive_equals_reference(random_candidate(np.random.default_rng(seed), zero_bubble=True))
+
+
+def assert_derive_equals_reference(candidate):
+    cut, schedule, model, P, M, owners = candidate
     plan = derive(cut, schedule, model, P, M, owners)
     events, edges, nodes, topo = reference_order(plan, model)
     assert plan.order.events == events

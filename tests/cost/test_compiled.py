@@ -44,7 +44,7 @@ def owner_changes(draw):
     frozen = draw(st.booleans())
     model = make_model(["encoder"] * enc + ["llm"] * sum(per),
                        trainable=[not frozen] * enc + [True] * sum(per))
-    skeleton = draw(st.sampled_from(["1f1b", "gpipe"]))
+    skeleton = draw(st.sampled_from(["1f1b", "gpipe", "zb1p"]))
     cut = Cut(tuple([enc] + [enc + sum(per[:i]) for i in range(1, v)]))
     schedule = Schedule((Skeleton.TRANSPOSE,) + (Skeleton(skeleton),) * v)
     workload = Workload(tuple(Microbatch(draw(st.integers(0, 50)), draw(st.integers(1, 50))) for _ in range(M)))
@@ -56,7 +56,7 @@ def owner_changes(draw):
 @given(owner_changes())
 def test_owner_maps_retimed_equal_a_fresh_derive(case):
     cut, schedule, model, workload, profile, P, maps = case
-    if schedule.skeletons[1] is Skeleton.ONE_F_ONE_B and len(schedule.skeletons) > 2 and len(workload) % max(
+    if schedule.skeletons[1].runs_in_rounds and len(schedule.skeletons) > 2 and len(workload) % max(
             1, len(workload) // P):
         return  # interleaving needs M a multiple of its rounds: derive refuses it
     base = predict_plan(cut, schedule, model, workload, profile, P)

@@ -139,6 +139,13 @@ def test_transpose_is_refused_in_one_line_naming_the_encoder_in_first_stage_plan
     assert "<1f1b> with no cut" in one_line_error(lambda: to_torch_csv(alone))
 
 
+@pytest.mark.parametrize("schedule,cut", [("zb1p", ()), ("zbv,zbv", (17,))])
+def test_zero_bubble_plans_are_refused_by_every_export_in_one_line(schedule, cut):
+    record, model = make_record(schedule, cut, 4, 8)
+    message = one_line_error(lambda: plan_from_record(record, model))
+    assert f"zero-bubble skeleton {schedule.split(',')[0]}" in message and "--plan megatron" in message
+
+
 def test_cli_refuses_a_transpose_with_exit_2_and_writes_nothing(tmp_path, capsys):
     record, _ = make_record("transpose,1f1b", (VISION,), 2, 4, baselines={"megatron": ("1f1b", ())})
     dump_plan(record, tmp_path / "plan.json")

@@ -123,3 +123,18 @@ def test_neighbours_differ_in_one_choice_and_are_valid(example):
     assert any((n.pp, n.tp, n.dp) != (c.pp, c.tp, c.dp) for _, n in neighbours)
     for _, n in neighbours:
         assert_valid(example, n)
+
+
+def test_zero_bubble_skeletons_join_the_space_where_valid():
+    """zb1p weaves any number of chunks (interleaved in rounds like 1f1b), zbv exactly two; every point
+    derives."""
+    problem = Problem(load_model("example-mllm"), load_profile("ideal"), 4, 8, mix="balanced", num_samples=1)
+    evaluator = Evaluator(problem)
+    options = SpaceOptions(skeletons=("1f1b", "zb1p", "zbv"), max_chunks=3)
+    space = SearchSpace(problem, evaluator.reference_weights(), options)
+    assert {"zb1p", "zb1p,zb1p", "zb1p,zb1p,zb1p", "zbv,zbv", "transpose,zbv,zbv"} <= set(space.family)
+    assert all(s.split(",").count("zbv") in (0, 2) for s in space.family)
+    for _, c in space.enumerate():
+        assert_valid(space, c)
+        if c.schedule.count("zb1p") > 1:
+            assert is_interleavable(c.pp, c.num_microbatches)
