@@ -29,10 +29,10 @@ from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import TableSums, table_sums
 from mpipe_tune.cost.layers import LayerTable, build_layer_table
 from mpipe_tune.cost.memory import static_bytes_of
+from mpipe_tune.cost.owners import encode_seconds, owners_for
 from mpipe_tune.cost.predict import Prediction, layer_weights, predict
 from mpipe_tune.inputs.workload import Workload
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.search.owners import owners_for
 from mpipe_tune.search.problem import Problem
 
 
@@ -260,7 +260,7 @@ class Evaluator:
     def encode_s(self, c: Candidate, sample: int) -> np.ndarray:
         """Encode (transposed-region forward) seconds of each microbatch of step ``sample``."""
         _, table = self.table(sample, c)
-        return table.fwd_s[: c.cut[0]].sum(axis=0)
+        return encode_seconds(table.fwd_s, c.cut[0])
 
     def prediction(self, c: Candidate, sample: int = 0) -> tuple[Prediction, Workload]:
         """The full prediction of ``c`` on one step, by the cost model's own ``predict`` with the
