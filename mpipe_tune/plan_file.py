@@ -260,7 +260,7 @@ def _validate_section(section: dict[str, Any], workload: Any, where: str, label:
         detail = str(exc) if isinstance(exc, MpipeError) else type(exc).__name__
         raise MpipeError(f"{where}: {label}the order section is corrupt ({detail}); re-create the plan") from None
     if "draw" in workload:
-        MixDraw.from_dict(workload["draw"], where=f"{where}: {label}" if label else where)
+        MixDraw.from_dict(workload["draw"], where=f"{where}, {label[:-2]}" if label else where)
 
 
 def workload_of(record: dict[str, Any]) -> Workload:

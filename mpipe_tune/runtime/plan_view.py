@@ -204,8 +204,9 @@ def view_of_step(view: PlanView, plan: Plan, microbatches: tuple[Microbatch, ...
     it) on ``microbatches``, with that step's predicted durations and step time; the file's other
     figures (its predicted peaks) stay the stored plan's."""
     assert len(microbatches) == view.num_microbatches and len(durations_s) == len(plan.order.events)
+    graph = {} if plan is view.plan else _graph(plan)  # the same plan: the same events and transfers
     return replace(view, plan=plan, microbatches=tuple(microbatches), durations_s=tuple(durations_s),
-                   predicted_step_s=predicted_step_s, **_graph(plan))
+                   predicted_step_s=predicted_step_s, **graph)
 
 
 def rank_pairs(view: PlanView) -> set[tuple[int, int]]:
