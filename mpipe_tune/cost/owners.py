@@ -86,10 +86,12 @@ def greedy_owners(encode_s: Sequence[float], slack_s: Sequence[float]) -> tuple[
     ``O(M log M + M log P)``."""
     heap = [(-float(w), r) for r, w in enumerate(slack_s)]
     heapq.heapify(heap)
-    owners = [0] * len(encode_s)
-    for m in _heaviest_first(encode_s):
+    work = np.asarray(encode_s, dtype=float)
+    order = np.argsort(-work, kind="stable")
+    owners = [0] * len(work)
+    for m, seconds in zip(order.tolist(), work[order].tolist()):
         used, rank = heap[0]
-        heapq.heapreplace(heap, (used + float(encode_s[m]), rank))
+        heapq.heapreplace(heap, (used + seconds, rank))
         owners[m] = rank
     return tuple(owners)
 
@@ -148,7 +150,7 @@ def _branch_and_bound(encode_s: Sequence[float], slack_s: Sequence[float], greed
         if max(current_max, level) >= best_value - tolerance:
             return
         tried = set()
-        for r in sorted(range(P), key=lambda r: load[r]):
+        for r in sorted(range(P), key=load.__getitem__):
             if load[r] in tried:  # ranks with equal load are interchangeable from here on
                 continue
             tried.add(load[r])

@@ -2,7 +2,9 @@
 
 :func:`run_jobs` is the function the launchers call (locally spawned or under ``torchrun``); it runs
 one or more :class:`RunJob` in turn on the same process group, so a check of several plans with the
-same P pays the process start-up once.
+same P pays the process start-up once. Before each step every rank builds the step's plan
+(:class:`~mpipe_tune.runtime.steps.StepPlanner`: its microbatches and owner map) and, unless the run
+is the stored plan as it is, checks with :func:`validate_agreement` that all ranks built the same one.
 """
 
 from __future__ import annotations

@@ -80,21 +80,23 @@ def assert_step_equals_reference(grads_dir, world_size: int, summary: dict, refe
 
 
 def make_policy_plan(folder: Path, num_ranks: int, policy: str | None, stored_owners: tuple[int, ...], *,
-                     frozen: tuple[str, ...] = (), workload: Workload = WORKLOAD, profile: str = "ideal") -> Path:
-    """A ``<transpose,1f1b>`` plan of the test model whose candidate names owner ``policy`` and stores
-    the explicit map ``stored_owners``: an example map that need not be the one the policy gives."""
+                     frozen: tuple[str, ...] = (), workload: Workload = WORKLOAD, profile: str = "ideal",
+                     model_spec: str = TEST_MODEL, cut: tuple[int, ...] = (FIRST_LLM,)) -> Path:
+    """A ``<transpose,1f1b>`` plan whose candidate names owner ``policy`` and stores the explicit map
+    ``stored_owners``: an example map that need not be the one the policy gives."""
     from mpipe_tune.algebra.candidate import Candidate
     from mpipe_tune.cost.predict import predict
 
-    model = load_model(TEST_MODEL)
+    model = load_model(model_spec)
     if frozen:
         model = model.with_frozen(frozen)
     hw = load_profile(profile)
-    c = Candidate("transpose,1f1b", (FIRST_LLM,), num_ranks, 1, 1, len(workload), policy,
+    c = Candidate("transpose,1f1b", cut, num_ranks, 1, 1, len(workload), policy,
                   owner_map=tuple(stored_owners), dtype="fp32")
     prediction = predict(c, model, workload, hw, CostOptions())
-    path = Path(folder) / f"policy-{policy}-p{num_ranks}-{''.join(map(str, stored_owners))}{'-frozen' if frozen else ''}.json"
-    dump_plan(plan_record(prediction, model, workload, hw, PlanInputs(TEST_MODEL, frozen, profile)), path)
+    path = Path(folder) / (f"{Path(model_spec).stem}-{policy}-p{num_ranks}-{''.join(map(str, stored_owners))}"
+                           f"{'-frozen' if frozen else ''}.json")
+    dump_plan(plan_record(prediction, model, workload, hw, PlanInputs(model_spec, frozen, profile)), path)
     return path
 
 

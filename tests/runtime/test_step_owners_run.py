@@ -4,6 +4,8 @@ single-process step's loss and gradients (float64)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -106,3 +108,22 @@ def test_ranks_that_disagree_are_refused_in_one_line():
                                          r"0000000000000007 to 0000000000000008") as info:
         launch_local(agree_or_not, (False,), 2, timeout_s=30, deadline_s=60)
     assert info.value.user_error and not info.value.details
+
+
+def test_an_emulated_per_step_run_from_the_cli_never_beats_each_steps_prediction(tmp_path, capsys):
+    """``run --compute emulated`` on a greedy plan whose stored map is not greedy's: the default is
+    per-step owners, each step waits its own predicted longest path, and the table names the maps."""
+    from mpipe_tune.cli import main
+    from mpipe_tune.inputs.workload import Microbatch, Workload
+
+    workload = Workload(tuple(Microbatch(300 * m, 1000) for m in range(4)), "emulated")
+    plan = make_policy_plan(tmp_path, 2, "greedy", (0, 0, 0, 0), workload=workload, model_spec="example-mllm",
+                            cut=(8,))
+    assert main(["run", str(plan), "--compute", "emulated", "--steps", "2", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["owners"] == "per-step" and record["data"] == "stored"
+    maps = [tuple(step["owners"]) for step in record["per_step"]]
+    assert maps[0] == maps[1] != (0, 0, 0, 0)
+    assert all(t >= p for t, p in zip(record["step_times_s"], record["predicted_step_times_s"]))
+    assert main(["run", str(plan), "--compute", "emulated", "--steps", "1"]) == 0
+    assert f"step 0 owners {','.join(map(str, maps[0]))}" in capsys.readouterr().out
