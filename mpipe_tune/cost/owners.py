@@ -30,8 +30,6 @@ greedy map (:attr:`OwnerChoice.policy` says which one it got).
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,15 +37,16 @@ import numpy as np
 
 from mpipe_tune.algebra.candidate import ROUND_ROBIN
 from mpipe_tune.algebra.placement import round_robin
+from mpipe_tune.cost import kernels
 from mpipe_tune.errors import MpipeError
 
 POLICIES = (ROUND_ROBIN, "greedy", "optimal")
 OPTIMAL_MAX_NODES = 2_000_000
 """Search nodes after which :func:`optimal_owners` gives up (a user error: the instance is too big)."""
 RUNTIME_OPTIMAL_MAX_NODES = 40
-"""Search nodes the runtime's ``optimal`` may spend on one step before it takes the greedy map: a
-node costs up to ~10 us at P = 64 (a sort of the ranks by load), so a step's map stays well under a
-millisecond (``benchmarks/bench_step_owners.py`` measures it)."""
+"""Search nodes the runtime's ``optimal`` may spend on one step before it takes the greedy map. On
+the benchmark's instances a larger budget (200, 1000) finished no more of them, and with 40 a step's
+map takes well under a millisecond at P = 64, M = 512 (``benchmarks/bench_step_owners.py``)."""
 
 
 @dataclass(frozen=True)
@@ -73,27 +72,21 @@ def max_spill(owners: Sequence[int], encode_s: Sequence[float], slack_s: Sequenc
     return max(0.0, *rank_excess(owners, encode_s, slack_s))
 
 
-def _heaviest_first(encode_s: Sequence[float]) -> list[int]:
-    """Microbatches by decreasing encode seconds, equal ones in increasing index (a stable sort)."""
-    return np.argsort(-np.asarray(encode_s, dtype=float), kind="stable").tolist()
+def _vectors(encode_s: Sequence[float], slack_s: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The encodes and slack as float arrays, and the microbatches heaviest first (equal encodes in
+    increasing index: a stable sort)."""
+    encode = np.array(encode_s, dtype=float).reshape(-1)
+    return encode, np.array(slack_s, dtype=float).reshape(-1), np.argsort(-encode, kind="stable")
 
 
 def greedy_owners(encode_s: Sequence[float], slack_s: Sequence[float]) -> tuple[int, ...]:
     """Heaviest encode first, each to the rank with the most remaining slack (ties: lowest rank;
-    equal encodes: lowest microbatch first).
-
-    A heap of ``(-remaining slack, rank)`` finds that rank in ``O(log P)``: the whole map costs
-    ``O(M log M + M log P)``."""
-    heap = [(-float(w), r) for r, w in enumerate(slack_s)]
-    heapq.heapify(heap)
-    work = np.asarray(encode_s, dtype=float)
-    order = np.argsort(-work, kind="stable")
-    owners = [0] * len(work)
-    for m, seconds in zip(order.tolist(), work[order].tolist()):
-        used, rank = heap[0]
-        heapq.heapreplace(heap, (used + seconds, rank))
-        owners[m] = rank
-    return tuple(owners)
+    equal encodes: lowest microbatch first). A compiled loop
+    (:func:`mpipe_tune.cost.kernels.greedy_owners`): microseconds at P = 64, M = 512."""
+    encode, slack, order = _vectors(encode_s, slack_s)
+    out = np.zeros(len(encode), dtype=np.int64)
+    kernels.greedy_owners(encode, slack, order, out)
+    return tuple(out.tolist())
 
 
 def optimal_owners(
@@ -106,7 +99,8 @@ def optimal_owners(
     incumbent, or when even spreading the remaining work perfectly over the ranks' remaining
     slack cannot beat it. Ranks with equal load (slack included) are interchangeable, so only the
     first of them is tried. Exponential in the worst case: meant for small ``P`` and ``M``; past
-    ``max_nodes`` search nodes it gives up with a one-line error.
+    ``max_nodes`` search nodes it gives up with a one-line error. The walk is a compiled loop
+    (:func:`mpipe_tune.cost.kernels.owners_branch_and_bound`).
     """
     owners = _branch_and_bound(encode_s, slack_s, greedy_owners(encode_s, slack_s), max_nodes)
     if owners is None:
@@ -120,56 +114,12 @@ def optimal_owners(
 def _branch_and_bound(encode_s: Sequence[float], slack_s: Sequence[float], greedy: tuple[int, ...],
                       max_nodes: int) -> tuple[int, ...] | None:
     """:func:`optimal_owners`' search from the incumbent ``greedy``; None past ``max_nodes`` nodes."""
-    M, P = len(encode_s), len(slack_s)
-    order = _heaviest_first(encode_s)
-    work = [float(encode_s[m]) for m in order]
-    suffix = [0.0] * (M + 1)
-    for i in reversed(range(M)):
-        suffix[i] = suffix[i + 1] + work[i]
-    best_value = max(rank_excess(greedy, encode_s, slack_s))
-    best = [greedy[m] for m in order]
-    load = [-float(w) for w in slack_s]
-    assign = [0] * M
-    nodes = 0
-    tolerance = 1e-12 * max(1.0, abs(best_value))
-
-    class GaveUp(Exception):
-        pass
-
-    def descend(i: int, current_max: float) -> None:
-        nonlocal best_value, best, nodes
-        nodes += 1
-        if nodes > max_nodes:
-            raise GaveUp
-        if i == M:
-            if current_max < best_value - tolerance:
-                best_value, best = current_max, assign[:]
-            return
-        # Lower bound: the remaining work cannot end below the level that fills every rank evenly.
-        level = (sum(load) + suffix[i]) / P
-        if max(current_max, level) >= best_value - tolerance:
-            return
-        tried = set()
-        for r in sorted(range(P), key=load.__getitem__):
-            if load[r] in tried:  # ranks with equal load are interchangeable from here on
-                continue
-            tried.add(load[r])
-            new_load = load[r] + work[i]
-            if max(current_max, new_load) >= best_value - tolerance:
-                break  # ranks are sorted by load: every later one is at least as bad
-            load[r] = new_load
-            assign[i] = r
-            descend(i + 1, max(current_max, new_load))
-            load[r] -= work[i]
-
-    try:
-        descend(0, -math.inf)
-    except GaveUp:
+    encode, slack, order = _vectors(encode_s, slack_s)
+    out = np.zeros(len(encode), dtype=np.int64)
+    if kernels.owners_branch_and_bound(encode, slack, order, np.array(greedy, dtype=np.int64).reshape(-1),
+                                       max_nodes, out):
         return None
-    owners = [0] * M
-    for position, m in enumerate(order):
-        owners[m] = best[position]
-    return tuple(owners)
+    return tuple(out.tolist())
 
 
 def choose_owners(policy: str, encode_s: Sequence[float], slack_s: Sequence[float], *,
@@ -203,12 +153,13 @@ def encode_seconds(fwd_s: np.ndarray, encoder_stop: int) -> np.ndarray:
 
 def step_owners(policy: str, compiled, table, *, fallback: bool = False) -> OwnerChoice:
     """One step's owner map under ``policy``: ``compiled`` is a
-    :class:`~mpipe_tune.cost.compiled.CompiledPlan` with a transposed source region (any owner map),
-    ``table`` the step's :class:`~mpipe_tune.cost.layers.LayerTable`. The slack is read off the
-    round-robin re-timing of the plan on that table, the encodes off the table."""
+    :class:`~mpipe_tune.cost.compiled.CompiledPlan` with a transposed source region (any owner map;
+    one with the round-robin map is used as it is, without re-timing it), ``table`` the step's
+    :class:`~mpipe_tune.cost.layers.LayerTable`. The slack is read off the round-robin plan's timeline
+    on that table, the encodes off the table."""
     plan = compiled.derived
     if policy == ROUND_ROBIN:
         return OwnerChoice(round_robin(plan.num_microbatches, plan.num_ranks), policy)
     slack = compiled.with_owners(round_robin(plan.num_microbatches, plan.num_ranks)).timeline(table).warmup_slack_s
     encode = encode_seconds(table.fwd_s, plan.placement[0].layers[1])
-    return choose_owners(policy, encode.tolist(), slack, fallback=fallback)
+    return choose_owners(policy, encode, slack, fallback=fallback)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipe_tune.algebra.candidate import ROUND_ROBIN
-from mpipe_tune.algebra.placement import ByMicrobatch
+from mpipe_tune.algebra.placement import ByMicrobatch, round_robin
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.layers import CostOptions, build_layer_table
@@ -164,6 +164,9 @@ class StepPlanner:
             options = cost_options(view.candidate, CostOptions.from_framework(view.record["inputs"]))
             self.profile, self.options = profile, options
             self.compiled = CompiledPlan(view.plan, view.model, profile, options)
+            if modes.owners == PER_STEP:  # the policies read the slack off the round-robin plan: re-timed once
+                plan = view.plan
+                self.round_robin = self.compiled.with_owners(round_robin(plan.num_microbatches, plan.num_ranks))
 
     def metadata(self, step: int) -> Workload:
         """Step ``step``'s microbatches: drawn (``sampled``) or the stored ones."""
@@ -184,7 +187,7 @@ class StepPlanner:
         compiled, owners, policy, owners_s = self.compiled, self.stored_owners, None, 0.0
         if self.modes.owners == PER_STEP:
             chosen = time.perf_counter()
-            choice = step_owners(self.view.candidate.owner_policy, compiled, table, fallback=True)
+            choice = step_owners(self.view.candidate.owner_policy, self.round_robin, table, fallback=True)
             owners_s = time.perf_counter() - chosen
             owners, policy = choice.owners, choice.policy
             compiled = compiled.with_owners(owners)
