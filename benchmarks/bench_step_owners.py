@@ -158,6 +158,7 @@ def main() -> None:
     if args.part in ("policy", "all"):
         record["policy"] = policy_times(args.instances)
         record["inputs"] = inputs_times(args.microbatches, 50)
+        record["inputs_microbatches"] = args.microbatches
     if args.part in ("run", "all"):
         import torch
 
@@ -167,6 +168,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(record, indent=1))
         return
+    print_record(record)
+
+
+def print_record(record: dict) -> None:
+    """The tables of a record (as ``--json`` prints it)."""
     print(f"{record['machine']}; " + ", ".join(f"{k} {v}" for k, v in record["versions"].items()) + f"; {record['date']}\n")
     if "policy" in record:
         print("| P | M | greedy us p50 / p99 / max | optimal (runtime) us p50 / p99 / max | optimal fell back to greedy |")
@@ -174,11 +180,12 @@ def main() -> None:
         for row in record["policy"]:
             print(f"| {row['P']} | {row['M']} | {_us(row['greedy_s'])} | {_us(row['optimal_s'])} | "
                   f"{row['fell_back']}/{row['instances']} |")
-        print(f"\nstep_owners on {MODEL} ({PROFILE}), P={P} M={args.microbatches} (round-robin slack off the "
+        print(f"\nstep_owners on {MODEL} ({PROFILE}), P={P} M={record['inputs_microbatches']} (round-robin slack off the "
               f"re-timed plan, encodes, policy): " + ", ".join(f"{p} {_us(s)} us" for p, s in record["inputs"].items()))
     if "runs" in record:
-        print(f"\n{MODEL} on {PROFILE}, greedy <transpose,1f1b>, P={P} M={args.microbatches}, emulated compute, "
-              f"steps 1..{args.steps - 1} of each mix (mean over steps; wall {record['wall_s']:.0f} s)\n")
+        steps = len(next(iter(record["runs"].values()))["per-step"]["measured_s"])
+        print(f"\n{MODEL} on {PROFILE}, greedy <transpose,1f1b>, P={P} M={record['microbatches']}, emulated compute, "
+              f"steps 1..{steps} of each mix (mean over steps; wall {record['wall_s']:.0f} s)\n")
         print("| mix | maps differ | per-step predicted ms | per-step measured ms | fixed predicted ms | "
               "fixed measured ms | predicted gain | measured gain | step plan ms (owners ms) |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
