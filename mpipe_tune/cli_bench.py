@@ -64,7 +64,10 @@ class Bench(Command):
                 validate_picture_path(Path(args.gantt) / f"{name}.png", label="--gantt")
         runs = round_robin(names, args.rounds)
         last = args.rounds - 1
-        template = RunJob(args.plan, model_spec=args.model, steps=args.steps, compute=args.compute, dtype=args.dtype, seed=args.seed)
+        # The stored plans as they are (their stored owner maps, on their stored microbatches): every plan
+        # of the comparison runs the same steps.
+        template = RunJob(args.plan, model_spec=args.model, steps=args.steps, compute=args.compute, dtype=args.dtype,
+                          seed=args.seed, owners="fixed", data="stored")
         jobs = [replace(template, plan_name=name, trace=bool(args.gantt) and k == last) for name, k in runs]
 
         def on_result(index: int, result: dict) -> None:

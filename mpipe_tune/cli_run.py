@@ -31,6 +31,16 @@ class Run(Command):
         parser.add_argument("--dtype", default=None,
                             help="real compute dtype: fp32, fp64, bf16, fp16 (default: the plan's dtype)")
         parser.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic batches (default 0)")
+        parser.add_argument("--owners", default=None, choices=("per-step", "fixed"),
+                            help="per-step: each step's encoder owner map from the plan's owner policy on that step's "
+                                 "microbatches; fixed: the plan's stored map every step (default: per-step when the "
+                                 "plan's policy is greedy or optimal, else fixed)")
+        parser.add_argument("--data", default=None, choices=("sampled", "stored"),
+                            help="sampled: step k draws its microbatches from the plan's workload mix (seed + k; step 0 "
+                                 "is the stored workload); stored: the plan's microbatches every step (default: sampled "
+                                 "with per-step owners when the plan records its mix, else stored)")
+        parser.add_argument("--profile", default=None,
+                            help="the plan's hardware profile, where it moved (read to predict steps at run time)")
         parser.add_argument("--trace", default=None, help="write the measured per-event Chrome/Perfetto trace to this JSON file")
         parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -45,7 +55,8 @@ class Run(Command):
 
             validate_out_path(args.trace, label="--trace", suffixes=(".json",))
         job = RunJob(args.plan, model_spec=args.model, steps=args.steps, compute=args.compute, dtype=args.dtype,
-                     seed=args.seed, trace=bool(args.trace))
+                     seed=args.seed, trace=bool(args.trace), owners=args.owners, data=args.data,
+                     profile_spec=args.profile)
         session = run_session(self.name, [job], args.device)
         if session.exit_code or not session.is_rank0:  # a failure (reported), or a torchrun rank other than 0
             return session.exit_code
@@ -66,7 +77,14 @@ def print_run(record: dict) -> None:
     what = f"compute {record['compute']}" + (f" {record['dtype']}" if record.get("dtype") else "")
     print(f"plan {record['plan']}: <{record['schedule']}> pp{record['pp']} tp{record['tp']} dp{record['dp']} "
           f"M={record['microbatches']} on {record['world_size']} {record['device']} rank(s) ({record['backend']}), {what}")
+    print(f"owners {record['owners']}, data {record['data']}")
     print("step times ms: " + " ".join(f"{t * 1e3:.3f}" for t in record["step_times_s"]))
+    if record["owners"] != "fixed" or record["data"] != "stored":
+        print("predicted ms:  " + " ".join(f"{t * 1e3:.3f}" for t in record["predicted_step_times_s"]))
+        for step in record["per_step"]:
+            if step["owners"] is not None:
+                fell_back = " (optimal fell back to greedy)" if step["policy"] == "greedy" and record["policy"] == "optimal" else ""
+                print(f"step {step['step']} owners {','.join(map(str, step['owners']))}{fell_back}")
     losses = [f"{x:.6g}" for x in record["loss_sums"] if x is not None]
     if losses and record["compute"] == "real":
         print("summed loss per step: " + " ".join(losses))

@@ -12,7 +12,8 @@ Layout (schema_version 2)::
       "inputs": {
         "model":    {"spec": "tiny-vit-llm", "name": "...", "frozen": ["encoder"], "hash": "<sha256>"},
         "profile":  {"spec": "ideal", "name": "ideal", "hash": "<sha256>"},
-        "workload": {"name": "...", "hash": "<sha256>", "microbatches": [{"image_tokens": .., "text_tokens": .., "images": [..]}]},
+        "workload": {"name": "...", "hash": "<sha256>", "microbatches": [{"image_tokens": .., "text_tokens": .., "images": [..]}],
+                     "draw": {"mix": "balanced", "seed": 0, "sequences_per_microbatch": 1}},
         "moe_imbalance": 1.0, "grad_reduce_dtype": "fp32", "overlap_dp_comm": true
       },
       "candidate": {"schedule": "transpose,1f1b", "cut": [9], "pp": 4, "tp": 1, "dp": 1, "ep": 1, "cp": 1,
@@ -29,6 +30,8 @@ Layout (schema_version 2)::
       "alternatives": {"megatron@own": {...the same fields...}, ..., "current": {...}}
     }
 
+A workload sampled from a named mix also records its ``draw`` (optional: absent for a workload file),
+:class:`~mpipe_tune.inputs.workload.MixDraw`: what ``run`` draws each later step's microbatches from.
 The top level is the search's winner (``best``); ``baselines`` (optional: ``plan`` writes it,
 ``predict``-made files lack it) holds each baseline planned beside it as a section of the same
 fields, with its own workload (interleaving may take another microbatch count), at the same degrees.
@@ -54,7 +57,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +68,7 @@ from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import parse_schedule
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
-from mpipe_tune.inputs.workload import Workload, parse_workload
+from mpipe_tune.inputs.workload import MixDraw, Workload, parse_workload
 from mpipe_tune.plan_check import damaged, validate_inputs, validate_search, validate_section_fields
 
 SCHEMA = "mpipe-tune/plan"
@@ -256,12 +259,17 @@ def _validate_section(section: dict[str, Any], workload: Any, where: str, label:
     except (KeyError, TypeError, ValueError, AssertionError) as exc:
         detail = str(exc) if isinstance(exc, MpipeError) else type(exc).__name__
         raise MpipeError(f"{where}: {label}the order section is corrupt ({detail}); re-create the plan") from None
+    if "draw" in workload:
+        MixDraw.from_dict(workload["draw"], where=f"{where}, {label[:-2]}" if label else where)
 
 
 def workload_of(record: dict[str, Any]) -> Workload:
     """The plan's stored microbatches as a Workload."""
     w = record["inputs"]["workload"]
-    return parse_workload({"microbatches": w["microbatches"], "name": w["name"]}, where="plan file")
+    workload = parse_workload({"microbatches": w["microbatches"], "name": w["name"]}, where="plan file")
+    if "draw" not in w:
+        return workload
+    return replace(workload, draw=MixDraw.from_dict(w["draw"], where="plan file"))
 
 
 def placement_record(plan: Plan) -> list[dict[str, Any]]:

@@ -70,3 +70,110 @@ def running_peaks(rank, delta, num_ranks):
         if running[r] > peak[r]:
             peak[r] = running[r]
     return peak
+
+
+@_jit
+def greedy_owners(encode_s, slack_s, order, out):
+    """The greedy owner map (:func:`mpipe_tune.cost.owners.greedy_owners`) into ``out``: microbatches
+    in ``order`` (heaviest encode first), each to the rank with the most slack left, ties to the lowest."""
+    remaining = slack_s.copy()
+    for k in range(order.shape[0]):
+        m = order[k]
+        best = 0
+        for r in range(1, remaining.shape[0]):
+            if remaining[r] > remaining[best]:
+                best = r
+        out[m] = best
+        remaining[best] -= encode_s[m]
+
+
+@_jit
+def owners_branch_and_bound(encode_s, slack_s, order, incumbent, max_nodes, out):
+    """The exact min-max owner search of :func:`mpipe_tune.cost.owners.optimal_owners` into ``out``,
+    as an explicit depth-first walk over the microbatches in ``order`` (heaviest encode first), from
+    the ``incumbent`` map: at each depth the ranks are tried by increasing load (a stable sort), a
+    load already tried at that depth is skipped, and a branch is cut when its maximum, or the level
+    that spreads the remaining work evenly, reaches the incumbent's ``max_r (E_r - w_r)`` (less a
+    relative 1e-12). Returns True when it gave up after ``max_nodes`` nodes (``out`` unset)."""
+    M, P = encode_s.shape[0], slack_s.shape[0]
+    excess = -slack_s
+    for m in range(M):
+        excess[incumbent[m]] += encode_s[m]
+    best_value = excess.max()
+    tolerance = 1e-12 * max(1.0, abs(best_value))
+    work = encode_s[order]
+    best = incumbent[order]
+    suffix = np.zeros(M + 1)
+    for i in range(M - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + work[i]
+    load = -slack_s
+    assign = np.zeros(M, dtype=np.int64)
+    ranks = np.empty((M, P), dtype=np.int64)
+    position = np.zeros(M, dtype=np.int64)
+    tried = np.empty((M, P))
+    num_tried = np.zeros(M, dtype=np.int64)
+    current = np.empty(M + 1)
+    current[0] = -np.inf
+    nodes = 0
+    i = 0
+    entering = True
+    while True:
+        if entering:
+            nodes += 1
+            if nodes > max_nodes:
+                return True
+            leaf_or_cut = i == M
+            if leaf_or_cut:
+                if current[M] < best_value - tolerance:
+                    best_value = current[M]
+                    best[:] = assign
+            else:
+                total = 0.0
+                for r in range(P):
+                    total += load[r]
+                level = (total + suffix[i]) / P
+                leaf_or_cut = max(current[i], level) >= best_value - tolerance
+            if leaf_or_cut:
+                if i == 0:
+                    break
+                i -= 1
+                entering = False
+                continue
+            ranks[i] = np.argsort(load, kind="mergesort")
+            position[i] = 0
+            num_tried[i] = 0
+        else:  # back from depth i + 1: undo this depth's choice
+            load[assign[i]] -= work[i]
+        descended = False
+        while position[i] < P:
+            r = ranks[i, position[i]]
+            position[i] += 1
+            value = load[r]
+            seen = False
+            for k in range(num_tried[i]):
+                if tried[i, k] == value:
+                    seen = True
+                    break
+            if seen:
+                continue
+            tried[i, num_tried[i]] = value
+            num_tried[i] += 1
+            new_load = value + work[i]
+            if max(current[i], new_load) >= best_value - tolerance:
+                break  # ranks are tried by load: every later one is at least as bad
+            load[r] = new_load
+            assign[i] = r
+            current[i + 1] = max(current[i], new_load)
+            descended = True
+            break
+        if descended:
+            i += 1
+            entering = True
+        elif i == 0:
+            break
+        else:
+            i -= 1
+            entering = False
+    for k in range(M):
+        out[order[k]] = best[k]
+    return False

@@ -13,7 +13,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,14 +45,74 @@ class Microbatch:
 
 
 @dataclass(frozen=True)
+class MixDraw:
+    """How a sampled workload was drawn from a named mix, so that later steps can be drawn alike.
+
+    Step ``k`` of the draw is ``num_microbatches * sequences_per_microbatch`` sequences of ``mix``
+    drawn with seed ``seed + k`` (:func:`sample_workload`), packed ``sequences_per_microbatch`` to a
+    microbatch (:func:`pack`): step 0 is the workload itself, and step ``k`` is the planner's sampled
+    step ``k`` of the same problem when the workload is its sample 0. A data loader knows these
+    token counts before the step runs, so every rank draws the same ones.
+
+    >>> draw = MixDraw("smoke", seed=3)
+    >>> draw.step(0, 4) == sample_workload("smoke", 4, 3)
+    True
+    >>> draw.step(1, 4).name
+    'smoke@seed4'
+    """
+
+    mix: str
+    seed: int
+    sequences_per_microbatch: int = 1
+
+    def step(self, step: int, num_microbatches: int) -> Workload:
+        """Step ``step``'s microbatches (see the class docstring)."""
+        s = self.sequences_per_microbatch
+        drawn = sample_workload(self.mix, num_microbatches * s, self.seed + step)
+        if s == 1:
+            return drawn
+        sequences = drawn.microbatches
+        packed = tuple(pack(sequences[i * s:(i + 1) * s]) for i in range(num_microbatches))
+        return Workload(packed, f"{drawn.name}/{s}-per-microbatch", replace(self, seed=self.seed + step))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mix": self.mix, "seed": self.seed, "sequences_per_microbatch": self.sequences_per_microbatch}
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str) -> "MixDraw":
+        """The stored form back, or one line naming what is wrong."""
+        ok = (isinstance(data, Mapping) and set(data) == {"mix", "seed", "sequences_per_microbatch"}
+              and data["mix"] in MIXES
+              and all(isinstance(data[k], int) and not isinstance(data[k], bool) for k in ("seed", "sequences_per_microbatch"))
+              and 0 <= data["seed"] < 2**63 and data["sequences_per_microbatch"] >= 1)
+        if not ok:
+            raise MpipeError(f"{where}: the workload's draw {data!r} must be {{'mix': one of {', '.join(MIXES)}, "
+                             f"'seed': an integer >= 0, 'sequences_per_microbatch': an integer >= 1}}; the file is "
+                             f"damaged or was edited: re-create it")
+        return cls(data["mix"], data["seed"], data["sequences_per_microbatch"])
+
+
+@dataclass(frozen=True)
 class Workload:
     """An ordered list of microbatches; microbatch ``m`` of a plan reads ``microbatches[m]``."""
 
     microbatches: tuple[Microbatch, ...]
     name: str = "workload"
+    draw: MixDraw | None = field(default=None, compare=False)
+    """How it was sampled from a named mix (what draws later steps alike); None for a workload file.
+    Not part of the workload's identity: equality and :func:`workload_hash` read the microbatches and
+    the name only."""
 
     def __len__(self) -> int:
         return len(self.microbatches)
+
+
+def pack(sequences: tuple[Microbatch, ...]) -> Microbatch:
+    """One microbatch holding the given sequences back to back (their images and their tokens)."""
+    if len(sequences) == 1:
+        return sequences[0]
+    images = tuple(size for mb in sequences for size in mb.image_sizes())
+    return Microbatch(sum(mb.image_tokens for mb in sequences), sum(mb.text_tokens for mb in sequences), images)
 
 
 # ------------------------------------------------------------------------------- parsing, files
@@ -341,4 +401,5 @@ def sample_workload(mix: str | Mix, num_microbatches: int, seed: int) -> Workloa
                 if sum(images) + tokens <= mix.seq_len:
                     images.append(tokens)
         microbatches.append(Microbatch(sum(images), mix.seq_len, tuple(images)))
-    return Workload(tuple(microbatches), f"{mix.name}@seed{seed}")
+    draw = MixDraw(mix.name, seed) if MIXES.get(mix.name) == mix else None
+    return Workload(tuple(microbatches), f"{mix.name}@seed{seed}", draw)

@@ -49,7 +49,8 @@ def plan_section(prediction, model, workload: Workload, profile) -> dict[str, An
             "durations_s": [float(d) for d in prediction.timeline.durations_s],
         },
         "workload": {"name": workload.name, "hash": workload_hash(workload),
-                     "microbatches": workload_to_dict(workload)["microbatches"]},
+                     "microbatches": workload_to_dict(workload)["microbatches"],
+                     **({"draw": workload.draw.to_dict()} if workload.draw is not None else {})},
     }
 
 

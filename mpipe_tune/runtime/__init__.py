@@ -11,6 +11,9 @@
 - :mod:`~mpipe_tune.runtime.layers`, :mod:`~mpipe_tune.runtime.data` and :mod:`~mpipe_tune.runtime.mllm`
   build the MLLM per layer, its synthetic microbatches, and the single-process reference step;
   :mod:`~mpipe_tune.runtime.tensor_parallel` splits its layers with ``torch.distributed.tensor.parallel``;
+- :mod:`~mpipe_tune.runtime.steps` builds each step's view of the plan: the step's microbatches (the
+  stored ones, or drawn from the plan's mix), its owner map (the stored one, or the plan's policy on
+  that step's metadata) and the stored order re-timed for it;
 - :mod:`~mpipe_tune.runtime.executor` walks a rank's events with :mod:`~mpipe_tune.runtime.compute`
   (real or emulated) and :mod:`~mpipe_tune.runtime.transport` (point-to-point transfers);
 - :mod:`~mpipe_tune.runtime.launch` starts ranks (local spawner or torchrun) on gloo, NCCL or HCCL;
@@ -19,6 +22,6 @@
 - :mod:`~mpipe_tune.runtime.worker` is what every rank runs; :mod:`~mpipe_tune.runtime.measure` turns
   its timings into step times and a Chrome trace.
 
-Importing this package imports no torch; plan_view, layout, blueprint, job, launch, session and measure never do.
+Importing this package imports no torch; plan_view, steps, layout, blueprint, job, launch, session and measure never do.
 Nothing here imports ``report`` or ``search`` (tests/test_layering.py).
 """

@@ -46,24 +46,29 @@ class RealCompute:
                  device: torch.device, lr: float) -> None:
         self.view = view
         self.mesh = mesh
-        self.rank = rank = mesh.pp_rank
+        self.rank = mesh.pp_rank
         self._first_mb = mesh.dp_rank * view.num_microbatches
         self.stack = stack
         self.seed = seed
         self.dtype = dtype
         self.device = device
         self.lr = lr
-        self._loss_sources = frozenset(view.loss_source.values())
-        self._bwd_of: dict[tuple[int, int], int] = {
-            (e.region, e.mb): i for i in view.nodes[rank] if isinstance(e := view.events[i], Bwd)
-        }
-        self._split = frozenset((e.region, e.mb) for i in view.nodes[rank] if isinstance(e := view.events[i], Wgrad))
-        """(region, mb) whose backward is split: its Bwd leaves the weight gradients to a Wgrad."""
         self._text_start = next((s.index for s in stack.specs if s.kind not in IMAGE_STREAM_KINDS), len(stack.specs))
         """The first layer that is not image-stream (the encoder's layers come first)."""
-        self.begin_step()
+        self.begin_step(view)
 
-    def begin_step(self) -> None:
+    def begin_step(self, view: PlanView | None = None) -> None:
+        """A new step, of ``view`` when given (a step of its own: another owner map or other
+        microbatches, :mod:`mpipe_tune.runtime.steps`), else of the same view as the last one."""
+        if view is not None:
+            self.view = view
+            self._loss_sources = frozenset(view.loss_source.values())
+            self._bwd_of: dict[tuple[int, int], int] = {
+                (e.region, e.mb): i for i in view.nodes[self.rank] if isinstance(e := view.events[i], Bwd)
+            }
+            self._split = frozenset((e.region, e.mb) for i in view.nodes[self.rank]
+                                    if isinstance(e := view.events[i], Wgrad))
+            """(region, mb) whose backward is split: its Bwd leaves the weight gradients to a Wgrad."""
         self._inputs: dict[int, MicrobatchInputs] = {}
         self._saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._outputs: dict[int, torch.Tensor] = {}
@@ -164,8 +169,9 @@ class EmulatedCompute:
         self.device = device
         self.losses: dict[int, float] = {}
 
-    def begin_step(self) -> None:
-        pass
+    def begin_step(self, view: PlanView | None = None) -> None:
+        if view is not None:
+            self.view = view
 
     def _sleep(self, index: int, started: float) -> None:
         remaining = started + self.view.durations_s[index] - time.perf_counter()

@@ -42,9 +42,13 @@ class Executor:
         self.compute = compute
         self.transport = transport
 
-    def run_step(self, before_update: Callable[[], None] | None = None) -> StepRecord:
-        view, compute, transport = self.view, self.compute, self.transport
-        compute.begin_step()
+    def run_step(self, before_update: Callable[[], None] | None = None, view: PlanView | None = None) -> StepRecord:
+        """Run one step of ``view`` (default: the executor's own): the same plan with another owner
+        map or other microbatches (:mod:`mpipe_tune.runtime.steps`) runs through the same loop."""
+        view = self.view = view if view is not None else self.view
+        compute, transport = self.compute, self.transport
+        compute.begin_step(view)
+        transport.begin_step(view)
         spans = []
         dist.barrier()
         step_start = time.perf_counter()

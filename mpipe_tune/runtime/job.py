@@ -3,7 +3,8 @@
 :func:`preflight` is what ``mpipe-tune run`` calls before it starts anything: a corrupt plan, a plan
 made for another model, a plan whose P differs from the world size, or a model the runtime cannot
 build gets one line and exit code 2 there, before any process or process group exists; so does a plan
-whose stored per-rank order is not the one ``derive`` gives for its stored candidate.
+whose stored per-rank order is not the one ``derive`` gives for its stored candidate, and a choice of
+per-step owners or sampled steps the plan cannot run (:func:`~mpipe_tune.runtime.steps.resolve_modes`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.algebra.candidate import DTYPE_BYTES
 from mpipe_tune.runtime.blueprint import blueprint, validate_tensor_parallel, validate_workload
 from mpipe_tune.runtime.plan_view import PlanView, read_plan_file, validate_runnable
+from mpipe_tune.runtime.steps import StepPlanner, resolve_modes
 
 COMPUTE_MODES = ("real", "emulated")
 DTYPE_NAMES = ("fp32", "fp64", "bf16", "fp16")
@@ -38,6 +40,13 @@ class RunJob:
     """Return the Chrome trace with rank 0's result."""
     grads_dir: str | None = None
     """Checks: each rank saves its first step's gradients and losses (before the update) here."""
+    owners: str | None = None
+    """``per-step`` (each step's owner map from the plan's policy on that step's metadata) or
+    ``fixed`` (the stored map every step); None: the plan's default (:mod:`mpipe_tune.runtime.steps`)."""
+    data: str | None = None
+    """``sampled`` (each step draws its microbatches from the plan's mix) or ``stored``; None: the default."""
+    profile_spec: str | None = None
+    """The plan's hardware profile where it moved (read when steps are predicted at run time)."""
 
     def dtype_for(self, view: PlanView) -> str:
         """The dtype this job computes in: its own, else the plan's."""
@@ -58,6 +67,9 @@ def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
     view = read_plan_file(job.plan_path, plan_name=job.plan_name, model_spec=job.model_spec)
     model = view.model
     validate_runnable(view, world_size)
+    modes = resolve_modes(view, job.owners, job.data)
+    if not modes.is_stored_plan:
+        StepPlanner(view, modes, profile_spec=job.profile_spec)  # the profile is there and the plan's
     if job.compute == "real":
         dtype = job.dtype_for(view)
         if dtype not in DTYPE_NAMES:

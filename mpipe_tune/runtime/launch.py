@@ -44,6 +44,9 @@ class RankFailed(RuntimeError):
     """A rank raised or died; the message names it, ``details`` holds its traceback when known."""
 
     details: str = ""
+    user_error: bool = False
+    """The rank raised an :class:`MpipeError` (bad input found at run time, e.g. ranks that disagree
+    on a step's owner map): the message is its one line, and there is no traceback to show."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,10 @@ def run_under_torchrun(fn: Callable[..., Any], args: tuple, device_kind: str, *,
     ctx = _init_rank(rank, world, int(os.environ.get("LOCAL_RANK", rank)), device_kind, timeout_s)
     try:
         return fn(ctx, *args)
+    except MpipeError as exc:
+        error = RankFailed(f"rank {rank}: {_first_line(exc)}")
+        error.user_error = True
+        raise error from exc
     except Exception as exc:
         error = RankFailed(f"rank {rank} failed: {type(exc).__name__}: {_first_line(exc)}")
         error.details = traceback.format_exc()
@@ -260,24 +267,24 @@ def _watch(procs: list, scratch: str, deadline_s: float | None) -> None:
         # A rank that died without raising (a signal from outside) is the cause when it is among the
         # failures: the others' errors are its peers losing their connections to it, and they may
         # carry earlier times than the moment its death was noticed.
-        _when, _rank, message, details = min(failures, key=lambda f: (bool(f[3]), f[0]))
+        _when, _rank, message, details, user_error = min(failures, key=lambda f: (bool(f[3]), f[0]))
         others = len(failures) - 1
         error = RankFailed(message + (f" ({others} other rank(s) failed after it)" if others else ""))
-        error.details = details
+        error.details, error.user_error = details, user_error
         raise error
 
 
-def _failure_of(rank: int, exitcode: int, scratch: str) -> tuple[float, int, str, str]:
-    """(when, rank, one-line message, traceback) of a rank that exited non-zero."""
+def _failure_of(rank: int, exitcode: int, scratch: str) -> tuple[float, int, str, str, bool]:
+    """(when, rank, one-line message, traceback, a user error?) of a rank that exited non-zero."""
     error_file = Path(scratch) / f"rank{rank}.err"
     if error_file.exists():
-        when, line, details = error_file.read_text().split("\n", 2)
-        return float(when), rank, line, details
+        when, kind, line, details = error_file.read_text().split("\n", 3)
+        return float(when), rank, line, details, kind == "user"
     how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}"
     if exitcode == -9:  # SIGKILL from outside: on a host this is most often the out-of-memory killer
         how += (" (most often the kernel's out-of-memory killer: check the plan's predicted memory with "
                 "'mpipe-tune show', or plan for a smaller workload such as the 'smoke' mix)")
-    return time.time(), rank, f"rank {rank} died: its process {how}", ""
+    return time.time(), rank, f"rank {rank} died: its process {how}", "", False
 
 
 def _kill(procs: list) -> None:
@@ -304,9 +311,13 @@ def _child_main(rank, world_size, port, device_kind, timeout_s, scratch, fn, arg
             tmp.write_bytes(pickle.dumps(result))
             tmp.rename(Path(scratch) / "result.pkl")
         dist.destroy_process_group()
+    except MpipeError as exc:  # bad input found at run time: its one line, no traceback
+        (Path(scratch) / f"rank{rank}.err").write_text(f"{time.time()}\nuser\nrank {rank}: {_first_line(exc)}\n")
+        sys.stderr.flush()
+        os._exit(1)
     except BaseException as exc:
         message = f"rank {rank} failed: {type(exc).__name__}: {_first_line(exc)}"
-        (Path(scratch) / f"rank{rank}.err").write_text(f"{time.time()}\n{message}\n{traceback.format_exc()}")
+        (Path(scratch) / f"rank{rank}.err").write_text(f"{time.time()}\nerror\n{message}\n{traceback.format_exc()}")
         sys.stderr.flush()
         os._exit(1)
     sys.stdout.flush()

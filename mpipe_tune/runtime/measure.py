@@ -23,14 +23,18 @@ def step_times_s(per_rank: Sequence[Sequence[Any]]) -> list[float]:
     return [max(steps[k].end - steps[k].start for steps in per_rank) for k in range(num_steps)]
 
 
-def summary(view: PlanView, per_rank: Sequence[Sequence[Any]], **about: Any) -> dict[str, Any]:
+def summary(view: PlanView, per_rank: Sequence[Sequence[Any]], *, views: Sequence[PlanView] | None = None,
+            per_step: Sequence[dict[str, Any]] | None = None, **about: Any) -> dict[str, Any]:
     """The ``--json`` record: measured beside predicted, the ratio, per-step times and losses.
 
-    The measured step time is the median over steps after the first (which pays one-time warm-up),
-    or the only step's time when there is one."""
+    ``views`` holds each step's view (default: ``view`` for every step) and ``per_step`` each step's
+    record of its metadata and owner map (:class:`~mpipe_tune.runtime.steps.StepPlan`). The measured
+    step time is the median over steps after the first (which pays one-time warm-up), or the only
+    step's time when there is one; the predicted one is the median of the same steps' predictions."""
     times = step_times_s(per_rank)
     measured = statistics.median(times[1:]) if len(times) > 1 else times[0]
-    predicted = view.predicted_step_s
+    predictions = [v.predicted_step_s for v in views] if views is not None else [view.predicted_step_s] * len(times)
+    predicted = statistics.median(predictions[1:]) if len(times) > 1 else predictions[0]
     losses = []
     for k in range(len(times)):
         per_mb = {m: loss for steps in per_rank for m, loss in steps[k].losses.items()}
@@ -48,8 +52,10 @@ def summary(view: PlanView, per_rank: Sequence[Sequence[Any]], **about: Any) -> 
         "loss_sums": losses,
         "measured_step_s": measured,
         "predicted_step_s": predicted,
+        "predicted_step_times_s": predictions,
         "ratio": measured / predicted if predicted > 0 else None,
         "busy_s": [_busy_s(steps[-1]) for steps in per_rank],
+        "per_step": list(per_step) if per_step is not None else None,
     }
 
 
@@ -57,12 +63,13 @@ def _busy_s(step: Any) -> float:
     return sum(end - start for _i, _ready, start, end in step.spans) + step.update_s
 
 
-def chrome_trace(view: PlanView, per_rank: Sequence[Sequence[Any]]) -> dict[str, Any]:
+def chrome_trace(views: Sequence[PlanView], per_rank: Sequence[Sequence[Any]]) -> dict[str, Any]:
     """Chrome/Perfetto ``traceEvents``: one process per rank, one slice per event run (its wait for
-    inputs in ``args.wait_us``, its predicted duration in ``args.predicted_us``), and one slice per step."""
+    inputs in ``args.wait_us``, its predicted duration in ``args.predicted_us``), and one slice per step.
+    ``views`` holds each step's view of the plan (its events and predicted durations)."""
     events: list[dict[str, Any]] = []
     times = step_times_s(per_rank)
-    layout = view.layout
+    layout = views[0].layout
     for rank, steps in enumerate(per_rank):
         pp_rank, dp_rank, tp_rank = layout.coordinates(rank)
         where = f" (pp {pp_rank}, dp {dp_rank}, tp {tp_rank})" if layout.dp * layout.tp > 1 else ""
@@ -76,6 +83,7 @@ def chrome_trace(view: PlanView, per_rank: Sequence[Sequence[Any]]) -> dict[str,
 
             events.append({"name": f"step {k}", "ph": "X", "pid": rank, "tid": 1, "ts": us(step.start),
                            "dur": round((step.end - step.start) * 1e6, 3), "args": {"step": k}})
+            view = views[k]
             for index, ready, start, end in step.spans:
                 events.append({
                     "name": str(view.events[index]), "cat": type(view.events[index]).__name__, "ph": "X",

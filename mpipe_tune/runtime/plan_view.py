@@ -25,7 +25,7 @@ process starts.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mpipe_tune.algebra.candidate import Candidate
@@ -192,9 +192,33 @@ def validate_runnable(view: PlanView, world_size: int | None = None) -> None:
 
 
 def _view(file: PlanFile, section: PlanSection, model: Model, plan: Plan) -> PlanView:
+    return PlanView(path=file.path, record=section.record, candidate=section.candidate, model=model, plan=plan,
+                    microbatches=section.workload.microbatches, durations_s=section.durations_s,
+                    predicted_step_s=section.predicted_step_s, predicted_peak_bytes=section.peak_bytes,
+                    **_graph(plan))
+
+
+def view_of_step(view: PlanView, plan: Plan, microbatches: tuple[Microbatch, ...], durations_s: tuple[float, ...],
+                 predicted_step_s: float) -> PlanView:
+    """``view`` for one step that runs ``plan`` (the stored plan with another owner map, as derive gives
+    it) on ``microbatches``, with that step's predicted durations and step time; the file's other
+    figures (its predicted peaks) stay the stored plan's."""
+    assert len(microbatches) == view.num_microbatches and len(durations_s) == len(plan.order.events)
+    graph = {} if plan is view.plan else _graph(plan)  # the same plan: the same events and transfers
+    return replace(view, plan=plan, microbatches=tuple(microbatches), durations_s=tuple(durations_s),
+                   predicted_step_s=predicted_step_s, **graph)
+
+
+def rank_pairs(view: PlanView) -> set[tuple[int, int]]:
+    """The (low, high) pipeline-rank pairs that exchange transfers in ``view``."""
+    return {(min(t.src_rank, t.dst_rank), max(t.src_rank, t.dst_rank))
+            for ts in view.sends.values() for t in ts if not t.is_local}
+
+
+def _graph(plan: Plan) -> dict[str, Any]:
+    """The view's fields read off the plan's graph: events, per-rank order, transfers, losses."""
     events = plan.order.events
     nodes = plan.order.nodes
-    microbatches = section.workload.microbatches
     region_layers: dict[int, tuple[int, int]] = {p.region: p.layers for p in plan.placement}
     stage_slabs: dict[Stage, tuple[int, int]] = {
         (p.region, rank): slab for p in plan.placement if isinstance(p.owner, ByLayer)
@@ -245,18 +269,9 @@ def _view(file: PlanFile, section: PlanSection, model: Model, plan: Plan) -> Pla
     for i in rank_of:
         assert isinstance(events[i], (Fwd, Bwd, Wgrad, Loss, DpReduce, StepBarrier)), events[i]
 
-    return PlanView(
-        path=file.path,
-        record=section.record,
-        candidate=section.candidate,
-        model=model,
-        plan=plan,
+    return dict(
         events=events,
         nodes=nodes,
-        microbatches=microbatches,
-        durations_s=section.durations_s,
-        predicted_step_s=section.predicted_step_s,
-        predicted_peak_bytes=section.peak_bytes,
         region_layers=region_layers,
         stage_slabs=stage_slabs,
         recvs={k: tuple(sorted(v, key=lambda t: t.index)) for k, v in recvs.items()},

@@ -36,7 +36,8 @@ class SessionResult:
     results: tuple[Result, ...]
     """Rank 0's result of each job that finished, in job order (empty on a torchrun rank other than 0)."""
     exit_code: int
-    """0: every job ran; 1: a rank failed; 130: interrupted (either already reported on stderr)."""
+    """0: every job ran; 1: a rank failed; 2: a rank refused bad input found at run time (one line);
+    130: interrupted (each already reported on stderr)."""
     is_rank0: bool
     """False on a torchrun rank other than 0, which prints nothing."""
 
@@ -97,7 +98,7 @@ def run_session(
             if exc.details:
                 print(exc.details.rstrip(), file=sys.stderr)
             print(f"mpipe-tune {command}: error: {exc}", file=sys.stderr)
-            exit_code = 1
+            exit_code = 2 if exc.user_error else 1
         except KeyboardInterrupt:
             print(f"mpipe-tune {command}: interrupted", file=sys.stderr)
             exit_code = 130

@@ -12,18 +12,21 @@
   own copy of the pipeline's transfers.
 - Both ends know every payload's shape (from the workload); an empty payload (a microbatch without
   images crossing an image-stream seam) is not sent at all.
+- A step may run another view of the plan (:meth:`Transport.begin_step`: another owner map, other
+  microbatches); ``pairs`` then names every rank pair any step may use, so that :meth:`Transport.connect`
+  opens them all before the first step.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from mpipe_tune.runtime.plan_view import PlanView, Transfer
+from mpipe_tune.runtime.plan_view import PlanView, Transfer, rank_pairs
 
 
 class Transport:
@@ -32,14 +35,18 @@ class Transport:
         view: PlanView,
         rank: int,
         *,
-        shape_of: Callable[[Transfer], tuple[int, ...]],
+        shape_of: Callable[[PlanView, Transfer], tuple[int, ...]],
         dtype: torch.dtype,
         device: torch.device,
         peer: Callable[[int], int] = lambda pp_rank: pp_rank,
-        link_delay_s: Callable[[Transfer], float] | None = None,
+        link_delay_s: Callable[[PlanView, Transfer], float] | None = None,
+        pairs: Sequence[tuple[int, int]] | None = None,
     ) -> None:
-        """``link_delay_s`` (emulation): the payload is the sender's clock, and a receive returns no
-        earlier than that time plus the transfer's delay, as the cost model's link would."""
+        """``shape_of(view, t)``: the payload's shape in the current step's view. ``link_delay_s``
+        (emulation): the payload is the sender's clock, and a receive returns no earlier than that
+        time plus the transfer's delay in the current view, as the cost model's link would.
+        ``pairs``: the (low, high) rank pairs to connect (default: those of ``view``)."""
+        self.view = view
         self.rank = rank
         self.peer = peer
         self.shape_of = shape_of
@@ -49,10 +56,14 @@ class Transport:
         self._mailbox: dict[int, torch.Tensor | None] = {}
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
         self._posted: dict[int, tuple[dist.Work, torch.Tensor]] = {}
-        self._pairs = sorted({(min(t.src_rank, t.dst_rank), max(t.src_rank, t.dst_rank))
-                              for ts in view.sends.values() for t in ts if not t.is_local})
+        self._pairs = sorted(pairs if pairs is not None else rank_pairs(view))
         self._queues = self._incoming_queues(view)
-        self._fresh_queues = {src: tuple(q) for src, q in self._queues.items()}
+
+    def begin_step(self, view: PlanView) -> None:
+        """A new step of ``view``: its receives are posted in its senders' orders."""
+        assert not self._sends and not self._posted and not self._mailbox, "a step began before the last one finished"
+        self.view = view
+        self._queues = self._incoming_queues(view)
 
     def connect(self) -> None:
         """Open every rank pair that exchanges transfers, one pair at a time in one global order.
@@ -79,7 +90,7 @@ class Transport:
         return queues
 
     def _travels(self, t: Transfer) -> bool:
-        return not t.is_local and (self.link_delay_s is not None or _numel(self.shape_of(t)) > 0)
+        return not t.is_local and (self.link_delay_s is not None or _numel(self.shape_of(self.view, t)) > 0)
 
     def send(self, t: Transfer, tensor: torch.Tensor | None) -> None:
         if t.is_local:
@@ -90,7 +101,7 @@ class Transport:
         if self.link_delay_s is not None:
             tensor = torch.tensor([time.perf_counter()], dtype=torch.float64, device=self.device)
         else:
-            assert tensor is not None and tuple(tensor.shape) == self.shape_of(t), (t, None if tensor is None else tensor.shape)
+            assert tensor is not None and tuple(tensor.shape) == self.shape_of(self.view, t), (t, None if tensor is None else tensor.shape)
             tensor = tensor.detach().contiguous()
         self._sends.append((dist.isend(tensor, self.peer(t.dst_rank), tag=t.index), tensor))
 
@@ -98,7 +109,7 @@ class Transport:
         if t.is_local:
             return self._mailbox.pop(t.index)
         if not self._travels(t):
-            return torch.empty(self.shape_of(t), dtype=self.dtype, device=self.device)
+            return torch.empty(self.shape_of(self.view, t), dtype=self.dtype, device=self.device)
         queue = self._queues[t.src_rank]
         while t.index not in self._posted:
             ahead = queue.popleft()
@@ -106,7 +117,7 @@ class Transport:
         work, buffer = self._posted.pop(t.index)
         work.wait()
         if self.link_delay_s is not None:
-            _sleep_until(float(buffer.item()) + self.link_delay_s(t))
+            _sleep_until(float(buffer.item()) + self.link_delay_s(self.view, t))
             return None
         return buffer
 
@@ -114,7 +125,7 @@ class Transport:
         if self.link_delay_s is not None:
             buffer = torch.empty(1, dtype=torch.float64, device=self.device)
         else:
-            buffer = torch.empty(self.shape_of(t), dtype=self.dtype, device=self.device)
+            buffer = torch.empty(self.shape_of(self.view, t), dtype=self.dtype, device=self.device)
         return dist.irecv(buffer, self.peer(t.src_rank), tag=t.index), buffer
 
     def finish(self) -> None:
@@ -123,7 +134,6 @@ class Transport:
             work.wait()
         self._sends.clear()
         assert not self._posted and not self._mailbox and not any(self._queues.values()), "unconsumed transfers"
-        self._queues = {src: deque(q) for src, q in self._fresh_queues.items()}
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -2,7 +2,9 @@
 
 :func:`run_jobs` is the function the launchers call (locally spawned or under ``torchrun``); it runs
 one or more :class:`RunJob` in turn on the same process group, so a check of several plans with the
-same P pays the process start-up once.
+same P pays the process start-up once. Before each step every rank builds the step's plan
+(:class:`~mpipe_tune.runtime.steps.StepPlanner`: its microbatches and owner map) and, unless the run
+is the stored plan as it is, checks with :func:`validate_agreement` that all ranks built the same one.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mpipe_tune.runtime.blueprint import blueprint, output_shape
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.runtime.blueprint import blueprint, output_shape, validate_workload
 from mpipe_tune.runtime.compute import EmulatedCompute, RealCompute
 from mpipe_tune.runtime.executor import Executor
 from mpipe_tune.runtime.job import RunJob
@@ -22,7 +25,9 @@ from mpipe_tune.runtime.measure import chrome_trace, summary
 from mpipe_tune.runtime.mesh import rank_mesh
 from mpipe_tune.runtime.mllm import DTYPES, LayerStack
 from mpipe_tune.runtime.plan_view import read_plan_file, validate_runnable
+from mpipe_tune.runtime.steps import StepPlanner, resolve_modes
 from mpipe_tune.runtime.transport import Transport
+
 
 def run_jobs(ctx: RankContext, jobs: list[RunJob]) -> list[dict[str, Any]] | None:
     results = [run_job(ctx, job) for job in jobs]
@@ -32,38 +37,61 @@ def run_jobs(ctx: RankContext, jobs: list[RunJob]) -> list[dict[str, Any]] | Non
 def run_job(ctx: RankContext, job: RunJob) -> dict[str, Any] | None:
     view = read_plan_file(job.plan_path, plan_name=job.plan_name, model_spec=job.model_spec)
     validate_runnable(view, ctx.world_size)
+    modes = resolve_modes(view, job.owners, job.data)
     device = ctx.device
     mesh = rank_mesh(view.layout, device.type)
     rank = mesh.pp_rank  # the pipeline rank whose order this process runs
     if job.compute == "real":
         specs = blueprint(view.model)
+        planner = StepPlanner(view, modes, profile_spec=job.profile_spec,
+                              validate_microbatches=lambda microbatches: validate_workload(specs, microbatches))
         dtype = DTYPES[job.dtype_for(view)]
-        stack = LayerStack.build(specs, view.layers_of(rank), seed=job.seed, dtype=dtype, device=device,
+        stack = LayerStack.build(specs, planner.held_layers(rank), seed=job.seed, dtype=dtype, device=device,
                                  tp_mesh=mesh.tp_mesh)
         compute = RealCompute(view, mesh, stack, seed=job.seed, dtype=dtype, device=device, lr=job.lr)
-        transport = Transport(view, rank, dtype=dtype, device=device, peer=mesh.peer,
-                              shape_of=lambda t: output_shape(specs[t.boundary_layer], view.microbatches[t.mb]))
+        transport = Transport(view, rank, dtype=dtype, device=device, peer=mesh.peer, pairs=planner.rank_pairs(),
+                              shape_of=lambda v, t: output_shape(specs[t.boundary_layer], v.microbatches[t.mb]))
     else:
+        planner = StepPlanner(view, modes, profile_spec=job.profile_spec)
         compute = EmulatedCompute(view, mesh, device)
-        transport = Transport(view, rank, dtype=torch.float64, device=device, shape_of=lambda t: (1,),
-                              peer=mesh.peer, link_delay_s=lambda t: view.durations_s[t.index])
+        transport = Transport(view, rank, dtype=torch.float64, device=device, shape_of=lambda v, t: (1,),
+                              peer=mesh.peer, pairs=planner.rank_pairs(),
+                              link_delay_s=lambda v, t: v.durations_s[t.index])
     transport.connect()
     executor = Executor(view, rank, compute, transport)
-    records = []
+    records, steps = [], []
     for step in range(job.steps):
+        step_plan = planner.plan(step)
+        if not modes.is_stored_plan:
+            validate_agreement(step_plan.key, f"step {step}'s microbatch metadata and owner map", device)
         hook = None
         if job.grads_dir and step == 0:
             def hook() -> None:
                 torch.save({"grads": compute.stack.named_gradients(), "losses": dict(compute.losses)},
                            Path(job.grads_dir) / f"rank{ctx.rank}.pt")
-        records.append(executor.run_step(hook))
+        records.append(executor.run_step(hook, step_plan.view))
+        steps.append(step_plan)
     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
     dist.gather_object(records, gathered, dst=0)
     if ctx.rank != 0:
         return None
     about = {"device": ctx.device_kind, "backend": ctx.backend, "compute": job.compute,
-             "dtype": job.dtype_for(view) if job.compute == "real" else None, "world_size": ctx.world_size}
-    result = {"summary": summary(view, gathered, **about)}
+             "dtype": job.dtype_for(view) if job.compute == "real" else None, "world_size": ctx.world_size,
+             "owners": modes.owners, "data": modes.data, "policy": view.candidate.owner_policy}
+    views = [p.view for p in steps]
+    result = {"summary": summary(view, gathered, per_step=[p.record() for p in steps], views=views, **about)}
     if job.trace:
-        result["trace"] = chrome_trace(view, gathered)
+        result["trace"] = chrome_trace(views, gathered)
     return result
+
+
+def validate_agreement(key: int, what: str, device: torch.device) -> None:
+    """Every rank holds the same ``key`` (a 63-bit digest of ``what``), checked with one all-reduce of
+    ``(key, -key)`` under MAX (the largest key and the negated smallest); a one-line
+    :class:`MpipeError` on every rank when they differ."""
+    both = torch.tensor([key, -key], dtype=torch.int64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    highest, lowest = int(both[0]), -int(both[1])
+    if highest != lowest:
+        raise MpipeError(f"the ranks disagree on {what} (digests from {lowest:016x} to {highest:016x}, this rank's "
+                         f"{key:016x}); every rank must run the same plan file and draw the same step metadata")

@@ -33,10 +33,10 @@ from mpipe_tune.cost.durations import TableSums, table_sums
 from mpipe_tune.cost.encoder_backward import placement_slots
 from mpipe_tune.cost.layers import LayerTable, build_layer_table
 from mpipe_tune.cost.memory import static_bytes_of
+from mpipe_tune.cost.owners import encode_seconds, owners_for
 from mpipe_tune.cost.predict import Prediction, layer_weights, predict
 from mpipe_tune.inputs.workload import Workload
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.search.owners import owners_for
 from mpipe_tune.search.problem import Problem
 
 
@@ -280,8 +280,8 @@ class Evaluator:
         _, table = self.table(sample, c)
         cut, schedule = c.parsed()
         regions = cut.regions(self.problem.model.num_layers)
-        return sum(table.fwd_s[start:stop].sum(axis=0)
-                   for (start, stop), layout in zip(regions, schedule.layouts()) if layout is Layout.REPLICATED)
+        return encode_seconds(table.fwd_s, [r for r, layout in zip(regions, schedule.layouts())
+                                            if layout is Layout.REPLICATED])
 
     def prediction(self, c: Candidate, sample: int = 0) -> tuple[Prediction, Workload]:
         """The full prediction of ``c`` on one step, by the cost model's own ``predict`` with the

@@ -25,7 +25,7 @@ from mpipe_tune.algebra.candidate import MAX_DEVICES
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.profile import HardwareProfile
-from mpipe_tune.inputs.workload import MIXES, Microbatch, Workload, sample_workload
+from mpipe_tune.inputs.workload import MIXES, Microbatch, MixDraw, Workload, pack, sample_workload
 from mpipe_tune.errors import MpipeError
 
 MAX_GLOBAL_BATCH = 1 << 18
@@ -129,12 +129,6 @@ class Problem:
         s = per_replica // num_microbatches
         microbatches = tuple(pack(sequences[i * s:(i + 1) * s]) for i in range(num_microbatches))
         name = f"{self.source_name}" + (f"@seed{self.seed + sample}" if self.mix is not None else "")
-        return Workload(microbatches, f"{name}/dp{dp}/M{num_microbatches}")
+        draw = MixDraw(self.mix, self.seed + sample, s) if self.mix is not None else None
+        return Workload(microbatches, f"{name}/dp{dp}/M{num_microbatches}", draw)
 
-
-def pack(sequences: tuple[Microbatch, ...]) -> Microbatch:
-    """One microbatch holding the given sequences back to back (their images and their tokens)."""
-    if len(sequences) == 1:
-        return sequences[0]
-    images = tuple(size for mb in sequences for size in mb.image_sizes())
-    return Microbatch(sum(mb.image_tokens for mb in sequences), sum(mb.text_tokens for mb in sequences), images)

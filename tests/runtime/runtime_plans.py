@@ -77,3 +77,45 @@ def assert_step_equals_reference(grads_dir, world_size: int, summary: dict, refe
     assert set(grads) == set(ref_grads), "every trainable parameter (and no frozen one) has a gradient"
     for name, g in ref_grads.items():
         torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")
+
+
+def make_policy_plan(folder: Path, num_ranks: int, policy: str | None, stored_owners: tuple[int, ...], *,
+                     frozen: tuple[str, ...] = (), workload: Workload = WORKLOAD, profile: str = "ideal",
+                     model_spec: str = TEST_MODEL, cut: tuple[int, ...] = (FIRST_LLM,)) -> Path:
+    """A ``<transpose,1f1b>`` plan whose candidate names owner ``policy`` and stores the explicit map
+    ``stored_owners``: an example map that need not be the one the policy gives."""
+    from mpipe_tune.algebra.candidate import Candidate
+    from mpipe_tune.cost.predict import predict
+
+    model = load_model(model_spec)
+    if frozen:
+        model = model.with_frozen(frozen)
+    hw = load_profile(profile)
+    c = Candidate("transpose,1f1b", cut, num_ranks, 1, 1, len(workload), policy,
+                  owner_map=tuple(stored_owners), dtype="fp32")
+    prediction = predict(c, model, workload, hw, CostOptions())
+    path = Path(folder) / (f"{Path(model_spec).stem}-{policy}-p{num_ranks}-{''.join(map(str, stored_owners))}"
+                           f"{'-frozen' if frozen else ''}.json")
+    dump_plan(plan_record(prediction, model, workload, hw, PlanInputs(model_spec, frozen, profile)), path)
+    return path
+
+
+def sampled_problem(num_ranks: int, num_microbatches: int, *, mix: str = "smoke", seed: int = 5,
+                    sequences_per_microbatch: int = 2, samples: int = 4):
+    """A planning problem of the test model on the ideal profile whose steps are sampled from ``mix``."""
+    from mpipe_tune.search import Problem
+
+    return Problem(load_model(TEST_MODEL), load_profile("ideal"), num_ranks,
+                   num_microbatches * sequences_per_microbatch, mix=mix, num_samples=samples, seed=seed)
+
+
+def make_sampled_plan(folder: Path, problem, candidate, name: str = "sampled") -> Path:
+    """``candidate``'s plan file as ``plan`` writes it: predicted on the problem's sampled step 0, with
+    the draw that makes its later steps."""
+    from mpipe_tune.search import Evaluator
+
+    prediction, workload = Evaluator(problem).prediction(candidate)
+    path = Path(folder) / f"{name}.json"
+    dump_plan(plan_record(prediction, problem.model, workload, problem.profile, PlanInputs(TEST_MODEL, (), "ideal")),
+              path)
+    return path

@@ -1,0 +1,221 @@
+"""Each step's microbatch metadata and owner map at run time, and the view of the plan it runs.
+
+A plan file stores one owner map of the transposed encoder: the one its owner policy chose for the
+stored microbatches, one step's example. A real step brings other images. Two settings say what a
+run does with that (:class:`StepModes`):
+
+- **data** ``sampled``: step ``k`` trains the microbatches a data loader would hand it, drawn from the
+  plan's workload mix with seed ``seed + k`` (:class:`~mpipe_tune.inputs.workload.MixDraw`; step 0
+  is the stored workload); ``stored``: every step trains the stored microbatches (a workload file
+  has no mix to draw from).
+- **owners** ``per-step``: each step's owner map is the plan's policy (``greedy``, ``optimal`` or,
+  trivially, ``round-robin``) applied to that step's encode seconds and warmup slack, both read off
+  the cost model for the step's metadata (:func:`~mpipe_tune.cost.owners.step_owners`; ``optimal``
+  takes the greedy map past its run-time node budget, and the step's record says so); ``fixed``:
+  every step runs the stored map.
+
+The defaults: per-step owners when the plan has a policy other than round-robin, fixed when it has
+round-robin or only an explicit map; sampled data with per-step owners when the plan records its
+draw, stored data otherwise. ``fixed`` with ``stored`` is the stored plan exactly as it was checked
+against ``derive`` (:mod:`mpipe_tune.runtime.plan_view`); any other pair re-times the stored plan
+for the step's owner map with the cost model's compiled plan (the same events, the owned ones on
+their new ranks, as ``derive`` gives them) and predicts its durations for the step's microbatches,
+which emulated compute waits out.
+
+Every rank computes its step plan from the same metadata; :attr:`StepPlan.key` digests the step's
+metadata and owner map, and the worker checks with one all-reduce that every rank holds the same key
+before the step starts (a rank that read another plan file, or another draw, is refused in one line).
+
+Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mpipe_tune.algebra.candidate import ROUND_ROBIN
+from mpipe_tune.algebra.placement import ByMicrobatch, round_robin
+from mpipe_tune.algebra.schedule import Layout
+from mpipe_tune.cost.compiled import CompiledPlan
+from mpipe_tune.cost.layers import CostOptions, build_layer_table
+from mpipe_tune.cost.owners import POLICIES, step_owners
+from mpipe_tune.cost.predict import cost_options
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.plan_file import load_plan_profile, workload_of
+from mpipe_tune.runtime.plan_view import PlanView, rank_pairs, view_of_step
+
+PER_STEP, FIXED = "per-step", "fixed"
+OWNER_MODES = (PER_STEP, FIXED)
+SAMPLED, STORED = "sampled", "stored"
+DATA_MODES = (SAMPLED, STORED)
+
+
+@dataclass(frozen=True)
+class StepModes:
+    owners: str
+    """``per-step`` or ``fixed`` (see the module docstring)."""
+    data: str
+    """``sampled`` or ``stored``."""
+
+    @property
+    def is_stored_plan(self) -> bool:
+        """Every step runs the stored plan as it is (fixed owners on the stored microbatches)."""
+        return self.owners == FIXED and self.data == STORED
+
+
+def resolve_modes(view: PlanView, owners: str | None = None, data: str | None = None) -> StepModes:
+    """The run's owner and data modes (None: the plan's defaults), or one line saying why the plan
+    cannot run them."""
+    if owners is not None and owners not in OWNER_MODES:
+        raise MpipeError(f"--owners {owners!r}: use one of {', '.join(OWNER_MODES)}")
+    if data is not None and data not in DATA_MODES:
+        raise MpipeError(f"--data {data!r}: use one of {', '.join(DATA_MODES)}")
+    c, where = view.candidate, f"plan file {view.path}"
+    policy = c.owner_policy
+    movable = view.plan.placement[0].layout is Layout.REPLICATED
+    if owners is None:
+        owners = PER_STEP if movable and policy not in (None, ROUND_ROBIN) else FIXED
+    if owners == PER_STEP:
+        if not movable:
+            raise MpipeError(f"{where}: schedule <{c.schedule}> does not start with a transpose region, so no "
+                             f"microbatch has an owner to choose per step; run it with --owners fixed")
+        if policy is None:
+            raise MpipeError(f"{where} holds an explicit owner map and no owner policy to choose each step's owners "
+                             f"with; run it with --owners fixed, or re-plan with --owners greedy (or optimal)")
+        if policy not in POLICIES:
+            raise MpipeError(f"{where}: its owner policy {policy!r} is unknown; owner policies are "
+                             f"{', '.join(POLICIES)}: run the stored map with --owners fixed, or re-plan")
+    stored = workload_of(view.record)
+    draw = stored.draw
+    if data is None:
+        data = SAMPLED if owners == PER_STEP and draw is not None else STORED
+    if data == SAMPLED:
+        if draw is None:
+            raise MpipeError(f"{where}: its workload '{stored.name}' is a fixed list of "
+                             f"microbatches, not a draw from a named mix, so there are no other steps to sample; "
+                             f"run it with --data stored, or re-plan with a mix (e.g. --workload balanced)")
+        first = draw.step(0, view.num_microbatches).microbatches
+        if first != view.microbatches:
+            raise MpipeError(f"{where}: its stored microbatches are not step 0 of its recorded draw (mix '{draw.mix}', "
+                             f"seed {draw.seed}): the step metadata does not match the plan; the file is damaged or "
+                             f"was edited: re-create it")
+    return StepModes(owners, data)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one step runs: its view of the plan, and where its owner map came from."""
+
+    step: int
+    view: PlanView
+    owners: tuple[int, ...] | None
+    """The transposed region's owner map of this step (None without one)."""
+    policy: str | None
+    """The policy that made :attr:`owners` (``greedy`` where ``optimal`` fell back); None: the stored map."""
+    workload_name: str
+    owners_s: float
+    """Seconds spent choosing the owner map (encode seconds, slack and policy); 0 for a fixed map."""
+    prepare_s: float
+    """Seconds spent building this step plan (metadata, layer table, owner map, re-timed order, view)."""
+
+    @property
+    def key(self) -> int:
+        """A 63-bit digest of the step's metadata and owner map: every rank must hold the same one."""
+        text = repr((self.step, self.owners, [(mb.image_tokens, mb.text_tokens, mb.image_sizes())
+                                              for mb in self.view.microbatches]))
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+    def record(self) -> dict[str, Any]:
+        """The step's entry in the run's summary."""
+        return {"step": self.step, "workload": self.workload_name,
+                "image_tokens": [mb.image_tokens for mb in self.view.microbatches],
+                "owners": None if self.owners is None else list(self.owners), "policy": self.policy,
+                "predicted_step_s": self.view.predicted_step_s, "owners_s": self.owners_s,
+                "prepare_s": self.prepare_s}
+
+
+class StepPlanner:
+    """Builds each step's :class:`StepPlan` for one plan view and its modes.
+
+    ``profile_spec`` points to the plan's hardware profile when it moved; it must be the profile the
+    plan was made for (the cost model predicts each step with it). ``validate_microbatches``, when
+    given, refuses a step's microbatches the runtime cannot build (one line)."""
+
+    def __init__(self, view: PlanView, modes: StepModes, *, profile_spec: str | None = None,
+                 validate_microbatches: Callable[[Sequence[Microbatch]], None] | None = None) -> None:
+        self.view, self.modes = view, modes
+        self.validate_microbatches = validate_microbatches
+        self.stored = workload_of(view.record)
+        first = view.plan.placement[0]
+        self.stored_owners = first.owner.owners if isinstance(first.owner, ByMicrobatch) else None
+        self.compiled: CompiledPlan | None = None
+        if not modes.is_stored_plan:
+            where = f"plan file {view.path}"
+            profile = load_plan_profile(view.record, where=where, spec=profile_spec)
+            if profile.content_hash() != view.record["inputs"]["profile"]["hash"]:
+                raise MpipeError(f"{where} was made for profile '{view.record['inputs']['profile']['name']}', but the "
+                                 f"profile '{profile.name}' given here differs (content hash mismatch); pass the plan's "
+                                 f"--profile, or re-plan for this profile")
+            options = cost_options(view.candidate, CostOptions.from_framework(view.record["inputs"]))
+            self.profile, self.options = profile, options
+            self.compiled = CompiledPlan(view.plan, view.model, profile, options)
+            if modes.owners == PER_STEP:  # the policies read the slack off the round-robin plan: re-timed once
+                plan = view.plan
+                self.round_robin = self.compiled.with_owners(round_robin(plan.num_microbatches, plan.num_ranks))
+
+    def metadata(self, step: int) -> Workload:
+        """Step ``step``'s microbatches: drawn (``sampled``) or the stored ones."""
+        if self.modes.data == STORED:
+            return self.stored
+        return self.stored.draw.step(step, self.view.num_microbatches)
+
+    def plan(self, step: int) -> StepPlan:
+        """Step ``step``'s plan: its metadata, owner map and view."""
+        started = time.perf_counter()
+        if self.modes.is_stored_plan:
+            return StepPlan(step, self.view, self.stored_owners, None, self.stored.name, 0.0,
+                            time.perf_counter() - started)
+        workload = self.metadata(step)
+        if self.validate_microbatches is not None:
+            self.validate_microbatches(workload.microbatches)
+        table = build_layer_table(self.view.model, workload, self.profile, self.options)
+        compiled, owners, policy, owners_s = self.compiled, self.stored_owners, None, 0.0
+        if self.modes.owners == PER_STEP:
+            chosen = time.perf_counter()
+            choice = step_owners(self.view.candidate.owner_policy, self.round_robin, table, fallback=True)
+            owners_s = time.perf_counter() - chosen
+            owners, policy = choice.owners, choice.policy
+            compiled = compiled.with_owners(owners)
+        durations = compiled.durations(table)
+        predicted = compiled.order.makespan(durations)
+        view = view_of_step(self.view, compiled.plan, workload.microbatches, tuple(durations.tolist()), predicted)
+        return StepPlan(step, view, owners, policy, workload.name, owners_s, time.perf_counter() - started)
+
+    def rank_pairs(self) -> set[tuple[int, int]]:
+        """The (low, high) pipeline-rank pairs any step may exchange transfers over: the stored view's,
+        and with per-step owners, every rank with the other end of each transfer of the transposed
+        region (its owner may be any rank)."""
+        view = self.view
+        pairs = rank_pairs(view)
+        if self.modes.owners == PER_STEP:
+            region = view.plan.placement[0].region
+            for ts in view.sends.values():
+                for t in ts:
+                    ends = (view.events[t.producer], view.events[t.consumer])
+                    if ends[0].region == region or ends[1].region == region:
+                        other = t.dst_rank if ends[0].region == region else t.src_rank
+                        pairs |= {(min(r, other), max(r, other)) for r in range(view.num_ranks) if r != other}
+        return pairs
+
+    def held_layers(self, rank: int) -> tuple[int, ...]:
+        """The layers ``rank`` must hold for any step: its stored ones, and with per-step owners the whole
+        transposed region (it may own any microbatch's encode)."""
+        layers = set(self.view.layers_of(rank))
+        if self.modes.owners == PER_STEP:
+            layers.update(range(*self.view.region_layers[self.view.plan.placement[0].region]))
+        return tuple(sorted(layers))
