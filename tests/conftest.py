@@ -65,3 +65,17 @@ def predict_plan(cut, schedule, model, workload, profile, num_ranks: int, *, num
         microbatch_owners = None
     c = candidate(cut, schedule, num_ranks, M, slab_counts=slab_counts, owners=microbatch_owners, options=options)
     return predict(c, model, workload, profile, options or CostOptions())
+
+
+def walked_peaks(deltas, makespan_s: float) -> list[float]:
+    """Per rank, the largest running sum of its ``(instant, bytes)`` allocations and frees, in time order;
+    instants equal up to rounding are one instant, frees first (as the cost model's memory pass)."""
+    tick = 1e-12 * makespan_s
+    peaks = []
+    for rank_deltas in deltas:
+        running, peak = 0.0, 0.0
+        for _, d in sorted((round(time / tick), d) for time, d in rank_deltas):
+            running += d
+            peak = max(peak, running)
+        peaks.append(peak)
+    return peaks

@@ -17,7 +17,7 @@ from mpipe_tune.cost.timing import longest_path_reference
 from mpipe_tune.inputs.workload import load_workload
 from mpipe_tune.specs import load_model
 
-from conftest import make_model, predict_plan, uniform_workload
+from conftest import make_model, predict_plan, uniform_workload, walked_peaks
 
 
 def _last_events(plan) -> set[int]:
@@ -153,10 +153,4 @@ def test_memory_equals_a_walk_over_allocations_and_frees():
         elif isinstance(e, Coll) and e.comm in (Comm.SEND, Comm.GATHER):
             size = table.boundary_bytes[plan.slab(*e.src)[1] - 1, e.mb]
             deltas[e.src[1]] += [(t.start_s[index[Fwd(e.src[0], e.src[1], e.mb)]], size), (t.finish_s[i], -size)]
-    tick = 1e-12 * t.makespan_s  # instants equal up to rounding are one instant, frees first
-    for rank, rank_deltas in enumerate(deltas):
-        running, peak = 0.0, 0.0
-        for _, d in sorted((round(time / tick), d) for time, d in rank_deltas):
-            running += d
-            peak = max(peak, running)
-        assert result.memory.activation_peak_bytes[rank] == pytest.approx(peak, rel=1e-9)
+    assert list(result.memory.activation_peak_bytes) == pytest.approx(walked_peaks(deltas, t.makespan_s), rel=1e-9)

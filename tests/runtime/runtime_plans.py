@@ -119,3 +119,29 @@ def make_sampled_plan(folder: Path, problem, candidate, name: str = "sampled") -
     dump_plan(plan_record(prediction, problem.model, workload, problem.profile, PlanInputs(TEST_MODEL, (), "ideal")),
               path)
     return path
+
+
+def run_cases(folder: Path, cases: dict, num_ranks: int, *, steps: int = 1) -> tuple[dict, dict]:
+    """Plan every ``name: (schedule, cut, frozen)`` of ``cases`` at ``num_ranks`` and run them in turn in
+    one local launch (float64, each rank saving its first step's gradients): name -> job, name -> result."""
+    from mpipe_tune.runtime.job import RunJob
+    from mpipe_tune.runtime.launch import launch_local
+    from mpipe_tune.runtime.worker import run_jobs
+
+    jobs = {}
+    for name, (schedule, cut, frozen) in cases.items():
+        grads = folder / f"grads-{len(jobs)}"
+        grads.mkdir()
+        path = make_plan(folder, schedule, cut, num_ranks, frozen=frozen)
+        jobs[name] = RunJob(str(path), steps=steps, dtype="fp64", lr=0.05, grads_dir=str(grads))
+    results = launch_local(run_jobs, (list(jobs.values()),), num_ranks, timeout_s=60, deadline_s=150)
+    return jobs, dict(zip(jobs, results))
+
+
+def reference_of(frozen: tuple[str, ...], model_spec: str = TEST_MODEL, microbatches=WORKLOAD.microbatches):
+    """The single-process reference step of ``model_spec`` with its ``frozen`` blocks frozen."""
+    from mpipe_tune.runtime.blueprint import blueprint
+    from mpipe_tune.runtime.mllm import reference_step
+
+    model = load_model(model_spec)
+    return reference_step(blueprint(model.with_frozen(frozen) if frozen else model), microbatches, seed=0)

@@ -17,14 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_plans import FIRST_LLM, MLA_MOE_MODEL, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan  # noqa: E402
+from runtime_plans import (  # noqa: E402
+    FIRST_LLM, MLA_MOE_MODEL, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of,
+)
 
-from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
 from mpipe_tune.runtime.job import RunJob  # noqa: E402
 from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
 from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
-from mpipe_tune.specs import load_model  # noqa: E402
 
 FROZEN = ("encoder", "projector")
 LAYOUTS = {"pp2xdp2": (2, 1, 2), "pp2xtp2": (2, 2, 1), "pp1xtp2xdp2": (1, 2, 2)}
@@ -58,20 +57,13 @@ def runs(tmp_path_factory):
     return jobs, dict(zip(jobs, results))
 
 
-def _reference(model_spec, frozen, dp):
-    model = load_model(model_spec)
-    if frozen:
-        model = model.with_frozen(frozen)
-    return reference_step(blueprint(model), WORKLOAD.microbatches * dp, seed=0)
-
-
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_loss_and_every_gradient_equal_the_single_process_step(runs, case):
     jobs, results = runs
     model, layout, schedule = case
     dp = LAYOUTS[layout][2]
     assert_step_equals_reference(jobs[case].grads_dir, 4, results[case]["summary"],
-                                 _reference(MODELS[model], SCHEDULES[schedule][2], dp), dp * len(WORKLOAD),
+                                 reference_of(SCHEDULES[schedule][2], MODELS[model], WORKLOAD.microbatches * dp), dp * len(WORKLOAD),
                                  losses_shared=True, replica_atol=1e-12)
 
 

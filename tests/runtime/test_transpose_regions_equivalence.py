@@ -12,14 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan  # noqa: E402
+from runtime_plans import FIRST_LLM, WORKLOAD, assert_step_equals_reference, reference_of, run_cases  # noqa: E402
 
-from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
-from mpipe_tune.specs import load_model  # noqa: E402
 
 HEAD = 11  # the tiny model's lm_head
 FROZEN = ("encoder", "projector")
@@ -36,27 +30,13 @@ CASES = {
 def runs(request, tmp_path_factory):
     P = request.param
     folder = tmp_path_factory.mktemp(f"transpose-regions-p{P}")
-    jobs = {}
-    for name, (schedule, cut, frozen) in CASES.items():
-        grads = folder / f"grads-{len(jobs)}"
-        grads.mkdir()
-        path = make_plan(folder, schedule, cut, P, frozen=frozen)
-        jobs[name] = RunJob(str(path), steps=1, dtype="fp64", lr=0.05, grads_dir=str(grads))
-    results = launch_local(run_jobs, (list(jobs.values()),), P, timeout_s=60, deadline_s=150)
-    return P, jobs, dict(zip(jobs, results))
-
-
-def _reference(frozen):
-    model = load_model(TEST_MODEL)
-    if frozen:
-        model = model.with_frozen(frozen)
-    return reference_step(blueprint(model), WORKLOAD.microbatches, seed=0)
+    return (P, *run_cases(folder, CASES, P))
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_loss_and_every_gradient_equal_the_single_process_step(runs, case):
     P, jobs, results = runs
-    assert_step_equals_reference(jobs[case].grads_dir, P, results[case]["summary"], _reference(CASES[case][2]),
+    assert_step_equals_reference(jobs[case].grads_dir, P, results[case]["summary"], reference_of(CASES[case][2]),
                                  len(WORKLOAD))
 
 

@@ -11,14 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan  # noqa: E402
+from runtime_plans import FIRST_LLM, WORKLOAD, assert_step_equals_reference, reference_of, run_cases  # noqa: E402
 
-from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
-from mpipe_tune.specs import load_model  # noqa: E402
 
 FROZEN = ("encoder", "projector")
 CASES = {
@@ -35,23 +29,14 @@ P = 2
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("zero-bubble-p2")
-    jobs = {}
-    for name, (schedule, cut, frozen) in CASES.items():
-        grads = folder / f"grads-{len(jobs)}"
-        grads.mkdir()
-        path = make_plan(folder, schedule, cut, P, frozen=frozen)
-        jobs[name] = RunJob(str(path), steps=1, dtype="fp64", lr=0.05, grads_dir=str(grads))
-    results = launch_local(run_jobs, (list(jobs.values()),), P, timeout_s=60, deadline_s=150)
-    return jobs, dict(zip(jobs, results))
+    return run_cases(folder, CASES, P)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_zero_bubble_step_equals_the_single_process_step(runs, case):
     jobs, results = runs
-    model = load_model(TEST_MODEL)
-    frozen = CASES[case][2]
-    reference = reference_step(blueprint(model.with_frozen(frozen) if frozen else model), WORKLOAD.microbatches, seed=0)
-    assert_step_equals_reference(jobs[case].grads_dir, P, results[case]["summary"], reference, len(WORKLOAD))
+    assert_step_equals_reference(jobs[case].grads_dir, P, results[case]["summary"], reference_of(CASES[case][2]),
+                                 len(WORKLOAD))
 
 
 def test_the_plans_split_their_backwards(runs):
