@@ -35,6 +35,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from itertools import chain
 from dataclasses import dataclass
 
@@ -52,7 +53,10 @@ from mpipe_tune.algebra.placement import (
     ByLayer, ByMicrobatch, RegionPlacement, balanced_counts, round_robin, slabs_from_counts,
     validate_counts, validate_owners,
 )
-from mpipe_tune.algebra.plan import Collectives, Order, Plan, Seam, replicated_of, source_of
+from mpipe_tune.algebra.plan import (
+    BARRIER, COLL, EDGE_KINDS, REDUCE, Collectives, Order, OrderColumns, Plan, Seam, event_rows, events_of_rows,
+    replicated_of, source_of,
+)
 from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, parse_schedule, validate_schedule
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
@@ -437,7 +441,7 @@ def _build_order(
     template = _Builder()
     _microbatch_edges(template, 0, gates, owners, skeleton.splits_backward)
     flow = _every_microbatch(template, M, owners, frozenset(p.region for p in replicated))
-    barrier = len(flow.events)
+    barrier = len(flow.rows)
     reduces = [flow.index_of(e) for e in template.events if isinstance(e, DpReduce)]
 
     nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, gates.chain[-1],
@@ -459,14 +463,17 @@ def _build_order(
     dst = np.concatenate((flow.dst, [barrier] * len(reduces))).astype(np.int64)
     seq_src, seq_dst = _sequence_edges(nodes, src, dst)
     src, dst = np.concatenate((src, seq_src)), np.concatenate((dst, seq_dst))
-    kinds = flow.kinds + [EdgeKind.SEQUENCE] * (len(reduces) + len(seq_src))
-    events = (*flow.events, StepBarrier())
+    kinds = np.concatenate((flow.kinds, np.full(len(reduces) + len(seq_src), _SEQUENCE, dtype=np.int64)))
+    rows = np.concatenate((flow.rows, [[BARRIER] + [-1] * 7])).T.copy()  # one contiguous row per column
 
-    edges = tuple(zip(src.tolist(), dst.tolist(), kinds))
-    topo = _kahn(len(events), src, dst)
+    topo = _sorted(len(rows[0]), src, dst)
     assert topo is not None, "derive built a cyclic order"
-    order = Order(events=events, edges=edges, nodes=nodes, topo=tuple(topo))
+    columns = OrderColumns(*rows, src, dst, kinds, tuple(np.array(n, dtype=np.int64) for n in nodes), topo)
+    order = Order.from_columns(columns, nodes=nodes)
     return Plan(cut, schedule, P, M, placement, collectives, order, tuple(stages))
+
+
+_SEQUENCE = EDGE_KINDS.index(EdgeKind.SEQUENCE)
 
 
 def _place_owned(nodes: tuple[tuple[int, ...], ...], flow: _Flow, barrier: int, placement: tuple[RegionPlacement, ...],
@@ -503,16 +510,24 @@ def _place_owned(nodes: tuple[tuple[int, ...], ...], flow: _Flow, barrier: int, 
 
 @dataclass(frozen=True)
 class _Flow:
-    """The dataflow edges of every microbatch: events in order of first use, edges as index columns."""
+    """The dataflow edges of every microbatch: events in order of first use as rows (``event_rows``),
+    edges as index columns."""
 
-    events: list[Event]
+    rows: np.ndarray
+    """One row per event (:func:`~mpipe_tune.algebra.plan.event_rows`)."""
     src: np.ndarray
     dst: np.ndarray
-    kinds: list[EdgeKind]
+    kinds: np.ndarray
+    """Per edge, its kind's code in :data:`~mpipe_tune.algebra.plan.EDGE_KINDS`."""
     template: dict[Event, int]
     """Microbatch 0's events (the reduces among them): their column in ``ids``."""
     ids: np.ndarray
     """``ids[m, k]``: the index in ``events`` of template event ``k`` as it is in microbatch ``m``."""
+
+    @cached_property
+    def events(self) -> list[Event]:
+        """The events as objects (made on first use: only the placements that read events need them)."""
+        return events_of_rows(*self.rows.T.tolist())
 
     def per_microbatch(self, event: Event) -> list[int]:
         """Per microbatch m, the index of microbatch 0's ``event`` as it is in microbatch m."""
@@ -523,48 +538,41 @@ class _Flow:
         return self.template[shared]
 
 
+_REGION, _RANK, _MB, _OTHER_REGION, _OTHER_RANK = 1, 2, 3, 5, 6  # columns of an event row
+_EDGE_CODES = {kind: code for code, kind in enumerate(EDGE_KINDS)}
+
+
 def _every_microbatch(template: _Builder, M: int, owners: Sequence[int], replicated: frozenset[int]) -> _Flow:
     """Microbatch 0's dataflow (``template``) repeated for microbatches 0..M-1, as derive would add them one
-    microbatch after another: every microbatch has the same events and edges but its own ``mb`` (and, on
-    the ``replicated`` regions, its own owner); only the reduces are shared, first met in microbatch 0."""
-    first = template.events
-    shared = [isinstance(e, DpReduce) for e in first]
-    own = [k for k, is_shared in enumerate(shared) if not is_shared]
+    microbatch after another: every microbatch has the same events and edges but its own ``mb`` and, on
+    the ``replicated`` regions, its own owner: the rank of a stage event there, and the end there of a
+    transfer (a transfer has at most one such end: normal form puts no two Replicated regions side by
+    side). Only the reduces are shared, first met in microbatch 0."""
+    first = event_rows(template.events)
+    shared = first[:, 0] == REDUCE
+    own = np.flatnonzero(~shared)
     width = len(own)
     ids = np.empty((M, len(first)), dtype=np.int64)
     ids[0] = np.arange(len(first))
     ids[1:, own] = len(first) + width * np.arange(M - 1)[:, None] + np.arange(width)
-    ids[1:, np.flatnonzero(shared)] = np.flatnonzero(shared)
-    rest: list[Event] = [None] * (width * (M - 1))  # type: ignore[list-item]
-    for position, k in enumerate(own):
-        rest[position::width] = _for_microbatches(first[k], range(1, M), owners, replicated)
+    ids[1:, shared] = np.flatnonzero(shared)
+    per_mb = first[own]
+    rest = np.repeat(per_mb[None], M - 1, axis=0)  # rest[m - 1, k]: template event own[k] in microbatch m
+    rest[:, :, _MB] = np.arange(1, M)[:, None]
+    if replicated:
+        owner = np.asarray(owners, dtype=np.int64)[1:, None]
+        regions = per_mb[:, [_REGION, _OTHER_REGION]]
+        is_replicated = np.zeros(regions.max() + 2, dtype=bool)  # by region; the last entry: region -1
+        is_replicated[list(replicated)] = True
+        on = is_replicated[regions]
+        rest[:, on[:, 0], _RANK] = owner
+        rest[:, on[:, 1] & (per_mb[:, 0] == COLL), _OTHER_RANK] = owner
     t_src, t_dst = np.array(list(template.edges), dtype=np.int64).reshape(-1, 2).T
-    assert not any(shared[s] and shared[t] for s, t in zip(t_src, t_dst)), "every edge has a per-microbatch end"
-    return _Flow(first + rest, ids[:, t_src].ravel(), ids[:, t_dst].ravel(), list(template.edges.values()) * M,
-                 template.index, ids)
-
-
-_new = tuple.__new__  # builds an event from its fields without the named tuple's Python-level __new__
-
-
-def _for_microbatches(event: Event, mbs: range, owners: Sequence[int], replicated: frozenset[int]) -> list[Event]:
-    """Microbatch 0's ``event`` as it is in each microbatch of ``mbs``: the same event with that ``mb``,
-    run by (or sent from or to) that microbatch's owner when it is on a ``replicated`` region (a transfer
-    has at most one such end: normal form puts no two Replicated regions side by side)."""
-    cls, tag = type(event), event[-1]
-    if tag == "L":
-        return [_new(cls, (m, tag)) for m in mbs]
-    if tag in "FBW":
-        region, rank = event[0], event[1]
-        if region in replicated:
-            return [_new(cls, (region, owners[m], m, tag)) for m in mbs]
-        return [_new(cls, (region, rank, m, tag)) for m in mbs]
-    comm, s, t = event[0], event[1], event[2]
-    if s[0] in replicated:
-        return [_new(cls, (comm, (s[0], owners[m]), t, m, tag)) for m in mbs]
-    if t[0] in replicated:
-        return [_new(cls, (comm, s, (t[0], owners[m]), m, tag)) for m in mbs]
-    return [_new(cls, (comm, s, t, m, tag)) for m in mbs]
+    assert not (shared[t_src] & shared[t_dst]).any(), "every edge has a per-microbatch end"
+    kinds = np.fromiter(map(_EDGE_CODES.__getitem__, template.edges.values()), dtype=np.int64,
+                        count=len(template.edges))
+    return _Flow(np.concatenate((first, rest.reshape(-1, first.shape[1]))), ids[:, t_src].ravel(),
+                 ids[:, t_dst].ravel(), np.tile(kinds, M), template.index, ids)
 
 
 def _sequence_edges(nodes: Sequence[Sequence[int]], src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -592,33 +600,20 @@ def topological_order(num_events: int, edges: Sequence[tuple[int, int, EdgeKind]
     return _kahn(num_events, src, dst)
 
 
-COMPILED_SORT_FROM = 4096
-"""Graphs of at least this many events are sorted by the compiled kernel (:mod:`mpipe_tune.algebra.kernels`),
-smaller ones in Python: the same order, and no compile for the small plans that need none."""
-
-
 def _kahn(num_events: int, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
-    """:func:`topological_order` over edge columns: the ready events are a stack, initially every source
-    with the lowest index on top; an event's successors are released in the order of its edges."""
+    """:func:`topological_order` over edge columns."""
+    topo = _sorted(num_events, src, dst)
+    return None if topo is None else topo.tolist()
+
+
+def _sorted(num_events: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
+    """:func:`topological_order` over edge columns, as an array: the ready events are a stack, initially
+    every source with the lowest index on top; an event's successors are released in the order of its
+    edges. The loop is compiled (:mod:`mpipe_tune.algebra.kernels`)."""
+    from mpipe_tune.algebra.kernels import topological_order as compiled  # numba: imported on first use
+
     by_source = np.argsort(src, kind="stable")
     ptr = np.zeros(num_events + 1, dtype=np.int64)
     np.cumsum(np.bincount(src, minlength=num_events), out=ptr[1:])
-    if num_events >= COMPILED_SORT_FROM:
-        from mpipe_tune.algebra.kernels import topological_order as compiled
-
-        topo = compiled(num_events, ptr, np.ascontiguousarray(dst[by_source], dtype=np.int64))
-        return topo.tolist() if len(topo) == num_events else None
-    succ = dst[by_source].tolist()
-    ptr = ptr.tolist()
-    indegree = np.bincount(dst, minlength=num_events).tolist()
-    ready = np.flatnonzero(np.array(indegree) == 0)[::-1].tolist()
-    order: list[int] = []
-    pop, push, run = ready.pop, ready.append, order.append
-    while ready:
-        i = pop()
-        run(i)
-        for t in succ[ptr[i]:ptr[i + 1]]:
-            indegree[t] -= 1
-            if not indegree[t]:
-                push(t)
-    return order if len(order) == num_events else None
+    topo = compiled(num_events, ptr, np.ascontiguousarray(dst[by_source], dtype=np.int64))
+    return topo if len(topo) == num_events else None

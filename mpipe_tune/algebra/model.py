@@ -25,6 +25,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Union
 
 from mpipe_tune.errors import MpipeError
@@ -118,6 +119,10 @@ class Model:
         return self.num_layers if last is None else last + 1
 
     def trainable_bits(self) -> tuple[bool, ...]:
+        return self._trainable_bits
+
+    @cached_property
+    def _trainable_bits(self) -> tuple[bool, ...]:  # read per region, slab and reduce of every new candidate
         return tuple(layer.trainable for layer in self.layers)
 
     def blocks(self) -> tuple[str, ...]:

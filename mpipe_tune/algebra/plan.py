@@ -10,10 +10,17 @@ interprets them, the plan file stores them; none of them holds seconds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain
+from operator import itemgetter
 
-from mpipe_tune.algebra.events import Comm, EdgeKind, Event, Group, Stage
+import numpy as np
+
+from mpipe_tune.algebra.events import (
+    Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier, Wgrad,
+)
 from mpipe_tune.algebra.placement import ByLayer, RegionPlacement
 from mpipe_tune.algebra.schedule import Cut, Layout, Schedule
 
@@ -51,15 +58,193 @@ class Collectives:
     reduces: tuple[tuple[int, Group], ...]
 
 
-@dataclass(frozen=True)
+FWD, BWD, COLL, REDUCE, LOSS, BARRIER, WGRAD = range(7)
+"""Event kinds by their code in :attr:`OrderColumns.kind`."""
+COMMS = (Comm.SEND, Comm.RECV_GRAD, Comm.GATHER, Comm.SCATTER)
+"""Transfer kinds by their code in :attr:`OrderColumns.comm`."""
+GROUPS = (Group.REPLICA, Group.DATA)
+"""Reduce groups by their code in :attr:`OrderColumns.group`."""
+EDGE_KINDS = tuple(EdgeKind)
+"""Edge kinds by their code in :attr:`OrderColumns.edge_kind`."""
+_SEND, _RECV_GRAD, _GATHER, _SCATTER = COMMS
+_SEQUENCE = EDGE_KINDS.index(EdgeKind.SEQUENCE)
+
+
+def _comm_code(comm: Comm) -> int:  # by identity: hashing an Enum member runs Python code
+    return 0 if comm is _SEND else 1 if comm is _RECV_GRAD else 2 if comm is _GATHER else 3
+
+
+# One row per event: kind, region, rank, mb, comm, other region, other rank, group (-1 where none).
+# A transfer's (region, rank) is its source stage, (other region, other rank) its destination.
+_ROW = {
+    "F": lambda e: (FWD, e[0], e[1], e[2], -1, -1, -1, -1),
+    "B": lambda e: (BWD, e[0], e[1], e[2], -1, -1, -1, -1),
+    "W": lambda e: (WGRAD, e[0], e[1], e[2], -1, -1, -1, -1),
+    "C": lambda e: (COLL, e[1][0], e[1][1], e[3], _comm_code(e[0]), e[2][0], e[2][1], -1),
+    "R": lambda e: (REDUCE, e[0], -1 if e[2] is None else e[2], -1, -1, -1, -1, 0 if e[1] is Group.REPLICA else 1),
+    "L": lambda e: (LOSS, -1, -1, e[0], -1, -1, -1, -1),
+    "S": lambda e: (BARRIER, -1, -1, -1, -1, -1, -1, -1),
+}
+
+
+def event_rows(events: Sequence[Event]) -> np.ndarray:
+    """The events as an ``(n, 8)`` integer table, one row per event (the columns of :class:`OrderColumns`)."""
+    return np.fromiter(chain.from_iterable([_ROW[e[-1]](e) for e in events]), dtype=np.int64,
+                       count=8 * len(events)).reshape(-1, 8)
+
+
+_new = tuple.__new__  # builds an event from its fields without the named tuple's Python-level __new__
+
+
+def events_of_rows(kind: Sequence[int], region: Sequence[int], rank: Sequence[int], mb: Sequence[int],
+                   comm: Sequence[int], other_region: Sequence[int], other_rank: Sequence[int],
+                   group: Sequence[int]) -> list[Event]:
+    """The event objects of column rows (the inverse of :func:`event_rows`), given as Python int lists."""
+    out: list[Event] = []
+    push = out.append
+    for k, j, r, m, c, oj, orank, g in zip(kind, region, rank, mb, comm, other_region, other_rank, group):
+        if k == FWD:
+            push(_new(Fwd, (j, r, m, "F")))
+        elif k == BWD:
+            push(_new(Bwd, (j, r, m, "B")))
+        elif k == COLL:
+            push(_new(Coll, (COMMS[c], (j, r), (oj, orank), m, "C")))
+        elif k == WGRAD:
+            push(_new(Wgrad, (j, r, m, "W")))
+        elif k == LOSS:
+            push(_new(Loss, (m, "L")))
+        elif k == REDUCE:
+            push(_new(DpReduce, (j, GROUPS[g], None if r < 0 else r, "R")))
+        else:
+            push(StepBarrier())
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class OrderColumns:
+    """An order as read-only integer arrays: one row per event (aligned with ``Order.events``), one per
+    edge, and the per-rank lists and topological order as index arrays."""
+
+    kind: np.ndarray
+    """Per event, its kind's code (:data:`FWD`, :data:`BWD`, ...)."""
+    region: np.ndarray
+    """A stage event's region, a transfer's source region, a reduce's region; -1 for the others."""
+    rank: np.ndarray
+    """A stage event's rank, a transfer's source rank, a DataGroup reduce's rank; -1 for the others."""
+    mb: np.ndarray
+    """The microbatch of a stage event, a transfer and a loss; -1 for the others."""
+    comm: np.ndarray
+    """A transfer's code in :data:`COMMS`; -1 for the others."""
+    other_region: np.ndarray
+    """A transfer's destination region; -1 for the others."""
+    other_rank: np.ndarray
+    """A transfer's destination rank; -1 for the others."""
+    group: np.ndarray
+    """A reduce's code in :data:`GROUPS`; -1 for the others."""
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    edge_kind: np.ndarray
+    """Per edge, its kind's code in :data:`EDGE_KINDS`."""
+    nodes: tuple[np.ndarray, ...]
+    topo: np.ndarray
+    """A topological order (empty for an order built without one)."""
+
+    @classmethod
+    def of(cls, events: Sequence[Event], edges: Sequence[tuple[int, int, EdgeKind]],
+           nodes: Sequence[Sequence[int]], topo: Sequence[int]) -> "OrderColumns":
+        """The columns of an order given as objects (one Python pass over its events and edges)."""
+        codes = {kind: code for code, kind in enumerate(EDGE_KINDS)}
+        rows = event_rows(events)
+        m = len(edges)
+        return cls(*(rows[:, k].copy() for k in range(8)),
+                   np.fromiter(map(itemgetter(0), edges), dtype=np.int64, count=m),
+                   np.fromiter(map(itemgetter(1), edges), dtype=np.int64, count=m),
+                   np.fromiter((codes[e[2]] for e in edges), dtype=np.int64, count=m),
+                   tuple(np.array(n, dtype=np.int64).reshape(-1) for n in nodes),
+                   np.array(topo, dtype=np.int64).reshape(-1))
+
+    def __post_init__(self) -> None:
+        for a in (*vars(self).values(), *self.nodes):
+            if isinstance(a, np.ndarray):
+                a.flags.writeable = False
+
+    @property
+    def edge_is_sequence(self) -> np.ndarray:
+        return self.edge_kind == _SEQUENCE
+
+
 class Order:
-    events: tuple[Event, ...]
-    edges: tuple[tuple[int, int, EdgeKind], ...]
-    """(source index, target index, kind) into ``events``."""
-    nodes: tuple[tuple[int, ...], ...]
-    """Per rank, the indices of its events in the order it runs them."""
-    topo: tuple[int, ...] = ()
-    """A topological order of the graph (sequence edges included): a deadlock-free execution."""
+    """The event graph: ``events``, ``edges`` (source index, target index, kind) into ``events``, per
+    rank the indices of its events in the order it runs them (``nodes``), and a topological order of
+    the graph, Sequence edges included: a deadlock-free execution (``topo``).
+
+    An order is one immutable value with two equal views, each made from the other on first use:
+    the objects (``Order(events, edges, nodes, topo)``) and :class:`OrderColumns`
+    (:meth:`from_columns`, as ``derive`` builds it: the cost model compiles the columns and never
+    needs the objects). Equality is the objects'.
+    """
+
+    def __init__(self, events: tuple[Event, ...], edges: tuple[tuple[int, int, EdgeKind], ...],
+                 nodes: tuple[tuple[int, ...], ...], topo: tuple[int, ...] = ()) -> None:
+        vars(self).update(events=events, edges=edges, nodes=nodes, topo=topo)
+
+    @classmethod
+    def from_columns(cls, columns: OrderColumns, nodes: tuple[tuple[int, ...], ...] | None = None) -> "Order":
+        """The order of ``columns`` (``nodes``: its per-rank lists as tuples, where the caller has them)."""
+        out = cls.__new__(cls)
+        vars(out)["columns"] = columns
+        if nodes is not None:
+            vars(out)["nodes"] = nodes
+        return out
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Order is immutable: cannot set {name}")
+
+    @cached_property
+    def events(self) -> tuple[Event, ...]:
+        c = self.columns
+        return tuple(events_of_rows(*(a.tolist() for a in (c.kind, c.region, c.rank, c.mb, c.comm, c.other_region,
+                                                            c.other_rank, c.group))))
+
+    @cached_property
+    def edges(self) -> tuple[tuple[int, int, EdgeKind], ...]:
+        c = self.columns
+        return tuple(zip(c.edge_src.tolist(), c.edge_dst.tolist(), map(EDGE_KINDS.__getitem__, c.edge_kind.tolist())))
+
+    @cached_property
+    def nodes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(n.tolist()) for n in self.columns.nodes)
+
+    @cached_property
+    def topo(self) -> tuple[int, ...]:
+        return tuple(self.columns.topo.tolist())
+
+    @cached_property
+    def columns(self) -> OrderColumns:
+        return OrderColumns.of(self.events, self.edges, self.nodes, self.topo)
+
+    def event(self, i: int) -> Event:
+        """Event ``i`` (made from the columns alone when the objects are not made yet)."""
+        if "events" in vars(self):
+            return self.events[i]
+        c = self.columns
+        return events_of_rows(*([int(a[i])] for a in (c.kind, c.region, c.rank, c.mb, c.comm, c.other_region,
+                                                      c.other_rank, c.group)))[0]
+
+    def _key(self) -> tuple:
+        return (self.events, self.edges, self.nodes, self.topo)
+
+    def __eq__(self, other: object) -> bool:
+        return self._key() == other._key() if isinstance(other, Order) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Order(events={self.events!r}, edges={self.edges!r}, nodes={self.nodes!r}, topo={self.topo!r})"
+
+    def __reduce__(self):
+        return Order, self._key()
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ class DurationModel:
         self.coll_flat = (a.slab_hi[region, rank] - 1) * M + a.mb[self.coll_idx]
         self.alpha, self.beta = self.links(comm, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
         self.reduce_idx = np.flatnonzero(a.kind == REDUCE)
-        self._reduces = [(i, plan.order.events[i]) for i in self.reduce_idx.tolist()]
+        self._reduces = [(i, plan.order.event(i)) for i in self.reduce_idx.tolist()]
         self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
         self._overlap = None
         """The reduces' overlap with compute (:mod:`~mpipe_tune.cost.overlap`), compiled with them."""

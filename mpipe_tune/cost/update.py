@@ -55,9 +55,9 @@ def update_charges(plan: Plan, update_s: np.ndarray) -> tuple[np.ndarray, np.nda
     """(event indices, seconds): each rank's update on its last event before the step barrier, the
     largest of the updates where ranks share that event."""
     charge: dict[int, float] = {}
-    events = plan.order.events
-    for rank, nodes in enumerate(plan.order.nodes):
-        last = next((i for i in reversed(nodes) if not isinstance(events[i], StepBarrier)), None)
+    order = plan.order
+    for rank, nodes in enumerate(order.nodes):
+        last = next((i for i in reversed(nodes) if not isinstance(order.event(i), StepBarrier)), None)
         if last is not None:
             charge[last] = max(charge.get(last, 0.0), float(update_s[rank]))
     return np.array(list(charge), dtype=np.int64), np.array(list(charge.values()))
