@@ -35,7 +35,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import chain
 from dataclasses import dataclass
 
@@ -269,17 +269,27 @@ class StageGates:
 def stage_gates(model: Model, placement: tuple[RegionPlacement, ...], stages: Sequence[Stage]) -> StageGates:
     """The footprint gates of every unit, from the trainable bits of its layers and their order only."""
     chain = unit_chain(placement, stages)
-    bits = [_trainable(model, *(placement[j - 1].layers if r is None else placement[j - 1].owner.slabs[r]))
-            for j, r in chain]
-    gates = footprint(bits)
     source = source_of(placement)
+    return gates_of(chain, unit_bits(model, placement, chain), source.region if source else None)
+
+
+def unit_bits(model: Model, placement: tuple[RegionPlacement, ...], chain: Sequence[Unit]) -> tuple[bool, ...]:
+    """Per unit of ``chain``, whether any of its layers is trainable."""
+    return tuple(_trainable(model, *(placement[j - 1].layers if r is None else placement[j - 1].owner.slabs[r]))
+                 for j, r in chain)
+
+
+def gates_of(chain: tuple[Unit, ...], bits: Sequence[bool], source_region: int | None) -> StageGates:
+    """:func:`stage_gates` from the units' trainable ``bits`` and the Replicated source region (None without one)."""
+    gates = footprint(bits)
+    source = source_region is not None
     return StageGates(
         chain=chain,
         sends=dict(zip(chain, gates.sends_grad)),
         has_bwd=dict(zip(chain, gates.receives_grad)),
         reduces=dict(zip(chain, gates.reduces)),
-        source_bwd=bool(source) and gates.receives_grad[0],
-        replica_reduce=DpReduce(source.region, Group.REPLICA) if source and gates.reduces[0] else None,
+        source_bwd=source and gates.receives_grad[0],
+        replica_reduce=DpReduce(source_region, Group.REPLICA) if source and gates.reduces[0] else None,
     )
 
 
@@ -429,14 +439,38 @@ def _build_order(
     placement: tuple[RegionPlacement, ...], collectives: Collectives,
     encoder_backward: encoder_backwards.EncoderBackward,
 ) -> Plan:
-    source = source_of(placement)
     sharded = [p.region for p in placement if p.layout is Layout.SHARDED]
     replicated = replicated_of(placement)
+    skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
+    stages = tuple(wavefront_stages(skeleton, sharded, P))
+    chain = unit_chain(placement, stages)
+    inner = any(p.region > 1 for p in replicated)  # Plan.inner_transposes: placed by their layers' costs
+    order = _order(schedule, P, M, replicated, chain, unit_bits(model, placement, chain), encoder_backward,
+                   placement if inner else None)
+    return Plan(cut, schedule, P, M, placement, collectives, order, stages)
+
+
+ORDERS_KEPT = 16
+"""How many orders :func:`_order` keeps (the last used)."""
+
+
+@lru_cache(maxsize=ORDERS_KEPT)
+def _order(schedule: Schedule, P: int, M: int, replicated: tuple[RegionPlacement, ...], chain: tuple[Unit, ...],
+           bits: tuple[bool, ...], encoder_backward: encoder_backwards.EncoderBackward,
+           placement: tuple[RegionPlacement, ...] | None) -> Order:
+    """The order of a placement, from what it reads and nothing else: the schedule, P and M, the Replicated
+    regions (their owner map), the step's chain of units with their trainable bits (the footprint gates),
+    the encoder backward placement and, with an interior or sink transpose, the whole ``placement`` (its
+    events go where the layer counts put them). The Sharded slabs themselves are not read, so the
+    candidates that differ only there (other slabs, other cuts with the same gates) share one order:
+    it is an immutable value, built once and kept for the last :data:`ORDERS_KEPT` of them."""
+    source = replicated[0] if replicated and replicated[0].region == 1 else None  # source_of
+    sharded = [j for j, s in enumerate(schedule.skeletons, start=1) if s.layout is Layout.SHARDED]
     owners = replicated[0].owner.owners if replicated else ()
     v = len(sharded)
     skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
     stages = wavefront_stages(skeleton, sharded, P)
-    gates = stage_gates(model, placement, stages)
+    gates = gates_of(chain, bits, source.region if source else None)
 
     template = _Builder()
     _microbatch_edges(template, 0, gates, owners, skeleton.splits_backward)
@@ -469,8 +503,7 @@ def _build_order(
     topo = _sorted(len(rows[0]), src, dst)
     assert topo is not None, "derive built a cyclic order"
     columns = OrderColumns(*rows, src, dst, kinds, tuple(np.array(n, dtype=np.int64) for n in nodes), topo)
-    order = Order.from_columns(columns, nodes=nodes)
-    return Plan(cut, schedule, P, M, placement, collectives, order, tuple(stages))
+    return Order.from_columns(columns, nodes=nodes)
 
 
 _SEQUENCE = EDGE_KINDS.index(EdgeKind.SEQUENCE)

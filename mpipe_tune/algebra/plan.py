@@ -223,13 +223,13 @@ class Order:
     def columns(self) -> OrderColumns:
         return OrderColumns.of(self.events, self.edges, self.nodes, self.topo)
 
-    def event(self, i: int) -> Event:
-        """Event ``i`` (made from the columns alone when the objects are not made yet)."""
+    def events_at(self, at: Sequence[int] | np.ndarray) -> list[Event]:
+        """The events at indices ``at`` (made from the columns alone when the objects are not made yet)."""
         if "events" in vars(self):
-            return self.events[i]
+            return [self.events[i] for i in at]
         c = self.columns
-        return events_of_rows(*([int(a[i])] for a in (c.kind, c.region, c.rank, c.mb, c.comm, c.other_region,
-                                                      c.other_rank, c.group)))[0]
+        return events_of_rows(*(a[at].tolist() for a in (c.kind, c.region, c.rank, c.mb, c.comm, c.other_region,
+                                                         c.other_rank, c.group)))
 
     def _key(self) -> tuple:
         return (self.events, self.edges, self.nodes, self.topo)

@@ -61,7 +61,7 @@ class CompiledPlan:
         """The transposed region's owner map (rank of microbatch 0, 1, ...); None without one."""
         with collector_paused():
             self.arrays = EventArrays.of(plan)
-            self.order = CompiledOrder(plan, self.arrays)
+            self.order = self.arrays.once("compiled order", lambda: CompiledOrder(plan, self.arrays))
             self.durations_model = DurationModel(plan, model, profile, options, self.arrays)
             self.memory_layout = MemoryLayout(plan, self.arrays)
         self._moves: _OwnerMoves | None = None

@@ -92,15 +92,15 @@ class DurationModel:
         self.wgrad_bwd = (a.index_of(BWD)[a.region[self.wgrad_idx], a.rank[self.wgrad_idx], a.mb[self.wgrad_idx]]
                           if len(self.wgrad_idx) else self.wgrad_idx)
         """Per ``Wgrad`` event, its stage's ``Bwd`` for the same microbatch (which runs the rest)."""
-        self.coll_idx = np.flatnonzero(a.kind == COLL)
+        self.coll_idx = a.at(COLL)
         comm = a.comm[self.coll_idx]
         forward = a.is_forward_transfer(self.coll_idx)  # the tensor is the source's output, else the destination's
         region = np.where(forward, a.region[self.coll_idx], a.other_region[self.coll_idx])
         rank = np.where(forward, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
         self.coll_flat = (a.slab_hi[region, rank] - 1) * M + a.mb[self.coll_idx]
         self.alpha, self.beta = self.links(comm, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
-        self.reduce_idx = np.flatnonzero(a.kind == REDUCE)
-        self._reduces = [(i, plan.order.event(i)) for i in self.reduce_idx.tolist()]
+        self.reduce_idx = a.at(REDUCE)
+        self._reduces = list(zip(self.reduce_idx.tolist(), plan.order.events_at(self.reduce_idx)))
         self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
         self._overlap = None
         """The reduces' overlap with compute (:mod:`~mpipe_tune.cost.overlap`), compiled with them."""
@@ -176,7 +176,7 @@ def estimate_durations(
 
 def _slab_indices(a: EventArrays, kind: int, M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The events of one compute kind, and the flat prefix-sum indices of their slab's end and start."""
-    at = np.flatnonzero(a.kind == kind)
+    at = a.at(kind)
     region, rank, mb = a.region[at], a.rank[at], a.mb[at]
     return at, a.slab_hi[region, rank] * M + mb, a.slab_lo[region, rank] * M + mb
 

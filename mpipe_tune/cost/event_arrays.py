@@ -9,11 +9,14 @@ event objects, whatever it compiles.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from mpipe_tune.algebra.plan import BARRIER, BWD, COLL, COMMS, FWD, LOSS, REDUCE, WGRAD, Plan
+from mpipe_tune.algebra.plan import BARRIER, BWD, COLL, COMMS, FWD, LOSS, REDUCE, WGRAD, OrderColumns, Plan
 from mpipe_tune.algebra.events import Comm
 from mpipe_tune.algebra.placement import ByLayer
 
@@ -41,6 +44,8 @@ class EventArrays:
     """``slab_hi[region, rank]``: one past its last layer."""
     source_region: int
     """The transposed (Replicated) source region, or -1 without one."""
+    shared: dict[Any, Any] = field(default_factory=dict, repr=False)
+    """What :meth:`once` made for this order, shared by every plan of the same order object."""
 
     @classmethod
     def of(cls, plan: Plan) -> "EventArrays":
@@ -54,24 +59,66 @@ class EventArrays:
         first = plan.placement[0]
         return cls(c.kind, c.region, c.rank, c.mb, c.comm, c.other_region, c.other_rank,
                    c.edge_src, c.edge_dst, c.edge_is_sequence, c.nodes, slab_lo, slab_hi,
-                   first.region if not isinstance(first.owner, ByLayer) else -1)
+                   first.region if not isinstance(first.owner, ByLayer) else -1, _shared_by(c))
+
+    def once(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, made once per order object and shared by every plan of it (see :func:`_shared_by`):
+        for what reads the order alone (its columns and the region and rank counts, never the slabs).
+        An array made here is read-only."""
+        if key not in self.shared:
+            made = make()
+            if isinstance(made, np.ndarray):
+                made.flags.writeable = False
+            self.shared[key] = made
+        return self.shared[key]
+
+    def at(self, kind: int) -> np.ndarray:
+        """The indices of the events of one kind."""
+        return self.once(("at", kind), lambda: np.flatnonzero(self.kind == kind))
 
     def index_of(self, kind: int) -> np.ndarray:
         """A dense table ``[region, rank, mb] -> event index`` of one kind of stage event (-1: none)."""
-        table = np.full((self.slab_lo.shape[0], self.slab_lo.shape[1], int(self.mb.max(initial=0)) + 1), -1,
-                        dtype=np.int64)
-        at = np.flatnonzero(self.kind == kind)
-        table[self.region[at], self.rank[at], self.mb[at]] = at
-        return table
+        def make() -> np.ndarray:
+            table = np.full((self.slab_lo.shape[0], self.slab_lo.shape[1], int(self.mb.max(initial=0)) + 1), -1,
+                            dtype=np.int64)
+            at = self.at(kind)
+            table[self.region[at], self.rank[at], self.mb[at]] = at
+            return table
+
+        return self.once(("index_of", kind), make)
 
     def is_forward_transfer(self, at: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Per event (of ``at``): a transfer of an activation (a Send, or a seam transfer into a later
         region: the source's Gather, a Scatter into an interior or sink transpose), whose tensor is its
         source stage's output; the other transfers carry the gradient of their destination's output."""
-        comm, region, other = self.comm[at], self.region[at], self.other_region[at]
-        return (self.kind[at] == COLL) & ((comm == COMMS.index(Comm.SEND)) |
+        def make() -> np.ndarray:
+            comm, region, other = self.comm, self.region, self.other_region
+            return (self.kind == COLL) & ((comm == COMMS.index(Comm.SEND)) |
                                           ((comm != COMMS.index(Comm.RECV_GRAD)) & (region < other)))
+
+        return self.once("is_forward_transfer", make)[at]
 
     def is_encode(self) -> np.ndarray:
         """Per event: a forward of the transposed source region (an encode)."""
-        return (self.kind == FWD) & (self.region == self.source_region)
+        return self.once("is_encode", lambda: (self.kind == FWD) & (self.region == self.source_region))
+
+
+ORDERS_KEPT = 16
+"""How many orders' shared results :func:`_shared_by` keeps (the last used)."""
+_SHARED: OrderedDict[int, tuple[OrderColumns, dict[Any, Any]]] = OrderedDict()
+
+
+def _shared_by(columns: OrderColumns) -> dict[Any, Any]:
+    """The results :meth:`EventArrays.once` made for the order of ``columns``, by identity: derive gives
+    the candidates that differ only in their slabs one order object
+    (:func:`mpipe_tune.algebra.derive._order`), so what reads that order alone is made once for all of
+    them. An entry holds its columns, so no other object takes their id while it is kept."""
+    key = id(columns)
+    entry = _SHARED.get(key)
+    if entry is None:
+        entry = _SHARED[key] = (columns, {})
+        if len(_SHARED) > ORDERS_KEPT:
+            _SHARED.popitem(last=False)
+    else:
+        _SHARED.move_to_end(key)
+    return entry[1]

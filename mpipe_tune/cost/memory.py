@@ -114,13 +114,13 @@ class MemoryLayout:
         a = arrays or EventArrays.of(plan)
         M = plan.num_microbatches
         # Saved activations: a forward whose stage has a backward for that microbatch.
-        forwards = np.flatnonzero(a.kind == FWD)
+        forwards = a.at(FWD)
         backward = a.index_of(BWD)[a.region[forwards], a.rank[forwards], a.mb[forwards]]
         saved, backward = forwards[backward >= 0], backward[backward >= 0]
         region, rank, mb = a.region[saved], a.rank[saved], a.mb[saved]
         # Split backwards: the saved activations live until the weight gradients, and the Bwd's output
         # gradients from the Bwd until then.
-        weights = np.flatnonzero(a.kind == WGRAD)
+        weights = a.at(WGRAD)
         if len(weights):
             last_use = a.index_of(WGRAD)[region, rank, mb]
             backward = np.where(last_use >= 0, last_use, backward)

@@ -30,6 +30,15 @@ def predecessor_lists(num_events: int, src: np.ndarray, dst: np.ndarray) -> tupl
     return ptr, np.ascontiguousarray(src[by_target], dtype=np.int64)
 
 
+def _first_of_each(nodes: tuple[np.ndarray, ...], is_wanted: np.ndarray) -> np.ndarray:
+    """Per rank, its first event that ``is_wanted`` (its first event when none is)."""
+    flat = np.concatenate(nodes)
+    starts = np.cumsum([0] + [len(x) for x in nodes[:-1]])
+    position = np.where(is_wanted[flat], np.arange(len(flat)), len(flat))
+    first = np.minimum.reduceat(position, starts)
+    return flat[np.where(first < len(flat), first, starts)]
+
+
 class CompiledOrder:
     """An order as arrays: a topological order, each event's predecessors, the rank that runs each
     event, and the encoder work and first backbone forward that the spill reads."""
@@ -38,13 +47,13 @@ class CompiledOrder:
         a = arrays or EventArrays.of(plan)
         n = len(a.kind)
         encode = a.is_encode()
-        backbone_forward = (a.kind == FWD) & ~encode
-        first_forward = np.array([nodes[np.argmax(backbone_forward[nodes])] for nodes in a.nodes], dtype=np.int64)
-        args = (a.edge_src, a.edge_dst, list(a.nodes), np.flatnonzero(encode), first_forward, a.source_region >= 0)
-        if len(plan.order.topo) != n:  # an order built by hand, without its topological order
+        args = (a.edge_src, a.edge_dst, list(a.nodes), np.flatnonzero(encode),
+                _first_of_each(a.nodes, (a.kind == FWD) & ~encode), a.source_region >= 0)
+        topo = plan.order.columns.topo
+        if len(topo) != n:  # an order built by hand, without its topological order
             self.__dict__.update(vars(CompiledOrder.from_arrays(n, *args)))
             return
-        self._build(n, args[0], args[1], args[2], np.array(plan.order.topo, dtype=np.int64), *args[3:])
+        self._build(n, args[0], args[1], args[2], topo, *args[3:])
 
     @classmethod
     def from_arrays(cls, num_events: int, src: np.ndarray, dst: np.ndarray, nodes: list[np.ndarray],

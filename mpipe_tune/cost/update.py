@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpipe_tune.algebra.plan import Plan
-from mpipe_tune.algebra.events import StepBarrier
+from mpipe_tune.algebra.plan import BARRIER, Plan
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.memory import local_params, per_rank_sum, rank_layers
@@ -55,9 +54,9 @@ def update_charges(plan: Plan, update_s: np.ndarray) -> tuple[np.ndarray, np.nda
     """(event indices, seconds): each rank's update on its last event before the step barrier, the
     largest of the updates where ranks share that event."""
     charge: dict[int, float] = {}
-    order = plan.order
-    for rank, nodes in enumerate(order.nodes):
-        last = next((i for i in reversed(nodes) if not isinstance(order.event(i), StepBarrier)), None)
+    kind = plan.order.columns.kind
+    for rank, nodes in enumerate(plan.order.nodes):
+        last = next((i for i in reversed(nodes) if kind[i] != BARRIER), None)
         if last is not None:
             charge[last] = max(charge.get(last, 0.0), float(update_s[rank]))
     return np.array(list(charge), dtype=np.int64), np.array(list(charge.values()))
