@@ -89,18 +89,16 @@ class DurationModel:
         self.fwd_idx, self.fwd_hi, self.fwd_lo = _slab_indices(a, FWD, M)
         self.bwd_idx, self.bwd_hi, self.bwd_lo = _slab_indices(a, BWD, M)
         self.wgrad_idx, self.wgrad_hi, self.wgrad_lo = _slab_indices(a, WGRAD, M)
-        self.wgrad_bwd = (a.index_of(BWD)[a.region[self.wgrad_idx], a.rank[self.wgrad_idx], a.mb[self.wgrad_idx]]
-                          if len(self.wgrad_idx) else self.wgrad_idx)
+        self.wgrad_bwd = a.once("wgrad bwd", lambda: a.index_of(BWD)[a.region[self.wgrad_idx], a.rank[self.wgrad_idx],
+                                                                   a.mb[self.wgrad_idx]] if len(self.wgrad_idx) else self.wgrad_idx)
         """Per ``Wgrad`` event, its stage's ``Bwd`` for the same microbatch (which runs the rest)."""
         self.coll_idx = a.at(COLL)
-        comm = a.comm[self.coll_idx]
-        forward = a.is_forward_transfer(self.coll_idx)  # the tensor is the source's output, else the destination's
-        region = np.where(forward, a.region[self.coll_idx], a.other_region[self.coll_idx])
-        rank = np.where(forward, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
-        self.coll_flat = (a.slab_hi[region, rank] - 1) * M + a.mb[self.coll_idx]
-        self.alpha, self.beta = self.links(comm, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
+        comm, region, rank, mb, src_rank, dst_rank = a.once("transfers", lambda: _transfers(a, self.coll_idx))
+        self.coll_flat = (a.slab_hi[region, rank] - 1) * M + mb
+        self.alpha, self.beta = self.links(comm, src_rank, dst_rank)
         self.reduce_idx = a.at(REDUCE)
-        self._reduces = list(zip(self.reduce_idx.tolist(), plan.order.events_at(self.reduce_idx)))
+        self._reduces = a.once("reduces", lambda: list(zip(self.reduce_idx.tolist(),
+                                                           plan.order.events_at(self.reduce_idx))))
         self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
         self._overlap = None
         """The reduces' overlap with compute (:mod:`~mpipe_tune.cost.overlap`), compiled with them."""
@@ -115,13 +113,14 @@ class DurationModel:
         (0, 0) on one rank."""
         per_node = self.profile.devices_per_node
         inter = (src_rank * self.devices_per_rank) // per_node != (dst_rank * self.devices_per_rank) // per_node
-        alpha, beta = np.zeros(len(comm)), np.zeros(len(comm))
         cross = src_rank != dst_rank
-        for code, flag in set(zip(comm[cross].tolist(), inter[cross].tolist())):
-            link = self.profile.link(_LINK_OF_COMM[COMMS[code]], inter_node=flag)
-            at = cross & (comm == code) & (inter == flag)
-            alpha[at], beta[at] = link.alpha_s, link.beta_s_per_byte  # a point-to-point transfer: alpha + beta * n
-        return alpha, beta
+        pair = 2 * comm + inter  # (transfer kind, inter-node) as one code
+        alpha, beta = np.zeros(2 * len(COMMS) + 1), np.zeros(2 * len(COMMS) + 1)  # the last entry: on one rank
+        for code in np.flatnonzero(np.bincount(pair[cross], minlength=2 * len(COMMS))).tolist():
+            link = self.profile.link(_LINK_OF_COMM[COMMS[code // 2]], inter_node=bool(code % 2))
+            alpha[code], beta[code] = link.alpha_s, link.beta_s_per_byte  # a point-to-point transfer: alpha + beta * n
+        pair = np.where(cross, pair, 2 * len(COMMS))
+        return alpha[pair], beta[pair]
 
     def with_links(self, positions: np.ndarray, alpha: np.ndarray, beta: np.ndarray,
                    order_plan: Callable[[], Plan]) -> "DurationModel":
@@ -177,8 +176,17 @@ def estimate_durations(
 def _slab_indices(a: EventArrays, kind: int, M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The events of one compute kind, and the flat prefix-sum indices of their slab's end and start."""
     at = a.at(kind)
-    region, rank, mb = a.region[at], a.rank[at], a.mb[at]
+    region, rank, mb = a.once(("stages", kind), lambda: (a.region[at], a.rank[at], a.mb[at]))
     return at, a.slab_hi[region, rank] * M + mb, a.slab_lo[region, rank] * M + mb
+
+
+def _transfers(a: EventArrays, at: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Of the transfers ``at``: their kinds, the stage and microbatch of the tensor each carries (the source's
+    output for an activation, else the destination's output's gradient), and their source and destination ranks."""
+    forward = a.is_forward_transfer(at)
+    region = np.where(forward, a.region[at], a.other_region[at])
+    rank = np.where(forward, a.rank[at], a.other_rank[at])
+    return a.comm[at], region, rank, a.mb[at], a.rank[at], a.other_rank[at]
 
 
 def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, profile: HardwareProfile, options: CostOptions) -> float:

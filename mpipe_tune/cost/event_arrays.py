@@ -64,11 +64,12 @@ class EventArrays:
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
         """``make()``, made once per order object and shared by every plan of it (see :func:`_shared_by`):
         for what reads the order alone (its columns and the region and rank counts, never the slabs).
-        An array made here is read-only."""
+        An array made here (or in a tuple made here) is read-only."""
         if key not in self.shared:
             made = make()
-            if isinstance(made, np.ndarray):
-                made.flags.writeable = False
+            for array in made if isinstance(made, tuple) else (made,):
+                if isinstance(array, np.ndarray):
+                    array.flags.writeable = False
             self.shared[key] = made
         return self.shared[key]
 

@@ -113,33 +113,15 @@ class MemoryLayout:
     def __init__(self, plan: Plan, arrays: EventArrays | None = None) -> None:
         a = arrays or EventArrays.of(plan)
         M = plan.num_microbatches
-        # Saved activations: a forward whose stage has a backward for that microbatch.
-        forwards = a.at(FWD)
-        backward = a.index_of(BWD)[a.region[forwards], a.rank[forwards], a.mb[forwards]]
-        saved, backward = forwards[backward >= 0], backward[backward >= 0]
-        region, rank, mb = a.region[saved], a.rank[saved], a.mb[saved]
-        # Split backwards: the saved activations live until the weight gradients, and the Bwd's output
-        # gradients from the Bwd until then.
-        weights = a.at(WGRAD)
-        if len(weights):
-            last_use = a.index_of(WGRAD)[region, rank, mb]
-            backward = np.where(last_use >= 0, last_use, backward)
-        k_bwd = a.index_of(BWD)[a.region[weights], a.rank[weights], a.mb[weights]] if len(weights) else weights
-        k_region, k_rank, k_mb = a.region[weights], a.rank[weights], a.mb[weights]
-        # Stage outputs: from the producing forward until the transfer that ships them (a Send, or a
-        # Gather or Scatter into the next region).
-        shipped = np.flatnonzero(a.is_forward_transfer())
-        s_region, s_rank, s_mb = a.region[shipped], a.rank[shipped], a.mb[shipped]
         self.num_ranks = plan.num_ranks
-        self.num_saved = len(saved)
-        self.num_outputs = len(shipped)
-        self.rank = np.concatenate((rank, s_rank, k_rank))
-        self.alloc_event = np.concatenate((saved, a.index_of(FWD)[s_region, s_rank, s_mb], k_bwd))
-        self.free_event = np.concatenate((backward, shipped, weights))
-        self.hi = np.concatenate((a.slab_hi[region, rank] * M + mb, (a.slab_hi[s_region, s_rank] - 1) * M + s_mb,
-                                  a.slab_hi[k_region, k_rank] * M + k_mb))
-        self.lo = np.concatenate((a.slab_lo[region, rank] * M + mb, np.zeros(len(shipped), dtype=np.int64),
-                                  a.slab_lo[k_region, k_rank] * M + k_mb))
+        # Which tensors live when reads the order alone (once per order); their sizes read the slabs.
+        self.num_saved, self.num_outputs, region, self.rank, mb, self.alloc_event, self.free_event = a.once(
+            "live tensors", lambda: _live_tensors(a))
+        o = self.num_saved + self.num_outputs
+        self.hi = a.slab_hi[region, self.rank] * M + mb
+        self.hi[self.num_saved:o] -= M  # a stage output: the boundary entry of the slab's last layer
+        self.lo = a.slab_lo[region, self.rank] * M + mb
+        self.lo[self.num_saved:o] = 0
 
     def moved(self, positions: np.ndarray, ranks: np.ndarray) -> "MemoryLayout":
         """A copy whose tensors at ``positions`` live on new ``ranks`` (an owner change)."""
@@ -178,6 +160,31 @@ class MemoryLayout:
             peak_bytes=tuple(s + a for s, a in zip(static, peaks)),
             capacity_bytes=capacity_bytes,
         )
+
+
+def _live_tensors(a: EventArrays) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The tensors of :class:`MemoryLayout`: how many are saved activations and stage outputs, and per
+    tensor the region, rank and microbatch of its stage and the events that allocate and free it."""
+    # Saved activations: a forward whose stage has a backward for that microbatch.
+    forwards = a.at(FWD)
+    backward = a.index_of(BWD)[a.region[forwards], a.rank[forwards], a.mb[forwards]]
+    saved, backward = forwards[backward >= 0], backward[backward >= 0]
+    region, rank, mb = a.region[saved], a.rank[saved], a.mb[saved]
+    # Split backwards: the saved activations live until the weight gradients, and the Bwd's output
+    # gradients from the Bwd until then.
+    weights = a.at(WGRAD)
+    if len(weights):
+        last_use = a.index_of(WGRAD)[region, rank, mb]
+        backward = np.where(last_use >= 0, last_use, backward)
+    k_bwd = a.index_of(BWD)[a.region[weights], a.rank[weights], a.mb[weights]] if len(weights) else weights
+    k_region, k_rank, k_mb = a.region[weights], a.rank[weights], a.mb[weights]
+    # Stage outputs: from the producing forward until the transfer that ships them (a Send, or a
+    # Gather or Scatter into the next region).
+    shipped = np.flatnonzero(a.is_forward_transfer())
+    s_region, s_rank, s_mb = a.region[shipped], a.rank[shipped], a.mb[shipped]
+    return (len(saved), len(shipped), np.concatenate((region, s_region, k_region)), np.concatenate((rank, s_rank, k_rank)),
+            np.concatenate((mb, s_mb, k_mb)), np.concatenate((saved, a.index_of(FWD)[s_region, s_rank, s_mb], k_bwd)),
+            np.concatenate((backward, shipped, weights)))
 
 
 def prefix_sums(per_layer: np.ndarray) -> np.ndarray:
