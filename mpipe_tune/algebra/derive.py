@@ -400,38 +400,61 @@ def rank_slabs(schedule: Schedule, chunk: int, start: int, counts: Sequence[int]
     return slabs[::-1] if chunk in _reversed_chunks(skeleton) else slabs
 
 
-def _rank_events(rank: int, program: programs.Program, sharded: Sequence[int], source: RegionPlacement | None,
-                 gates: StageGates, last: Unit, flow: _Flow, barrier: int) -> tuple[int, ...]:
-    """A rank's event list (as indices: ``flow.events``, then the barrier): its encodes, its program's forwards (the loss
-    after the last stage's), gated backwards and weight gradients (split skeletons), its encoder cooldown, its
-    reduces and the barrier."""
-    seq: list[int] = []
-    mine = source.owner.microbatches_of(rank) if source else ()
+_OPS = "FBW"  # a program step's op by its code in :func:`_programs`
+
+
+@lru_cache(maxsize=64)
+def _programs(skeleton: Skeleton, P: int, M: int, v: int) -> tuple[np.ndarray, ...]:
+    """Every rank's program (:func:`rank_program`), rank after rank, as columns: rank, op (its code in
+    :data:`_OPS`), chunk, mb. A pure function of its arguments, kept for the last 64 of them."""
+    steps = [(r, _OPS.index(op), chunk, m) for r in range(P) for op, chunk, m in rank_program(skeleton, r, P, M, v)]
+    columns = np.array(steps, dtype=np.int64).reshape(-1, 4).T.copy()
+    columns.flags.writeable = False
+    return tuple(columns)
+
+
+def _rank_events(skeleton: Skeleton, P: int, M: int, sharded: Sequence[int], source: RegionPlacement | None,
+                 gates: StageGates, flow: _Flow, barrier: int) -> tuple[tuple[int, ...], ...]:
+    """Each rank's event list (as indices: ``flow.events``, then the barrier): its encodes, its program's forwards
+    (the loss after the last stage's), gated backwards and weight gradients (split skeletons), its encoder cooldown,
+    its reduces and the barrier. The programs are lowered to event indices for every rank at once: a step runs
+    template event ``column[rank, op, chunk]`` (-1: none, a gated backward) as it is in its microbatch."""
+    rank, op, chunk, mb = _programs(skeleton, P, M, len(sharded))
+    column = np.full((P, len(_OPS), len(sharded)), -1, dtype=np.int64)
+    for r in range(P):
+        for c, j in enumerate(sharded):
+            column[r, 0, c] = flow.template[Fwd(j, r, 0)]
+            if gates.has_bwd[(j, r)]:
+                column[r, 1, c] = flow.template[Bwd(j, r, 0)]
+            column[r, 2, c] = flow.template.get(Wgrad(j, r, 0), -1)
+    k = column[rank, op, chunk]
+    steps = np.full((len(k), 2), -1, dtype=np.int64)  # per step: its event, then the loss after the last forward
+    steps[:, 0] = np.where(k >= 0, flow.ids[mb, k], -1)
+    last_stage, last_rank = gates.chain[-1]
+    if last_stage == sharded[-1]:
+        loss = (op == 0) & (chunk == len(sharded) - 1) & (rank == last_rank)
+        steps[loss, 1] = flow.ids[mb[loss], flow.template[Loss(0)]]
+    keep = (steps >= 0).ravel()
+    steps, of_rank = steps.ravel()[keep], np.repeat(rank, 2)[keep]
+    bounds = np.searchsorted(of_rank, np.arange(P + 1)).tolist()
+    steps = steps.tolist()
     if source:
-        encode = flow.per_microbatch(Fwd(source.region, source.owner.owners[0], 0))
-        seq.extend(encode[m] for m in mine)
-    fwd = [flow.per_microbatch(Fwd(j, rank, 0)) for j in sharded]
-    bwd = [flow.per_microbatch(Bwd(j, rank, 0)) if gates.has_bwd[(j, rank)] else None for j in sharded]
-    weights = [flow.per_microbatch(Wgrad(j, rank, 0)) if Wgrad(j, rank, 0) in flow.template else None
-               for j in sharded]
-    loss = flow.per_microbatch(Loss(0)) if (sharded[-1], rank) == last else None
-    for op, chunk, m in program:
-        if op == "F":
-            seq.append(fwd[chunk][m])
-            if loss is not None and chunk == len(sharded) - 1:
-                seq.append(loss[m])
-        elif op == "B" and bwd[chunk] is not None:
-            seq.append(bwd[chunk][m])
-        elif op == "W" and weights[chunk] is not None:
-            seq.append(weights[chunk][m])
-    if gates.source_bwd:
-        encoder_bwd = flow.per_microbatch(Bwd(source.region, source.owner.owners[0], 0))
-        seq.extend(encoder_bwd[m] for m in mine)
-    if gates.replica_reduce is not None:
-        seq.append(flow.index_of(gates.replica_reduce))
-    seq.extend(flow.index_of(DpReduce(j, Group.DATA, rank)) for j in sharded if gates.reduces[(j, rank)])
-    seq.append(barrier)
-    return tuple(seq)
+        owners = source.owner.owners
+        encode = flow.per_microbatch(Fwd(source.region, owners[0], 0))
+        encoder_bwd = flow.per_microbatch(Bwd(source.region, owners[0], 0)) if gates.source_bwd else None
+    nodes = []
+    for r in range(P):
+        mine = source.owner.microbatches_of(r) if source else ()
+        seq = [encode[m] for m in mine]
+        seq += steps[bounds[r]:bounds[r + 1]]
+        if gates.source_bwd:
+            seq += [encoder_bwd[m] for m in mine]
+        if gates.replica_reduce is not None:
+            seq.append(flow.index_of(gates.replica_reduce))
+        seq.extend(flow.index_of(DpReduce(j, Group.DATA, r)) for j in sharded if gates.reduces[(j, r)])
+        seq.append(barrier)
+        nodes.append(tuple(seq))
+    return tuple(nodes)
 
 
 def _build_order(
@@ -467,20 +490,16 @@ def _order(schedule: Schedule, P: int, M: int, replicated: tuple[RegionPlacement
     source = replicated[0] if replicated and replicated[0].region == 1 else None  # source_of
     sharded = [j for j, s in enumerate(schedule.skeletons, start=1) if s.layout is Layout.SHARDED]
     owners = replicated[0].owner.owners if replicated else ()
-    v = len(sharded)
     skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
     stages = wavefront_stages(skeleton, sharded, P)
     gates = gates_of(chain, bits, source.region if source else None)
 
-    template = _Builder()
-    _microbatch_edges(template, 0, gates, owners, skeleton.splits_backward)
+    template = _template(chain, bits, source.region if source else None, owners[:1], skeleton.splits_backward)
     flow = _every_microbatch(template, M, owners, frozenset(p.region for p in replicated))
     barrier = len(flow.rows)
     reduces = [flow.index_of(e) for e in template.events if isinstance(e, DpReduce)]
 
-    nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, gates.chain[-1],
-                               flow, barrier)
-                  for r in range(P))
+    nodes = _rank_events(skeleton, P, M, sharded, source, gates, flow, barrier)
     encoder_backward.validate(M, gates.source_bwd)
     inner = [p for p in replicated if p.region > 1]  # Plan.inner_transposes
     if gates.source_bwd and not encoder_backward.is_cooldown:
@@ -575,13 +594,42 @@ _REGION, _RANK, _MB, _OTHER_REGION, _OTHER_RANK = 1, 2, 3, 5, 6  # columns of an
 _EDGE_CODES = {kind: code for code, kind in enumerate(EDGE_KINDS)}
 
 
-def _every_microbatch(template: _Builder, M: int, owners: Sequence[int], replicated: frozenset[int]) -> _Flow:
+@dataclass(frozen=True)
+class _Template:
+    """Microbatch 0's dataflow (:func:`_microbatch_edges`): its events in order of first use, as objects
+    and as rows, and its edges as index columns with their kinds' codes."""
+
+    events: list[Event]
+    index: dict[Event, int]
+    rows: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    kinds: np.ndarray
+
+
+@lru_cache(maxsize=64)
+def _template(chain: tuple[Unit, ...], bits: tuple[bool, ...], source_region: int | None, first_owner: tuple[int, ...],
+              split: bool) -> _Template:
+    """Microbatch 0's dataflow along ``chain`` with its units' trainable ``bits``, its Replicated units run by
+    ``first_owner`` (microbatch 0's owner, or none); ``split``: split backwards. A pure function of its
+    arguments, kept for the last 64 of them."""
+    b = _Builder()
+    _microbatch_edges(b, 0, gates_of(chain, bits, source_region), first_owner, split)
+    src, dst = np.array(list(b.edges), dtype=np.int64).reshape(-1, 2).T
+    kinds = np.fromiter(map(_EDGE_CODES.__getitem__, b.edges.values()), dtype=np.int64, count=len(b.edges))
+    rows = event_rows(b.events)
+    for a in (rows, src, dst, kinds):
+        a.flags.writeable = False
+    return _Template(b.events, b.index, rows, src, dst, kinds)
+
+
+def _every_microbatch(template: _Template, M: int, owners: Sequence[int], replicated: frozenset[int]) -> _Flow:
     """Microbatch 0's dataflow (``template``) repeated for microbatches 0..M-1, as derive would add them one
     microbatch after another: every microbatch has the same events and edges but its own ``mb`` and, on
     the ``replicated`` regions, its own owner: the rank of a stage event there, and the end there of a
     transfer (a transfer has at most one such end: normal form puts no two Replicated regions side by
     side). Only the reduces are shared, first met in microbatch 0."""
-    first = event_rows(template.events)
+    first = template.rows
     shared = first[:, 0] == REDUCE
     own = np.flatnonzero(~shared)
     width = len(own)
@@ -600,12 +648,10 @@ def _every_microbatch(template: _Builder, M: int, owners: Sequence[int], replica
         on = is_replicated[regions]
         rest[:, on[:, 0], _RANK] = owner
         rest[:, on[:, 1] & (per_mb[:, 0] == COLL), _OTHER_RANK] = owner
-    t_src, t_dst = np.array(list(template.edges), dtype=np.int64).reshape(-1, 2).T
+    t_src, t_dst = template.src, template.dst
     assert not (shared[t_src] & shared[t_dst]).any(), "every edge has a per-microbatch end"
-    kinds = np.fromiter(map(_EDGE_CODES.__getitem__, template.edges.values()), dtype=np.int64,
-                        count=len(template.edges))
     return _Flow(np.concatenate((first, rest.reshape(-1, first.shape[1]))), ids[:, t_src].ravel(),
-                 ids[:, t_dst].ravel(), np.tile(kinds, M), template.index, ids)
+                 ids[:, t_dst].ravel(), np.tile(template.kinds, M), template.index, ids)
 
 
 def _sequence_edges(nodes: Sequence[Sequence[int]], src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
