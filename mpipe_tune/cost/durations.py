@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -156,7 +157,7 @@ class DurationModel:
     def reduce_seconds(self, table: LayerTable) -> np.ndarray:
         """Seconds of each reduce (aligned with :attr:`reduce_idx`): parameter counts only, so once."""
         if self._reduce_s is None:
-            reduce_options = replace(self.options, grad_bytes_per_param=float(self.options.grad_reduce_bytes()))
+            reduce_options = _reduce_options(self.options)
             self._reduce_s = np.array([_reduce_s(self.plan, e, self.model, table, self.profile, reduce_options)
                                        for _, e in self._reduces], dtype=float)
             # The overlap only moves data-parallel reduce time around: without any, there is none.
@@ -202,7 +203,8 @@ def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, prof
         return encoder_s + _reduce_s(plan, event, model, replace(table, layer_replicas=None, param_count=np.where(
             table.layer_replicas > 1, 0.0, table.param_count)), profile, options)
     params = float(table.param_count[start:stop][trainable].sum()) / options.tp_degree
-    experts = float(table.expert_params()[start:stop][trainable].sum()) / options.tp_degree
+    experts = (0.0 if table.expert_param_count is None
+               else float(table.expert_param_count[start:stop][trainable].sum()) / options.tp_degree)
     if event.group is Group.DATA and options.ep_degree > 1 and experts > 0:
         dense = _all_reduce_s(profile, (params - experts) * options.grad_bytes_per_param, ranks,
                               options.tp_degree * ranks)
@@ -217,6 +219,12 @@ def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, prof
         group_size = ranks
         span_devices = options.tp_degree * ranks
     return _all_reduce_s(profile, size_bytes, group_size, span_devices)
+
+
+@lru_cache(maxsize=64)
+def _reduce_options(options: CostOptions) -> CostOptions:
+    """The options a reduce is timed with: gradients in their reduce dtype."""
+    return replace(options, grad_bytes_per_param=float(options.grad_reduce_bytes()))
 
 
 def _all_reduce_s(profile: HardwareProfile, size_bytes: float, group_size: int, span_devices: int) -> float:
