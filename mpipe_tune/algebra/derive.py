@@ -36,7 +36,6 @@ import gc
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
-from itertools import chain
 from dataclasses import dataclass
 
 import numpy as np
@@ -514,12 +513,12 @@ def _order(schedule: Schedule, P: int, M: int, replicated: tuple[RegionPlacement
         nodes = _place_owned(nodes, flow, barrier, placement, gates, inner)
     src = np.concatenate((flow.src, reduces)).astype(np.int64)
     dst = np.concatenate((flow.dst, [barrier] * len(reduces))).astype(np.int64)
-    seq_src, seq_dst = _sequence_edges(nodes, src, dst)
+    seq_src, seq_dst = sequence_edges(nodes, src, dst)
     src, dst = np.concatenate((src, seq_src)), np.concatenate((dst, seq_dst))
     kinds = np.concatenate((flow.kinds, np.full(len(reduces) + len(seq_src), _SEQUENCE, dtype=np.int64)))
     rows = np.concatenate((flow.rows, [[BARRIER] + [-1] * 7])).T.copy()  # one contiguous row per column
 
-    topo = _sorted(len(rows[0]), src, dst)
+    topo = sort_topologically(len(rows[0]), src, dst)
     assert topo is not None, "derive built a cyclic order"
     columns = OrderColumns(*rows, src, dst, kinds, tuple(np.array(n, dtype=np.int64) for n in nodes), topo)
     return Order.from_columns(columns, nodes=nodes)
@@ -654,9 +653,9 @@ def _every_microbatch(template: _Template, M: int, owners: Sequence[int], replic
                  ids[:, t_dst].ravel(), np.tile(template.kinds, M), template.index, ids)
 
 
-def _sequence_edges(nodes: Sequence[Sequence[int]], src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sequence_edges(nodes: Sequence[Sequence[int]], src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each rank's Sequence edges (consecutive events, rank after rank) that no earlier edge joins already."""
-    flat = np.fromiter(chain.from_iterable(nodes), dtype=np.int64, count=sum(map(len, nodes)))
+    flat = np.concatenate([np.asarray(n, dtype=np.int64) for n in nodes])
     last = np.cumsum([len(n) for n in nodes]) - 1
     joined = np.ones(len(flat), dtype=bool)
     joined[last] = False  # a rank's last event starts no Sequence edge
@@ -681,11 +680,11 @@ def topological_order(num_events: int, edges: Sequence[tuple[int, int, EdgeKind]
 
 def _kahn(num_events: int, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
     """:func:`topological_order` over edge columns."""
-    topo = _sorted(num_events, src, dst)
+    topo = sort_topologically(num_events, src, dst)
     return None if topo is None else topo.tolist()
 
 
-def _sorted(num_events: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
+def sort_topologically(num_events: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
     """:func:`topological_order` over edge columns, as an array: the ready events are a stack, initially
     every source with the lowest index on top; an event's successors are released in the order of its
     edges. The loop is compiled (:mod:`mpipe_tune.algebra.kernels`)."""

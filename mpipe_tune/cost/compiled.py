@@ -36,12 +36,14 @@ from functools import cached_property
 import numpy as np
 
 from mpipe_tune.algebra import encoder_backward as encoder_backwards
-from mpipe_tune.algebra.derive import Order, Owners, Plan, collector_paused, derive, topological_order
+from mpipe_tune.algebra.derive import (
+    Order, Owners, Plan, collector_paused, derive, sequence_edges, sort_topologically,
+)
 from mpipe_tune.algebra.encoder_backward import BackboneSteps, plan_steps
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch, validate_owners
-from mpipe_tune.algebra.plan import replicated_of
+from mpipe_tune.algebra.plan import EDGE_KINDS, OrderColumns, replicated_of
 from mpipe_tune.cost.durations import DurationModel, TableSums
 from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, REDUCE, EventArrays
 from mpipe_tune.cost.layers import CostOptions, LayerTable
@@ -262,16 +264,23 @@ class _OwnerMoves:
         return out
 
     def plan(self, retimed: CompiledPlan) -> Plan:
-        """The plan derive builds for ``retimed``'s owners, from the re-timed arrays: the same events
-        with their new ranks, the kept edges and then each rank's Sequence edges in derive's order."""
+        """The plan derive builds for ``retimed``'s owners, from the re-timed arrays: the derived events'
+        columns with the moved events on their new ranks, the kept edges and then each rank's Sequence
+        edges in derive's order (:func:`~mpipe_tune.algebra.derive.sequence_edges`)."""
         derived = retimed.derived
-        kinds = [kind for (_, _, kind), keep in zip(derived.order.edges, self.keep.tolist()) if keep]
-        edges = dict(zip(zip(self.edge_src.tolist(), self.edge_dst.tolist()), kinds))
-        for nodes in retimed.order.nodes:
-            for pair in zip(nodes[:-1].tolist(), nodes[1:].tolist()):
-                edges.setdefault(pair, EdgeKind.SEQUENCE)
-        edges = tuple((s, t, kind) for (s, t), kind in edges.items())
-        topo = topological_order(len(derived.order.events), edges)
-        order = Order(retimed.events(), edges, tuple(tuple(n.tolist()) for n in retimed.order.nodes), tuple(topo))
+        c = derived.order.columns
+        owner = np.array(retimed.owners, dtype=np.int64)
+        rank, other_rank = c.rank.copy(), c.other_rank.copy()
+        runs = np.concatenate((self.encode, self.encoder_bwd, self.gather))  # run on or leave the owner
+        runs = runs[runs >= 0]
+        rank[runs] = owner[c.mb[runs]]
+        other_rank[self.scatter] = owner[c.mb[self.scatter]]  # reach the owner
+        nodes = retimed.order.nodes
+        seq_src, seq_dst = sequence_edges(nodes, self.edge_src, self.edge_dst)
+        src, dst = np.concatenate((self.edge_src, seq_src)), np.concatenate((self.edge_dst, seq_dst))
+        kinds = np.concatenate((c.edge_kind[self.keep], np.full(len(seq_src), EDGE_KINDS.index(EdgeKind.SEQUENCE))))
+        topo = sort_topologically(len(c.kind), src, dst)
+        order = Order.from_columns(OrderColumns(c.kind, c.region, rank, c.mb, c.comm, c.other_region, other_rank,
+                                                c.group, src, dst, kinds, tuple(n.copy() for n in nodes), topo))
         first = replace(derived.placement[0], owner=ByMicrobatch(retimed.owners))
         return replace(derived, placement=(first, *derived.placement[1:]), order=order)
