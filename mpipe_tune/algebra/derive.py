@@ -437,13 +437,15 @@ def _rank_events(skeleton: Skeleton, P: int, M: int, sharded: Sequence[int], sou
     steps, of_rank = steps.ravel()[keep], np.repeat(rank, 2)[keep]
     bounds = np.searchsorted(of_rank, np.arange(P + 1)).tolist()
     steps = steps.tolist()
+    owned: list[list[int]] = [[] for _ in range(P)]  # per rank, the microbatches it owns, in increasing order
     if source:
         owners = source.owner.owners
         encode = flow.per_microbatch(Fwd(source.region, owners[0], 0))
         encoder_bwd = flow.per_microbatch(Bwd(source.region, owners[0], 0)) if gates.source_bwd else None
+        for m, r in enumerate(owners):
+            owned[r].append(m)
     nodes = []
-    for r in range(P):
-        mine = source.owner.microbatches_of(r) if source else ()
+    for r, mine in enumerate(owned):
         seq = [encode[m] for m in mine]
         seq += steps[bounds[r]:bounds[r + 1]]
         if gates.source_bwd:
