@@ -9,17 +9,26 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
 3. :func:`stage_gates`: the same gates per unit of the step's chain (each Replicated region, each
    Sharded stage), in input-to-loss order;
 4. :func:`_microbatch_edges`: one microbatch's activation, turnaround, gradient and accumulate edges,
-   built for microbatch 0 and repeated for every microbatch as index arrays by :func:`_every_microbatch`
-   (a skeleton that splits its backwards, ``zb1p`` and ``zbv``, adds ``Bwd -> Wgrad -> reduce`` for
-   every stage that reduces, in place of ``Bwd -> reduce``);
+   built for microbatch 0 and repeated for every microbatch as event rows and edge index columns by
+   :func:`_every_microbatch` (a skeleton that splits its backwards, ``zb1p`` and ``zbv``, adds
+   ``Bwd -> Wgrad -> reduce`` for every stage that reduces, in place of ``Bwd -> reduce``);
 5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
-   skeleton: a new skeleton is one entry there), lowered to its event indices by :func:`_rank_events`;
+   skeleton: a new skeleton is one entry there), lowered to its event indices for every rank at once by
+   :func:`_rank_events`;
    its owned encoder backwards then move where the placement puts them
    (:func:`mpipe_tune.algebra.encoder_backward.arrange`; the cooldown leaves them where they are);
    an interior or sink transpose's events are then placed into their owners' lists where their data
    arrives (:func:`mpipe_tune.algebra.transpose_order.place_owned_events`);
    the stages' wavefront order is :func:`wavefront_stages` (``zbv``'s second region in a V);
-6. :func:`topological_order`: a deadlock-free execution of the graph.
+6. :func:`topological_order`: a deadlock-free execution of the graph (Kahn's, compiled).
+
+The order is built as columns (:class:`~mpipe_tune.algebra.plan.OrderColumns`): the event, edge and
+list tuples of :class:`~mpipe_tune.algebra.plan.Order` are made from them on first use, and the cost
+model compiles the columns without them. Steps 3-6 read the placement only through the owner map and
+the units' trainable bits (not the Sharded slabs, except around an interior or sink transpose), so
+:func:`_order` keeps the last orders it built by those inputs: candidates that differ only in their
+slabs (as a search's do) share one order object. Microbatch 0's dataflow and the programs are kept
+the same way, as pure functions of their arguments.
 
 Every Replicated region of a schedule (a source, interior or sink transpose) shares the one owner map
 ``Owners.microbatch``: microbatch ``m``'s work in each of them runs on rank ``owners[m]``. One map is

@@ -5,7 +5,9 @@ Collective events (Gather, Scatter, Send, RecvGrad) occupy links, not ranks, so 
 graph but in no rank's list; compute events, the loss, reduces and the step barrier occupy ranks.
 Consecutive events of one rank are joined by Sequence edges, so a topological order of the graph is
 a deadlock-free execution. These are plain frozen values: the cost model times them, the runtime
-interprets them, the plan file stores them; none of them holds seconds.
+interprets them, the plan file stores them; none of them holds seconds. An order is also its integer
+columns (:class:`OrderColumns`), which derive builds and the cost model compiles; each view is made
+from the other on first use.
 """
 
 from __future__ import annotations
