@@ -701,8 +701,5 @@ def sort_topologically(num_events: int, src: np.ndarray, dst: np.ndarray) -> np.
     edges. The loop is compiled (:mod:`mpipe_tune.algebra.kernels`)."""
     from mpipe_tune.algebra.kernels import topological_order as compiled  # numba: imported on first use
 
-    by_source = np.argsort(src, kind="stable")
-    ptr = np.zeros(num_events + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=num_events), out=ptr[1:])
-    topo = compiled(num_events, ptr, np.ascontiguousarray(dst[by_source], dtype=np.int64))
+    topo = compiled(num_events, np.ascontiguousarray(src, dtype=np.int64), np.ascontiguousarray(dst, dtype=np.int64))
     return topo if len(topo) == num_events else None

@@ -14,12 +14,22 @@ import numpy as np
 
 
 @numba.njit(cache=True, nogil=True)
-def topological_order(num_events, succ_ptr, succ_idx):
-    """Kahn's algorithm over a successor list (event ``i``'s successors are
-    ``succ_idx[succ_ptr[i]:succ_ptr[i + 1]]``); fewer than ``num_events`` entries means a cycle."""
+def topological_order(num_events, src, dst):
+    """Kahn's algorithm over edge columns (edge ``k`` is ``src[k] -> dst[k]``); fewer than ``num_events``
+    entries means a cycle."""
+    # Successor lists: the edges counting-sorted by source, each list in edge order.
+    succ_ptr = np.zeros(num_events + 1, dtype=np.int64)
+    for k in range(src.shape[0]):
+        succ_ptr[src[k] + 1] += 1
+    for i in range(num_events):
+        succ_ptr[i + 1] += succ_ptr[i]
+    fill = succ_ptr[:-1].copy()
+    succ_idx = np.empty(src.shape[0], dtype=np.int64)
     indegree = np.zeros(num_events, dtype=np.int64)
-    for j in range(succ_idx.shape[0]):
-        indegree[succ_idx[j]] += 1
+    for k in range(src.shape[0]):
+        succ_idx[fill[src[k]]] = dst[k]
+        fill[src[k]] += 1
+        indegree[dst[k]] += 1
     ready = np.empty(num_events, dtype=np.int64)
     top = 0
     for i in range(num_events - 1, -1, -1):

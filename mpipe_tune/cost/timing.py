@@ -60,10 +60,8 @@ class CompiledOrder:
                     encode: np.ndarray, first_forward: np.ndarray, has_source: bool) -> "CompiledOrder":
         """An order given as edges and per-rank event lists (its topological order computed here)."""
         out = cls.__new__(cls)
-        by_source = np.argsort(src, kind="stable")
-        succ_ptr = np.zeros(num_events + 1, dtype=np.int64)
-        np.cumsum(np.bincount(src, minlength=num_events), out=succ_ptr[1:])
-        topo = topological_order(num_events, succ_ptr, np.ascontiguousarray(dst[by_source]))
+        topo = topological_order(num_events, np.ascontiguousarray(src, dtype=np.int64),
+                                 np.ascontiguousarray(dst, dtype=np.int64))
         assert len(topo) == num_events, "a cyclic order"
         out._build(num_events, src, dst, nodes, topo, encode, first_forward, has_source)
         return out
