@@ -35,8 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpipe_tune.algebra.plan import Plan
-from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Group, Wgrad
+from mpipe_tune.algebra.plan import BWD, FWD, GROUPS, REDUCE, WGRAD, Plan
+from mpipe_tune.algebra.events import DpReduce, Group
+
+_COMPUTE = (FWD, BWD, WGRAD)
 
 
 def exposed_reduce_s(ready_before_end_s, last_backward_s, reduce_s, bucket_share) -> float:
@@ -86,21 +88,23 @@ class DataParallelOverlap:
 
     def __init__(self, plan: Plan, reduces: list[tuple[int, DpReduce]], slab_params: np.ndarray,
                  bucket_params: float, sharded_optimizer: bool) -> None:
-        events = plan.order.events
+        c = plan.order.columns  # the events' kinds, regions and groups: no event objects needed
+        kind, region, group = c.kind.tolist(), c.region.tolist(), c.group.tolist()
+        data = GROUPS.index(Group.DATA)
         self.reduce_idx = np.array([i for i, _ in reduces], dtype=np.int64)
         self.share = np.minimum(1.0, bucket_params / np.maximum(slab_params, 1.0))
         self.sharded_optimizer = sharded_optimizer
         self.ranks: list[_RankReduces] = []
         position = {i: k for k, (i, _) in enumerate(reduces)}
         for ids in plan.order.nodes:
-            compute = [i for i in ids if isinstance(events[i], (Fwd, Bwd, Wgrad))]
+            compute = [i for i in ids if kind[i] in _COMPUTE]
             entries = []
             for i in ids:
-                if not (isinstance(events[i], DpReduce) and events[i].group is Group.DATA):
+                if not (kind[i] == REDUCE and group[i] == data):
                     continue
-                mine = [p for p, e in enumerate(compute) if events[e].region == events[i].region]
-                backwards = [p for p in mine if isinstance(events[compute[p]], (Bwd, Wgrad))] or mine
-                forwards = [p for p in mine if isinstance(events[compute[p]], Fwd)]
+                mine = [p for p, e in enumerate(compute) if region[e] == region[i]]
+                backwards = [p for p in mine if kind[compute[p]] != FWD] or mine
+                forwards = [p for p in mine if kind[compute[p]] == FWD]
                 entries.append((backwards[-1], position[i], forwards[0]))
             if entries:
                 entries.sort()
