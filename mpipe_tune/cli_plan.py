@@ -81,6 +81,7 @@ def _space_options(args: argparse.Namespace):
               "sequence_parallel": {"off": (False,), "on": (True,), "search": (False, True)}[args.sequence_parallel],
               "encoder_tp": args.encoder_tp == "search"}
     return SpaceOptions(skeletons=skeletons, max_chunks=args.max_chunks, cut_window=args.cut_window,
+                        interior_transpose=args.interior_transpose,
                         owner_policies=owners, max_microbatches=args.max_microbatches, recompute=recompute,
                         ep=ep, cp=_int_list(args.cp, "--cp"), **memory, **pins,
                         encoder_backward=PLACEMENTS if args.encoder_backward == "search" else (args.encoder_backward,))
@@ -170,6 +171,9 @@ class Plan(Command):
         s.add_argument("--max-chunks", type=int, default=2, help="most interleaved Sharded regions per rank (default 2)")
         s.add_argument("--cut-window", type=int, default=1,
                        help="layers either side of the encoder/backbone seam a transpose cut may move (default 1)")
+        s.add_argument("--interior-transpose", action="store_true",
+                       help="also search schedules that transpose the projector between a Sharded encoder and a "
+                            "Sharded backbone (1f1b,transpose,1f1b and the like; off by default)")
         s.add_argument("--owners", default="round-robin,greedy,optimal", help="owner policies to search")
         s.add_argument("--encoder-backward", default="cooldown", choices=("cooldown", "earliest", "optimised", "search"),
                        help="where ranks run the trainable transposed encoder's backwards: cooldown (default), "
