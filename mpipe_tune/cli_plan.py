@@ -212,6 +212,9 @@ class Plan(Command):
         problem, frozen = _problem(args)
         evaluator = Evaluator(problem)
         space = SearchSpace(problem, evaluator.reference_weights(), _space_options(args))
+        if args.interior_transpose and not any(SearchSpace.interior(s) for s in space.family):
+            print(f"mpipe-tune plan: note: model '{problem.model.name}' has no projector layers between its encoder "
+                  f"and its backbone, so --interior-transpose adds no schedule", file=sys.stderr)
         current = None
         if args.current is not None:  # checked, derived and predicted before the search
             current = evaluator.evaluate(parse_layout(args.current, space, label=compare.CURRENT))
