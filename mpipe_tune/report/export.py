@@ -201,8 +201,9 @@ def export_plan(record: dict[str, Any], plan: Plan, model: Model, *, name: str =
     if moved:
         raise MpipeError(f"plan '{name}' runs {moved} encoder backward(s) on other ranks than their owners (full "
                          f"recomputation), which no export writes (hyper-parallel's Mpipe schedule runs each on its "
-                         f"owner); export the file's '{MPIPE_RR}' baseline (--plan {MPIPE_RR}), or re-plan with "
-                         f"--encoder-backward cooldown, or run this one with 'mpipe-tune run'")
+                         f"owner); " + (f"export the file's '{MPIPE_RR}' baseline (--plan {MPIPE_RR}), " if MPIPE_RR
+                                        in names else "") + "re-plan with --encoder-backward cooldown, or run "
+                         "this one with 'mpipe-tune run'")
     if beyond:
         raise MpipeError(f"plan '{name}' uses {', '.join(beyond)}; export writes pp x dp x tp plans with no or full "
                          f"recomputation and the encoder at the plan's tp; re-plan with --ep 1 --cp 1 (no sequence "
