@@ -14,8 +14,9 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
    every stage that reduces, in place of ``Bwd -> reduce``);
 5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
    skeleton: a new skeleton is one entry there), lowered to its event indices by :func:`_rank_events`;
-   its owned encoder backwards then move where the placement puts them
-   (:func:`mpipe_tune.algebra.encoder_backward.arrange`; the cooldown leaves them where they are);
+   its owned encoder backwards then move where the placement puts them, on their owners or, under
+   recomputation, on other ranks (:func:`mpipe_tune.algebra.encoder_backward.arrange`,
+   :func:`~mpipe_tune.algebra.encoder_backward.moved_events`; the cooldown leaves them where they are);
    an interior or sink transpose's events are then placed into their owners' lists where their data
    arrives (:func:`mpipe_tune.algebra.transpose_order.place_owned_events`);
    the stages' wavefront order is :func:`wavefront_stages` (``zbv``'s second region in a V);
@@ -36,7 +37,7 @@ import gc
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from itertools import chain
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -443,13 +444,16 @@ def _build_order(
     nodes = tuple(_rank_events(r, rank_program(skeleton, r, P, M, v), sharded, source, gates, gates.chain[-1],
                                flow, barrier)
                   for r in range(P))
-    encoder_backward.validate(M, gates.source_bwd)
+    encoder_backward.validate(M, gates.source_bwd, P)
     inner = [p for p in replicated if p.region > 1]  # Plan.inner_transposes
     if gates.source_bwd and not encoder_backward.is_cooldown:
         if inner:
             raise NotSupportedError(
                 f"schedule '{schedule}': placing the encoder backwards ({encoder_backward.placement}) beside an "
                 f"interior or sink transpose is not supported yet; use the cooldown placement with this schedule")
+        if encoder_backward.ranks is not None:  # moved backwards: their events and Scatters on their new ranks
+            flow = replace(flow, events=encoder_backwards.moved_events(flow.events, encoder_backward.ranks,
+                                                                       source_region=source.region))
         nodes = encoder_backwards.arrange(
             encoder_backward, nodes, (*flow.events, StepBarrier()), flow.src, flow.dst, source_region=source.region,
             first_stage=stages[0], owners=source.owner.owners)

@@ -98,7 +98,8 @@ class DurationModel:
         region = np.where(forward, a.region[self.coll_idx], a.other_region[self.coll_idx])
         rank = np.where(forward, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
         self.coll_flat = (a.slab_hi[region, rank] - 1) * M + a.mb[self.coll_idx]
-        self.alpha, self.beta = self.links(comm, a.rank[self.coll_idx], a.other_rank[self.coll_idx])
+        self._comm, self._src_rank = comm, a.rank[self.coll_idx]
+        self.alpha, self.beta = self.links(comm, self._src_rank, a.other_rank[self.coll_idx])
         self.reduce_idx = np.flatnonzero(a.kind == REDUCE)
         self._reduces = [(i, plan.order.events[i]) for i in self.reduce_idx.tolist()]
         self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
@@ -133,6 +134,16 @@ class DurationModel:
         out.alpha[positions], out.beta[positions] = alpha, beta
         out.order_plan, out._reduce_s, out._overlap, out._update = order_plan, None, None, None
         return out
+
+    def transfer_seconds(self, table: TableSums, event: int, dst_ranks: np.ndarray) -> np.ndarray:
+        """Seconds of transfer ``event`` (an event index) were it to reach each of ``dst_ranks`` from its
+        source rank in the derived plan (zero on one rank): what moving its consumer to another rank
+        costs (a Scatter into the transposed region: its source, the first stage, moves with no owner map)."""
+        position = int(np.searchsorted(self.coll_idx, event))
+        assert self.coll_idx[position] == event, "a transfer event"
+        comm = np.full(len(dst_ranks), self._comm[position])
+        alpha, beta = self.links(comm, np.full(len(dst_ranks), self._src_rank[position]), np.asarray(dst_ranks))
+        return alpha + beta * table.boundary_bytes[self.coll_flat[position]]
 
     def durations(self, table: LayerTable | TableSums) -> np.ndarray:
         """Seconds per event, aligned with ``plan.order.events``."""
