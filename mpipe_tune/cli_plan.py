@@ -74,8 +74,8 @@ def _space_options(args: argparse.Namespace):
         if value < 1:
             raise MpipeError(f"{flag} is {value}, but it must be an integer >= 1")
     pins = {k: _int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None for k in ("pp", "tp", "dp")}
-    recompute = {"off": (False,), "on": (True,), "selective": ("selective",), "search": (False, True),
-                 "all": (False, "selective", True)}[args.recompute]
+    recompute = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), "selective": ("selective",),
+                 "search": (False, True), "all": (False, "selective", True)}[args.recompute]
     ep = None if args.ep == "search" else _int_list(args.ep, "--ep")
     memory = {"zero": {"0": (0,), "1": (1,), "search": (0, 1)}[args.zero],
               "sequence_parallel": {"off": (False,), "on": (True,), "search": (False, True)}[args.sequence_parallel],
@@ -143,9 +143,9 @@ class Plan(Command):
         g.add_argument("--seed", type=int, default=0, help="seed of the sampled steps and of the sampler (default 0)")
         g.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder")
         g.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
-        g.add_argument("--recompute", default="off", choices=("off", "on", "selective", "search", "all"),
-                       help="activation recomputation: off (default), on (full), selective (the attention core), "
-                            "search (off and on) or all (off, selective and on)")
+        g.add_argument("--recompute", default="off", choices=("off", "none", "on", "full", "selective", "search", "all"),
+                       help="activation recomputation: off (default; or none), on (full recomputation; or full), selective (the "
+                            "attention core), search (off and on) or all (off, selective and on)")
         add_framework_arguments(g)
         g.add_argument("--current", default=None, metavar="LAYOUT",
                        help="the layout you run today, shown as a row beside the best plan, e.g. "
