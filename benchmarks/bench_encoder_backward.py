@@ -7,7 +7,12 @@ without full recomputation) the cost model predicts, averaged over 4 sampled ste
   stage (:mod:`mpipe_tune.search.baselines`);
 - ``<transpose,1f1b>`` with round-robin owners (the ``mpipe-rr`` baseline) under each encoder
   backward placement: ``cooldown`` (the order before the choice existed), ``earliest`` (unit-time
-  steps) and ``optimised`` (slots chosen with the cost model on each sampled step).
+  steps) and ``optimised`` (slots chosen with the cost model on each sampled step; under full
+  recomputation it also moves encoder backwards to other ranks);
+- under full recomputation, ``optimised owners-only``: the same search with every encoder backward
+  kept on its owner (``optimise(..., other_ranks=False)`` on the evaluator's own compiled plan and
+  layer table of each step), so the two ``optimised`` rows differ only in the moves; ``moved`` is the
+  mean number of encoder backwards per step that ``optimised`` ran off their owners.
 
 Every figure is the cost model's prediction through the search's evaluator, the same numbers
 ``mpipe-tune plan`` ranks by; nothing is tuned toward a target.
@@ -26,7 +31,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from mpipe_tune.algebra.encoder_backward import PLACEMENTS
+from mpipe_tune.algebra.encoder_backward import OPTIMISED, PLACEMENTS, moved_count
+from mpipe_tune.cost.encoder_backward import optimise
 from mpipe_tune.search.baselines import baseline
 from mpipe_tune.search.evaluate import Evaluator
 from mpipe_tune.search.problem import Problem
@@ -50,26 +56,56 @@ def rows_of(model_name: str, profile: str, mix: str, P: int, recompute: bool) ->
         c = replace(c, recompute=recompute)
         start = time.perf_counter()
         e = evaluator.evaluate(c)
+        moved = [_moved(evaluator, c, k) for k in range(SAMPLES)] if c.encoder_backward == OPTIMISED else [0]
         out.append({"model": model_name, "profile": profile, "mix": mix, "P": P, "M": M,
                     "recompute": "full" if recompute else "off", "plan": name, "mean_s": e.mean_s,
                     "steps_s": list(e.makespans_s), "peak_gib": e.peak_bytes / 2**30, "fits": e.fits,
-                    "evaluate_s": time.perf_counter() - start})
+                    "evaluate_s": time.perf_counter() - start, "moved": float(np.mean(moved))})
+        if recompute and c.encoder_backward == OPTIMISED:
+            out.append(_owners_only(evaluator, c, out[-1]))
     ref = {r["plan"]: r["mean_s"] for r in out}
     for r in out:
         r["vs_megatron"] = ref["megatron"] / r["mean_s"]
         r["vs_disttrain"] = ref["disttrain"] / r["mean_s"]
         r["vs_cooldown"] = ref["transpose cooldown"] / r["mean_s"]
+        r["vs_owners_only"] = ref.get("transpose optimised owners-only", ref["transpose optimised"]) / r["mean_s"]
     return out
+
+
+def _moved(evaluator: Evaluator, c, sample: int) -> int:
+    """How many encoder backwards ``c``'s optimised placement ran off their owners on step ``sample``."""
+    choice = evaluator.encoder_backward_choice(c, sample)
+    owners = evaluator.owners(c, sample)
+    return 0 if choice is None else moved_count(choice.ranks, owners)
+
+
+def _owners_only(evaluator: Evaluator, c, moved_row: dict) -> dict:
+    """The row of ``c``'s optimised placement with every encoder backward on its owner, step by step on
+    the evaluator's compiled plan and layer tables (round-robin owners: derive's own map)."""
+    start = time.perf_counter()
+    compiled = evaluator.compiled(c, evaluator.slab_counts(c))
+    steps, peaks = [], []
+    for sample in range(SAMPLES):
+        _, table = evaluator.table(sample, c)
+        placed = compiled.with_encoder_backward(optimise(compiled, table, other_ranks=False).slots)
+        timeline = placed.timeline(table)
+        steps.append(timeline.makespan_s)
+        peaks.append(max(placed.memory(table, timeline).peak_bytes))
+    capacity = evaluator.problem.profile.memory_capacity_bytes
+    return dict(moved_row, plan="transpose optimised owners-only", mean_s=float(np.mean(steps)), steps_s=steps,
+                peak_gib=max(peaks) / 2**30, fits=max(peaks) <= capacity, evaluate_s=time.perf_counter() - start,
+                moved=0.0)
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| model / profile / mix | P | M | recompute | plan | step ms | vs megatron | vs disttrain | vs cooldown "
-             "| peak GiB | evaluate s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs owners-only optimised | moved per step | peak GiB | evaluate s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} / {r['profile']} / {r['mix']} | {r['P']} | {r['M']} | {r['recompute']} | "
                      f"{r['plan']} | {r['mean_s'] * 1e3:,.1f} | {r['vs_megatron']:.3f}x | {r['vs_disttrain']:.3f}x | "
-                     f"{r['vs_cooldown']:.3f}x | {r['peak_gib']:.1f}{'' if r['fits'] else ' (over)'} | "
-                     f"{r['evaluate_s']:.2f} |")
+                     f"{r['vs_cooldown']:.3f}x | {r['vs_owners_only']:.3f}x | {r['moved']:.2f} | "
+                     f"{r['peak_gib']:.1f}{'' if r['fits'] else ' (over)'} | {r['evaluate_s']:.2f} |")
     return "\n".join(lines)
 
 

@@ -363,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default=None, metavar="DIR",
                         help="reuse the profiles in DIR (fidelity-vm.json, fidelity-vm-4ranks.json) instead of "
                              "measuring them first")
+    parser.add_argument("--profile-dir", default=None, metavar="DIR",
+                        help="where measured profiles go (default benchmarks/profiles; a scratch folder with --quick)")
+    parser.add_argument("--only", default=None, metavar="WORDS",
+                        help="run only the plans whose label contains one of these comma-separated words, e.g. tp2")
+    parser.add_argument("--no-emulated", action="store_true", help="skip the emulated-compute rows")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="steps per plan and round (the first is warm-up)")
     parser.add_argument("--emulated-steps", type=int, default=4)
@@ -399,10 +404,18 @@ def main(argv: list[str] | None = None) -> int:
 
     base = load_model(str(MODEL_PATH))
     specs = [s for s in plan_specs(base) if not args.quick or s.label in QUICK]
+    if args.only:
+        words = [w.strip() for w in args.only.split(",") if w.strip()]
+        specs = [s for s in specs if any(w in s.label for w in words)]
+        if not specs:
+            raise SystemExit(f"--only {args.only!r}: no plan's label contains it; labels: "
+                             f"{', '.join(s.label for s in plan_specs(base))}")
     started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        profiles_dir = Path(args.profiles) if args.profiles else (folder if args.quick else PROFILE_DIR)
+        profiles_dir = (Path(args.profiles) if args.profiles else Path(args.profile_dir) if args.profile_dir
+                        else folder if args.quick else PROFILE_DIR)
+        profiles_dir.mkdir(parents=True, exist_ok=True)
         conditions: dict = {"profiles": [], "load_average_before": os.getloadavg()}
         for world in sorted({s.world for s in specs}):
             if args.profiles:
@@ -416,8 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         profiles = {world: profile_path(world, profiles_dir) for world in {s.world for s in specs}}
         plans = make_plans(folder, specs, profiles)
         # The emulated runs go first: they are short, and a failure there must not cost the real runs.
-        emulated = emulated_rows(folder, EMULATED_PPS[:1] if args.quick else EMULATED_PPS,
-                                 ("megatron", "mpipe-rr") if args.quick else EMULATED_BASELINES, args.emulated_steps)
+        emulated = {} if args.no_emulated else emulated_rows(
+            folder, EMULATED_PPS[:1] if args.quick else EMULATED_PPS,
+            ("megatron", "mpipe-rr") if args.quick else EMULATED_BASELINES, args.emulated_steps)
         runs: list[list[dict]] = [[] for _ in plans]
         started = time.perf_counter()
         for r in range(args.rounds):

@@ -58,9 +58,10 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ZeRO stage: 1 shards the optimizer state over the data-parallel ranks (default), 0 does not")
     parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism with --tp")
     add_framework_arguments(parser)
-    parser.add_argument("--recompute", nargs="?", const="full", default="none", choices=("none", "selective", "full"),
-                        help="activation recomputation: none (default), selective (the attention core) or full "
-                             "(--recompute alone)")
+    parser.add_argument("--recompute", nargs="?", const="full", default="none",
+                        choices=("none", "off", "selective", "full", "on"),
+                        help="activation recomputation: none (default; or off), selective (the attention core) or full "
+                             "(or on; --recompute alone), the words plan's --recompute takes too")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -82,7 +83,7 @@ def parse_candidate(args: argparse.Namespace, model, num_microbatches: int):
     candidate = Candidate(
         str(schedule), cut.boundaries, pp=args.pp, tp=args.tp, dp=args.dp, num_microbatches=num_microbatches,
         owner_policy="round-robin" if owner_map is None and "transpose" in str(schedule).split(",") else None,
-        recompute=args.recompute, ep=args.ep, cp=args.cp, zero_stage=args.zero, sequence_parallel=args.sequence_parallel,
+        recompute={"off": "none", "on": "full"}.get(args.recompute, args.recompute), ep=args.ep, cp=args.cp, zero_stage=args.zero, sequence_parallel=args.sequence_parallel,
         encoder_tp=args.encoder_tp, owner_map=owner_map, dtype=args.dtype, frozen=frozen,
         encoder_backward="cooldown" if args.encoder_backward == "search" else args.encoder_backward)
     if not args.slabs:

@@ -74,13 +74,14 @@ def _space_options(args: argparse.Namespace):
         if value < 1:
             raise MpipeError(f"{flag} is {value}, but it must be an integer >= 1")
     pins = {k: _int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None for k in ("pp", "tp", "dp")}
-    recompute = {"off": (False,), "on": (True,), "selective": ("selective",), "search": (False, True),
-                 "all": (False, "selective", True)}[args.recompute]
+    recompute = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), "selective": ("selective",),
+                 "search": (False, True), "all": (False, "selective", True)}[args.recompute]
     ep = None if args.ep == "search" else _int_list(args.ep, "--ep")
     memory = {"zero": {"0": (0,), "1": (1,), "search": (0, 1)}[args.zero],
               "sequence_parallel": {"off": (False,), "on": (True,), "search": (False, True)}[args.sequence_parallel],
               "encoder_tp": args.encoder_tp == "search"}
     return SpaceOptions(skeletons=skeletons, max_chunks=args.max_chunks, cut_window=args.cut_window,
+                        interior_transpose=args.interior_transpose,
                         owner_policies=owners, max_microbatches=args.max_microbatches, recompute=recompute,
                         ep=ep, cp=_int_list(args.cp, "--cp"), **memory, **pins,
                         encoder_backward=PLACEMENTS if args.encoder_backward == "search" else (args.encoder_backward,))
@@ -142,9 +143,9 @@ class Plan(Command):
         g.add_argument("--seed", type=int, default=0, help="seed of the sampled steps and of the sampler (default 0)")
         g.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder")
         g.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
-        g.add_argument("--recompute", default="off", choices=("off", "on", "selective", "search", "all"),
-                       help="activation recomputation: off (default), on (full), selective (the attention core), "
-                            "search (off and on) or all (off, selective and on)")
+        g.add_argument("--recompute", default="off", choices=("off", "none", "on", "full", "selective", "search", "all"),
+                       help="activation recomputation: off (default; or none), on (full recomputation; or full), selective (the "
+                            "attention core), search (off and on) or all (off, selective and on)")
         add_framework_arguments(g)
         g.add_argument("--current", default=None, metavar="LAYOUT",
                        help="the layout you run today, shown as a row beside the best plan, e.g. "
@@ -170,6 +171,9 @@ class Plan(Command):
         s.add_argument("--max-chunks", type=int, default=2, help="most interleaved Sharded regions per rank (default 2)")
         s.add_argument("--cut-window", type=int, default=1,
                        help="layers either side of the encoder/backbone seam a transpose cut may move (default 1)")
+        s.add_argument("--interior-transpose", action="store_true",
+                       help="also search schedules that transpose the projector between a Sharded encoder and a "
+                            "Sharded backbone (1f1b,transpose,1f1b and the like; off by default)")
         s.add_argument("--owners", default="round-robin,greedy,optimal", help="owner policies to search")
         s.add_argument("--encoder-backward", default="cooldown", choices=("cooldown", "earliest", "optimised", "search"),
                        help="where ranks run the trainable transposed encoder's backwards: cooldown (default), "
@@ -208,6 +212,9 @@ class Plan(Command):
         problem, frozen = _problem(args)
         evaluator = Evaluator(problem)
         space = SearchSpace(problem, evaluator.reference_weights(), _space_options(args))
+        if args.interior_transpose and not any(SearchSpace.interior(s) for s in space.family):
+            print(f"mpipe-tune plan: note: model '{problem.model.name}' has no projector layers between its encoder "
+                  f"and its backbone, so --interior-transpose adds no schedule", file=sys.stderr)
         current = None
         if args.current is not None:  # checked, derived and predicted before the search
             current = evaluator.evaluate(parse_layout(args.current, space, label=compare.CURRENT))

@@ -115,7 +115,9 @@ def print_summary(profile, out: Path, elapsed_s: float) -> None:
     for kind, value in profile.efficiency.items():
         origin = profile.provenance[f"efficiency.{kind}"]
         fit = f"  (rms relative error {origin['rms_relative_error']:.0%})" if "rms_relative_error" in origin else ""
-        print(f"  efficiency {kind:14s} {value:8.4g}{fit}")
+        split = profile.tp_overhead_for(kind, 2) if (kind, 2) in profile.tp_overhead_s else None
+        split = f"  split at tp 2: +{split[0] * 1e3:.3g} / {split[1] * 1e3:.3g} ms per forward / backward" if split else ""
+        print(f"  efficiency {kind:14s} {value:8.4g}{fit}{split}")
     print(f"  {'link (intra_node)':18s} {'alpha':>10s} {'bandwidth':>12s} {'R^2 log t':>10s} {'group':>6s}")
     for (link_class, collective), cost in profile.links.items():
         if link_class != "intra_node":

@@ -94,6 +94,12 @@ def validate_candidate(c: Any, *, where: str) -> None:
     if c.get("encoder_backward_slots") is not None:
         _int_list(c["encoder_backward_slots"], where=where, field="encoder_backward_slots", lower=0, upper=1 << 30,
                   length=m)
+    if c.get("encoder_backward_ranks") is not None:
+        _int_list(c["encoder_backward_ranks"], where=where, field="encoder_backward_ranks", lower=0, upper=pp - 1,
+                  length=m)
+        if c.get("encoder_backward_slots") is None:
+            raise damaged(where, "candidate field 'encoder_backward_ranks' is set but 'encoder_backward_slots' is "
+                                 "null; moved encoder backwards need their slots")
 
 
 def validate_predicted(predicted: Any, num_events: int, pp: int, *, where: str) -> None:

@@ -122,3 +122,8 @@ def test_the_emulated_baseline_plans_are_plan_files_the_executor_reads(tmp_path,
         view = read_plan_file(path)  # re-derives the candidate and checks the stored order against it
         validate_runnable(view, 2)
         assert (view.candidate.pp, view.candidate.num_microbatches) == (2, 4), name
+
+
+def test_only_a_word_no_plan_has_is_refused_with_the_labels(fidelity):
+    with pytest.raises(SystemExit, match="no plan's label contains it; labels: 1f1b M=2"):
+        fidelity.main(["--only", "tp3", "--no-emulated"])

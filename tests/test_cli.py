@@ -190,3 +190,12 @@ def test_export_checks_its_outputs_and_writes_all_of_them_or_none(tmp_path, caps
     code = main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan", "--out", str(tmp_path / "job.toml")])
     assert code == 2 and "the file beside --out" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.csv", "plan.json"]
+
+
+def test_predict_takes_plans_recompute_words_too(capsys):
+    steps = {}
+    for word in ("none", "off", "full", "on"):
+        assert main(["predict", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--recompute", word,
+                     "--json"]) == 0
+        steps[word] = json.loads(capsys.readouterr().out)["makespan_s"]
+    assert steps["off"] == steps["none"] and steps["on"] == steps["full"] and steps["full"] > steps["none"]

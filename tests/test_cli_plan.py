@@ -176,6 +176,17 @@ def test_zero_bubble_skeletons_are_planned_on_request_and_export_refuses_them(tm
     one_line_error(capsys, code, "zero-bubble skeleton")
 
 
+def test_interior_transposes_join_the_space_on_request_and_a_model_without_a_projector_is_told(tmp_path, capsys):
+    sizes = {}
+    for extra in ([], ["--interior-transpose"]):
+        assert plan(tmp_path, *SMALL, "--exhaustive", "--json", *extra) == 0
+        summary = json.loads(capsys.readouterr().out)
+        sizes[bool(extra)] = (summary["space_size"], summary["study"])
+    assert sizes[True][0] > sizes[False][0] and sizes[True][1] != sizes[False][1]  # its own, larger study
+    assert plan(tmp_path, *SMALL, "--model", "small-vit-llm", "--interior-transpose", "--trials", "2") == 0
+    assert "has no projector layers between its encoder and its backbone" in capsys.readouterr().err
+
+
 def test_a_model_that_fits_no_plan_exits_2(tmp_path, capsys):
     code = plan(tmp_path, *SMALL, "--model", "tiny-vit-llm", "--profile", tiny_capacity_profile(tmp_path))
     one_line_error(capsys, code, "no plan fits memory: of the plans tried the smallest static memory")

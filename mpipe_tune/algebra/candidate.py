@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipe_tune.algebra.derive import Owners, derive
-from mpipe_tune.algebra.encoder_backward import COOLDOWN, EncoderBackward, validate_placement
+from mpipe_tune.algebra.encoder_backward import COOLDOWN, EncoderBackward, moved_count, validate_placement
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import Cut, Schedule, Skeleton, parse_schedule
@@ -123,6 +123,9 @@ class Candidate:
     encoder_backward_slots: tuple[int, ...] | None = None
     """Explicit slots of the encoder backwards, one per microbatch (what ``optimised`` chose for one
     step); ``None``: the placement decides."""
+    encoder_backward_ranks: tuple[int, ...] | None = None
+    """The rank that runs each microbatch's encoder backward, with explicit slots (what ``optimised``
+    chose under full recomputation, :attr:`moves_encoder_backward`); ``None``: every owner its own."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
@@ -148,6 +151,18 @@ class Candidate:
             raise MpipeError(f"the encoder backward placement {self.encoder_backward!r} is given, but schedule "
                              f"<{self.schedule}> has no transpose region, so no rank owns an encoder backward; use "
                              f"cooldown or a schedule with transpose")
+        if self.encoder_backward_ranks is not None and recompute_granularity(self.recompute) != "full":
+            raise MpipeError(f"the encoder backward ranks run encoder backwards on other ranks than their owners, "
+                             f"which re-run the encode from the microbatch's images and so need full recomputation, "
+                             f"but the recomputation is {recompute_granularity(self.recompute)!r}; recompute fully "
+                             f"or drop the ranks")
+
+    @property
+    def moves_encoder_backward(self) -> bool:
+        """Whether encoder backwards may run off their owners: full recomputation (every layer keeps only
+        its input and re-runs its forward, so another rank can re-run a whole encode from the images;
+        selective recomputation keeps the rest of the owner's activations for its own backward)."""
+        return recompute_granularity(self.recompute) == "full"
 
     def model_of(self, model: Model) -> Model:
         """``model`` with this candidate's frozen blocks frozen (the model itself when none are)."""
@@ -159,7 +174,7 @@ class Candidate:
         cut, schedule = self.parsed()
         owners = Owners(slab_counts=self.slab_counts, microbatch=self.owner_map, layer_weights=layer_weights)
         return derive(cut, schedule, self.model_of(model), self.pp, self.num_microbatches, owners,
-                      EncoderBackward(self.encoder_backward, self.encoder_backward_slots))
+                      EncoderBackward(self.encoder_backward, self.encoder_backward_slots, self.encoder_backward_ranks))
 
     @property
     def setting(self) -> tuple:
@@ -197,7 +212,9 @@ class Candidate:
         memory = ("  zero0" if self.zero_stage == 0 else "") + ("  sp" if self.sequence_parallel else "")
         extra = ("" if self.dtype == "bf16" else f"  {self.dtype}") + (
             f"  frozen {','.join(self.frozen)}" if self.frozen else "") + (
-            "" if self.encoder_backward == COOLDOWN else f"  encoder backward {self.encoder_backward}")
+            "" if self.encoder_backward == COOLDOWN else f"  encoder backward {self.encoder_backward}") + (
+            f" ({moved_count(self.encoder_backward_ranks, self.owner_map)} on other ranks)"
+            if self.encoder_backward_ranks is not None and self.owner_map is not None else "")
         return (f"<{self.schedule}> cut {cut}  {self.degrees}  M={self.num_microbatches}{owners}{slabs}{recompute}"
                 f"{memory}{extra}")
 
@@ -215,6 +232,8 @@ class Candidate:
             "encoder_backward": self.encoder_backward,
             "encoder_backward_slots": (list(self.encoder_backward_slots)
                                        if self.encoder_backward_slots is not None else None),
+            "encoder_backward_ranks": (list(self.encoder_backward_ranks)
+                                       if self.encoder_backward_ranks is not None else None),
         }
 
     @classmethod
@@ -223,7 +242,7 @@ class Candidate:
         (and trial records from before the plan file's names keep theirs: ``slab_counts``)."""
         slabs = data.get("slabs", data.get("slab_counts"))
         owner_map = data.get("owners")
-        slots = data.get("encoder_backward_slots")
+        slots, ranks = data.get("encoder_backward_slots"), data.get("encoder_backward_ranks")
         return cls(
             schedule=data["schedule"], cut=tuple(data["cut"]), pp=int(data["pp"]), tp=int(data["tp"]),
             dp=int(data["dp"]), num_microbatches=int(data["microbatches"]), owner_policy=data.get("owner_policy"),
@@ -235,4 +254,5 @@ class Candidate:
             dtype=str(data.get("dtype", "bf16")), frozen=tuple(data.get("frozen", ())),
             encoder_backward=str(data.get("encoder_backward", COOLDOWN)),
             encoder_backward_slots=tuple(int(k) for k in slots) if slots is not None else None,
+            encoder_backward_ranks=tuple(int(r) for r in ranks) if ranks is not None else None,
         )

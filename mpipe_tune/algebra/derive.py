@@ -15,8 +15,9 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
 5. :func:`rank_program`: each rank's per-skeleton program (:data:`PROGRAMS`, one function per Sharded
    skeleton: a new skeleton is one entry there), lowered to its event indices for every rank at once by
    :func:`_rank_events`;
-   its owned encoder backwards then move where the placement puts them
-   (:func:`mpipe_tune.algebra.encoder_backward.arrange`; the cooldown leaves them where they are);
+   its owned encoder backwards then move where the placement puts them, on their owners or, under
+   recomputation, on other ranks (:func:`mpipe_tune.algebra.encoder_backward.arrange`,
+   :func:`~mpipe_tune.algebra.encoder_backward.moved_events`; the cooldown leaves them where they are);
    an interior or sink transpose's events are then placed into their owners' lists where their data
    arrives (:func:`mpipe_tune.algebra.transpose_order.place_owned_events`);
    the stages' wavefront order is :func:`wavefront_stages` (``zbv``'s second region in a V);
@@ -45,7 +46,7 @@ import gc
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -510,13 +511,16 @@ def _order(schedule: Schedule, P: int, M: int, replicated: tuple[RegionPlacement
     reduces = [flow.index_of(e) for e in template.events if isinstance(e, DpReduce)]
 
     nodes = _rank_events(skeleton, P, M, sharded, source, gates, flow, barrier)
-    encoder_backward.validate(M, gates.source_bwd)
+    encoder_backward.validate(M, gates.source_bwd, P)
     inner = [p for p in replicated if p.region > 1]  # Plan.inner_transposes
     if gates.source_bwd and not encoder_backward.is_cooldown:
         if inner:
             raise NotSupportedError(
                 f"schedule '{schedule}': placing the encoder backwards ({encoder_backward.placement}) beside an "
                 f"interior or sink transpose is not supported yet; use the cooldown placement with this schedule")
+        if encoder_backward.ranks is not None:  # moved backwards: their events and Scatters on their new ranks
+            flow = flow.with_events(encoder_backwards.moved_events(flow.events, encoder_backward.ranks,
+                                                                   source_region=source.region))
         nodes = encoder_backwards.arrange(
             encoder_backward, nodes, (*flow.events, StepBarrier()), flow.src, flow.dst, source_region=source.region,
             first_stage=stages[0], owners=source.owner.owners)
@@ -590,6 +594,12 @@ class _Flow:
     def events(self) -> list[Event]:
         """The events as objects (made on first use: only the placements that read events need them)."""
         return events_of_rows(*self.rows.T.tolist())
+
+    def with_events(self, events: list[Event]) -> "_Flow":
+        """The same flow with ``events`` (the same indices) in place of its own: moved encoder backwards."""
+        out = replace(self, rows=event_rows(events))
+        vars(out)["events"] = events
+        return out
 
     def per_microbatch(self, event: Event) -> list[int]:
         """Per microbatch m, the index of microbatch 0's ``event`` as it is in microbatch m."""

@@ -25,8 +25,22 @@ one slot run in increasing ``m``. A slot is *legal* when none of the backbone ev
 to the first stage's backward of ``m`` (else the order would wait on itself): the first stage's
 backwards all run on rank 0, one after another, so legal slots are jointly deadlock-free.
 
+**On another rank** (:attr:`EncoderBackward.ranks`). Under full recomputation the owner of ``m``
+keeps nothing of its encode for the backward that could not be re-created from ``m``'s images, and
+every rank holds the replicated encoder's weights; so ``Bwd(source, r, m)`` may run on a rank ``r``
+other than ``m``'s owner: ``r`` reads ``m``'s images, re-runs its encode and back-propagates the
+gradient, which the Scatter after the first stage's backward of ``m`` now brings to ``r``. The owner
+still runs the encode whose output the Gather ships, and keeps nothing of it for a backward. A slot
+then counts ``r``'s backbone events and is legal by the same rule, read on ``r``. The argument above
+still holds: a placed encoder backward feeds only its rank's next event and the reduce, and its one
+predecessor off its rank besides the Scatter is the owner's encode of ``m``, which waits for nothing
+but the owner's earlier encodes (every slot is after a rank's encodes); so a cycle through it would
+pass through the first stage's backward of ``m``, which a legal slot excludes. Which recomputation
+allows a move is the candidate's to say (:meth:`~mpipe_tune.algebra.candidate.Candidate.validate`);
+``cooldown`` and ``earliest`` keep every encoder backward on its owner.
+
 >>> EncoderBackward("earliest")
-EncoderBackward(placement='earliest', slots=None)
+EncoderBackward(placement='earliest', slots=None, ranks=None)
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpipe_tune.algebra.events import EdgeKind
+from mpipe_tune.algebra.events import Comm, EdgeKind
 from mpipe_tune.errors import MpipeError
 
 COOLDOWN, EARLIEST, OPTIMISED = "cooldown", "earliest", "optimised"
@@ -65,10 +79,24 @@ class EncoderBackward:
     placement: str = COOLDOWN
     """One of :data:`PLACEMENTS`; ``optimised`` needs :attr:`slots` (the cost model chooses them)."""
     slots: tuple[int, ...] | None = None
-    """Per microbatch, the backbone compute events its owner runs before its encoder backward."""
+    """Per microbatch, the backbone compute events its rank (:attr:`ranks`) runs before its encoder backward."""
+    ranks: tuple[int, ...] | None = None
+    """Per microbatch, the rank that runs its encoder backward (module docstring: it needs explicit
+    :attr:`slots`); ``None``: each microbatch's owner."""
 
-    def validate(self, num_microbatches: int, has_encoder_backward: bool) -> None:
+    def validate(self, num_microbatches: int, has_encoder_backward: bool, num_ranks: int) -> None:
         validate_placement(self.placement)
+        if self.ranks is not None:
+            if self.slots is None:
+                raise MpipeError("the encoder backward ranks are given without slots; give each microbatch's slot on "
+                                 "its rank too (the optimised placement chooses both)")
+            if len(self.ranks) != num_microbatches:
+                raise MpipeError(f"the encoder backward ranks list {len(self.ranks)} entries, but M={num_microbatches} "
+                                 f"microbatches need one each")
+            for m, r in enumerate(self.ranks):
+                if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < num_ranks:
+                    raise MpipeError(f"the encoder backward rank {r!r} of microbatch {m} is not a pipeline rank "
+                                     f"0..{num_ranks - 1}")
         if self.slots is None:
             if self.placement == OPTIMISED and has_encoder_backward:
                 raise MpipeError("the optimised encoder backward placement chooses its slots with the cost model "
@@ -84,6 +112,28 @@ class EncoderBackward:
     @property
     def is_cooldown(self) -> bool:
         return self.slots is None and self.placement == COOLDOWN
+
+    def ranks_for(self, owners: Sequence[int]) -> tuple[int, ...]:
+        """Per microbatch, the rank that runs its encoder backward: :attr:`ranks`, else its owner."""
+        return tuple(owners) if self.ranks is None else self.ranks
+
+
+def moved_count(ranks: Sequence[int] | None, owners: Sequence[int]) -> int:
+    """How many encoder backwards ``ranks`` runs on another rank than ``owners`` (None: none)."""
+    return 0 if ranks is None else sum(r != o for r, o in zip(ranks, owners))
+
+
+def moved_events(events: Sequence, ranks: Sequence[int], *, source_region: int) -> list:
+    """``events`` with each encoder backward ``Bwd(source, owner, m)`` on ``ranks[m]`` and the Scatter that
+    feeds it (the first stage's input gradient) reaching ``(source, ranks[m])``: the same indices."""
+    out = list(events)
+    for i, e in enumerate(events):
+        tag = e[-1]
+        if tag == "B" and e[0] == source_region:
+            out[i] = type(e)(source_region, ranks[e[2]], e[2])
+        elif tag == "C" and e[2][0] == source_region and e[0] is Comm.SCATTER:
+            out[i] = type(e)(e[0], e[1], (source_region, ranks[e[3]]), e[3])
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,9 +183,10 @@ class BackboneSteps:
                         break
         return tuple(slots)
 
-    def min_slots(self, owners: Sequence[int]) -> tuple[int, ...]:
-        """Per microbatch, its smallest legal slot on its owner: one past the last backbone event of
-        the owner that leads to the first stage's backward of that microbatch."""
+    def min_slots(self, ranks: Sequence[int]) -> tuple[int, ...]:
+        """Per microbatch, its smallest legal slot on ``ranks[m]`` (the rank that runs its encoder
+        backward: its owner, or another under recomputation): one past the last backbone event of
+        that rank that leads to the first stage's backward of that microbatch."""
         n = len(self.is_backbone)
         rank_of, position = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
         for r, compute in enumerate(self.compute):
@@ -158,26 +209,27 @@ class BackboneSteps:
                 if rank_list[e] >= 0:
                     reached[rank_list[e]] = max(reached[rank_list[e]], pos_list[e] + 1)
                 stack.extend(pred[ptr[e]:ptr[e + 1]])
-            out[m] = reached[owners[m]]
+            out[m] = reached[ranks[m]]
         return tuple(out)
 
-    def validate_slots(self, slots: Sequence[int], owners: Sequence[int]) -> None:
-        """One line naming the first microbatch whose slot is out of range or would deadlock."""
-        for m, (slot, r) in enumerate(zip(slots, owners)):
+    def validate_slots(self, slots: Sequence[int], ranks: Sequence[int]) -> None:
+        """One line naming the first microbatch whose slot on ``ranks[m]`` is out of range or would deadlock."""
+        for m, (slot, r) in enumerate(zip(slots, ranks)):
             if not isinstance(slot, int) or not 0 <= slot <= len(self.compute[r]):
                 raise MpipeError(f"encoder backward slot {slot!r} of microbatch {m} is outside 0..{len(self.compute[r])} "
-                                 f"(its owner, rank {r}, runs {len(self.compute[r])} backbone events)")
-        lowest = self.min_slots(owners)
+                                 f"(rank {r}, which runs it, runs {len(self.compute[r])} backbone events)")
+        lowest = self.min_slots(ranks)
         for m, (slot, low) in enumerate(zip(slots, lowest)):
             if slot < low:
-                raise MpipeError(f"encoder backward slot {slot} of microbatch {m} on rank {owners[m]} comes before its "
+                raise MpipeError(f"encoder backward slot {slot} of microbatch {m} on rank {ranks[m]} comes before its "
                                  f"gradient can arrive (the rank's backbone event {slot} leads to it), so the order "
                                  f"would deadlock; use a slot of at least {low}")
 
-    def place(self, nodes: Sequence[Sequence[int]], owners: Sequence[int], slots: Sequence[int]) -> tuple[np.ndarray, ...]:
-        """``nodes`` with every encoder backward moved to its slot on its owner."""
+    def place(self, nodes: Sequence[Sequence[int]], ranks: Sequence[int], slots: Sequence[int]) -> tuple[np.ndarray, ...]:
+        """``nodes`` with every encoder backward moved to its slot on ``ranks[m]`` (its owner, or the
+        rank it moved to)."""
         slots_array = np.asarray(slots, dtype=np.int64)
-        owner_array = np.asarray(owners, dtype=np.int64)
+        owner_array = np.asarray(ranks, dtype=np.int64)
         out = []
         for r, rank_nodes in enumerate(nodes):
             rank_nodes = np.asarray(rank_nodes, dtype=np.int64)
@@ -255,12 +307,14 @@ def arrange(choice: EncoderBackward, nodes: Sequence[Sequence[int]], events: Seq
             dst: np.ndarray, *, source_region: int, first_stage: tuple[int, int],
             owners: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     """derive's pass: ``nodes`` (the cooldown order) with the encoder backwards where ``choice`` puts
-    them; the other arguments as :func:`steps_of` takes them."""
+    them, each on its owner or on the rank ``choice.ranks`` names; the other arguments as
+    :func:`steps_of` takes them."""
     steps = steps_of(events, src, dst, nodes, source_region=source_region, first_stage=first_stage,
                      num_microbatches=len(owners))
+    ranks = choice.ranks_for(owners)
     if choice.slots is not None:
-        steps.validate_slots(choice.slots, owners)
+        steps.validate_slots(choice.slots, ranks)
         slots = choice.slots
     else:
         slots = steps.earliest_slots(owners) if choice.placement == EARLIEST else steps.cooldown_slots(owners)
-    return tuple(tuple(rank_nodes.tolist()) for rank_nodes in steps.place(nodes, owners, slots))
+    return tuple(tuple(rank_nodes.tolist()) for rank_nodes in steps.place(nodes, ranks, slots))

@@ -23,8 +23,10 @@ sink transpose places that region's events inside the wavefront by its owners
 
 **Encoder backwards placed without re-deriving.** :meth:`~CompiledPlan.rearranged` also moves each
 owned encoder backward to a slot (:mod:`mpipe_tune.algebra.encoder_backward`) instead of the
-cooldown, and :meth:`~CompiledPlan.with_encoder_backward` does that alone; the result again equals
-derive with those slots. :attr:`~CompiledPlan.backbone_steps` (the unit-time steps the slots are
+cooldown, on its owner or (full recomputation) on another rank, whose Scatter then takes that
+rank's link and whose saved bytes live there during the backward only
+(:mod:`~mpipe_tune.cost.memory`); :meth:`~CompiledPlan.with_encoder_backward` does that alone; the
+result again equals derive with those slots and ranks. :attr:`~CompiledPlan.backbone_steps` (the unit-time steps the slots are
 read against) does not depend on the owners, so it is found once per derived plan.
 """
 
@@ -61,6 +63,8 @@ class CompiledPlan:
         self._plan: Plan | None = plan
         self.owners = _owners(plan)
         """The transposed region's owner map (rank of microbatch 0, 1, ...); None without one."""
+        self.encoder_ranks = _encoder_ranks(plan)
+        """Per microbatch, the rank of its encoder backward (its owner unless moved); None without any."""
         with collector_paused():
             self.arrays = EventArrays.of(plan)
             self.order = self.arrays.once("compiled order", lambda: CompiledOrder(plan, self.arrays))
@@ -125,28 +129,31 @@ class CompiledPlan:
         validate_owners(owners, self.derived.num_ranks, self.derived.num_microbatches)
         return self.rearranged(owners)
 
-    def rearranged(self, owners: tuple[int, ...], encoder_backward_slots: tuple[int, ...] | None = None) -> "CompiledPlan":
+    def rearranged(self, owners: tuple[int, ...], encoder_backward_slots: tuple[int, ...] | None = None,
+                   encoder_backward_ranks: tuple[int, ...] | None = None) -> "CompiledPlan":
         """The same plan with ``owners`` (as :meth:`with_owners`) and its encoder backwards at
-        ``encoder_backward_slots`` (:mod:`~mpipe_tune.algebra.encoder_backward`; None: the cooldown)."""
+        ``encoder_backward_slots`` (:mod:`~mpipe_tune.algebra.encoder_backward`; None: the cooldown)
+        on ``encoder_backward_ranks`` (None: their owners)."""
         if self.derived.inner_transposes:
-            return self._derived_for(tuple(owners), encoder_backward_slots)
+            return self._derived_for(tuple(owners), encoder_backward_slots, encoder_backward_ranks)
         if self._moves is None:
             self._moves = _OwnerMoves(self)
-        return self._moves.apply(self, tuple(owners), encoder_backward_slots)
+        return self._moves.apply(self, tuple(owners), encoder_backward_slots, encoder_backward_ranks)
 
-    def with_encoder_backward(self, slots: tuple[int, ...]) -> "CompiledPlan":
-        """The same plan and owners with the encoder backwards at ``slots``, re-timed without deriving again."""
+    def with_encoder_backward(self, slots: tuple[int, ...], ranks: tuple[int, ...] | None = None) -> "CompiledPlan":
+        """The same plan and owners with the encoder backwards at ``slots`` on ``ranks`` (None: their
+        owners), re-timed without deriving again."""
         assert self.owners is not None, "only a plan with a transposed region has encoder backwards to place"
-        return self.rearranged(self.owners, tuple(slots))
+        return self.rearranged(self.owners, tuple(slots), ranks)
 
-    def order_with_encoder_backward(self, slots: tuple[int, ...]) -> CompiledOrder:
+    def order_with_encoder_backward(self, slots: tuple[int, ...], ranks: tuple[int, ...] | None = None) -> CompiledOrder:
         """The order alone of :meth:`with_encoder_backward` (what a search over slots times, with the
         durations of one arrangement held fixed)."""
         if self.derived.inner_transposes:
-            return self._derived_for(self.owners, tuple(slots)).order
+            return self._derived_for(self.owners, tuple(slots), ranks).order
         if self._moves is None:
             self._moves = _OwnerMoves(self)
-        return self._moves.order(self, self.owners, tuple(slots))[1]
+        return self._moves.order(self, self.owners, tuple(slots), ranks)[1]
 
     @cached_property
     def backbone_steps(self) -> BackboneSteps:
@@ -159,13 +166,15 @@ class CompiledPlan:
         a = self.arrays
         return a.source_region >= 0 and bool(((a.kind == BWD) & (a.region == a.source_region)).any())
 
-    def _derived_for(self, owners: tuple[int, ...], encoder_backward_slots: tuple[int, ...] | None) -> "CompiledPlan":
+    def _derived_for(self, owners: tuple[int, ...], encoder_backward_slots: tuple[int, ...] | None,
+                     encoder_backward_ranks: tuple[int, ...] | None = None) -> "CompiledPlan":
         """This plan derived again with ``owners`` (the same slabs) and the encoder backwards at
-        ``encoder_backward_slots`` (None: the cooldown), compiled for the same options."""
+        ``encoder_backward_slots`` (None: the cooldown) on ``encoder_backward_ranks``, compiled for the
+        same options."""
         d = self.derived
         slabs = tuple(p.owner.counts() for p in d.placement if isinstance(p.owner, ByLayer))
         placement = None if encoder_backward_slots is None else encoder_backwards.EncoderBackward(
-            encoder_backwards.OPTIMISED, tuple(encoder_backward_slots))
+            encoder_backwards.OPTIMISED, tuple(encoder_backward_slots), encoder_backward_ranks)
         plan = derive(d.cut, d.schedule, self.model, d.num_ranks, d.num_microbatches,
                       Owners(slab_counts=slabs, microbatch=owners), placement)
         return CompiledPlan(plan, self.model, self.profile, self.options)
@@ -173,17 +182,20 @@ class CompiledPlan:
     def events(self):
         """The events (with their ranks under :attr:`owners`), aligned with every per-event array."""
         events = self.derived.order.events
-        if self.owners == _owners(self.derived):
+        if self.owners == _owners(self.derived) and self.encoder_ranks == _encoder_ranks(self.derived):
             return events
         region = self.derived.placement[0].region
+        ranks = self.encoder_ranks or self.owners
         out = list(events)
         for i, event in enumerate(events):
-            if isinstance(event, (Fwd, Bwd)) and event.region == region:
-                out[i] = type(event)(region, self.owners[event.mb], event.mb)
+            if isinstance(event, Fwd) and event.region == region:
+                out[i] = Fwd(region, self.owners[event.mb], event.mb)
+            elif isinstance(event, Bwd) and event.region == region:
+                out[i] = Bwd(region, ranks[event.mb], event.mb)
             elif isinstance(event, Coll) and event.comm is Comm.GATHER and event.src[0] == region:
                 out[i] = Coll(event.comm, (region, self.owners[event.mb]), event.dst, event.mb)
             elif isinstance(event, Coll) and event.comm is Comm.SCATTER and event.dst[0] == region:
-                out[i] = Coll(event.comm, event.src, (region, self.owners[event.mb]), event.mb)
+                out[i] = Coll(event.comm, event.src, (region, ranks[event.mb]), event.mb)
         return tuple(out)
 
 
@@ -191,6 +203,20 @@ def _owners(plan: Plan) -> tuple[int, ...] | None:
     """The owner map every Replicated region of ``plan`` shares; None without one."""
     replicated = replicated_of(plan.placement)
     return replicated[0].owner.owners if replicated else None
+
+
+def _encoder_ranks(plan: Plan) -> tuple[int, ...] | None:
+    """Per microbatch, the rank that runs its encoder backward in ``plan``; None without encoder backwards."""
+    source = plan.source
+    if source is None:
+        return None
+    c = plan.order.columns  # the columns: no event objects needed
+    backwards = np.flatnonzero((c.kind == BWD) & (c.region == source.region))
+    if not len(backwards):
+        return None
+    ranks = np.empty(plan.num_microbatches, dtype=np.int64)
+    ranks[c.mb[backwards]] = c.rank[backwards]
+    return tuple(ranks.tolist())
 
 
 class _OwnerMoves:
@@ -226,14 +252,21 @@ class _OwnerMoves:
         coll_idx = compiled.durations_model.coll_idx
         self.positions = np.concatenate((np.searchsorted(coll_idx, self.gather), np.searchsorted(coll_idx, self.scatter)))
         self.comm = a.comm[np.concatenate((self.gather, self.scatter))]
-        # The moved live tensors: an encode's saved activations and its output until the Gather.
+        # The moved live tensors: an encode's output until the Gather (on the owner), and what it saves
+        # for its backward (on the backward's rank: from the encode, or from the backward moved off it).
         layout = compiled.memory_layout
-        self.tensors = np.flatnonzero(encode[layout.alloc_event])
+        after_saved = np.arange(layout.num_saved, len(layout.alloc_event))
+        self.tensors = after_saved[encode[layout.alloc_event[after_saved]]]
         self.tensor_mb = a.mb[layout.alloc_event[self.tensors]]
+        saved = np.arange(layout.num_saved)
+        self.saved = saved[encoder_bwd[layout.free_event[saved]]]
+        self.saved_mb = a.mb[layout.free_event[self.saved]]
 
-    def order(self, compiled: CompiledPlan, owners: tuple[int, ...],
-              slots: tuple[int, ...] | None) -> tuple[list[np.ndarray], CompiledOrder]:
-        """Each rank's list for ``owners`` (its encoder backwards at ``slots``, None: the cooldown) and their order."""
+    def order(self, compiled: CompiledPlan, owners: tuple[int, ...], slots: tuple[int, ...] | None,
+              ranks: tuple[int, ...] | None = None) -> tuple[list[np.ndarray], CompiledOrder]:
+        """Each rank's list for ``owners`` (its encoder backwards at ``slots``, None: the cooldown, on
+        ``ranks``, None: their owners) and their order."""
+        assert ranks is None or slots is not None, "encoder backwards on other ranks take explicit slots"
         owner = np.array(owners, dtype=np.int64)
         nodes = []
         for r, (kept, at) in enumerate(zip(self.kept, self.tail_at)):
@@ -241,26 +274,33 @@ class _OwnerMoves:
             backward = self.encoder_bwd[owned] if self.has_encoder_bwd else kept[:0]
             nodes.append(np.concatenate((self.encode[owned], kept[:at], backward, kept[at:])))
         if slots is not None:
-            nodes = list(compiled.backbone_steps.place(nodes, owners, slots))
+            nodes = list(compiled.backbone_steps.place(nodes, owners if ranks is None else ranks, slots))
         src = np.concatenate([self.edge_src] + [x[:-1] for x in nodes])
         dst = np.concatenate([self.edge_dst] + [x[1:] for x in nodes])
         old = compiled.order
         return nodes, CompiledOrder.from_arrays(old.num_events, src, dst, nodes, old.encode, old.first_forward,
                                                 old.has_source)
 
-    def apply(self, compiled: CompiledPlan, owners: tuple[int, ...], slots: tuple[int, ...] | None) -> CompiledPlan:
+    def apply(self, compiled: CompiledPlan, owners: tuple[int, ...], slots: tuple[int, ...] | None,
+              ranks: tuple[int, ...] | None = None) -> CompiledPlan:
         a = compiled.arrays
         owner = np.array(owners, dtype=np.int64)
-        _, order = self.order(compiled, owners, slots)
+        rank = owner if ranks is None else np.array(ranks, dtype=np.int64)
+        _, order = self.order(compiled, owners, slots, ranks)
         src_rank = np.concatenate((owner[a.mb[self.gather]], a.rank[self.scatter]))
-        dst_rank = np.concatenate((a.other_rank[self.gather], owner[a.mb[self.scatter]]))
+        dst_rank = np.concatenate((a.other_rank[self.gather], rank[a.mb[self.scatter]]))
         alpha, beta = compiled.durations_model.links(self.comm, src_rank, dst_rank)
         out = CompiledPlan.__new__(CompiledPlan)
         out.__dict__.update(compiled.__dict__)
         out.owners, out._plan = owners, None
+        out.encoder_ranks = tuple(rank.tolist()) if self.has_encoder_bwd else None
         out.order = order
         out.durations_model = compiled.durations_model.with_links(self.positions, alpha, beta, lambda: out.plan)
-        out.memory_layout = compiled.memory_layout.moved(self.tensors, owner[self.tensor_mb])
+        layout, mb = compiled.memory_layout, self.saved_mb
+        alloc = np.where(rank[mb] == owner[mb], self.encode[mb], self.encoder_bwd[mb])
+        out.memory_layout = layout.moved(np.concatenate((self.tensors, self.saved)),
+                                         np.concatenate((owner[self.tensor_mb], rank[mb])),
+                                         np.concatenate((layout.alloc_event[self.tensors], alloc)))
         return out
 
     def plan(self, retimed: CompiledPlan) -> Plan:
@@ -270,11 +310,13 @@ class _OwnerMoves:
         derived = retimed.derived
         c = derived.order.columns
         owner = np.array(retimed.owners, dtype=np.int64)
+        backward_rank = np.array(retimed.encoder_ranks or retimed.owners, dtype=np.int64)  # its owner unless moved
         rank, other_rank = c.rank.copy(), c.other_rank.copy()
-        runs = np.concatenate((self.encode, self.encoder_bwd, self.gather))  # run on or leave the owner
-        runs = runs[runs >= 0]
-        rank[runs] = owner[c.mb[runs]]
-        other_rank[self.scatter] = owner[c.mb[self.scatter]]  # reach the owner
+        rank[self.encode] = owner[c.mb[self.encode]]
+        rank[self.gather] = owner[c.mb[self.gather]]  # leaves the owner
+        backwards = self.encoder_bwd[self.encoder_bwd >= 0]
+        rank[backwards] = backward_rank[c.mb[backwards]]
+        other_rank[self.scatter] = backward_rank[c.mb[self.scatter]]  # reaches the encoder backward
         nodes = retimed.order.nodes
         seq_src, seq_dst = sequence_edges(nodes, self.edge_src, self.edge_dst)
         src, dst = np.concatenate((self.edge_src, seq_src)), np.concatenate((self.edge_dst, seq_dst))

@@ -96,6 +96,7 @@ class DurationModel:
         self.coll_idx = a.at(COLL)
         comm, region, rank, mb, src_rank, dst_rank = a.once("transfers", lambda: _transfers(a, self.coll_idx))
         self.coll_flat = (a.slab_hi[region, rank] - 1) * M + mb
+        self._comm, self._src_rank = comm, src_rank
         self.alpha, self.beta = self.links(comm, src_rank, dst_rank)
         self.reduce_idx = a.at(REDUCE)
         self._reduces = a.once("reduces", lambda: list(zip(self.reduce_idx.tolist(),
@@ -133,6 +134,16 @@ class DurationModel:
         out.alpha[positions], out.beta[positions] = alpha, beta
         out.order_plan, out._reduce_s, out._overlap, out._update = order_plan, None, None, None
         return out
+
+    def transfer_seconds(self, table: TableSums, event: int, dst_ranks: np.ndarray) -> np.ndarray:
+        """Seconds of transfer ``event`` (an event index) were it to reach each of ``dst_ranks`` from its
+        source rank in the derived plan (zero on one rank): what moving its consumer to another rank
+        costs (a Scatter into the transposed region: its source, the first stage, moves with no owner map)."""
+        position = int(np.searchsorted(self.coll_idx, event))
+        assert self.coll_idx[position] == event, "a transfer event"
+        comm = np.full(len(dst_ranks), self._comm[position])
+        alpha, beta = self.links(comm, np.full(len(dst_ranks), self._src_rank[position]), np.asarray(dst_ranks))
+        return alpha + beta * table.boundary_bytes[self.coll_flat[position]]
 
     def durations(self, table: LayerTable | TableSums) -> np.ndarray:
         """Seconds per event, aligned with ``plan.order.events``."""

@@ -16,7 +16,9 @@ the layer's parameter count.
   seconds per image beyond the microbatch's first (:func:`estimate_image_calls_s`: the runtime's ViT
   block makes one attention call per image). With ``tp_degree > 1`` the forward and the dgrad
   each pay the layer's tensor-parallel all-reduces over the intra-node link, less the share the
-  profile's ``tp_comm_overlap`` hides behind the GEMMs; with ``ep_degree > 1`` a
+  profile's ``tp_comm_overlap`` hides behind the GEMMs, and a layer with tokens pays the profile's
+  fixed seconds per split call at that degree (``tp_overhead_s``: per forward and per backward it
+  runs, where the profile measured them); with ``ep_degree > 1`` a
   MoE layer's forward and dgrad each pay its dispatch and combine all-to-alls
   (:func:`~mpipe_tune.cost.profile.estimate_collective_s`'s ``all_to_all`` over ``ep`` ranks, on the
   inter-node link once the group's ``tp * ep`` devices span more than a node), not overlapped with
@@ -354,6 +356,14 @@ def _layer_row(cost, block: str, microbatches, profile, options):
     return tuple(values[:, i] for i in range(9))
 
 
+def layer_seconds(cost, block: str, mb: Microbatch, profile: HardwareProfile,
+                  options: CostOptions) -> tuple[float, float, float, float]:
+    """(forward, dgrad, wgrad, backward per-call) seconds the table charges one layer on ``mb``: what
+    the profiler prices its timed points with."""
+    row = _layer_row(cost, block, (mb,), profile, options)
+    return float(row[0][0]), float(row[1][0]), float(row[2][0]), float(row[5][0])
+
+
 @lru_cache(maxsize=65536)
 def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, options: CostOptions):
     work = arch.estimate_arch_work(
@@ -387,7 +397,8 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
     tokens = mb.image_tokens if cost.kind in arch.IMAGE_STREAM_KINDS else mb.text_tokens
     fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if tokens > 0 else (0.0, 0.0)
     fwd_images_s, bwd_images_s = estimate_image_calls_s(profile, cost.kind, mb)
-    fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s, bwd_call_s + bwd_images_s
+    fwd_tp_s, bwd_tp_s = profile.tp_overhead_for(cost.kind, options.tp_degree) if tokens > 0 else (0.0, 0.0)
+    fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s + fwd_tp_s, bwd_call_s + bwd_images_s + bwd_tp_s
     fwd = fwd_call_s + max(fwd_compute_s, work.fwd_bytes / bandwidth) + comm_s + ring_fwd_s
     dgrad = max(dgrad_compute_s, work.dgrad_bytes / bandwidth) + comm_s + ring_bwd_s
     wgrad = max(wgrad_compute_s, work.wgrad_bytes / bandwidth)

@@ -14,7 +14,11 @@ last consumer on the predicted timeline:
 
 - the activations a stage's forward saves for its backward, from ``Fwd(s, m)`` to ``Bwd(s, m)``
   (a stage without a backward saves nothing), or to ``Wgrad(s, m)`` where the backward is split (the
-  zero-bubble skeletons: the weight gradients read the saved inputs of the weight GEMMs);
+  zero-bubble skeletons: the weight gradients read the saved inputs of the weight GEMMs); an encoder
+  backward moved to another rank (full recomputation, :mod:`mpipe_tune.algebra.encoder_backward`)
+  re-runs the encode there, so that rank holds the same saved bytes (the layers' inputs) from the
+  start of the ``Bwd`` to its finish, and the owner none for it (a layer's transient activations
+  while it is recomputed are not charged, on the owner or elsewhere);
 - a stage's output, from ``Fwd(s, m)`` until the transfer that ships it has finished;
 - with a split backward, what ``Bwd(s, m)`` leaves for ``Wgrad(s, m)``: the output gradients the
   weight GEMMs read (and under recomputation the re-created activations), from the start of the
@@ -123,11 +127,15 @@ class MemoryLayout:
         self.lo = a.slab_lo[region, self.rank] * M + mb
         self.lo[self.num_saved:o] = 0
 
-    def moved(self, positions: np.ndarray, ranks: np.ndarray) -> "MemoryLayout":
-        """A copy whose tensors at ``positions`` live on new ``ranks`` (an owner change)."""
+    def moved(self, positions: np.ndarray, ranks: np.ndarray, alloc_events: np.ndarray | None = None) -> "MemoryLayout":
+        """A copy whose tensors at ``positions`` live on new ``ranks`` (an owner change), allocated by
+        ``alloc_events`` where given (an encoder backward moved to another rank, or back)."""
         out = copy.copy(self)
         out.rank = self.rank.copy()
         out.rank[positions] = ranks
+        if alloc_events is not None:
+            out.alloc_event = self.alloc_event.copy()
+            out.alloc_event[positions] = alloc_events
         return out
 
     def activation_peaks(self, table: LayerTable, start_s: np.ndarray, finish_s: np.ndarray) -> np.ndarray:
@@ -169,6 +177,11 @@ def _live_tensors(a: EventArrays) -> tuple[int, int, np.ndarray, np.ndarray, np.
     forwards = a.at(FWD)
     backward = a.index_of(BWD)[a.region[forwards], a.rank[forwards], a.mb[forwards]]
     saved, backward = forwards[backward >= 0], backward[backward >= 0]
+    # A moved encoder backward (on another rank than its encode, under full recomputation): its
+    # rank re-runs the encode, so it holds what the encode saves from its Bwd's start to its
+    # finish, and the owner's encode, whose backward runs elsewhere, saves nothing.
+    moved = moved_encoder_backwards(a)
+    saved, backward = np.concatenate((saved, moved)), np.concatenate((backward, moved))
     region, rank, mb = a.region[saved], a.rank[saved], a.mb[saved]
     # Split backwards: the saved activations live until the weight gradients, and the Bwd's output
     # gradients from the Bwd until then.
@@ -185,6 +198,15 @@ def _live_tensors(a: EventArrays) -> tuple[int, int, np.ndarray, np.ndarray, np.
     return (len(saved), len(shipped), np.concatenate((region, s_region, k_region)), np.concatenate((rank, s_rank, k_rank)),
             np.concatenate((mb, s_mb, k_mb)), np.concatenate((saved, a.index_of(FWD)[s_region, s_rank, s_mb], k_bwd)),
             np.concatenate((backward, shipped, weights)))
+
+
+def moved_encoder_backwards(a: EventArrays) -> np.ndarray:
+    """The encoder backwards (of the transposed source region) that run on another rank than their
+    microbatch's encode (:mod:`mpipe_tune.algebra.encoder_backward`)."""
+    if a.source_region < 0:
+        return np.zeros(0, dtype=np.int64)
+    backwards = np.flatnonzero((a.kind == BWD) & (a.region == a.source_region))
+    return backwards[a.index_of(FWD)[a.region[backwards], a.rank[backwards], a.mb[backwards]] < 0]
 
 
 def prefix_sums(per_layer: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch
 from mpipe_tune.cost.arch import validate_expert_parallel_degree, validate_tensor_parallel_degree
 from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.encoder_backward import optimise_slots
+from mpipe_tune.cost.encoder_backward import optimise
 from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table
 from mpipe_tune.cost.memory import MemoryReport
 from mpipe_tune.cost.profile import HardwareProfile
@@ -96,9 +96,9 @@ def predict(
     plan = (replace(c, encoder_backward=COOLDOWN) if choose_slots else c).derive(model, layer_weights(model, table))
     compiled = CompiledPlan(plan, model, profile, options)
     if choose_slots and compiled.has_encoder_backward:
-        slots = optimise_slots(compiled, table)
-        compiled = compiled.with_encoder_backward(slots)
-        plan, c = compiled.plan, replace(c, encoder_backward_slots=slots)
+        choice = optimise(compiled, table)  # under full recomputation, on other ranks too
+        compiled = compiled.with_encoder_backward(choice.slots, choice.ranks)
+        plan, c = compiled.plan, replace(c, encoder_backward_slots=choice.slots, encoder_backward_ranks=choice.ranks)
     timeline = compiled.timeline(table)
     memory = compiled.memory(table, timeline)
     return Prediction(resolved(c, plan), plan, timeline, table, memory, options)
@@ -113,12 +113,14 @@ def predict_fastest_placement(
 ) -> Prediction:
     """:func:`predict` of ``candidate`` under each encoder backward placement (:data:`PLACEMENTS`), the
     fastest kept (ties to the earlier placement); a plan without encoder backwards is predicted once."""
-    best = predict(replace(candidate, encoder_backward=COOLDOWN, encoder_backward_slots=None), model, workload,
+    best = predict(replace(candidate, encoder_backward=COOLDOWN, encoder_backward_slots=None,
+                           encoder_backward_ranks=None), model, workload,
                    profile, options)
     if not runs_encoder_backward(best.plan):
         return best
     for placement in PLACEMENTS[1:]:
-        other = predict(replace(candidate, encoder_backward=placement, encoder_backward_slots=None), model, workload,
+        other = predict(replace(candidate, encoder_backward=placement, encoder_backward_slots=None,
+                                encoder_backward_ranks=None), model, workload,
                         profile, options)
         if other.timeline.makespan_s < best.timeline.makespan_s:
             best = other

@@ -8,7 +8,9 @@ intra-node one marked ``assumed``. When a calibration model is given, each layer
 ``default`` over all its kinds) gets a forward efficiency (``value``), a ``backward_value`` and fixed
 seconds per forward and backward call, fitted to its layers' timings (and, for the ViT block, fixed
 seconds per image), and the profile gets the measured ``optimizer_update_bytes_per_s``; without one,
-``default`` is 1.0, ``assumed``, and no call overhead.
+``default`` is 1.0, ``assumed``, and no call overhead. Where the layers were also timed split over
+pairs of ranks (tensor parallelism of degree 2, an even number of ranks), each kind gets
+``tp_overhead_s`` for degree 2 (:func:`tp_overhead_entries`).
 
 On CPU one device is one of the ``nproc`` processes: the roofline runs with that process's share of
 the cores (:func:`~mpipe_tune.profiler.device.device_share`); the layers are timed by ``nproc`` ranks
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -72,6 +75,8 @@ class Measurements:
     calibration_dtype: str | None = None
     update_point: UpdatePoint | None = None
     """The runtime's optimizer update timed on the calibration layers' weights (with a calibration)."""
+    calibration: Model | None = None
+    """The calibration model itself (its layers' costs price the split points against the cost model)."""
 
 
 def count_steps(dtypes: tuple[str, ...], settings: SweepSettings, calibration: Model | None = None,
@@ -111,7 +116,7 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
         device, device_name(torch, device), nproc, per_node, torch.__version__, peaks, memory, capacity,
         capacity_ref, links, quick, threads_per_process(nproc) if device == "cpu" else None, points,
         calibration.name if calibration is not None else None, dtypes[0] if calibration is not None else None,
-        update,
+        update, calibration,
     )
 
 
@@ -183,7 +188,7 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
             "size_bytes": u.size_bytes, "median_s": u.seconds.median, "iqr_s": u.seconds.iqr,
             "repeats": u.seconds.num_repeats,
         }
-    return {
+    profile = {
         "schema_version": SCHEMA_VERSION,
         "name": name,
         "device": f"{m.device_name} ({m.device}, {m.nproc} processes)",
@@ -200,6 +205,10 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
         "links": {"intra_node": intra, "inter_node": inter},
         **extra,
     }
+    split = [p for p in m.layer_points if p.tp > 1]
+    if split and m.calibration is not None:
+        tp_overhead_entries(profile, split, m.calibration, m.calibration_dtype, how=how)
+    return profile
 
 
 def _efficiencies(m: Measurements, measured: Mapping[str, str], how: str) -> dict[str, Any]:
@@ -223,6 +232,7 @@ def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: 
     every entry carries (source and date). Refitting a profile to fresh timings (a drifting machine)
     replaces its ``efficiency`` with this."""
     peak, bandwidth = peak_flops_per_s, bytes_per_s
+    layer_points = [p for p in layer_points if p.tp == 1]  # split layers: tp_overhead_entries
     groups: dict[str, list[LayerPoint]] = {}
     for point in layer_points:
         groups.setdefault(point.kind, []).append(point)
@@ -276,3 +286,46 @@ def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: 
             "predicted_s": predicted,
         }
     return entries
+
+
+def tp_overhead_entries(profile: dict[str, Any], points: Sequence[LayerPoint], model: Model, dtype: str,
+                        how: str = "") -> None:
+    """Add ``tp_overhead_s`` to the efficiency entries of ``profile`` (its JSON form, fitted to the
+    whole layers already) from layers timed split over ``tp`` ranks.
+
+    Each split point is priced by the cost model on that profile at its tensor-parallel degree (the
+    split roofline, the per-call overheads and the all-reduces over the profile's links): per kind
+    and phase the overhead is the median of measured minus predicted seconds over the sizes, and 0
+    where the split layers ran faster than predicted (the cost model keeps its other terms as they
+    are). The ``default`` entry takes the median over every kind's points. The points and their
+    predictions are kept beside, as the entry's ``tp_calibration``."""
+    from mpipe_tune.cost.layers import CostOptions, layer_seconds
+    from mpipe_tune.cost.profile import parse_profile
+    from mpipe_tune.profiler.calibrate import calibration_microbatch
+
+    priced = parse_profile(profile, where="the profile being assembled")
+    layers = {layer.name: layer for layer in model.layers}
+    residuals: dict[tuple[str, int, str], list[float]] = {}
+    evidence: dict[tuple[str, int], list[tuple[LayerPoint, float]]] = {}
+    for point in points:
+        options = CostOptions(tp_degree=point.tp, dtype=dtype)
+        fwd, dgrad, wgrad, bwd_call = layer_seconds(layers[point.layer_name].cost, layers[point.layer_name].block,
+                                                    calibration_microbatch(model, point.tokens), priced, options)
+        predicted = fwd if point.phase == "fwd" else wgrad + bwd_call + (dgrad if point.input_grad else 0.0)
+        for kind in (point.kind, "default"):
+            residuals.setdefault((kind, point.tp, point.phase), []).append(point.seconds.median - predicted)
+            evidence.setdefault((kind, point.tp), []).append((point, predicted))
+    for (kind, tp), rows in sorted(evidence.items()):
+        entry = profile["efficiency"].get(kind)
+        if entry is None:
+            continue
+        pair = [max(0.0, statistics.median(residuals.get((kind, tp, phase), [0.0]))) for phase in ("fwd", "bwd")]
+        entry.setdefault("tp_overhead_s", {})[str(tp)] = pair
+        entry.setdefault("tp_calibration", {})[str(tp)] = {
+            "ref": f"the calibration chain split over {tp} ranks with the runtime's tensor-parallel plans, timed "
+                   f"by every rank at once; per phase, the median over the points of measured minus the cost "
+                   f"model's seconds at tp {tp} on this profile (0 if negative){how}",
+            "layers": [p.layer_name for p, _ in rows], "tokens": [p.tokens for p, _ in rows],
+            "phase": [p.phase for p, _ in rows], "median_s": [p.seconds.median for p, _ in rows],
+            "predicted_s": [predicted for _, predicted in rows],
+        }

@@ -30,6 +30,11 @@ after a barrier and all ranks agree when to stop.
 Kinds whose runtime module makes one call per image (:data:`PER_IMAGE_KINDS`: the ViT block attends
 inside each image) are also timed on the same patches split into :data:`CALIBRATION_IMAGES` images,
 so that the fit can tell the fixed seconds per image from those per call.
+
+Given a tensor-parallel mesh (:func:`layer_samples`' ``tp_mesh``), the chain is split over it with
+the runtime's own tensor-parallel plans (:func:`~mpipe_tune.runtime.tensor_parallel.parallelize_layer`)
+and timed the same way inside :func:`~mpipe_tune.runtime.tensor_parallel.tp_context`, one image per
+size: each split layer's time, all-reduces included, for the profile's per-kind ``tp_overhead_s``.
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ class LayerPoint:
     seconds: Spread
     images: int = 1
     """Images the microbatch's patches were split into (1 for text-stream kinds)."""
+    tp: int = 1
+    """Ranks the layer was split over (tensor parallelism; 1: whole)."""
+    input_grad: bool = True
+    """Whether the backward computed the layer's input gradient (it was fed by the layer before it)."""
 
 
 PER_IMAGE_KINDS = frozenset({"vit_block"})
@@ -98,22 +107,31 @@ def calibration_layers(model: Model) -> list[int]:
 
 
 def layer_samples(torch: ModuleType, device: str, model: Model, dtype: str, settings: SweepSettings,
-                  progress: Callable[[str], None], agreement: Agreement = Agreement(),
+                  progress: Callable[[str], None], agreement: Agreement = Agreement(), tp_mesh=None,
                   ) -> list[tuple[LayerPoint, list[float]]]:
     """Forward and backward seconds of each distinct layer of ``model``, every repeat's, timed in a
     chain (see the module docstring) at the settings' sizes, beside the point each belongs to (its
-    ``seconds`` a placeholder until the samples of all ranks that timed together are summarized)."""
+    ``seconds`` a placeholder until the samples of all ranks that timed together are summarized).
+    With ``tp_mesh`` (a 1-D ``DeviceMesh`` of more than one rank), the chain split over it, one image
+    per size."""
     from mpipe_tune.runtime.blueprint import blueprint
+    from mpipe_tune.runtime.tensor_parallel import tp_context
 
     specs = blueprint(model)
     chain = calibration_layers(model)
-    modules = chain_modules(torch, device, model, dtype)
+    modules = chain_modules(torch, device, model, dtype, tp_mesh)
+    tp = 1 if tp_mesh is None else tp_mesh.size()
+    with tp_context(tp_mesh):
+        return _layer_samples(torch, device, model, dtype, settings, progress, agreement, specs, chain, modules, tp)
+
+
+def _layer_samples(torch, device, model, dtype, settings, progress, agreement, specs, chain, modules, tp):
     timer = Timer(torch, device)
     torch_dtype, where = getattr(torch, TORCH_DTYPES[dtype]), torch.device(device)
     out: list[tuple[LayerPoint, list[float]]] = []
     for position, tokens in enumerate(settings.calibration_tokens):
         too_long = False
-        for images in (1, CALIBRATION_IMAGES):
+        for images in (1, CALIBRATION_IMAGES) if tp == 1 else (1,):
             kinds = None if images == 1 else PER_IMAGE_KINDS
             if kinds is not None and not any(specs[i].kind in kinds for i in chain):
                 continue
@@ -124,34 +142,43 @@ def layer_samples(torch: ModuleType, device: str, model: Model, dtype: str, sett
                 layer, kind = model.layers[index], specs[index].kind
                 if kinds is not None and kind not in kinds:
                     continue
-                work = arch.estimate_arch_work(kind, layer.cost.dims_dict(), mb, dtype_bytes=DTYPE_BYTES[dtype])
+                work = arch.estimate_arch_work(kind, layer.cost.dims_dict(), mb, dtype_bytes=DTYPE_BYTES[dtype],
+                                               tp_degree=tp)
                 bwd_flops = work.wgrad_flops + (work.dgrad_flops if fed[k] else 0.0)
                 bwd_bytes = work.wgrad_bytes + (work.dgrad_bytes if fed[k] else 0.0)
                 count = images if kind in arch.IMAGE_STREAM_KINDS else 1
                 blank = Spread(0.0, 0.0, 0)
-                out.append((LayerPoint(layer.name, kind, tokens, "fwd", work.fwd_flops, work.fwd_bytes, blank, count),
-                            fwd[k]))
-                out.append((LayerPoint(layer.name, kind, tokens, "bwd", bwd_flops, bwd_bytes, blank, count), bwd[k]))
+                out.append((LayerPoint(layer.name, kind, tokens, "fwd", work.fwd_flops, work.fwd_bytes, blank, count,
+                                       tp), fwd[k]))
+                out.append((LayerPoint(layer.name, kind, tokens, "bwd", bwd_flops, bwd_bytes, blank, count, tp,
+                                       fed[k]), bwd[k]))
                 if images == 1:
-                    progress(f"layer {layer.name} {tokens} tokens")
+                    if tp == 1:
+                        progress(f"layer {layer.name} {tokens} tokens")
                     too_long = too_long or float(np.median(fwd[k]) + np.median(bwd[k])) > settings.calibration_max_point_s
         if not agreement.all_stop(not too_long):  # some rank's point took too long: every rank stops growing
-            for skipped in settings.calibration_tokens[position + 1:]:
+            for skipped in settings.calibration_tokens[position + 1:] if tp == 1 else ():
                 for index in chain:
                     progress(f"layer {model.layers[index].name} {skipped} tokens (skipped)")
             break
     return out
 
 
-def chain_modules(torch: ModuleType, device: str, model: Model, dtype: str) -> list:
-    """The runtime's modules of the calibration chain (:func:`calibration_layers`), all trainable."""
+def chain_modules(torch: ModuleType, device: str, model: Model, dtype: str, tp_mesh=None) -> list:
+    """The runtime's modules of the calibration chain (:func:`calibration_layers`), all trainable;
+    split over ``tp_mesh`` (the runtime's tensor-parallel plans) when one is given."""
     from mpipe_tune.runtime.blueprint import blueprint
     from mpipe_tune.runtime.layers import build_layer
+    from mpipe_tune.runtime.tensor_parallel import parallelize_layer
 
     specs = blueprint(model)
     torch_dtype, where = getattr(torch, TORCH_DTYPES[dtype]), torch.device(device)
-    return [build_layer(replace(specs[i], trainable=True), seed=0, dtype=torch_dtype, device=where)
-            for i in calibration_layers(model)]
+    modules = []
+    for i in calibration_layers(model):
+        spec = replace(specs[i], trainable=True)
+        module = build_layer(spec, seed=0, dtype=torch_dtype, device=where)
+        modules.append(parallelize_layer(module, spec, tp_mesh) if tp_mesh is not None else module)
+    return modules
 
 
 def is_stable(previous: Sequence[float] | None, current: Sequence[float], tolerance: float) -> bool:

@@ -7,7 +7,9 @@ device but they share the host. Timing one layer chain in one process sees none 
 (:func:`~mpipe_tune.runtime.launch.launch_local`: one thread per CPU rank, as in a run), and every
 rank times the calibration chain (:func:`~mpipe_tune.profiler.calibrate.layer_samples`) at the same
 time, each repeat after a barrier, until every rank's medians are stable; the samples of all ranks
-are pooled per point. The ranks then time the runtime's optimizer update
+are pooled per point. With an even number of ranks (and a model the runtime can split in two), they
+then time the chain again split over pairs of neighbouring ranks (tensor parallelism of degree 2,
+the runtime's layout: tp innermost), for the profile's ``tp_overhead_s``. The ranks then time the runtime's optimizer update
 (:func:`~mpipe_tune.runtime.compute.sgd_update`) on the chain's weights the same way, for the
 profile's ``optimizer_update_bytes_per_s``.
 
@@ -68,7 +70,7 @@ def calibrate_together(device: str, nproc: int, model: Model, dtype: str, settin
     pooled, update = launch_local(_calibrate_rank, (model, dtype, settings), nproc, device,
                                   timeout_s=timeout_s, deadline_s=timeout_s)
     points = [replace(point, seconds=summarize(samples)) for point, samples in pooled]
-    timed = [p for p in points if p.phase == "fwd" and p.images == 1]
+    timed = [p for p in points if p.phase == "fwd" and p.images == 1 and p.tp == 1]
     for point in timed:
         progress(f"layer {point.layer_name} {point.tokens} tokens")
     for _ in range(len(calibration_layers(model)) * len(settings.calibration_tokens) - len(timed)):
@@ -82,6 +84,9 @@ def _calibrate_rank(ctx, model: Model, dtype: str, settings: SweepSettings):
 
     agreement = distributed_agreement(dist)
     samples = layer_samples(torch, ctx.device_kind, model, dtype, settings, lambda _: None, agreement)
+    tp_mesh = tp_calibration_mesh(ctx, model)
+    if tp_mesh is not None:
+        samples += layer_samples(torch, ctx.device_kind, model, dtype, settings, lambda _: None, agreement, tp_mesh)
     modules = chain_modules(torch, ctx.device_kind, model, dtype)
     size_bytes, update_s = time_update(torch, ctx.device_kind, modules, settings, agreement)
     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
@@ -91,6 +96,30 @@ def _calibrate_rank(ctx, model: Model, dtype: str, settings: SweepSettings):
     pooled = [(point, [t for rank_samples, _ in gathered for t in rank_samples[k][1]])
               for k, (point, _) in enumerate(samples)]
     return pooled, (size_bytes, [t for _, rank_update in gathered for t in rank_update])
+
+
+TP_CALIBRATION_DEGREE = 2
+"""The tensor-parallel degree the ranks calibrate split layers at (pairs of neighbouring ranks)."""
+
+
+def tp_calibration_mesh(ctx, model: Model):
+    """The 1-D mesh of this rank's pair for the split calibration, or None: an odd number of ranks, or
+    a model whose heads or widths the runtime cannot split in two."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from mpipe_tune.errors import MpipeError
+    from mpipe_tune.runtime.blueprint import blueprint, validate_tensor_parallel
+
+    tp = TP_CALIBRATION_DEGREE
+    if ctx.world_size < tp or ctx.world_size % tp:
+        return None
+    specs = blueprint(model)
+    try:
+        validate_tensor_parallel(tuple(specs[i] for i in calibration_layers(model)), tp)
+    except MpipeError:
+        return None
+    mesh = init_device_mesh(ctx.device_kind, (ctx.world_size // tp, tp), mesh_dim_names=("rest", "tp"))
+    return mesh["tp"]
 
 
 def distributed_agreement(dist) -> Agreement:

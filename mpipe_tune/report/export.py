@@ -49,7 +49,7 @@ it was made for into an :class:`ExportPlan`; the writers read nothing else. Each
 
 Where a format cannot express a plan (a transpose region for torch-csv, torchtitan and Megatron-LM,
 GPipe for Megatron-LM, an owner map hyper-parallel has no mode for, a zero-bubble skeleton's split
-backward for any of them), the writer raises one
+backward for any of them, an encoder backward moved off its owner for any of them), the writer raises one
 :class:`~mpipe_tune.errors.MpipeError` line that says why and names the closest plan it can express.
 """
 
@@ -67,6 +67,7 @@ from typing import Any
 
 import yaml
 
+from mpipe_tune.algebra.encoder_backward import moved_count
 from mpipe_tune.algebra.events import Bwd, Fwd
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.algebra.order import num_rounds
@@ -196,6 +197,13 @@ def export_plan(record: dict[str, Any], plan: Plan, model: Model, *, name: str =
         raise MpipeError(f"plan '{name}' uses the zero-bubble skeleton {', '.join(split)}, whose split input- and "
                          f"weight-gradient backwards no export writes yet; export a 1f1b plan such as the file's "
                          f"'megatron' baseline (--plan megatron), or run this one with 'mpipe-tune run'")
+    moved = moved_count(c.encoder_backward_ranks, c.owner_map or ())
+    if moved:
+        raise MpipeError(f"plan '{name}' runs {moved} encoder backward(s) on other ranks than their owners (full "
+                         f"recomputation), which no export writes (hyper-parallel's Mpipe schedule runs each on its "
+                         f"owner); " + (f"export the file's '{MPIPE_RR}' baseline (--plan {MPIPE_RR}), " if MPIPE_RR
+                                        in names else "") + "re-plan with --encoder-backward cooldown, or run "
+                         "this one with 'mpipe-tune run'")
     if beyond:
         raise MpipeError(f"plan '{name}' uses {', '.join(beyond)}; export writes pp x dp x tp plans with no or full "
                          f"recomputation and the encoder at the plan's tp; re-plan with --ep 1 --cp 1 (no sequence "

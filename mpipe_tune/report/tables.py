@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from mpipe_tune.algebra.encoder_backward import moved_count
 from mpipe_tune.plan_file import placement_record
 from mpipe_tune.frames import Column, TextTable, gib, ms, text
 
@@ -71,7 +72,9 @@ def print_prediction(record: dict[str, Any]) -> None:
           f"dp={record['dp']}" + (f" encoder tp={record['encoder_tp']}" if record.get("encoder_tp", record["tp"])
                                   != record["tp"] else "") + f"  M={record['microbatches']}  dtype {record['dtype']}"
           + (f"  encoder backward {record['encoder_backward']}" if record.get("encoder_backward", "cooldown")
-             != "cooldown" else ""))
+             != "cooldown" else "")
+          + (f" ({moved} on other ranks)" if (moved := moved_count(record.get("encoder_backward_ranks"),
+                                                                   record.get("owners") or ())) else ""))
     print(f"predicted step time: {record['makespan_s'] * 1e3:.3f} ms   bubble share {record['bubble_share']:.1%}\n")
     frame = rank_frame(record)
     table = TextTable.fit(frame, RANK_COLUMNS)

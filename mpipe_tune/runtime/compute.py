@@ -17,6 +17,13 @@ skipped layer's shape, and their backward is nothing. This is what the cost mode
 whose stream has no tokens costs nothing, :mod:`mpipe_tune.cost.arch`), and what a trainer does
 with a text-only batch; the gradients are those of calling them on empty inputs (zero).
 
+An encoder backward on another rank than its microbatch's encode (full recomputation,
+:mod:`mpipe_tune.algebra.encoder_backward`): the owner's encode records no autograd (its stage has
+no backward there), and the rank that runs the backward first re-runs the encode from the
+microbatch's own synthetic images (drawn there, the same tensors) with autograd, then
+back-propagates the gradient the Scatter brought; its weight gradients join the replica reduce as
+any encoder backward's do.
+
 A split backward (the zero-bubble skeletons): the ``Bwd`` computes only the gradient of the stage's
 input, keeping the autograd graph, and the ``Wgrad`` later runs the graph again for the slab's
 weight gradients (``torch.autograd.backward`` with ``inputs=`` each time). Eager autograd has no
@@ -112,6 +119,9 @@ class RealCompute:
         self.losses[self._first_mb + self.view.events[source].mb] = float(self._outputs.pop(source).detach())
 
     def backward(self, index: int, event: Bwd, grad: torch.Tensor | None) -> torch.Tensor | None:
+        if (event.region, event.mb) not in self._saved:  # an encoder backward moved off its owner: encode here
+            assert self.view.slab(event.region, event.rank)[0] == 0, f"{event} has no forward on rank {self.rank}"
+            self.forward(index, Fwd(event.region, event.rank, event.mb), None)
         x, y = self._saved.pop((event.region, event.mb))
         split = (event.region, event.mb) in self._split
         if split:  # the weight gradients wait for the Wgrad; without an input gradient to send, so does all

@@ -15,7 +15,8 @@ run does with that (:class:`StepModes`):
   every step runs the stored map.
 
 The defaults: per-step owners when the plan has a policy other than round-robin, fixed when it has
-round-robin or only an explicit map; sampled data with per-step owners when the plan records its
+round-robin or only an explicit map, or encoder backwards moved off their owners (ranks chosen for
+the stored map: per-step owners are refused for it); sampled data with per-step owners when the plan records its
 draw, stored data otherwise. ``fixed`` with ``stored`` is the stored plan exactly as it was checked
 against ``derive`` (:mod:`mpipe_tune.runtime.plan_view`); any other pair re-times the stored plan
 for the step's owner map with the cost model's compiled plan (the same events, the owned ones on
@@ -78,9 +79,13 @@ def resolve_modes(view: PlanView, owners: str | None = None, data: str | None = 
     c, where = view.candidate, f"plan file {view.path}"
     policy = c.owner_policy
     movable = view.plan.placement[0].layout is Layout.REPLICATED
+    moved = c.encoder_backward_ranks is not None  # ranks chosen for the stored owner map
     if owners is None:
-        owners = PER_STEP if movable and policy not in (None, ROUND_ROBIN) else FIXED
+        owners = PER_STEP if movable and policy not in (None, ROUND_ROBIN) and not moved else FIXED
     if owners == PER_STEP:
+        if moved:
+            raise MpipeError(f"{where} runs encoder backwards on other ranks than their owners, chosen for its stored "
+                             f"owner map, which per-step owners would change; run it with --owners fixed")
         if not movable:
             raise MpipeError(f"{where}: schedule <{c.schedule}> does not start with a transpose region, so no "
                              f"microbatch has an owner to choose per step; run it with --owners fixed")

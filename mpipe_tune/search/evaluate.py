@@ -25,12 +25,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mpipe_tune.algebra.derive import Owners, derive, rank_slabs
-from mpipe_tune.algebra.encoder_backward import COOLDOWN, OPTIMISED
+from mpipe_tune.algebra.encoder_backward import COOLDOWN, OPTIMISED, EncoderBackward
 from mpipe_tune.algebra.placement import balanced_counts, round_robin
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import TableSums, table_sums
-from mpipe_tune.cost.encoder_backward import placement_slots
+from mpipe_tune.cost.encoder_backward import placed
 from mpipe_tune.cost.layers import LayerTable, build_layer_table
 from mpipe_tune.cost.memory import static_bytes_of
 from mpipe_tune.cost.owners import encode_seconds, owners_for
@@ -271,7 +271,8 @@ class Evaluator:
 
     def slack_s(self, c: Candidate, sample: int) -> tuple[float, ...]:
         """Per rank, the warmup slack ``w_r`` of ``c``'s round-robin plan on step ``sample``."""
-        rr = replace(c, owner_policy="round-robin", encoder_backward=COOLDOWN, encoder_backward_slots=None)
+        rr = replace(c, owner_policy="round-robin", encoder_backward=COOLDOWN, encoder_backward_slots=None,
+                     encoder_backward_ranks=None)
         return self._step(rr, self.slab_counts(rr), sample, memory=False).slack_s
 
     def encode_s(self, c: Candidate, sample: int) -> np.ndarray:
@@ -289,23 +290,31 @@ class Evaluator:
         p = self.problem
         workload, _ = self.table(sample, c)
         options = self.options(c)
-        slots = c.encoder_backward_slots
+        slots, ranks = c.encoder_backward_slots, c.encoder_backward_ranks
         if c.encoder_backward == OPTIMISED and slots is None:
-            slots = self.encoder_backward_slots(c, sample)
+            choice = self.encoder_backward_choice(c, sample)
+            slots, ranks = (None, None) if choice is None else (choice.slots, choice.ranks)
         explicit = replace(c, slab_counts=self.slab_counts(c), owner_map=self.owners(c, sample), dtype=options.dtype,
-                           encoder_backward_slots=slots)
+                           encoder_backward_slots=slots, encoder_backward_ranks=ranks)
         prediction = predict(explicit, p.model, workload, p.profile, options)
         return prediction, workload
 
     def encoder_backward_slots(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
-        """The slots of ``c``'s encoder backwards on step ``sample`` (None: the cooldown, or the plan runs none)."""
+        """The slots of ``c``'s encoder backwards on step ``sample`` (None: the cooldown, or the plan runs
+        none), on the ranks :meth:`encoder_backward_choice` names."""
+        choice = self.encoder_backward_choice(c, sample)
+        return None if choice is None else choice.slots
+
+    def encoder_backward_choice(self, c: Candidate, sample: int) -> EncoderBackward | None:
+        """The slots (and ranks) of ``c``'s encoder backwards on step ``sample`` (None: the cooldown, or
+        the plan runs none)."""
         return self._placed(c, self.slab_counts(c), sample)[1]
 
     # ---------------------------------------------------------------------------- internals
 
-    def _placed(self, c: Candidate, slabs, sample: int) -> tuple[CompiledPlan, tuple[int, ...] | None]:
+    def _placed(self, c: Candidate, slabs, sample: int) -> tuple[CompiledPlan, EncoderBackward | None]:
         """``c``'s compiled plan on step ``sample`` with its owners and its encoder backwards placed,
-        and their slots (None for the cooldown, and without encoder backwards)."""
+        and their arrangement (None for the cooldown, and without encoder backwards)."""
         owners = self._retimed_owners(c, sample)
         plan = self.compiled(c, slabs, owners)
         slots = c.encoder_backward_slots
@@ -314,9 +323,11 @@ class Evaluator:
         if slots is None:
             key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, sample)
             if key not in self._slots:
-                self._slots[key] = placement_slots(plan, c.encoder_backward, self._table(sample, c)[2])
-            slots = self._slots[key]
-        return plan.with_encoder_backward(slots), slots
+                self._slots[key] = placed(plan, c.encoder_backward, self._table(sample, c)[2])
+            choice = self._slots[key]
+        else:
+            choice = EncoderBackward(c.encoder_backward, slots, c.encoder_backward_ranks)
+        return plan.with_encoder_backward(choice.slots, choice.ranks), choice
 
     def _retimed_owners(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
         """The owner map ``c``'s plan is re-timed for on step ``sample``; None: derive's round-robin."""
@@ -360,7 +371,8 @@ class Evaluator:
 
     def _step(self, c: Candidate, slabs, sample: int, memory: bool) -> StepResult:
         owners = self._retimed_owners(c, sample)
-        key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, c.encoder_backward_slots, sample)
+        key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, c.encoder_backward_slots,
+               c.encoder_backward_ranks, sample)
         cached = self._steps.get(key)
         if cached is not None and (not memory or cached.peak_bytes is not None):
             return cached

@@ -9,10 +9,13 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
    with ``S`` one Sharded skeleton and ``v`` woven regions (``v > 1`` is interleaving; ``zbv`` only
    with ``v = 2``, its V), kept only when some cut gives every Sharded region at least ``pp`` layers
    and some microbatch count fits it; the trailing (sink) transpose only for a model with a head after
-   its backbone (a generator head, :attr:`~mpipe_tune.algebra.model.Model.head_start`);
+   its backbone (a generator head, :attr:`~mpipe_tune.algebra.model.Model.head_start`); with
+   :attr:`SpaceOptions.interior_transpose`, also ``S,transpose,S [,transpose]``, an interior transpose
+   of the projector between a Sharded encoder and a Sharded backbone (two woven regions);
 3. ``cut``: for a transpose, its boundary at the encoder/backbone seam or up to ``cut_window``
    layers either side; the boundaries between woven Sharded regions balance their expected cost; a
-   sink transpose holds the head;
+   sink transpose holds the head; an interior transpose holds the projector, its cut the seam's two
+   ends (the first backbone layer after it);
 4. ``microbatch_size``: sequences per microbatch ``s``, so that ``M = sequences per replica / s`` is
    at least ``pp`` (when possible), at most ``max_microbatches``, in equal rounds of ``M // pp`` for
    interleaved 1F1B and zb1p (a size, rather than ``M``, keeps its meaning when the degrees change);
@@ -63,6 +66,11 @@ class SpaceOptions:
     head_transpose: bool = True
     """Also search schedules that transpose the model's head as a sink region (``1f1b,transpose``,
     ``transpose,1f1b,transpose``), where the model has one (layers after its last backbone layer)."""
+    interior_transpose: bool = False
+    """Also search schedules that transpose the model's projector as an interior region (``S,transpose,S``,
+    and ``S,transpose,S,transpose`` with a sink): the encoder is then a Sharded region of its own, woven
+    with the backbone's, and each microbatch's projector runs on its owner. Only where the model has
+    projector layers between its encoder and its backbone, each side at least ``pp`` layers."""
     cut_window: int = 1
     """Layers either side of the encoder/backbone seam the transpose boundary may move."""
     owner_policies: tuple[str, ...] = POLICIES
@@ -141,6 +149,11 @@ class SearchSpace:
                     for v in counts:
                         if v <= self.options.max_chunks:
                             out.append(",".join(first + (skeleton,) * v + last))
+        if self.options.interior_transpose and 0 < self.encoder_end < self.backbone_start:
+            for last in lasts:
+                for skeleton in self.options.skeletons:
+                    if 2 in (Skeleton(skeleton).chunk_counts or (2,)) and self.options.max_chunks >= 2:
+                        out.append(",".join((skeleton, Skeleton.TRANSPOSE.value, skeleton) + last))
         return out
 
     def shape(self, schedule: str) -> tuple[bool, int, bool]:
@@ -148,7 +161,20 @@ class SearchSpace:
         skeletons = schedule.split(",")
         transpose = skeletons[0] == Skeleton.TRANSPOSE.value
         sink = len(skeletons) > 1 and skeletons[-1] == Skeleton.TRANSPOSE.value
-        return transpose, len(skeletons) - transpose - sink, sink
+        return transpose, sum(s != Skeleton.TRANSPOSE.value for s in skeletons), sink
+
+    @staticmethod
+    def interior(schedule: str) -> bool:
+        """Whether a family schedule transposes an interior region (the projector: ``S,transpose,S``)."""
+        return Skeleton.TRANSPOSE.value in schedule.split(",")[1:-1]
+
+    def interior_cut(self, pp: int, stop: int | None = None) -> tuple[int, int] | None:
+        """The cut of an interior transpose of the projector (its two ends), None when the encoder or
+        the backbone (up to ``stop``) has fewer than ``pp`` layers."""
+        stop = self.num_layers if stop is None else stop
+        if self.encoder_end < pp or stop - self.backbone_start < pp:
+            return None
+        return self.encoder_end, self.backbone_start
 
     def woven_cut(self, start: int, chunks: int, pp: int, stop: int | None = None) -> tuple[int, ...] | None:
         """Boundaries splitting layers ``[start, stop)`` (default: to the last layer) into ``chunks``
@@ -184,8 +210,10 @@ class SearchSpace:
         one), the woven regions' balanced boundaries, and the head's start for a sink transpose."""
         _, chunks, sink = self.shape(schedule)
         stop = self.head_start if sink else None
-        start = 0 if boundary is None else boundary
-        woven = self.woven_cut(start, chunks, pp, stop)
+        if self.interior(schedule):
+            woven = self.interior_cut(pp, stop)
+        else:
+            woven = self.woven_cut(0 if boundary is None else boundary, chunks, pp, stop)
         return ((boundary,) if boundary is not None else ()) + woven + ((self.head_start,) if sink else ())
 
     def microbatch_choices(self, pp: int, dp: int, schedule: str) -> list[int]:
@@ -212,8 +240,12 @@ class SearchSpace:
             for schedule in self.family:
                 transpose, chunks, sink = self.shape(schedule)
                 stop = self.head_start if sink else None
-                cut_ok = (self.transpose_cuts(pp, chunks, stop) if transpose
-                          else self.woven_cut(0, chunks, pp, stop) is not None)
+                if self.interior(schedule):
+                    cut_ok = self.interior_cut(pp, stop) is not None
+                elif transpose:
+                    cut_ok = bool(self.transpose_cuts(pp, chunks, stop))
+                else:
+                    cut_ok = self.woven_cut(0, chunks, pp, stop) is not None
                 if cut_ok and self.microbatch_choices(pp, dp, schedule):
                     out.append(schedule)
             self._schedules[key] = out
@@ -279,7 +311,7 @@ class SearchSpace:
         sizes = [per_replica // m for m in reversed(self.microbatch_choices(pp, dp, schedule))]
         num_microbatches = per_replica // choose(self.param_name("microbatch_size", sizes, None), sizes)
         policy = None
-        if transpose or sink:
+        if transpose or sink or self.interior(schedule):
             policies = self.owner_choices(pp, num_microbatches)
             policy = choose(self.param_name("owners", policies, self.options.owner_policies), policies)
         settings = list(self.options.recompute)

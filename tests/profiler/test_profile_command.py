@@ -56,6 +56,11 @@ def test_quick_cpu_sweep_writes_a_profile_that_loads(tmp_path):
     assert 4 in vit["images"] and 1 in vit["images"]  # the ViT block also on several images per microbatch
     assert profile.image_overhead_for("vit_block") == (vit["forward_image_overhead_s"], vit["backward_image_overhead_s"])
     assert profile.image_overhead_for("dense_block") == (0.0, 0.0)
+    for kind in kinds:  # two ranks: the chain also timed split over the pair, for every kind's split overhead
+        fwd_s, bwd_s = profile.tp_overhead_for(kind, 2)
+        assert fwd_s >= 0 and bwd_s >= 0 and profile.tp_overhead_for(kind, 4) == (0.0, 0.0)
+        evidence = profile.provenance[f"efficiency.{kind}"]["tp_calibration"]["2"]
+        assert len(evidence["median_s"]) == len(evidence["predicted_s"]) == len(evidence["tokens"]) >= 4
     update = profile.provenance["optimizer_update_bytes_per_s"]
     assert update["source"] == "measured" and update["size_bytes"] > 0
     assert profile.update_bytes_per_s == pytest.approx(update["size_bytes"] / update["median_s"])

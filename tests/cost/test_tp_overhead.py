@@ -1,0 +1,95 @@
+"""Fixed seconds per split layer call (``tp_overhead_s``): parsed and written back by the profile, charged
+by the cost model at the profiled tensor-parallel degree only, and fitted by the profiler so that the
+cost model reproduces the split layers it timed."""
+
+import json
+
+import numpy as np
+import pytest
+
+from mpipe_tune.cost.layers import CostOptions, build_layer_table, layer_seconds
+from mpipe_tune.cost.profile import load_profile, parse_profile
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.profiler.build import tp_overhead_entries
+from mpipe_tune.profiler.calibrate import LayerPoint, calibration_microbatch
+from mpipe_tune.profiler.stats import summarize
+from mpipe_tune.specs import load_model
+
+MODEL = load_model("tiny-vit-llm")
+FWD_S, BWD_S = 4e-4, 9e-4
+
+
+def with_overhead(kind="dense_block", table=None):
+    data = load_profile("ideal").to_dict()
+    data["efficiency"][kind] = {"value": 1.0, "tp_overhead_s": {"2": [FWD_S, BWD_S]} if table is None else table, "source": "ideal"}
+    return parse_profile(data, where="test")
+
+
+def test_the_profile_reads_and_writes_the_split_overheads():
+    profile = with_overhead()
+    assert profile.tp_overhead_for("dense_block", 2) == (FWD_S, BWD_S)
+    assert profile.tp_overhead_for("dense_block", 4) == (0.0, 0.0)  # a degree it was not measured at
+    assert profile.tp_overhead_for("vit_block", 2) == (0.0, 0.0)  # the default entry gives none
+    assert parse_profile(json.loads(json.dumps(profile.to_dict())), where="round trip") == profile
+
+
+@pytest.mark.parametrize("table, words", [
+    ({"1": [0.0, 0.0]}, "is keyed by a tensor-parallel degree"),
+    ({"2": [1e-4]}, "must be [forward_s, backward_s]"),
+    ({"2": [-1e-4, 0.0]}, "must be >= 0"),
+    ({}, "must be a non-empty object"),
+])
+def test_a_bad_split_overhead_is_one_line_naming_the_field(table, words):
+    with pytest.raises(MpipeError, match="tp_overhead_s") as caught:
+        with_overhead(table=table)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_split_layers_pay_it_per_call_at_that_degree_only():
+    workload = Workload((Microbatch(16, 64), Microbatch(0, 32), Microbatch(16, 0)), "three")
+    dense = np.array([u.cost.kind == "dense_block" for u in MODEL.layers])
+    assert dense.any()
+    for tp, paid in ((2, True), (1, False)):
+        options = CostOptions(dtype="fp32", tp_degree=tp)
+        plain = build_layer_table(MODEL, workload, load_profile("ideal"), options)
+        charged = build_layer_table(MODEL, workload, with_overhead(), options)
+        has_text = np.array([1.0, 1.0, 0.0])  # a layer with no tokens makes no call
+        np.testing.assert_allclose(charged.fwd_s[dense] - plain.fwd_s[dense],
+                                   np.outer(np.ones(dense.sum()), has_text * FWD_S * paid), atol=1e-15)
+        np.testing.assert_allclose((charged.backward_s(MODEL) - plain.backward_s(MODEL))[dense],
+                                   np.outer(np.ones(dense.sum()), has_text * BWD_S * paid), atol=1e-15)
+        np.testing.assert_array_equal(charged.fwd_s[~dense], plain.fwd_s[~dense])
+
+
+def test_fitted_overheads_make_the_cost_model_reproduce_the_timed_split_layers():
+    base = load_profile("ideal").to_dict()
+    priced = parse_profile(base, where="test")
+    names = {u.cost.kind: u.name for u in MODEL.layers}
+    offsets = {"dense_block": (2e-3, 5e-3), "vit_block": (1e-3, 1e-3), "lm_head": (-1e-3, -1e-3)}
+    points = []
+    for kind, (fwd_extra, bwd_extra) in offsets.items():
+        layer = next(u for u in MODEL.layers if u.name == names[kind])
+        for tokens in (64, 256):
+            fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, tokens),
+                                                    priced, CostOptions(dtype="fp32", tp_degree=2))
+            points.append(LayerPoint(layer.name, kind, tokens, "fwd", 0.0, 0.0, summarize([fwd + fwd_extra]), tp=2))
+            points.append(LayerPoint(layer.name, kind, tokens, "bwd", 0.0, 0.0,
+                                     summarize([dgrad + wgrad + call + bwd_extra]), tp=2, input_grad=True))
+    for kind in offsets:
+        base["efficiency"][kind] = {"value": 1.0, "source": "ideal"}
+    tp_overhead_entries(base, points, MODEL, "fp32")
+    fitted = parse_profile(base, where="fitted")
+    assert fitted.tp_overhead_for("dense_block", 2) == pytest.approx((2e-3, 5e-3), rel=1e-9)
+    assert fitted.tp_overhead_for("vit_block", 2) == pytest.approx((1e-3, 1e-3), rel=1e-9)
+    assert fitted.tp_overhead_for("lm_head", 2) == (0.0, 0.0)  # faster than predicted: nothing taken off
+    for point in points:
+        if point.kind == "lm_head":
+            continue
+        layer = next(u for u in MODEL.layers if u.name == point.layer_name)
+        fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, point.tokens),
+                                                fitted, CostOptions(dtype="fp32", tp_degree=2))
+        assert (fwd if point.phase == "fwd" else dgrad + wgrad + call) == pytest.approx(point.seconds.median, rel=1e-9)
+    evidence = fitted.provenance["efficiency.dense_block"]["tp_calibration"]["2"]
+    assert len(evidence["median_s"]) == len(evidence["predicted_s"]) == 4
+    assert fitted.tp_overhead_for("default", 2)[0] > 0  # the median over every kind's points

@@ -1,0 +1,67 @@
+"""The runtime runs encoder backwards moved off their owners (full recomputation): each microbatch's
+encoder backward on the next rank after its owner, at its smallest legal slot there or in that
+rank's cooldown; the rank re-runs the encode from the microbatch's images, and the summed loss and
+every gradient equal a single-process reference step (float64)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference  # noqa: E402
+
+from mpipe_tune.algebra.candidate import Candidate  # noqa: E402
+from mpipe_tune.algebra.events import Bwd, Coll  # noqa: E402
+from mpipe_tune.cost.compiled import CompiledPlan  # noqa: E402
+from mpipe_tune.cost.layers import CostOptions  # noqa: E402
+from mpipe_tune.cost.predict import predict  # noqa: E402
+from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record  # noqa: E402
+from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
+from mpipe_tune.runtime.job import RunJob  # noqa: E402
+from mpipe_tune.runtime.launch import launch_local  # noqa: E402
+from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
+from mpipe_tune.runtime.plan_view import read_plan_file  # noqa: E402
+from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
+from mpipe_tune.specs import load_model, load_profile  # noqa: E402
+
+
+def _predict(P, slots=None, ranks=None):
+    model, profile = load_model(TEST_MODEL), load_profile("ideal")
+    c = Candidate("transpose,1f1b", (FIRST_LLM,), pp=P, tp=1, dp=1, num_microbatches=len(WORKLOAD),
+                  owner_policy="round-robin", dtype="fp32", recompute="full",
+                  encoder_backward="cooldown" if slots is None else "optimised", encoder_backward_slots=slots,
+                  encoder_backward_ranks=ranks)
+    return predict(c, model, WORKLOAD, profile, CostOptions(dtype="fp32")), model, profile
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda p: f"P{p}")
+def runs(request, tmp_path_factory):
+    P = request.param
+    folder = tmp_path_factory.mktemp(f"moved-encoder-backward-p{P}")
+    cooldown, model, profile = _predict(P)
+    compiled = CompiledPlan(cooldown.plan, model, profile, cooldown.options)
+    ranks = tuple((owner + 1) % P for owner in compiled.owners)
+    steps = compiled.backbone_steps
+    predictions = {"soonest": _predict(P, steps.min_slots(ranks), ranks)[0],
+                   "cooldown": _predict(P, steps.cooldown_slots(ranks), ranks)[0]}
+    jobs = {}
+    for name, prediction in predictions.items():
+        path = folder / f"{name}.json"
+        dump_plan(plan_record(prediction, model, WORKLOAD, profile, PlanInputs(TEST_MODEL, (), "ideal")), path)
+        view = read_plan_file(str(path))  # the stored order is derive's, with the moved events
+        for m, r in enumerate(ranks):
+            assert view.plan.index[Bwd(1, r, m)] in view.nodes[r]
+            assert any(isinstance(e, Coll) and e.dst == (1, r) and e.mb == m for e in view.events)
+        grads = folder / f"grads-{name}"
+        grads.mkdir()
+        jobs[name] = RunJob(str(path), steps=1, dtype="fp64", lr=0.05, grads_dir=str(grads))
+    results = launch_local(run_jobs, (list(jobs.values()),), P, timeout_s=60, deadline_s=150)
+    return P, jobs, dict(zip(jobs, results))
+
+
+@pytest.mark.parametrize("name", ["soonest", "cooldown"])
+def test_moved_encoder_backwards_compute_the_single_process_step(runs, name):
+    P, jobs, results = runs
+    reference = reference_step(blueprint(load_model(TEST_MODEL)), WORKLOAD.microbatches, seed=0)
+    assert_step_equals_reference(jobs[name].grads_dir, P, results[name]["summary"], reference, len(WORKLOAD))
