@@ -124,15 +124,22 @@ def make_sampled_plan(folder: Path, problem, candidate, name: str = "sampled") -
 def run_cases(folder: Path, cases: dict, num_ranks: int, *, steps: int = 1) -> tuple[dict, dict]:
     """Plan every ``name: (schedule, cut, frozen)`` of ``cases`` at ``num_ranks`` and run them in turn in
     one local launch (float64, each rank saving its first step's gradients): name -> job, name -> result."""
+    paths = {name: make_plan(folder, schedule, cut, num_ranks, frozen=frozen)
+             for name, (schedule, cut, frozen) in cases.items()}
+    return run_plan_files(folder, paths, num_ranks, steps=steps)
+
+
+def run_plan_files(folder: Path, paths: dict, num_ranks: int, *, steps: int = 1) -> tuple[dict, dict]:
+    """Run every ``name: plan file`` of ``paths`` in turn in one local launch (float64, each rank saving
+    its first step's gradients under ``folder``): name -> job, name -> result."""
     from mpipe_tune.runtime.job import RunJob
     from mpipe_tune.runtime.launch import launch_local
     from mpipe_tune.runtime.worker import run_jobs
 
     jobs = {}
-    for name, (schedule, cut, frozen) in cases.items():
+    for name, path in paths.items():
         grads = folder / f"grads-{len(jobs)}"
         grads.mkdir()
-        path = make_plan(folder, schedule, cut, num_ranks, frozen=frozen)
         jobs[name] = RunJob(str(path), steps=steps, dtype="fp64", lr=0.05, grads_dir=str(grads))
     results = launch_local(run_jobs, (list(jobs.values()),), num_ranks, timeout_s=60, deadline_s=150)
     return jobs, dict(zip(jobs, results))

@@ -9,18 +9,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference  # noqa: E402
+from runtime_plans import (  # noqa: E402
+    FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, reference_of, run_plan_files)
 
 from mpipe_tune.algebra.candidate import Candidate  # noqa: E402
 from mpipe_tune.cost.compiled import CompiledPlan  # noqa: E402
 from mpipe_tune.cost.layers import CostOptions  # noqa: E402
 from mpipe_tune.cost.predict import predict  # noqa: E402
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record  # noqa: E402
-from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
 from mpipe_tune.specs import load_model, load_profile  # noqa: E402
 
 
@@ -39,20 +35,16 @@ def runs(request, tmp_path_factory):
     compiled = CompiledPlan(cooldown.plan, model, profile, cooldown.options)
     soonest = compiled.backbone_steps.min_slots(compiled.owners)
     predictions = {"earliest": _predict(P, "earliest")[0], "soonest": _predict(P, "optimised", soonest)[0]}
-    jobs = {}
+    paths = {}
     for name, prediction in predictions.items():
         assert prediction.plan.order.nodes != cooldown.plan.order.nodes, "the placement moves an encoder backward"
-        path = folder / f"{name}.json"
-        dump_plan(plan_record(prediction, model, WORKLOAD, profile, PlanInputs(TEST_MODEL, (), "ideal")), path)
-        grads = folder / f"grads-{name}"
-        grads.mkdir()
-        jobs[name] = RunJob(str(path), steps=1, dtype="fp64", lr=0.05, grads_dir=str(grads))
-    results = launch_local(run_jobs, (list(jobs.values()),), P, timeout_s=60, deadline_s=150)
-    return P, jobs, dict(zip(jobs, results))
+        paths[name] = folder / f"{name}.json"
+        dump_plan(plan_record(prediction, model, WORKLOAD, profile, PlanInputs(TEST_MODEL, (), "ideal")), paths[name])
+    return P, *run_plan_files(folder, paths, P)
 
 
 @pytest.mark.parametrize("name", ["earliest", "soonest"])
 def test_placed_encoder_backwards_compute_the_single_process_step(runs, name):
     P, jobs, results = runs
-    reference = reference_step(blueprint(load_model(TEST_MODEL)), WORKLOAD.microbatches, seed=0)
+    reference = reference_of(())
     assert_step_equals_reference(jobs[name].grads_dir, P, results[name]["summary"], reference, len(WORKLOAD))

@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference  # noqa: E402
+from runtime_plans import (  # noqa: E402
+    FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, reference_of, run_plan_files)
 
 from mpipe_tune.algebra.candidate import Candidate  # noqa: E402
 from mpipe_tune.algebra.events import Bwd, Coll  # noqa: E402
@@ -17,12 +18,7 @@ from mpipe_tune.cost.compiled import CompiledPlan  # noqa: E402
 from mpipe_tune.cost.layers import CostOptions  # noqa: E402
 from mpipe_tune.cost.predict import predict  # noqa: E402
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record  # noqa: E402
-from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
 from mpipe_tune.runtime.plan_view import read_plan_file  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
 from mpipe_tune.specs import load_model, load_profile  # noqa: E402
 
 
@@ -45,23 +41,19 @@ def runs(request, tmp_path_factory):
     steps = compiled.backbone_steps
     predictions = {"soonest": _predict(P, steps.min_slots(ranks), ranks)[0],
                    "cooldown": _predict(P, steps.cooldown_slots(ranks), ranks)[0]}
-    jobs = {}
+    paths = {}
     for name, prediction in predictions.items():
-        path = folder / f"{name}.json"
-        dump_plan(plan_record(prediction, model, WORKLOAD, profile, PlanInputs(TEST_MODEL, (), "ideal")), path)
-        view = read_plan_file(str(path))  # the stored order is derive's, with the moved events
+        paths[name] = folder / f"{name}.json"
+        dump_plan(plan_record(prediction, model, WORKLOAD, profile, PlanInputs(TEST_MODEL, (), "ideal")), paths[name])
+        view = read_plan_file(str(paths[name]))  # the stored order is derive's, with the moved events
         for m, r in enumerate(ranks):
             assert view.plan.index[Bwd(1, r, m)] in view.nodes[r]
             assert any(isinstance(e, Coll) and e.dst == (1, r) and e.mb == m for e in view.events)
-        grads = folder / f"grads-{name}"
-        grads.mkdir()
-        jobs[name] = RunJob(str(path), steps=1, dtype="fp64", lr=0.05, grads_dir=str(grads))
-    results = launch_local(run_jobs, (list(jobs.values()),), P, timeout_s=60, deadline_s=150)
-    return P, jobs, dict(zip(jobs, results))
+    return P, *run_plan_files(folder, paths, P)
 
 
 @pytest.mark.parametrize("name", ["soonest", "cooldown"])
 def test_moved_encoder_backwards_compute_the_single_process_step(runs, name):
     P, jobs, results = runs
-    reference = reference_step(blueprint(load_model(TEST_MODEL)), WORKLOAD.microbatches, seed=0)
+    reference = reference_of(())
     assert_step_equals_reference(jobs[name].grads_dir, P, results[name]["summary"], reference, len(WORKLOAD))
