@@ -11,6 +11,10 @@ of the transposed region (:meth:`CompiledPlan.with_owners`) and evaluates it.
     python benchmarks/bench_evaluator.py            # a Markdown table
     python benchmarks/bench_evaluator.py --json     # a JSON list, one object per (P, M)
     python benchmarks/bench_evaluator.py --choices  # the longest-path implementations compared
+    python benchmarks/bench_evaluator.py --tier python  # the kernels as Python (a short search's tier)
+
+The kernels run compiled (``--tier compiled``, the default: what a search runs once a kernel has spent
+a second as Python, :mod:`mpipe_tune.jit`; the first, untimed call of each loop compiles or loads them).
 
 Every run asserts that the compiled finish times equal the networkx reference exactly, for the
 derived plan and for a re-timed owner map (checked against a fresh derive too).
@@ -27,6 +31,7 @@ import time
 
 import numpy as np
 
+from mpipe_tune import jit
 from mpipe_tune.algebra import Cut, Owners, derive, parse_schedule
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import table_sums
@@ -219,7 +224,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     parser.add_argument("--choices", action="store_true", help="compare longest-path implementations")
+    parser.add_argument("--tier", choices=jit.TIERS, default="compiled",
+                        help="run the kernels compiled (default), as Python, or by the search's rule (auto)")
     args = parser.parse_args()
+    with jit.tier(args.tier):
+        run(args)
+
+
+def run(args) -> None:
     if args.choices:
         rows = [choices(P, M) for P, M in SIZES]
         if args.json:

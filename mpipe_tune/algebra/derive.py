@@ -21,7 +21,7 @@ The IR it returns (:class:`~mpipe_tune.algebra.plan.Plan`, its ``Order``) lives 
    an interior or sink transpose's events are then placed into their owners' lists where their data
    arrives (:func:`mpipe_tune.algebra.transpose_order.place_owned_events`);
    the stages' wavefront order is :func:`wavefront_stages` (``zbv``'s second region in a V);
-6. :func:`topological_order`: a deadlock-free execution of the graph (Kahn's, compiled).
+6. :func:`topological_order`: a deadlock-free execution of the graph (Kahn's, a kernel).
 
 The order is built as columns (:class:`~mpipe_tune.algebra.plan.OrderColumns`): the event, edge and
 list tuples of :class:`~mpipe_tune.algebra.plan.Order` are made from them on first use, and the cost
@@ -52,6 +52,7 @@ import numpy as np
 
 from mpipe_tune.algebra import encoder_backward as encoder_backwards
 from mpipe_tune.algebra import order as programs
+from mpipe_tune.algebra import kernels
 from mpipe_tune.algebra.transpose_order import place_owned_events
 from mpipe_tune.algebra.events import (
     Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier, Wgrad,
@@ -708,8 +709,6 @@ def _kahn(num_events: int, src: np.ndarray, dst: np.ndarray) -> list[int] | None
 def sort_topologically(num_events: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
     """:func:`topological_order` over edge columns, as an array: the ready events are a stack, initially
     every source with the lowest index on top; an event's successors are released in the order of its
-    edges. The loop is compiled (:mod:`mpipe_tune.algebra.kernels`)."""
-    from mpipe_tune.algebra.kernels import topological_order as compiled  # numba: imported on first use
-
-    topo = compiled(num_events, np.ascontiguousarray(src, dtype=np.int64), np.ascontiguousarray(dst, dtype=np.int64))
+    edges. The loop is a kernel (:mod:`mpipe_tune.algebra.kernels`)."""
+    topo = kernels.topological_order(num_events, np.ascontiguousarray(src, dtype=np.int64), np.ascontiguousarray(dst, dtype=np.int64))
     return topo if len(topo) == num_events else None

@@ -1,4 +1,4 @@
-"""The algebra's one hot loop, compiled with numba (``cache=True``): Kahn's topological sort.
+"""The algebra's one hot loop (:func:`mpipe_tune.jit.kernel`: Python, then numba): Kahn's topological sort.
 
 The ready events are a stack, initially every source with the lowest index on top, and an event's
 successors are released in the order of their edges: the plain Python loop of
@@ -9,11 +9,12 @@ P=8, M=16 once the rest was columns); the cost model sorts re-timed orders with 
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from mpipe_tune.jit import kernel
 
-@numba.njit(cache=True, nogil=True)
+
+@kernel
 def topological_order(num_events, src, dst):
     """Kahn's algorithm over edge columns (edge ``k`` is ``src[k] -> dst[k]``); fewer than ``num_events``
     entries means a cycle."""

@@ -1,4 +1,4 @@
-"""The cost model's hot loops, compiled with numba (``cache=True``: compiled once per install).
+"""The cost model's hot loops (:func:`mpipe_tune.jit.kernel`: plain Python until compiling them pays, then numba).
 
 Each kernel is a plain loop over flat arrays that a :class:`~mpipe_tune.cost.compiled.CompiledPlan`
 holds; they do the same floating-point operations in the same order as the readable numpy and
@@ -13,13 +13,12 @@ either (``benchmarks/bench_evaluator.py --choices``; benchmarks/README.md record
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-_jit = numba.njit(cache=True, nogil=True)
+from mpipe_tune.jit import kernel
 
 
-@_jit
+@kernel
 def event_durations(fwd_prefix, bwd_prefix, boundary_bytes, fwd_idx, fwd_hi, fwd_lo, bwd_idx, bwd_hi, bwd_lo,
                     coll_idx, coll_flat, alpha_s, beta_s_per_byte, reduce_idx, reduce_s, out):
     """Seconds per event into ``out`` (zeroed first): a compute event's slab is a difference of the
@@ -35,9 +34,11 @@ def event_durations(fwd_prefix, bwd_prefix, boundary_bytes, fwd_idx, fwd_hi, fwd
         out[reduce_idx[k]] = reduce_s[k]
 
 
-@_jit
+@kernel
 def finish_times(durations, topo, pred_ptr, pred_idx, out):
-    """``finish(e) = duration(e) + max(0, finish(p) for p in preds(e))`` in topological order."""
+    """``finish(e) = duration(e) + max(0, finish(p) for p in preds(e))`` in topological order, into
+    ``out``; returns the largest (the makespan, 0 for an empty order)."""
+    best = 0.0
     for k in range(topo.shape[0]):
         e = topo[k]
         start = 0.0
@@ -46,20 +47,12 @@ def finish_times(durations, topo, pred_ptr, pred_idx, out):
             if f > start:
                 start = f
         out[e] = start + durations[e]
-
-
-@_jit
-def makespan(durations, topo, pred_ptr, pred_idx, scratch):
-    """The largest finish time (0 for an empty order); ``scratch`` holds the finish times after."""
-    finish_times(durations, topo, pred_ptr, pred_idx, scratch)
-    best = 0.0
-    for k in range(scratch.shape[0]):
-        if scratch[k] > best:
-            best = scratch[k]
+        if out[e] > best:
+            best = out[e]
     return best
 
 
-@_jit
+@kernel
 def running_peaks(rank, delta, num_ranks):
     """Per rank, the largest running sum (at least 0) of ``delta`` in the given order."""
     running = np.zeros(num_ranks)
@@ -72,7 +65,7 @@ def running_peaks(rank, delta, num_ranks):
     return peak
 
 
-@_jit
+@kernel
 def greedy_owners(encode_s, slack_s, order, out):
     """The greedy owner map (:func:`mpipe_tune.cost.owners.greedy_owners`) into ``out``: microbatches
     in ``order`` (heaviest encode first), each to the rank with the most slack left, ties to the lowest."""
@@ -87,7 +80,7 @@ def greedy_owners(encode_s, slack_s, order, out):
         remaining[best] -= encode_s[m]
 
 
-@_jit
+@kernel
 def owners_branch_and_bound(encode_s, slack_s, order, incumbent, max_nodes, out):
     """The exact min-max owner search of :func:`mpipe_tune.cost.owners.optimal_owners` into ``out``,
     as an explicit depth-first walk over the microbatches in ``order`` (heaviest encode first), from

@@ -44,6 +44,9 @@ from mpipe_tune.errors import MpipeError
 POLICIES = (ROUND_ROBIN, "greedy", "optimal")
 OPTIMAL_MAX_NODES = 2_000_000
 """Search nodes after which :func:`optimal_owners` gives up (a user error: the instance is too big)."""
+PYTHON_MAX_NODES = 10_000
+"""Search nodes the branch and bound may take as Python (:mod:`mpipe_tune.jit`); a search that needs
+more is run again, compiled, with the full budget (the same walk: the same result)."""
 RUNTIME_OPTIMAL_MAX_NODES = 40
 """Search nodes the runtime's ``optimal`` may spend on one step before it takes the greedy map. On
 the benchmark's instances a larger budget (200, 1000) finished no more of them, and with 40 a step's
@@ -116,11 +119,14 @@ def _branch_and_bound(encode_s: Sequence[float], slack_s: Sequence[float], greed
                       max_nodes: int) -> tuple[int, ...] | None:
     """:func:`optimal_owners`' search from the incumbent ``greedy``; None past ``max_nodes`` nodes."""
     encode, slack, order = _vectors(encode_s, slack_s)
+    incumbent = np.array(greedy, dtype=np.int64).reshape(-1)
     out = np.zeros(len(encode), dtype=np.int64)
-    if kernels.owners_branch_and_bound(encode, slack, order, np.array(greedy, dtype=np.int64).reshape(-1),
-                                       max_nodes, out):
-        return None
-    return tuple(out.tolist())
+    walk = kernels.owners_branch_and_bound
+    limit = max_nodes if walk.uses_compiled((encode,)) else min(max_nodes, PYTHON_MAX_NODES)
+    gave_up = walk(encode, slack, order, incumbent, limit, out)
+    if gave_up and limit < max_nodes:
+        gave_up = walk.compiled(encode, slack, order, incumbent, max_nodes, out)
+    return None if gave_up else tuple(out.tolist())
 
 
 def choose_owners(policy: str, encode_s: Sequence[float], slack_s: Sequence[float], *,

@@ -92,7 +92,7 @@ class CompiledOrder:
         return out
 
     def makespan(self, durations: np.ndarray) -> float:
-        return kernels.makespan(durations, self.topo, self.pred_ptr, self.pred_idx, self._scratch)
+        return float(kernels.finish_times(durations, self.topo, self.pred_ptr, self.pred_idx, self._scratch))
 
     def timeline(self, durations: np.ndarray) -> "Timeline":
         """Makespan, per-rank busy time and bubble, and the paper's spill ``max(0, E_r - w_r)``."""

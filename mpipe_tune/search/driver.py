@@ -10,8 +10,9 @@ and reading it from SQLite costs more than the whole evaluation (2,000 trivial T
 SQLite, 48 s in memory, on the 2-core benchmark machine).
 
 **Several workers.** Any number of ``plan`` processes may share one study: they stop at the
-requested total. Before each trial a worker counts the study's finished trials (its own still queued
-for the trial writer included) and stops at ``n_trials``; each trial is stored by
+requested total. When it starts and whenever it re-synchronises, a worker counts the study's finished
+trials (its own still queued for the trial writer included) and stops at ``n_trials`` (counting before
+every trial cost a tenth of the default example's search: a read of every trial); each trial is stored by
 :func:`~mpipe_tune.search.writer.store_trial`, which decides from what the storage holds at that
 moment and reserves the last places, so that workers finishing at the same moment cannot pass the
 total either (a trial that finds the study full is stored as failed, and its worker stops).
@@ -546,9 +547,8 @@ class _Run:
         self.open_bar(remaining, "plan")
         self.start_writing(remaining, n_trials)
         done = streak = 0
-        while done < remaining and not self.out_of_time():
-            if self.storage is not None and self.study_total() >= n_trials:  # other workers count too
-                break
+        full = self.storage is not None and self.study_total() >= n_trials  # other workers count too
+        while done < remaining and not full and not self.out_of_time():
             if self.writer is not None and self.writer.full.is_set():
                 break
             if refine and len(self.stored) + done >= explore_until:
@@ -595,3 +595,4 @@ class _Run:
                         known.add(uid)
                         self.tried.add(Candidate.from_dict(_info(t)["candidate"]))
                 remaining = n_trials - len(known) + done  # other workers count toward the study's total
+                full = self.storage is not None and self.study_total() >= n_trials

@@ -1,0 +1,91 @@
+"""Hot loops that run as plain Python until compiling them pays, then as their numba compilation.
+
+A :func:`kernel` is a plain loop over flat arrays (the cost model's longest path, durations and
+memory peaks, the owner policies, derive's topological sort). numba compiles such a loop to run
+20-40 times faster, but a first compile costs about two seconds per kernel on a small machine, and
+a fresh install has nothing cached: compiling every kernel up front cost the default ``mpipe-tune
+plan`` 15 s more than its few hundred events take in Python (benchmarks/README.md, "First-call
+compile"). So each kernel starts as its own Python source and counts the seconds it spends there;
+once that reaches :data:`COMPILE_AFTER_S` (about what compiling costs: the ski-rental rule, never
+worse than twice the better choice), or a call's largest array has :data:`COMPILE_FROM_SIZE`
+elements or more, it is compiled (``cache=True``: loaded from numba's cache when an earlier run
+compiled it) and stays compiled. numba itself is imported only then.
+
+Both tiers run the same source, so they do the same floating-point operations in the same order
+and agree bit for bit (``tests/test_jit.py`` checks every kernel on random inputs). :func:`tier`
+pins the choice, for tests and benchmarks that measure one of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+COMPILE_AFTER_S = 1.0
+"""Seconds a kernel spends as Python before it is compiled."""
+COMPILE_FROM_SIZE = 20_000
+"""A call with an array this large is compiled at once (Python would take milliseconds per call)."""
+TIERS = ("auto", "python", "compiled")
+
+_pinned = "auto"
+KERNELS: list["Kernel"] = []
+"""Every kernel defined, in definition order."""
+
+
+class Kernel:
+    """A loop that :func:`kernel` made: call it like the function it wraps."""
+
+    def __init__(self, fn: Callable) -> None:
+        functools.update_wrapper(self, fn)
+        self.python = fn
+        self.python_s = 0.0
+        """Seconds spent in the Python tier so far."""
+        self._compiled = None
+
+    @property
+    def compiled(self):
+        """The numba dispatcher (compiled for an argument type on its first call with it)."""
+        if self._compiled is None:
+            import numba
+
+            self._compiled = numba.njit(cache=True, nogil=True)(self.python)
+        return self._compiled
+
+    def uses_compiled(self, args: tuple) -> bool:
+        if _pinned != "auto":
+            return _pinned == "compiled"
+        return (self._compiled is not None or self.python_s >= COMPILE_AFTER_S
+                or max((a.size for a in args if isinstance(a, np.ndarray)), default=0) >= COMPILE_FROM_SIZE)
+
+    def __call__(self, *args):
+        if self.uses_compiled(args):
+            return self.compiled(*args)
+        start = time.perf_counter()
+        try:
+            return self.python(*args)
+        finally:
+            self.python_s += time.perf_counter() - start
+
+
+def kernel(fn: Callable) -> Kernel:
+    """Make ``fn`` (numba-compilable Python: loops over numpy arrays, no Python objects) a :class:`Kernel`."""
+    k = Kernel(fn)
+    KERNELS.append(k)
+    return k
+
+
+@contextlib.contextmanager
+def tier(name: str) -> Iterator[None]:
+    """Run every kernel as ``"python"`` or ``"compiled"`` inside the block (``"auto"``: the rule above)."""
+    global _pinned
+    if name not in TIERS:
+        raise ValueError(f"tier {name!r} is unknown; use one of {', '.join(TIERS)}")
+    before, _pinned = _pinned, name
+    try:
+        yield
+    finally:
+        _pinned = before
