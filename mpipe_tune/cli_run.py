@@ -43,6 +43,7 @@ class Run(Command):
                             help="the plan's hardware profile, where it moved (read to predict steps at run time)")
         parser.add_argument("--trace", default=None, help="write the measured per-event Chrome/Perfetto trace to this JSON file")
         parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+        parser.add_argument("--no-progress", action="store_true", help="no line on stderr as each step finishes")
 
     def take_action(self, args: argparse.Namespace) -> int:
         from mpipe_tune.runtime import launch
@@ -56,7 +57,7 @@ class Run(Command):
             validate_out_path(args.trace, label="--trace", suffixes=(".json",))
         job = RunJob(args.plan, model_spec=args.model, steps=args.steps, compute=args.compute, dtype=args.dtype,
                      seed=args.seed, trace=bool(args.trace), owners=args.owners, data=args.data,
-                     profile_spec=args.profile)
+                     profile_spec=args.profile, progress=not args.no_progress)
         session = run_session(self.name, [job], args.device)
         if session.exit_code or not session.is_rank0:  # a failure (reported), or a torchrun rank other than 0
             return session.exit_code

@@ -47,6 +47,8 @@ class RunJob:
     """``sampled`` (each step draws its microbatches from the plan's mix) or ``stored``; None: the default."""
     profile_spec: str | None = None
     """The plan's hardware profile where it moved (read when steps are predicted at run time)."""
+    progress: bool = False
+    """Rank 0 writes a line to stderr as each step finishes (``mpipe-tune run``)."""
 
     def dtype_for(self, view: PlanView) -> str:
         """The dtype this job computes in: its own, else the plan's."""

@@ -9,6 +9,8 @@ is the stored plan as it is, checks with :func:`validate_agreement` that all ran
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,7 @@ def run_job(ctx: RankContext, job: RunJob) -> dict[str, Any] | None:
     transport.connect()
     executor = Executor(view, rank, compute, transport)
     records, steps = [], []
+    started = time.perf_counter()
     for step in range(job.steps):
         step_plan = planner.plan(step)
         if not modes.is_stored_plan:
@@ -71,6 +74,9 @@ def run_job(ctx: RankContext, job: RunJob) -> dict[str, Any] | None:
                            Path(job.grads_dir) / f"rank{ctx.rank}.pt")
         records.append(executor.run_step(hook, step_plan.view))
         steps.append(step_plan)
+        if job.progress and ctx.rank == 0:
+            print(f"mpipe-tune run: step {step + 1}/{job.steps} done, {time.perf_counter() - started:.1f} s in",
+                  file=sys.stderr, flush=True)
     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
     dist.gather_object(records, gathered, dst=0)
     if ctx.rank != 0:

@@ -40,6 +40,7 @@ def test_real_run_reports_measured_beside_predicted_and_writes_the_trace(plan, t
     assert record["measured_step_s"] == record["step_times_s"][1]
     assert record["ratio"] == pytest.approx(record["measured_step_s"] / record["predicted_step_s"])
     assert all(loss > 0 for loss in record["loss_sums"])
+    assert "step 1/2 done" in stderr and "step 2/2 done" in stderr  # progress, one line per step
 
     plan_record = json.loads(plan.read_text())
     trace = json.loads(trace_path.read_text())
