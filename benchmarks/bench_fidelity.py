@@ -239,19 +239,34 @@ def measured_s(runs: list[dict]) -> float:
     return statistics.median(t for r in runs for t in r["step_times_s"][1:])
 
 
-def probe_factor(runs: list[dict], at_profile_s: float) -> float:
-    """How much slower the machine ran during a plan's runs than at profile time, from the speed probe
-    alone: the median over its runs of (mean of the probes before and after) / the profile's probe."""
-    return statistics.median((r["probe_before_s"] + r["probe_after_s"]) / 2 / at_profile_s for r in runs)
+def run_predicted_s(plan: dict, run: dict) -> float:
+    """A run's prediction: on its round's profile with ``--reprofile``, else the plan's."""
+    return run.get("predicted_s", plan["predicted_s"])
+
+
+def run_probe_factor(plan: dict, run: dict) -> float:
+    """How much slower the machine ran during a run than when its prediction's profile was measured,
+    from the speed probe alone: (mean of the probes before and after) / that profile's probe."""
+    return (run["probe_before_s"] + run["probe_after_s"]) / 2 / run.get("profile_probe_s", plan["profile_probe_s"])
+
+
+def predicted_s(plan: dict) -> float:
+    """A plan's prediction: the median of its runs' (one value without ``--reprofile``)."""
+    return statistics.median(run_predicted_s(plan, run) for run in plan["runs"])
+
+
+def corrected_s(plan: dict) -> float:
+    """A plan's probe-corrected prediction: the median over its runs of prediction times probe factor."""
+    return statistics.median(run_predicted_s(plan, run) * run_probe_factor(plan, run) for run in plan["runs"])
 
 
 def summarize_record(record: dict) -> dict:
     """Every figure, from the record's raw step times and probes (what ``--replot`` prints)."""
     plans = record["plans"]
     measured = [measured_s(r["runs"]) for r in plans]
-    predicted = [r["predicted_s"] for r in plans]
-    corrected = [r["predicted_s"] * probe_factor(r["runs"], r["profile_probe_s"]) for r in plans]
-    out = {"measured_s": measured, "corrected_s": corrected,
+    predicted = [predicted_s(r) for r in plans]
+    corrected = [corrected_s(r) for r in plans]
+    out = {"measured_s": measured, "predicted_s": predicted, "corrected_s": corrected,
            "raw": figures(predicted, measured), "probe_corrected": figures(corrected, measured)}
     for pp, rows in record.get("emulated", {}).items():
         out[f"emulated_P{pp}"] = figures([r["predicted_s"] for r in rows], [measured_s(r["runs"]) for r in rows])
@@ -368,7 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, metavar="WORDS",
                         help="run only the plans whose label contains one of these comma-separated words, e.g. tp2")
     parser.add_argument("--no-emulated", action="store_true", help="skip the emulated-compute rows")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of every plan (default 3; 1 with --quick)")
+    parser.add_argument("--reprofile", action="store_true",
+                        help="profile again before every round after the first and predict that round's runs on "
+                             "those profiles (the host's speed drifts over an hour)")
     parser.add_argument("--steps", type=int, default=5, help="steps per plan and round (the first is warm-up)")
     parser.add_argument("--emulated-steps", type=int, default=4)
     parser.add_argument("--quick", action="store_true",
@@ -395,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         print_table(record)
         return 0
     if args.quick:
-        args.rounds, args.steps, args.emulated_steps, args.max_wait, args.max_tries = 1, 3, 2, 0.0, 1
+        args.rounds, args.steps, args.emulated_steps, args.max_wait, args.max_tries = args.rounds or 1, 3, 2, 0.0, 1
+    args.rounds = args.rounds or 3
 
     from mpipe_tune.runtime.launch import disable_backend_autoload
 
@@ -417,16 +436,23 @@ def main(argv: list[str] | None = None) -> int:
                         else folder if args.quick else PROFILE_DIR)
         profiles_dir.mkdir(parents=True, exist_ok=True)
         conditions: dict = {"profiles": [], "load_average_before": os.getloadavg()}
-        for world in sorted({s.world for s in specs}):
-            if args.profiles:
-                continue
-            for _ in range(args.max_tries):
-                before, waited = wait_for_quiet(args.quiet_below, args.max_wait)
-                measured = measure_profile(profile_path(world, profiles_dir), world, args.quick)
-                conditions["profiles"].append({"foreign_before": before, "waited_s": waited, **measured})
-                if measured["foreign_cpu_share"] < args.quiet_below:
-                    break
-        profiles = {world: profile_path(world, profiles_dir) for world in {s.world for s in specs}}
+        worlds = sorted({s.world for s in specs})
+
+        def measure_profiles(where: Path, label: str) -> dict[int, Path]:
+            where.mkdir(parents=True, exist_ok=True)
+            for world in worlds:
+                for _ in range(args.max_tries):
+                    before, waited = wait_for_quiet(args.quiet_below, args.max_wait)
+                    measured = measure_profile(profile_path(world, where), world, args.quick)
+                    conditions["profiles"].append({"round": label, "foreign_before": before, "waited_s": waited,
+                                                   **measured})
+                    if measured["foreign_cpu_share"] < args.quiet_below:
+                        break
+            return {world: profile_path(world, where) for world in worlds}
+
+        if not args.profiles:
+            measure_profiles(profiles_dir, "first")
+        profiles = {world: profile_path(world, profiles_dir) for world in worlds}
         plans = make_plans(folder, specs, profiles)
         # The emulated runs go first: they are short, and a failure there must not cost the real runs.
         emulated = {} if args.no_emulated else emulated_rows(
@@ -434,17 +460,24 @@ def main(argv: list[str] | None = None) -> int:
             ("megatron", "mpipe-rr") if args.quick else EMULATED_BASELINES, args.emulated_steps)
         runs: list[list[dict]] = [[] for _ in plans]
         started = time.perf_counter()
+        from mpipe_tune.profiler.together import profile_probe_s
+
         for r in range(args.rounds):
+            # --reprofile: this round's runs are predicted on profiles measured right before it.
+            round_profiles = (profiles if not args.reprofile or r == 0
+                              else measure_profiles(folder / f"round{r}", str(r)))
+            loaded = {world: load_profile(path) for world, path in round_profiles.items()}
             order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
             for i in order:
                 spec, path, _ = plans[i]
                 result, tries = quiet_run(path, args.steps, spec.world, args.quiet_below, args.max_wait, args.max_tries)
                 runs[i].append(run_record(result, tries, spec.world))
+                if args.reprofile:
+                    runs[i][-1]["predicted_s"] = predict_spec(spec, loaded[spec.world], base)[0].timeline.makespan_s
+                    runs[i][-1]["profile_probe_s"] = profile_probe_s(loaded[spec.world], PROBE_TOKENS)
             print(f"round {r} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         conditions["runs_wall_s"] = time.perf_counter() - started
         conditions["load_average_after"] = os.getloadavg()
-        from mpipe_tune.profiler.together import profile_probe_s
-
         probes = {world: profile_probe_s(load_profile(path), PROBE_TOKENS) for world, path in profiles.items()}
         share = encoder_share(load_profile(profiles[P])) if P in profiles else None
         profile_files = {world: os.path.relpath(path, HERE.parent) if not args.quick else path.name
@@ -464,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         "probe_tokens": PROBE_TOKENS, "conditions": conditions, "plans": rows, "emulated": emulated,
         "encoder_share": share,
     }
-    record["figures"] = {k: v for k, v in summarize_record(record).items() if k not in ("measured_s", "corrected_s")}
+    record["figures"] = {k: v for k, v in summarize_record(record).items()
+                         if k not in ("measured_s", "predicted_s", "corrected_s")}
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     if args.plot:
@@ -481,11 +515,11 @@ def plans_frame(record: dict) -> pd.DataFrame:
     per-run medians (s) and the probe factors."""
     summary = summarize_record(record)
     return pd.DataFrame.from_records([{
-        "plan": r["label"], "world": r["world"], "predicted_s": r["predicted_s"], "measured_s": m,
-        "error": r["predicted_s"] / m - 1, "corrected_s": c, "corrected_error": c / m - 1,
+        "plan": r["label"], "world": r["world"], "predicted_s": p, "measured_s": m,
+        "error": p / m - 1, "corrected_s": c, "corrected_error": c / m - 1,
         "run_medians_s": [statistics.median(run["step_times_s"][1:]) for run in r["runs"]],
-        "probe_factors": [(run["probe_before_s"] + run["probe_after_s"]) / 2 / r["profile_probe_s"] for run in r["runs"]],
-    } for r, m, c in zip(record["plans"], summary["measured_s"], summary["corrected_s"])])
+        "probe_factors": [run_probe_factor(r, run) for run in r["runs"]],
+    } for r, p, m, c in zip(record["plans"], summary["predicted_s"], summary["measured_s"], summary["corrected_s"])])
 
 
 def figures_frame(record: dict) -> pd.DataFrame:
@@ -569,7 +603,7 @@ def plot(record: dict, path: str) -> None:
     summary = summarize_record(record)
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
     measured = np.array(summary["measured_s"]) * 1e3
-    series = [("the profile's prediction", np.array([r["predicted_s"] for r in record["plans"]]) * 1e3, "o", "C0",
+    series = [("the profile's prediction", np.array(summary["predicted_s"]) * 1e3, "o", "C0",
                summary["raw"]),
               ("probe-corrected", np.array(summary["corrected_s"]) * 1e3, "s", "C2", summary["probe_corrected"])]
     ax = axes[0]

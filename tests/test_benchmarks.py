@@ -53,6 +53,17 @@ def test_figures_are_computed_from_raw_steps_and_the_probe_alone(fidelity):
     assert fidelity.summarize_record(_record(still))["corrected_s"] == [1.0]
 
 
+def test_reprofiled_runs_are_predicted_and_corrected_on_their_own_round_profile(fidelity):
+    # --reprofile: each run carries its round's prediction and that profile's probe. The plan's
+    # prediction is the median of its runs', the correction is per run (its probe against its profile).
+    first = _run([0, 1.2], 0.011, 0.011)  # the plan's own profile: probe 0.010, prediction 1.0
+    second = {**_run([0, 1.2], 0.012, 0.012), "predicted_s": 1.1, "profile_probe_s": 0.011}
+    third = {**_run([0, 1.2], 0.012, 0.012), "predicted_s": 1.15, "profile_probe_s": 0.0115}
+    summary = fidelity.summarize_record(_record([_plan("a", 1.0, [first, second, third])]))
+    assert summary["predicted_s"] == [1.1]
+    assert summary["corrected_s"] == pytest.approx([1.2])  # 1.0 * 1.1, 1.1 * 12/11, 1.15 * 12/11.5: 1.1, 1.2, 1.2
+
+
 def test_best_gap_is_the_measured_cost_of_trusting_the_prediction(fidelity):
     plans = [_plan("fast on paper", 1.0, [_run([0, 1.3], 0.01, 0.01)]),
              _plan("fast in fact", 1.2, [_run([0, 1.25], 0.01, 0.01)])]
