@@ -118,5 +118,18 @@ def check_host(view: PlanView, job: RunJob, device_kind: str) -> list[str]:
         return []
     available, shared, where = launch.available_memory(device_kind)
     validate_memory(view, job, ranks, available, shared=shared, where=where)
-    note = launch.dtype_note(device_kind, job.dtype_for(view))
-    return [note] if note else []
+    notes = [launch.dtype_note(device_kind, job.dtype_for(view)), builtin_profile_note(view, job, device_kind)]
+    return [note for note in notes if note]
+
+
+def builtin_profile_note(view: PlanView, job: RunJob, device_kind: str) -> str | None:
+    """A note when the plan was predicted on a built-in profile (a machine described, not this host
+    measured): its measured/predicted ratio then compares two machines."""
+    from mpipe_tune.specs import builtin_profiles
+
+    profile = view.record["inputs"]["profile"]
+    if (job.profile_spec or profile["spec"]) not in builtin_profiles():
+        return None
+    return (f"the plan was predicted on the built-in profile '{profile['name']}', not on a profile of this host, so "
+            f"measured/predicted compares the two machines; to predict this host, measure it (mpipe-tune profile "
+            f"--device {device_kind} --out host.json) and plan with --profile host.json")

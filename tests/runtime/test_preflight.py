@@ -76,3 +76,16 @@ def test_running_without_torch_is_one_line(plan):
             f"from mpipe_tune.cli import main; sys.exit(main(['run', {str(plan)!r}, '--compute', 'emulated']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "needs torch, which is not installed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_plan_predicted_on_a_built_in_profile_gets_a_note_that_names_it(plan, tmp_path):
+    from mpipe_tune.cost.profile import dump_profile, load_profile
+    from mpipe_tune.runtime.job import builtin_profile_note
+
+    note = builtin_profile_note(read_plan_file(str(plan)), RunJob(str(plan)), "cpu")
+    assert "built-in profile 'ideal'" in note and "mpipe-tune profile --device cpu" in note
+    measured = tmp_path / "host.json"
+    dump_profile(load_profile("ideal"), measured)  # a profile file, as `mpipe-tune profile` writes one
+    own = make_plan(tmp_path, "transpose,1f1b", (FIRST_LLM,), 2, profile=str(measured))
+    assert builtin_profile_note(read_plan_file(str(own)), RunJob(str(own)), "cpu") is None
+    assert builtin_profile_note(read_plan_file(str(plan)), RunJob(str(plan), profile_spec=str(measured)), "cpu") is None
