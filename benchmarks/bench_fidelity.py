@@ -3,7 +3,8 @@
 1. Profile this machine right before the runs, once per world size the plans use (2 ranks: pp 2;
    4 ranks: pp 2 with dp 2 or tp 2), with the layers of the built-in ``small-vit-llm`` calibrated by
    all ranks at once (:mod:`mpipe_tune.profiler.together`), at the microbatch sizes planned below;
-   or reuse the profiles with ``--profiles DIR``.
+   or reuse the profiles with ``--profiles DIR``. With ``--reprofile``, again before every later round,
+   whose runs are then predicted on that round's profiles (a plan's prediction: its runs' median).
 2. Make at least 24 plans with the cost model on those profiles: ``1f1b`` with the encoder in stage 0
    (balanced and Megatron-style slabs), ``transpose,1f1b`` with round-robin, contiguous and one-rank
    owners, ``gpipe``, ``transpose,gpipe``, interleaved ``1f1b,1f1b``, frozen and trainable encoders,
@@ -24,7 +25,7 @@
    best and the measured best. ``--replot`` computes all of it again from the record, which keeps
    every run's raw step times and probes.
 
-    python benchmarks/bench_fidelity.py [--rounds 3] [--steps 5] [--json OUT] [--plot PNG]
+    python benchmarks/bench_fidelity.py [--reprofile] [--rounds 3] [--steps 5] [--json OUT] [--plot PNG]
     python benchmarks/bench_fidelity.py --quick          # 4 plans, 1 round, quick profiles: an end-to-end check
     python benchmarks/bench_fidelity.py --replot benchmarks/fidelity-results.json [--plot PNG]
 """

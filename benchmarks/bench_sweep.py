@@ -414,7 +414,7 @@ def real_point(fidelity: dict) -> dict | None:
     """The real-compute point at P = 2 from ``bench_fidelity.py``'s record: the fastest predicted
     ``transpose,1f1b`` plan at pp 2 (tp = dp = 1, trainable encoder, as the baselines') against the Megatron-style and DistTrain-like slabs,
     predicted and measured (median of each plan's steps after each run's first)."""
-    from bench_fidelity import measured_s
+    from bench_fidelity import measured_s, predicted_s
 
     if "encoder_share" not in fidelity:  # a record from before the probe and the raw runs (issue 14)
         return None
@@ -422,12 +422,12 @@ def real_point(fidelity: dict) -> dict | None:
     transposes = [r for r in plans.values() if r["schedule"] == "transpose,1f1b" and not r.get("frozen_encoder")]
     if not transposes or not all(label in plans for label in REAL_BASELINES.values()):
         return None
-    best = min(transposes, key=lambda r: r["predicted_s"])
+    best = min(transposes, key=predicted_s)
     out = {"config": f"{Path(fidelity['model']).stem}, this CPU, real compute", "pp": fidelity["pp"],
            "encoder_share": fidelity["encoder_share"], "best": best["label"], "date": fidelity["date"],
            "speedup_predicted": {}, "speedup_measured": {}}
     for name, label in REAL_BASELINES.items():
-        out["speedup_predicted"][name] = plans[label]["predicted_s"] / best["predicted_s"]
+        out["speedup_predicted"][name] = predicted_s(plans[label]) / predicted_s(best)
         out["speedup_measured"][name] = measured_s(plans[label]["runs"]) / measured_s(best["runs"])
     return out
 
