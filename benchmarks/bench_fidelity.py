@@ -41,7 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -464,10 +464,10 @@ def main(argv: list[str] | None = None) -> int:
         from mpipe_tune.profiler.together import profile_probe_s
 
         for r in range(args.rounds):
-            # --reprofile: this round's runs are predicted on profiles measured right before it.
-            round_profiles = (profiles if not args.reprofile or r == 0
-                              else measure_profiles(folder / f"round{r}", str(r)))
-            loaded = {world: load_profile(path) for world, path in round_profiles.items()}
+            if args.reprofile:  # this round's runs are predicted on profiles measured right before it
+                paths = profiles if r == 0 else measure_profiles(folder / f"round{r}", str(r))
+                loaded = {world: load_profile(path) for world, path in paths.items()}
+                loaded_probes = {world: profile_probe_s(p, PROBE_TOKENS) for world, p in loaded.items()}
             order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
             for i in order:
                 spec, path, _ = plans[i]
@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[i].append(run_record(result, tries, spec.world))
                 if args.reprofile:
                     runs[i][-1]["predicted_s"] = predict_spec(spec, loaded[spec.world], base)[0].timeline.makespan_s
-                    runs[i][-1]["profile_probe_s"] = profile_probe_s(loaded[spec.world], PROBE_TOKENS)
+                    runs[i][-1]["profile_probe_s"] = loaded_probes[spec.world]
             print(f"round {r} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         conditions["runs_wall_s"] = time.perf_counter() - started
         conditions["load_average_after"] = os.getloadavg()

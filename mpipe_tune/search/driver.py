@@ -411,6 +411,10 @@ class _Run:
         mine = sum(1 for t in stored if str(_info(t).get("uid", "")).startswith(f"{self.worker}-"))
         return len(stored) + self.new - mine
 
+    def study_full(self, n_trials: int) -> bool:
+        """The shared study already holds ``n_trials`` finished trials (other workers count too)."""
+        return self.storage is not None and self.study_total() >= n_trials
+
     def absorb_others(self) -> list:
         """Trials stored since the last call that other workers wrote, now counted as tried (and their
         best plan that fits as the incumbent the bounds prune against)."""
@@ -547,7 +551,7 @@ class _Run:
         self.open_bar(remaining, "plan")
         self.start_writing(remaining, n_trials)
         done = streak = 0
-        full = self.storage is not None and self.study_total() >= n_trials  # other workers count too
+        full = self.study_full(n_trials)
         while done < remaining and not full and not self.out_of_time():
             if self.writer is not None and self.writer.full.is_set():
                 break
@@ -595,4 +599,4 @@ class _Run:
                         known.add(uid)
                         self.tried.add(Candidate.from_dict(_info(t)["candidate"]))
                 remaining = n_trials - len(known) + done  # other workers count toward the study's total
-                full = self.storage is not None and self.study_total() >= n_trials
+                full = self.study_full(n_trials)
