@@ -11,6 +11,11 @@ worse than twice the better choice), or a call's largest array has :data:`COMPIL
 elements or more, it is compiled (``cache=True``: loaded from numba's cache when an earlier run
 compiled it) and stays compiled. numba itself is imported only then.
 
+A Ctrl-C that lands while numba is imported or compiles (a search interrupted in its first seconds)
+leaves numba half imported; from then on the automatic rule keeps every kernel of the process as
+Python (:func:`compiling_stopped`), so the work a search does on its way out (storing what it found,
+the report) runs on, where importing numba again would fail.
+
 Both tiers run the same source, so they do the same floating-point operations in the same order
 and agree bit for bit (``tests/test_jit.py`` checks every kernel on random inputs). :func:`tier`
 pins the choice, for tests and benchmarks that measure one of them.
@@ -32,6 +37,7 @@ COMPILE_FROM_SIZE = 20_000
 TIERS = ("auto", "python", "compiled")
 
 _pinned = "auto"
+_compiling_stopped = False
 KERNELS: list["Kernel"] = []
 """Every kernel defined, in definition order."""
 
@@ -58,17 +64,33 @@ class Kernel:
     def uses_compiled(self, args: tuple) -> bool:
         if _pinned != "auto":
             return _pinned == "compiled"
+        if _compiling_stopped:
+            return False
         return (self._compiled is not None or self.python_s >= COMPILE_AFTER_S
                 or max((a.size for a in args if isinstance(a, np.ndarray)), default=0) >= COMPILE_FROM_SIZE)
 
     def __call__(self, *args):
         if self.uses_compiled(args):
-            return self.compiled(*args)
+            try:
+                return self.compiled(*args)
+            except KeyboardInterrupt:
+                _stop_compiling()
+                raise
         start = time.perf_counter()
         try:
             return self.python(*args)
         finally:
             self.python_s += time.perf_counter() - start
+
+
+def compiling_stopped() -> bool:
+    """Whether a Ctrl-C during numba's import or a compile stopped the automatic rule from compiling."""
+    return _compiling_stopped
+
+
+def _stop_compiling() -> None:
+    global _compiling_stopped
+    _compiling_stopped = True
 
 
 def kernel(fn: Callable) -> Kernel:

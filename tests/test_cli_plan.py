@@ -243,7 +243,10 @@ def test_a_killed_plan_resumes_with_every_finished_trial_kept(tmp_path, sig):
             proc.kill()
             proc.wait()
     if sig == signal.SIGINT:
-        assert proc.returncode == 130 and "rerun the same command to continue" in err
+        # 130, or killed by SIGINT, which a shell reports as the same 130: under ``python -m`` CPython
+        # ends the process by its own SIGINT when the Ctrl-C landed inside an exec() of a string (numba's
+        # import, a dataclass being made), although the command caught it and returned 130.
+        assert proc.returncode in (130, -signal.SIGINT) and "rerun the same command to continue" in err
     else:
         assert proc.returncode == -signal.SIGKILL
     before = complete_trials(db)

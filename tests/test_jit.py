@@ -78,6 +78,29 @@ def test_a_kernel_is_python_until_its_python_time_or_a_large_input_pays_for_comp
     assert cheap._compiled is not None
 
 
+def test_a_ctrl_c_during_a_compile_keeps_every_kernel_python_from_then_on(monkeypatch):
+    def total(values):
+        s = 0.0
+        for k in range(values.shape[0]):
+            s += values[k]
+        return s
+
+    def interrupted_compile(*args):  # what numba's import or first compile does when Ctrl-C lands in it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jit, "_compiling_stopped", False)
+    monkeypatch.setattr(jit, "COMPILE_FROM_SIZE", 5)
+    k, other = jit.Kernel(total), jit.Kernel(total)
+    k._compiled = interrupted_compile
+    with pytest.raises(KeyboardInterrupt):
+        k(np.ones(8))
+    assert jit.compiling_stopped()
+    assert k(np.ones(8)) == 8.0 and other(np.ones(8)) == 8.0  # Python now, even for inputs large enough to compile
+    assert other._compiled is None
+    with jit.tier("compiled"):  # a pinned tier is the caller's choice, and is kept
+        assert other.uses_compiled((np.ones(1),))
+
+
 def test_an_unknown_tier_is_refused():
     with pytest.raises(ValueError, match="tier 'fast' is unknown"):
         with jit.tier("fast"):
