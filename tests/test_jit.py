@@ -58,13 +58,15 @@ def test_owner_policies_are_the_same_from_python_and_compiled_kernels(seed, monk
         assert owners.optimal_owners(encode, slack) == expected[1]
 
 
-def test_a_kernel_is_python_until_its_python_time_or_a_large_input_pays_for_compiling(monkeypatch):
-    def total(values):
-        s = 0.0
-        for k in range(values.shape[0]):
-            s += values[k]
-        return s
+def total(values):
+    """A kernel's loop: the sum of an array."""
+    s = 0.0
+    for k in range(values.shape[0]):
+        s += values[k]
+    return s
 
+
+def test_a_kernel_is_python_until_its_python_time_or_a_large_input_pays_for_compiling(monkeypatch):
     k = jit.Kernel(total)
     assert k(np.ones(10)) == 10.0 and k._compiled is None and k.python_s > 0
     monkeypatch.setattr(jit, "COMPILE_FROM_SIZE", 50)
@@ -79,12 +81,6 @@ def test_a_kernel_is_python_until_its_python_time_or_a_large_input_pays_for_comp
 
 
 def test_a_ctrl_c_during_a_compile_keeps_every_kernel_python_from_then_on(monkeypatch):
-    def total(values):
-        s = 0.0
-        for k in range(values.shape[0]):
-            s += values[k]
-        return s
-
     def interrupted_compile(*args):  # what numba's import or first compile does when Ctrl-C lands in it
         raise KeyboardInterrupt
 
