@@ -74,7 +74,8 @@ class Kernel:
             try:
                 return self.compiled(*args)
             except KeyboardInterrupt:
-                _stop_compiling()
+                global _compiling_stopped
+                _compiling_stopped = True
                 raise
         start = time.perf_counter()
         try:
@@ -86,11 +87,6 @@ class Kernel:
 def compiling_stopped() -> bool:
     """Whether a Ctrl-C during numba's import or a compile stopped the automatic rule from compiling."""
     return _compiling_stopped
-
-
-def _stop_compiling() -> None:
-    global _compiling_stopped
-    _compiling_stopped = True
 
 
 def kernel(fn: Callable) -> Kernel:
