@@ -1,7 +1,7 @@
 """Fidelity of the cost model: predicted against measured step time, real compute on this machine.
 
-1. Profile this machine right before the runs, once per world size the plans use (2 ranks: pp 2;
-   4 ranks: pp 2 with dp 2 or tp 2), with the layers of the built-in ``small-vit-llm`` calibrated by
+1. Profile this machine right before the runs, once per world size the plans use (2 ranks: pp 2, or
+   dp 2 or tp 2 on one stage: a core per rank), with the layers of the built-in ``small-vit-llm`` calibrated by
    all ranks at once (:mod:`mpipe_tune.profiler.together`), at the microbatch sizes planned below;
    or reuse the profiles with ``--profiles DIR``. With ``--reprofile``, again before every later round,
    whose runs are then predicted on that round's profiles (a plan's prediction: its runs' median).
@@ -14,7 +14,7 @@
 3. Run every plan on the real executor (``--compute real``, fp32, gloo, one process per rank) for
    ``--steps`` steps, in ``--rounds`` rounds (plans interleaved, the order reversed every other round),
    with the speed probe (a fixed short timing of the calibration chain, all ranks at once) right
-   before and right after each run; measured = median of all steps but each run's first (warm-up).
+   before each run and after each of its steps; measured = median of all steps but each run's first (warm-up).
 4. Emulated-compute fidelity at P = 8 and 16 for the baseline set (``megatron``, ``disttrain``,
    ``vpp``, ``gpipe``, ``mpipe-rr`` of ``qwen2vl-vit-llama3-8b`` on ``h100-sxm``, as
    ``bench_runtime_emulated.py`` plans them): every compute event waits its predicted time on the
@@ -64,7 +64,7 @@ from quiet import ForeignLoad, wait_for_quiet  # noqa: E402
 MODEL_PATH = HERE.parent / "models" / "small-vit-llm.yaml"
 PROFILE_DIR = HERE / "profiles"
 P = 2
-"""Two pipeline ranks: one per core of this 2-core machine (4 ranks with dp 2 or tp 2 share them)."""
+"""Two pipeline ranks: one per core of this 2-core machine (the dp 2 and tp 2 plans run one stage)."""
 NUM_SAMPLES, SAMPLE_TEXT_TOKENS, SEED = 8, 128, 0
 IMAGE_TOKENS = (16, 36, 64)
 """Image sizes in backbone tokens (64, 144 and 256 ViT patches: 112, 168 and 224 px squares)."""
@@ -126,13 +126,14 @@ class Spec:
     owners: tuple[int, ...] | None = None
     tp: int = 1
     dp: int = 1
+    pp: int = P
 
     @property
     def world(self) -> int:
-        return P * self.tp * self.dp
+        return self.pp * self.tp * self.dp
 
 
-QUICK = ("1f1b M=4", "transpose,1f1b rr M=4", "1f1b dp2 M=2", "transpose,1f1b rr tp2 M=4")
+QUICK = ("1f1b M=4", "transpose,1f1b rr M=4", "dp2 M=2", "tp2 M=4")
 
 
 def plan_specs(model) -> list[Spec]:
@@ -160,19 +161,22 @@ def plan_specs(model) -> list[Spec]:
         Spec("transpose,gpipe rr M=8", "transpose,gpipe", (enc,), 8),
         Spec("1f1b,1f1b enc/llm M=4", "1f1b,1f1b", (enc,), 4),
         Spec("1f1b,1f1b vpp M=4", "1f1b,1f1b", (mid,), 4),
-        Spec("1f1b dp2 M=2", "1f1b", (), 2, dp=2),
-        Spec("transpose,1f1b rr dp2 M=2", "transpose,1f1b", (enc,), 2, dp=2),
-        Spec("1f1b megatron-slabs dp2 M=2", "1f1b", (), 2, slab_counts=megatron, dp=2),
-        Spec("1f1b tp2 M=4", "1f1b", (), 4, tp=2),
-        Spec("transpose,1f1b rr tp2 M=4", "transpose,1f1b", (enc,), 4, tp=2),
-        Spec("gpipe tp2 M=4", "gpipe", (), 4, tp=2),
+        # Data and tensor parallelism on one pipeline stage, so that every rank has a core of its own
+        # (as every rank has its own device where the cost model is used): with pp 2 their 4 ranks would
+        # time-share the 2 cores, each running faster whenever the other stage idles in a bubble.
+        Spec("dp2 M=1", "1f1b", (), 1, dp=2, pp=1),
+        Spec("dp2 M=2", "1f1b", (), 2, dp=2, pp=1),
+        Spec("dp2 M=4", "1f1b", (), 4, dp=2, pp=1),
+        Spec("tp2 M=2", "1f1b", (), 2, tp=2, pp=1),
+        Spec("tp2 M=4", "1f1b", (), 4, tp=2, pp=1),
+        Spec("tp2 M=8", "1f1b", (), 8, tp=2, pp=1),
     ]
 
 
 def candidate_of(spec: Spec) -> Candidate:
     """The candidate of ``spec`` (the one place a spec becomes a candidate)."""
     transpose = "transpose" in spec.schedule.split(",")
-    return Candidate(spec.schedule, spec.cut, pp=P, tp=spec.tp, dp=spec.dp, num_microbatches=spec.num_microbatches,
+    return Candidate(spec.schedule, spec.cut, pp=spec.pp, tp=spec.tp, dp=spec.dp, num_microbatches=spec.num_microbatches,
                      slab_counts=spec.slab_counts, owner_map=spec.owners, label=spec.label, dtype=OPTIONS.dtype,
                      owner_policy="round-robin" if transpose and spec.owners is None else None,
                      frozen=("encoder",) if spec.frozen else ())
@@ -245,10 +249,16 @@ def run_predicted_s(plan: dict, run: dict) -> float:
     return run.get("predicted_s", plan["predicted_s"])
 
 
+def run_probes_s(run: dict) -> list[float]:
+    """The probes around a run's measured steps (all but the first): those after every step, from the
+    first on; in a record from before the probes between steps, the ones before and after the run."""
+    return run["probe_steps_s"] if "probe_steps_s" in run else [run["probe_before_s"], run["probe_after_s"]]
+
+
 def run_probe_factor(plan: dict, run: dict) -> float:
     """How much slower the machine ran during a run than when its prediction's profile was measured,
-    from the speed probe alone: (mean of the probes before and after) / that profile's probe."""
-    return (run["probe_before_s"] + run["probe_after_s"]) / 2 / run.get("profile_probe_s", plan["profile_probe_s"])
+    from the speed probe alone: the mean of the probes around its measured steps / that profile's probe."""
+    return statistics.mean(run_probes_s(run)) / run.get("profile_probe_s", plan["profile_probe_s"])
 
 
 def predicted_s(plan: dict) -> float:
@@ -317,7 +327,7 @@ def measure_profile(path: Path, world: int, quick: bool) -> dict:
 
 
 def run_plan(path: str, steps: int, world: int) -> tuple[dict, float, float]:
-    """One launch of ``world`` ranks running one plan between two speed probes; returns the result
+    """One launch of ``world`` ranks running one plan between speed probes; returns the result
     (its summary, trace and probes), the foreign CPU share during it and its wall time."""
     from mpipe_tune.profiler.together import probed_run_jobs
     from mpipe_tune.runtime.launch import launch_local
@@ -349,7 +359,8 @@ def quiet_run(path: str, steps: int, world: int, threshold: float, max_wait_s: f
 def run_record(result: dict, tries: list[dict], world: int) -> dict:
     """What the record keeps of one run: raw step times, probes, the trace's breakdown, conditions."""
     return {"step_times_s": result["summary"]["step_times_s"], "probe_before_s": result["probe_before_s"],
-            "probe_after_s": result["probe_after_s"], "breakdown": trace_breakdown(result["trace"], world),
+            "probe_after_s": result["probe_after_s"], "probe_steps_s": result["probe_steps_s"],
+            "breakdown": trace_breakdown(result["trace"], world),
             "tries": tries}
 
 
@@ -377,7 +388,7 @@ def emulated_rows(folder: Path, pps: tuple[int, ...], names: tuple[str, ...], st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", default=None, metavar="DIR",
-                        help="reuse the profiles in DIR (fidelity-vm.json, fidelity-vm-4ranks.json) instead of "
+                        help="reuse the profiles in DIR (fidelity-vm.json for 2 ranks) instead of "
                              "measuring them first")
     parser.add_argument("--profile-dir", default=None, metavar="DIR",
                         help="where measured profiles go (default benchmarks/profiles; a scratch folder with --quick)")

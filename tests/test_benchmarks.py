@@ -53,6 +53,14 @@ def test_figures_are_computed_from_raw_steps_and_the_probe_alone(fidelity):
     assert fidelity.summarize_record(_record(still))["corrected_s"] == [1.0]
 
 
+def test_the_probes_after_every_step_stand_for_the_run_where_it_has_them(fidelity):
+    # The probes after each step bracket the measured steps (all but the first); the ones before and
+    # after the run count only in a record without them.
+    run = {**_run([9.0, 1.1, 1.1], 0.050, 0.011), "probe_steps_s": [0.012, 0.010, 0.011]}
+    summary = fidelity.summarize_record(_record([_plan("a", 1.0, [run])]))
+    assert summary["corrected_s"] == pytest.approx([1.1])  # mean 0.011 over the profile's 0.010
+
+
 def test_reprofiled_runs_are_predicted_and_corrected_on_their_own_round_profile(fidelity):
     # --reprofile: each run carries its round's prediction and that profile's probe. The plan's
     # prediction is the median of its runs', the correction is per run (its probe against its profile).

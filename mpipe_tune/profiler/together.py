@@ -15,8 +15,8 @@ profile's ``optimizer_update_bytes_per_s``.
 
 The speed probe (:func:`speed_probe_s`) is a short fixed timing of the same chain at one size: the
 forward plus backward seconds of one pass, median over a few repeats, all ranks at once. Taken at
-profile time (it is the sum of the calibration medians at that size) and again around a measured run
-(:func:`probed_run_jobs`), the ratio says how much faster or slower the machine runs now than when it
+profile time (it is the sum of the calibration medians at that size) and again before a measured run
+and after each of its steps (:func:`probed_run_jobs`), the ratio says how much faster or slower the machine runs now than when it
 was profiled.
 """
 
@@ -200,8 +200,10 @@ def profile_probe_s(profile, tokens: int) -> float | None:
 
 def probed_run_jobs(ctx, jobs: list, model: Model, dtype: str, tokens: int) -> list[dict[str, Any]] | None:
     """:func:`~mpipe_tune.runtime.worker.run_jobs` with the speed probe taken by every rank at once
-    before and after each job; each result gains ``probe_before_s`` and ``probe_after_s`` (the mean
-    over the ranks, as the profile's figure pools them)."""
+    before each job and after each of its steps (outside the timed steps: each starts after a
+    barrier); each result gains ``probe_before_s``, ``probe_after_s`` (after the last step) and
+    ``probe_steps_s`` (after every step), each the mean over the ranks, as the profile's figure pools
+    them."""
     import torch
     import torch.distributed as dist
 
@@ -219,9 +221,10 @@ def probed_run_jobs(ctx, jobs: list, model: Model, dtype: str, tokens: int) -> l
     results = []
     for job in jobs:
         before = probe()
-        result = run_job(ctx, job)
-        after = probe()
+        after_steps: list[float] = []
+        result = run_job(ctx, job, lambda _step: after_steps.append(probe()))
         if result is not None:
-            result = {**result, "probe_before_s": before, "probe_after_s": after}
+            result = {**result, "probe_before_s": before, "probe_after_s": after_steps[-1],
+                      "probe_steps_s": after_steps}
         results.append(result)
     return results if ctx.rank == 0 else None

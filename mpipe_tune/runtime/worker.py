@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,7 +37,9 @@ def run_jobs(ctx: RankContext, jobs: list[RunJob]) -> list[dict[str, Any]] | Non
     return results if ctx.rank == 0 else None
 
 
-def run_job(ctx: RankContext, job: RunJob) -> dict[str, Any] | None:
+def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | None = None) -> dict[str, Any] | None:
+    """Run ``job`` on this rank; rank 0 returns its result. ``after_step(step)``, when given, is called
+    on every rank after each step, outside the timed steps (each step starts after a barrier)."""
     view = read_plan_file(job.plan_path, plan_name=job.plan_name, model_spec=job.model_spec)
     validate_runnable(view, ctx.world_size)
     modes = resolve_modes(view, job.owners, job.data)
@@ -74,6 +77,8 @@ def run_job(ctx: RankContext, job: RunJob) -> dict[str, Any] | None:
                            Path(job.grads_dir) / f"rank{ctx.rank}.pt")
         records.append(executor.run_step(hook, step_plan.view))
         steps.append(step_plan)
+        if after_step is not None:
+            after_step(step)
         if job.progress and ctx.rank == 0:
             print(f"mpipe-tune run: step {step + 1}/{job.steps} done, {time.perf_counter() - started:.1f} s in",
                   file=sys.stderr, flush=True)
