@@ -633,7 +633,9 @@ def plot(record: dict, path: str) -> None:
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured step time (ms)")
     ax.set_ylabel("predicted step time (ms)")
-    ax.set_title(f"{len(record['plans'])} plans, pp={record['pp']} (2-4 ranks), real compute on CPU/gloo")
+    worlds = sorted({r["world"] for r in record["plans"]})
+    ranks = f"{worlds[0]} ranks" if len(worlds) == 1 else f"{worlds[0]}-{worlds[-1]} ranks"
+    ax.set_title(f"{len(record['plans'])} plans ({ranks}), real compute on CPU/gloo")
     ax.legend(fontsize=7, loc="upper left")
     ax = axes[1]
     emulated = emulated_frame(record)
