@@ -21,9 +21,12 @@ first) includes its input gradient, as the cost model charges a trainable layer 
 model. Growth over sizes stops once one layer's forward plus backward takes longer than the settings
 allow.
 
-Repeats run in batches of ``settings.repeats`` (after the warm-up) until every layer's forward and
-backward median moved by at most ``settings.calibration_tolerance`` (relative) over the last batch,
-or ``settings.calibration_max_repeats`` repeats were taken. The ranks of
+The sizes are found first (growing until one pass takes too long), then timed interleaved: every
+repeat passes through the chain once at each size in turn (:func:`time_chains`), so that a drift of
+the machine's speed during the calibration reaches every size alike. Repeats run in batches of
+``settings.repeats`` (after the warm-up) until every layer's forward and backward median at every
+size moved by at most ``settings.calibration_tolerance`` (relative) over the last batch, or
+``settings.calibration_max_repeats`` repeats were taken. The ranks of
 :mod:`~mpipe_tune.profiler.together` time at once, as a pipeline's stages run: each repeat starts
 after a barrier and all ranks agree when to stop.
 
@@ -128,38 +131,57 @@ def layer_samples(torch: ModuleType, device: str, model: Model, dtype: str, sett
 def _layer_samples(torch, device, model, dtype, settings, progress, agreement, specs, chain, modules, tp):
     timer = Timer(torch, device)
     torch_dtype, where = getattr(torch, TORCH_DTYPES[dtype]), torch.device(device)
-    out: list[tuple[LayerPoint, list[float]]] = []
-    for position, tokens in enumerate(settings.calibration_tokens):
-        too_long = False
+    tokens_timed = _sizes_within_limit(torch, timer, model, specs, chain, modules, torch_dtype, where, settings,
+                                       agreement)
+    points = []  # (tokens, images) of every microbatch timed, in the order of settings.calibration_tokens
+    for tokens in tokens_timed:
         for images in (1, CALIBRATION_IMAGES) if tp == 1 else (1,):
-            kinds = None if images == 1 else PER_IMAGE_KINDS
-            if kinds is not None and not any(specs[i].kind in kinds for i in chain):
+            if images == 1 or any(specs[i].kind in PER_IMAGE_KINDS for i in chain):
+                points.append((tokens, images))
+    mbs = [calibration_microbatch(model, tokens, images) for tokens, images in points]
+    timed = time_chains(torch, timer, specs, chain, modules, mbs, torch_dtype, where, settings, agreement)
+    out: list[tuple[LayerPoint, list[float]]] = []
+    for (tokens, images), mb, (fwd, bwd, fed) in zip(points, mbs, timed):
+        kinds = None if images == 1 else PER_IMAGE_KINDS
+        for k, index in enumerate(chain):
+            layer, kind = model.layers[index], specs[index].kind
+            if kinds is not None and kind not in kinds:
                 continue
-            mb = calibration_microbatch(model, tokens, images)
-            fwd, bwd, fed = time_chain(torch, timer, specs, chain, modules, mb, torch_dtype, where, settings,
-                                        agreement)
-            for k, index in enumerate(chain):
-                layer, kind = model.layers[index], specs[index].kind
-                if kinds is not None and kind not in kinds:
-                    continue
-                work = arch.estimate_arch_work(kind, layer.cost.dims_dict(), mb, dtype_bytes=DTYPE_BYTES[dtype],
-                                               tp_degree=tp)
-                bwd_flops = work.wgrad_flops + (work.dgrad_flops if fed[k] else 0.0)
-                bwd_bytes = work.wgrad_bytes + (work.dgrad_bytes if fed[k] else 0.0)
-                count = images if kind in arch.IMAGE_STREAM_KINDS else 1
-                blank = Spread(0.0, 0.0, 0)
-                out.append((LayerPoint(layer.name, kind, tokens, "fwd", work.fwd_flops, work.fwd_bytes, blank, count,
-                                       tp), fwd[k]))
-                out.append((LayerPoint(layer.name, kind, tokens, "bwd", bwd_flops, bwd_bytes, blank, count, tp,
-                                       fed[k]), bwd[k]))
-                if images == 1:
-                    if tp == 1:
-                        progress(f"layer {layer.name} {tokens} tokens")
-                    too_long = too_long or float(np.median(fwd[k]) + np.median(bwd[k])) > settings.calibration_max_point_s
+            work = arch.estimate_arch_work(kind, layer.cost.dims_dict(), mb, dtype_bytes=DTYPE_BYTES[dtype],
+                                           tp_degree=tp)
+            bwd_flops = work.wgrad_flops + (work.dgrad_flops if fed[k] else 0.0)
+            bwd_bytes = work.wgrad_bytes + (work.dgrad_bytes if fed[k] else 0.0)
+            count = images if kind in arch.IMAGE_STREAM_KINDS else 1
+            blank = Spread(0.0, 0.0, 0)
+            out.append((LayerPoint(layer.name, kind, tokens, "fwd", work.fwd_flops, work.fwd_bytes, blank, count,
+                                   tp), fwd[k]))
+            out.append((LayerPoint(layer.name, kind, tokens, "bwd", bwd_flops, bwd_bytes, blank, count, tp,
+                                   fed[k]), bwd[k]))
+            if images == 1 and tp == 1:
+                progress(f"layer {layer.name} {tokens} tokens")
+    for skipped in settings.calibration_tokens[len(tokens_timed):] if tp == 1 else ():
+        for index in chain:
+            progress(f"layer {model.layers[index].name} {skipped} tokens (skipped)")
+    return out
+
+
+def _sizes_within_limit(torch, timer: Timer, model: Model, specs, chain: list[int], modules: list, dtype, where,
+                        settings: SweepSettings, agreement: Agreement) -> list[int]:
+    """The calibration sizes to time: in increasing order, up to and including the first at which one
+    layer's forward plus backward (one pass after a warm-up, one image) takes longer than
+    ``settings.calibration_max_point_s`` on some rank."""
+    out = []
+    for repeat, tokens in enumerate(settings.calibration_tokens):
+        mb = calibration_microbatch(model, tokens)
+        fed = [False] * len(chain)
+        for _ in range(2):  # a warm-up pass, then the timed one
+            fwd: list[list[float]] = [[] for _ in chain]
+            bwd: list[list[float]] = [[] for _ in chain]
+            agreement.barrier()
+            _chain_once(torch, timer, specs, chain, modules, mb, dtype, where, repeat, fed, fwd, bwd)
+        out.append(tokens)
+        too_long = any(f[0] + b[0] > settings.calibration_max_point_s for f, b in zip(fwd, bwd))
         if not agreement.all_stop(not too_long):  # some rank's point took too long: every rank stops growing
-            for skipped in settings.calibration_tokens[position + 1:] if tp == 1 else ():
-                for index in chain:
-                    progress(f"layer {model.layers[index].name} {skipped} tokens (skipped)")
             break
     return out
 
@@ -208,27 +230,33 @@ def repeat_until_stable(run_batch: Callable[[], list[list[float]]], settings: Sw
         previous = medians
 
 
-def time_chain(torch, timer: Timer, specs, chain: list[int], modules: list, mb: Microbatch, dtype, where,
-                settings: SweepSettings, agreement: Agreement,
-                ) -> tuple[list[list[float]], list[list[float]], list[bool]]:
-    """Per chained layer, its forward and backward seconds over the repeats, and whether it was fed a
-    tensor by the layer before it (and so computes an input gradient)."""
+def time_chains(torch, timer: Timer, specs, chain: list[int], modules: list, mbs: Sequence[Microbatch], dtype,
+                where, settings: SweepSettings, agreement: Agreement,
+                ) -> list[tuple[list[list[float]], list[list[float]], list[bool]]]:
+    """Per microbatch of ``mbs``, per chained layer, its forward and backward seconds over the repeats,
+    and whether it was fed a tensor by the layer before it (and so computes an input gradient).
+
+    The microbatches are interleaved: every repeat passes through the chain once at each in turn, each
+    pass after a barrier, so that a drift of the machine's speed during the calibration reaches every
+    size alike (timed one size after another, each size's medians were of its own minutes, and the
+    speed probe at one size, :mod:`~mpipe_tune.profiler.together`, spoke for that size's alone)."""
     n = len(chain)
-    fed = [False] * n
-    drawn = [0]  # microbatches drawn so far: each repeat gets fresh inputs
+    fed = [[False] * n for _ in mbs]
+    drawn = [0]  # repeats so far: each gets fresh inputs
 
     def batch(repeats: int, keep: bool) -> list[list[float]]:
-        fwd: list[list[float]] = [[] for _ in range(n)]
-        bwd: list[list[float]] = [[] for _ in range(n)]
+        per_mb: list[list[list[float]]] = [[[] for _ in range(2 * n)] for _ in mbs]
         for _ in range(repeats):
-            agreement.barrier()
-            _chain_once(torch, timer, specs, chain, modules, mb, dtype, where, drawn[0], fed, fwd, bwd)
+            for j, mb in enumerate(mbs):
+                agreement.barrier()
+                _chain_once(torch, timer, specs, chain, modules, mb, dtype, where, drawn[0], fed[j],
+                            per_mb[j][:n], per_mb[j][n:])
             drawn[0] += 1
-        return fwd + bwd if keep else []
+        return [quantity for samples in per_mb for quantity in samples] if keep else []
 
     batch(max(1, settings.warmup), keep=False)
     samples = repeat_until_stable(lambda: batch(settings.repeats, keep=True), settings, agreement)
-    return samples[:n], samples[n:], fed
+    return [(samples[2 * n * j:2 * n * j + n], samples[2 * n * j + n:2 * n * (j + 1)], fed[j]) for j in range(len(mbs))]
 
 
 def _chain_once(torch, timer: Timer, specs, chain: list[int], modules: list, mb: Microbatch, dtype, where,

@@ -37,7 +37,7 @@ from mpipe_tune.profiler.calibrate import (
     chain_modules,
     layer_samples,
     repeat_until_stable,
-    time_chain,
+    time_chains,
 )
 from mpipe_tune.profiler.device import Timer, calls_for
 from mpipe_tune.profiler.roofline import TORCH_DTYPES
@@ -176,9 +176,9 @@ def speed_probe_s(torch, device: str, model: Model, dtype: str, tokens: int, agr
     modules = modules or chain_modules(torch, device, model, dtype)
     settings = replace(sweep_settings(device, quick=True), warmup=1, repeats=PROBE_REPEATS,
                        calibration_max_repeats=PROBE_REPEATS)  # one batch: a fixed timing
-    fwd, bwd, _ = time_chain(torch, Timer(torch, device), blueprint(model), calibration_layers(model), modules,
-                             calibration_microbatch(model, tokens), getattr(torch, TORCH_DTYPES[dtype]),
-                             torch.device(device), settings, agreement)
+    [(fwd, bwd, _)] = time_chains(torch, Timer(torch, device), blueprint(model), calibration_layers(model), modules,
+                                  [calibration_microbatch(model, tokens)], getattr(torch, TORCH_DTYPES[dtype]),
+                                  torch.device(device), settings, agreement)
     return float(sum(np.median(s) for s in fwd + bwd))
 
 

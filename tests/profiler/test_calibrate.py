@@ -9,6 +9,7 @@ from mpipe_tune.profiler.calibrate import (
     calibration_microbatch,
     fit_layer_timing,
     repeat_until_stable,
+    time_chains,
 )
 from mpipe_tune.profiler.settings import sweep_settings
 from mpipe_tune.specs import load_model
@@ -121,3 +122,34 @@ def test_multi_image_calibration_microbatches_split_the_same_patches():
     one, four = calibration_microbatch(model, 256), calibration_microbatch(model, 256, images=4)
     assert four.image_tokens == one.image_tokens == 64 and four.images == (16, 16, 16, 16)
     assert calibration_microbatch(model, 4, images=4).images == (1,)  # no more images than image tokens
+
+
+def test_the_sizes_are_timed_interleaved_so_a_drift_reaches_every_size_alike(monkeypatch):
+    # A machine that slows down by 1% per pass: timed one size after another, the larger size would
+    # see only the slow minutes; interleaved, each size's samples span the whole calibration.
+    import mpipe_tune.profiler.calibrate as calibrate
+
+    passes = []
+
+    def chain_once(torch, timer, specs, chain, modules, mb, dtype, where, repeat, fed, fwd, bwd):
+        passes.append(mb)
+        slowdown = 1 + 0.01 * len(passes)
+        for k in range(len(chain)):
+            fwd[k].append(mb * slowdown)
+            bwd[k].append(2 * mb * slowdown)
+
+    monkeypatch.setattr(calibrate, "_chain_once", chain_once)
+    settings = sweep_settings("cpu", quick=True)
+    sizes = [1.0, 2.0, 4.0]
+    barriers = []
+    timed = time_chains(None, None, None, [0, 1], None, sizes, None, None, settings,
+                        Agreement(barrier=lambda: barriers.append(1)))
+    assert passes[:6] == sizes + sizes and len(barriers) == len(passes)  # every pass after a barrier
+    assert [len(fwd[0]) for fwd, _, _ in timed] == [settings.calibration_max_repeats] * 3  # never stable
+    means = []
+    for size, (fwd, bwd, _) in zip(sizes, timed):
+        assert np.allclose(np.asarray(bwd[0]), 2 * np.asarray(fwd[0]))
+        means.append(float(np.mean(np.asarray(fwd[1]) / size)))
+    # interleaved, the sizes' mean slowdowns are one pass (1%) apart; one size after another, they
+    # would be a whole size's repeats (7 passes here) apart
+    assert max(means) - min(means) == pytest.approx(0.02)
