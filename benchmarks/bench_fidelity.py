@@ -176,8 +176,9 @@ def plan_specs(model) -> list[Spec]:
 def candidate_of(spec: Spec) -> Candidate:
     """The candidate of ``spec`` (the one place a spec becomes a candidate)."""
     transpose = "transpose" in spec.schedule.split(",")
-    return Candidate(spec.schedule, spec.cut, pp=spec.pp, tp=spec.tp, dp=spec.dp, num_microbatches=spec.num_microbatches,
-                     slab_counts=spec.slab_counts, owner_map=spec.owners, label=spec.label, dtype=OPTIONS.dtype,
+    return Candidate(spec.schedule, spec.cut, pp=spec.pp, tp=spec.tp, dp=spec.dp,
+                     num_microbatches=spec.num_microbatches, slab_counts=spec.slab_counts, owner_map=spec.owners,
+                     label=spec.label, dtype=OPTIONS.dtype,
                      owner_policy="round-robin" if transpose and spec.owners is None else None,
                      frozen=("encoder",) if spec.frozen else ())
 

@@ -256,7 +256,8 @@ def time_chains(torch, timer: Timer, specs, chain: list[int], modules: list, mbs
 
     batch(max(1, settings.warmup), keep=False)
     samples = repeat_until_stable(lambda: batch(settings.repeats, keep=True), settings, agreement)
-    return [(samples[2 * n * j:2 * n * j + n], samples[2 * n * j + n:2 * n * (j + 1)], fed[j]) for j in range(len(mbs))]
+    per_mb = [samples[2 * n * j:2 * n * (j + 1)] for j in range(len(mbs))]
+    return [(quantities[:n], quantities[n:], fed[j]) for j, quantities in enumerate(per_mb)]
 
 
 def _chain_once(torch, timer: Timer, specs, chain: list[int], modules: list, mb: Microbatch, dtype, where,
