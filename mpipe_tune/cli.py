@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mpipe-tune {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"mpipe-tune {args.command}: interrupted", file=sys.stderr)
+        hint = args.handler.after_interrupt
+        print(f"mpipe-tune {args.command}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()

@@ -128,6 +128,7 @@ def _validate_outputs(args: argparse.Namespace) -> None:
 class Plan(Command):
     name = "plan"
     help = "search for the fastest static plan that fits memory and compare it with the baselines"
+    after_interrupt = "the study keeps every finished trial: rerun the same command to continue it"
 
     def add_arguments(self, parser):
         g = parser.add_argument_group("problem")

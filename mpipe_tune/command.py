@@ -16,6 +16,9 @@ class Command(ABC):
 
     name = ""
     help = ""
+    after_interrupt = ""
+    """What a Ctrl-C that stopped the command at once left behind and how to go on (printed after
+    "interrupted"; empty: nothing to add)."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Add the subcommand's arguments (none by default)."""

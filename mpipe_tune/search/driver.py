@@ -68,6 +68,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.interrupt import StopRequest, stop_requests
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.space import SearchSpace
@@ -82,10 +83,12 @@ _NEAR_FIT = 1.25
 """Plans up to this many times over memory stay in the refinement's frontier (the way to a fitting
 optimum can pass through them); plans further over are left out, as their neighbours rarely fit."""
 _WRITER_FROM = 400
+"""Runs expected to add at least this many trials write them from a child process (see writer.py)."""
 _OPEN_ATTEMPTS = 5
 """Tries at opening the study, when workers started together race to create its database."""
-"""Runs expected to add at least this many trials write them from a child process (see writer.py)."""
 _GIB = 2.0**30
+_FORCED_WAIT_S = 5.0
+"""After a second Ctrl-C, how long the search waits for the trial writer before it leaves it to finish alone."""
 _SETTLED_STREAK = 20
 """Settled proposals in a row (see Convergence) after which the sampler counts as converged."""
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; older: constraints_func
@@ -182,19 +185,21 @@ def run_search(
     start = time.perf_counter()
     study_name = study_name or default_study_name(evaluator, space)
     study = _open_study(storage, study_name, problem_key(evaluator, space))
-    run = _Run(space, evaluator, study, storage, timeout_s, start, progress, prune, on_trial)
     size = None
     if exhaustive is None:
         exhaustive = _count_up_to(space, n_trials + 1) <= n_trials
-    try:
-        if exhaustive:
-            size = run.exhaustive()
-        else:
-            run.sampled(n_trials, seed, sampler, refine, sync_every_s)
-    except KeyboardInterrupt:
-        run.interrupted = True
-    finally:
-        run.close()
+    with stop_requests() as stop:
+        run = _Run(space, evaluator, study, storage, timeout_s, start, progress, prune, on_trial, stop)
+        try:
+            if exhaustive:
+                size = run.exhaustive()
+            else:
+                run.sampled(n_trials, seed, sampler, refine, sync_every_s)
+        except KeyboardInterrupt:  # a second Ctrl-C, or Ctrl-C where the first cannot be deferred
+            run.interrupted = True
+        finally:
+            run.close()
+        run.interrupted = run.interrupted or stop.requested
     best, least = _best_of(_stored(study), evaluator)
     if run.least is not None and (least is None or run.least.peak_bytes < least.peak_bytes):
         least = run.least
@@ -342,8 +347,9 @@ class _Frontier:
 class _Run:
     """One run's bookkeeping: the incumbent, what was tried, counters, the progress bar."""
 
-    def __init__(self, space, evaluator, study, storage, timeout_s, start, progress, prune, on_trial) -> None:
-        self.space, self.evaluator, self.study, self.storage = space, evaluator, study, storage
+    def __init__(self, space, evaluator, study, storage, timeout_s, start, progress, prune, on_trial,
+                 stop: StopRequest) -> None:
+        self.space, self.evaluator, self.study, self.storage, self.stop = space, evaluator, study, storage, stop
         self.writer: TrialWriter | None = None
         self.timeout_s, self.start, self.progress, self.prune, self.on_trial = timeout_s, start, progress, prune, on_trial
         self.stored = _stored(study)
@@ -364,8 +370,9 @@ class _Run:
         self.settled = 0
         self.space_size: int | None = None
 
-    def out_of_time(self) -> bool:
-        return self.timeout_s is not None and time.perf_counter() - self.start > self.timeout_s
+    def must_stop(self) -> bool:
+        """Ctrl-C asked to stop, or the time budget is spent: checked between two trials."""
+        return self.stop.requested or (self.timeout_s is not None and time.perf_counter() - self.start > self.timeout_s)
 
     def open_bar(self, total: int, label: str) -> None:
         if self.bar is not None:
@@ -380,7 +387,7 @@ class _Run:
         if self.bar is not None:
             self.bar.close()
         if self.writer is not None:
-            self.writer.close()
+            self.writer.close(wait_s=_FORCED_WAIT_S if self.stop.forced else None)
             self.new -= self.writer.refused.value  # handed over, but found the study full
 
     def start_writing(self, expected_new: int, n_trials: int | None = None) -> None:
@@ -491,7 +498,7 @@ class _Run:
         self.open_bar(len(todo), "plan (exhaustive)")
         self.start_writing(len(todo))
         for index, (params, candidate) in enumerate(todo):
-            if self.out_of_time():
+            if self.must_stop():
                 break
             if self.storage is not None:  # another worker may have stored this point meanwhile
                 self.absorb_others()
@@ -552,7 +559,7 @@ class _Run:
         self.start_writing(remaining, n_trials)
         done = streak = 0
         full = self.study_full(n_trials)
-        while done < remaining and not full and not self.out_of_time():
+        while done < remaining and not full and not self.must_stop():
             if self.writer is not None and self.writer.full.is_set():
                 break
             if refine and len(self.stored) + done >= explore_until:

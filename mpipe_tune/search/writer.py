@@ -17,16 +17,19 @@ them in order with :func:`store_trial` and exits when told to or when the search
 (killed) and the queue is drained, so a killed search still keeps every trial it had handed over.
 At most :data:`BACKLOG` trials wait in the queue. When a trial is refused (the study is full), the
 child sets :attr:`TrialWriter.full`, so the search stops, and counts it and every later one without
-writing them. The child ignores Ctrl-C: the search drains the queue on its way out.
+writing them. The child ignores Ctrl-C: the search drains the queue on its way out (see
+:mod:`mpipe_tune.interrupt`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import os
 import queue as queue_module
 import signal
+import threading
 import time
 
 from mpipe_tune.errors import MpipeError
@@ -75,6 +78,19 @@ def store_trial(study, trial, n_trials: int | None = None, storage_url: str | No
     return True
 
 
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored in the block, where this thread may change it (the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class TrialWriter:
     def __init__(self, storage: str, study_name: str, n_trials: int | None = None) -> None:
         context = multiprocessing.get_context("spawn")
@@ -87,7 +103,8 @@ class TrialWriter:
                                        args=(storage, study_name, n_trials, self.queue, self.full, self.refused,
                                              os.getpid()),
                                        name="mpipe-tune trial writer")
-        self.process.start()
+        with _sigint_ignored():  # inherited through the exec: a terminal's Ctrl-C cannot end the child's start-up
+            self.process.start()
 
     def put(self, trial) -> None:
         if not self.process.is_alive():
@@ -95,11 +112,19 @@ class TrialWriter:
                              f"may be locked or full: check it and rerun to continue")
         self.queue.put(trial)
 
-    def close(self) -> None:
-        """Wait until every trial handed over is written."""
+    def close(self, wait_s: float | None = None) -> None:
+        """Wait until every trial handed over is written. With ``wait_s`` (a search stopped at once by a
+        second Ctrl-C, whose queue may have been cut mid-put), wait at most that long: the child goes on
+        writing what reached it and exits once this process is gone."""
         if self.process.is_alive():
-            self.queue.put(None)
-        self.process.join()
+            try:
+                self.queue.put(None, timeout=wait_s)
+            except queue_module.Full:
+                pass
+        self.process.join(wait_s)
+        if self.process.is_alive():
+            self.queue.cancel_join_thread()  # this process's exit must not wait for the child either
+            return
         self.queue.close()
         if self.process.exitcode != 0:
             raise MpipeError(f"the trial writer failed (exit code {self.process.exitcode}); some trials may be "
