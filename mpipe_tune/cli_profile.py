@@ -115,8 +115,11 @@ def print_summary(profile, out: Path, elapsed_s: float) -> None:
     for kind, value in profile.efficiency.items():
         origin = profile.provenance[f"efficiency.{kind}"]
         fit = f"  (rms relative error {origin['rms_relative_error']:.0%})" if "rms_relative_error" in origin else ""
-        split = profile.tp_overhead_for(kind, 2) if (kind, 2) in profile.tp_overhead_s else None
-        split = f"  split at tp 2: +{split[0] * 1e3:.3g} / {split[1] * 1e3:.3g} ms per forward / backward" if split else ""
+        split = ""
+        if (kind, 2) in profile.tp_overhead_s or (kind, 2) in profile.tp_slowdown:
+            (fwd_s, bwd_s), (fwd_x, bwd_x) = profile.tp_overhead_for(kind, 2), profile.tp_slowdown_for(kind, 2)
+            split = (f"  split at tp 2: +{fwd_x:.0%} +{fwd_s * 1e3:.3g} ms / +{bwd_x:.0%} +{bwd_s * 1e3:.3g} ms "
+                     f"per forward / backward")
         print(f"  efficiency {kind:14s} {value:8.4g}{fit}{split}")
     print(f"  {'link (intra_node)':18s} {'alpha':>10s} {'bandwidth':>12s} {'R^2 log t':>10s} {'group':>6s}")
     for (link_class, collective), cost in profile.links.items():

@@ -18,7 +18,8 @@ the layer's parameter count.
   each pay the layer's tensor-parallel all-reduces over the intra-node link, less the share the
   profile's ``tp_comm_overlap`` hides behind the GEMMs, and a layer with tokens pays the profile's
   fixed seconds per split call at that degree (``tp_overhead_s``: per forward and per backward it
-  runs, where the profile measured them); with ``ep_degree > 1`` a
+  runs, where the profile measured them) on top of the profile's ``tp_slowdown`` share of all the
+  above (the split call's extra seconds per charged second); with ``ep_degree > 1`` a
   MoE layer's forward and dgrad each pay its dispatch and combine all-to-alls
   (:func:`~mpipe_tune.cost.profile.estimate_collective_s`'s ``all_to_all`` over ``ep`` ranks, on the
   inter-node link once the group's ``tp * ep`` devices span more than a node), not overlapped with
@@ -397,11 +398,16 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
     tokens = mb.image_tokens if cost.kind in arch.IMAGE_STREAM_KINDS else mb.text_tokens
     fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if tokens > 0 else (0.0, 0.0)
     fwd_images_s, bwd_images_s = estimate_image_calls_s(profile, cost.kind, mb)
-    fwd_tp_s, bwd_tp_s = profile.tp_overhead_for(cost.kind, options.tp_degree) if tokens > 0 else (0.0, 0.0)
-    fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s + fwd_tp_s, bwd_call_s + bwd_images_s + bwd_tp_s
+    fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s, bwd_call_s + bwd_images_s
     fwd = fwd_call_s + max(fwd_compute_s, work.fwd_bytes / bandwidth) + comm_s + ring_fwd_s
     dgrad = max(dgrad_compute_s, work.dgrad_bytes / bandwidth) + comm_s + ring_bwd_s
     wgrad = max(wgrad_compute_s, work.wgrad_bytes / bandwidth)
+    if options.tp_degree > 1 and tokens > 0:  # what the profile measured of split calls beyond all that
+        fwd_tp_s, bwd_tp_s = profile.tp_overhead_for(cost.kind, options.tp_degree)
+        fwd_slow, bwd_slow = profile.tp_slowdown_for(cost.kind, options.tp_degree)
+        fwd = fwd * (1.0 + fwd_slow) + fwd_tp_s
+        dgrad, wgrad = dgrad * (1.0 + bwd_slow), wgrad * (1.0 + bwd_slow)
+        bwd_call_s = bwd_call_s * (1.0 + bwd_slow) + bwd_tp_s
     core_s = max(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
     return (fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s, core_s,
             work.selective_saved_activation_bytes, work.wgrad_grad_bytes)

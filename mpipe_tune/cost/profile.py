@@ -18,7 +18,10 @@ calibrates (:mod:`mpipe_tune.profiler.calibrate`). Optional ``tp_overhead_s`` ma
 degree (a JSON key, ``"2"``) to ``[forward, backward]`` fixed seconds per call of the kind's layer
 split over that many ranks, beyond the split roofline and the all-reduces the cost model charges for
 it (the tensor-parallel modules' dispatch and the collectives' waits under the run's conditions); a
-degree it does not give costs nothing extra. The profiler measures it for degree 2 when it
+degree it does not give costs nothing extra. Optional ``tp_slowdown``, keyed the same way, is the
+part that grows with the layer: ``[forward, backward]`` extra seconds of the split layer per second
+the cost model charges for it (its roofline, call overheads and all-reduces at that degree), so a
+split call costs ``(1 + slowdown) * charged + overhead``. The profiler fits both for degree 2 when it
 calibrates with an even number of ranks (:mod:`mpipe_tune.profiler.build`).
 
 Optional top-level ``optimizer_update_bytes_per_s``: the rate of the optimizer update (bytes of
@@ -76,7 +79,9 @@ FP8_LINEAR = "fp8_linear"
 """Efficiency entry of the linear layers' GEMMs in an fp8 step (against the fp8 peak, casts and scaling
 included); absent, they run at the layer kind's efficiency."""
 _IMAGE_OVERHEADS = ("forward_image_overhead_s", "backward_image_overhead_s")
-_EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s", *_IMAGE_OVERHEADS, "tp_overhead_s")
+_TP_TABLES = ("tp_overhead_s", "tp_slowdown")
+"""Tables keyed by tensor-parallel degree: fixed seconds per split call, and extra seconds per charged second."""
+_EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s", *_IMAGE_OVERHEADS, *_TP_TABLES)
 """Optional numbers of an efficiency entry besides ``value`` (not provenance)."""
 _MISSING = object()
 
@@ -121,6 +126,9 @@ class HardwareProfile:
     tp_overhead_s: Mapping[tuple[str, int], tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
     """(layer kind, tensor-parallel degree) -> (forward, backward) fixed seconds per call of the split
     layer beyond what the cost model charges for the split, for the entries that give them."""
+    tp_slowdown: Mapping[tuple[str, int], tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
+    """(layer kind, tensor-parallel degree) -> (forward, backward) extra seconds of the split layer per
+    second the cost model charges for it, for the entries that give them."""
     optimizer_update_bytes_per_s: float | None = None
     """Measured rate of the optimizer update; None: it runs at :attr:`memory_bytes_per_s`."""
     tp_comm_overlap: float | None = None
@@ -196,6 +204,13 @@ class HardwareProfile:
         entry = kind if kind in self.efficiency else "default"
         return self.tp_overhead_s.get((entry, tp_degree), (0.0, 0.0))
 
+    def tp_slowdown_for(self, kind: str, tp_degree: int) -> tuple[float, float]:
+        """(forward, backward) extra seconds per charged second of a ``kind`` layer split over
+        ``tp_degree`` ranks (its entry's, or ``"default"``'s when the profile has none for ``kind``);
+        (0, 0) unless that entry gives them for that degree."""
+        entry = kind if kind in self.efficiency else "default"
+        return self.tp_slowdown.get((entry, tp_degree), (0.0, 0.0))
+
     @property
     def update_bytes_per_s(self) -> float:
         """Bytes per second of the optimizer update: the measured rate, else the memory bandwidth."""
@@ -252,9 +267,10 @@ class HardwareProfile:
             entry["forward_overhead_s"], entry["backward_overhead_s"] = self.call_overhead_s[kind]
         if kind in self.image_overhead_s:
             entry["forward_image_overhead_s"], entry["backward_image_overhead_s"] = self.image_overhead_s[kind]
-        degrees = sorted(tp for k, tp in self.tp_overhead_s if k == kind)
-        if degrees:
-            entry["tp_overhead_s"] = {str(tp): list(self.tp_overhead_s[(kind, tp)]) for tp in degrees}
+        for key, table in (("tp_overhead_s", self.tp_overhead_s), ("tp_slowdown", self.tp_slowdown)):
+            degrees = sorted(tp for k, tp in table if k == kind)
+            if degrees:
+                entry[key] = {str(tp): list(table[(kind, tp)]) for tp in degrees}
         return {**entry, **_thaw(self.provenance[f"efficiency.{kind}"])}
 
     @cached_property
@@ -341,7 +357,8 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
     effs = v.table("efficiency", data["efficiency"], allowed=None)
     if "default" not in effs:
         v.fail("efficiency.default", _MISSING, "is required", 'add {"value": 1.0, "source": "assumed"}')
-    efficiency, backward_efficiency, call_overhead, image_overhead, tp_overhead = {}, {}, {}, {}, {}
+    efficiency, backward_efficiency, call_overhead, image_overhead = {}, {}, {}, {}
+    tp_tables: dict[str, dict[tuple[str, int], tuple[float, float]]] = {key: {} for key in _TP_TABLES}
     for kind, entry in effs.items():
         path = f"efficiency.{kind}"
         efficiency[kind] = v.efficiency(f"{path}.value", v.number(path, entry, positive=True,
@@ -357,9 +374,9 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
             image_overhead[kind] = tuple(
                 v.scalar(f"{path}.{key}", entry[key], positive=False) if key in entry else 0.0
                 for key in _IMAGE_OVERHEADS)
-        if "tp_overhead_s" in entry:
-            tp_overhead.update({(kind, tp): pair for tp, pair in v.tp_overheads(f"{path}.tp_overhead_s",
-                                                                                  entry["tp_overhead_s"]).items()})
+        for key in _TP_TABLES:
+            if key in entry:
+                tp_tables[key].update({(kind, tp): pair for tp, pair in v.tp_table(f"{path}.{key}", entry[key]).items()})
 
     tp_overlap = None
     if "tp_comm_overlap" in data:
@@ -387,7 +404,9 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         links=MappingProxyType(links), provenance=MappingProxyType(v.provenance),
         notes=notes, backward_efficiency=MappingProxyType(backward_efficiency),
         call_overhead_s=MappingProxyType(call_overhead), image_overhead_s=MappingProxyType(image_overhead),
-        tp_overhead_s=MappingProxyType(tp_overhead), optimizer_update_bytes_per_s=update_bps, tp_comm_overlap=tp_overlap,
+        tp_overhead_s=MappingProxyType(tp_tables["tp_overhead_s"]),
+        tp_slowdown=MappingProxyType(tp_tables["tp_slowdown"]), optimizer_update_bytes_per_s=update_bps,
+        tp_comm_overlap=tp_overlap,
     )
 
 
@@ -433,16 +452,17 @@ class _Validator:
             self.fail(path, value, "must be >= 0", "give a non-negative figure in SI base units")
         return float(value)
 
-    def tp_overheads(self, path: str, table: Any) -> dict[int, tuple[float, float]]:
-        """A ``tp_overhead_s`` table: tensor-parallel degree (a string key, >= 2) -> ``[forward, backward]``."""
+    def tp_table(self, path: str, table: Any) -> dict[int, tuple[float, float]]:
+        """A ``tp_overhead_s`` or ``tp_slowdown`` table: tensor-parallel degree (a string key, >= 2) ->
+        ``[forward, backward]``, each >= 0."""
         if not isinstance(table, Mapping) or not table:
-            self.fail(path, table, "must be a non-empty object", 'give {"2": [forward_s, backward_s]}')
+            self.fail(path, table, "must be a non-empty object", 'give {"2": [forward, backward]}')
         out = {}
         for key, pair in table.items():
             if not (isinstance(key, str) and key.isdigit() and int(key) >= 2):
                 self.fail(f"{path}.{key}", pair, "is keyed by a tensor-parallel degree", 'use an integer >= 2, e.g. "2"')
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                self.fail(f"{path}.{key}", pair, "must be [forward_s, backward_s]", "give two numbers of seconds")
+                self.fail(f"{path}.{key}", pair, "must be [forward, backward]", "give two non-negative numbers")
             out[int(key)] = tuple(self.scalar(f"{path}.{key}", x, positive=False) for x in pair)
         return out
 

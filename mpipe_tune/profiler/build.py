@@ -10,7 +10,7 @@ seconds per forward and backward call, fitted to its layers' timings (and, for t
 seconds per image), and the profile gets the measured ``optimizer_update_bytes_per_s``; without one,
 ``default`` is 1.0, ``assumed``, and no call overhead. Where the layers were also timed split over
 pairs of ranks (tensor parallelism of degree 2, an even number of ranks), each kind gets
-``tp_overhead_s`` for degree 2 (:func:`tp_overhead_entries`).
+``tp_overhead_s`` and ``tp_slowdown`` for degree 2 (:func:`tp_overhead_entries`).
 
 On CPU one device is one of the ``nproc`` processes: the roofline runs with that process's share of
 the cores (:func:`~mpipe_tune.profiler.device.device_share`); the layers are timed by ``nproc`` ranks
@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import datetime
 import math
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.profile import SCHEMA_VERSION
@@ -45,7 +46,7 @@ from mpipe_tune.profiler.device import (
     memory_capacity_bytes,
     threads_per_process,
 )
-from mpipe_tune.profiler.fit import fit_alpha_beta, to_link_cost
+from mpipe_tune.profiler.fit import fit_alpha_beta, fit_nonnegative_line, to_link_cost
 from mpipe_tune.profiler.links import LINK_COLLECTIVES, LinkSweep, measure_links
 from mpipe_tune.profiler.roofline import RateSweep, measure_memory_bandwidth, measure_peak_flops
 from mpipe_tune.profiler.settings import SweepSettings, sweep_settings
@@ -288,24 +289,38 @@ def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: 
     return entries
 
 
+def _split_call_fit(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(overhead, slowdown)`` of split calls from their ``(priced, measured)`` seconds (see
+    :func:`tp_overhead_entries`)."""
+    if not pairs:
+        return 0.0, 0.0
+    priced, measured = (np.array(v, dtype=float) for v in zip(*pairs))
+    if np.ptp(priced) <= 1e-6 * priced.max():  # one size: nothing to tell a slowdown from an overhead
+        return max(0.0, float(np.median(measured - priced))), 0.0
+    return fit_nonnegative_line(priced, measured - priced, 1.0 / measured)
+
+
 def tp_overhead_entries(profile: dict[str, Any], points: Sequence[LayerPoint], model: Model, dtype: str,
                         how: str = "") -> None:
-    """Add ``tp_overhead_s`` to the efficiency entries of ``profile`` (its JSON form, fitted to the
-    whole layers already) from layers timed split over ``tp`` ranks.
+    """Add ``tp_overhead_s`` and ``tp_slowdown`` to the efficiency entries of ``profile`` (its JSON form,
+    fitted to the whole layers already) from layers timed split over ``tp`` ranks.
 
     Each split point is priced by the cost model on that profile at its tensor-parallel degree (the
-    split roofline, the per-call overheads and the all-reduces over the profile's links): per kind
-    and phase the overhead is the median of measured minus predicted seconds over the sizes, and 0
-    where the split layers ran faster than predicted (the cost model keeps its other terms as they
-    are). The ``default`` entry takes the median over every kind's points. The points and their
-    predictions are kept beside, as the entry's ``tp_calibration``."""
+    split roofline, the per-call overheads and the all-reduces over the profile's links). Per kind and
+    phase, what the split call took beyond that price is fitted as a line in the price, ``overhead +
+    slowdown * price``, both >= 0, minimising the relative error of the call's time (so the split
+    calls of a large microbatch pay more than those of a small one, as they were measured to); a phase
+    timed at one price only gets the overhead alone (the median beyond its price). Where the split
+    layers ran faster than priced, both are 0 (the cost model keeps its other terms as they are). The
+    ``default`` entry is fitted to every kind's points. The points and their prices are kept beside, as
+    the entry's ``tp_calibration``."""
     from mpipe_tune.cost.layers import CostOptions, layer_seconds
     from mpipe_tune.cost.profile import parse_profile
     from mpipe_tune.profiler.calibrate import calibration_microbatch
 
     priced = parse_profile(profile, where="the profile being assembled")
     layers = {layer.name: layer for layer in model.layers}
-    residuals: dict[tuple[str, int, str], list[float]] = {}
+    pairs: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
     evidence: dict[tuple[str, int], list[tuple[LayerPoint, float]]] = {}
     for point in points:
         options = CostOptions(tp_degree=point.tp, dtype=dtype)
@@ -313,18 +328,20 @@ def tp_overhead_entries(profile: dict[str, Any], points: Sequence[LayerPoint], m
                                                     calibration_microbatch(model, point.tokens), priced, options)
         predicted = fwd if point.phase == "fwd" else wgrad + bwd_call + (dgrad if point.input_grad else 0.0)
         for kind in (point.kind, "default"):
-            residuals.setdefault((kind, point.tp, point.phase), []).append(point.seconds.median - predicted)
+            pairs.setdefault((kind, point.tp, point.phase), []).append((predicted, point.seconds.median))
             evidence.setdefault((kind, point.tp), []).append((point, predicted))
     for (kind, tp), rows in sorted(evidence.items()):
         entry = profile["efficiency"].get(kind)
         if entry is None:
             continue
-        pair = [max(0.0, statistics.median(residuals.get((kind, tp, phase), [0.0]))) for phase in ("fwd", "bwd")]
-        entry.setdefault("tp_overhead_s", {})[str(tp)] = pair
+        fits = [_split_call_fit(pairs.get((kind, tp, phase), [])) for phase in ("fwd", "bwd")]
+        entry.setdefault("tp_overhead_s", {})[str(tp)] = [overhead for overhead, _ in fits]
+        entry.setdefault("tp_slowdown", {})[str(tp)] = [slowdown for _, slowdown in fits]
         entry.setdefault("tp_calibration", {})[str(tp)] = {
             "ref": f"the calibration chain split over {tp} ranks with the runtime's tensor-parallel plans, timed "
-                   f"by every rank at once; per phase, the median over the points of measured minus the cost "
-                   f"model's seconds at tp {tp} on this profile (0 if negative){how}",
+                   f"by every rank at once; per phase, measured minus the cost model's seconds at tp {tp} on this "
+                   f"profile fitted as overhead + slowdown x those seconds, both >= 0, minimising the relative "
+                   f"error of the measured times{how}",
             "layers": [p.layer_name for p, _ in rows], "tokens": [p.tokens for p, _ in rows],
             "phase": [p.phase for p, _ in rows], "median_s": [p.seconds.median for p, _ in rows],
             "predicted_s": [predicted for _, predicted in rows],

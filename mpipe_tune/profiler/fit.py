@@ -49,20 +49,31 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Al
     t = np.asarray(times_s, dtype=float)
     assert n.shape == t.shape and n.ndim == 1 and len(n) >= 2, (n.shape, t.shape)
     assert np.all(n >= 0) and np.all(t > 0), "sizes must be >= 0 and times > 0"
-    # Rows divided by t: the residuals are relative errors.
-    design = np.column_stack([np.ones_like(n), n]) / t[:, None]
-    target = np.ones_like(t)
-    (alpha, beta), *_ = np.linalg.lstsq(design, target, rcond=None)
-    if alpha < 0 or beta < 0:
-        candidates = []
-        # beta only: minimise sum((1 - b n/t)^2); alpha only: sum((1 - a/t)^2).
-        x = n / t
-        candidates.append((0.0, float(x.sum() / (x @ x)) if x @ x > 0 else 0.0))
-        y = 1.0 / t
-        candidates.append((float(y.sum() / (y @ y)), 0.0))
-        alpha, beta = min(candidates, key=lambda ab: _relative_sse(n, t, *ab))
-    alpha, beta = float(alpha), float(beta)
+    alpha, beta = fit_nonnegative_line(n, t, 1.0 / t)  # weights 1/t: the residuals are relative errors
     return AlphaBetaFit(alpha, beta, _log_r2(t, alpha + beta * n))
+
+
+def fit_nonnegative_line(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """``(a, b)``, both >= 0, minimising ``sum((weights * (y - a - b x))^2)``: the free least-squares fit
+    when both come out >= 0, else the best of the one-coefficient fits (each clamped at 0).
+
+    >>> [round(v, 9) for v in fit_nonnegative_line(np.array([1.0, 2.0, 3.0]), np.array([3.0, 5.0, 7.0]), np.ones(3))]
+    [1.0, 2.0]
+    >>> fit_nonnegative_line(np.array([1.0, 2.0]), np.array([-1.0, -2.0]), np.ones(2))
+    (0.0, 0.0)
+    """
+    x, y, w = (np.asarray(v, dtype=float) for v in (x, y, weights))
+
+    def sse(ab: tuple[float, float]) -> float:
+        return float(np.sum((w * (y - ab[0] - ab[1] * x)) ** 2))
+
+    (a, b), *_ = np.linalg.lstsq(np.column_stack([w, w * x]), w * y, rcond=None)
+    if a >= 0 and b >= 0:
+        return float(a), float(b)
+    wx, wy = w * x, w * y
+    candidates = [(0.0, max(0.0, float(wx @ wy / (wx @ wx))) if wx @ wx > 0 else 0.0),
+                  (max(0.0, float(w @ wy / (w @ w))), 0.0)]
+    return min(candidates, key=sse)
 
 
 def _relative_sse(n: np.ndarray, t: np.ndarray, alpha: float, beta: float) -> float:

@@ -1,4 +1,5 @@
-"""Fixed seconds per split layer call (``tp_overhead_s``): parsed and written back by the profile, charged
+"""What a split layer call costs beyond its price (``tp_overhead_s`` fixed, ``tp_slowdown`` per priced
+second): parsed and written back by the profile, charged
 by the cost model at the profiled tensor-parallel degree only, and fitted by the profiler so that the
 cost model reproduces the split layers it timed."""
 
@@ -36,7 +37,7 @@ def test_the_profile_reads_and_writes_the_split_overheads():
 
 @pytest.mark.parametrize("table, words", [
     ({"1": [0.0, 0.0]}, "is keyed by a tensor-parallel degree"),
-    ({"2": [1e-4]}, "must be [forward_s, backward_s]"),
+    ({"2": [1e-4]}, "must be [forward, backward]"),
     ({"2": [-1e-4, 0.0]}, "must be >= 0"),
     ({}, "must be a non-empty object"),
 ])
@@ -63,26 +64,35 @@ def test_split_layers_pay_it_per_call_at_that_degree_only():
 
 
 def test_fitted_overheads_make_the_cost_model_reproduce_the_timed_split_layers():
+    """Split layers timed at (priced x (1 + slowdown) + overhead) per phase: the fit recovers both
+    numbers of each kind, and the cost model on the fitted profile reproduces every timed point."""
     base = load_profile("ideal").to_dict()
     priced = parse_profile(base, where="test")
     names = {u.cost.kind: u.name for u in MODEL.layers}
-    offsets = {"dense_block": (2e-3, 5e-3), "vit_block": (1e-3, 1e-3), "lm_head": (-1e-3, -1e-3)}
+    # kind -> ((forward overhead, slowdown), (backward overhead, slowdown))
+    truth = {"dense_block": ((2e-3, 0.0), (5e-3, 0.0)), "vit_block": ((1e-3, 0.5), (0.0, 1.5)),
+             "lm_head": ((-1e-3, 0.0), (-1e-3, 0.0))}
     points = []
-    for kind, (fwd_extra, bwd_extra) in offsets.items():
+    for kind, ((fwd_a, fwd_c), (bwd_a, bwd_c)) in truth.items():
         layer = next(u for u in MODEL.layers if u.name == names[kind])
-        for tokens in (64, 256):
+        for tokens in (64, 256, 512):
             fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, tokens),
                                                     priced, CostOptions(dtype="fp32", tp_degree=2))
-            points.append(LayerPoint(layer.name, kind, tokens, "fwd", 0.0, 0.0, summarize([fwd + fwd_extra]), tp=2))
+            bwd = dgrad + wgrad + call
+            points.append(LayerPoint(layer.name, kind, tokens, "fwd", 0.0, 0.0,
+                                     summarize([fwd * (1 + fwd_c) + fwd_a]), tp=2))
             points.append(LayerPoint(layer.name, kind, tokens, "bwd", 0.0, 0.0,
-                                     summarize([dgrad + wgrad + call + bwd_extra]), tp=2, input_grad=True))
-    for kind in offsets:
+                                     summarize([bwd * (1 + bwd_c) + bwd_a]), tp=2, input_grad=True))
+    for kind in truth:
         base["efficiency"][kind] = {"value": 1.0, "source": "ideal"}
     tp_overhead_entries(base, points, MODEL, "fp32")
     fitted = parse_profile(base, where="fitted")
-    assert fitted.tp_overhead_for("dense_block", 2) == pytest.approx((2e-3, 5e-3), rel=1e-9)
-    assert fitted.tp_overhead_for("vit_block", 2) == pytest.approx((1e-3, 1e-3), rel=1e-9)
-    assert fitted.tp_overhead_for("lm_head", 2) == (0.0, 0.0)  # faster than predicted: nothing taken off
+    for kind in ("dense_block", "vit_block"):
+        (fwd_a, fwd_c), (bwd_a, bwd_c) = truth[kind]
+        assert fitted.tp_overhead_for(kind, 2) == pytest.approx((fwd_a, bwd_a), abs=1e-12)
+        assert fitted.tp_slowdown_for(kind, 2) == pytest.approx((fwd_c, bwd_c), abs=1e-9)
+    # faster than priced: nothing taken off
+    assert fitted.tp_overhead_for("lm_head", 2) == fitted.tp_slowdown_for("lm_head", 2) == (0.0, 0.0)
     for point in points:
         if point.kind == "lm_head":
             continue
@@ -91,5 +101,24 @@ def test_fitted_overheads_make_the_cost_model_reproduce_the_timed_split_layers()
                                                 fitted, CostOptions(dtype="fp32", tp_degree=2))
         assert (fwd if point.phase == "fwd" else dgrad + wgrad + call) == pytest.approx(point.seconds.median, rel=1e-9)
     evidence = fitted.provenance["efficiency.dense_block"]["tp_calibration"]["2"]
-    assert len(evidence["median_s"]) == len(evidence["predicted_s"]) == 4
-    assert fitted.tp_overhead_for("default", 2)[0] > 0  # the median over every kind's points
+    assert len(evidence["median_s"]) == len(evidence["predicted_s"]) == 6
+    assert sum(fitted.tp_overhead_for("default", 2)) + sum(fitted.tp_slowdown_for("default", 2)) > 0  # every kind's points
+
+
+def test_a_slowdown_charges_a_large_split_call_more_than_a_small_one():
+    data = load_profile("ideal").to_dict()
+    data["efficiency"]["dense_block"] = {"value": 1.0, "tp_slowdown": {"2": [0.5, 1.0]}, "source": "ideal"}
+    slowed = parse_profile(data, where="test")
+    assert parse_profile(json.loads(json.dumps(slowed.to_dict())), where="round trip") == slowed
+    layer = next(u for u in MODEL.layers if u.cost.kind == "dense_block")
+    for tokens in (64, 512):
+        mb = calibration_microbatch(MODEL, tokens)
+        for tp, factors in ((2, (1.5, 2.0)), (1, (1.0, 1.0))):
+            options = CostOptions(dtype="fp32", tp_degree=tp)
+            fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, mb, load_profile("ideal"), options)
+            s_fwd, s_dgrad, s_wgrad, s_call = layer_seconds(layer.cost, layer.block, mb, slowed, options)
+            assert s_fwd == pytest.approx(fwd * factors[0])
+            assert s_dgrad + s_wgrad + s_call == pytest.approx((dgrad + wgrad + call) * factors[1])
+    with pytest.raises(MpipeError, match="tp_slowdown.2"):
+        data["efficiency"]["dense_block"]["tp_slowdown"] = {"2": [-0.1, 0.0]}
+        parse_profile(data, where="test")
