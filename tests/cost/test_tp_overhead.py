@@ -122,3 +122,26 @@ def test_a_slowdown_charges_a_large_split_call_more_than_a_small_one():
     with pytest.raises(MpipeError, match="tp_slowdown.2"):
         data["efficiency"]["dense_block"]["tp_slowdown"] = {"2": [-0.1, 0.0]}
         parse_profile(data, where="test")
+
+
+def test_split_calls_are_fitted_to_their_mean_time():
+    """A step adds its calls up: a split point whose repeats have a slow tail is charged its mean, not
+    its median (the tail is the all-reduce waiting for the slower rank, part of every run)."""
+    base = load_profile("ideal").to_dict()
+    priced = parse_profile(base, where="test")
+    layer = next(u for u in MODEL.layers if u.cost.kind == "dense_block")
+    points = []
+    for tokens in (64, 256, 512):
+        fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, tokens),
+                                                priced, CostOptions(dtype="fp32", tp_degree=2))
+        for phase, price in (("fwd", fwd), ("bwd", dgrad + wgrad + call)):
+            samples = [price] * 3 + [price + 4e-3]  # median the price, mean 1 ms over it
+            points.append(LayerPoint(layer.name, "dense_block", tokens, phase, 0.0, 0.0, summarize(samples), tp=2,
+                                     input_grad=phase == "bwd"))
+    base["efficiency"]["dense_block"] = {"value": 1.0, "source": "ideal"}
+    tp_overhead_entries(base, points, MODEL, "fp32")
+    fitted = parse_profile(base, where="fitted")
+    assert fitted.tp_overhead_for("dense_block", 2) == pytest.approx((1e-3, 1e-3), abs=1e-12)
+    assert fitted.tp_slowdown_for("dense_block", 2) == pytest.approx((0.0, 0.0), abs=1e-9)
+    evidence = fitted.provenance["efficiency.dense_block"]["tp_calibration"]["2"]
+    assert evidence["mean_s"] == pytest.approx([p.seconds.median + 1e-3 for p in points])
