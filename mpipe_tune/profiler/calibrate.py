@@ -37,7 +37,8 @@ so that the fit can tell the fixed seconds per image from those per call.
 Given a tensor-parallel mesh (:func:`layer_samples`' ``tp_mesh``), the chain is split over it with
 the runtime's own tensor-parallel plans (:func:`~mpipe_tune.runtime.tensor_parallel.parallelize_layer`)
 and timed the same way inside :func:`~mpipe_tune.runtime.tensor_parallel.tp_context`, one image per
-size: each split layer's time, all-reduces included, for the profile's per-kind ``tp_overhead_s``.
+size: each split layer's time, all-reduces included, for the profile's per-kind ``tp_overhead_s`` and
+``tp_slowdown``.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ rank times the calibration chain (:func:`~mpipe_tune.profiler.calibrate.layer_sa
 time, each repeat after a barrier, until every rank's medians are stable; the samples of all ranks
 are pooled per point. With an even number of ranks (and a model the runtime can split in two), they
 then time the chain again split over pairs of neighbouring ranks (tensor parallelism of degree 2,
-the runtime's layout: tp innermost), for the profile's ``tp_overhead_s``. The ranks then time the runtime's optimizer update
-(:func:`~mpipe_tune.runtime.compute.sgd_update`) on the chain's weights the same way, for the
-profile's ``optimizer_update_bytes_per_s``.
+the runtime's layout: tp innermost), for the profile's ``tp_overhead_s`` and ``tp_slowdown``. The
+ranks then time the runtime's optimizer update (:func:`~mpipe_tune.runtime.compute.sgd_update`) on
+the chain's weights the same way, for the profile's ``optimizer_update_bytes_per_s``.
 
 The speed probe (:func:`speed_probe_s`) is a short fixed timing of the same chain at one size: the
 forward plus backward seconds of one pass, median over a few repeats, all ranks at once. Taken at
