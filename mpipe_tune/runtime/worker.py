@@ -82,9 +82,12 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
             steps.append(step_plan)
             if after_step is not None:
                 after_step(step)
-            if job.progress and ctx.rank == 0:
-                print(f"mpipe-tune run: step {step + 1}/{job.steps} done, {time.perf_counter() - started:.1f} s in",
-                      file=sys.stderr, flush=True)
+            if job.progress:  # every rank: the step's time is its slowest rank's
+                step_s = slowest_s(records[-1].end - records[-1].start, device)
+                if ctx.rank == 0:
+                    print(f"mpipe-tune run: step {step + 1}/{job.steps} done in {step_s * 1e3:.1f} ms (predicted "
+                          f"{step_plan.view.predicted_step_s * 1e3:.1f} ms), {time.perf_counter() - started:.1f} s in",
+                          file=sys.stderr, flush=True)
     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
     dist.gather_object(records, gathered, dst=0)
     if ctx.rank != 0:
@@ -111,6 +114,13 @@ def frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+def slowest_s(seconds: float, device: torch.device) -> float:
+    """The largest of every rank's ``seconds`` (one all-reduce, outside any timed step)."""
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value[0])
 
 
 def validate_agreement(key: int, what: str, device: torch.device) -> None:
