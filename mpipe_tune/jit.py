@@ -11,10 +11,11 @@ worse than twice the better choice), or a call's largest array has :data:`COMPIL
 elements or more, it is compiled (``cache=True``: loaded from numba's cache when an earlier run
 compiled it) and stays compiled. numba itself is imported only then.
 
-A Ctrl-C that lands while numba is imported or compiles (a search interrupted in its first seconds)
-leaves numba half imported; from then on the automatic rule keeps every kernel of the process as
-Python (:func:`compiling_stopped`), so the work a search does on its way out (storing what it found,
-the report) runs on, where importing numba again would fail.
+A Ctrl-C that lands while numba is imported or compiles (a command interrupted in its first
+seconds; a search defers the first Ctrl-C to its next trial, see :mod:`mpipe_tune.interrupt`, but not
+a second) leaves numba half imported; from then on the automatic rule keeps every kernel of the
+process as Python (:func:`compiling_stopped`), so the work a search does on its way out (storing what
+it found, the report) runs on, where importing numba again would fail.
 
 Both tiers run the same source, so they do the same floating-point operations in the same order
 and agree bit for bit (``tests/test_jit.py`` checks every kernel on random inputs). :func:`tier`
