@@ -99,9 +99,11 @@ class TrialWriter:
         """Set once a trial was refused because the study holds ``n_trials``."""
         self.refused = context.Value("i", 0)
         """How many handed-over trials were refused."""
+        self.abandoned = context.Event()
+        """Set when the search stopped waiting (see :meth:`close`): the child exits once the queue runs dry."""
         self.process = context.Process(target=_write_trials,
                                        args=(storage, study_name, n_trials, self.queue, self.full, self.refused,
-                                             os.getpid()),
+                                             self.abandoned, os.getpid()),
                                        name="mpipe-tune trial writer")
         with _sigint_ignored():  # inherited through the exec: a terminal's Ctrl-C cannot end the child's start-up
             self.process.start()
@@ -114,8 +116,9 @@ class TrialWriter:
 
     def close(self, wait_s: float | None = None) -> None:
         """Wait until every trial handed over is written. With ``wait_s`` (a search stopped at once by a
-        second Ctrl-C, whose queue may have been cut mid-put), wait at most that long: the child goes on
-        writing what reached it and exits once this process is gone."""
+        second Ctrl-C, whose queue may have been cut mid-put and lost its end marker), wait at most that
+        long: the child goes on writing what reached it and exits when the queue runs dry (this
+        process's exit waits for it, as for any child it started)."""
         if self.process.is_alive():
             try:
                 self.queue.put(None, timeout=wait_s)
@@ -123,7 +126,8 @@ class TrialWriter:
                 pass
         self.process.join(wait_s)
         if self.process.is_alive():
-            self.queue.cancel_join_thread()  # this process's exit must not wait for the child either
+            self.abandoned.set()
+            self.queue.cancel_join_thread()  # nor for a feeder thread the cut put may have left stuck
             return
         self.queue.close()
         if self.process.exitcode != 0:
@@ -131,7 +135,8 @@ class TrialWriter:
                              f"missing from the study: rerun the same command to continue it")
 
 
-def _write_trials(storage: str, study_name: str, n_trials: int | None, queue, full, refused, parent_pid: int) -> None:
+def _write_trials(storage: str, study_name: str, n_trials: int | None, queue, full, refused, abandoned,
+                  parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import optuna
 
@@ -141,7 +146,7 @@ def _write_trials(storage: str, study_name: str, n_trials: int | None, queue, fu
         try:
             trial = queue.get(timeout=0.5)
         except queue_module.Empty:
-            if os.getppid() != parent_pid:  # the search was killed and everything it sent is written
+            if os.getppid() != parent_pid or abandoned.is_set():  # everything that reached it is written
                 return
             continue
         if trial is None:
