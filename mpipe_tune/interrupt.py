@@ -35,16 +35,27 @@ class StopRequest:
 
 
 @contextlib.contextmanager
+def sigint_handled_by(handler) -> Iterator[None]:
+    """SIGINT handled by ``handler`` (a function, or ``signal.SIG_IGN``) inside the block, on the main
+    thread (the only one that may change it); elsewhere the block runs with SIGINT as it was."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
 def stop_requests() -> Iterator[StopRequest]:
     """Turn the first Ctrl-C in the block into :attr:`StopRequest.requested`. Off the main thread, or
     where the program installed its own SIGINT handler, Ctrl-C keeps its meaning (and only a
     KeyboardInterrupt the caller catches stops the loop)."""
     stop = StopRequest()
-    own = (threading.current_thread() is threading.main_thread()
-           and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
-    previous = signal.signal(signal.SIGINT, stop._on_sigint) if own else None
-    try:
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield stop
-    finally:
-        if own:
-            signal.signal(signal.SIGINT, previous)
+        return
+    with sigint_handled_by(stop._on_sigint):
+        yield stop

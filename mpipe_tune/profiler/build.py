@@ -289,11 +289,6 @@ def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: 
     return entries
 
 
-def _sum_time(seconds) -> float:
-    """What many calls of one timed point add up to, per call: the mean where it was kept."""
-    return seconds.median if seconds.mean is None else seconds.mean
-
-
 def _split_call_fit(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """``(overhead, slowdown)`` of split calls from their ``(priced, measured)`` seconds (see
     :func:`tp_overhead_entries`)."""
@@ -317,11 +312,10 @@ def tp_overhead_entries(profile: dict[str, Any], points: Sequence[LayerPoint], m
     calls of a large microbatch pay more than those of a small one, as they were measured to); a phase
     timed at one price only gets the overhead alone (the median beyond its price).
 
-    A split call's time is its **mean** over the repeats (where the samples kept one; else the
-    median): a step adds its calls up, and every split call ends in an all-reduce that waits for the
-    slower rank of the pair, so a long tail of slow calls is part of every run (on the 2-core CPU the
-    split calls' means were 2-27% over their medians, the unsplit calls' within a few percent, where
-    the whole layers keep their medians). Where the split
+    A split call's time is its **mean** over the repeats: a step adds its calls up, and every split
+    call ends in an all-reduce that waits for the slower rank of the pair, so a long tail of slow calls
+    is part of every run (on the 2-core CPU the split calls' means were 2-27% over their medians, the
+    unsplit calls' within a few percent, where the whole layers keep their medians). Where the split
     layers ran faster than priced, both are 0 (the cost model keeps its other terms as they are). The
     ``default`` entry is fitted to every kind's points. The points and their prices are kept beside, as
     the entry's ``tp_calibration``."""
@@ -339,7 +333,7 @@ def tp_overhead_entries(profile: dict[str, Any], points: Sequence[LayerPoint], m
                                                     calibration_microbatch(model, point.tokens), priced, options)
         predicted = fwd if point.phase == "fwd" else wgrad + bwd_call + (dgrad if point.input_grad else 0.0)
         for kind in (point.kind, "default"):
-            pairs.setdefault((kind, point.tp, point.phase), []).append((predicted, _sum_time(point.seconds)))
+            pairs.setdefault((kind, point.tp, point.phase), []).append((predicted, point.seconds.mean))
             evidence.setdefault((kind, point.tp), []).append((point, predicted))
     for (kind, tp), rows in sorted(evidence.items()):
         entry = profile["efficiency"].get(kind)
@@ -355,5 +349,5 @@ def tp_overhead_entries(profile: dict[str, Any], points: Sequence[LayerPoint], m
                    f"error of the measured mean times (a step adds its calls up){how}",
             "layers": [p.layer_name for p, _ in rows], "tokens": [p.tokens for p, _ in rows],
             "phase": [p.phase for p, _ in rows], "median_s": [p.seconds.median for p, _ in rows],
-            "mean_s": [_sum_time(p.seconds) for p, _ in rows], "predicted_s": [predicted for _, predicted in rows],
+            "mean_s": [p.seconds.mean for p, _ in rows], "predicted_s": [predicted for _, predicted in rows],
         }

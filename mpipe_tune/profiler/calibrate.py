@@ -153,7 +153,7 @@ def _layer_samples(torch, device, model, dtype, settings, progress, agreement, s
             bwd_flops = work.wgrad_flops + (work.dgrad_flops if fed[k] else 0.0)
             bwd_bytes = work.wgrad_bytes + (work.dgrad_bytes if fed[k] else 0.0)
             count = images if kind in arch.IMAGE_STREAM_KINDS else 1
-            blank = Spread(0.0, 0.0, 0)
+            blank = Spread(0.0, 0.0, 0, 0.0)
             out.append((LayerPoint(layer.name, kind, tokens, "fwd", work.fwd_flops, work.fwd_bytes, blank, count,
                                    tp), fwd[k]))
             out.append((LayerPoint(layer.name, kind, tokens, "bwd", bwd_flops, bwd_bytes, blank, count, tp,

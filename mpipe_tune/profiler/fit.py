@@ -76,10 +76,6 @@ def fit_nonnegative_line(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> t
     return min(candidates, key=sse)
 
 
-def _relative_sse(n: np.ndarray, t: np.ndarray, alpha: float, beta: float) -> float:
-    return float(np.sum(((t - alpha - beta * n) / t) ** 2))
-
-
 def _log_r2(measured: np.ndarray, predicted: np.ndarray) -> float:
     log_t = np.log(measured)
     log_p = np.log(np.maximum(predicted, np.finfo(float).tiny))

@@ -16,9 +16,8 @@ class Spread:
     iqr: float
     """Third quartile minus first quartile (0 for a single repeat)."""
     num_repeats: int
-    mean: float | None = None
-    """The mean (None where it was not kept): what a sum of many such calls adds up to, where the
-    median is the typical call."""
+    mean: float
+    """What a sum of many such calls adds up to, per call, where the median is the typical call."""
 
     @property
     def relative_iqr(self) -> float:

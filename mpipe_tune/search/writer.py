@@ -23,16 +23,15 @@ writing them. The child ignores Ctrl-C: the search drains the queue on its way o
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import multiprocessing
 import os
 import queue as queue_module
 import signal
-import threading
 import time
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.interrupt import sigint_handled_by
 
 EXACT_TAIL = 16
 """The last this-many trials of a study are reserved before they count (see the module docstring)."""
@@ -78,19 +77,6 @@ def store_trial(study, trial, n_trials: int | None = None, storage_url: str | No
     return True
 
 
-@contextlib.contextmanager
-def _sigint_ignored():
-    """SIGINT ignored in the block, where this thread may change it (the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 class TrialWriter:
     def __init__(self, storage: str, study_name: str, n_trials: int | None = None) -> None:
         context = multiprocessing.get_context("spawn")
@@ -105,7 +91,8 @@ class TrialWriter:
                                        args=(storage, study_name, n_trials, self.queue, self.full, self.refused,
                                              self.abandoned, os.getpid()),
                                        name="mpipe-tune trial writer")
-        with _sigint_ignored():  # inherited through the exec: a terminal's Ctrl-C cannot end the child's start-up
+        # Ignored SIGINT is inherited through the exec: a terminal's Ctrl-C cannot end the child's start-up.
+        with sigint_handled_by(signal.SIG_IGN):
             self.process.start()
 
     def put(self, trial) -> None:
