@@ -34,18 +34,7 @@ it was made for into an :class:`ExportPlan`; the writers read nothing else. Each
     ``--freeze-ViT``/``--freeze-LM`` of ``examples/multimodal`` (whose LLaVA model builds the vision
     encoder inside the first pipeline stage). Data parallelism is what the world size leaves.
 ``hyper-parallel``
-    A hyper-parallel trainer YAML (its three-tier ``model``/``data``/``train`` schema,
-    ``hyper_parallel/trainer/config.py``): ``train.accelerator`` ``pp``, ``pp_vpp``,
-    ``pp_micro_batch_num``, ``pp_schedule`` (``mpipe`` for ``ScheduleMPipeTranspose``, else ``1f1b``
-    or ``gpipe``), ``pp_layer_split`` (decoder layers per global stage), ``tp``, ``dp_replicate``,
-    ``dp_shard``, and the transpose's ``pp_mpipe_transpose_layers`` (``visual`` or a layer count),
-    ``pp_mpipe_transpose_overflow`` and ``pp_mpipe_owner_backward``; ``train.micro_batch_size``,
-    ``global_batch_size``, ``gradient_checkpointing.activation_checkpoint``, ``mixed_precision``;
-    ``model.freeze_modules``. The mpipe field names were read from hyper-parallel's
-    ``docs/mpipe_transpose.md``, its ``mpipe_owned_micros`` and its trainer tests (the config
-    dataclass holding them was not among the sources found). Its owner map is not free: overflow
-    ``full`` gives microbatch m to rank m mod NT, ``min`` gives m < NT to rank m and the rest to rank
-    0 (NT = min(P, M)); another owner map cannot be expressed.
+    A hyper-parallel trainer YAML: :mod:`mpipe_tune.report.export_hyper_parallel`.
 
 Where a format cannot express a plan (a transpose region for torch-csv, torchtitan and Megatron-LM,
 GPipe for Megatron-LM, an owner map hyper-parallel has no mode for, a zero-bubble skeleton's split
@@ -64,8 +53,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from mpipe_tune.algebra.encoder_backward import moved_count
 from mpipe_tune.algebra.events import Bwd, Fwd
@@ -446,103 +433,6 @@ def _frozen_blocks(plan: ExportPlan) -> tuple[str, ...]:
     return tuple(b for b in blocks if not any(u.trainable for u in plan.layers if u.block == b))
 
 
-# ---- hyper-parallel ------------------------------------------------------------------------------
-
-
-def to_hyper_parallel(plan: ExportPlan) -> str:
-    """A hyper-parallel trainer YAML (``model``/``train`` keys of its three-tier schema)."""
-    first = plan.regions[0]
-    for region in plan.regions[1:]:
-        if not region.is_sharded:
-            raise MpipeError(f"hyper-parallel cannot express {plan.describe()}: region {region.index} is a transpose "
-                             f"after the first region, and its Mpipe schedule transposes only the model's first "
-                             f"layers; the closest plan it can express: the same schedule without it")
-    transpose = not first.is_sharded
-    skeletons = {r.skeleton for r in plan.sharded}
-    if (transpose or plan.num_chunks > 1) and skeletons != {Skeleton.ONE_F_ONE_B}:
-        raise MpipeError(f"hyper-parallel cannot express {plan.describe()}: its Mpipe and virtual-stage schedules are "
-                         f"interleaved 1F1B; the closest plan it can express: the same cut with 1f1b for every "
-                         f"Sharded region")
-    accelerator: dict[str, Any] = {
-        "pp": plan.pp,
-        "pp_vpp": plan.num_chunks,
-        "pp_micro_batch_num": plan.num_microbatches,
-        "pp_schedule": "mpipe" if transpose else plan.sharded[0].skeleton.value,
-    }
-    stages = wavefront_stages(plan)
-    _validate_vision_first(plan, stages, "hyper-parallel")
-    accelerator["pp_layer_split"] = [len(s.decoders) for s in stages]
-    notes = []
-    if transpose:
-        accelerator.update(_mpipe_fields(plan, first))
-        notes.append(f"# owner map (microbatch -> rank): {list(first.owners)}")
-    accelerator.update({"tp": plan.tp, "dp_replicate": plan.dp, "dp_shard": 1})
-    train: dict[str, Any] = {
-        "micro_batch_size": 1,
-        "global_batch_size": plan.num_microbatches * plan.dp,
-        "accelerator": accelerator,
-        "gradient_checkpointing": {"activation_checkpoint": "full" if plan.recompute else "off"},
-        "mixed_precision": ({"enabled": True, "param_dtype": _HYPER_DTYPES[plan.dtype]} if plan.dtype in _HYPER_DTYPES
-                            else {"enabled": False}),
-    }
-    vision = plan.layers[:plan.num_vision_layers]
-    tower_frozen = bool(vision) and not any(u.trainable for u in vision)
-    document: dict[str, Any] = {"train": train}
-    if tower_frozen:
-        document = {"model": {"freeze_modules": ["visual"]}, **document}
-    header = [f"# hyper-parallel trainer config for mpipe-tune {plan.describe()}",
-              f"# launch on {plan.pp * plan.tp * plan.dp} devices", *notes]
-    others = [b for b in _frozen_blocks(plan) if not (tower_frozen and any(u.block == b for u in vision))]
-    if others:
-        header.append(f"# also frozen in the plan: {', '.join(others)} (add their module names to "
-                      f"model.freeze_modules; 'visual' freezes the whole tower, its merger included)")
-    return "\n".join(header) + "\n" + yaml.safe_dump(document, sort_keys=False, default_flow_style=None)
-
-
-_HYPER_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
-OVERFLOW_MODES = ("full", "min")
-
-
-def mpipe_owners(mode: str, num_ranks: int, num_microbatches: int) -> tuple[int, ...]:
-    """The owner map hyper-parallel's overflow ``mode`` gives (NT = min(P, M) transposing ranks).
-
-    >>> mpipe_owners("full", 4, 6), mpipe_owners("min", 4, 6)
-    ((0, 1, 2, 3, 0, 1), (0, 1, 2, 3, 0, 0))
-    """
-    nt = min(num_ranks, num_microbatches)
-    if mode == "full":
-        return tuple(m % nt for m in range(num_microbatches))
-    assert mode == "min", mode
-    return tuple(m if m < nt else 0 for m in range(num_microbatches))
-
-
-def _mpipe_fields(plan: ExportPlan, region: ExportRegion) -> dict[str, Any]:
-    """The transpose's arguments: ``visual`` when region 1 is the whole vision tower, else its layer count
-    (counted in the model spec's layers; hyper-parallel counts the tower's layers, which agree when each
-    spec layer is one tower block); the overflow mode whose owner map is the plan's; an owner-side
-    backward when region 1 has a trainable layer (the plan runs ``Bwd(1, owner, m)`` on the owner)."""
-    vision = plan.num_vision_layers
-    stop = region.layers[1]
-    if vision and stop > vision:
-        raise MpipeError(f"hyper-parallel cannot express {plan.describe()}: it transposes at most the visual tower "
-                         f"(layers 0..{vision - 1}), and region 1 ends at layer {stop}; the closest plan it can "
-                         f"express: the same schedule with --cut {vision}{_hint(plan, MPIPE_RR)}")
-    mode = next((m for m in OVERFLOW_MODES if mpipe_owners(m, plan.pp, plan.num_microbatches) == region.owners), None)
-    if mode is None:
-        closest = _closest(plan, MPIPE_RR, "re-plan it with '--owner round-robin'")
-        raise MpipeError(f"hyper-parallel cannot express {plan.describe()}: its owner map {list(region.owners)} is "
-                         f"neither of hyper-parallel's (overflow 'full': microbatch m on rank m mod "
-                         f"{min(plan.pp, plan.num_microbatches)}; 'min': the first on their own ranks, the rest on "
-                         f"rank 0); the closest plan it can express: the same schedule with round-robin owners, "
-                         f"{closest}")
-    trainable = any(u.trainable for u in plan.layers[region.layers[0]:stop])
-    return {
-        "pp_mpipe_transpose_layers": "visual" if stop == vision else stop,
-        "pp_mpipe_transpose_overflow": mode,
-        "pp_mpipe_owner_backward": trainable,
-    }
-
-
 # ---- the format table ----------------------------------------------------------------------------
 
 
@@ -576,13 +466,18 @@ def _torchtitan_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output, ...
     return (Output(out, to_torchtitan(plan, str(csv_path))), Output(csv_path, to_torch_csv(plan)))
 
 
+def _hyper_parallel(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
+    # imported here: the writer's module imports this one's plan types
+    from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
+    return (Output(out, to_hyper_parallel(plan)),)
+
+
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("torch-csv", "torch.distributed.pipelining schedule CSV (compute actions per rank)",
            _single(to_torch_csv)),
     Format("torchtitan", "torchtitan TOML job config and the CSV it runs (needs --out)", _torchtitan_outputs),
     Format("megatron", "Megatron-LM launch arguments", _single(to_megatron)),
-    Format("hyper-parallel", "hyper-parallel trainer YAML (Mpipe transpose schedule arguments)",
-           _single(to_hyper_parallel)),
+    Format("hyper-parallel", "hyper-parallel trainer YAML (Mpipe transpose schedule arguments)", _hyper_parallel),
 )}
 
 

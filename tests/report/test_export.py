@@ -19,10 +19,8 @@ from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.report.export import (
-    mpipe_owners,
     plan_from_record,
     read_export_plan,
-    to_hyper_parallel,
     to_megatron,
     to_torch_csv,
     to_torchtitan,
@@ -226,31 +224,6 @@ def test_megatron_refuses_gpipe_and_an_encoder_beyond_the_first_stage():
     assert "no GPipe schedule" in one_line_error(lambda: to_megatron(export_plan("gpipe", (), 2, 4)))
     spread = export_plan("1f1b", (), 4, 4, slabs=((5, 7, 7, 6),))  # the 9 vision layers in stages 0 and 1
     assert "inside the first pipeline stage" in one_line_error(lambda: to_megatron(spread))
-
-
-def test_hyper_parallel_yaml_has_the_transpose_arguments_and_its_owner_map():
-    plan = export_plan("transpose,1f1b", (VISION,), 4, 6)
-    config = yaml.safe_load(to_hyper_parallel(plan))
-    acc = config["train"]["accelerator"]
-    assert (acc["pp"], acc["pp_vpp"], acc["pp_micro_batch_num"], acc["pp_schedule"]) == (4, 1, 6, "mpipe")
-    assert acc["pp_mpipe_transpose_layers"] == "visual" and acc["pp_mpipe_owner_backward"] is True
-    assert mpipe_owners(acc["pp_mpipe_transpose_overflow"], 4, 6) == plan.regions[0].owners == (0, 1, 2, 3, 0, 1)
-    assert sum(acc["pp_layer_split"]) == NUM_DECODERS and len(acc["pp_layer_split"]) == 4
-
-    frozen = yaml.safe_load(to_hyper_parallel(export_plan("transpose,1f1b", (VISION,), 4, 6,
-                                                          frozen=("encoder", "projector"))))
-    assert frozen["train"]["accelerator"]["pp_mpipe_owner_backward"] is False  # no encoder backward at all
-    assert frozen["model"]["freeze_modules"] == ["visual"]
-    text = to_hyper_parallel(export_plan("transpose,1f1b", (VISION,), 4, 6, frozen=("encoder",)))
-    assert yaml.safe_load(text)["train"]["accelerator"]["pp_mpipe_owner_backward"] is True  # the projector trains
-    assert "model" not in yaml.safe_load(text) and "also frozen in the plan: encoder" in text
-
-
-def test_hyper_parallel_min_overflow_and_an_owner_map_it_cannot_express():
-    plan = export_plan("transpose,1f1b", (VISION,), 2, 5, owners=(0, 1, 0, 0, 0))
-    assert yaml.safe_load(to_hyper_parallel(plan))["train"]["accelerator"]["pp_mpipe_transpose_overflow"] == "min"
-    odd = export_plan("transpose,1f1b", (VISION,), 2, 4, owners=(1, 1, 0, 0))
-    assert "round-robin" in one_line_error(lambda: to_hyper_parallel(odd))
 
 
 def test_a_baseline_section_exports_with_its_own_microbatches(tmp_path):
