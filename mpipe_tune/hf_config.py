@@ -35,7 +35,7 @@ from mpipe_tune.errors import MpipeError
 __all__ = ["NESTED_DEFAULTS", "from_hf_config", "is_hf_config"]
 
 CONFIG_FILE = "config.json"
-_YAML_FIX = "or describe the model in a YAML model spec (README, Formats > Model)"
+_YAML_FIX = "or describe the model in a YAML model spec (docs/inputs.md, Model)"
 _GELU_ACTS = frozenset({"gelu", "quick_gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"})
 
 NESTED_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -77,7 +77,7 @@ class _Section:
     def unsupported(self, name: str, why: str) -> MpipeError:
         return MpipeError(
             f"{self.file}: field '{self.prefix}{name}' = {self._raw(name)!r} is not supported ({why}); "
-            f"describe the model in a YAML model spec instead (README, Formats > Model)"
+            f"describe the model in a YAML model spec instead (docs/inputs.md, Model)"
         )
 
     def count(self, name: str, what: str, default: Any = _MISSING, *, lowest: int = 1) -> int:

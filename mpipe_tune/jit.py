@@ -4,7 +4,7 @@ A :func:`kernel` is a plain loop over flat arrays (the cost model's longest path
 memory peaks, the owner policies, derive's topological sort). numba compiles such a loop to run
 20-40 times faster, but a first compile costs about two seconds per kernel on a small machine, and
 a fresh install has nothing cached: compiling every kernel up front cost the default ``mpipe-tune
-plan`` 15 s more than its few hundred events take in Python (benchmarks/README.md, "First-call
+plan`` 15 s more than its few hundred events take in Python (benchmarks/HISTORY.md, "First-call
 compile"). So each kernel starts as its own Python source and counts the seconds it spends there;
 once that reaches :data:`COMPILE_AFTER_S` (about what compiling costs: the ski-rental rule, never
 worse than twice the better choice), or a call's largest array has :data:`COMPILE_FROM_SIZE`
