@@ -12,6 +12,7 @@ from mpipe_tune.cli_plan import Plan, Show
 from mpipe_tune.cli_profile import Profile
 from mpipe_tune.cli_run import Run
 from mpipe_tune.cli_trials import Trials
+from mpipe_tune.cli_workload import Workload, add_dataset_arguments, dataset_options, print_notes
 from mpipe_tune import __version__
 from mpipe_tune.command import Command, add_framework_arguments, framework_options
 from mpipe_tune.errors import MpipeError
@@ -29,8 +30,10 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="example-mllm", help="built-in model name or YAML file (default: example-mllm)")
     parser.add_argument("--profile", default="ideal", help="built-in hardware profile name or JSON file (default: ideal)")
     parser.add_argument("--workload", default="balanced",
-                        help="workload YAML/JSON file, or a built-in mix name sampled with --seed (default: balanced)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for sampling a named mix (default 0)")
+                        help="workload YAML/JSON file, a built-in mix name or a dataset (LLaVA/ShareGPT JSON/JSONL, "
+                             "CSV/Parquet/JSONL manifest), sampled with --seed (default: balanced)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for sampling a named mix or a dataset (default 0)")
+    add_dataset_arguments(parser)
     parser.add_argument("--pp", type=int, default=4, help="pipeline degree P (default 4)")
     parser.add_argument("--microbatches", type=int, default=None,
                         help="microbatch count M (default: the workload file's length, or 8 for a mix)")
@@ -99,11 +102,20 @@ def load_candidate(args: argparse.Namespace):
     """Load the inputs the arguments name, parse the candidate and predict it: returns (Prediction,
     model, workload, profile)."""
     from mpipe_tune.cost.predict import predict, predict_fastest_placement
+    from mpipe_tune.inputs.workload import DEFAULT_NUM_MICROBATCHES
     from mpipe_tune.specs import load_model, load_profile, load_workload
+
+    from mpipe_tune.workload_spec import is_dataset, load_dataset_workload
 
     model = load_model(args.model)
     profile = load_profile(args.profile)
-    workload = load_workload(args.workload, num_microbatches=args.microbatches, seed=args.seed)
+    if is_dataset(args.workload):
+        workload, notes = load_dataset_workload(args.workload, args.model, model, dataset_options(args),
+                                                num_microbatches=args.microbatches or DEFAULT_NUM_MICROBATCHES,
+                                                seed=args.seed)
+        print_notes(args.command, notes)
+    else:
+        workload = load_workload(args.workload, num_microbatches=args.microbatches, seed=args.seed)
     candidate = parse_candidate(args, model, len(workload) if args.microbatches is None else args.microbatches)
     run = predict_fastest_placement if args.encoder_backward == "search" else predict
     prediction = run(candidate, model, workload, profile, framework_options(args))
@@ -191,7 +203,8 @@ class Profiles(Command):
         return 0
 
 
-COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show(), Export(), Trials()]
+COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show(), Export(), Trials(),
+                         Workload()]
 
 
 def build_parser() -> argparse.ArgumentParser:

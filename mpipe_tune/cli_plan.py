@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+from mpipe_tune.cli_workload import add_dataset_arguments, dataset_options, print_notes
 from mpipe_tune.command import Command, add_framework_arguments, framework_options
 from mpipe_tune.errors import MpipeError
 
@@ -32,6 +33,7 @@ def _problem(args: argparse.Namespace):
     from mpipe_tune.inputs.workload import MIXES
     from mpipe_tune.search import Problem
     from mpipe_tune.specs import load_model, load_profile, load_workload
+    from mpipe_tune.workload_spec import is_dataset, load_dataset
 
     model = load_model(args.model)
     frozen = tuple(b.strip() for b in args.frozen.split(",") if b.strip())
@@ -44,7 +46,13 @@ def _problem(args: argparse.Namespace):
     note = profile.slow_dtype_note(args.dtype)
     if note:
         print(f"mpipe-tune plan: note: {note}", file=sys.stderr)
-    if args.workload in MIXES:
+    if is_dataset(args.workload):
+        dataset, notes = load_dataset(args.workload, args.model, model, dataset_options(args))
+        print_notes("plan", notes)
+        global_batch = 4 * args.devices if args.global_batch is None else args.global_batch
+        problem = Problem(model, profile, args.devices, global_batch, dataset=dataset, num_samples=args.samples,
+                          seed=args.seed, options=options)
+    elif args.workload in MIXES:
         global_batch = 4 * args.devices if args.global_batch is None else args.global_batch
         problem = Problem(model, profile, args.devices, global_batch, mix=args.workload, num_samples=args.samples,
                           seed=args.seed, options=options)
@@ -135,7 +143,9 @@ class Plan(Command):
         g.add_argument("--model", default="example-mllm", help="built-in model name or YAML file (default: example-mllm)")
         g.add_argument("--profile", default="ideal", help="built-in hardware profile or JSON file (default: ideal)")
         g.add_argument("--workload", default="balanced",
-                       help="built-in mix name (sampled) or a workload file holding one step's sequences (default: balanced)")
+                       help="built-in mix name or a dataset (LLaVA/ShareGPT JSON/JSONL, CSV/Parquet/JSONL manifest), "
+                            "sampled per step; or a workload file holding one step's sequences (default: balanced)")
+        add_dataset_arguments(g)
         g.add_argument("--devices", type=int, default=EXAMPLE_DEVICES, help=f"device count (default {EXAMPLE_DEVICES})")
         g.add_argument("--global-batch", type=int, default=None,
                        help="sequences per step over all replicas, fixed for every plan (omit it for the default: "

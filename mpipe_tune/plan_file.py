@@ -68,7 +68,8 @@ from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import parse_schedule
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
-from mpipe_tune.inputs.workload import MixDraw, Workload, parse_workload
+from mpipe_tune.inputs.dataset import draw_from_dict
+from mpipe_tune.inputs.workload import Workload, parse_workload
 from mpipe_tune.plan_check import damaged, validate_inputs, validate_search, validate_section_fields
 
 SCHEMA = "mpipe-tune/plan"
@@ -260,7 +261,7 @@ def _validate_section(section: dict[str, Any], workload: Any, where: str, label:
         detail = str(exc) if isinstance(exc, MpipeError) else type(exc).__name__
         raise MpipeError(f"{where}: {label}the order section is corrupt ({detail}); re-create the plan") from None
     if "draw" in workload:
-        MixDraw.from_dict(workload["draw"], where=f"{where}, {label[:-2]}" if label else where)
+        draw_from_dict(workload["draw"], where=f"{where}, {label[:-2]}" if label else where)
 
 
 def workload_of(record: dict[str, Any]) -> Workload:
@@ -269,7 +270,7 @@ def workload_of(record: dict[str, Any]) -> Workload:
     workload = parse_workload({"microbatches": w["microbatches"], "name": w["name"]}, where="plan file")
     if "draw" not in w:
         return workload
-    return replace(workload, draw=MixDraw.from_dict(w["draw"], where="plan file"))
+    return replace(workload, draw=draw_from_dict(w["draw"], where="plan file"))
 
 
 def placement_record(plan: Plan) -> list[dict[str, Any]]:

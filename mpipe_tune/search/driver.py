@@ -143,8 +143,11 @@ class SearchResult:
 def problem_key(evaluator: Evaluator, space: SearchSpace) -> str:
     """A digest of everything a trial's value depends on: a study is for one problem only."""
     p = evaluator.problem
-    source = p.mix if p.mix is not None else [[mb.image_tokens, mb.text_tokens, list(mb.images)]
-                                               for mb in p.workload.microbatches]
+    if p.dataset is not None:
+        source = p.dataset.content_hash
+    else:
+        source = p.mix if p.mix is not None else [[mb.image_tokens, mb.text_tokens, list(mb.images)]
+                                                   for mb in p.workload.microbatches]
     payload = {
         "model": p.model.content_hash(), "profile": p.profile.content_hash(), "source": source,
         "devices": p.devices, "global_batch": p.global_batch, "samples": p.samples, "seed": p.seed,

@@ -25,6 +25,7 @@ from mpipe_tune.algebra.candidate import MAX_DEVICES
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.profile import HardwareProfile
+from mpipe_tune.inputs.dataset import Dataset, DatasetDraw
 from mpipe_tune.inputs.workload import MIXES, Microbatch, MixDraw, Workload, pack, sample_workload
 from mpipe_tune.errors import MpipeError
 
@@ -54,9 +55,11 @@ class Problem:
     global_batch: int
     """Sequences per step over all data-parallel replicas."""
     mix: str | None = None
-    """A built-in mix name; exactly one of ``mix`` and ``workload`` is given."""
+    """A built-in mix name; exactly one of ``mix``, ``workload`` and ``dataset`` is given."""
     workload: Workload | None = None
     """A fixed workload (from a file): the global batch's sequences, in order."""
+    dataset: Dataset | None = None
+    """A dataset whose records each sampled step draws, as it draws a mix's samples."""
     num_samples: int = 4
     """Sampled steps the objective averages over (1 for a workload file)."""
     seed: int = 0
@@ -67,7 +70,7 @@ class Problem:
     """Per sampled step, the longest prefix of its sequences drawn so far."""
 
     def __post_init__(self) -> None:
-        assert (self.mix is None) != (self.workload is None), "give a mix or a workload"
+        assert [self.mix, self.workload, self.dataset].count(None) == 2, "give a mix, a workload or a dataset"
         if self.mix is not None and self.mix not in MIXES:
             raise MpipeError(f"unknown workload mix {self.mix!r}; mixes: {', '.join(MIXES)}")
         _limit(self.devices, "device count", 1, MAX_DEVICES, f"plan for 1 to {MAX_DEVICES} devices")
@@ -94,6 +97,8 @@ class Problem:
 
     @cached_property
     def source_name(self) -> str:
+        if self.dataset is not None:
+            return self.dataset.name
         return self.mix if self.mix is not None else self.workload.name
 
     def sequences(self, sample: int, count: int) -> tuple[Microbatch, ...]:
@@ -103,7 +108,10 @@ class Problem:
         drawn = self._drawn.get(sample, ())
         if len(drawn) < count:  # a prefix is the same draw, whatever its length: draw only what is asked
             count_now = min(self.global_batch, max(count, 4 * len(drawn)))  # (or a few times more: fewer redraws)
-            drawn = sample_workload(self.mix, count_now, self.seed + sample).microbatches
+            if self.dataset is not None:
+                drawn = self.dataset.sequences(count_now, self.seed + sample)
+            else:
+                drawn = sample_workload(self.mix, count_now, self.seed + sample).microbatches
             self._drawn[sample] = drawn
         return drawn[:count]
 
@@ -128,7 +136,9 @@ class Problem:
         sequences = self.sequences(sample, per_replica)
         s = per_replica // num_microbatches
         microbatches = tuple(pack(sequences[i * s:(i + 1) * s]) for i in range(num_microbatches))
-        name = f"{self.source_name}" + (f"@seed{self.seed + sample}" if self.mix is not None else "")
+        name = f"{self.source_name}" + (f"@seed{self.seed + sample}" if self.workload is None else "")
         draw = MixDraw(self.mix, self.seed + sample, s) if self.mix is not None else None
+        if self.dataset is not None:
+            draw = DatasetDraw(self.dataset.spec, self.seed + sample, s)
         return Workload(microbatches, f"{name}/dp{dp}/M{num_microbatches}", draw)
 

@@ -1,0 +1,76 @@
+"""``mpipe-tune workload``: a dataset's distribution as the model sees it; and the dataset flags that
+every command taking ``--workload`` shares."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mpipe_tune.command import Command
+
+
+def add_dataset_arguments(parser) -> None:
+    """How a dataset given as ``--workload`` (or DATA) is read: packing, text and image rules."""
+    parser.add_argument("--seq-len", type=int, default=None, metavar="TOKENS",
+                        help="dataset: pack samples into sequences of this many tokens, as the trainer does "
+                             "(default: one sample per sequence)")
+    parser.add_argument("--tokenizer", default=None, metavar="FILE",
+                        help="dataset: the tokenizer.json to count text tokens with (default: the model folder's)")
+    parser.add_argument("--chars-per-token", type=float, default=None, metavar="C",
+                        help="dataset: characters per text token where there is no tokenizer (default 4)")
+    parser.add_argument("--image-folder", default=None, metavar="DIR",
+                        help="dataset: where a conversation file's image paths start (default: the file's folder)")
+
+
+def dataset_options(args: argparse.Namespace):
+    from mpipe_tune.workload_spec import DatasetOptions
+
+    return DatasetOptions(seq_len=args.seq_len, chars_per_token=args.chars_per_token, tokenizer=args.tokenizer,
+                          image_folder=args.image_folder)
+
+
+def print_notes(command: str, notes: list[str]) -> None:
+    for note in notes:
+        print(f"mpipe-tune {command}: note: {note}", file=sys.stderr)
+
+
+class Workload(Command):
+    name = "workload"
+    help = "a dataset's distribution as a model sees it: images per sample, image and text tokens (percentiles)"
+
+    def add_arguments(self, parser):
+        parser.add_argument("data", help="a LLaVA/ShareGPT .json/.jsonl, or a .csv/.parquet/.jsonl manifest")
+        parser.add_argument("--model", default="example-mllm",
+                            help="built-in model, YAML file or Hugging Face folder whose image and text rules "
+                                 "apply (default: example-mllm)")
+        add_dataset_arguments(parser)
+        parser.add_argument("--plot", default=None, metavar="PNG", help="draw the distributions into this PNG")
+        parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+    def take_action(self, args):
+        from mpipe_tune.errors import MpipeError
+        from mpipe_tune.report.dataset import distribution_record, draw_distribution, print_distribution
+        from mpipe_tune.specs import load_model
+        from mpipe_tune.workload_spec import is_dataset, load_dataset
+
+        if args.plot:
+            from mpipe_tune.report.gantt import validate_picture_path
+
+            validate_picture_path(args.plot, label="--plot")
+        if not is_dataset(args.data):
+            raise MpipeError(f"{args.data} is not a dataset: give a LLaVA/ShareGPT .json list or .jsonl, or a "
+                             f".csv/.parquet/.jsonl manifest")
+        model = load_model(args.model)
+        dataset, notes = load_dataset(args.data, args.model, model, dataset_options(args))
+        print_notes(self.name, notes)
+        record = distribution_record(dataset)
+        if args.plot:
+            draw_distribution(dataset, args.plot)
+        if args.json:
+            print(json.dumps(record, indent=2))
+        else:
+            print_distribution(record)
+            if args.plot:
+                print(f"\nhistograms written to {args.plot}")
+        return 0

@@ -1,0 +1,101 @@
+"""Resolving a ``--workload`` SPEC that names a dataset, for the model it will train.
+
+A dataset's images and text become tokens as the model sees them: the image rule comes from the
+model's patch embedding (and, for a Hugging Face model folder, its ``preprocessor_config.json``), the
+text rule from the folder's ``tokenizer.json`` (or a given one), else from a stated number of
+characters per token. Mix names and workload files are read by
+:func:`mpipe_tune.inputs.workload.load_workload`; this module adds the datasets, which need the model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpipe_tune.algebra.model import ArchCost, Model
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs.dataset import DEFAULT_CHARS_PER_TOKEN, Dataset, DatasetSpec, TextRule, image_rule_from_dims, read_dataset
+from mpipe_tune.inputs.dataset_readers import CONVERSATION_SUFFIXES, MANIFEST_SUFFIXES
+from mpipe_tune.inputs.workload import Workload
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """How the trainer reads a dataset, beyond what the model says."""
+
+    seq_len: int | None = None
+    """Packing length in tokens (None: one sample per sequence)."""
+    chars_per_token: float | None = None
+    """Characters per text token where there is no tokenizer (None: the default, stated in a note)."""
+    tokenizer: str | None = None
+    """A tokenizer.json (None: the model folder's, if it has one)."""
+    image_folder: str | None = None
+    """Where a conversation file's image paths start (None: the file's folder)."""
+
+
+def is_dataset(spec: str) -> bool:
+    """Whether ``spec`` names a dataset rather than a mix or a workload file: a manifest table, a
+    ``.jsonl`` file, or a ``.json`` file whose top level is a list (a workload file is a mapping)."""
+    path = Path(spec)
+    suffix = path.suffix.lower()
+    if suffix in MANIFEST_SUFFIXES or suffix == ".jsonl":
+        return True
+    if suffix not in CONVERSATION_SUFFIXES or not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip()
+    return head[:1] == b"["
+
+
+def _model_folder(model_spec: str) -> Path | None:
+    path = Path(model_spec)
+    if path.is_dir():
+        return path
+    return path.parent if path.is_file() else None
+
+
+def dataset_spec(path: str, model_spec: str, model: Model, options: DatasetOptions) -> tuple[DatasetSpec, list[str]]:
+    """The dataset's spec for ``model`` (``model_spec`` the name or path it was loaded from), and notes
+    on the rules chosen where the model did not say (printed by the caller)."""
+    notes = []
+    folder = _model_folder(model_spec)
+    patch = next((dict(layer.cost.dims) for layer in model.layers
+                  if isinstance(layer.cost, ArchCost) and layer.cost.kind == "patch_embed"), None)
+    preprocessor = None
+    if folder is not None and (folder / "preprocessor_config.json").is_file():
+        try:
+            preprocessor = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise MpipeError(f"{folder / 'preprocessor_config.json'} cannot be read ({exc}); fix or remove it") from None
+    image_rule = image_rule_from_dims(patch, preprocessor if isinstance(preprocessor, dict) else None)
+    if patch is None:
+        notes.append(f"model {model.name} has no patch embedding to size images with: images are {image_rule.describe()} "
+                     f"(Qwen2-VL's rule, as the named mixes)")
+    tokenizer = options.tokenizer
+    if tokenizer is None and folder is not None and (folder / "tokenizer.json").is_file():
+        tokenizer = str(folder / "tokenizer.json")
+    if tokenizer is not None:
+        if not Path(tokenizer).is_file():
+            raise MpipeError(f"tokenizer {tokenizer} is not a file; give a Hugging Face tokenizer.json")
+        text_rule = TextRule(str(Path(tokenizer).resolve()))
+    else:
+        text_rule = TextRule(None, options.chars_per_token or DEFAULT_CHARS_PER_TOKEN)
+        if options.chars_per_token is None:
+            notes.append(f"no tokenizer.json beside model {model.name}: text is counted at {DEFAULT_CHARS_PER_TOKEN:g} "
+                         f"characters per token (--tokenizer or --chars-per-token to change it)")
+    image_folder = str(Path(options.image_folder).resolve()) if options.image_folder else None
+    return DatasetSpec(str(Path(path).resolve()), image_rule, text_rule, options.seq_len, image_folder), notes
+
+
+def load_dataset(path: str, model_spec: str, model: Model, options: DatasetOptions) -> tuple[Dataset, list[str]]:
+    """The dataset read for ``model`` (see :func:`dataset_spec`), and the notes."""
+    spec, notes = dataset_spec(path, model_spec, model, options)
+    return read_dataset(spec), notes
+
+
+def load_dataset_workload(path: str, model_spec: str, model: Model, options: DatasetOptions, *,
+                          num_microbatches: int, seed: int) -> tuple[Workload, list[str]]:
+    """One step of ``num_microbatches`` sequences drawn from the dataset with ``seed`` (``predict``)."""
+    dataset, notes = load_dataset(path, model_spec, model, options)
+    return dataset.workload(num_microbatches, seed), notes

@@ -1,0 +1,67 @@
+"""Datasets given to the CLI: `workload` prints and draws their distribution; plan and predict sample them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from mpipe_tune.cli import main
+from mpipe_tune.inputs.dataset import DatasetDraw
+from mpipe_tune.inputs.workload import image_tokens_for
+from mpipe_tune.plan_file import load_plan, workload_of
+
+LLAVA = Path(__file__).parent / "fixtures" / "llava" / "llava-mini.json"
+FIXTURE_IMAGES = {image_tokens_for(h, w) for h, w in ((480, 640), (768, 1024), (1100, 850), (224, 224), (1080, 1920))}
+
+
+def test_workload_prints_the_percentiles_and_draws_them(tmp_path, capsys):
+    picture = tmp_path / "hist.png"
+    assert main(["workload", str(LLAVA), "--model", "qwen2vl-vit-qwen2-7b", "--plot", str(picture), "--json"]) == 0
+    out, err = capsys.readouterr()
+    record = json.loads(out)
+    assert record["records"] == 6 and record["images"] == 6
+    images = record["quantities"]["images per sample"]
+    assert (images["p0"], images["p100"], images["mean"]) == (0, 2, 1.0)
+    assert record["quantities"]["tokens per image"]["p100"] == max(FIXTURE_IMAGES)
+    assert "4 characters per token" in err
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["workload", str(LLAVA), "--model", "qwen2vl-vit-qwen2-7b", "--chars-per-token", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "images per sample" in out and "text tokens per sample" in out and "p90" in out
+
+
+def test_workload_refuses_what_is_not_a_dataset(tmp_path, capsys):
+    assert main(["workload", "balanced"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "is not a dataset" in err
+    bad = tmp_path / "m.csv"
+    bad.write_text("text_tokens,image_tokens\n1,-1\n")
+    assert main(["workload", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "row 0 column image_tokens" in err and "Traceback" not in err
+
+
+def test_plan_on_the_llava_fixture_samples_its_records(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--model", "qwen2vl-vit-qwen2-7b", "--profile", "h100-sxm", "--devices", "8",
+                 "--workload", str(LLAVA), "--trials", "12", "--no-progress",
+                 "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--out", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "workload llava-mini.json" in text
+    workload = workload_of(load_plan(out))
+    assert isinstance(workload.draw, DatasetDraw)
+    assert workload.draw.step(0, len(workload)).microbatches == workload.microbatches  # what run's later steps draw from
+    assert {x for mb in workload.microbatches for x in mb.images} <= FIXTURE_IMAGES
+    assert main(["show", str(out), "--json"]) == 0
+
+
+def test_predict_draws_its_microbatches_from_a_packed_manifest(tmp_path, capsys):
+    manifest = tmp_path / "m.parquet"
+    pd.DataFrame({"text_tokens": [300, 900, 40], "num_images": [1, 0, 3],
+                  "image_tokens": [256, 0, 64]}).to_parquet(manifest)
+    assert main(["predict", "--workload", str(manifest), "--seq-len", "2048", "--microbatches", "8", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["workload"].startswith("m.parquet@seed0")
