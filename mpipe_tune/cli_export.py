@@ -24,10 +24,12 @@ class Export(Command):
         # the format table is report.export's; it is imported only when the command runs, to keep startup light
         parser.add_argument("plan", help="plan.json written by 'mpipe-tune plan'")
         parser.add_argument("--to", required=True, metavar="FORMAT",
-                            help="torch-csv (torch.distributed.pipelining schedule CSV), torchtitan (TOML job config "
-                                 "and its CSV), megatron (Megatron-LM arguments) or hyper-parallel (trainer YAML)")
+                            help="torch-csv (torch.distributed.pipelining schedule CSV), torchtitan (0.2.x TOML job "
+                                 "config and its CSV), torchtitan-0.3 (its --module/--config arguments and the CSV), "
+                                 "megatron (Megatron-LM arguments) or hyper-parallel (trainer YAML)")
         parser.add_argument("--out", default=None,
-                            help="file to write (default: standard output; torchtitan needs it, its CSV goes beside it)")
+                            help="file to write (default: standard output; torchtitan and torchtitan-0.3 need it, their "
+                                 "CSV goes beside it)")
         parser.add_argument("--plan", dest="plan_name", default=None, metavar="NAME",
                             help="a plan stored in the file (megatron, vpp, mpipe-rr, ...; default: the best)")
 

@@ -6,22 +6,31 @@ it was made for into an :class:`ExportPlan`; the writers read nothing else. Each
 ``torch-csv``
     The per-rank compute actions in the CSV that ``torch.distributed.pipelining``'s
     ``_PipelineScheduleRuntime._load_csv`` reads (torch 2.13, ``schedules.py``): one row per pipeline
-    rank, cells ``{stage}F{mb}`` / ``{stage}B{mb}`` (``_Action``'s text form; ``B`` is the full
-    backward: a plan has no split input/weight backward), in the rank's order from ``order.nodes``;
-    stage index = rank + (j - 1) x P for the j-th Sharded region, the loop-style stage placement torch
-    infers from the rows. Plans whose regions are all Sharded only.
+    rank, cells ``{stage}F{mb}`` / ``{stage}B{mb}`` (``_Action``'s text form; ``B`` the full backward,
+    and a zero-bubble skeleton's split backward as ``{stage}I{mb}``, the input gradient, and a later
+    ``{stage}W{mb}``, the weight gradient), in the rank's order from ``order.nodes``; stage index =
+    rank + (j - 1) x P for the j-th Sharded region (``zbv``'s second: 2P - 1 - rank, a V), the stage
+    placement torch infers from the rows. Plans whose regions are all Sharded only.
 ``torchtitan``
     A torchtitan job config (TOML, ``--job.config_file``; field names of
     ``torchtitan/config/job_config.py`` at v0.2.2, the last release that reads TOML):
     ``[parallelism]`` ``pipeline_parallel_degree``, ``tensor_parallel_degree``,
-    ``data_parallel_shard_degree`` (FSDP: torchtitan's DDP does not compose with PP),
-    ``data_parallel_replicate_degree``, ``pipeline_parallel_schedule`` (``PipelineScheduleSingle`` or
-    ``PipelineScheduleMulti``: with a CSV it only sets the stage style, loop),
+    ``context_parallel_degree``, ``expert_parallel_degree`` (torchtitan carves ep from
+    dp_shard x cp x tp, so ours, from dp x cp, fits), ``data_parallel_shard_degree`` (FSDP:
+    torchtitan's DDP does not compose with PP), ``data_parallel_replicate_degree``,
+    ``pipeline_parallel_schedule`` (``PipelineScheduleSingle``, ``PipelineScheduleMulti`` or, for a V,
+    ``ZBVZeroBubble``: with a CSV it only sets the stage style, ``stage_ids_this_rank``),
     ``pipeline_parallel_schedule_csv``, ``pipeline_parallel_microbatch_size`` and
     ``module_fqns_per_model_part`` (each stage's modules, in the names of torchtitan's Llama-3 and of its
     ``vlm`` experiment: ``encoder``, ``projector``, ``tok_embeddings``, ``layers.N``, ``norm``,
     ``output``); ``[training]`` ``local_batch_size``, ``global_batch_size``, ``seq_len``,
     ``mixed_precision_param``; ``[activation_checkpoint]`` ``mode``. The CSV goes beside it.
+``torchtitan-0.3``
+    The same job in torchtitan 0.3's command-line form (``torchtitan/config/manager.py``, which reads no
+    TOML): ``--module`` and ``--config`` (a registered config function: torchtitan's smallest llama3 or
+    deepseek_v3 one, to be replaced by the user's), ``--parallelism.*`` and ``--training.*`` overrides
+    (``enable_sequence_parallel`` as the plan says, ``disable_cuda_graphs`` with PP), the
+    ``activation-checkpoint:MODE`` subcommand last. The CSV goes beside it.
 ``megatron``
     Megatron-LM launch arguments (``megatron/training/arguments.py`` and the config dataclasses it
     turns into flags): ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
@@ -29,8 +38,13 @@ it was made for into an :class:`ExportPlan`; the writers read nothing else. Each
     ``L`` loss, ``|`` between stages; ``E`` always on the first stage and ``L`` on the last; its stage
     count over P is the virtual-stage count, so no VPP flag is given),
     ``--microbatch-group-size-per-virtual-pipeline-stage`` (interleaving in rounds other than P),
-    ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``, ``--bf16``/``--fp16``,
-    ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``, and
+    ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length`` (a multiple of 2 x cp with cp),
+    ``--bf16``/``--fp16``, ``--context-parallel-size``, ``--sequence-parallel``,
+    ``--expert-model-parallel-size`` with ``--num-experts``, ``--moe-router-topk`` and
+    ``--moe-layer-freq``, ``--use-distributed-optimizer`` (ZeRO-1),
+    ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` or
+    ``--recompute-granularity selective --recompute-modules core_attn``, a note to set
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tp or cp > 1, and
     ``--freeze-ViT``/``--freeze-LM`` of ``examples/multimodal`` (whose LLaVA model builds the vision
     encoder inside the first pipeline stage). Data parallelism is what the world size leaves.
 ``hyper-parallel``
@@ -38,7 +52,9 @@ it was made for into an :class:`ExportPlan`; the writers read nothing else. Each
 
 Where a format cannot express a plan (a transpose region for torch-csv, torchtitan and Megatron-LM,
 GPipe for Megatron-LM, an owner map hyper-parallel has no mode for, a zero-bubble skeleton's split
-backward for any of them, an encoder backward moved off its owner for any of them), the writer raises one
+backward for Megatron-LM and hyper-parallel, the encoder's own tp for any of them, ep, cp, sequence
+parallelism or selective recomputation for hyper-parallel, an encoder backward moved off its owner for
+any of them), the writer raises one
 :class:`~mpipe_tune.errors.MpipeError` line that says why and names the closest plan it can express.
 """
 
@@ -55,7 +71,8 @@ from pathlib import Path
 from typing import Any
 
 from mpipe_tune.algebra.encoder_backward import moved_count
-from mpipe_tune.algebra.events import Bwd, Fwd
+from mpipe_tune.algebra.derive import wavefront_stages as derive_stages
+from mpipe_tune.algebra.events import Bwd, Fwd, Wgrad
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.algebra.order import num_rounds
 from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch
@@ -115,15 +132,33 @@ class ExportPlan:
     dp: int
     dtype: str
     recompute: bool
+    """Full recomputation (one more forward per backward)."""
     num_microbatches: int
     regions: tuple[ExportRegion, ...]
-    orders: tuple[tuple[Fwd | Bwd, ...], ...]
-    """Per pipeline rank, its compute events in the order it runs them."""
+    orders: tuple[tuple[Fwd | Bwd | Wgrad, ...], ...]
+    """Per pipeline rank, its compute events in the order it runs them (a zero-bubble skeleton's
+    split backward as a ``Bwd``, the input gradient, and a later ``Wgrad``)."""
     layers: tuple[ExportLayer, ...]
     num_vision_layers: int
     """The layers before the first backbone (``llm``) layer: the encoder and its projector."""
     text_tokens: tuple[int, ...]
     """Per microbatch, the backbone's sequence length."""
+    stage_order: tuple[tuple[int, int], ...] = ()
+    """The Sharded (region, rank) stages in wavefront order: stage index = position (every region's
+    ranks in increasing order, ``zbv``'s second region in decreasing order, a V)."""
+    ep: int = 1
+    """Expert-parallel degree, carved from the dp x cp ranks."""
+    cp: int = 1
+    sequence_parallel: bool = False
+    selective_recompute: bool = False
+    """Recomputation of the attention core only (Megatron-LM's selective granularity)."""
+    zero_stage: int = 0
+    """1: the optimizer state sharded over the data-parallel ranks (a distributed optimizer)."""
+    encoder_tp: int | None = None
+    """The encoder's own tensor-parallel degree below ``tp``; None: ``tp``."""
+    moe_layers: tuple[tuple[int, int], ...] = ()
+    """Per MoE decoder layer, (its number among the decoder layers, its routed expert count)."""
+    moe_top_k: int = 0
 
     @property
     def schedule(self) -> str:
@@ -138,13 +173,27 @@ class ExportPlan:
         """Virtual stages per rank: the Sharded regions woven into one wavefront."""
         return len(self.sharded)
 
+    @property
+    def is_v(self) -> bool:
+        """Whether the stages sit in a V (``zbv``: rank r holds stages r and 2P-1-r)."""
+        return any(r.skeleton is Skeleton.ZBV for r in self.sharded)
+
+    @property
+    def splits_backward(self) -> bool:
+        return any(r.skeleton.splits_backward for r in self.sharded)
+
+    @property
+    def num_devices(self) -> int:
+        return self.pp * self.tp * self.cp * self.dp
+
     def stage_index(self, region: int, rank: int) -> int:
-        """rank + (j - 1) x P, for ``region`` the j-th Sharded region."""
-        j = next(k for k, r in enumerate(self.sharded, start=1) if r.index == region)
-        return rank + (j - 1) * self.pp
+        """The stage's position in the wavefront: rank + (j - 1) x P for ``region`` the j-th Sharded
+        region, 2P - 1 - rank for ``zbv``'s second."""
+        return self.stage_order.index((region, rank))
 
     def describe(self) -> str:
-        return (f"plan '{self.name}' <{self.schedule}> pp{self.pp} tp{self.tp} dp{self.dp} "
+        extra = "".join(f" {k}{v}" for k, v in (("cp", self.cp), ("ep", self.ep)) if v > 1)
+        return (f"plan '{self.name}' <{self.schedule}> pp{self.pp} tp{self.tp} dp{self.dp}{extra} "
                 f"M={self.num_microbatches}")
 
 
@@ -176,14 +225,6 @@ def export_plan(record: dict[str, Any], plan: Plan, model: Model, *, name: str =
                 names: tuple[str, ...] = (BEST,)) -> ExportPlan:
     """An :class:`ExportPlan` of a plan record's candidate and ``plan``, its derivation on ``model``."""
     c = stored_candidate(record, where=f"plan '{name}'")
-    beyond = [f"{key} {value}" for key, value in (("ep", c.ep), ("cp", c.cp)) if value > 1]
-    beyond += ["sequence parallelism"] * c.sequence_parallel + ["selective recomputation"] * (
-        c.recompute == "selective") + [f"encoder tp {c.encoder_tp}"] * (c.encoder_tp is not None)
-    split = sorted({s.value for s in plan.schedule.skeletons if s.splits_backward})
-    if split:
-        raise MpipeError(f"plan '{name}' uses the zero-bubble skeleton {', '.join(split)}, whose split input- and "
-                         f"weight-gradient backwards no export writes yet; export a 1f1b plan such as the file's "
-                         f"'megatron' baseline (--plan megatron), or run this one with 'mpipe-tune run'")
     moved = moved_count(c.encoder_backward_ranks, c.owner_map or ())
     if moved:
         raise MpipeError(f"plan '{name}' runs {moved} encoder backward(s) on other ranks than their owners (full "
@@ -191,25 +232,45 @@ def export_plan(record: dict[str, Any], plan: Plan, model: Model, *, name: str =
                          f"owner); " + (f"export the file's '{MPIPE_RR}' baseline (--plan {MPIPE_RR}), " if MPIPE_RR
                                         in names else "") + "re-plan with --encoder-backward cooldown, or run "
                          "this one with 'mpipe-tune run'")
-    if beyond:
-        raise MpipeError(f"plan '{name}' uses {', '.join(beyond)}; export writes pp x dp x tp plans with no or full "
-                         f"recomputation and the encoder at the plan's tp; re-plan with --ep 1 --cp 1 (no sequence "
-                         f"parallelism, no --encoder-tp, --recompute off or on)")
     regions = tuple(
         ExportRegion(p.region, plan.schedule.skeletons[p.region - 1], p.layers,
                      slabs=p.owner.slabs if isinstance(p.owner, ByLayer) else (),
                      owners=p.owner.owners if isinstance(p.owner, ByMicrobatch) else ())
         for p in plan.placement
     )
-    orders = tuple(tuple(e for e in plan.nodes(rank) if isinstance(e, (Fwd, Bwd))) for rank in range(plan.num_ranks))
+    orders = tuple(tuple(e for e in plan.nodes(rank) if isinstance(e, (Fwd, Bwd, Wgrad)))
+                   for rank in range(plan.num_ranks))
     layers = tuple(ExportLayer(u.name, u.block, u.cost.kind if isinstance(u.cost, ArchCost) else None, u.trainable)
                    for u in model.layers)
+    sharded = [r for r in regions if r.is_sharded]
+    stage_order = tuple(derive_stages(sharded[0].skeleton, [r.index for r in sharded], c.pp)) if sharded else ()
+    moe = [u.cost.dims_dict() for u in model.layers[model.backbone_start:]
+           if isinstance(u.cost, ArchCost) and u.cost.kind not in (EMBEDDING_KIND, LM_HEAD_KIND)]
     return ExportPlan(
-        name=name, names=tuple(names), pp=c.pp, tp=c.tp, dp=c.dp, dtype=c.dtype, recompute=bool(c.recompute),
+        name=name, names=tuple(names), pp=c.pp, tp=c.tp, dp=c.dp, dtype=c.dtype, recompute=c.recompute is True,
         num_microbatches=c.num_microbatches, regions=regions, orders=orders, layers=layers,
         num_vision_layers=model.backbone_start,
         text_tokens=tuple(mb.text_tokens for mb in workload_of(record).microbatches),
+        stage_order=stage_order, ep=c.ep, cp=c.cp, sequence_parallel=c.sequence_parallel,
+        selective_recompute=c.recompute == "selective", zero_stage=c.zero_stage, encoder_tp=c.encoder_tp,
+        moe_layers=tuple((k, int(d["experts"])) for k, d in enumerate(moe) if "experts" in d),
+        moe_top_k=max((int(d.get("top_k", 0)) for d in moe if "experts" in d), default=0),
     )
+
+
+def validate_pp_tp_dp(plan: ExportPlan, target: str) -> None:
+    """For a format that writes pp x dp x tp plans only: one line naming the degrees beyond them."""
+    beyond = [f"{key} {value}" for key, value in (("ep", plan.ep), ("cp", plan.cp)) if value > 1]
+    beyond += ["sequence parallelism"] * plan.sequence_parallel + ["selective recomputation"] * (
+        plan.selective_recompute) + [f"encoder tp {plan.encoder_tp}"] * (plan.encoder_tp is not None)
+    split = sorted({r.skeleton.value for r in plan.sharded if r.skeleton.splits_backward})
+    if split:
+        beyond.append(f"the zero-bubble skeleton(s) {', '.join(split)}")
+    if beyond:
+        raise MpipeError(f"{target} cannot express {plan.describe()}: it uses {', '.join(beyond)}; {target} writes "
+                         f"pp x dp x tp plans of 1f1b/gpipe/transpose with no or full recomputation and the encoder "
+                         f"at the plan's tp; re-plan with --ep 1 --cp 1 (no sequence parallelism, no --encoder-tp, "
+                         f"--recompute off or on), or export this one --to torch-csv or torchtitan")
 
 
 # ---- the stages of an all-Sharded wavefront ------------------------------------------------------
@@ -235,9 +296,10 @@ def wavefront_stages(plan: ExportPlan) -> tuple[Stage, ...]:
         if u.kind not in (EMBEDDING_KIND, LM_HEAD_KIND):
             decoder_number[i] = len(decoder_number)
     stages = []
-    for j, region in enumerate(plan.sharded):
+    for region in plan.sharded:
         for rank, (start, stop) in enumerate(region.slabs):
-            stages.append(Stage(rank + j * plan.pp, (start, stop), tuple(range(start, min(stop, vision_stop))),
+            stages.append(Stage(plan.stage_index(region.index, rank), (start, stop),
+                                tuple(range(start, min(stop, vision_stop))),
                                 tuple(decoder_number[i] for i in range(start, stop) if i in decoder_number)))
     return tuple(sorted(stages, key=lambda s: s.index))
 
@@ -288,14 +350,23 @@ def _validate_vision_first(plan: ExportPlan, stages: tuple[Stage, ...], target: 
 
 
 def to_torch_csv(plan: ExportPlan) -> str:
-    """One row per pipeline rank of ``{stage}F{mb}`` / ``{stage}B{mb}`` cells, in the rank's order."""
+    """One row per pipeline rank of ``{stage}F{mb}`` / ``{stage}B{mb}`` cells, in the rank's order; a
+    split backward as ``{stage}I{mb}`` (input gradient) and a later ``{stage}W{mb}`` (weight gradient)."""
     _validate_all_sharded(plan, "torch-csv", _ONE_SLAB_STAGES)
+    split = {(e.region, e.rank, e.mb) for order in plan.orders for e in order if isinstance(e, Wgrad)}
     rows, counts = [], {}
     for rank, order in enumerate(plan.orders):
         row = []
         for event in order:
-            stage, op = plan.stage_index(event.region, rank), "F" if isinstance(event, Fwd) else "B"
-            counts[stage, op] = counts.get((stage, op), 0) + 1
+            stage = plan.stage_index(event.region, rank)
+            if isinstance(event, Fwd):
+                op = "F"
+            elif isinstance(event, Wgrad):
+                op = "W"
+            else:
+                op = "I" if (event.region, event.rank, event.mb) in split else "B"
+            kind = "B" if op in "BI" else op  # one backward (full or input part) per forward
+            counts[stage, kind] = counts.get((stage, kind), 0) + 1
             row.append(f"{stage}{op}{event.mb}")
         rows.append(row)
     for stage in range(plan.pp * plan.num_chunks):
@@ -311,9 +382,23 @@ def to_torch_csv(plan: ExportPlan) -> str:
 # ---- torchtitan ----------------------------------------------------------------------------------
 
 
-def to_torchtitan(plan: ExportPlan, csv_path: str) -> str:
-    """The TOML job config that runs the CSV at ``csv_path`` with the plan's degrees and microbatches."""
+@dataclass(frozen=True)
+class TitanJob:
+    """What both torchtitan config generations say about a plan, in torchtitan's field names."""
+
+    parallelism: dict[str, Any]
+    training: dict[str, Any]
+    activation_checkpoint: str
+    """``none``, ``full`` or ``selective``."""
+    notes: tuple[str, ...]
+
+
+def _titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
     _validate_all_sharded(plan, "torchtitan", _ONE_SLAB_STAGES)
+    if plan.encoder_tp is not None:
+        raise MpipeError(f"torchtitan cannot express {plan.describe()}: it runs the encoder at tp {plan.encoder_tp}, "
+                         f"and torchtitan has one tensor-parallel degree for the whole model; the closest plan it can "
+                         f"express: the same plan with the encoder at tp {plan.tp} (re-plan without --encoder-tp)")
     stages = wavefront_stages(plan)
     _validate_vision_first(plan, stages, "torchtitan")
     last = len(stages) - 1
@@ -324,46 +409,110 @@ def to_torchtitan(plan: ExportPlan, csv_path: str) -> str:
         parts.append([*vision_blocks, *(["tok_embeddings"] if s.index == 0 else []),
                       *(f"layers.{k}" for k in s.decoders), *(["norm", "output"] if s.index == last else [])])
     frozen = _frozen_blocks(plan)
+    notes = [f"launch on {plan.num_devices} devices; each pipeline rank runs its row of {csv_path}",
+             "(the CSV path is read relative to the folder torchtitan starts in)"]
+    if frozen:
+        notes.append(f"torchtitan has no setting that freezes modules: freeze {', '.join(frozen)} in the model code")
+    if plan.selective_recompute:
+        notes.append("the plan recomputes the attention core; torchtitan's selective mode is its op-level policy")
+    parallelism: dict[str, Any] = {
+        "pipeline_parallel_degree": plan.pp,
+        "tensor_parallel_degree": plan.tp,
+        "context_parallel_degree": plan.cp,
+        "expert_parallel_degree": plan.ep,
+        "data_parallel_shard_degree": plan.dp,
+        "data_parallel_replicate_degree": 1,
+        "pipeline_parallel_schedule": _titan_schedule(plan),
+        "pipeline_parallel_schedule_csv": csv_path,
+        "pipeline_parallel_microbatch_size": 1,
+        "module_fqns_per_model_part": parts,
+    }
+    seq_len = max(plan.text_tokens)
+    if plan.cp > 1:  # torchtitan's context parallelism shards the sequence in 2 x cp chunks (head-tail)
+        seq_len = -(-seq_len // (2 * plan.cp)) * 2 * plan.cp
+    training: dict[str, Any] = {
+        "local_batch_size": plan.num_microbatches,
+        "global_batch_size": plan.num_microbatches * plan.dp,
+        "seq_len": seq_len,
+        **({"mixed_precision_param": _TITAN_DTYPES[plan.dtype]} if plan.dtype in _TITAN_DTYPES else {}),
+    }
+    mode = "full" if plan.recompute else "selective" if plan.selective_recompute else "none"
+    return TitanJob(parallelism, training, mode, tuple(notes))
+
+
+def to_torchtitan(plan: ExportPlan, csv_path: str) -> str:
+    """The TOML job config (torchtitan 0.2.x) that runs the CSV at ``csv_path`` with the plan's degrees
+    and microbatches."""
+    job = _titan_job(plan, csv_path)
+    par = dict(job.parallelism)
+    parts = par.pop("module_fqns_per_model_part")
+    if plan.tp > 1 and not plan.sequence_parallel:
+        notes = (*job.notes, "torchtitan 0.2.x always runs sequence parallelism with tp > 1 (the plan does not)")
+    else:
+        notes = job.notes
     lines = [
         f"# torchtitan job config for mpipe-tune {plan.describe()} (torchtitan v0.2.x, --job.config_file)",
-        f"# launch on {plan.pp * plan.tp * plan.dp} devices; each pipeline rank runs its row of {csv_path}",
-        "# (the CSV path is read relative to the folder torchtitan starts in)",
-        *([f"# torchtitan has no setting that freezes modules: freeze {', '.join(frozen)} in the model code"]
-          if frozen else []),
+        *(f"# {n}" for n in notes),
         "",
         "[parallelism]",
-        f"pipeline_parallel_degree = {plan.pp}",
-        f"tensor_parallel_degree = {plan.tp}",
-        f"data_parallel_shard_degree = {plan.dp}",
-        "data_parallel_replicate_degree = 1",
-        f"pipeline_parallel_schedule = {_toml(_titan_schedule(plan))}",
-        f"pipeline_parallel_schedule_csv = {_toml(csv_path)}",
-        "pipeline_parallel_microbatch_size = 1",
+        *(f"{k} = {_toml(v)}" for k, v in par.items()),
         "module_fqns_per_model_part = [",
         *(f"  {_toml(p)}," for p in parts),
         "]",
         "",
         "[training]",
-        f"local_batch_size = {plan.num_microbatches}",
-        f"global_batch_size = {plan.num_microbatches * plan.dp}",
-        f"seq_len = {max(plan.text_tokens)}",
-        *([f"mixed_precision_param = {_toml(_TITAN_DTYPES[plan.dtype])}"] if plan.dtype in _TITAN_DTYPES else []),
+        *(f"{k} = {_toml(v)}" for k, v in job.training.items()),
         "",
         "[activation_checkpoint]",
-        f"mode = {_toml('full' if plan.recompute else 'none')}",
+        f"mode = {_toml(job.activation_checkpoint)}",
+        *(['selective_ac_option = "op"'] if job.activation_checkpoint == "selective" else []),
     ]
     return "\n".join(lines) + "\n"
+
+
+TITAN_MODULES = {"dense": ("llama3", "llama3_debugmodel"), "moe": ("deepseek_v3", "deepseek_v3_debugmodel")}
+"""torchtitan 0.3's ``--module``/``--config`` (a ``config_registry`` function) per backbone type: the
+release's smallest registered config of a dense and of a MoE backbone, for the user to replace with
+their model's."""
+
+
+def to_torchtitan_args(plan: ExportPlan, csv_path: str) -> str:
+    """torchtitan 0.3's command-line form (``torchtitan/config/manager.py``: ``--module`` and
+    ``--config`` pick a registered config function, ``--section.field value`` overrides it, the
+    activation-checkpoint choice is a ``activation-checkpoint:MODE`` subcommand, last), one argument per
+    line after ``#`` comments."""
+    job = _titan_job(plan, csv_path)
+    module, config = TITAN_MODULES["moe" if plan.moe_layers else "dense"]
+    par = dict(job.parallelism)
+    parts = par.pop("module_fqns_per_model_part")
+    args = [f"# torchtitan 0.3 arguments for mpipe-tune {plan.describe()}",
+            *(f"# {n}" for n in job.notes),
+            f"# --config names torchtitan's smallest {module} config: replace it with your model's config function",
+            f"--module {module}", f"--config {config}",
+            *(f"--parallelism.{k} {shlex.quote(str(v))}" for k, v in par.items()),
+            "--parallelism.module_fqns_per_model_part " + " ".join(shlex.quote(",".join(p)) for p in parts),
+            "--parallelism.enable_sequence_parallel" if plan.sequence_parallel
+            else "--parallelism.no-enable-sequence-parallel",
+            *(f"--training.{k} {shlex.quote(str(v))}" for k, v in job.training.items()),
+            *(["--training.disable_cuda_graphs"] if plan.pp > 1 else []),  # its CUDA graphs refuse PP
+            f"activation-checkpoint:{job.activation_checkpoint}"]
+    return "\n".join(args) + "\n"
 
 
 _TITAN_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
 def _titan_schedule(plan: ExportPlan) -> str:
+    """The schedule name that sets torchtitan's stage style (its CSV runs on ``_PipelineScheduleRuntime``
+    whatever the name): ``ZBVZeroBubble`` places a V (stages r and 2P-1-r on rank r), the others a
+    loop of ``num_chunks`` stages per rank."""
+    if plan.is_v:
+        return "ZBVZeroBubble"
     return "PipelineScheduleSingle" if plan.num_chunks == 1 else "PipelineScheduleMulti"
 
 
 def _toml(value: Any) -> str:
-    """A TOML string or array of strings (JSON's escapes are TOML's basic-string escapes)."""
+    """A TOML string, integer or array of strings (JSON's escapes are TOML's basic-string escapes)."""
     return json.dumps(value, ensure_ascii=True)
 
 
@@ -378,6 +527,15 @@ def to_megatron(plan: ExportPlan) -> str:
         raise MpipeError(f"Megatron-LM cannot express {plan.describe()}: it has no GPipe schedule, its pipelines run "
                          f"1F1B; the closest plan it can express: the same cut and slabs under 1f1b"
                          f"{_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}")
+    if plan.splits_backward:
+        raise MpipeError(f"Megatron-LM cannot express {plan.describe()}: its pipelines run full backwards, not the "
+                         f"split input/weight backwards of a zero-bubble skeleton; the closest plan it can express: "
+                         f"the same cut and slabs under 1f1b{_hint(plan, REFERENCE)}, or export this one --to "
+                         f"torch-csv or torchtitan")
+    if plan.encoder_tp is not None:
+        raise MpipeError(f"Megatron-LM cannot express {plan.describe()}: it runs the encoder at tp {plan.encoder_tp}, "
+                         f"and Megatron-LM has one tensor-parallel size for the whole model; the closest plan it can "
+                         f"express: the same plan with the encoder at tp {plan.tp} (re-plan without --encoder-tp)")
     stages = wavefront_stages(plan)
     _validate_vision_first(plan, stages, "Megatron-LM")
     v, P, M = plan.num_chunks, plan.pp, plan.num_microbatches
@@ -389,23 +547,58 @@ def to_megatron(plan: ExportPlan) -> str:
     layout = "|".join(("E" if s.index == 0 else "") + _runs("t", len(s.decoders)) + ("L" if s.index == last else "")
                       for s in stages)
     num_decoders = sum(len(s.decoders) for s in stages)
+    seq_len = max(plan.text_tokens)
+    if plan.cp > 1:  # arguments.py validate_args: seq-length a multiple of 2 x context-parallel-size
+        seq_len = -(-seq_len // (2 * plan.cp)) * 2 * plan.cp
     args = [
         f"# Megatron-LM arguments for mpipe-tune {plan.describe()}",
-        f"# launch on {P * plan.tp * plan.dp} GPUs: the data-parallel size {plan.dp} is what the world size leaves",
+        f"# launch on {plan.num_devices} GPUs: the data-parallel size {plan.dp} is what the world size leaves",
+        *([f"# export CUDA_DEVICE_MAX_CONNECTIONS=1 before launch: Megatron-LM's tensor- and context-parallel "
+           f"layers rely on it to order their communication before Blackwell"] if plan.tp > 1 or plan.cp > 1 else []),
         f"--tensor-model-parallel-size {plan.tp}",
         f"--pipeline-model-parallel-size {P}",
+        *([f"--context-parallel-size {plan.cp}"] if plan.cp > 1 else []),
+        *(["--sequence-parallel"] if plan.sequence_parallel and plan.tp > 1 else []),
+        *_megatron_moe(plan),
+        *(["--use-distributed-optimizer"] if plan.zero_stage >= 1 else []),
         f"--num-layers {num_decoders}",
         f"--pipeline-model-parallel-layout {shlex.quote(layout)}",
         *([f"--microbatch-group-size-per-virtual-pipeline-stage {group}"] if v > 1 and group != P else []),
         "--micro-batch-size 1",
         f"--global-batch-size {M * plan.dp}",
-        f"--seq-length {max(plan.text_tokens)}",
+        f"--seq-length {seq_len}",
         *({"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(plan.dtype, [])),
         *(["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
           if plan.recompute else []),
+        *(["--recompute-granularity selective", "--recompute-modules core_attn"] if plan.selective_recompute else []),
         *_megatron_freeze(plan),
     ]
     return "\n".join(args) + "\n"
+
+
+def _megatron_moe(plan: ExportPlan) -> list[str]:
+    """``--num-experts``, ``--moe-router-topk``, ``--moe-layer-freq`` (a pattern when some decoder
+    layers are dense) and ``--expert-model-parallel-size``."""
+    if not plan.moe_layers:
+        return []
+    counts = sorted({n for _, n in plan.moe_layers})
+    if len(counts) > 1:
+        raise MpipeError(f"Megatron-LM cannot express {plan.describe()}: its MoE layers have {counts} routed experts, "
+                         f"and Megatron-LM's --num-experts is one count for every MoE layer")
+    moe = {k for k, _ in plan.moe_layers}
+    num_decoders = sum(len(s.decoders) for s in wavefront_stages(plan))
+    flags = [int(k in moe) for k in range(num_decoders)]
+    args = [f"--num-experts {counts[0]}", f"--moe-router-topk {plan.moe_top_k}"]
+    if 0 in flags:
+        runs, start = [], 0
+        for k in range(1, num_decoders + 1):
+            if k == num_decoders or flags[k] != flags[start]:
+                runs.append(f"[{flags[start]}]*{k - start}")
+                start = k
+        args.append(f"--moe-layer-freq {shlex.quote('(' + '+'.join(runs) + ')')}")
+    if plan.ep > 1:
+        args.append(f"--expert-model-parallel-size {plan.ep}")
+    return args
 
 
 def _runs(symbol: str, count: int) -> str:
@@ -472,10 +665,20 @@ def _hyper_parallel(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
     return (Output(out, to_hyper_parallel(plan)),)
 
 
+def _torchtitan_args_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
+    if out is None or out.suffix.lower() == ".csv":
+        raise MpipeError("the torchtitan-0.3 export is two files, the arguments and the schedule CSV they name; "
+                         "give the arguments' path with --out, e.g. --out job.args (the CSV goes beside it)")
+    csv_path = out.with_suffix(".csv")
+    return (Output(out, to_torchtitan_args(plan, str(csv_path))), Output(csv_path, to_torch_csv(plan)))
+
+
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("torch-csv", "torch.distributed.pipelining schedule CSV (compute actions per rank)",
            _single(to_torch_csv)),
-    Format("torchtitan", "torchtitan TOML job config and the CSV it runs (needs --out)", _torchtitan_outputs),
+    Format("torchtitan", "torchtitan 0.2.x TOML job config and the CSV it runs (needs --out)", _torchtitan_outputs),
+    Format("torchtitan-0.3", "torchtitan 0.3 arguments (--module/--config and overrides) and the CSV they run "
+           "(needs --out)", _torchtitan_args_outputs),
     Format("megatron", "Megatron-LM launch arguments", _single(to_megatron)),
     Format("hyper-parallel", "hyper-parallel trainer YAML (Mpipe transpose schedule arguments)", _hyper_parallel),
 )}

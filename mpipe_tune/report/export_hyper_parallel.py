@@ -41,7 +41,8 @@ import yaml
 from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.report.export import (
-    MPIPE_RR, ExportPlan, ExportRegion, _closest, _frozen_blocks, _hint, _validate_vision_first, wavefront_stages,
+    MPIPE_RR, ExportPlan, ExportRegion, _closest, _frozen_blocks, _hint, _validate_vision_first, validate_pp_tp_dp,
+    wavefront_stages,
 )
 
 HYPER_PARALLEL_COMMIT = "51e4a86b"
@@ -54,6 +55,7 @@ _HYPER_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 def to_hyper_parallel(plan: ExportPlan) -> str:
     """A hyper-parallel trainer YAML (its ``model``/``data``/``train`` schema) with a header of comments."""
+    validate_pp_tp_dp(plan, "hyper-parallel")
     first = plan.regions[0]
     for region in plan.regions[1:]:
         if not region.is_sharded:

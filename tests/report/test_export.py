@@ -1,9 +1,11 @@
 """Exports to torch pipelining CSV, torchtitan, Megatron-LM and hyper-parallel, read back by their own parsers
 where one exists here (torch's CSV loader, tomllib, shlex, PyYAML)."""
 
+import json
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -25,6 +27,7 @@ from mpipe_tune.report.export import (
     to_torch_csv,
     to_torchtitan,
 )
+from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record, plan_section
 from mpipe_tune.plan_file import select_plan
 from mpipe_tune.specs import load_model, load_profile
@@ -39,13 +42,15 @@ def workload(num_microbatches):
     return Workload(tuple(Microbatch(64 * (m % 3), 100 + m) for m in range(num_microbatches)), "export-test")
 
 
-def predicted(schedule, cut, pp, num_microbatches, *, frozen=(), owners=None, slabs=None, tp=1, dp=1, recompute=False):
-    """(prediction, model, workload, profile, options) of one candidate of the example model."""
-    model = load_model(MODEL)
+def predicted(schedule, cut, pp, num_microbatches, *, frozen=(), owners=None, slabs=None, tp=1, dp=1, recompute=False,
+              model_name=MODEL, **degrees):
+    """(prediction, model, workload, profile, options) of one candidate of the example model (or
+    ``model_name``); ``degrees``: more CostOptions (``ep_degree``, ``cp_degree``, ...)."""
+    model = load_model(model_name)
     if frozen:
         model = model.with_frozen(frozen)
     hw, wl = load_profile("ideal"), workload(num_microbatches)
-    options = CostOptions(dtype="bf16", tp_degree=tp, dp_degree=dp, recompute=recompute)
+    options = CostOptions(dtype="bf16", tp_degree=tp, dp_degree=dp, recompute=recompute, **degrees)
     prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, wl, hw, pp, microbatch_owners=owners,
                          slab_counts=slabs, options=options)
     return prediction, model, wl, hw, options
@@ -56,7 +61,8 @@ def make_record(schedule, cut, pp, num_microbatches, *, baselines=(), frozen=(),
     prediction, model, wl, hw, options = predicted(schedule, cut, pp, num_microbatches, frozen=frozen, **kwargs)
     sections = {name: plan_section(*predicted(s, c, pp, num_microbatches, frozen=frozen, **kwargs)[:4])
                 for name, (s, c) in dict(baselines).items()}
-    return plan_record(prediction, model, wl, hw, PlanInputs(MODEL, frozen, "ideal"), baselines=sections), model
+    return plan_record(prediction, model, wl, hw, PlanInputs(kwargs.get("model_name", MODEL), frozen, "ideal"),
+                       baselines=sections), model
 
 
 def export_plan(schedule, cut, pp, num_microbatches, *, frozen=(), **kwargs):
@@ -89,6 +95,10 @@ CASES = [  # (schedule, cut, P, M): 1f1b, gpipe, interleaved v = 2 and 3, M a mu
     ("1f1b,1f1b", (17,), 4, 6),
     ("1f1b,1f1b,1f1b", (13, 19), 4, 8),
     ("1f1b,1f1b,1f1b", (13, 19), 4, 10),
+    ("zb1p", (), 4, 8),
+    ("zb1p", (), 4, 3),
+    ("zbv,zbv", (17,), 4, 8),
+    ("zbv,zbv", (17,), 2, 5),
 ]
 
 
@@ -102,14 +112,20 @@ def test_torch_loads_the_csv_with_derives_compute_actions_rank_by_rank(tmp_path,
     schedules, runtime = load_with_torch(path, pp, pp * v, num_microbatches)
 
     plan = prediction.plan
+    split = schedule.startswith("zb")
+    stage_rank = {s: (s % pp if s < pp or not schedule.startswith("zbv") else 2 * pp - 1 - s) for s in range(pp * v)}
     for rank in range(pp):
-        expected = [(e.rank + (e.region - 1) * pp, "F" if isinstance(e, Fwd) else "B", e.mb)
-                    for e in plan.nodes(rank) if type(e).__name__ in ("Fwd", "Bwd")]
+        def stage(e):
+            return next(s for s, r in stage_rank.items() if r == rank and (s // pp) == e.region - 1)
+        ops = {"Fwd": "F", "Bwd": "I" if split else "B", "Wgrad": "W"}
+        expected = [(stage(e), ops[type(e).__name__], e.mb)
+                    for e in plan.nodes(rank) if type(e).__name__ in ops]
         loaded = [(a.stage_index, a.computation_type.value, a.microbatch_index) for a in runtime.pipeline_order[rank]]
         assert loaded == expected, f"rank {rank}"
-    assert runtime.stage_index_to_group_rank == {s: s % pp for s in range(pp * v)}
+    assert runtime.stage_index_to_group_rank == stage_rank
     # torch's lowering paired every send with a receive; its dry run finds no deadlock
-    compute_and_comms = {r: [a for a in actions if a.computation_type.value in ("F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B")]
+    kinds = ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
+    compute_and_comms = {r: [a for a in actions if a.computation_type.value in kinds]
                          for r, actions in runtime.pipeline_order_with_comms.items()}
     schedules._simulate_comms_compute(compute_and_comms, lambda s: runtime.stage_index_to_group_rank[s], pp * v)
 
@@ -138,10 +154,12 @@ def test_transpose_is_refused_in_one_line_naming_the_encoder_in_first_stage_plan
 
 
 @pytest.mark.parametrize("schedule,cut", [("zb1p", ()), ("zbv,zbv", (17,))])
-def test_zero_bubble_plans_are_refused_by_every_export_in_one_line(schedule, cut):
-    record, model = make_record(schedule, cut, 4, 8)
-    message = one_line_error(lambda: plan_from_record(record, model))
-    assert f"zero-bubble skeleton {schedule.split(',')[0]}" in message and "--plan megatron" in message
+def test_zero_bubble_plans_are_refused_in_one_line_by_the_formats_without_split_backwards(schedule, cut):
+    record, model = make_record(schedule, cut, 4, 8, baselines={"megatron": ("1f1b", ())})
+    plan = plan_from_record(record, model, names=("best", "megatron"))
+    message = one_line_error(lambda: to_megatron(plan))
+    assert "split input/weight backwards" in message and "--plan megatron" in message and "torch-csv" in message
+    assert "zero-bubble" in one_line_error(lambda: to_hyper_parallel(plan))
 
 
 def test_cli_refuses_a_transpose_with_exit_2_and_writes_nothing(tmp_path, capsys):
@@ -244,9 +262,109 @@ def test_cli_names_every_format_and_refuses_an_unknown_one(tmp_path, capsys):
     record, _ = make_record("1f1b", (), 2, 4)
     dump_plan(record, tmp_path / "plan.json")
     assert main(["export", str(tmp_path / "plan.json"), "--to", "deepspeed"]) == 2
-    assert "use one of torch-csv, torchtitan, megatron, hyper-parallel" in capsys.readouterr().err
+    assert f"use one of {', '.join(FORMATS)}" in capsys.readouterr().err
 
 
 def test_the_export_module_imports_without_torch():
     code = "import sys; sys.modules['torch'] = None; import mpipe_tune.report.export, mpipe_tune.cli_export"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+TINY_MOE = str(Path(__file__).parents[1] / "runtime" / "tiny-mla-moe.yaml")  # 3 dense then 2 MoE decoder layers
+
+
+def five_d_plan(**kwargs):
+    """pp 2 x tp 2 x cp 2 x dp 2 with ep 2 (carved from dp x cp), sequence parallelism and selective
+    recomputation, of a MoE backbone."""
+    return export_plan("1f1b", (), 2, 4, tp=2, dp=2, recompute="selective", model_name=TINY_MOE, ep_degree=2,
+                       cp_degree=2, sequence_parallel=True, **kwargs)
+
+
+def test_megatron_args_carry_expert_context_and_sequence_parallelism_as_validate_args_needs_them():
+    """What Megatron-LM's validate_args asserts (megatron/training/arguments.py at d98e8a6): num_experts a
+    multiple of expert-model-parallel-size (lines 1655-1658), seq-length a multiple of 2 x
+    context-parallel-size (1335-1338), no recompute method with selective granularity (1425-1428),
+    sequence parallelism kept only with tp > 1 (1432-1439); the data-parallel size is world / (tp x pp x
+    cp) (439-446). CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1 before Blackwell (1453;
+    megatron/core/tensor_parallel/layers.py 842-849, 909-921)."""
+    plan = five_d_plan()
+    text = to_megatron(plan)
+    args = megatron_args(text)
+    assert args["--expert-model-parallel-size"] == "2" and args["--context-parallel-size"] == "2"
+    assert args["--sequence-parallel"] is True and args["--tensor-model-parallel-size"] == "2"
+    assert int(args["--num-experts"]) == 4 and int(args["--num-experts"]) % 2 == 0 and args["--moe-router-topk"] == "2"
+    assert args["--moe-layer-freq"] == "([0]*3+[1]*2)"  # the pattern's length is --num-layers
+    assert eval(args["--moe-layer-freq"]) == [0, 0, 0, 1, 1] and args["--num-layers"] == "5"
+    assert int(args["--seq-length"]) % 4 == 0 and int(args["--seq-length"]) >= max(plan.text_tokens)
+    assert args["--recompute-granularity"] == "selective" and "--recompute-method" not in args
+    assert args["--recompute-modules"] == "core_attn" and args["--use-distributed-optimizer"] is True
+    assert args["--global-batch-size"] == str(4 * 2)  # M x dp: the cp ranks share their samples
+    assert "launch on 16 GPUs" in text and "CUDA_DEVICE_MAX_CONNECTIONS=1" in text
+    dense = megatron_args(to_megatron(export_plan("1f1b", (), 2, 4)))
+    assert not any(k in dense for k in ("--context-parallel-size", "--sequence-parallel", "--num-experts",
+                                        "--expert-model-parallel-size"))
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in to_megatron(export_plan("1f1b", (), 2, 4))
+
+
+def test_torchtitan_toml_carries_expert_and_context_parallel_degrees():
+    config = tomllib.loads(to_torchtitan(five_d_plan(), "x.csv"))
+    par = config["parallelism"]
+    degrees = par["expert_parallel_degree"], par["context_parallel_degree"], par["data_parallel_shard_degree"]
+    assert degrees == (2, 2, 2)
+    assert config["training"]["seq_len"] % 4 == 0 and config["activation_checkpoint"]["mode"] == "selective"
+
+
+def test_the_encoders_own_tp_is_refused_by_torchtitan_and_megatron_in_one_line():
+    plan = export_plan("1f1b", (), 2, 4, tp=2, encoder_tp_degree=1)
+    assert "encoder at tp 1" in one_line_error(lambda: to_megatron(plan))
+    assert "encoder at tp 1" in one_line_error(lambda: to_torchtitan(plan, "x.csv"))
+    assert "encoder tp 1" in one_line_error(lambda: to_hyper_parallel(plan))
+
+
+def titan_parse(args_path, cwd):
+    """torchtitan 0.3's own ConfigManager on the exported arguments, in a fresh interpreter; the config's
+    fields as JSON."""
+    code = (
+        "import json, shlex, sys\n"
+        "from torchtitan.config.manager import ConfigManager\n"
+        "text = open(sys.argv[1]).read()\n"
+        "args = shlex.split('\\n'.join(l for l in text.splitlines() if not l.startswith('#')))\n"
+        "c = ConfigManager().parse_args(args)\n"
+        "p, t = c.parallelism, c.training\n"
+        "print(json.dumps({'pp': p.pipeline_parallel_degree, 'tp': p.tensor_parallel_degree,"
+        " 'cp': p.context_parallel_degree, 'ep': p.expert_parallel_degree, 'dp': p.data_parallel_shard_degree,"
+        " 'sp': p.enable_sequence_parallel, 'schedule': p.pipeline_parallel_schedule,"
+        " 'csv': p.pipeline_parallel_schedule_csv, 'parts': p.module_fqns_per_model_part,"
+        " 'local_batch': t.local_batch_size, 'global_batch': t.global_batch_size, 'seq_len': t.seq_len,"
+        " 'ac': type(c.activation_checkpoint).__qualname__}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(args_path)], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", ["zbv", "5d"])
+def test_torchtitan_0_3_config_manager_accepts_the_arguments(tmp_path, capsys, case):
+    pytest.importorskip("torchtitan.config.manager")
+    pytest.importorskip("triton")  # torchtitan 0.3's model registries import it, on CPU too
+    if case == "zbv":
+        record, _ = make_record("zbv,zbv", (17,), 2, 4, tp=2, dp=2)
+    else:
+        record, _ = make_record("1f1b", (), 2, 4, tp=2, dp=2, recompute="selective", model_name=TINY_MOE,
+                                ep_degree=2, cp_degree=2, sequence_parallel=True)
+    dump_plan(record, tmp_path / "plan.json")
+    out = tmp_path / "job.args"
+    assert main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan-0.3", "--out", str(out)]) == 0
+    plan = read_export_plan(tmp_path / "plan.json")
+    assert (tmp_path / "job.csv").read_text() == to_torch_csv(plan)
+    config = titan_parse(out, tmp_path)
+    assert (config["pp"], config["tp"], config["cp"], config["ep"], config["dp"]) == (2, 2, plan.cp, plan.ep, 2)
+    assert config["csv"] == str(tmp_path / "job.csv") and config["local_batch"] == 4 and config["global_batch"] == 8
+    assert config["parts"] == [[m.strip('"') for m in p] for p in tomllib.loads(
+        to_torchtitan(plan, "x.csv"))["parallelism"]["module_fqns_per_model_part"]]
+    if case == "zbv":  # the V: torchtitan places stages r and 2P-1-r on rank r for this schedule name
+        assert config["schedule"] == "ZBVZeroBubble" and config["ac"] == "NoneType" and config["sp"] is False
+        assert len(config["parts"]) == 4 and config["parts"][-1][-2:] == ["norm", "output"]
+    else:
+        assert config["sp"] is True and config["ac"] == "SelectiveAC.Config" and config["seq_len"] % 4 == 0
