@@ -10,6 +10,7 @@ from mpipe_tune.cli_bench import Bench
 from mpipe_tune.cli_export import Export
 from mpipe_tune.cli_plan import Plan, Show
 from mpipe_tune.cli_profile import Profile
+from mpipe_tune.cli_report import Report
 from mpipe_tune.cli_run import Run
 from mpipe_tune.cli_trials import Trials
 from mpipe_tune.cli_workload import Workload, add_dataset_arguments, dataset_options, print_notes
@@ -204,7 +205,7 @@ class Profiles(Command):
 
 
 COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show(), Export(), Trials(),
-                         Workload()]
+                         Workload(), Report()]
 
 
 def build_parser() -> argparse.ArgumentParser:

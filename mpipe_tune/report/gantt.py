@@ -65,11 +65,7 @@ def _time_unit(makespan_s: float) -> tuple[float, str]:
 
 def draw_gantt(plan: Plan, start_s: np.ndarray, durations_s: np.ndarray, path: str | os.PathLike, *, title: str = "") -> None:
     """Write a PNG of the predicted per-rank timeline to ``path`` (atomically)."""
-    replicated = {p.region for p in plan.placement if p.layout is Layout.REPLICATED}
-    bars = [(rank, plan.order.events[i], float(start_s[i]), float(durations_s[i]))
-            for rank, nodes in enumerate(plan.order.nodes) for i in nodes]
-    links = [(event.src[1], float(start_s[i]), float(durations_s[i]))
-             for i, event in enumerate(plan.order.events) if isinstance(event, Coll)]
+    bars, links, replicated = plan_bars(plan, start_s, durations_s)
     makespan = float((start_s + durations_s).max(initial=0.0))
     scale, unit = _time_unit(makespan)
     title = title or f"<{plan.schedule}>  P={plan.num_ranks}  M={plan.num_microbatches}  step {makespan * scale:.3g} {unit}"
@@ -112,8 +108,35 @@ def _draw(bars: list[tuple[int, Any, float, float]], links: list[tuple[int, floa
         raise MpipeError("drawing a timeline needs matplotlib; install it with: pip install 'mpipe-tune[viz]'") from None
     path = validate_out_path(path, label="timeline picture", suffixes=PICTURE_SUFFIXES)
     num_rows = len(row_labels)
-    makespan = makespan_s or 1.0
     fig, ax = plt.subplots(figsize=(12, 0.6 * num_rows + 1.6))
+    split = plot_timeline(ax, bars, links, row_labels, replicated, makespan_s or 1.0)
+    ax.set_title(title)
+    shown = [k for k in (legend or COLOURS) if split or k != "weight grad"]
+    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in shown], loc="upper center",
+              bbox_to_anchor=(0.5, -0.35 if num_rows < 4 else -0.18), ncol=6, fontsize=8, frameon=False)
+    fig.tight_layout()
+    try:
+        write_together([(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))])
+    finally:
+        plt.close(fig)
+
+
+def plan_bars(plan: Plan, start_s: np.ndarray, durations_s: np.ndarray):
+    """(bars, links, replicated regions) of a predicted timeline, as :func:`plot_timeline` takes them."""
+    replicated = {p.region for p in plan.placement if p.layout is Layout.REPLICATED}
+    bars = [(rank, plan.order.events[i], float(start_s[i]), float(durations_s[i]))
+            for rank, nodes in enumerate(plan.order.nodes) for i in nodes]
+    links = [(event.src[1], float(start_s[i]), float(durations_s[i]))
+             for i, event in enumerate(plan.order.events) if isinstance(event, Coll)]
+    return bars, links, replicated
+
+
+def plot_timeline(ax, bars: list[tuple[int, Any, float, float]], links: list[tuple[int, float, float]],
+                  row_labels: list[str], replicated: set[int], makespan: float) -> bool:
+    """Draw ``bars`` (row, event, start, duration) on ranks and ``links`` (row, start, duration) thin
+    under the row that sends them into ``ax``, in the unit ``makespan`` (seconds) reads best in;
+    returns whether any weight gradient was drawn (a zero-bubble plan's)."""
+    num_rows = len(row_labels)
     scale, unit = _time_unit(makespan)
     label_min = makespan * 0.012
     for row, event, start, duration in bars:
@@ -128,15 +151,6 @@ def _draw(bars: list[tuple[int, Any, float, float]], links: list[tuple[int, floa
         if duration > 0:
             ax.barh(row + 0.42, duration * scale, left=start * scale, height=0.12, color=COLOURS["collective"])
     ax.set_yticks(range(num_rows), row_labels)
-    ax.invert_yaxis()
+    ax.set_ylim(num_rows - 0.5, -0.5)
     ax.set_xlabel(f"time ({unit})")
-    ax.set_title(title)
-    split = any(isinstance(event, Wgrad) for _, event, _, _ in bars)  # only zero-bubble plans have weight grads
-    shown = [k for k in (legend or COLOURS) if split or k != "weight grad"]
-    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in shown], loc="upper center",
-              bbox_to_anchor=(0.5, -0.35 if num_rows < 4 else -0.18), ncol=6, fontsize=8, frameon=False)
-    fig.tight_layout()
-    try:
-        write_together([(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))])
-    finally:
-        plt.close(fig)
+    return any(isinstance(event, Wgrad) for _, event, _, _ in bars)  # only zero-bubble plans have weight grads
