@@ -18,7 +18,7 @@ class Export(Command):
     """The ``export`` subcommand."""
 
     name = "export"
-    help = "write a plan in torch pipelining CSV, torchtitan TOML, Megatron-LM or hyper-parallel form"
+    help = "write a plan in torch pipelining CSV, torchtitan TOML, Megatron-LM, hyper-parallel or MindSpeed-MM form"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         # the format table is report.export's; it is imported only when the command runs, to keep startup light
@@ -26,10 +26,11 @@ class Export(Command):
         parser.add_argument("--to", required=True, metavar="FORMAT",
                             help="torch-csv (torch.distributed.pipelining schedule CSV), torchtitan (0.2.x TOML job "
                                  "config and its CSV), torchtitan-0.3 (its --module/--config arguments and the CSV), "
-                                 "megatron (Megatron-LM arguments) or hyper-parallel (trainer YAML)")
+                                 "megatron (Megatron-LM arguments), hyper-parallel (trainer YAML) or mindspeed-mm "
+                                 "(model.json layout and launch arguments)")
         parser.add_argument("--out", default=None,
-                            help="file to write (default: standard output; torchtitan and torchtitan-0.3 need it, their "
-                                 "CSV goes beside it)")
+                            help="file to write (default: standard output; torchtitan, torchtitan-0.3 and mindspeed-mm "
+                                 "need it, their second file goes beside it)")
         parser.add_argument("--plan", dest="plan_name", default=None, metavar="NAME",
                             help="a plan stored in the file (megatron, vpp, mpipe-rr, ...; default: the best)")
 

@@ -161,7 +161,11 @@ class Plan(Command):
         g.add_argument("--current", default=None, metavar="LAYOUT",
                        help="the layout you run today, shown as a row beside the best plan, e.g. "
                             "'pp=8,tp=1,dp=1,schedule=1f1b,M=16,recompute=on' (keys pp, tp, dp, schedule, M, recompute, "
-                            "cut, owners; without cut, 1f1b is the Megatron-style layout)")
+                            "cut, owners; without cut, 1f1b is the Megatron-style layout), or a MindSpeed-MM "
+                            "model.json (its pipeline_num_layers)")
+        g.add_argument("--current-args", default=None, metavar="ARGS",
+                       help="with a --current model.json: the MindSpeed-MM run's launch script, or its flags in "
+                            "quotes ('--tensor-model-parallel-size 2 --micro-batch-size 1 ...')")
         s = parser.add_argument_group("search space")
         s.add_argument("--pp", default=None, help="allowed pipeline degrees, e.g. 4,8 (default: any)")
         s.add_argument("--tp", default=None, help="allowed tensor-parallel degrees (default: divisors of a node)")
@@ -227,8 +231,12 @@ class Plan(Command):
             print(f"mpipe-tune plan: note: model '{problem.model.name}' has no projector layers between its encoder "
                   f"and its backbone, so --interior-transpose adds no schedule", file=sys.stderr)
         current = None
+        if args.current_args is not None and args.current is None:
+            raise MpipeError("--current-args gives the launch arguments of a --current MindSpeed-MM model.json; give "
+                             "--current model.json with it")
         if args.current is not None:  # checked, derived and predicted before the search
-            current = evaluator.evaluate(parse_layout(args.current, space, label=compare.CURRENT))
+            current = evaluator.evaluate(parse_layout(args.current, space, label=compare.CURRENT,
+                                                      launch_args=args.current_args))
         storage = args.storage or DEFAULT_STORAGE
         result = run_search(space, evaluator, storage=storage, study_name=args.study, n_trials=args.trials,
                             timeout_s=args.timeout, seed=args.seed, sampler=args.sampler,

@@ -49,6 +49,8 @@ it was made for into an :class:`ExportPlan`; the writers read nothing else. Each
     encoder inside the first pipeline stage). Data parallelism is what the world size leaves.
 ``hyper-parallel``
     A hyper-parallel trainer YAML: :mod:`mpipe_tune.report.export_hyper_parallel`.
+``mindspeed-mm``
+    MindSpeed-MM's model.json layout and launch arguments: :mod:`mpipe_tune.report.export_mindspeed`.
 
 Where a format cannot express a plan (a transpose region for torch-csv, torchtitan and Megatron-LM,
 GPipe for Megatron-LM, an owner map hyper-parallel has no mode for, a zero-bubble skeleton's split
@@ -673,6 +675,11 @@ def _torchtitan_args_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output
     return (Output(out, to_torchtitan_args(plan, str(csv_path))), Output(csv_path, to_torch_csv(plan)))
 
 
+def _mindspeed_mm(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
+    from mpipe_tune.report.export_mindspeed import mindspeed_outputs
+    return mindspeed_outputs(plan, out)
+
+
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("torch-csv", "torch.distributed.pipelining schedule CSV (compute actions per rank)",
            _single(to_torch_csv)),
@@ -681,6 +688,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
            "(needs --out)", _torchtitan_args_outputs),
     Format("megatron", "Megatron-LM launch arguments", _single(to_megatron)),
     Format("hyper-parallel", "hyper-parallel trainer YAML (Mpipe transpose schedule arguments)", _hyper_parallel),
+    Format("mindspeed-mm", "MindSpeed-MM model.json layout and launch arguments (needs --out)", _mindspeed_mm),
 )}
 
 

@@ -33,6 +33,7 @@ from mpipe_tune.algebra.order import is_interleavable
 from mpipe_tune.algebra.schedule import Layout, Skeleton, parse_cut, parse_schedule, validate_schedule
 from mpipe_tune.cost.arch import tensor_parallel_fits
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs.mindspeed import is_model_json
 from mpipe_tune.search.baselines import baseline
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.owners import POLICIES
@@ -85,11 +86,19 @@ def _count(where: str, pairs: dict[str, str], key: str, meaning: str) -> int | N
     return value
 
 
-def parse_layout(text: str, space: SearchSpace, *, label: str = "current") -> Candidate:
+def parse_layout(text: str, space: SearchSpace, *, label: str = "current", launch_args: str | None = None
+                 ) -> Candidate:
     """The candidate ``text`` describes, for ``space``'s problem (devices, global batch, model,
     profile). Every check that needs no derive is made here, with one line naming the key, its
     value, what must hold and how to fix it; derive's own checks (supported schedules) apply when
-    the candidate is evaluated."""
+    the candidate is evaluated. A ``text`` naming a .json file is a MindSpeed-MM model.json, read
+    with ``launch_args`` (its launch flags or script) by :mod:`~mpipe_tune.search.current_mindspeed`."""
+    if is_model_json(text):
+        from mpipe_tune.search.current_mindspeed import mindspeed_candidate  # it calls back into this module
+        return mindspeed_candidate(text, space, label=label, launch_args=launch_args)
+    if launch_args is not None:
+        raise _fail(f"{label} layout '{text}'", "launch arguments go with a MindSpeed-MM model.json only; give the "
+                                                "degrees as keys of the layout (tp=, dp=, M=, recompute=)")
     problem, model = space.problem, space.problem.model
     where = f"{label} layout '{text}'"
     pairs = split_pairs(text, where)
