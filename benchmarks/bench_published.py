@@ -55,15 +55,20 @@ def evaluate(runs, profile_spec: str | None, overrides=None) -> list[dict]:
 
 def summary(rows: list[dict]) -> dict:
     out = {}
-    for split in ("fit", "held_out"):
-        for dtype in sorted({r["dtype"] for r in rows}):
-            chosen = [abs(r["throughput_error"]) for r in rows if r["split"] == split and r["dtype"] == dtype]
-            if chosen:
-                out[f"{split} {dtype}"] = {"runs": len(chosen), "mean_abs_error": sum(chosen) / len(chosen),
-                                           "max_abs_error": max(chosen)}
+    for profile in sorted({r["profile"] for r in rows}):
+        for split in ("fit", "held_out"):
+            for dtype in sorted({r["dtype"] for r in rows}):
+                chosen = [abs(r["throughput_error"]) for r in rows
+                          if r["split"] == split and r["dtype"] == dtype and r["profile"] == profile]
+                if chosen:
+                    out[f"{profile} {split} {dtype}"] = {"runs": len(chosen), "mean_abs_error": sum(chosen) / len(chosen),
+                                                         "max_abs_error": max(chosen)}
     held = [r for r in rows if r["split"] == "held_out" and r["dtype"] == "bf16"]
     out["held_out_bf16_within_target"] = sum(abs(r["throughput_error"]) <= TARGET for r in held)
     out["held_out_bf16_runs"] = len(held)
+    for profile in sorted({r["profile"] for r in held}):
+        mine = [r for r in held if r["profile"] == profile]
+        out[f"held_out_bf16_within_target {profile}"] = f"{sum(abs(r['throughput_error']) <= TARGET for r in mine)} / {len(mine)}"
     out["layouts_predicted_to_fit"] = sum(r["fits"] for r in rows)
     out["runs"] = len(rows)
     return out
@@ -81,8 +86,11 @@ def print_table(rows: list[dict], stats: dict) -> None:
     print()
     for key, value in stats.items():
         if isinstance(value, dict):
-            print(f"{key:<14} runs {value['runs']:>2}  mean |throughput error| {value['mean_abs_error']:6.1%}  "
+            print(f"{key:<30} runs {value['runs']:>2}  mean |throughput error| {value['mean_abs_error']:6.1%}  "
                   f"max {value['max_abs_error']:6.1%}")
+    for key, value in stats.items():
+        if key.startswith("held_out_bf16_within_target "):
+            print(f"held-out bf16 runs on {key.split(' ', 1)[1]} within {TARGET:.0%}: {value}")
     print(f"held-out bf16 runs within {TARGET:.0%} of published throughput: "
           f"{stats['held_out_bf16_within_target']} / {stats['held_out_bf16_runs']}")
     print(f"layouts predicted to fit the memory they ran in: {stats['layouts_predicted_to_fit']} / {stats['runs']}")

@@ -1,6 +1,6 @@
 """Calibrate the shipped accelerator profiles on the published runs marked ``fit``; report the rest.
 
-For each profile that has fit runs in ``published_runs.yaml`` (h100-sxm), these numbers are fitted by
+For each profile that has fit runs in ``published_runs.yaml`` (h100-sxm, ascend-910b), these numbers are fitted by
 damped Gauss-Newton on the log of predicted over published step time, first on the bf16 fit runs:
 
 - ``efficiency.default``: achieved fraction of peak of every kernel but the attention core (the
@@ -19,10 +19,12 @@ overheads are left at 0: at these sizes a layer call lasts milliseconds. The fit
 written into the profile with ``source: measured``, the fit runs and their citations in the entries'
 provenance. Profiles without published runs get the same numbers only where stated
 (``--transfer h200``: same GH100 compute die and software stack; its own HBM3e bandwidth and capacity
-stay in the roofline), marked ``source: assumed``; the Ascend profiles stay at their datasheet peaks.
+stay in the roofline; ``--transfer ascend-910c-cm384`` from ``ascend-910b``: see
+:data:`TRANSFER_REASONS`), marked ``source: assumed``.
 
     python benchmarks/fit_published.py            # fit and print, write nothing
-    python benchmarks/fit_published.py --write --transfer h200
+    python benchmarks/fit_published.py --write --profile h100-sxm --transfer h200
+    python benchmarks/fit_published.py --write --profile ascend-910b --transfer ascend-910c-cm384
 """
 
 from __future__ import annotations
@@ -108,7 +110,25 @@ def fit(base: dict, runs, names: tuple[str, ...], fixed: dict[str, float], itera
     return dict(zip(names, theta)), r
 
 
-def provenance(names, runs, r: np.ndarray, transferred_from: str | None = None) -> dict[str, dict]:
+TRANSFER_REASONS = {
+    "h200": "same GH100 compute and software stack, this profile's own memory bandwidth and capacity in the roofline",
+    "ascend-910c-cm384": "the 910C package is two dies of the 910B's Da Vinci generation on the same CANN stack; the "
+                         "910B fit is an achieved fraction of the 910B's assumed 320e12 bf16 peak, applied here to the "
+                         "910C's datasheet 376e12 per die: if the measured 910B SKU's own peak was higher than 320e12, "
+                         "this overstates the 910C by that ratio; no published 910C run with its full configuration "
+                         "was collected to check it",
+}
+"""Why a profile takes another's fit as an assumption (``--transfer``)."""
+PROFILE_NOTES = {
+    "ascend-910b": "; the peak (320e12 bf16), memory bandwidth and links stay datasheet figures and assumptions: the "
+                   "runs' 910B SKU is not stated (SKUs range ~280-414e12), so the fitted efficiencies absorb a peak "
+                   "that differs from 320e12, and the links were not fitted separately",
+}
+"""What stays an assumption in a fitted profile, appended to each fitted number's provenance."""
+
+
+def provenance(names, runs, r: np.ndarray, transferred_from: str | None = None, target: str | None = None
+               ) -> dict[str, dict]:
     steps = np.array([run.step_time_s for run in runs])
     predicted = steps * np.exp(r)
     r2 = 1.0 - float(np.sum((predicted - steps) ** 2) / np.sum((steps - steps.mean()) ** 2))
@@ -120,13 +140,12 @@ def provenance(names, runs, r: np.ndarray, transferred_from: str | None = None) 
             out[name] = {"source": "assumed", "date": DATE,
                          "ref": f"{WHAT[name]}: the {transferred_from} fit (benchmarks/fit_published.py) transferred, "
                                 f"not fitted on this device (no published run with its full configuration collected); "
-                                f"same GH100 compute and software stack, this profile's own memory bandwidth and "
-                                f"capacity in the roofline"}
+                                f"{TRANSFER_REASONS[target]}"}
         else:
             out[name] = {"source": "measured", "date": DATE, "fit_r2": round(r2, 4),
                          "ref": f"{WHAT[name]}: fitted by benchmarks/fit_published.py (log step time, damped "
                                 f"Gauss-Newton) to the published measured runs {runs_text}; fit_r2 is of their step "
-                                f"times; held-out runs in benchmarks/README.md",
+                                f"times; held-out runs in benchmarks/README.md{PROFILE_NOTES.get(runs[0].profile, '')}",
                          "citations": citations}
     return out
 
@@ -135,9 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write the fitted numbers into profiles/")
     parser.add_argument("--transfer", nargs="*", default=[], help="profiles that take the fit as an assumption")
+    parser.add_argument("--profile", nargs="*", default=None, help="fit only these profiles (default: every one "
+                                                                    "with fit runs)")
     args = parser.parse_args(argv)
     runs = load_runs()
     for name in sorted({run.profile for run in runs if run.split == "fit"}):
+        if args.profile is not None and name not in args.profile:
+            continue
         base = load_profile(name).to_dict()
         fitted, notes = {}, {}
         for dtype, names in (("bf16", BF16_NAMES), ("fp8", FP8_NAMES)):
@@ -155,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             dump_profile(parse_profile(with_parameters(base, fitted, origin), where=str(path)), path)
             for other in args.transfer:
                 moved = {k: v for names, fit_runs, r in notes.values()
-                         for k, v in provenance(names, fit_runs, r, transferred_from=name).items()}
+                         for k, v in provenance(names, fit_runs, r, transferred_from=name, target=other).items()}
                 target = ROOT / "profiles" / f"{other}.json"
                 data = with_parameters(load_profile(other).to_dict(), fitted, moved)
                 dump_profile(parse_profile(data, where=str(target)), target)

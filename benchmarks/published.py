@@ -3,7 +3,8 @@
 Shared by ``bench_published.py`` (predict every run, print published against predicted) and
 ``fit_published.py`` (fit the profiles' efficiencies on the runs marked ``fit``). A run is predicted
 as a new user would predict it: the model spec, the profile, a workload of ``global_batch / dp``
-microbatches of ``seq_len`` text tokens, Megatron-LM's layout of ``pp`` ranks with ``vp`` interleaved
+microbatches of ``seq_len`` text tokens (a pp 1 run's micro batch of several sequences as that many one-sequence
+microbatches: the same FLOPs and traffic, the activation memory of one sequence in flight), Megatron-LM's layout of ``pp`` ranks with ``vp`` interleaved
 virtual stages (``decoders / (pp * vp)`` decoder layers per virtual stage, the embedding with the
 first and the head with the last), and :func:`mpipe_tune.cost.predict.predict`, the function
 ``mpipe-tune predict`` calls.
@@ -55,8 +56,8 @@ class PublishedRun:
     grad_reduce_dtype: str
     step_time_s: float
     """Measured seconds per training step."""
-    mfu: float
-    """Published model-FLOPs utilisation (against the dtype's peak)."""
+    mfu: float | None
+    """Published model-FLOPs utilisation (against the dtype's peak); None where the source gives none."""
     split: str
     source: str
     table: str
@@ -76,6 +77,11 @@ class PublishedRun:
     @property
     def num_microbatches(self) -> int:
         return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences per replica per step: the one-sequence microbatches the run is predicted with."""
+        return self.global_batch // self.dp
 
     @property
     def tokens_per_s_per_device(self) -> float:
@@ -106,9 +112,10 @@ def load_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
 def _validate(run: PublishedRun, path: Path) -> None:
     if run.split not in SPLITS:
         raise MpipeError(f"{path}: run {run.name} has split {run.split!r}; use one of {', '.join(SPLITS)}")
-    if run.micro_batch != 1:
-        raise MpipeError(f"{path}: run {run.name} has micro_batch {run.micro_batch}; a microbatch here is one "
-                         f"sequence, so only micro_batch 1 is predicted: leave the run out or split it")
+    if run.micro_batch != 1 and run.pp != 1:
+        raise MpipeError(f"{path}: run {run.name} has micro_batch {run.micro_batch} at pp {run.pp}; a microbatch here "
+                         f"is one sequence, and splitting a micro batch into sequences changes a pipeline's bubble, "
+                         f"so only pp 1 runs may have micro_batch above 1: leave the run out")
     if run.devices % (run.tp * run.pp * run.cp) or run.global_batch % (run.dp * run.micro_batch):
         raise MpipeError(f"{path}: run {run.name}: devices {run.devices} must be a multiple of tp*pp*cp and the "
                          f"global batch {run.global_batch} a multiple of dp*micro_batch; correct the row")
@@ -163,12 +170,12 @@ def predict_run(run: PublishedRun, profile: HardwareProfile | None = None) -> Pr
     """The cost model's prediction of ``run`` on ``profile`` (default: the run's named profile)."""
     model = run_model(run)
     profile = load_profile(run.profile) if profile is None else profile
-    workload = Workload(tuple(Microbatch(0, run.seq_len * run.micro_batch) for _ in range(run.num_microbatches)),
-                        f"{run.name}: {run.num_microbatches} x {run.seq_len} tokens")
+    workload = Workload(tuple(Microbatch(0, run.seq_len) for _ in range(run.num_sequences)),
+                        f"{run.name}: {run.num_sequences} x {run.seq_len} tokens")
     cut, schedule, slabs = megatron_layout(model, run.pp, run.vp)
     options = run_options(run)
     candidate = Candidate(schedule, cut.boundaries, pp=run.pp, tp=options.tp_degree, dp=options.dp_degree,
-                          num_microbatches=run.num_microbatches, slab_counts=slabs, recompute=options.recompute,
+                          num_microbatches=run.num_sequences, slab_counts=slabs, recompute=options.recompute,
                           ep=options.ep_degree, cp=options.cp_degree, zero_stage=options.zero_stage,
                           sequence_parallel=options.sequence_parallel, dtype=options.dtype)
     return predict(candidate, model, workload, profile, options)

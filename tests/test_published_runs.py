@@ -1,5 +1,6 @@
 """The published-runs data file that bench_published.py predicts and fit_published.py calibrates from."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -22,12 +23,14 @@ def test_every_run_has_its_configuration_a_citation_and_a_split(published):
     runs = published.load_runs()
     assert len({run.name for run in runs}) == len(runs)
     for run in runs:
-        assert run.source.startswith("https://") and run.table and run.step_time_s > 0 and 0 < run.mfu < 1
+        assert run.source.startswith("https://") and run.table and run.step_time_s > 0 and (run.mfu is None or 0 < run.mfu < 1)
         assert run.devices == run.tp * run.pp * run.cp * run.dp
         assert run.global_batch == run.num_microbatches * run.dp * run.micro_batch
     bf16 = [run for run in runs if run.dtype == "bf16"]
     held = [run for run in bf16 if run.split == "held_out"]
     assert 3 * len(held) >= len(bf16)  # at least a third held out
+    for run in runs:  # every citation pinned to a commit
+        assert re.search(r"/blob/[0-9a-f]{40}/", run.source), run.name
     # a held-out model family: the calibration never sees Llama 3.1 405B
     assert all(run.split == "held_out" for run in runs if "405b" in run.suite)
 
@@ -48,3 +51,21 @@ def test_megatron_layout_gives_each_virtual_stage_its_share(published):
     assert sum(map(sum, slabs)) == model.num_layers and slabs[0][0] == 3 and slabs[-1][-1] == 3
     with pytest.raises(MpipeError, match="126 decoder layers do not split into pp 4 x vp 5"):
         published.megatron_layout(model, 4, 5)
+
+
+def test_the_ascend_profiles_carry_the_fit_and_say_what_stays_assumed(published):
+    """ascend-910b's efficiencies are fitted on its published fit runs (cited, pinned), held-out runs exist;
+    the 910C takes them as an assumption."""
+    import json
+
+    runs = [run for run in published.load_runs() if run.profile == "ascend-910b"]
+    assert {run.split for run in runs} == {"fit", "held_out"}
+    root = BENCHMARKS.parent / "profiles"
+    b, c = (json.loads((root / f"{name}.json").read_text()) for name in ("ascend-910b", "ascend-910c-cm384"))
+    fitted = b["efficiency"]["default"]
+    assert fitted["source"] == "measured" and 0 < fitted["value"] <= 1 and fitted["citations"]
+    assert all(run.name in fitted["ref"] for run in runs if run.split == "fit")
+    assert not any(run.name in fitted["ref"] for run in runs if run.split == "held_out")
+    assert "SKU is not stated" in fitted["ref"]  # the peak stays an assumption
+    moved = c["efficiency"]["default"]
+    assert moved["source"] == "assumed" and moved["value"] == fitted["value"] and "ascend-910b" in moved["ref"]
