@@ -42,7 +42,7 @@ class Trials(Command):
             validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
         storage = args.storage or DEFAULT_STORAGE
         study = load_trials_study(storage, args.study)
-        frame = trials_frame(study)
+        frame = trials_frame(study, storage)
         print(summary_line(frame, storage, study.study_name))
         if args.csv is not None:
             write_atomic(args.csv, to_csv_text(frame), label="--csv", suffixes=(".csv",))

@@ -54,9 +54,7 @@ Optuna is imported here and in search/ only (the trial writer's child process, :
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import json
 import time
 import uuid
 import warnings
@@ -72,6 +70,7 @@ from mpipe_tune.interrupt import StopRequest, stop_requests
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.space import SearchSpace
+from mpipe_tune.search.store import check_file, claim_study, fault_of, names_storage_faults, payload_digest
 from mpipe_tune.search.writer import TrialWriter, store_trial
 
 DEFAULT_STORAGE = "sqlite:///mpipe-tune.db"
@@ -142,18 +141,22 @@ class SearchResult:
 
 def problem_key(evaluator: Evaluator, space: SearchSpace) -> str:
     """A digest of everything a trial's value depends on: a study is for one problem only."""
+    return payload_digest(problem_payload(evaluator, space))
+
+
+def problem_payload(evaluator: Evaluator, space: SearchSpace) -> dict:
+    """Everything a trial's value depends on, by part (what :func:`problem_key` digests)."""
     p = evaluator.problem
     if p.dataset is not None:
         source = p.dataset.content_hash
     else:
         source = p.mix if p.mix is not None else [[mb.image_tokens, mb.text_tokens, list(mb.images)]
                                                    for mb in p.workload.microbatches]
-    payload = {
+    return {
         "model": p.model.content_hash(), "profile": p.profile.content_hash(), "source": source,
         "devices": p.devices, "global_batch": p.global_batch, "samples": p.samples, "seed": p.seed,
         "options": repr(p.options), "space": repr(space.options),
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def default_study_name(evaluator: Evaluator, space: SearchSpace) -> str:
@@ -161,6 +164,7 @@ def default_study_name(evaluator: Evaluator, space: SearchSpace) -> str:
     return f"{p.model.name}.{p.profile.name}.{p.source_name}.{p.devices}dev.{problem_key(evaluator, space)[:8]}"
 
 
+@names_storage_faults
 def run_search(
     space: SearchSpace,
     evaluator: Evaluator,
@@ -187,7 +191,7 @@ def run_search(
         raise MpipeError(f"--sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}")
     start = time.perf_counter()
     study_name = study_name or default_study_name(evaluator, space)
-    study = _open_study(storage, study_name, problem_key(evaluator, space))
+    study = _open_study(storage, study_name, problem_payload(evaluator, space))
     size = None
     if exhaustive is None:
         exhaustive = _count_up_to(space, n_trials + 1) <= n_trials
@@ -221,6 +225,7 @@ def run_search(
 def _create_study(storage: str | None, study_name: str):
     """``optuna.create_study`` (or load it), retried while workers started together race to create the
     same new database or study; any other failure is one line."""
+    check_file(storage)
     for attempt in range(_OPEN_ATTEMPTS):
         try:
             return optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
@@ -229,21 +234,18 @@ def _create_study(storage: str | None, study_name: str):
             racing = type(exc).__name__ in ("IntegrityError", "OperationalError", "DuplicatedStudyError")
             if not racing or attempt + 1 == _OPEN_ATTEMPTS:
                 detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                raise MpipeError(f"--storage {storage}: cannot open the Optuna storage ({detail}); give an RDB URL "
-                                 f"such as sqlite:///mpipe-tune.db") from None
+                raise fault_of(exc, storage) or MpipeError(
+                    f"--storage {storage}: cannot open the Optuna storage ({detail}); give an RDB URL such as "
+                    f"sqlite:///mpipe-tune.db") from None
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
 
 
-def _open_study(storage: str | None, study_name: str, key: str):
-    """The study in ``storage`` (an RDB URL; None: in memory, for benchmarks and tests)."""
+def _open_study(storage: str | None, study_name: str, payload: dict):
+    """The study in ``storage`` (an RDB URL; None: in memory, for benchmarks and tests), claimed for the
+    problem ``payload`` describes (see :func:`~mpipe_tune.search.store.claim_study`)."""
     study = _create_study(storage, study_name)
-    stored = study.user_attrs.get("problem")
-    if stored is None:
-        study.set_user_attr("problem", key)
-    elif stored != key:
-        raise MpipeError(f"study '{study_name}' in {storage} was made for another planning problem (model, profile, "
-                         f"workload, devices, batch or space differ); use another --study name or the original inputs")
+    claim_study(study, storage, payload)
     return study
 
 

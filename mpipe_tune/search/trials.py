@@ -8,7 +8,8 @@ its lower bound (``exact`` false) holds bounds: its ``step_s`` and ``p90_s`` are
 bounds and its ``peak_bytes`` its static memory, and it was never predicted in full.
 
 Opening the study never creates anything: a SQLite file that does not exist, or a study name the
-storage does not hold, is one line that lists the studies it does hold.
+storage does not hold, is one line that lists the studies it does hold; a damaged, locked or foreign
+file is one line too (:mod:`mpipe_tune.search.store`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.frames import MISSING, Column, format_frame, gib, is_missing, ms, text
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.driver import ATTR
+from mpipe_tune.search.store import check_file, fault_of, faults_named
 
 COLUMNS = ("number", "state", "schedule", "cut", "owners", "slab_counts", "pp", "tp", "dp", "microbatches",
            "recompute", "exact", "step_s", "p90_s", "bubble_share", "peak_bytes", "memory_excess_bytes",
@@ -36,12 +38,14 @@ _GIB = 2.0**30
 def study_summaries(storage: str) -> list[tuple[str, int]]:
     """(name, trial count) of each study in ``storage``, by name."""
     _check_storage(storage)
+    check_file(storage, write=False)
     try:
         summaries = optuna.study.get_all_study_summaries(storage, include_best_trial=False)
     except Exception as exc:  # bad URL, missing driver, not an Optuna database: whatever the RDB layer raises
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise MpipeError(f"storage {storage}: cannot open it as an Optuna storage ({detail}); give an RDB URL "
-                         f"such as sqlite:///mpipe-tune.db") from None
+        raise fault_of(exc, storage) or MpipeError(
+            f"storage {storage}: cannot open it as an Optuna storage ({detail}); give an RDB URL such as "
+            f"sqlite:///mpipe-tune.db") from None
     return sorted((s.study_name, s.n_trials) for s in summaries)
 
 
@@ -55,12 +59,15 @@ def load_trials_study(storage: str, study_name: str | None):
         listing = ", ".join(f"'{name}' ({count} trials)" for name, count in held) or "none"
         what = "no study name given" if study_name is None else f"no study '{study_name}' in {storage}"
         raise MpipeError(f"{what}; the studies in {storage}: {listing}")
-    return optuna.load_study(study_name=study_name, storage=storage)
+    with faults_named(storage):
+        return optuna.load_study(study_name=study_name, storage=storage)
 
 
-def trials_frame(study) -> pd.DataFrame:
-    """One row per trial of ``study``, in trial order, in :data:`COLUMNS`."""
-    base = study.trials_dataframe(attrs=("number", "state", "value", "datetime_complete", "user_attrs"))
+def trials_frame(study, storage: str | None = None) -> pd.DataFrame:
+    """One row per trial of ``study`` (held in ``storage``, the URL its faults name), in trial order, in
+    :data:`COLUMNS`."""
+    with faults_named(storage):
+        base = study.trials_dataframe(attrs=("number", "state", "value", "datetime_complete", "user_attrs"))
     if base.empty:
         return pd.DataFrame(columns=list(COLUMNS))
     info = base[f"user_attrs_{ATTR}"] if f"user_attrs_{ATTR}" in base else pd.Series([None] * len(base))

@@ -18,7 +18,9 @@ them in order with :func:`store_trial` and exits when told to or when the search
 At most :data:`BACKLOG` trials wait in the queue. When a trial is refused (the study is full), the
 child sets :attr:`TrialWriter.full`, so the search stops, and counts it and every later one without
 writing them. The child ignores Ctrl-C: the search drains the queue on its way out (see
-:mod:`mpipe_tune.interrupt`).
+:mod:`mpipe_tune.interrupt`). A storage fault (locked, full, read-only, damaged) stops the child with
+its one-line error (:mod:`mpipe_tune.search.store`), which the search raises at its next hand-over or
+when it closes the writer; every trial written before stays in the study.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import multiprocessing
 import os
 import queue as queue_module
 import signal
+import sys
 import time
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.interrupt import sigint_handled_by
+from mpipe_tune.search.store import faults_named
 
 EXACT_TAIL = 16
 """The last this-many trials of a study are reserved before they count (see the module docstring)."""
@@ -40,6 +44,8 @@ STALE_RESERVATION_S = 60.0
 BACKLOG = 32
 """The most trials handed over and not yet written: the search waits for the writer beyond it, and a
 study that other workers fill wastes at most this many of this worker's trials."""
+_PUT_POLL_S = 1.0
+"""While the queue is full, how often a hand-over checks that the child still runs."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -87,19 +93,33 @@ class TrialWriter:
         """How many handed-over trials were refused."""
         self.abandoned = context.Event()
         """Set when the search stopped waiting (see :meth:`close`): the child exits once the queue runs dry."""
+        self.fault = context.SimpleQueue()
+        """The one-line error of a storage fault that stopped the child (see :mod:`~mpipe_tune.search.store`)."""
         self.process = context.Process(target=_write_trials,
                                        args=(storage, study_name, n_trials, self.queue, self.full, self.refused,
-                                             self.abandoned, os.getpid()),
+                                             self.abandoned, os.getpid(), self.fault),
                                        name="mpipe-tune trial writer")
         # Ignored SIGINT is inherited through the exec: a terminal's Ctrl-C cannot end the child's start-up.
         with sigint_handled_by(signal.SIG_IGN):
             self.process.start()
 
     def put(self, trial) -> None:
-        if not self.process.is_alive():
-            raise MpipeError(f"the trial writer stopped (exit code {self.process.exitcode}); the study storage "
-                             f"may be locked or full: check it and rerun to continue")
-        self.queue.put(trial)
+        """Hand ``trial`` over; a writer that stopped (a storage fault) is its one-line error."""
+        while True:
+            if not self.process.is_alive():
+                raise self._stopped()
+            try:
+                self.queue.put(trial, timeout=_PUT_POLL_S)
+                return
+            except queue_module.Full:  # the child is busy, or it died with the queue full
+                continue
+
+    def _stopped(self) -> MpipeError:
+        """Why the child stopped: the storage fault it reported, or its exit code."""
+        if not self.fault.empty():
+            return MpipeError(self.fault.get())
+        return MpipeError(f"the trial writer stopped (exit code {self.process.exitcode}); the trials it wrote stay in "
+                          f"the study: rerun the same command to continue it")
 
     def close(self, wait_s: float | None = None) -> None:
         """Wait until every trial handed over is written. With ``wait_s`` (a search stopped at once by a
@@ -118,13 +138,24 @@ class TrialWriter:
             return
         self.queue.close()
         if self.process.exitcode != 0:
-            raise MpipeError(f"the trial writer failed (exit code {self.process.exitcode}); some trials may be "
-                             f"missing from the study: rerun the same command to continue it")
+            raise self._stopped()
 
 
 def _write_trials(storage: str, study_name: str, n_trials: int | None, queue, full, refused, abandoned,
-                  parent_pid: int) -> None:
+                  parent_pid: int, fault) -> None:
+    """The child's loop; a storage fault ends it with its one-line error on ``fault`` and exit code 1 (every
+    trial it wrote before stays in the study: each is its own transaction)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with faults_named(storage):
+            _write_queued(storage, study_name, n_trials, queue, full, refused, abandoned, parent_pid)
+    except MpipeError as exc:
+        fault.put(str(exc))
+        sys.exit(1)
+
+
+def _write_queued(storage: str, study_name: str, n_trials: int | None, queue, full, refused, abandoned,
+                  parent_pid: int) -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

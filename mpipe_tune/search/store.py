@@ -1,0 +1,197 @@
+"""The study's storage under faults: one line naming the file and the fix, never a traceback.
+
+A plan study lives in an Optuna RDB storage, usually an SQLite file. What can go wrong with it, and
+what the user is told (each an :class:`~mpipe_tune.errors.MpipeError`, exit code 2):
+
+- **another tool's database** (an SQLite file without Optuna's tables): refused before Optuna opens
+  it, since Optuna would add its tables to it;
+- **damaged** (not an SQLite file, or a malformed one): move it aside, or recover its rows;
+- **locked** (another process holds a write transaction longer than SQLite's busy timeout): let it
+  finish, then rerun the same command;
+- **read-only** (the file or its folder): make it writable or copy it;
+- **full** (its disk, or an SQLite page limit): free space, then rerun;
+- **written by another Optuna version**: upgrade it with Optuna's own command.
+
+Finished trials are never lost to a fault: each is committed in its own SQLite transaction, which a
+fault rolls back whole, so the file keeps every trial committed before it, and rerunning the same
+command continues the study from them. The messages say how many the file holds when it can be read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import inspect
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from mpipe_tune.errors import MpipeError
+
+SQLITE_PREFIX = "sqlite:///"
+OPTUNA_TABLES = frozenset({"studies", "trials"})
+"""Tables every Optuna RDB storage has; an SQLite file with tables but without these is another tool's."""
+_READ_TIMEOUT_S = 1.0
+"""How long a read of the file for a message waits for a lock (the message goes without the count)."""
+
+
+def sqlite_path(url: str | None) -> Path | None:
+    """The file an ``sqlite:///`` URL names (None for another RDB, an in-memory database or no URL)."""
+    if url is None or not url.startswith(SQLITE_PREFIX):
+        return None
+    name = url[len(SQLITE_PREFIX):].split("?")[0]
+    if name.startswith("file:"):  # an SQLite URI, sqlite:///file:path?mode=ro&uri=true
+        name = name[len("file:"):]
+    return None if name in ("", ":memory:") else Path(name)
+
+
+def check_file(url: str | None, *, write: bool = True) -> None:
+    """Refuse, in one line, an SQLite file that is not a usable study storage: another tool's database,
+    a damaged file, a folder, and (``write``) one this process may not write. A file that does not
+    exist passes (the plan creates it)."""
+    path = sqlite_path(url)
+    if path is None or not path.exists():
+        return
+    if path.is_dir():
+        raise MpipeError(f"storage {path} is a folder; give --storage a file, e.g. sqlite:///{path / 'mpipe-tune.db'}")
+    tables = _tables(path)
+    if tables and not OPTUNA_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise MpipeError(f"storage {path} is another tool's SQLite database (tables {shown}), not an Optuna study "
+                         f"storage; nothing was written to it: give --storage a file of its own, e.g. "
+                         f"sqlite:///mpipe-tune.db")
+    if write and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+        what = "the file" if not os.access(path, os.W_OK) else f"its folder {path.parent}"
+        raise MpipeError(f"storage {path} is read-only ({what} cannot be written); make it writable (chmod u+w) or "
+                         f"copy it to a writable folder and point --storage at the copy")
+
+
+def _tables(path: Path) -> frozenset[str]:
+    """The table names of the SQLite file at ``path``, read without writing it."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                                                timeout=_READ_TIMEOUT_S)) as db:
+            return frozenset(r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+    except sqlite3.Error as exc:
+        fault = fault_of(exc, SQLITE_PREFIX + str(path))
+        if fault is None:
+            raise
+        raise fault from None
+
+
+def fault_of(exc: BaseException, url: str | None) -> MpipeError | None:
+    """The one-line error for a storage fault anywhere in ``exc``'s chain (SQLAlchemy, sqlite3 and Optuna
+    wrap each other's), or None when the chain holds none this module knows."""
+    texts = []
+    seen = exc
+    while seen is not None and len(texts) < 8:
+        texts.append(str(seen).splitlines()[0] if str(seen) else type(seen).__name__)
+        seen = seen.__cause__ or seen.__context__
+    text = " | ".join(texts).lower()
+    path = sqlite_path(url)
+    name = str(path) if path is not None else url
+    kept = _kept(path)
+    if "database is locked" in text or "database table is locked" in text:
+        return MpipeError(f"storage {name} is locked: another process holds a write transaction on it; let that process "
+                          f"finish (or stop it), then rerun the same command to continue{kept}")
+    if "database or disk is full" in text or "no space left" in text or "disk quota" in text:
+        return MpipeError(f"storage {name} is full: no space left on its disk; free space there, or copy the file to "
+                          f"another disk and point --storage at the copy, then rerun the same command to continue{kept}")
+    if "readonly database" in text or "read-only file system" in text:
+        return MpipeError(f"storage {name} is read-only; make it and its folder writable (chmod u+w) or copy it to a "
+                          f"writable folder and point --storage at the copy{kept}")
+    if "file is not a database" in text or "malformed" in text or "file is encrypted" in text:
+        detail = "not an SQLite file" if "not a database" in text else "its SQLite pages are damaged"
+        return MpipeError(f"storage {name} is damaged ({detail}); move it aside to start a new study, or recover its rows "
+                          f"with `sqlite3 {name} .recover | sqlite3 recovered.db` and point --storage at recovered.db")
+    if "unable to open database file" in text:
+        return MpipeError(f"storage {name} cannot be opened: its folder does not exist or cannot be written; create the "
+                          f"folder or give --storage a file in a writable one")
+    if "optuna storage upgrade" in text or "no longer compatible with the table schema" in text:
+        return MpipeError(f"storage {name} was written by another Optuna version; upgrade it with `optuna storage upgrade "
+                          f"--storage {url}` (or give --storage a new file)")
+    return None
+
+
+def _kept(path: Path | None) -> str:
+    """``: it keeps N finished trials`` when the file can be read now, else nothing."""
+    if path is None or not path.is_file():
+        return ""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                                                timeout=_READ_TIMEOUT_S)) as db:
+            count = db.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+    except sqlite3.Error:
+        return ""
+    return f" (it keeps the {count} finished trials stored before the fault)"
+
+
+@contextlib.contextmanager
+def faults_named(url: str | None) -> Iterator[None]:
+    """Inside the block, a storage fault of ``url`` becomes its one-line :class:`MpipeError`."""
+    try:
+        yield
+    except MpipeError:
+        raise
+    except Exception as exc:  # SQLAlchemy, sqlite3 and Optuna errors: whatever the RDB layer raises
+        fault = fault_of(exc, url)
+        if fault is None:
+            raise
+        raise fault from None
+
+
+def names_storage_faults(function):
+    """Decorate a function whose ``storage`` parameter is the study's URL: its storage faults become one line."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        with faults_named(bound.arguments["storage"]):
+            return function(*args, **kwargs)
+    return wrapper
+
+
+# --------------------------------------------------------------------------------------- one problem per study
+
+PROBLEM_PARTS = {
+    "model": "the model", "profile": "the hardware profile", "source": "the workload", "devices": "the device count",
+    "global_batch": "the global batch", "samples": "the sampled steps", "seed": "the seed",
+    "options": "the cost options (--dtype, --recompute and the like, or how this mpipe-tune version defines them)",
+    "space": "the search space (its flags, or how this mpipe-tune version defines it)",
+}
+"""The parts of a planning problem, as a message names them."""
+
+
+def payload_digest(payload) -> str:
+    """A short, stable digest of a JSON-able value."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def claim_study(study, storage: str | None, payload: dict) -> None:
+    """Mark a new ``study`` as the one for the problem ``payload`` describes (its digest, and a digest per
+    part), or refuse, in one line that names the parts that differ, a study made for another problem:
+    other inputs, or an earlier mpipe-tune that defined the problem otherwise. Its trials' values hold
+    for that problem only."""
+    key, parts = payload_digest(payload), {name: payload_digest(value) for name, value in payload.items()}
+    stored, stored_parts = study.user_attrs.get("problem"), study.user_attrs.get("problem_parts")
+    if stored is None:
+        study.set_user_attr("problem", key)
+    if stored in (None, key):
+        if stored_parts != parts:
+            study.set_user_attr("problem_parts", parts)
+        return
+    place = f"study '{study.study_name}' in {sqlite_path(storage) or storage}"
+    fix = (f"give another --study name (the old study stays), or delete it with `optuna delete-study --storage "
+           f"{storage} --study-name {study.study_name}` and rerun")
+    if not isinstance(stored_parts, dict):
+        raise MpipeError(f"{place} was made for another planning problem, or by an earlier mpipe-tune that defined the "
+                         f"problem otherwise (it does not say which part differs); {fix}")
+    differ = [name for name in PROBLEM_PARTS if stored_parts.get(name) != parts.get(name)]
+    named = "; ".join(PROBLEM_PARTS[name] for name in differ) or "the problem's digest"
+    raise MpipeError(f"{place} was made for another planning problem, differing in {named}; rerun with the study's "
+                     f"original inputs, or {fix}")
