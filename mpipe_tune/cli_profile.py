@@ -31,10 +31,22 @@ class Profile(Command):
                             help="also fit per-layer-kind efficiencies and call overheads by timing the runtime's "
                                  "layers of this model (built-in name or YAML file) in the first of --dtypes, on "
                                  "--nproc ranks at once as a run's stages, and the runtime's optimizer update")
+        parser.add_argument("--compute", default=None, metavar="PROFILE",
+                            help="across nodes (the command run by torchrun on every node): the single-node profile "
+                                 "(built-in name or JSON file) whose compute figures the measured intra- and "
+                                 "inter-node links are merged into")
         parser.add_argument("--out", required=True, help="profile file to write, e.g. profiles/NAME.json")
         parser.add_argument("--name", default=None, help="profile name (default: the --out file's stem)")
 
     def take_action(self, args: argparse.Namespace) -> int:
+        from mpipe_tune.profiler.nodes import is_under_torchrun
+
+        if is_under_torchrun():
+            return profile_across_nodes(args)
+        if args.compute is not None:
+            raise MpipeError(f"--compute {args.compute}: merging links measured across nodes needs the command run "
+                             f"by torchrun on every node (torchrun --nnodes N --nproc-per-node K -m mpipe_tune.cli "
+                             f"profile ...); on one host leave --compute out")
         device, dtypes, out, name, calibration = validate_request(args)
         from tqdm import tqdm
 
@@ -55,6 +67,51 @@ class Profile(Command):
         dump_profile(assemble_profile(measurements, name=name), out)
         print_summary(load_profile(out), out, time.monotonic() - begin)
         return 0
+
+
+def profile_across_nodes(args: argparse.Namespace) -> int:
+    """Every process torchrun started measures its link classes; rank 0 merges them into the
+    ``--compute`` profile, writes it and prints it."""
+    from tqdm import tqdm
+
+    from mpipe_tune.cost.profile import dump_profile, load_profile
+    from mpipe_tune.profiler.build import merge_link_classes
+    from mpipe_tune.profiler.device import import_torch
+    from mpipe_tune.profiler.links import LINK_COLLECTIVES
+    from mpipe_tune.profiler.nodes import measure_link_classes, place_from_env
+    from mpipe_tune.profiler.settings import sweep_settings
+    from mpipe_tune.files import validate_out_path
+
+    place = place_from_env()
+    if args.device not in _DEVICES:
+        raise MpipeError(f"--device {args.device!r} is not a device the profiler knows; use one of {', '.join(_DEVICES)}")
+    if args.calibrate is not None:
+        raise MpipeError("--calibrate times the layers on one node: run it there without torchrun, then give that "
+                         "profile as --compute here")
+    if args.compute is None:
+        raise MpipeError("across nodes, profile measures the links only: give --compute PROFILE, a single-node "
+                         "profile of this device (mpipe-tune profile --device ... --out one-node.json)")
+    compute = out = None
+    if place.rank == 0:  # the one that writes: its arguments are checked before anything is measured
+        out = validate_out_path(args.out, label="--out", suffixes=(".json",))
+        compute = load_profile(args.compute).to_dict()
+    begin = time.monotonic()
+    settings = sweep_settings(args.device, quick=args.quick)
+    with tqdm(total=2 * len(LINK_COLLECTIVES) * settings.link_repeats, desc=f"profile links {args.device}",
+              unit="pt", file=sys.stderr, disable=None if place.rank == 0 else True, dynamic_ncols=True) as bar:
+        def progress(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update()
+
+        layout, sweeps = measure_link_classes(args.device, place, settings, progress)
+    if place.rank != 0:
+        return 0
+    name = args.name if args.name is not None else out.stem
+    profile = merge_link_classes(compute, sweeps, layout, device=args.device, name=name, quick=args.quick,
+                                 torch_version=import_torch(args.device).__version__)
+    dump_profile(profile, out)
+    print_summary(load_profile(out), out, time.monotonic() - begin)
+    return 0
 
 
 def validate_request(args: argparse.Namespace):
@@ -121,11 +178,18 @@ def print_summary(profile, out: Path, elapsed_s: float) -> None:
             split = (f"  split at tp 2: +{fwd_x:.0%} +{fwd_s * 1e3:.3g} ms / +{bwd_x:.0%} +{bwd_s * 1e3:.3g} ms "
                      f"per forward / backward")
         print(f"  efficiency {kind:14s} {value:8.4g}{fit}{split}")
-    print(f"  {'link (intra_node)':18s} {'alpha':>10s} {'bandwidth':>12s} {'R^2 log t':>10s} {'group':>6s}")
-    for (link_class, collective), cost in profile.links.items():
-        if link_class != "intra_node":
+    for shown_class in ("intra_node", "inter_node"):
+        sources = {profile.provenance[f"links.{c}.{k}"].get("source") for c, k in profile.links if c == shown_class}
+        if shown_class == "inter_node" and sources == {"assumed"}:
+            print("  link (inter_node): not measured, a copy of intra_node (profile across nodes under torchrun)")
             continue
-        origin = profile.provenance[f"links.{link_class}.{collective}"]
-        bandwidth = f"{1e-9 / cost.beta_s_per_byte:.4g} GB/s" if cost.beta_s_per_byte else "inf"
-        print(f"  {collective:18s} {cost.alpha_s * 1e6:7.3g} us {bandwidth:>12s} "
-              f"{origin.get('fit_r2', float('nan')):10.4f} {origin.get('group_size', ''):>6}")
+        print(f"  {'link (' + shown_class + ')':18s} {'alpha':>10s} {'bandwidth':>12s} {'R^2 log t':>10s} "
+              f"{'group':>6s}  source")
+        for (link_class, collective), cost in profile.links.items():
+            if link_class != shown_class:
+                continue
+            origin = profile.provenance[f"links.{link_class}.{collective}"]
+            bandwidth = f"{1e-9 / cost.beta_s_per_byte:.4g} GB/s" if cost.beta_s_per_byte else "inf"
+            print(f"  {collective:18s} {cost.alpha_s * 1e6:7.3g} us {bandwidth:>12s} "
+                  f"{origin.get('fit_r2', float('nan')):10.4f} {origin.get('group_size', ''):>6}  "
+                  f"{origin.get('source', '')}")

@@ -4,7 +4,8 @@
 measurements into the JSON form ``parse_profile`` accepts, every number with its provenance:
 ``source: "measured"``, the date, a ``ref`` that says how it was measured, and the raw medians and
 spreads behind it. The inter-node link class, which a single-host run cannot see, is a copy of the
-intra-node one marked ``assumed``. When a calibration model is given, each layer kind (and a
+intra-node one marked ``assumed``; run by torchrun across nodes, ``profile`` measures both classes
+(:mod:`~mpipe_tune.profiler.nodes`) and :func:`merge_link_classes` puts them into a single-node profile. When a calibration model is given, each layer kind (and a
 ``default`` over all its kinds) gets a forward efficiency (``value``), a ``backward_value`` and fixed
 seconds per forward and backward call, fitted to its layers' timings (and, for the ViT block, fixed
 seconds per image), and the profile gets the measured ``optimizer_update_bytes_per_s``; without one,
@@ -19,6 +20,7 @@ at once, as a run's stages (:mod:`~mpipe_tune.profiler.together`).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +50,7 @@ from mpipe_tune.profiler.device import (
 )
 from mpipe_tune.profiler.fit import fit_alpha_beta, fit_nonnegative_line, to_link_cost
 from mpipe_tune.profiler.links import LINK_COLLECTIVES, LinkSweep, measure_links
+from mpipe_tune.profiler.nodes import NodeLayout
 from mpipe_tune.profiler.roofline import RateSweep, measure_memory_bandwidth, measure_peak_flops
 from mpipe_tune.profiler.settings import SweepSettings, sweep_settings
 from mpipe_tune.profiler.stats import summarize
@@ -149,33 +152,13 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
     }
     capacity = {"value": m.memory_capacity_bytes, **measured, "ref": m.memory_capacity_ref}
 
-    intra, inter = {}, {}
-    backend = BACKENDS[m.device]
-    for collective, sweep in m.links.items():
-        spreads = [summarize(s) for s in sweep.samples_s]
-        medians = [s.median for s in spreads]
-        fit = fit_alpha_beta(sweep.sizes_bytes, medians)
-        cost = to_link_cost(fit, collective, sweep.group_size)
-        where = ("ping-pong between ranks 0 and 1, half the round trip" if collective == "p2p"
-                 else f"over a group of {sweep.group_size} ranks, the slowest rank's time")
-        intra[collective] = {
-            "alpha_s": cost.alpha_s, "beta_s_per_byte": cost.beta_s_per_byte, **measured,
-            "ref": f"{collective} with {backend} between {m.nproc} local processes on {m.device}, {where}; "
-                   f"t = alpha + beta*n fitted to the median per size minimising relative error, then "
-                   f"divided into per-step alpha and beta by the closed form of estimate_collective_s; "
-                   f"fit_r2 is the R^2 of log(time){how}",
-            "fit_r2": fit.fit_r2,
-            "group_size": sweep.group_size,
-            "sizes_bytes": list(sweep.sizes_bytes),
-            "median_s": medians,
-            "iqr_s": [s.iqr for s in spreads],
-            "repeats": len(sweep.samples_s[0]),
-        }
-        inter[collective] = {
-            "alpha_s": cost.alpha_s, "beta_s_per_byte": cost.beta_s_per_byte, "source": "assumed",
-            "ref": "not measured: a copy of links.intra_node (every profiled process ran on one node); "
-                   "profile across nodes or replace it with the interconnect's figures",
-        }
+    intra = link_entries(m.links, measured, f"with {BACKENDS[m.device]} between {m.nproc} local processes on "
+                                            f"{m.device}", how)
+    inter = {collective: {
+        "alpha_s": entry["alpha_s"], "beta_s_per_byte": entry["beta_s_per_byte"], "source": "assumed",
+        "ref": "not measured: a copy of links.intra_node (every profiled process ran on one node); "
+               "profile across nodes (mpipe-tune profile under torchrun --nnodes 2 or more) or replace it with "
+               "the interconnect's figures"} for collective, entry in intra.items()}
 
     extra = {}
     if m.update_point is not None:
@@ -209,6 +192,69 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
     split = [p for p in m.layer_points if p.tp > 1]
     if split and m.calibration is not None:
         tp_overhead_entries(profile, split, m.calibration, m.calibration_dtype, how=how)
+    return profile
+
+
+def link_entries(links: Mapping[str, LinkSweep], measured: Mapping[str, str], between: str,
+                 how: str = "") -> dict[str, dict[str, Any]]:
+    """One link class's entries fitted to its sweeps: per collective, per-step alpha and beta, the
+    provenance (``measured``), a ``ref`` saying it ran ``between`` which processes, and the medians and
+    spreads behind the fit."""
+    entries = {}
+    for collective, sweep in links.items():
+        spreads = [summarize(s) for s in sweep.samples_s]
+        medians = [s.median for s in spreads]
+        fit = fit_alpha_beta(sweep.sizes_bytes, medians)
+        cost = to_link_cost(fit, collective, sweep.group_size)
+        where = ("ping-pong between the group's first two ranks, half the round trip" if collective == "p2p"
+                 else f"over a group of {sweep.group_size} ranks, the slowest rank's time")
+        entries[collective] = {
+            "alpha_s": cost.alpha_s, "beta_s_per_byte": cost.beta_s_per_byte, **measured,
+            "ref": f"{collective} {between}, {where}; t = alpha + beta*n fitted to the median per size minimising "
+                   f"relative error, then divided into per-step alpha and beta by the closed form of "
+                   f"estimate_collective_s; fit_r2 is the R^2 of log(time){how}",
+            "fit_r2": fit.fit_r2,
+            "group_size": sweep.group_size,
+            "sizes_bytes": list(sweep.sizes_bytes),
+            "median_s": medians,
+            "iqr_s": [s.iqr for s in spreads],
+            "repeats": len(sweep.samples_s[0]),
+        }
+    return entries
+
+
+def merge_link_classes(compute: Mapping[str, Any], sweeps: Mapping[str, Mapping[str, LinkSweep]], layout: NodeLayout,
+                       *, device: str, name: str, quick: bool, torch_version: str,
+                       date: str | None = None) -> dict[str, Any]:
+    """A profile of the cluster: ``compute`` (a single-node profile's JSON form: its roofline,
+    efficiencies and update rate are kept) with each link class in ``sweeps`` replaced by the entries
+    fitted to its sweeps across ``layout``'s nodes, and ``devices_per_node`` the nodes' process count.
+    A class not in ``sweeps`` (no two processes on one node) keeps ``compute``'s entries, and the notes
+    say which classes were measured."""
+    date = date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    measured = {"source": "measured", "date": date}
+    how = "" if not quick else " (--quick sweep: small sizes, few repeats; a smoke test, not a profile to plan with)"
+    backend = BACKENDS[device]
+    profile = copy.deepcopy(dict(compute))
+    profile["links"] = copy.deepcopy(dict(compute["links"]))
+    nodes = ", ".join(f"node {node}: ranks {list(ranks)}" for node, ranks in layout.nodes)
+    between = {
+        "intra_node": f"with {backend} on {device} between the {len(layout.intra_members())} processes of one node "
+                      f"(global ranks {list(layout.intra_members())}), under torchrun on {layout.num_nodes} nodes",
+        "inter_node": f"with {backend} on {device} between one process on each of {layout.num_nodes} nodes (global "
+                      f"ranks {list(layout.inter_members())}, local rank 0 of each), under torchrun",
+    }
+    for link_class, class_sweeps in sweeps.items():
+        profile["links"][link_class] = link_entries(class_sweeps, measured, between[link_class], how)
+    kept = [c for c in ("intra_node", "inter_node") if c not in sweeps]
+    profile["name"] = name
+    profile["devices_per_node"] = layout.devices_per_node
+    profile["device"] = f"{compute['device']}; links across {layout.num_nodes} nodes x {layout.devices_per_node}"
+    profile["notes"] = (f"{compute.get('notes', '').strip()} Links measured by mpipe-tune profile --device {device} under "
+                        f"torchrun across {layout.num_nodes} nodes ({nodes}) with torch {torch_version} on {date}: "
+                        f"measured classes {', '.join(sweeps)}"
+                        + (f"; {', '.join(kept)} kept from the compute profile '{compute['name']}'" if kept else "")
+                        + f". Compute figures from the single-node profile '{compute['name']}'.").strip()
     return profile
 
 

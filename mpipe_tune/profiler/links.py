@@ -126,10 +126,8 @@ def _worker(rank: int, nproc: int, device: str, port: int, settings: SweepSettin
         bound = {} if device == "cpu" else {"device_id": torch.device(where)}
         dist.init_process_group(BACKENDS[device], store=store, rank=rank, world_size=nproc,
                                 timeout=timedelta(seconds=_DIST_TIMEOUT_S), **bound)
-        sweep = _Sweep(torch, dist, where, Timer(torch, device), rank, nproc, settings)
-        result = {}
-        for collective in LINK_COLLECTIVES:
-            result[collective] = sweep.collective(collective, messages if rank == 0 else None)
+        sweep = GroupSweep(torch, dist, where, Timer(torch, device), rank, tuple(range(nproc)), None, settings)
+        result = sweep.all_collectives(messages if rank == 0 else None)
         if rank == 0:
             messages.put(("result", result))
         dist.destroy_process_group()
@@ -139,13 +137,21 @@ def _worker(rank: int, nproc: int, device: str, port: int, settings: SweepSettin
         raise SystemExit(1) from None
 
 
-class _Sweep:
-    """One rank's side of the sweep; every rank calls the same methods in the same order."""
+class GroupSweep:
+    """One rank's side of the sweep over a group of ranks; every member calls the same methods in the
+    same order. ``members`` are the group's global ranks (``p2p`` pairs the first two), ``group`` its
+    process group (None: the whole world)."""
 
-    def __init__(self, torch, dist, where: str, timer: Timer, rank: int, nproc: int,
+    def __init__(self, torch, dist, where: str, timer: Timer, rank: int, members: tuple[int, ...], group,
                  settings: SweepSettings) -> None:
+        assert rank in members and len(members) >= 2, (rank, members)
         self.torch, self.dist, self.where, self.timer = torch, dist, where, timer
-        self.rank, self.nproc, self.settings = rank, nproc, settings
+        self.rank, self.members, self.group, self.settings = rank, members, group, settings
+        self.nproc = len(members)
+
+    def all_collectives(self, messages) -> dict[str, LinkSweep]:
+        """Every collective of :data:`LINK_COLLECTIVES`, in order (``messages``: where progress goes, or None)."""
+        return {collective: self.collective(collective, messages) for collective in LINK_COLLECTIVES}
 
     def collective(self, collective: str, messages) -> LinkSweep:
         group_size = 2 if collective == "p2p" else self.nproc
@@ -174,7 +180,8 @@ class _Sweep:
         return LinkSweep(collective, group_size, tuple(points), per_size)
 
     def _op(self, collective: str, elements: int) -> Callable[[], object]:
-        torch, dist, rank, g = self.torch, self.dist, self.rank, self.nproc
+        torch, dist, rank, g, group = self.torch, self.dist, self.rank, self.nproc, self.group
+        first, second = self.members[:2]
 
         def zeros(n: int):
             return torch.zeros(n, dtype=torch.float32, device=self.where)
@@ -182,23 +189,23 @@ class _Sweep:
         x = zeros(elements)
         if collective == "p2p":
             y = zeros(elements)
-            if rank == 0:
-                return lambda: (dist.send(x, 1), dist.recv(y, 1))
-            if rank == 1:
-                return lambda: (dist.recv(y, 0), dist.send(x, 0))
+            if rank == first:
+                return lambda: (dist.send(x, second), dist.recv(y, second))
+            if rank == second:
+                return lambda: (dist.recv(y, first), dist.send(x, first))
             return lambda: None
         if collective == "all_reduce":
-            return lambda: dist.all_reduce(x)
+            return lambda: dist.all_reduce(x, group=group)
         if collective == "all_to_all":
             sent, received = zeros(elements * g), zeros(elements * g)
-            return lambda: dist.all_to_all_single(received, sent)
+            return lambda: dist.all_to_all_single(received, sent, group=group)
         parts = [zeros(elements) for _ in range(g)]
         if collective == "all_gather":
-            return lambda: dist.all_gather(parts, x)
+            return lambda: dist.all_gather(parts, x, group=group)
         if collective == "gather":
-            return lambda: dist.gather(x, gather_list=parts if rank == 0 else None, dst=0)
+            return lambda: dist.gather(x, gather_list=parts if rank == first else None, dst=first, group=group)
         assert collective == "scatter", collective
-        return lambda: dist.scatter(x, scatter_list=parts if rank == 0 else None, src=0)
+        return lambda: dist.scatter(x, scatter_list=parts if rank == first else None, src=first, group=group)
 
     def _calibrate(self, op: Callable[[], object]) -> int:
         """Warm ``op`` up, then return how many back-to-back calls make one repeat (same on every rank)."""
@@ -211,10 +218,10 @@ class _Sweep:
 
     def _barrier(self) -> None:
         """All ranks here, and nothing of theirs still queued on the device, before a timed repeat."""
-        self.dist.barrier()
+        self.dist.barrier(group=self.group)
         self.timer.synchronize()
 
     def _slowest(self, times: list[float]) -> list[float]:
         values = self.torch.tensor(times, dtype=self.torch.float32, device=self.where)
-        self.dist.all_reduce(values, op=self.dist.ReduceOp.MAX)
+        self.dist.all_reduce(values, op=self.dist.ReduceOp.MAX, group=self.group)
         return [float(v) for v in values.tolist()]
