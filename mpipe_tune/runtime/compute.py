@@ -9,7 +9,9 @@ Data parallelism: replica ``d`` trains its own microbatches, of the plan's store
 ``d * M + m`` (their synthetic inputs and their losses are keyed by that number), so the ``dp``
 replicas together train ``dp * M`` distinct microbatches. A reduce event sums the gradients of its
 layers over its real process group (:mod:`mpipe_tune.runtime.mesh`): every trained weight's gradient
-is that of the summed loss over all of them, as in the single-process reference.
+is that of the summed loss over all of them, as in the single-process reference. With expert
+parallelism a rank's routed experts already hold the gradient of every row its expert group sent them
+(the backward's all-to-alls bring it), and are summed over the experts' own data-parallel group.
 
 A microbatch without images skips the encoder: the image-stream layers of a slab (patch embedding,
 ViT blocks, merger, projector) are not called on it, their output is the empty tensor of the last
@@ -148,11 +150,16 @@ class RealCompute:
 
     @torch.no_grad()
     def reduce(self, index: int, event: DpReduce) -> None:
+        """Sum the gradients of the event's layers over its group; a sharded routed expert's over its
+        own data-parallel group (the ranks holding the same experts) instead."""
         group = self.mesh.reduce_group(event.group)
         if group is None:
             return  # a group of one member (a DataGroup at dp = 1): nothing to reduce
-        layers = range(*self.view.reduce_layers(event, self.rank))
-        all_reduce_bucketed([local_tensor(p.grad) for p in self.stack.trainable_parameters(layers)], group)
+        rest, experts = self.stack.split_routed_experts(range(*self.view.reduce_layers(event, self.rank)))
+        all_reduce_bucketed([local_tensor(p.grad) for p in rest], group)
+        expert_group = self.mesh.expert_data_group
+        if experts and expert_group is not None:
+            all_reduce_bucketed([local_tensor(p.grad) for p in experts], expert_group)
 
     def update(self) -> None:
         sgd_update(self.stack.trainable_parameters(), self.lr)

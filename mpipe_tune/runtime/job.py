@@ -68,7 +68,7 @@ def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
     job.validate()
     view = read_plan_file(job.plan_path, plan_name=job.plan_name, model_spec=job.model_spec)
     model = view.model
-    validate_runnable(view, world_size)
+    validate_runnable(view, world_size, job.compute)
     modes = resolve_modes(view, job.owners, job.data)
     if not modes.is_stored_plan:
         StepPlanner(view, modes, profile_spec=job.profile_spec)  # the profile is there and the plan's
@@ -106,6 +106,21 @@ def validate_memory(view: PlanView, job: RunJob, local_ranks: Sequence[int], ava
         )
 
 
+def validate_local_processes(view: PlanView, num_local: int, process_bytes: float, available_bytes: float) -> None:
+    """Refuse starting ``num_local`` rank processes on this host when their interpreters alone (each
+    about ``process_bytes``, this process's resident size with torch loaded) exceed the host's
+    available memory: a plan for hundreds of devices runs under torchrun across nodes, not here."""
+    need = num_local * process_bytes
+    if need > available_bytes:
+        fits = int(available_bytes // process_bytes)
+        raise MpipeError(
+            f"plan file {view.path} runs on {view.layout.world_size} ranks ({view.layout}); starting {num_local} "
+            f"rank processes here needs about {need / 2**30:.0f} GiB ({process_bytes / 2**20:.0f} MiB each, this "
+            f"process's size with torch loaded) but this host has {available_bytes / 2**30:.1f} GiB available "
+            f"(room for about {fits}); run it under torchrun on enough nodes, or re-plan for at most {fits} devices"
+        )
+
+
 def check_host(view: PlanView, job: RunJob, device_kind: str) -> list[str]:
     """The device checks of a run on this host, after :func:`preflight`: the device gives every local
     rank one device, and a real-compute run fits its memory (one-line errors). Returns notes to show
@@ -114,6 +129,7 @@ def check_host(view: PlanView, job: RunJob, device_kind: str) -> list[str]:
 
     ranks = launch.local_ranks(view.layout.world_size)
     launch.check_device(device_kind, len(ranks))
+    validate_local_processes(view, len(ranks), launch.process_bytes(), launch.available_memory("cpu")[0])
     if job.compute != "real":
         return []
     available, shared, where = launch.available_memory(device_kind)

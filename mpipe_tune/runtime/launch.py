@@ -115,6 +115,22 @@ def local_ranks(world_size: int) -> list[int]:
     return list(range(node * per_node, min(world_size, (node + 1) * per_node)))
 
 
+def process_bytes() -> float:
+    """This process's resident size with torch imported: about what each rank process holds before it
+    builds anything (Linux ``/proc/self/status``; 0 where that cannot be read, or without torch, which
+    :func:`require_torch` reports)."""
+    if importlib.util.find_spec("torch") is None:
+        return 0.0
+    import torch  # noqa: F401  (a rank imports it first thing)
+
+    try:
+        with open("/proc/self/status") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        return kib * 1024.0
+    except (OSError, StopIteration, ValueError):
+        return 0.0
+
+
 def available_memory(device_kind: str) -> tuple[float, bool, str]:
     """(bytes available, shared by the local ranks?, what it is) of the device ranks run on.
 

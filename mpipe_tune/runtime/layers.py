@@ -8,7 +8,8 @@ Modelling choices, kept simple because the runtime checks schedules, not model q
 ViT blocks are pre-LayerNorm with full attention inside each image and no 2D RoPE; decoder blocks
 are pre-RMSNorm with causal attention, grouped-query (``attention: gqa``) or DeepSeek's multi-head
 latent attention (``attention: mla``), both without RoPE rotation; MoE blocks route each token to
-its ``top_k`` experts by softmax scores (experts run one after another, no expert parallelism); the
+its ``top_k`` experts by softmax scores (experts run one after another, or sharded over an
+expert-parallel group with all-to-all dispatch and combine, :mod:`~mpipe_tune.runtime.experts`); the
 LM head is a final RMSNorm, the vocabulary projection and the mean cross-entropy over the sequence.
 
 Parameters are initialised from a generator seeded by (seed, layer index), so every rank and the
@@ -27,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from mpipe_tune.runtime.blueprint import LayerSpec
 from mpipe_tune.runtime.data import MicrobatchInputs, seed_of
+from mpipe_tune.runtime.experts import ExpertShard, route_local, route_parallel
 from mpipe_tune.runtime.tensor_parallel import parallelize_layer
 
 
@@ -236,24 +238,34 @@ class DecoderBlock(nn.Module):
 
 
 class MoE(nn.Module):
+    """The router, the routed experts (keyed by expert number: ``experts.<e>``) and the shared experts."""
+
     def __init__(self, d: dict) -> None:
         super().__init__()
         hidden, ffn = d["hidden"], d["moe_ffn"]
         self.top_k = d["top_k"]
+        self.num_experts = d["experts"]
         self.router = nn.Linear(hidden, d["experts"], bias=False)
-        self.experts = nn.ModuleList(
-            MLP(hidden, ffn, hidden, activation=d["activation"], bias=False) for _ in range(d["experts"])
+        self.experts = nn.ModuleDict(
+            {str(e): MLP(hidden, ffn, hidden, activation=d["activation"], bias=False) for e in range(d["experts"])}
         )
         shared = d["shared_experts"]
         self.shared = MLP(hidden, shared * ffn, hidden, activation=d["activation"], bias=False) if shared else None
+        self.shard: ExpertShard | None = None
+
+    def keep_experts(self, shard: ExpertShard) -> None:
+        """Keep only the experts ``shard`` holds; the forward then dispatches over its group."""
+        mine = {str(e) for e in shard.experts(self.num_experts)}
+        for key in [k for k in self.experts if k not in mine]:
+            del self.experts[key]
+        self.shard = shard
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, chosen = torch.softmax(self.router(x), dim=-1).topk(self.top_k, dim=-1)
-        out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            token, slot = (chosen == e).nonzero(as_tuple=True)
-            if token.numel():
-                out = out.index_add(0, token, expert(x[token]) * weights[token, slot].unsqueeze(-1))
+        if self.shard is None:
+            out = route_local(x, weights, chosen, self.experts)
+        else:
+            out = route_parallel(x, weights, chosen, self.experts, self.num_experts, self.shard)
         return out if self.shared is None else out + self.shared(x)
 
 
@@ -284,15 +296,18 @@ _MODULES = {
 
 
 def build_layer(spec: LayerSpec, *, seed: int, dtype: torch.dtype, device: torch.device,
-                tp_mesh: DeviceMesh | None = None) -> nn.Module:
+                tp_mesh: DeviceMesh | None = None, expert_shard: ExpertShard | None = None) -> nn.Module:
     """The module of one model layer, initialised deterministically from (seed, layer index).
 
     With a ``tp_mesh`` of more than one rank the whole layer is built (the same weights on every rank)
-    and then split over the mesh by :func:`~mpipe_tune.runtime.tensor_parallel.parallelize_layer`.
+    and then split over the mesh by :func:`~mpipe_tune.runtime.tensor_parallel.parallelize_layer`;
+    with an ``expert_shard`` a MoE layer keeps only that rank's routed experts.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_of("layer", seed, spec.index))
         module = _MODULES[spec.kind](dict(spec.dims))
+    if expert_shard is not None and spec.kind == "moe_block":
+        module.mlp.keep_experts(expert_shard)
     module.to(dtype=dtype, device=device)
     module.requires_grad_(spec.trainable)
     if tp_mesh is not None and tp_mesh.size() > 1:

@@ -1,14 +1,18 @@
 """A rank's place in the plan's device mesh, on torch's own ``DeviceMesh``, and its gradient reduces.
 
-The mesh has dimensions ``("pp", "dp", "tp")`` of the plan's degrees, row-major over the global
-ranks exactly as :class:`~mpipe_tune.runtime.layout.ParallelLayout` numbers them (tensor parallelism
-innermost). From it a rank takes:
+As torchtitan builds its meshes, a 1-D world mesh is unflattened into views of the same devices,
+row-major over the global ranks exactly as :class:`~mpipe_tune.runtime.layout.ParallelLayout`
+numbers them (tensor parallelism innermost): the dense mesh ``("pp", "dp", "cp", "tp")`` and, with
+expert parallelism, the expert mesh ``("pp", "edp", "ep", "tp")``. From them a rank takes:
 
 - ``tp_mesh``: the 1-D mesh of its tensor-parallel group, handed to ``torch.distributed.tensor.parallel``;
-- the DataGroup of a Sharded region's reduce: the ``dp`` ranks that hold the same slab (same pp and
-  tp coordinates);
-- the ReplicaGroup of the replicated encoder's reduce: all ``pp * dp`` ranks of its tp coordinate
-  (the ``pp`` and ``dp`` dimensions flattened), since every pipeline rank of every replica holds it.
+- the DataGroup of a Sharded region's reduce: the ``dp * cp`` ranks that hold the same slab (same pp
+  and tp coordinates; ``dp`` and ``cp`` flattened);
+- the ReplicaGroup of the replicated encoder's reduce: all ``pp * dp * cp`` ranks of its tp
+  coordinate, since every pipeline rank of every replica holds it;
+- ``ep_group``: the expert-parallel group its MoE layers dispatch tokens over (all-to-all), and
+  ``expert_data_group``: the ``dp * cp / ep`` ranks holding the same experts, over which the routed
+  experts' gradients are reduced (the rest of a DataGroup reduce goes over the whole DataGroup).
 
 Meshes are built once per layout and process (building one is a collective of every rank) and kept
 for later jobs of the same run.
@@ -25,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from mpipe_tune.algebra.events import Group
-from mpipe_tune.runtime.layout import MESH_DIMS, ParallelLayout
+from mpipe_tune.runtime.layout import EXPERT_MESH_DIMS, MESH_DIMS, ParallelLayout
 
 BUCKET_BYTES = 25 * 2**20
 """Gradients are all-reduced in flat buckets of at most this many bytes (one bucket at least per tensor)."""
@@ -38,7 +42,11 @@ class RankMesh:
     """Global rank."""
     mesh: DeviceMesh
     replica_mesh: DeviceMesh
-    """The ``pp`` and ``dp`` dimensions flattened into one (the ReplicaGroup)."""
+    """The ``pp``, ``dp`` and ``cp`` dimensions flattened into one (the ReplicaGroup)."""
+    data_mesh: DeviceMesh
+    """The ``dp`` and ``cp`` dimensions flattened into one (the DataGroup)."""
+    expert_mesh: DeviceMesh | None = None
+    """``("pp", "edp", "ep", "tp")`` when ep > 1."""
 
     @property
     def pp_rank(self) -> int:
@@ -53,15 +61,28 @@ class RankMesh:
         """The tensor-parallel group as a 1-D mesh; ``None`` when tp = 1."""
         return self.mesh["tp"] if self.layout.tp > 1 else None
 
+    @property
+    def ep_group(self) -> dist.ProcessGroup | None:
+        """The expert-parallel group of this rank's MoE layers; ``None`` when ep = 1."""
+        return self.expert_mesh["ep"].get_group() if self.expert_mesh is not None else None
+
+    @property
+    def expert_data_group(self) -> dist.ProcessGroup | None:
+        """The ranks that hold this rank's experts (``dp * cp / ep``); ``None`` with one member or ep = 1."""
+        if self.expert_mesh is None or self.layout.expert_shape[1] == 1:
+            return None
+        return self.expert_mesh["edp"].get_group()
+
     def peer(self, pp_rank: int) -> int:
-        """Global rank of pipeline rank ``pp_rank`` in this rank's (dp, tp) coordinate."""
+        """Global rank of pipeline rank ``pp_rank`` in this rank's (dp, cp, tp) coordinate."""
         return self.layout.peer(self.rank, pp_rank)
 
     def reduce_group(self, group: Group) -> dist.ProcessGroup | None:
         """The process group a DpReduce of ``group`` reduces over; ``None`` when it has one member."""
+        replicas = self.layout.dp * self.layout.cp
         if group is Group.REPLICA:
-            return self.replica_mesh.get_group() if self.layout.pp * self.layout.dp > 1 else None
-        return self.mesh["dp"].get_group() if self.layout.dp > 1 else None
+            return self.replica_mesh.get_group() if self.layout.pp * replicas > 1 else None
+        return self.data_mesh.get_group() if replicas > 1 else None
 
 
 _MESHES: dict[tuple[str, ParallelLayout], RankMesh] = {}
@@ -71,9 +92,13 @@ def rank_mesh(layout: ParallelLayout, device_type: str) -> RankMesh:
     """This process's :class:`RankMesh` for ``layout`` (built on first use; every rank must call it)."""
     key = (device_type, layout)
     if key not in _MESHES:
-        mesh = init_device_mesh(device_type, layout.shape, mesh_dim_names=MESH_DIMS)
-        replica = mesh["pp", "dp"]._flatten(f"replica_{layout.pp}x{layout.dp}x{layout.tp}")
-        _MESHES[key] = RankMesh(layout, dist.get_rank(), mesh, replica)
+        world = init_device_mesh(device_type, (layout.world_size,), mesh_dim_names=("world",))
+        mesh = world._unflatten(0, layout.shape, MESH_DIMS)
+        name = "x".join(map(str, layout.shape))
+        replica = mesh["pp", "dp", "cp"]._flatten(f"replica_{name}")
+        data = mesh["dp", "cp"]._flatten(f"data_{name}")
+        experts = world._unflatten(0, layout.expert_shape, EXPERT_MESH_DIMS) if layout.ep > 1 else None
+        _MESHES[key] = RankMesh(layout, dist.get_rank(), mesh, replica, data, experts)
     return _MESHES[key]
 
 

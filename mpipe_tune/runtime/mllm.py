@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.runtime.blueprint import LayerSpec
 from mpipe_tune.runtime.data import MicrobatchInputs
+from mpipe_tune.runtime.experts import ExpertShard
 from mpipe_tune.runtime.layers import build_layer
 from mpipe_tune.runtime.tensor_parallel import full_gradient
 
@@ -32,10 +33,13 @@ class LayerStack:
 
     @classmethod
     def build(cls, specs: Sequence[LayerSpec], indices: Iterable[int], *, seed: int, dtype: torch.dtype,
-              device: torch.device, tp_mesh: DeviceMesh | None = None) -> LayerStack:
+              device: torch.device, tp_mesh: DeviceMesh | None = None,
+              expert_shard: ExpertShard | None = None) -> LayerStack:
         """The layers ``indices`` of ``specs``; with a ``tp_mesh`` of more than one rank each is split over
-        it (:mod:`~mpipe_tune.runtime.tensor_parallel`: run steps inside its ``tp_context(tp_mesh)``)."""
-        modules = {i: build_layer(specs[i], seed=seed, dtype=dtype, device=device, tp_mesh=tp_mesh)
+        it (:mod:`~mpipe_tune.runtime.tensor_parallel`: run steps inside its ``tp_context(tp_mesh)``);
+        with an ``expert_shard`` each MoE layer holds only that rank's routed experts."""
+        modules = {i: build_layer(specs[i], seed=seed, dtype=dtype, device=device, tp_mesh=tp_mesh,
+                                  expert_shard=expert_shard)
                    for i in sorted(set(indices))}
         return cls(tuple(specs), modules)
 
@@ -49,6 +53,21 @@ class LayerStack:
         parameter is a DTensor and so is its ``.grad``: reduce and update its ``to_local()`` shard."""
         chosen = self.modules if layers is None else [i for i in layers if i in self.modules]
         return [p for i in sorted(chosen) for p in self.modules[i].parameters() if p.requires_grad]
+
+    def is_routed_expert(self, layer: int, name: str) -> bool:
+        """Whether parameter ``name`` of layer ``layer`` belongs to a routed expert sharded over an
+        expert-parallel group (reduced over the experts' own data-parallel group)."""
+        mlp = getattr(self.modules[layer], "mlp", None)
+        return getattr(mlp, "shard", None) is not None and name.startswith("mlp.experts.")
+
+    def split_routed_experts(self, layers: Iterable[int]) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """The trainable parameters of ``layers`` as (the rest, the sharded routed experts')."""
+        rest, experts = [], []
+        for i in sorted(i for i in set(layers) if i in self.modules):
+            for name, p in self.modules[i].named_parameters():
+                if p.requires_grad:
+                    (experts if self.is_routed_expert(i, name) else rest).append(p)
+        return rest, experts
 
     def named_gradients(self) -> dict[str, torch.Tensor]:
         """Every trainable parameter's whole gradient, by ``"<layer index>.<parameter name>"``. Split

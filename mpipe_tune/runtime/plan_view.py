@@ -105,8 +105,9 @@ class PlanView:
 
     @property
     def layout(self) -> ParallelLayout:
-        """The plan's (pp, dp, tp) grid of ranks."""
-        return ParallelLayout(self.candidate.pp, self.candidate.dp, self.candidate.tp)
+        """The plan's (pp, dp, cp, tp) grid of ranks and its expert-parallel degree."""
+        c = self.candidate
+        return ParallelLayout(c.pp, c.dp, c.tp, c.cp, c.ep)
 
     @property
     def dtype(self) -> str:
@@ -173,20 +174,23 @@ def validate_model_matches(file: PlanFile, model: Model) -> None:
         )
 
 
-def validate_runnable(view: PlanView, world_size: int | None = None) -> None:
-    """What this runtime cannot run, as one-line errors, before any process group exists."""
+def validate_runnable(view: PlanView, world_size: int | None = None, compute: str = "real") -> None:
+    """What this runtime cannot run, as one-line errors, before any process group exists. Emulated
+    compute runs every layout (its events sleep their predicted seconds, which charge what each degree
+    costs; its reduces join their real groups); real compute runs pp x dp x tp with expert parallelism."""
     c = view.candidate
-    ep, cp = c.ep, c.cp
-    if ep > 1 or cp > 1:
-        raise MpipeError(f"plan file {view.path} is planned with expert-parallel degree {ep} and context-parallel "
-                         f"degree {cp}; the runtime runs pp x dp x tp; re-plan with --ep 1 --cp 1")
-    if c.sequence_parallel:
-        raise MpipeError(f"plan file {view.path} is planned with sequence parallelism, which the runtime does not run "
-                         f"(its tensor parallelism keeps whole sequences); re-plan without --sequence-parallel")
-    if c.encoder_tp is not None:
+    emulated = "; run it with --compute emulated" if compute == "real" else ""
+    if compute == "real" and c.cp > 1:
+        raise MpipeError(f"plan file {view.path} is planned with context-parallel degree {c.cp}, which the runtime's "
+                         f"real compute does not run yet; re-plan with --cp 1{emulated}")
+    if compute == "real" and c.sequence_parallel:
+        raise MpipeError(f"plan file {view.path} is planned with sequence parallelism, which the runtime's real "
+                         f"compute does not run yet (its tensor parallelism keeps whole sequences); re-plan without "
+                         f"--sequence-parallel{emulated}")
+    if compute == "real" and c.encoder_tp is not None:
         raise MpipeError(f"plan file {view.path} is planned with encoder tensor-parallel degree {c.encoder_tp} "
-                         f"under tp {c.tp}; the runtime runs the encoder at the plan's tp; re-plan without "
-                         f"--encoder-tp")
+                         f"under tp {c.tp}; the runtime's real compute runs the encoder at the plan's tp; re-plan "
+                         f"without --encoder-tp{emulated}")
     if world_size is not None:
         view.layout.validate_world_size(world_size, f"plan file {view.path}")
 

@@ -24,6 +24,7 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.runtime.blueprint import blueprint, output_shape, validate_workload
 from mpipe_tune.runtime.compute import EmulatedCompute, RealCompute
 from mpipe_tune.runtime.executor import Executor
+from mpipe_tune.runtime.experts import ExpertShard
 from mpipe_tune.runtime.job import RunJob
 from mpipe_tune.runtime.launch import RankContext
 from mpipe_tune.runtime.measure import chrome_trace, summary
@@ -43,7 +44,7 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
     """Run ``job`` on this rank; rank 0 returns its result. ``after_step(step)``, when given, is called
     on every rank after each step, outside the timed steps (each step starts after a barrier)."""
     view = read_plan_file(job.plan_path, plan_name=job.plan_name, model_spec=job.model_spec)
-    validate_runnable(view, ctx.world_size)
+    validate_runnable(view, ctx.world_size, job.compute)
     modes = resolve_modes(view, job.owners, job.data)
     device = ctx.device
     mesh = rank_mesh(view.layout, device.type)
@@ -53,8 +54,10 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
         planner = StepPlanner(view, modes, profile_spec=job.profile_spec,
                               validate_microbatches=lambda microbatches: validate_workload(specs, microbatches))
         dtype = DTYPES[job.dtype_for(view)]
+        shard = None if mesh.ep_group is None else ExpertShard(
+            mesh.ep_group, view.layout.expert_coordinates(ctx.rank)[2], view.layout.ep)
         stack = LayerStack.build(specs, planner.held_layers(rank), seed=job.seed, dtype=dtype, device=device,
-                                 tp_mesh=mesh.tp_mesh)
+                                 tp_mesh=mesh.tp_mesh, expert_shard=shard)
         compute = RealCompute(view, mesh, stack, seed=job.seed, dtype=dtype, device=device, lr=job.lr)
         transport = Transport(view, rank, dtype=dtype, device=device, peer=mesh.peer, pairs=planner.rank_pairs(),
                               shape_of=lambda v, t: output_shape(specs[t.boundary_layer], v.microbatches[t.mb]))
