@@ -6,7 +6,7 @@ Two parts:
   synthetic instances (log-normal encodes, a fifth text-only; slack ``w_r = r * u``): ``greedy``,
   and ``optimal`` as the runtime runs it (exact within its node budget, else the greedy map; the
   share of instances that fell back is reported). Also the time of reading the policy's inputs off
-  the cost model (the step's round-robin slack and encodes, :func:`~mpipe_tune.cost.owners.step_owners`)
+  the cost model (the step's round-robin slack and encodes, :meth:`~mpipe_tune.cost.predictor.Predictor.owners`)
   for one real plan.
 - ``run``: for every built-in workload mix, a greedy ``<transpose,1f1b>`` plan of
   ``qwen2vl-vit-llama3-8b`` on ``h100-sxm``, P = 8, planned on the mix's sampled step 0, run by the
@@ -30,13 +30,14 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.placement import round_robin
-from mpipe_tune.cost.owners import choose_owners, greedy_owners, step_owners
+from mpipe_tune.cost.owners import choose_owners, greedy_owners
 from mpipe_tune.inputs.workload import MIXES
 from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.search import Evaluator, Problem
@@ -78,7 +79,7 @@ def policy_times(instances: int) -> list[dict]:
 
 
 def inputs_times(num_microbatches: int, repeats: int) -> dict:
-    """The time of step_owners (slack off the round-robin re-timing, encodes, policy) on one real plan."""
+    """The time of Predictor.owners (slack off the round-robin re-timing, encodes, policy) on one real plan."""
     from mpipe_tune.cost.compiled import CompiledPlan
     from mpipe_tune.cost.layers import build_layer_table
 
@@ -96,7 +97,7 @@ def inputs_times(num_microbatches: int, repeats: int) -> dict:
         samples = []
         for _ in range(repeats):
             start = time.perf_counter()
-            step_owners(policy, compiled, table, fallback=True)
+            evaluator.predictor.owners(replace(c, owner_policy=policy), table, compiled=compiled, fallback=True)
             samples.append(time.perf_counter() - start)
         times[policy] = samples
     return times
@@ -180,7 +181,7 @@ def print_record(record: dict) -> None:
         for row in record["policy"]:
             print(f"| {row['P']} | {row['M']} | {_us(row['greedy_s'])} | {_us(row['optimal_s'])} | "
                   f"{row['fell_back']}/{row['instances']} |")
-        print(f"\nstep_owners on {MODEL} ({PROFILE}), P={P} M={record['inputs_microbatches']} (round-robin slack off the "
+        print(f"\nPredictor.owners on {MODEL} ({PROFILE}), P={P} M={record['inputs_microbatches']} (round-robin slack off the "
               f"re-timed plan, encodes, policy): " + ", ".join(f"{p} {_us(s)} us" for p, s in record["inputs"].items()))
     if "runs" in record:
         steps = len(next(iter(record["runs"].values()))["per-step"]["measured_s"])

@@ -337,7 +337,7 @@ class Show(Command):
                             help="write the plan's comparison table to this CSV file, one row per plan, in seconds and bytes")
 
     def take_action(self, args):
-        from mpipe_tune.cost.layers import CostOptions
+        from mpipe_tune.cost.framework import Framework
         from mpipe_tune.cost.predict import predict
         from mpipe_tune.inputs.workload import workload_hash
         from mpipe_tune.frames import to_csv_text
@@ -372,7 +372,7 @@ class Show(Command):
                                  f"{now[:12]} now, {then[:12]} in the plan); re-plan with 'mpipe-tune plan'")
         candidate = stored_candidate(record, where=where)
         try:
-            prediction = predict(candidate, model, workload, profile, CostOptions.from_framework(inputs))
+            prediction = predict(candidate, model, workload, profile, Framework.from_inputs(inputs))
         except MpipeError as exc:
             raise MpipeError(f"{where}: its stored candidate does not predict ({exc}); the file is damaged or was "
                              f"edited: re-create it with 'mpipe-tune plan'") from None

@@ -30,7 +30,7 @@ class Command(ABC):
 
 def add_framework_arguments(parser) -> None:
     """The flags of how the trainer runs, shared by ``predict`` and ``plan`` (a parser or a group):
-    see :meth:`mpipe_tune.cost.layers.CostOptions.framework`."""
+    see :class:`mpipe_tune.cost.framework.Framework`."""
     parser.add_argument("--moe-imbalance", type=float, default=1.0,
                         help="routed tokens on the busiest expert-parallel rank over the mean (default 1: balanced)")
     from mpipe_tune.algebra.candidate import GRAD_REDUCE_DTYPES
@@ -45,8 +45,10 @@ def add_framework_arguments(parser) -> None:
 
 
 def framework_options(args: argparse.Namespace, **fields):
-    """The cost options those flags give (plus ``fields``)."""
-    from mpipe_tune.cost.layers import CostOptions
+    """The cost options those flags give (plus ``fields``: the dtype), through
+    :meth:`mpipe_tune.cost.framework.Framework.from_inputs`."""
+    from mpipe_tune.cost.framework import Framework
 
-    return CostOptions(moe_imbalance=args.moe_imbalance, grad_reduce_dtype=args.grad_reduce_dtype,
-                       overlap_dp_comm=args.dp_overlap == "on", **fields)
+    framework = Framework.from_inputs({"moe_imbalance": args.moe_imbalance, "grad_reduce_dtype": args.grad_reduce_dtype,
+                                       "overlap_dp_comm": args.dp_overlap == "on"})
+    return framework.cost_options(**fields)

@@ -57,7 +57,7 @@ from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
 FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm")
-"""The :class:`CostOptions` fields a plan's inputs record beside its candidate (see :meth:`CostOptions.framework`)."""
+"""The framework fields a plan's inputs record beside its candidate (:class:`~mpipe_tune.cost.framework.Framework`)."""
 
 
 @dataclass(frozen=True)
@@ -118,11 +118,6 @@ class CostOptions:
         imbalance, the gradient reduce's dtype and whether data-parallel communication overlaps compute.
         What ``plan`` stores in plan.json's inputs and ``predict --json`` prints."""
         return {key: getattr(self, key) for key in FRAMEWORK_OPTIONS}
-
-    @classmethod
-    def from_framework(cls, stored: dict[str, Any]) -> CostOptions:
-        """Options from a :meth:`framework` record; a key a file predates takes its default."""
-        return cls(**{key: stored[key] for key in FRAMEWORK_OPTIONS if key in stored})
 
     @property
     def recompute_granularity(self) -> str:

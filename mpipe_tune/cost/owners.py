@@ -13,9 +13,9 @@ min-max balancing of encode work against per-rank slack. Three policies:
 All three read only per-microbatch encode seconds and per-rank slack seconds, so they are pure
 functions of two vectors. Both are read off the cost model for one step: :func:`encode_seconds` from
 the step's layer table, the slack from the timeline of the step's round-robin plan (the slack does
-not depend on who encodes). :func:`step_owners` does the whole of it for one compiled plan and one
-step; the search's evaluator (which caches the pieces) and the runtime (which chooses each step's
-owners from the step's metadata) both call these functions.
+not depend on who encodes). :meth:`mpipe_tune.cost.predictor.Predictor.owners` does the whole of it
+for one candidate and one step, for the search's evaluator and the runtime (which chooses each step's
+owners from the step's metadata) alike.
 
 At run time a step's map must be ready before the step starts, so the runtime asks for
 :func:`choose_owners` with ``fallback=True``: ``optimal`` then searches at most
@@ -37,7 +37,6 @@ import numpy as np
 
 from mpipe_tune.algebra.candidate import ROUND_ROBIN
 from mpipe_tune.algebra.placement import round_robin
-from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost import kernels
 from mpipe_tune.errors import MpipeError
 
@@ -157,17 +156,3 @@ def encode_seconds(fwd_s: np.ndarray, replicated: Sequence[tuple[int, int]]) -> 
     ``fwd_s`` of a layer table summed over the layers ``[start, stop)`` of every transposed region
     (the encoder, and any interior or sink transpose: they share the owner map)."""
     return sum(fwd_s[start:stop].sum(axis=0) for start, stop in replicated)
-
-
-def step_owners(policy: str, compiled, table, *, fallback: bool = False) -> OwnerChoice:
-    """One step's owner map under ``policy``: ``compiled`` is a
-    :class:`~mpipe_tune.cost.compiled.CompiledPlan` with a transposed source region (any owner map;
-    one with the round-robin map is used as it is, without re-timing it), ``table`` the step's
-    :class:`~mpipe_tune.cost.layers.LayerTable`. The slack is read off the round-robin plan's timeline
-    on that table, the encodes off the table."""
-    plan = compiled.derived
-    if policy == ROUND_ROBIN:
-        return OwnerChoice(round_robin(plan.num_microbatches, plan.num_ranks), policy)
-    slack = compiled.with_owners(round_robin(plan.num_microbatches, plan.num_ranks)).timeline(table).warmup_slack_s
-    encode = encode_seconds(table.fwd_s, [p.layers for p in plan.placement if p.layout is Layout.REPLICATED])
-    return choose_owners(policy, encode, slack, fallback=fallback)

@@ -10,7 +10,7 @@ run does with that (:class:`StepModes`):
   has no mix to draw from).
 - **owners** ``per-step``: each step's owner map is the plan's policy (``greedy``, ``optimal`` or,
   trivially, ``round-robin``) applied to that step's encode seconds and warmup slack, both read off
-  the cost model for the step's metadata (:func:`~mpipe_tune.cost.owners.step_owners`; ``optimal``
+  the cost model for the step's metadata (:meth:`~mpipe_tune.cost.predictor.Predictor.owners`; ``optimal``
   takes the greedy map past its run-time node budget, and the step's record says so); ``fixed``:
   every step runs the stored map.
 
@@ -42,9 +42,10 @@ from mpipe_tune.algebra.candidate import ROUND_ROBIN
 from mpipe_tune.algebra.placement import ByMicrobatch, round_robin
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.owners import POLICIES, step_owners
-from mpipe_tune.cost.predict import cost_options
+from mpipe_tune.cost.framework import Framework
+from mpipe_tune.cost.layers import build_layer_table
+from mpipe_tune.cost.owners import POLICIES
+from mpipe_tune.cost.predictor import Predictor
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.plan_file import load_plan_profile, workload_of
@@ -166,7 +167,8 @@ class StepPlanner:
                 raise MpipeError(f"{where} was made for profile '{view.record['inputs']['profile']['name']}', but the "
                                  f"profile '{profile.name}' given here differs (content hash mismatch); pass the plan's "
                                  f"--profile, or re-plan for this profile")
-            options = cost_options(view.candidate, CostOptions.from_framework(view.record["inputs"]))
+            self.predictor = Predictor(view.model, profile, Framework.from_inputs(view.record["inputs"]))
+            options = self.predictor.options(view.candidate)
             self.profile, self.options = profile, options
             self.compiled = CompiledPlan(view.plan, view.model, profile, options)
             if modes.owners == PER_STEP:  # the policies read the slack off the round-robin plan: re-timed once
@@ -192,7 +194,7 @@ class StepPlanner:
         compiled, owners, policy, owners_s = self.compiled, self.stored_owners, None, 0.0
         if self.modes.owners == PER_STEP:
             chosen = time.perf_counter()
-            choice = step_owners(self.view.candidate.owner_policy, self.round_robin, table, fallback=True)
+            choice = self.predictor.owners(self.view.candidate, table, compiled=self.round_robin, fallback=True)
             owners_s = time.perf_counter() - chosen
             owners, policy = choice.owners, choice.policy
             compiled = compiled.with_owners(owners)

@@ -19,24 +19,22 @@ revisits the same pieces many times.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mpipe_tune.algebra.derive import Owners, derive, rank_slabs
+from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra.derive import rank_slabs
 from mpipe_tune.algebra.encoder_backward import COOLDOWN, OPTIMISED, EncoderBackward
-from mpipe_tune.algebra.placement import balanced_counts, round_robin
+from mpipe_tune.algebra.placement import balanced_counts
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import TableSums, table_sums
-from mpipe_tune.cost.encoder_backward import placed
 from mpipe_tune.cost.layers import LayerTable, build_layer_table
 from mpipe_tune.cost.memory import static_bytes_of
-from mpipe_tune.cost.owners import encode_seconds, owners_for
-from mpipe_tune.cost.predict import Prediction, layer_weights, predict
+from mpipe_tune.cost.owners import OwnerChoice
+from mpipe_tune.cost.predictor import Prediction, Predictor, chooses_owners, layer_weights
 from mpipe_tune.inputs.workload import Workload
-from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.problem import Problem
 
 
@@ -88,21 +86,22 @@ class Evaluation:
 
 
 class Evaluator:
-    """Predicts candidates of one problem, with caches shared across candidates."""
+    """Predicts candidates of one problem, averaged over its sampled steps, through one
+    :class:`~mpipe_tune.cost.predictor.Predictor`; it samples the steps, bounds candidates and caches
+    (layer tables per sampled step and setting, results per step and candidate)."""
 
     def __init__(self, problem: Problem, *, max_cached_orders: int = 48) -> None:
         self.problem = problem
+        self.predictor = Predictor(problem.model, problem.profile, problem.framework,
+                                   max_cached_orders=max_cached_orders)
+        self._dtype = problem.dtype
         self._tables: dict[tuple, tuple[Workload, LayerTable, TableSums]] = {}
         self._weights: dict[tuple, tuple[float, ...]] = {}
-        self._derived: OrderedDict[tuple, CompiledPlan] = OrderedDict()
-        """Per (schedule, cut, P, M, slabs): the derived plan, compiled for the first options seen."""
-        self._compiled: OrderedDict[tuple, CompiledPlan] = OrderedDict()
-        """Per derived plan, cost options and owner map: the plan compiled for them."""
-        self._max_orders = max_cached_orders
         self._steps: dict[tuple, StepResult] = {}
-        self._slots: dict[tuple, tuple[int, ...]] = {}
-        """Per plan, placement and sampled step: the encoder backward slots the placement chose."""
+        self._slots: dict[tuple, EncoderBackward | None] = {}
+        """Per plan, owner map, placement and sampled step: where the encoder backwards run."""
         self._results: dict[Candidate, Evaluation] = {}
+        self._predictions: dict[tuple[Candidate, int], tuple[Prediction, Workload]] = {}
         self._bounds: dict = {}
 
     @property
@@ -112,6 +111,10 @@ class Evaluator:
 
     # ----------------------------------------------------------------------------- inputs
 
+    def _own(self, c: Candidate) -> Candidate:
+        """``c`` in the problem's dtype (the dtype is the problem's, not a choice of the search)."""
+        return c if c.dtype == self._dtype else replace(c, dtype=self._dtype)
+
     def reference_weights(self) -> tuple[float, ...]:
         """Expected seconds per layer of one sequence (tp = 1): what the space balances cuts by."""
         p = self.problem
@@ -120,8 +123,7 @@ class Evaluator:
         return layer_weights(p.model, table)
 
     def options(self, c: Candidate):
-        return self.problem.options_for(c.tp, c.dp, c.recompute, ep=c.ep, cp=c.cp, zero_stage=c.zero_stage,
-                                        sequence_parallel=c.sequence_parallel, encoder_tp=c.encoder_tp)
+        return self.predictor.options(self._own(c))
 
     def table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable]:
         """Step ``sample``'s replica workload for ``c`` and its layer table."""
@@ -132,11 +134,7 @@ class Evaluator:
         if key not in self._tables:
             p = self.problem
             workload = p.replica_workload(sample, c.dp, c.num_microbatches)
-            # Layer costs do not depend on dp (ep and cp, which do, are in the key); building with
-            # dp = 1 lets the cost model's per-layer cache serve every dp (the predict() equality tests
-            # check this stays true).
-            options = replace(self.options(c), dp_degree=1)
-            table = build_layer_table(p.model, workload, p.profile, options)
+            table = self.predictor.table(self._own(c), workload)
             self._tables[key] = (workload, table, table_sums(table, p.model))
         return self._tables[key]
 
@@ -263,11 +261,13 @@ class Evaluator:
 
     def owners(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
         """The transposed region's owner map of ``c`` on step ``sample`` (None without a transpose)."""
-        if not c.has_transpose:
-            return None
-        if c.owner_policy in (None, "round-robin"):
-            return round_robin(c.num_microbatches, c.pp)  # derive's default owner map
-        return owners_for(c.owner_policy, self.encode_s(c, sample), self.slack_s(c, sample))
+        choice = self._owner_choice(c, sample)
+        return None if choice is None else choice.owners
+
+    def _owner_choice(self, c: Candidate, sample: int) -> OwnerChoice | None:
+        _, table, sums = self._table(sample, c)
+        slack = self.slack_s(c, sample) if chooses_owners(c) else None
+        return self.predictor.owners(self._own(c), sums, slack_s=slack)
 
     def slack_s(self, c: Candidate, sample: int) -> tuple[float, ...]:
         """Per rank, the warmup slack ``w_r`` of ``c``'s round-robin plan on step ``sample``."""
@@ -278,26 +278,23 @@ class Evaluator:
     def encode_s(self, c: Candidate, sample: int) -> np.ndarray:
         """Owned forward seconds of each microbatch of step ``sample``: the forwards of every
         transposed region (the encoder, and any interior or sink transpose: they share the owner map)."""
-        _, table = self.table(sample, c)
-        cut, schedule = c.parsed()
-        regions = cut.regions(self.problem.model.num_layers)
-        return encode_seconds(table.fwd_s, [r for r, layout in zip(regions, schedule.layouts())
-                                            if layout is Layout.REPLICATED])
+        return self.predictor.encode_s(c, self.table(sample, c)[1])
 
     def prediction(self, c: Candidate, sample: int = 0) -> tuple[Prediction, Workload]:
-        """The full prediction of ``c`` on one step, by the cost model's own ``predict`` with the
-        slabs and owners made explicit: what plan.json records and ``show`` re-predicts."""
-        p = self.problem
-        workload, _ = self.table(sample, c)
-        options = self.options(c)
-        slots, ranks = c.encoder_backward_slots, c.encoder_backward_ranks
-        if c.encoder_backward == OPTIMISED and slots is None:
-            choice = self.encoder_backward_choice(c, sample)
-            slots, ranks = (None, None) if choice is None else (choice.slots, choice.ranks)
-        explicit = replace(c, slab_counts=self.slab_counts(c), owner_map=self.owners(c, sample), dtype=options.dtype,
-                           encoder_backward_slots=slots, encoder_backward_ranks=ranks)
-        prediction = predict(explicit, p.model, workload, p.profile, options)
-        return prediction, workload
+        """The full prediction of ``c`` on one step by the search's own predictor, with the slabs, owners
+        and encoder backward slots it chose made explicit: what plan.json records and ``show``
+        re-predicts (kept: a second call returns the same prediction)."""
+        key = (c, sample)
+        if key not in self._predictions:
+            workload, table = self.table(sample, c)
+            slots, ranks = c.encoder_backward_slots, c.encoder_backward_ranks
+            if c.encoder_backward == OPTIMISED and slots is None:
+                choice = self.encoder_backward_choice(c, sample)
+                slots, ranks = (None, None) if choice is None else (choice.slots, choice.ranks)
+            explicit = replace(self._own(c), slab_counts=self.slab_counts(c), owner_map=self.owners(c, sample),
+                               encoder_backward_slots=slots, encoder_backward_ranks=ranks)
+            self._predictions[key] = (self.predictor.predict(explicit, workload, table=table), workload)
+        return self._predictions[key]
 
     def encoder_backward_slots(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
         """The slots of ``c``'s encoder backwards on step ``sample`` (None: the cooldown, or the plan runs
@@ -308,83 +305,45 @@ class Evaluator:
     def encoder_backward_choice(self, c: Candidate, sample: int) -> EncoderBackward | None:
         """The slots (and ranks) of ``c``'s encoder backwards on step ``sample`` (None: the cooldown, or
         the plan runs none)."""
-        return self._placed(c, self.slab_counts(c), sample)[1]
-
-    # ---------------------------------------------------------------------------- internals
-
-    def _placed(self, c: Candidate, slabs, sample: int) -> tuple[CompiledPlan, EncoderBackward | None]:
-        """``c``'s compiled plan on step ``sample`` with its owners and its encoder backwards placed,
-        and their arrangement (None for the cooldown, and without encoder backwards)."""
-        owners = self._retimed_owners(c, sample)
-        plan = self.compiled(c, slabs, owners)
-        slots = c.encoder_backward_slots
-        if (slots is None and c.encoder_backward == COOLDOWN) or not plan.has_encoder_backward:
-            return plan, None  # derive's order: the cooldown
-        if slots is None:
-            key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, sample)
-            if key not in self._slots:
-                self._slots[key] = placed(plan, c.encoder_backward, self._table(sample, c)[2])
-            choice = self._slots[key]
-        else:
-            choice = EncoderBackward(c.encoder_backward, slots, c.encoder_backward_ranks)
-        return plan.with_encoder_backward(choice.slots, choice.ranks), choice
-
-    def _retimed_owners(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
-        """The owner map ``c``'s plan is re-timed for on step ``sample``; None: derive's round-robin."""
-        if c.has_transpose and c.owner_policy not in (None, "round-robin"):
-            return self.owners(c, sample)
-        return None
+        slabs = self.slab_counts(c)
+        return self._encoder_backward(c, slabs, self.predictor.retimed_owners(c, self._owner_choice(c, sample)), sample)
 
     def compiled(self, c: Candidate, slabs, owners: tuple[int, ...] | None = None) -> CompiledPlan:
         """``c``'s plan with ``slabs``, compiled for ``c``'s cost options; ``owners`` (None: derive's
         default) re-times it for another owner map of the transposed region."""
-        options = self.options(c)
-        key = (c.schedule, c.cut, c.pp, c.num_microbatches, slabs)
-        plan = self._lookup(self._compiled, (key, options, owners))
-        if plan is not None:
-            return plan
-        if owners is not None:
-            plan = self.compiled(c, slabs).with_owners(owners)
-        else:
-            base = self._lookup(self._derived, key)
-            if base is None:
-                cut, schedule = c.parsed()
-                p = self.problem
-                base = CompiledPlan(derive(cut, schedule, p.model, c.pp, c.num_microbatches, Owners(slab_counts=slabs)),
-                                    p.model, p.profile, options)
-                self._store(self._derived, key, base)
-            plan = base.for_options(options)
-        self._store(self._compiled, (key, options, owners), plan)
-        return plan
+        return self.predictor.compile(self._own(c), slabs=slabs, owners=owners)
 
-    @staticmethod
-    def _lookup(cache: OrderedDict, key):
-        value = cache.get(key)
-        if value is not None:
-            cache.move_to_end(key)
-        return value
+    # ---------------------------------------------------------------------------- internals
 
-    def _store(self, cache: OrderedDict, key, value) -> None:
-        cache[key] = value
-        if len(cache) > self._max_orders:
-            cache.popitem(last=False)
+    def _encoder_backward(self, c: Candidate, slabs, owners: tuple[int, ...] | None,
+                          sample: int) -> EncoderBackward | None:
+        """Where ``c``'s encoder backwards run on step ``sample`` with ``slabs`` and the owner map
+        ``owners`` (:meth:`Predictor.encoder_backward`), kept per step."""
+        key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, c.encoder_backward_slots,
+               c.encoder_backward_ranks, sample)
+        if key not in self._slots:
+            own = self._own(c)
+            compiled = self.predictor.compile(own, slabs=slabs, owners=owners)
+            self._slots[key] = self.predictor.encoder_backward(own, compiled, self._table(sample, c)[2])
+        return self._slots[key]
 
     def _step(self, c: Candidate, slabs, sample: int, memory: bool) -> StepResult:
-        owners = self._retimed_owners(c, sample)
-        key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, c.encoder_backward_slots,
+        owners = self._owner_choice(c, sample)
+        retimed = self.predictor.retimed_owners(c, owners)
+        key = (c.schedule, c.cut, c.pp, *c.setting, slabs, retimed, c.encoder_backward, c.encoder_backward_slots,
                c.encoder_backward_ranks, sample)
         cached = self._steps.get(key)
         if cached is not None and (not memory or cached.peak_bytes is not None):
             return cached
-        plan, _ = self._placed(c, slabs, sample)
         _, table, sums = self._table(sample, c)
-        t = plan.timeline(sums)
-        peaks = plan.memory(table, t).peak_bytes if memory else None
+        step = self.predictor.step(self._own(c), table, sums=sums, slabs=slabs, owners=owners,
+                                   encoder_backward=self._encoder_backward(c, slabs, retimed, sample), memory=memory)
+        t = step.timeline
         result = StepResult(
             makespan_s=t.makespan_s,
             bubble_share=sum(t.bubble_s) / (t.makespan_s * c.pp) if t.makespan_s > 0 else 0.0,
             max_spill_s=max(t.spill_s),
-            peak_bytes=None if peaks is None else max(peaks),
+            peak_bytes=None if step.memory is None else max(step.memory.peak_bytes),
             slack_s=tuple(t.warmup_slack_s),
         )
         self._steps[key] = result

@@ -18,11 +18,12 @@ the global batch's sequences, and there is one sample.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from mpipe_tune.algebra.candidate import MAX_DEVICES
 from mpipe_tune.algebra.model import Model
+from mpipe_tune.cost.framework import Framework
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.profile import HardwareProfile
 from mpipe_tune.inputs.dataset import Dataset, DatasetDraw
@@ -49,6 +50,10 @@ def _limit(value: int, what: str, lower: int, upper: int, fix: str) -> None:
 
 @dataclass(frozen=True)
 class Problem:
+    """What a search plans for: a model on a hardware profile, a device count, the global batch of
+    sequences one step trains, where the steps' sequences come from (a mix sampled ``num_samples``
+    times, or one fixed workload), and the framework and dtype every candidate is predicted under."""
+
     model: Model
     profile: HardwareProfile
     devices: int
@@ -87,13 +92,23 @@ class Problem:
     def samples(self) -> int:
         return 1 if self.workload is not None else self.num_samples
 
+    @cached_property
+    def framework(self) -> Framework:
+        """How the trainer runs (the framework part of :attr:`options`)."""
+        return Framework.of(self.options)
+
+    @property
+    def dtype(self) -> str:
+        """The compute dtype every candidate of the problem is predicted in."""
+        return self.options.dtype
+
     def options_for(self, tp: int, dp: int, recompute: bool | str = False, *, ep: int = 1, cp: int = 1,
                     zero_stage: int = 1, sequence_parallel: bool = False,
                     encoder_tp: int | None = None) -> CostOptions:
         """The cost options of a candidate with these degrees and memory policy (the rest the problem's)."""
-        return replace(self.options, tp_degree=tp, dp_degree=dp, recompute=recompute, ep_degree=ep, cp_degree=cp,
-                       shard_optimizer=zero_stage >= 1, sequence_parallel=sequence_parallel,
-                       encoder_tp_degree=encoder_tp)
+        return self.framework.cost_options(dtype=self.dtype, tp=tp, dp=dp, ep=ep, cp=cp, encoder_tp=encoder_tp,
+                                           recompute=recompute, zero_stage=zero_stage,
+                                           sequence_parallel=sequence_parallel)
 
     @cached_property
     def source_name(self) -> str:

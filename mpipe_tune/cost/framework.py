@@ -1,0 +1,77 @@
+"""How the trainer runs what a candidate does not say, as one record, and the one place a candidate
+and that record become the cost model's options.
+
+A :class:`~mpipe_tune.algebra.candidate.Candidate` fixes the degrees, the memory policy
+(recomputation, ZeRO stage, sequence parallelism) and the dtype; the :class:`Framework` fixes the rest
+of what a step costs: the MoE load imbalance, the dtype of the data-parallel gradient reduce, whether
+that reduce overlaps the backward, its bucket size and the optimizer's and gradients' bytes per
+parameter. :meth:`Framework.from_inputs` builds one from the inputs a user gives (the flags of
+``predict`` and ``plan``, plan.json's ``inputs``); :meth:`Framework.options` joins it with a
+candidate into the :class:`~mpipe_tune.cost.layers.CostOptions` the cost kernels read.
+
+>>> from mpipe_tune.algebra.candidate import Candidate
+>>> f = Framework.from_inputs({"moe_imbalance": 1.5})
+>>> o = f.options(Candidate("1f1b", (), pp=2, tp=2, dp=4, num_microbatches=8))
+>>> (o.tp_degree, o.dp_degree, o.moe_imbalance, o.grad_reduce_dtype)
+(2, 4, 1.5, 'fp32')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.cost.layers import FRAMEWORK_OPTIONS, CostOptions
+
+
+@dataclass(frozen=True)
+class Framework:
+    """The trainer's settings a prediction needs beside the candidate (the defaults: Megatron-LM's)."""
+
+    moe_imbalance: float = 1.0
+    """Routed rows on the busiest expert-parallel rank over the mean (>= 1; 1: balanced routing)."""
+    grad_reduce_dtype: str = "fp32"
+    """Dtype the data-parallel gradient reduce moves (``fp32`` or ``bf16``)."""
+    overlap_dp_comm: bool = True
+    """Data-parallel reduce (and ZeRO-1 all-gather) overlapped with the backward (forward) in buckets."""
+    dp_bucket_params: float = 40e6
+    """Parameters per data-parallel communication bucket."""
+    optimizer_bytes_per_param: float = 12.0
+    """Optimizer state per parameter (Adam with fp32 master weights and two moments)."""
+    grad_bytes_per_param: float = 4.0
+    """Gradient bytes per parameter (fp32 accumulation)."""
+
+    @classmethod
+    def from_inputs(cls, inputs: Mapping[str, Any]) -> Framework:
+        """The framework the inputs record (:data:`~mpipe_tune.cost.layers.FRAMEWORK_OPTIONS`: what
+        the flags set and plan.json's ``inputs`` store); a key the inputs lack takes its default."""
+        return cls(**{key: inputs[key] for key in FRAMEWORK_OPTIONS if key in inputs})
+
+    @classmethod
+    def of(cls, options: CostOptions) -> Framework:
+        """The framework part of a cost options record."""
+        return cls(**{f.name: getattr(options, f.name) for f in fields(cls)})
+
+    def to_dict(self) -> dict[str, Any]:
+        """What plan.json's inputs and ``predict --json`` record (:data:`~mpipe_tune.cost.layers.FRAMEWORK_OPTIONS`)."""
+        return {key: getattr(self, key) for key in FRAMEWORK_OPTIONS}
+
+    def options(self, candidate: Candidate) -> CostOptions:
+        """The cost options of ``candidate`` under this framework: its dtype, degrees and memory policy."""
+        c = candidate
+        return self.cost_options(dtype=c.dtype, tp=c.tp, dp=c.dp, ep=c.ep, cp=c.cp, encoder_tp=c.encoder_tp,
+                                 recompute=c.recompute, zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel)
+
+    def cost_options(self, *, dtype: str = "bf16", tp: int = 1, dp: int = 1, ep: int = 1, cp: int = 1,
+                     encoder_tp: int | None = None, recompute: bool | str = False, zero_stage: int = 1,
+                     sequence_parallel: bool = False) -> CostOptions:
+        """The cost options of these degrees and memory policy under this framework (what
+        :meth:`options` reads off a candidate; the defaults: one device, no recomputation)."""
+        return CostOptions(
+            dtype=dtype, tp_degree=tp, dp_degree=dp, ep_degree=ep, moe_imbalance=self.moe_imbalance, cp_degree=cp,
+            sequence_parallel=sequence_parallel, encoder_tp_degree=encoder_tp,
+            optimizer_bytes_per_param=self.optimizer_bytes_per_param, grad_bytes_per_param=self.grad_bytes_per_param,
+            shard_optimizer=zero_stage >= 1, grad_reduce_dtype=self.grad_reduce_dtype,
+            overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute)
