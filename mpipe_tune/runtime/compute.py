@@ -40,7 +40,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Wgrad
+from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Group, Wgrad
 from mpipe_tune.inputs.arch_dims import IMAGE_STREAM_KINDS
 from mpipe_tune.runtime.blueprint import output_shape
 from mpipe_tune.runtime.data import MicrobatchInputs
@@ -162,7 +162,18 @@ class RealCompute:
             all_reduce_bucketed([local_tensor(p.grad) for p in experts], expert_group)
 
     def update(self) -> None:
-        sgd_update(self.stack.trainable_parameters(), self.lr)
+        """Plain SGD; with ZeRO-1 (the plan's ``zero_stage``) each rank updates its shard of the weights
+        it shares with its data-parallel group and all-gathers the rest (:func:`sharded_sgd_update`)."""
+        data_group = self.mesh.reduce_group(Group.DATA)
+        if self.view.candidate.zero_stage < 1 or data_group is None:
+            sgd_update(self.stack.trainable_parameters(), self.lr)
+            return
+        rest, experts = self.stack.split_routed_experts(self.stack.modules)
+        sharded_sgd_update(rest, self.lr, data_group)
+        if self.mesh.expert_data_group is not None:
+            sharded_sgd_update(experts, self.lr, self.mesh.expert_data_group)
+        else:
+            sgd_update(experts, self.lr)
 
 
 @torch.no_grad()
@@ -173,6 +184,31 @@ def sgd_update(parameters, lr: float) -> None:
     for the profile's ``optimizer_update`` rate."""
     for p in parameters:
         p.add_(p.grad, alpha=-lr)
+
+
+@torch.no_grad()
+def sharded_sgd_update(parameters, lr: float, group: dist.ProcessGroup) -> None:
+    """ZeRO-1's update of the weights every rank of ``group`` holds (their gradients already summed
+    over it): the weights, flattened per dtype, are cut into one shard per rank; each rank applies SGD
+    to its shard only and an all-gather gives every rank all of them, as a distributed optimizer does
+    (its state, none for plain SGD, would be the shard's alone)."""
+    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in parameters:
+        by_dtype.setdefault(p.dtype, []).append(p)
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    for params in by_dtype.values():
+        weights = [local_tensor(p) for p in params]
+        flat = torch.cat([w.reshape(-1) for w in weights])
+        grad = torch.cat([local_tensor(p.grad).reshape(-1) for p in params])
+        shard = -(-flat.numel() // size)
+        flat, grad = (torch.nn.functional.pad(t, (0, shard * size - t.numel())) for t in (flat, grad))
+        mine = flat[rank * shard:(rank + 1) * shard] - lr * grad[rank * shard:(rank + 1) * shard]
+        gathered = torch.empty_like(flat)
+        dist.all_gather_into_tensor(gathered, mine, group=group)
+        offset = 0
+        for w in weights:
+            w.copy_(gathered[offset:offset + w.numel()].view_as(w))
+            offset += w.numel()
 
 
 class EmulatedCompute:

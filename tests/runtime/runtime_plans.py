@@ -31,7 +31,7 @@ WORKLOAD = Workload(
 def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int, *, frozen: tuple[str, ...] = (),
               model_spec: str = TEST_MODEL, workload: Workload = WORKLOAD, profile: str = "ideal",
               tp: int = 1, dp: int = 1, dtype: str = "fp32", ep: int = 1, cp: int = 1,
-              sequence_parallel: bool = False, encoder_tp: int | None = None) -> Path:
+              sequence_parallel: bool = False, encoder_tp: int | None = None, zero_stage: int = 1) -> Path:
     """Predict one candidate (``num_ranks`` pipeline ranks, each ``tp`` x ``cp`` x ``dp`` devices, ``ep``
     carved from ``dp`` x ``cp``) and write its plan.json; returns the path."""
     model = load_model(model_spec)
@@ -39,11 +39,12 @@ def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int,
         model = model.with_frozen(frozen)
     hw = load_profile(profile)
     options = CostOptions(dtype=dtype, tp_degree=tp, dp_degree=dp, ep_degree=ep, cp_degree=cp,
-                          sequence_parallel=sequence_parallel, encoder_tp_degree=encoder_tp)
+                          sequence_parallel=sequence_parallel, encoder_tp_degree=encoder_tp,
+                          shard_optimizer=zero_stage >= 1)
     prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, workload, hw, num_ranks, options=options)
     degrees = "".join(f"-{k}{v}" for k, v in (("ep", ep), ("cp", cp), ("etp", encoder_tp)) if v not in (1, None))
     name = (f"{Path(model_spec).stem}-{schedule.replace(',', '_')}-p{num_ranks}-tp{tp}-dp{dp}{degrees}"
-            + ("-sp" if sequence_parallel else "") + ("-frozen" if frozen else "") + ".json")
+            + ("-sp" if sequence_parallel else "") + ("-frozen" if frozen else "") + f"-zero{zero_stage}.json")
     path = Path(folder) / name
     dump_plan(plan_record(prediction, model, workload, hw, PlanInputs(model_spec, frozen, profile)), path)
     return path

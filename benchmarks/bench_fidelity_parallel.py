@@ -1,0 +1,144 @@
+"""Fidelity of the expert-, context- and sequence-parallel charges: predicted against measured step time.
+
+The tiny MoE model of the runtime tests (``tests/runtime/tiny-mla-moe.yaml``: GQA and MLA attention,
+dense and MoE blocks, shared experts) on 4 gloo ranks of this machine, profiled for 4 ranks with its
+layers calibrated (``--profile``, or measured first with ``mpipe-tune profile --nproc 4 --calibrate``):
+
+- real compute: pp x dp x tp plans without and with expert parallelism (ep 2 and 4, carved from dp),
+  where the executor dispatches and combines tokens by all-to-all and reduces the experts over their
+  own data-parallel group: measured beside the prediction that charges those all-to-alls;
+- emulated compute: the same plans and the context-parallel, sequence-parallel and encoder-tp plans
+  the real executor does not run yet: every compute event sleeps its predicted seconds, so this
+  measures the executor's realisation of the predicted schedule (transfers, waits, reduces).
+
+Each plan runs ``--steps`` steps in one launch per plan and compute mode; measured = the median step
+time over the steps after the first (warm-up), the slowest rank's. The error is measured / predicted - 1.
+
+    python benchmarks/bench_fidelity_parallel.py --profile benchmarks/profiles/moe-vm-4.json [--steps 4] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.cost.layers import CostOptions
+from mpipe_tune.cost.predict import predict
+from mpipe_tune.cost.profile import load_profile
+from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
+from mpipe_tune.specs import load_model
+
+HERE = Path(__file__).resolve().parent
+MODEL_PATH = HERE.parent / "tests" / "runtime" / "tiny-mla-moe.yaml"
+WORLD = 4
+OPTIONS = CostOptions(dtype="fp32", optimizer_bytes_per_param=0.0, grad_bytes_per_param=4.0, shard_optimizer=False)
+"""What the runtime does: fp32, plain SGD (no optimizer state), every replica updating all its weights."""
+WORKLOAD = Workload(tuple(Microbatch(image, text, (image,) if image else ())
+                          for image, text in ((16, 96), (0, 128), (36, 80), (16, 112))), "parallel-fidelity")
+"""Per replica, 4 microbatches of 80-128 text tokens, three with one image (16 or 36 backbone tokens)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    schedule: str
+    cut: tuple[int, ...]
+    pp: int
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+    encoder_tp: int | None = None
+
+    @property
+    def real(self) -> bool:
+        """Whether the real executor runs it (expert parallelism yes; cp, sp, encoder tp not yet)."""
+        return self.cp == 1 and not self.sequence_parallel and self.encoder_tp is None
+
+
+FIRST_LLM = 5
+CASES = (
+    Case("pp2 dp2", "1f1b", (), 2, dp=2),
+    Case("pp2 dp2 ep2", "1f1b", (), 2, dp=2, ep=2),
+    Case("dp4", "1f1b", (), 1, dp=4),
+    Case("dp4 ep2", "1f1b", (), 1, dp=4, ep=2),
+    Case("dp4 ep4", "1f1b", (), 1, dp=4, ep=4),
+    Case("tp2 dp2 ep2", "1f1b", (), 1, tp=2, dp=2, ep=2),
+    Case("pp2 dp2 ep2 transpose", "transpose,1f1b", (FIRST_LLM,), 2, dp=2, ep=2),
+    Case("pp2 cp2", "1f1b", (), 2, cp=2),
+    Case("cp2 dp2 ep2", "1f1b", (), 1, dp=2, cp=2, ep=2),
+    Case("pp2 tp2 sp", "1f1b", (), 2, tp=2, sequence_parallel=True),
+    Case("tp4 sp", "1f1b", (), 1, tp=4, sequence_parallel=True),
+    Case("pp2 tp2 encoder tp1", "transpose,1f1b", (FIRST_LLM,), 2, tp=2, encoder_tp=1),
+)
+
+
+def make_plan(case: Case, profile_path: Path, folder: Path) -> Path:
+    model, profile = load_model(str(MODEL_PATH)), load_profile(str(profile_path))
+    candidate = Candidate(case.schedule, case.cut, pp=case.pp, tp=case.tp, dp=case.dp, num_microbatches=len(WORKLOAD),
+                          owner_policy="round-robin" if "transpose" in case.schedule else None, dtype="fp32",
+                          ep=case.ep, cp=case.cp, sequence_parallel=case.sequence_parallel, encoder_tp=case.encoder_tp,
+                          zero_stage=0)
+    prediction = predict(candidate, model, WORKLOAD, profile, replace(OPTIONS))
+    path = folder / (case.label.replace(" ", "-") + ".json")
+    dump_plan(plan_record(prediction, model, WORKLOAD, profile, PlanInputs(str(MODEL_PATH), (), str(profile_path))),
+              path)
+    return path
+
+
+def run(path: Path, compute: str, steps: int) -> dict:
+    """One ``mpipe-tune run`` of the plan (its own launch); its ``--json`` summary."""
+    command = [sys.executable, "-m", "mpipe_tune.cli", "run", str(path), "--compute", compute, "--steps", str(steps),
+               "--json", "--no-progress"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"{path.name} ({compute}) failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", required=True, help="a profile of this machine for 4 ranks, calibrated on the model")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--only", default=None, help="comma-separated case labels")
+    parser.add_argument("--json", default=None, help="write the record here")
+    args = parser.parse_args(argv)
+    cases = [c for c in CASES if args.only is None or c.label in args.only.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="parallel-fidelity-") as folder:
+        for case in cases:
+            path = make_plan(case, Path(args.profile), Path(folder))
+            for compute in (("real", "emulated") if case.real else ("emulated",)):
+                result = run(path, compute, args.steps)
+                row = {"plan": case.label, "compute": compute, "predicted_ms": result["predicted_step_s"] * 1e3,
+                       "measured_ms": result["measured_step_s"] * 1e3,
+                       "step_times_ms": [t * 1e3 for t in result["step_times_s"]]}
+                row["error"] = row["measured_ms"] / row["predicted_ms"] - 1.0
+                rows.append(row)
+                print(f"{case.label:24s} {compute:9s} predicted {row['predicted_ms']:8.2f} ms  measured "
+                      f"{row['measured_ms']:8.2f} ms  error {row['error']:+7.1%}", flush=True)
+    for compute in ("real", "emulated"):
+        errors = [abs(r["error"]) for r in rows if r["compute"] == compute]
+        if errors:
+            print(f"{compute}: MAPE {statistics.mean(errors):.1%} over {len(errors)} plans")
+    if args.json:
+        record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+                  "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+                  "profile": args.profile, "steps": args.steps, "rows": rows}
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
