@@ -24,6 +24,10 @@ The YAML is written to pass the trainer's start-up checks at that commit
   multiple of ``pp_micro_batch_num``.
 - ``BaseTrainer._build_pipelined_model``: PP composed with FSDP needs ``init_device meta``.
 
+One check depends on the model: activation checkpointing under PP is refused unless the model's
+``ModelSpec.pp_applies_activation_checkpoint`` is set (default false); a plan with recomputation asks
+for ``full`` and the header says to check it.
+
 The ``model`` section names ``qwen3_vl_moe`` built as its VL model (``config_overrides.vl``), the
 model whose ``visual`` tower hyper-parallel's MPipe trainer tests transpose
 (``tests/torch/accuracy/test_qwen3_vl_moe_trainer_accuracy.py`` at 51e4a86b), with the plan's
@@ -95,6 +99,10 @@ def to_hyper_parallel(plan: ExportPlan) -> str:
         notes.append("# gradient clipping off: the trainer's PP path with tp > 1 needs max_grad_norm 0")
     if pipelined:
         train["checkpoint"] = {"save_hf_weights": False}
+    if pipelined and plan.recompute:
+        notes.append("# activation_checkpoint under PP starts only for a model whose pipeline splitter applies it "
+                     "(ModelSpec.pp_applies_activation_checkpoint, default false); the plan's memory needs it, so "
+                     "check your model's spec before launching")
     vision = plan.layers[:plan.num_vision_layers]
     tower_frozen = bool(vision) and not any(u.trainable for u in vision)
     model = {"name": VL_MODEL, "weights_path": None, "config_overrides": {"vl": True},

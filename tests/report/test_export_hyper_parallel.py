@@ -43,9 +43,10 @@ FIELDS = {
 }
 
 
-def startup_errors(config: dict) -> list[str]:
+def startup_errors(config: dict, header: str = "") -> list[str]:
     """The start-up checks hyper-parallel's trainer runs on ``config`` (a parsed YAML), mirrored; each
-    failing one as the message naming the function it mirrors."""
+    failing one as the message naming the function it mirrors (``header``: the YAML's comments, which must
+    state the one check that depends on the model)."""
     errors = []
     if set(config) - {"model", "data", "train"}:  # config.py, HyperTrainerConfig / the parser
         errors.append(f"unknown top-level keys {set(config) - {'model', 'data', 'train'}}")
@@ -83,6 +84,11 @@ def startup_errors(config: dict) -> list[str]:
             errors.append(f"BaseTrainer._validate_pp_runtime_options: effective batch {effective} % {micro_num}")
         if train.get("checkpoint", {}).get("save_hf_weights", True):
             errors.append("BaseTrainer._validate_pp_runtime_options: save_hf_weights must be false under PP")
+        # base.py, BaseTrainer._validate_pp_runtime_options: AC only where the model's spec applies it under PP
+        # (models/spec/model_spec.py, pp_applies_activation_checkpoint, default False): the YAML must say so
+        ac = train.get("gradient_checkpointing", {}).get("activation_checkpoint", "off")
+        if ac not in ("off", "none", None, False, "") and "pp_applies_activation_checkpoint" not in header:
+            errors.append("BaseTrainer._validate_pp_runtime_options: activation_checkpoint under PP, unstated")
         # base.py, BaseTrainer._build_pipelined_model: PP+FSDP wraps on the meta device
         if (dp_shard > 1 or dp_replicate > 1) and train.get("init_device", "meta") != "meta":
             errors.append("BaseTrainer._build_pipelined_model: PP+FSDP needs init_device meta")
@@ -134,15 +140,18 @@ def test_the_mirror_rejects_what_the_trainer_rejects():
                      "global_batch_size": 8, "mixed_precision": {"enabled": True, "param_dtype": "bfloat16"}}}
     found = " ".join(startup_errors(old))
     assert all(name in found for name in ("_setup", "grad_clipping", "save_hf_weights"))
+    old["train"]["gradient_checkpointing"] = {"activation_checkpoint": "full"}
+    assert "activation_checkpoint under PP" in " ".join(startup_errors(old))
 
 
-@pytest.mark.parametrize("pp,tp,dp,dtype", [(2, 1, 2, "bf16"), (4, 2, 1, "bf16"), (2, 2, 2, "bf16"), (2, 1, 1, "fp32")])
-def test_every_degree_mix_passes_the_start_up_checks(pp, tp, dp, dtype):
-    plan = export_plan("transpose,1f1b", (VISION,), pp, 2 * pp, tp=tp, dp=dp)
+@pytest.mark.parametrize("pp,tp,dp,dtype,recompute", [(2, 1, 2, "bf16", False), (4, 2, 1, "bf16", False),
+                                                      (2, 2, 2, "bf16", True), (2, 1, 1, "fp32", True)])
+def test_every_degree_mix_passes_the_start_up_checks(pp, tp, dp, dtype, recompute):
+    plan = export_plan("transpose,1f1b", (VISION,), pp, 2 * pp, tp=tp, dp=dp, recompute=recompute)
     plan = dataclasses.replace(plan, dtype=dtype)
     text = to_hyper_parallel(plan)
     config = yaml.safe_load(text)
-    assert startup_errors(config) == []
+    assert startup_errors(config, text) == []
     acc = config["train"]["accelerator"]
     assert (acc["dp_shard"], acc["dp_replicate"]) == (dp, 1)  # FSDP-sharded, as the torchtitan export
     assert devices(text) == acc["pp"] * acc["tp"] * acc["dp_shard"] * acc["dp_replicate"]
@@ -164,6 +173,6 @@ def test_the_built_in_examples_plans_pass_the_start_up_checks(tmp_path):
         except MpipeError as error:  # a plan it cannot express: one line naming the closest one
             assert "\n" not in str(error) and "closest plan" in str(error)
             continue
-        assert startup_errors(yaml.safe_load(text)) == [], name
+        assert startup_errors(yaml.safe_load(text), text) == [], name
         written += 1
     assert written >= 3  # megatron, vpp, mpipe-rr at least
