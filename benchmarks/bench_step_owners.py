@@ -39,7 +39,7 @@ from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.placement import round_robin
 from mpipe_tune.cost.owners import choose_owners, greedy_owners
 from mpipe_tune.inputs.workload import MIXES
-from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
+from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.search import Evaluator, Problem
 from mpipe_tune.specs import load_model, load_profile
 

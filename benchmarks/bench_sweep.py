@@ -64,7 +64,7 @@ from mpipe_tune.cost.layers import build_layer_table
 from mpipe_tune.cost.predict import layer_weights
 from mpipe_tune.inputs.workload import Mix, Workload, sample_workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record, plan_section
+from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record, plan_section
 from mpipe_tune.search import Candidate, Evaluator, Problem, SearchSpace, SpaceOptions, evaluate_baselines
 from mpipe_tune.search.families import OWN, search_family
 from mpipe_tune.specs import load_model, load_profile
@@ -345,7 +345,7 @@ def measure(points: list[dict], choices: list[tuple[str, str, int]]) -> list[dic
             def section(candidate: dict) -> dict:
                 c = Candidate.from_dict(candidate)
                 prediction, workload = evaluator.prediction(c)
-                return plan_section(prediction, model, workload, profile)
+                return plan_section(prediction, workload)
 
             best = Candidate.from_dict(point["best"]["candidate"])
             prediction, workload = evaluator.prediction(best)

@@ -47,14 +47,14 @@ class Bench(Command):
 
     def take_action(self, args: argparse.Namespace) -> int:
         from mpipe_tune.report.bench import bench_plans, bench_record, format_bench, progress_line, round_robin, validate_rounds
-        from mpipe_tune.plan_file import load_plan
+        from mpipe_tune.plan_file import read_plan
         from mpipe_tune.runtime.job import RunJob
         from mpipe_tune.runtime.session import run_session
 
         validate_rounds(args.rounds)
-        record = load_plan(args.plan)
+        file = read_plan(args.plan)
         chosen = None if args.plans is None else [n.strip() for n in args.plans.split(",") if n.strip()]
-        names = bench_plans(record, chosen, f"plan file {args.plan}")
+        names = bench_plans(file, chosen)
         if args.gantt:  # every picture's path, before anything runs
             from mpipe_tune.report.gantt import validate_picture_path
 
@@ -81,7 +81,7 @@ class Bench(Command):
         out = bench_record([r["summary"] for r in session.results], names, args.rounds, plan_file=args.plan,
                            compute=args.compute, device=args.device, steps=args.steps)
         if args.gantt:
-            _draw_measured(record, runs, session.results, out, Path(args.gantt))
+            _draw_measured(file, runs, session.results, out, Path(args.gantt))
         if args.json:
             print(json.dumps(out, indent=2))
         else:
@@ -91,21 +91,20 @@ class Bench(Command):
         return session.exit_code
 
 
-def _draw_measured(record: dict, runs: list[tuple[str, int]], results, out: dict, folder: Path) -> None:
+def _draw_measured(file, runs: list[tuple[str, int]], results, out: dict, folder: Path) -> None:
     """One measured timeline per plan whose traced (last) round finished, written together; its path
     goes into ``out``."""
     from mpipe_tune.files import write_together
     from mpipe_tune.report.gantt import draw_measured_gantt
-    from mpipe_tune.plan_file import select_plan
 
     entries = {p["name"]: p for p in out["plans"]}
     pictures = []
     for (name, _k), result in zip(runs, results):
         if "trace" not in result:
             continue
-        section = select_plan(record, name)
-        replicated = [p["region"] for p in section["placement"] if "owners" in p]
-        title = f"{name} <{section['candidate']['schedule']}>, compute {out['compute']}"
+        section = file.section(name)
+        replicated = [p.region for p in section.placement if p.owners is not None]
+        title = f"{name} <{section.candidate.schedule}>, compute {out['compute']}"
         pictures.append((folder / f"{name}.png", lambda tmp, trace=result["trace"], replicated=replicated, title=title:
                          draw_measured_gantt(trace, tmp, replicated_regions=replicated, title=title)))
         entries[name]["gantt"] = str(folder / f"{name}.png")

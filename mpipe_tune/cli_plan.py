@@ -97,12 +97,10 @@ def _space_options(args: argparse.Namespace):
 
 def _section(evaluator, evaluation) -> dict:
     """A baseline's runnable plan-file section, predicted as the best plan's is."""
-    from mpipe_tune.report.plan_file import plan_section
+    from mpipe_tune.plan_file import plan_section
 
-    c = evaluation.candidate
-    prediction, workload = evaluator.prediction(c)
-    p = evaluator.problem
-    return plan_section(prediction, p.model, workload, p.profile)
+    prediction, workload = evaluator.prediction(evaluation.candidate)
+    return plan_section(prediction, workload)
 
 
 def _draw(evaluator, evaluation, path: str, title: str) -> None:
@@ -214,7 +212,7 @@ class Plan(Command):
     def take_action(self, args):
         from mpipe_tune.frames import to_csv_text
         from mpipe_tune.files import validate_out_path, write_together
-        from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
+        from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
         from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE, Evaluator, SearchSpace, run_search
         from mpipe_tune.search import compare
         from mpipe_tune.search.families import search_families
@@ -339,12 +337,10 @@ class Show(Command):
     def take_action(self, args):
         from mpipe_tune.cost.framework import Framework
         from mpipe_tune.cost.predict import predict
-        from mpipe_tune.inputs.workload import workload_hash
         from mpipe_tune.frames import to_csv_text
         from mpipe_tune.files import validate_out_path, write_together
-        from mpipe_tune.plan_file import load_plan, workload_of
+        from mpipe_tune.plan_file import read_plan, resolve
         from mpipe_tune.report.tables import prediction_record, print_prediction
-        from mpipe_tune.plan_file import load_plan_model, load_plan_profile, stored_candidate, validate_derivation
 
         if args.csv is not None:
             validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
@@ -352,32 +348,21 @@ class Show(Command):
             from mpipe_tune.report.gantt import validate_picture_path
 
             validate_picture_path(args.gantt, label="--gantt")
-        record = load_plan(args.plan)
-        search = record.get("search")
+        file = read_plan(args.plan)
+        stored = file.search
+        search = None if stored is None else stored.to_stored()
         if args.csv is not None and not search:
             raise MpipeError(f"--csv {args.csv}: {args.plan} holds no comparison table (no 'search' section); "
                              f"make the plan with 'mpipe-tune plan' to get one")
-        inputs = record["inputs"]
-        where = f"plan file {args.plan}"
-        model = load_plan_model(record, where=where, spec=args.model)
-        profile = load_plan_profile(record, where=where, spec=args.profile)
-        workload = workload_of(record)
-        for what, spec, now, then in (
-            ("model", inputs["model"]["spec"], model.content_hash(), inputs["model"]["hash"]),
-            ("profile", inputs["profile"]["spec"], profile.content_hash(), inputs["profile"]["hash"]),
-            ("workload", inputs["workload"]["name"], workload_hash(workload), inputs["workload"]["hash"]),
-        ):
-            if now != then:
-                raise MpipeError(f"{args.plan}: the {what} '{spec}' has changed since the plan was made (hash "
-                                 f"{now[:12]} now, {then[:12]} in the plan); re-plan with 'mpipe-tune plan'")
-        candidate = stored_candidate(record, where=where)
+        resolved = resolve(file, model=args.model, profile=args.profile, predicting=True)
+        model, profile, candidate = resolved.model, resolved.profile, resolved.section.candidate
+        workload = resolved.section.workload
         try:
-            prediction = predict(candidate, model, workload, profile, Framework.from_inputs(inputs))
+            prediction = predict(candidate, model, workload, profile, Framework.from_inputs(file.inputs.framework()))
         except MpipeError as exc:
-            raise MpipeError(f"{where}: its stored candidate does not predict ({exc}); the file is damaged or was "
+            raise MpipeError(f"{file.where}: its stored candidate does not predict ({exc}); the file is damaged or was "
                              f"edited: re-create it with 'mpipe-tune plan'") from None
-        validate_derivation(record, prediction.plan, where=where)
-        recorded = record["predicted"]["makespan_s"]
+        recorded = resolved.section.predicted_step_s
         now_s = prediction.timeline.makespan_s
         outputs = []  # written together: both files, or neither
         if args.gantt:
@@ -394,7 +379,7 @@ class Show(Command):
             outputs.append((args.csv, lambda tmp: tmp.write_text(to_csv_text(comparison_frame(search)))))
         write_together(outputs)
         if args.json:
-            print(json.dumps({**out, "recorded_makespan_s": recorded, "search": record.get("search")}, indent=2))
+            print(json.dumps({**out, "recorded_makespan_s": recorded, "search": search}, indent=2))
             return 0
         print_prediction(out)
         same = abs(now_s - recorded) <= 1e-9 * max(1.0, abs(recorded))

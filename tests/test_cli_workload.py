@@ -10,7 +10,7 @@ import pandas as pd
 from mpipe_tune.cli import main
 from mpipe_tune.inputs.dataset import DatasetDraw
 from mpipe_tune.inputs.workload import image_tokens_for
-from mpipe_tune.plan_file import load_plan, workload_of
+from mpipe_tune.plan_file import read_plan
 
 LLAVA = Path(__file__).parent / "fixtures" / "llava" / "llava-mini.json"
 FIXTURE_IMAGES = {image_tokens_for(h, w) for h, w in ((480, 640), (768, 1024), (1100, 850), (224, 224), (1080, 1920))}
@@ -51,7 +51,7 @@ def test_plan_on_the_llava_fixture_samples_its_records(tmp_path, capsys):
     assert code == 0
     text = capsys.readouterr().out
     assert "workload llava-mini.json" in text
-    workload = workload_of(load_plan(out))
+    workload = read_plan(out).best.workload
     assert isinstance(workload.draw, DatasetDraw)
     assert workload.draw.step(0, len(workload)).microbatches == workload.microbatches  # what run's later steps draw from
     assert {x for mb in workload.microbatches for x in mb.images} <= FIXTURE_IMAGES

@@ -17,13 +17,12 @@ PACKAGE = Path(mpipe_tune.__file__).parent
 
 FORBIDDEN = {
     # layer (a sub-package or a module): what it must never import
-    "algebra": ("cost", "search", "report", "runtime", "profiler", "cli", "specs", "plan_file", "plan_check"),
+    "algebra": ("cost", "search", "report", "runtime", "profiler", "cli", "specs", "plan_file"),
     "inputs": ("algebra", "cost", "search", "report", "runtime", "profiler", "cli", "specs"),
     "errors": ("algebra", "inputs", "cost", "search", "report", "runtime", "profiler", "cli"),
     "files": ("algebra", "inputs", "cost", "search", "report", "runtime", "profiler", "cli"),
-    "cost": ("search", "report", "runtime", "profiler", "cli", "plan_file", "plan_check"),
+    "cost": ("search", "report", "runtime", "profiler", "cli", "plan_file"),
     "plan_file": ("cost", "search", "report", "runtime", "profiler", "cli"),
-    "plan_check": ("cost", "search", "report", "runtime", "profiler", "cli"),
     "search": ("report", "runtime", "profiler", "cli"),
     "runtime": ("report", "search", "cli"),
 }
@@ -69,7 +68,7 @@ def layer_of(name: str) -> str:
 
 def test_the_walk_sees_the_package_and_resolves_imports():
     names = dict(modules())
-    assert {"algebra.derive", "runtime.plan_view", "plan_file", "cli"} <= set(names)
+    assert {"algebra.derive", "runtime.plan_view", "plan_file.resolve", "cli"} <= set(names)
     assert "mpipe_tune.algebra.plan" in imports(names["algebra.derive"], "algebra.derive")
 
 
@@ -87,3 +86,48 @@ def test_no_module_imports_across_its_layer(name, path):
                    and layer not in THIRD_PARTY[module.split(".")[0]])
     assert not crossing, f"mpipe_tune.{name} ({layer}) imports {crossing}"
     assert not heavy, f"mpipe_tune.{name} ({layer}) imports {heavy}"
+
+
+def test_the_runtime_reads_plans_only_through_the_plan_file_package():
+    """No runtime module opens plan.json itself (json, the data-file loader) or reaches into the plan
+    file's modules: it imports :mod:`mpipe_tune.plan_file`'s public names (``resolve`` and its records)."""
+    for name, path in modules():
+        if layer_of(name) != "runtime":
+            continue
+        found = imports(path, name)
+        inner = sorted(m for m in found if m.startswith("mpipe_tune.plan_file."))
+        allowed = {f"mpipe_tune.plan_file.{n}" for n in dir(__import__("mpipe_tune.plan_file").plan_file)}
+        assert set(inner) <= allowed, f"mpipe_tune.{name} reaches into {sorted(set(inner) - allowed)}"
+        assert "mpipe_tune.inputs.load_data_file" not in found, f"mpipe_tune.{name} reads a plan file by hand"
+
+
+def test_no_plan_file_record_has_a_dict_field():
+    """Every record of the plan file's schema, walked from :class:`PlanFile` through its fields'
+    types, is a frozen dataclass whose fields hold no ``dict`` (a file is read into types, never kept
+    as a mapping)."""
+    import dataclasses
+    import typing
+    from collections.abc import Mapping
+
+    from mpipe_tune.plan_file import PlanFile
+
+    seen, todo, found = set(), [PlanFile], []
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        assert cls.__dataclass_params__.frozen, f"{cls.__name__} is not frozen"
+        for f in dataclasses.fields(cls):
+            stack = [typing.get_type_hints(cls)[f.name]]
+            while stack:
+                kind = stack.pop()
+                origin = typing.get_origin(kind)
+                if kind in (dict, Mapping) or origin in (dict, Mapping):
+                    found.append(f"{cls.__name__}.{f.name}")
+                stack.extend(a for a in typing.get_args(kind) if a is not Ellipsis)
+                if dataclasses.is_dataclass(kind):
+                    todo.append(kind)
+                assert kind is not typing.Any, f"{cls.__name__}.{f.name} is untyped"
+    assert not found, f"plan-file records with dict fields: {found}"
+    assert len(seen) >= 15  # the walk reached the nested records (sections, predictions, the search summary)

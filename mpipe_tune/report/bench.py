@@ -23,7 +23,7 @@ import pandas as pd
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.frames import Column, format_frame, ms, text
-from mpipe_tune.plan_file import all_plan_names, plan_names
+from mpipe_tune.plan_file import PlanFile
 from mpipe_tune.search.baselines import REFERENCE
 
 
@@ -32,10 +32,10 @@ def validate_rounds(num_rounds: int) -> None:
         raise MpipeError(f"round count is {num_rounds}, but a bench runs every plan at least once: give 1 or more")
 
 
-def bench_plans(record: dict[str, Any], names: Sequence[str] | None, where: str) -> tuple[str, ...]:
+def bench_plans(file: PlanFile, names: Sequence[str] | None) -> tuple[str, ...]:
     """The plans to time, in order: ``names`` (checked against every plan the file holds), or by
-    default the best plan and its baselines at its degrees (:func:`plan_names`)."""
-    held = plan_names(record)
+    default the best plan and its baselines at its degrees (:attr:`PlanFile.plan_names`)."""
+    held, where = file.plan_names, file.where
     if len(held) == 1:
         raise MpipeError(f"{where} holds no baselines, only its best plan, so there is nothing to compare it with; "
                          f"re-create it with 'mpipe-tune plan --out', or time the one plan with 'mpipe-tune run'")
@@ -44,7 +44,7 @@ def bench_plans(record: dict[str, Any], names: Sequence[str] | None, where: str)
     chosen = tuple(dict.fromkeys(names))
     if not chosen:
         raise MpipeError(f"the list of plans to run is empty; name one or more of {', '.join(held)} ({where})")
-    every = all_plan_names(record)
+    every = file.names
     unknown = [n for n in chosen if n not in every]
     if unknown:
         raise MpipeError(f"{where} holds no plan named {', '.join(map(repr, unknown))}; it holds {', '.join(every)}")

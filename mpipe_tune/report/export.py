@@ -81,10 +81,7 @@ from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import Layout, Skeleton
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.plan_file import (
-    BEST, all_plan_names, derive_stored, load_plan, load_plan_model, select_plan, stored_candidate,
-    validate_derivation, workload_of,
-)
+from mpipe_tune.plan_file import BEST, PlanFile, Section, resolve
 from mpipe_tune.search.baselines import REFERENCE
 
 EMBEDDING_KIND = "embedding"
@@ -200,33 +197,24 @@ class ExportPlan:
 
 
 def read_export_plan(path: str | os.PathLike, name: str | None = None) -> ExportPlan:
-    """The plan ``name`` (default: the best) of plan file ``path``, with the model it names
-    (loaded from its spec, checked against the file's model hash)."""
-    where = f"plan file {path}"
-    record = load_plan(path)
-    selected = select_plan(record, name, where=where)
-    wanted = record["inputs"]["model"]
-    model = load_plan_model(record, where=where)
-    if model.content_hash() != wanted["hash"]:
-        raise MpipeError(f"{where}: the model '{wanted['spec']}' has changed since the plan was made (content hash "
-                         f"differs); re-plan it with 'mpipe-tune plan'")
-    label = where + (f", plan '{name}'" if name else "")
-    plan = derive_stored(selected, model, where=label)
-    validate_derivation(selected, plan, where=label)
-    return export_plan(selected, plan, model, name=name or BEST, names=all_plan_names(record))
+    """The plan ``name`` (default: the best) of plan file ``path``, resolved on the model it names
+    (:func:`~mpipe_tune.plan_file.resolve`: its hashes and stored order checked)."""
+    resolved = resolve(path, name)
+    return export_plan(resolved.section, resolved.plan, resolved.model, name=name or BEST, names=resolved.file.names)
 
 
 def plan_from_record(record: dict[str, Any], model: Model, *, name: str = BEST,
                      names: tuple[str, ...] = (BEST,)) -> ExportPlan:
-    """An :class:`ExportPlan` from one top-level plan record (``select_plan``'s result) and its model:
-    its candidate derived on the model."""
-    return export_plan(record, derive_stored(record, model, where=f"plan '{name}'"), model, name=name, names=names)
+    """An :class:`ExportPlan` from one top-level plan record in its stored form (``plan_record``'s or
+    ``select_plan``'s result), resolved on its model."""
+    resolved = resolve(PlanFile.from_dict(record, path=f"record of plan '{name}'"), model=model)
+    return export_plan(resolved.section, resolved.plan, model, name=name, names=names)
 
 
-def export_plan(record: dict[str, Any], plan: Plan, model: Model, *, name: str = BEST,
+def export_plan(section: Section, plan: Plan, model: Model, *, name: str = BEST,
                 names: tuple[str, ...] = (BEST,)) -> ExportPlan:
-    """An :class:`ExportPlan` of a plan record's candidate and ``plan``, its derivation on ``model``."""
-    c = stored_candidate(record, where=f"plan '{name}'")
+    """An :class:`ExportPlan` of a plan's stored section and ``plan``, its derivation on ``model``."""
+    c = section.candidate
     moved = moved_count(c.encoder_backward_ranks, c.owner_map or ())
     if moved:
         raise MpipeError(f"plan '{name}' runs {moved} encoder backward(s) on other ranks than their owners (full "
@@ -252,7 +240,7 @@ def export_plan(record: dict[str, Any], plan: Plan, model: Model, *, name: str =
         name=name, names=tuple(names), pp=c.pp, tp=c.tp, dp=c.dp, dtype=c.dtype, recompute=c.recompute is True,
         num_microbatches=c.num_microbatches, regions=regions, orders=orders, layers=layers,
         num_vision_layers=model.backbone_start,
-        text_tokens=tuple(mb.text_tokens for mb in workload_of(record).microbatches),
+        text_tokens=tuple(mb.text_tokens for mb in section.workload.microbatches),
         stage_order=stage_order, ep=c.ep, cp=c.cp, sequence_parallel=c.sequence_parallel,
         selective_recompute=c.recompute == "selective", zero_stage=c.zero_stage, encoder_tp=c.encoder_tp,
         moe_layers=tuple((k, int(d["experts"])) for k, d in enumerate(moe) if "experts" in d),

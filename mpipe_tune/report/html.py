@@ -140,44 +140,35 @@ def _trials(search: dict[str, Any] | None, plan_path: Path, storage: str | None)
 def build_report(path: str, *, model_spec: str | None = None, profile_spec: str | None = None,
                  storage: str | None = None) -> Report:
     """Read the plan file, re-predict every stored plan, and gather the study's trials."""
-    from mpipe_tune.cost.layers import CostOptions
+    from mpipe_tune.cost.framework import Framework
     from mpipe_tune.cost.predict import predict
-    from mpipe_tune.plan_file import load_plan_model, load_plan_profile, read_plan, validate_derivation
+    from mpipe_tune.plan_file import read_plan, resolve
 
     plan_file = read_plan(path)
-    record = plan_file.record
-    inputs = record["inputs"]
-    model = load_plan_model(record, where=plan_file.where, spec=model_spec)
-    profile = load_plan_profile(record, where=plan_file.where, spec=profile_spec)
-    for what, spec, now, then in (("model", plan_file.model_spec, model.content_hash(), plan_file.model_hash),
-                                  ("profile", plan_file.profile_spec, profile.content_hash(), plan_file.profile_hash)):
-        if now != then:
-            raise MpipeError(f"{path}: the {what} '{spec}' has changed since the plan was made (hash {now[:12]} now, "
-                             f"{then[:12]} in the plan); re-plan with 'mpipe-tune plan'")
-    options = CostOptions.from_framework(inputs)
-    plans = []
-    for name in plan_file.names:
-        section = plan_file.section(name)
-        where = plan_file.where + section.where
+    framework = Framework.from_inputs(plan_file.inputs.framework())
+    plans, model, profile = [], model_spec, profile_spec
+    for name in plan_file.names:  # the inputs loaded once, with the first plan
+        resolved = resolve(plan_file, name, model=model, profile=profile, predicting=True)
+        model, profile, section = resolved.model, resolved.profile, resolved.section
         try:
-            prediction = predict(section.candidate, model, section.workload, profile, options)
+            prediction = predict(section.candidate, model, section.workload, profile, framework)
         except MpipeError as exc:
-            raise MpipeError(f"{where}: its stored candidate does not predict ({exc}); the file is damaged or was "
-                             f"edited: re-create it with 'mpipe-tune plan'") from None
-        validate_derivation(section.record, prediction.plan, where=where)
+            raise MpipeError(f"{resolved.where}: its stored candidate does not predict ({exc}); the file is damaged "
+                             f"or was edited: re-create it with 'mpipe-tune plan'") from None
         t = prediction.timeline
-        ranks = section.record["predicted"]["ranks"]
+        ranks = section.predicted.ranks
         plans.append(PlanFigureData(name, prediction.plan, np.asarray(t.start_s), np.asarray(t.durations_s),
-                                    float(t.makespan_s), tuple(float(r["memory"]["static_bytes"]) for r in ranks),
-                                    tuple(float(r["memory"]["peak_bytes"]) for r in ranks)))
-    search = plan_file.search
+                                    float(t.makespan_s), tuple(r.memory.static_bytes for r in ranks),
+                                    tuple(r.memory.peak_bytes for r in ranks)))
+    search = None if plan_file.search is None else plan_file.search.to_stored()
     header, rows = _comparison(search)
     trials, note = _trials(search, Path(path), storage)
     best = next((r for r in (search or {}).get("comparison", []) if r.get("plan") == "best"), None)
     best_section = plan_file.section()
-    info = [("model", f"{inputs['model']['name']} ({plan_file.model_spec})"),
-            ("profile", f"{profile.name} ({plan_file.profile_spec}), {profile.memory_capacity_bytes / 2**30:.4g} GiB"),
-            ("workload", inputs["workload"]["name"]), ("plans", ", ".join(plan_file.names))]
+    inputs = plan_file.inputs
+    info = [("model", f"{inputs.model.name} ({inputs.model.spec})"),
+            ("profile", f"{profile.name} ({inputs.profile.spec}), {profile.memory_capacity_bytes / 2**30:.4g} GiB"),
+            ("workload", best_section.workload.name), ("plans", ", ".join(plan_file.names))]
     if search:
         info.append(("search", f"{search['trials']} trials, {search['samples']} sampled steps, global batch "
                                f"{search['global_batch']}, study '{search['study']}'"))

@@ -11,15 +11,13 @@ from typing import Any
 import pandas as pd
 
 from mpipe_tune.algebra.encoder_backward import moved_count
-from mpipe_tune.plan_file import placement_record
+from mpipe_tune.plan_file import placement_record, predicted_record
 from mpipe_tune.frames import Column, TextTable, gib, ms, text
 
 
 def prediction_record(prediction, model, workload, profile) -> dict[str, Any]:
     """What ``predict --json`` prints: the inputs' names, the candidate (its fields, with the slabs and
     owners derive chose), the cost options' MoE imbalance, the placement and the predicted figures."""
-    t = prediction.timeline
-    plan = prediction.plan
     mem = prediction.memory
     record = {
         "model": model.name,
@@ -27,16 +25,8 @@ def prediction_record(prediction, model, workload, profile) -> dict[str, Any]:
         "workload": workload.name,
         **prediction.candidate.to_dict(),
         **prediction.options.framework(),
-        "placement": placement_record(plan),
-        "makespan_s": t.makespan_s,
-        "bubble_share": sum(t.bubble_s) / (t.makespan_s * plan.num_ranks) if t.makespan_s > 0 else 0.0,
-        "ranks": [
-            {"rank": r, "busy_s": t.busy_s[r], "bubble_s": t.bubble_s[r], "spill_s": t.spill_s[r],
-             "encoder_s": t.encoder_s[r], "warmup_slack_s": t.warmup_slack_s[r],
-             "memory": {"static_bytes": mem.static_bytes[r], "activation_peak_bytes": mem.activation_peak_bytes[r],
-                        "peak_bytes": mem.peak_bytes[r], "over_capacity": mem.over_capacity[r]}}
-            for r in range(plan.num_ranks)
-        ],
+        "placement": placement_record(prediction.plan),
+        **predicted_record(prediction),
         "memory_capacity_bytes": mem.capacity_bytes,
         "fits_memory": mem.fits,
     }

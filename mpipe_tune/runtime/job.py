@@ -143,9 +143,9 @@ def builtin_profile_note(view: PlanView, job: RunJob, device_kind: str) -> str |
     measured): its measured/predicted ratio then compares two machines."""
     from mpipe_tune.specs import builtin_profiles
 
-    profile = view.record["inputs"]["profile"]
-    if (job.profile_spec or profile["spec"]) not in builtin_profiles():
+    profile = view.file.inputs.profile
+    if (job.profile_spec or profile.spec) not in builtin_profiles():
         return None
-    return (f"the plan was predicted on the built-in profile '{profile['name']}', not on a profile of this host, so "
+    return (f"the plan was predicted on the built-in profile '{profile.name}', not on a profile of this host, so "
             f"measured/predicted compares the two machines; to predict this host, measure it (mpipe-tune profile "
             f"--device {device_kind} --out host.json) and plan with --profile host.json")

@@ -15,10 +15,10 @@ graph, generically for every event:
 Both ends of a transfer compute its shape from the stored workload (the output shape of the layer
 at the boundary), so variable image sizes need no shape header on the wire.
 
-The view is built from the algebra's :class:`~mpipe_tune.algebra.plan.Plan`: the file's candidate is
-derived again on the plan's model, and the stored order must be exactly that derivation
-(:func:`~mpipe_tune.plan_file.validate_derivation`); the file contributes the workload and the
-predicted figures. Nothing here imports torch or ``report``: the CLI runs these checks before any
+The view is built from the algebra's :class:`~mpipe_tune.algebra.plan.Plan`: the runtime reads plans
+only through :func:`mpipe_tune.plan_file.resolve`, which derives the file's candidate again on the
+plan's model and checks that the stored order is exactly that derivation; the file contributes the
+workload and the predicted figures. Nothing here imports torch or ``report``: the CLI runs these checks before any
 process starts.
 """
 
@@ -35,7 +35,7 @@ from mpipe_tune.algebra.placement import ByLayer
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.workload import Microbatch
-from mpipe_tune.plan_file import PlanFile, PlanSection, derive_stored, load_plan_model, read_plan, validate_derivation
+from mpipe_tune.plan_file import PlanFile, ResolvedPlan, Section, resolve
 from mpipe_tune.runtime.layout import ParallelLayout
 
 Stage = tuple[int, int]
@@ -67,8 +67,10 @@ class Transfer:
 @dataclass(frozen=True)
 class PlanView:
     path: str
-    record: dict[str, Any] = field(repr=False)
-    """The plan's section as a top-level record (its predicted figures, per rank)."""
+    section: Section = field(repr=False)
+    """The plan's stored section (its candidate, workload and predicted figures)."""
+    file: PlanFile = field(repr=False)
+    """The plan file (its inputs: the model and profile, the framework options)."""
     candidate: Candidate
     model: Model = field(repr=False)
     """The plan's model (its frozen blocks frozen), checked against the file's hash."""
@@ -149,29 +151,10 @@ class PlanView:
 
 def read_plan_file(path: str, model: Model | None = None, *, plan_name: str | None = None,
                    model_spec: str | None = None) -> PlanView:
-    """Load and check a plan file's plan ``plan_name`` (default: the best; or one of its stored
-    baselines or alternatives) on its model: ``model``, or the one the file names (``model_spec``:
-    where it moved to); the model must be the one the plan was made for, and the stored order derive's."""
-    file = read_plan(path)
-    section = file.section(plan_name)
-    if model is None:
-        model = load_plan_model(file.record, where=file.where, spec=model_spec)
-    validate_model_matches(file, model)
-    where = file.where + section.where
-    plan = derive_stored(section.record, model, where=where)
-    validate_derivation(section.record, plan, where=where)
-    return _view(file, section, section.candidate.model_of(model), plan)
-
-
-def validate_model_matches(file: PlanFile, model: Model) -> None:
-    wanted = file.record["inputs"]["model"]
-    if model.content_hash() != file.model_hash:
-        frozen = ",".join(wanted.get("frozen") or []) or "none"
-        raise MpipeError(
-            f"plan file {file.path} was made for model '{wanted.get('name')}' (spec {wanted.get('spec')!r}, "
-            f"frozen {frozen}), but model '{model.name}' given here differs (content hash mismatch); "
-            f"pass the plan's --model, or re-plan for this model"
-        )
+    """A plan file's plan ``plan_name`` (default: the best; or one of its stored baselines or
+    alternatives), resolved (:func:`~mpipe_tune.plan_file.resolve`) on its model: ``model``, or the one
+    the file names (``model_spec``: where it moved to)."""
+    return _view(resolve(path, plan_name, model=model if model is not None else model_spec))
 
 
 def validate_runnable(view: PlanView, world_size: int | None = None, compute: str = "real") -> None:
@@ -195,9 +178,11 @@ def validate_runnable(view: PlanView, world_size: int | None = None, compute: st
         view.layout.validate_world_size(world_size, f"plan file {view.path}")
 
 
-def _view(file: PlanFile, section: PlanSection, model: Model, plan: Plan) -> PlanView:
-    return PlanView(path=file.path, record=section.record, candidate=section.candidate, model=model, plan=plan,
-                    microbatches=section.workload.microbatches, durations_s=section.durations_s,
+def _view(resolved: ResolvedPlan) -> PlanView:
+    section, plan = resolved.section, resolved.plan
+    return PlanView(path=resolved.file.path, section=section, file=resolved.file,
+                    candidate=section.candidate, model=section.candidate.model_of(resolved.model), plan=plan,
+                    microbatches=section.workload.microbatches, durations_s=section.predicted.durations_s,
                     predicted_step_s=section.predicted_step_s, predicted_peak_bytes=section.peak_bytes,
                     **_graph(plan))
 

@@ -48,7 +48,7 @@ from mpipe_tune.cost.owners import POLICIES
 from mpipe_tune.cost.predictor import Predictor
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.plan_file import load_plan_profile, workload_of
+from mpipe_tune.plan_file import load_plan_profile
 from mpipe_tune.runtime.plan_view import PlanView, rank_pairs, view_of_step
 
 PER_STEP, FIXED = "per-step", "fixed"
@@ -96,7 +96,7 @@ def resolve_modes(view: PlanView, owners: str | None = None, data: str | None = 
         if policy not in POLICIES:
             raise MpipeError(f"{where}: its owner policy {policy!r} is unknown; owner policies are "
                              f"{', '.join(POLICIES)}: run the stored map with --owners fixed, or re-plan")
-    stored = workload_of(view.record)
+    stored = view.section.workload
     draw = stored.draw
     if data is None:
         data = SAMPLED if owners == PER_STEP and draw is not None else STORED
@@ -156,18 +156,13 @@ class StepPlanner:
                  validate_microbatches: Callable[[Sequence[Microbatch]], None] | None = None) -> None:
         self.view, self.modes = view, modes
         self.validate_microbatches = validate_microbatches
-        self.stored = workload_of(view.record)
+        self.stored = view.section.workload
         first = view.plan.placement[0]
         self.stored_owners = first.owner.owners if isinstance(first.owner, ByMicrobatch) else None
         self.compiled: CompiledPlan | None = None
         if not modes.is_stored_plan:
-            where = f"plan file {view.path}"
-            profile = load_plan_profile(view.record, where=where, spec=profile_spec)
-            if profile.content_hash() != view.record["inputs"]["profile"]["hash"]:
-                raise MpipeError(f"{where} was made for profile '{view.record['inputs']['profile']['name']}', but the "
-                                 f"profile '{profile.name}' given here differs (content hash mismatch); pass the plan's "
-                                 f"--profile, or re-plan for this profile")
-            self.predictor = Predictor(view.model, profile, Framework.from_inputs(view.record["inputs"]))
+            profile = load_plan_profile(view.file, spec=profile_spec)
+            self.predictor = Predictor(view.model, profile, Framework.from_inputs(view.file.inputs.framework()))
             options = self.predictor.options(view.candidate)
             self.profile, self.options = profile, options
             self.compiled = CompiledPlan(view.plan, view.model, profile, options)

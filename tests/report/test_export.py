@@ -28,7 +28,7 @@ from mpipe_tune.report.export import (
     to_torchtitan,
 )
 from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
-from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record, plan_section
+from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record, plan_section
 from mpipe_tune.plan_file import select_plan
 from mpipe_tune.specs import load_model, load_profile
 from conftest import predict_plan
@@ -59,7 +59,7 @@ def predicted(schedule, cut, pp, num_microbatches, *, frozen=(), owners=None, sl
 def make_record(schedule, cut, pp, num_microbatches, *, baselines=(), frozen=(), **kwargs):
     """A plan file's record (as ``plan_record`` writes it), with ``baselines``: name -> (schedule, cut)."""
     prediction, model, wl, hw, options = predicted(schedule, cut, pp, num_microbatches, frozen=frozen, **kwargs)
-    sections = {name: plan_section(*predicted(s, c, pp, num_microbatches, frozen=frozen, **kwargs)[:4])
+    sections = {name: plan_section(*predicted(s, c, pp, num_microbatches, frozen=frozen, **kwargs)[:3:2])
                 for name, (s, c) in dict(baselines).items()}
     return plan_record(prediction, model, wl, hw, PlanInputs(kwargs.get("model_name", MODEL), frozen, "ideal"),
                        baselines=sections), model

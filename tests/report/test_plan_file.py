@@ -11,12 +11,17 @@ from mpipe_tune.cli import main
 from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.update import estimate_update_s, update_charges
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.plan_file import dump_plan
+from mpipe_tune.plan_file import dump_plan
 from mpipe_tune.plan_file import (
-    SCHEMA_VERSION, SECTION_KEYS, all_plan_names, load_plan, plan_names, select_plan, workload_of,
+    SCHEMA_VERSION, SECTION_KEYS, all_plan_names, load_plan, plan_names, select_plan, PlanFile,
 )
 from mpipe_tune.runtime.plan_view import read_plan_file
 from mpipe_tune.specs import load_model, load_profile
+
+
+def workload_of(record):
+    """The stored workload of a top-level record (``select_plan``'s), read through the typed schema."""
+    return PlanFile.from_dict(record, path="record").best.workload
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 from mpipe_tune.algebra.schedule import Cut, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
+from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.specs import load_model, load_profile
 from conftest import predict_plan
 

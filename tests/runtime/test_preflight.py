@@ -22,7 +22,7 @@ def plan(tmp_path_factory):
 
 
 def _peaks(view):
-    return [r["memory"]["peak_bytes"] for r in view.record["predicted"]["ranks"]]
+    return list(view.section.peak_bytes)
 
 
 def test_host_memory_is_shared_by_every_local_rank(plan):

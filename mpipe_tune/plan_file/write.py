@@ -1,7 +1,9 @@
-"""Writing ``plan.json`` (:mod:`mpipe_tune.plan_file` describes the schema and reads it back).
+"""Writing ``plan.json`` (:mod:`mpipe_tune.plan_file` describes the schema; :mod:`.read` reads it back).
 
 :func:`plan_record` builds the whole file from the best plan's prediction and a section per baseline
-and alternative (:func:`plan_section`); :func:`dump_plan` writes it atomically.
+and alternative (:func:`plan_section`); :func:`dump_plan` writes it atomically. A prediction is read
+by its fields (``plan``, ``timeline``, ``memory``, ``candidate``, ``options``): the plan file sits
+below the cost model and imports none of it.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 from mpipe_tune import __version__
 from mpipe_tune.files import write_atomic
 from mpipe_tune.inputs.workload import Workload, workload_hash, workload_to_dict
-from mpipe_tune.plan_file import ALTERNATIVES, BEST, SCHEMA, SCHEMA_VERSION, derivation_record
-from mpipe_tune.report.tables import prediction_record
+from mpipe_tune.plan_file.derivation import collectives_record, order_record, placement_record
+from mpipe_tune.plan_file.read import ALTERNATIVES, SCHEMA, SCHEMA_VERSION
+from mpipe_tune.plan_file.schema import BEST
 
 
 @dataclass(frozen=True)
@@ -28,26 +31,35 @@ class PlanInputs:
     profile_spec: str
 
 
-def plan_section(prediction, model, workload: Workload, profile) -> dict[str, Any]:
+def predicted_record(prediction) -> dict[str, Any]:
+    """A prediction's step time, bubble share and per-rank figures (times and memory), as stored and
+    as ``predict --json`` prints them."""
+    t, mem, num_ranks = prediction.timeline, prediction.memory, prediction.plan.num_ranks
+    return {
+        "makespan_s": t.makespan_s,
+        "bubble_share": sum(t.bubble_s) / (t.makespan_s * num_ranks) if t.makespan_s > 0 else 0.0,
+        "ranks": [
+            {"rank": r, "busy_s": t.busy_s[r], "bubble_s": t.bubble_s[r], "spill_s": t.spill_s[r],
+             "encoder_s": t.encoder_s[r], "warmup_slack_s": t.warmup_slack_s[r],
+             "memory": {"static_bytes": mem.static_bytes[r], "activation_peak_bytes": mem.activation_peak_bytes[r],
+                        "peak_bytes": mem.peak_bytes[r], "over_capacity": mem.over_capacity[r]}}
+            for r in range(num_ranks)
+        ],
+    }
+
+
+def plan_section(prediction, workload: Workload) -> dict[str, Any]:
     """One runnable plan: candidate (:meth:`Candidate.to_dict`, its slabs and owner map explicit),
     placement, collectives, order, predicted, and the workload it was predicted on.
     :func:`plan_record` builds the file's top-level plan and every baseline with it."""
     plan = prediction.plan
-    derivation = derivation_record(plan)
     return {
         "candidate": prediction.candidate.to_dict(),
-        "placement": derivation["placement"],
-        "collectives": derivation["collectives"],
-        "order": {
-            "events": [str(e) for e in plan.order.events],
-            "edges": [[s, t, kind.value] for s, t, kind in plan.order.edges],
-            "nodes": [list(nodes) for nodes in plan.order.nodes],
-        },
-        "predicted": {
-            **{k: v for k, v in prediction_record(prediction, model, workload, profile).items()
-               if k in ("makespan_s", "bubble_share", "ranks")},
-            "durations_s": [float(d) for d in prediction.timeline.durations_s],
-        },
+        "placement": placement_record(plan),
+        "collectives": collectives_record(plan),
+        "order": order_record(plan),
+        "predicted": {**predicted_record(prediction),
+                      "durations_s": [float(d) for d in prediction.timeline.durations_s]},
         "workload": {"name": workload.name, "hash": workload_hash(workload),
                      "microbatches": workload_to_dict(workload)["microbatches"],
                      **({"draw": workload.draw.to_dict()} if workload.draw is not None else {})},
@@ -60,7 +72,7 @@ def plan_record(prediction, model, workload: Workload, profile, inputs: PlanInpu
     """The whole file: the best plan at the top level, and ``baselines`` and ``alternatives``
     (name -> a section built by :func:`plan_section`) beside it when given. Every section's
     candidate names the file's frozen blocks (``inputs.frozen``: one model per file)."""
-    section = plan_section(prediction, model, workload, profile)
+    section = plan_section(prediction, workload)
     stored_workload = section.pop("workload")
     record = {
         "schema": SCHEMA,
