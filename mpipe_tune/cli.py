@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler.take_action(args)
     except MpipeError as exc:
         print(f"mpipe-tune {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         hint = args.handler.after_interrupt
         print(f"mpipe-tune {args.command}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)

@@ -248,7 +248,9 @@ class Plan(Command):
                 raise MpipeError(f"no trial finished within --timeout {args.timeout} s; raise --timeout")
             least = result.least_memory
             what = "peak" if least.exact else "static memory (weights, gradients, optimizer state)"
-            raise MpipeError(
+            from mpipe_tune.errors import DoesNotFitError
+
+            raise DoesNotFitError(
                 f"no plan fits memory: of the plans tried the smallest {what} is {least.peak_bytes / 2**30:.1f} GiB "
                 f"({least.candidate}) against {least.capacity_bytes / 2**30:.1f} GiB per device of "
                 f"'{problem.profile.name}'; add devices, try --recompute search, or freeze blocks"
