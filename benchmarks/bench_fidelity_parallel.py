@@ -35,7 +35,7 @@ from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.report.plan_file import PlanInputs, dump_plan, plan_record
+from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.specs import load_model
 
 HERE = Path(__file__).resolve().parent
