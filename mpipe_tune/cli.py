@@ -76,6 +76,7 @@ def parse_candidate(args: argparse.Namespace, model, num_microbatches: int):
     from dataclasses import replace
 
     from mpipe_tune.algebra.candidate import Candidate, default_cut
+    from mpipe_tune.algebra.candidate_text import parse_recompute
     from mpipe_tune.algebra.schedule import normalize, parse_cut, parse_schedule
 
     schedule = parse_schedule(args.schedule)
@@ -87,7 +88,7 @@ def parse_candidate(args: argparse.Namespace, model, num_microbatches: int):
     candidate = Candidate(
         str(schedule), cut.boundaries, pp=args.pp, tp=args.tp, dp=args.dp, num_microbatches=num_microbatches,
         owner_policy="round-robin" if owner_map is None and "transpose" in str(schedule).split(",") else None,
-        recompute={"off": "none", "on": "full"}.get(args.recompute, args.recompute), ep=args.ep, cp=args.cp, zero_stage=args.zero, sequence_parallel=args.sequence_parallel,
+        recompute=parse_recompute(args.recompute, "--recompute"), ep=args.ep, cp=args.cp, zero_stage=args.zero, sequence_parallel=args.sequence_parallel,
         encoder_tp=args.encoder_tp, owner_map=owner_map, dtype=args.dtype, frozen=frozen,
         encoder_backward="cooldown" if args.encoder_backward == "search" else args.encoder_backward)
     if not args.slabs:

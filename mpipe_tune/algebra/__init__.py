@@ -6,6 +6,7 @@ Imports nothing heavy: no torch, no Optuna, no seconds; nothing from ``cost``, `
 """
 
 from mpipe_tune.algebra.candidate import Candidate, default_cut
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.derive import Owners, derive
 from mpipe_tune.algebra.events import (
     Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, StepBarrier, Wgrad, parse_event,
@@ -19,7 +20,7 @@ from mpipe_tune.algebra.schedule import (
 )
 
 __all__ = [
-    "ArchCost", "Bwd", "ByLayer", "ByMicrobatch", "Candidate", "Coll", "Collectives", "Comm", "Cut", "DpReduce",
+    "ArchCost", "Bwd", "ByLayer", "ByMicrobatch", "Candidate", "Coll", "Collectives", "Comm", "Cut", "Degrees", "DpReduce",
     "EdgeKind", "Event", "ExplicitCost", "Footprint", "Fwd", "Group", "Layer", "Layout", "Loss", "Model",
     "Order", "Owners", "Plan", "RegionPlacement", "Schedule", "Seam", "Skeleton", "StepBarrier", "Wgrad",
     "balanced_counts", "default_cut", "derive", "footprint", "normalize", "parse_cut", "parse_event", "parse_model",

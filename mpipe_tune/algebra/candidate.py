@@ -16,55 +16,37 @@ the search samples them, ``predict`` takes one and plan.json stores one (:meth:`
 >>> c = Candidate("transpose,1f1b", (9,), pp=4, tp=1, dp=1, num_microbatches=8, owner_policy="greedy")
 >>> str(c)
 '<transpose,1f1b> cut 9  pp4 tp1 dp1  M=8  owners greedy'
->>> Candidate.from_dict(c.to_dict()) == c
+>>> Candidate.parse(str(c)) == c and Candidate.from_dict(c.to_dict()) == c
 True
+>>> c.degrees
+Degrees(pp=4, tp=1, dp=1, ep=1, cp=1, encoder_tp=None)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from mpipe_tune.algebra.candidate_text import (
+    DTYPE_BYTES, RECOMPUTE_GRANULARITIES, format_candidate, normalize_recompute, parse_candidate_fields,
+    recompute_granularity,
+)
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.derive import Owners, derive
-from mpipe_tune.algebra.encoder_backward import COOLDOWN, EncoderBackward, moved_count, validate_placement
+from mpipe_tune.algebra.encoder_backward import COOLDOWN, EncoderBackward, validate_placement
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
 
-DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-"""Bytes per element of each compute dtype a candidate may name."""
-RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
-"""Activation recomputation settings, as Megatron-LM's ``--recompute-granularity`` names them (plus none)."""
-_RECOMPUTE_VALUES = {"none": False, "selective": "selective", "full": True, False: False, True: True}
+__all__ = ["DTYPE_BYTES", "GRAD_REDUCE_DTYPES", "MAX_DEVICES", "RECOMPUTE_GRANULARITIES", "ROUND_ROBIN", "Candidate",
+           "Degrees", "default_cut", "normalize_recompute", "recompute_granularity"]
 MAX_DEVICES = 1 << 16
 """The most devices a problem or a candidate may have (65536): more than any pipeline-parallel training job spans."""
 ROUND_ROBIN = "round-robin"
 """The static owner policy: microbatch m on rank m mod P."""
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 """The dtypes frameworks reduce data-parallel gradients in (``CostOptions.grad_reduce_dtype``)."""
-
-
-def normalize_recompute(value: bool | str) -> bool | str:
-    """The stored form of a recomputation setting: ``False`` (none), ``"selective"`` or ``True``
-    (full), so that plan files and callers from before the granularity existed read unchanged.
-
-    >>> normalize_recompute("full"), normalize_recompute("none"), normalize_recompute("selective")
-    (True, False, 'selective')
-    """
-    if isinstance(value, (bool, str)) and value in _RECOMPUTE_VALUES:
-        return _RECOMPUTE_VALUES[value]
-    raise MpipeError(f"recomputation {value!r} is not a granularity; use one of {', '.join(RECOMPUTE_GRANULARITIES)}")
-
-
-def recompute_granularity(value: bool | str) -> str:
-    """``"none"``, ``"selective"`` or ``"full"`` for a setting in either form.
-
-    >>> recompute_granularity(True), recompute_granularity(False)
-    ('full', 'none')
-    """
-    stored = normalize_recompute(value)
-    return "full" if stored is True else "none" if stored is False else stored
 
 
 def default_cut(model: Model, num_regions: int) -> Cut:
@@ -78,15 +60,24 @@ def default_cut(model: Model, num_regions: int) -> Cut:
                      f"(model '{model.name}' has {model.num_layers} layers)")
 
 
-@dataclass(frozen=True)
+_UNSET: Any = object()
+"""A keyword a caller left out (``encoder_tp=None`` means "equal to tp")."""
+
+
+@dataclass(frozen=True, init=False)
 class Candidate:
+    """One point of the search space: everything ``derive`` and the cost model need besides the
+    workload (see the module docstring). Its degrees are one :class:`~mpipe_tune.algebra.degrees.Degrees`
+    record, read through :attr:`pp`, :attr:`tp`, ... as well; it is built with them as keywords
+    (``Candidate("1f1b", (), pp=4, tp=1, dp=2, num_microbatches=8)``) or with ``degrees=``, and its
+    text form (``str``) parses back (:meth:`parse`)."""
+
     schedule: str
     """Skeleton list in its text form, e.g. ``"transpose,1f1b"``; always in normal form."""
     cut: tuple[int, ...]
     """Interior boundaries, one fewer than the skeletons."""
-    pp: int
-    tp: int
-    dp: int
+    degrees: Degrees
+    """The parallel degrees (pp, tp, dp, ep, cp and the encoder's tp)."""
     num_microbatches: int
     """Microbatches per pipeline replica per step."""
     owner_policy: str | None = None
@@ -99,17 +90,10 @@ class Candidate:
     (full: less memory, one more forward per backward); ``"none"``/``"full"`` read as the booleans."""
     label: str = ""
     """A baseline's name (``megatron``, ...); empty for searched candidates."""
-    ep: int = 1
-    """Expert-parallel degree, carved from the data- (and context-) parallel ranks."""
-    cp: int = 1
-    """Context-parallel degree: ``pp * tp * cp * dp`` devices."""
     zero_stage: int = 1
     """1: distributed optimizer (ZeRO-1, optimizer state sharded over the data-parallel ranks); 0: none."""
     sequence_parallel: bool = False
     """Sequence parallelism with tp (Megatron-LM's)."""
-    encoder_tp: int | None = None
-    """The encoder block's own tensor-parallel degree, a divisor of ``tp`` (the other ``tp /
-    encoder_tp`` ranks of each group encode other images); ``None`` (stored for ``tp`` itself): ``tp``."""
     owner_map: tuple[int, ...] | None = None
     """Explicit ByMicrobatch owners of the transposed region, the rank of microbatch 0, 1, ...; it wins
     over :attr:`owner_policy` (which then records how it was chosen). ``None``: the policy decides."""
@@ -127,19 +111,67 @@ class Candidate:
     """The rank that runs each microbatch's encoder backward, with explicit slots (what ``optimised``
     chose under full recomputation, :attr:`moves_encoder_backward`); ``None``: every owner its own."""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
-        if self.encoder_tp == self.tp:
-            object.__setattr__(self, "encoder_tp", None)
+    def __init__(self, schedule: str, cut: tuple[int, ...], pp: int | None = None, tp: int | None = None,
+                 dp: int | None = None, num_microbatches: int | None = None, owner_policy: str | None = None,
+                 slab_counts: tuple[tuple[int, ...], ...] | None = None, recompute: bool | str = False,
+                 label: str = "", ep: int | None = None, cp: int | None = None, zero_stage: int = 1,
+                 sequence_parallel: bool = False, encoder_tp: int | None = _UNSET,
+                 owner_map: tuple[int, ...] | None = None, dtype: str = "bf16", frozen: tuple[str, ...] = (),
+                 encoder_backward: str = COOLDOWN, encoder_backward_slots: tuple[int, ...] | None = None,
+                 encoder_backward_ranks: tuple[int, ...] | None = None, *, degrees: Degrees | None = None) -> None:
+        given = {name: value for name, value in (("pp", pp), ("tp", tp), ("dp", dp), ("ep", ep), ("cp", cp))
+                 if value is not None}
+        if encoder_tp is not _UNSET:
+            given["encoder_tp"] = encoder_tp
+        if degrees is None:
+            assert pp is not None, "a candidate needs its pipeline degree (pp=, or degrees=)"
+            degrees = Degrees(**given)
+        elif given:
+            degrees = replace(degrees, **given)
+        assert num_microbatches is not None, "a candidate needs its microbatch count"
+        for name, value in (("schedule", schedule), ("cut", cut), ("degrees", degrees),
+                            ("num_microbatches", num_microbatches), ("owner_policy", owner_policy),
+                            ("slab_counts", slab_counts), ("recompute", normalize_recompute(recompute)),
+                            ("label", label), ("zero_stage", zero_stage), ("sequence_parallel", sequence_parallel),
+                            ("owner_map", owner_map), ("dtype", dtype), ("frozen", frozen),
+                            ("encoder_backward", encoder_backward), ("encoder_backward_slots", encoder_backward_slots),
+                            ("encoder_backward_ranks", encoder_backward_ranks)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def pp(self) -> int:
+        return self.degrees.pp
+
+    @property
+    def tp(self) -> int:
+        return self.degrees.tp
+
+    @property
+    def dp(self) -> int:
+        return self.degrees.dp
+
+    @property
+    def ep(self) -> int:
+        """Expert-parallel degree, carved from the data- (and context-) parallel ranks."""
+        return self.degrees.ep
+
+    @property
+    def cp(self) -> int:
+        """Context-parallel degree: ``pp * tp * cp * dp`` devices."""
+        return self.degrees.cp
+
+    @property
+    def encoder_tp(self) -> int | None:
+        """The encoder block's own tensor-parallel degree, a divisor of ``tp``; ``None``: ``tp``."""
+        return self.degrees.encoder_tp
 
     def validate(self) -> None:
         """One-line :class:`MpipeError` naming the quantity, for what holds of a candidate on its own
         (what needs the model or the workload is checked by ``derive`` and the cost model)."""
-        for what, symbol, value in (("pipeline degree", "P", self.pp), ("tensor-parallel degree", "tp", self.tp),
-                                    ("data-parallel degree", "dp", self.dp),
-                                    ("microbatch count", "M", self.num_microbatches)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise MpipeError(f"the {what} {symbol} is {value!r}, but {symbol} must be an integer >= 1")
+        self.degrees.validate()
+        value = self.num_microbatches
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MpipeError(f"the microbatch count M is {value!r}, but M must be an integer >= 1")
         if self.dtype not in DTYPE_BYTES:
             raise MpipeError(f"dtype {self.dtype!r} is not a known dtype; use one of {', '.join(DTYPE_BYTES)}")
         if self.owner_map is not None and not self.has_transpose:
@@ -185,7 +217,7 @@ class Candidate:
 
     @property
     def num_devices(self) -> int:
-        return self.pp * self.tp * self.cp * self.dp
+        return self.degrees.num_devices
 
     def parsed(self) -> tuple[Cut, Schedule]:
         return Cut(self.cut), parse_schedule(self.schedule)
@@ -194,29 +226,16 @@ class Candidate:
     def has_transpose(self) -> bool:
         return Skeleton.TRANSPOSE.value in self.schedule.split(",")
 
-    @property
-    def degrees(self) -> str:
-        """``pp4 tp2 dp8``, with ``ep`` and ``cp`` where they are above 1 (``pp4 tp2 dp8 ep4``) and the
-        encoder's own tensor-parallel degree where it is set (``pp4 tp4 dp2 etp1``)."""
-        extra = "".join(f" {name}{value}" for name, value in (("ep", self.ep), ("cp", self.cp)) if value > 1)
-        extra += f" etp{self.encoder_tp}" if self.encoder_tp is not None else ""
-        return f"pp{self.pp} tp{self.tp} dp{self.dp}{extra}"
-
     def __str__(self) -> str:
-        cut = ",".join(map(str, self.cut)) or "-"
-        owners = f"  owners {self.owner_policy}" if self.owner_policy else ""
-        owners += f"  owner map {','.join(map(str, self.owner_map))}" if self.owner_map is not None else ""
-        slabs = "  slabs " + "/".join("-".join(map(str, c)) for c in self.slab_counts) if self.slab_counts else ""
-        granularity = recompute_granularity(self.recompute)
-        recompute = {"none": "", "full": "  recompute"}.get(granularity, f"  recompute {granularity}")
-        memory = ("  zero0" if self.zero_stage == 0 else "") + ("  sp" if self.sequence_parallel else "")
-        extra = ("" if self.dtype == "bf16" else f"  {self.dtype}") + (
-            f"  frozen {','.join(self.frozen)}" if self.frozen else "") + (
-            "" if self.encoder_backward == COOLDOWN else f"  encoder backward {self.encoder_backward}") + (
-            f" ({moved_count(self.encoder_backward_ranks, self.owner_map)} on other ranks)"
-            if self.encoder_backward_ranks is not None and self.owner_map is not None else "")
-        return (f"<{self.schedule}> cut {cut}  {self.degrees}  M={self.num_microbatches}{owners}{slabs}{recompute}"
-                f"{memory}{extra}")
+        """The text form (:mod:`~mpipe_tune.algebra.candidate_text`), e.g.
+        ``<transpose,1f1b> cut 9  pp4 tp1 dp1  M=8  owners greedy``; :meth:`parse` reads it back."""
+        return format_candidate(self)
+
+    @classmethod
+    def parse(cls, text: str) -> Candidate:
+        """The candidate whose text form is ``text`` (the inverse of ``str``; fields left out take their
+        defaults), or one line naming the piece that does not parse."""
+        return cls(**parse_candidate_fields(text))
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form (plan.json's ``candidate``, a trial's record): ``slabs`` are the slab counts,

@@ -31,7 +31,6 @@ experts' own data-parallel group the ``dp * cp / ep`` ranks ``ep`` apart, the me
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from mpipe_tune.errors import MpipeError
 
@@ -53,11 +52,6 @@ class ParallelLayout:
     """Context-parallel ranks of every data replica (they share its microbatches)."""
     ep: int = 1
     """Expert-parallel ranks, carved from the ``dp x cp`` ranks."""
-
-    @classmethod
-    def of_candidate(cls, candidate: dict[str, Any]) -> ParallelLayout:
-        return cls(int(candidate["pp"]), int(candidate.get("dp", 1)), int(candidate.get("tp", 1)),
-                   int(candidate.get("cp", 1)), int(candidate.get("ep", 1)))
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

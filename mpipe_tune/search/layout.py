@@ -9,11 +9,15 @@ before it, so lists keep their commas: ``pp=4,tp=1,dp=2,schedule=transpose,1f1b,
 ``dp``         data-parallel degree (default: the devices left, ``devices / (pp * tp)``)
 ``schedule``   skeleton list in its text form, e.g. ``1f1b`` or ``transpose,1f1b`` (required)
 ``M``          microbatches per replica (default: one sequence each, ``global batch / dp``)
-``recompute``  ``on`` or ``off`` (default off)
+``recompute``  ``on`` or ``off`` (default off; or ``none``, ``selective``, ``full``)
 ``cut``        interior boundaries in layers; with it, slabs are balanced by expected cost
                as the search balances them
 ``owners``     the transposed region's owner policy (default ``round-robin``)
 =============  ============================================================================
+
+A layout may also be written in the candidate's text form, as ``plan`` prints its best plan
+(``<transpose,1f1b> cut 9  pp4 tp1 dp2  M=8  owners greedy``, :meth:`Candidate.parse`): the same
+checks apply, and its other settings (slabs, ZeRO stage, sequence parallelism, ...) are kept.
 
 Without ``cut``, a schedule takes its baseline's layout: ``1f1b`` is the Megatron-style one
 (encoder and projector in stage 0, the backbone split evenly by layer count), ``gpipe`` the same
@@ -36,6 +40,7 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.mindspeed import is_model_json
 from mpipe_tune.search.baselines import baseline
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra.candidate_text import RECOMPUTE_WORDS, parse_recompute, recompute_granularity
 from mpipe_tune.search.owners import POLICIES
 from mpipe_tune.search.space import SearchSpace
 
@@ -99,6 +104,8 @@ def parse_layout(text: str, space: SearchSpace, *, label: str = "current", launc
     if launch_args is not None:
         raise _fail(f"{label} layout '{text}'", "launch arguments go with a MindSpeed-MM model.json only; give the "
                                                 "degrees as keys of the layout (tp=, dp=, M=, recompute=)")
+    if text.lstrip().startswith("<"):
+        return _from_text_form(text, space, label)
     problem, model = space.problem, space.problem.model
     where = f"{label} layout '{text}'"
     pairs = split_pairs(text, where)
@@ -139,8 +146,8 @@ def parse_layout(text: str, space: SearchSpace, *, label: str = "current", launc
         raise _fail(where, f"M={m}, but the microbatch count must {rule}; use one of "
                           f"{', '.join(map(str, allowed)) or 'none: change dp or the global batch'}")
     recompute = pairs.get("recompute", "off")
-    if recompute not in ("on", "off"):
-        raise _fail(where, f"recompute={recompute}, but it must be on or off")
+    if recompute not in RECOMPUTE_WORDS:
+        raise _fail(where, f"recompute={recompute}, but it must be on or off (or {', '.join(RECOMPUTE_WORDS)})")
     owners = pairs.get("owners")
     transpose = Skeleton.TRANSPOSE in schedule.skeletons  # any transpose: they share the owner map
     if owners is not None and (owners not in POLICIES or not transpose):
@@ -150,10 +157,32 @@ def parse_layout(text: str, space: SearchSpace, *, label: str = "current", launc
         c = _with_cut(where, pairs["cut"], schedule, pp, space)
     else:
         c = _baseline_layout(where, schedule, pp, tp, dp, m, space)
-    c = replace(c, pp=pp, tp=tp, dp=dp, num_microbatches=m, recompute=recompute == "on", label=label)
+    c = replace(c, pp=pp, tp=tp, dp=dp, num_microbatches=m, recompute=parse_recompute(recompute), label=label)
     if transpose:
         c = replace(c, owner_policy=owners or "round-robin")
     return c
+
+
+def _from_text_form(text: str, space: SearchSpace, label: str) -> Candidate:
+    """A layout in the candidate's text form (``Candidate.parse``; what ``plan`` prints as ``best:``),
+    checked for the problem as the key=value form is: its degrees, schedule, cut, M, recomputation and
+    owner policy go through the same checks, and its other settings are kept as written."""
+    try:
+        c = Candidate.parse(text)
+    except MpipeError as exc:
+        raise _fail(f"{label} layout '{text}'", str(exc)) from None
+    if c.ep > 1 or c.cp > 1:  # the key=value checks cover pp * tp * dp devices
+        raise _fail(f"{label} layout '{text}'", "a current layout with expert or context parallelism is not "
+                                                "supported yet; give ep1 cp1")
+    pairs = {"pp": c.pp, "tp": c.tp, "dp": c.dp, "schedule": c.schedule, "M": c.num_microbatches,
+             "recompute": recompute_granularity(c.recompute), "cut": ",".join(map(str, c.cut))}
+    if c.owner_policy is not None:
+        pairs["owners"] = c.owner_policy
+    if not c.cut:
+        pairs.pop("cut")
+    checked = parse_layout(",".join(f"{k}={v}" for k, v in pairs.items()), space, label=label)
+    return replace(c, cut=checked.cut, owner_policy=checked.owner_policy, label=label,
+                   slab_counts=c.slab_counts if c.slab_counts is not None else checked.slab_counts)
 
 
 def _with_cut(where: str, cut_text: str, schedule, pp: int, space: SearchSpace) -> Candidate:

@@ -83,3 +83,21 @@ def test_interleaving_needs_equal_rounds():
                                          "interleaved over pp=4, run in equal rounds of M // pp; use one of 1, 2, 3, 6$"):
         parse_layout("pp=4,schedule=1f1b,1f1b,M=9", space)
     assert parse_layout("pp=4,schedule=1f1b,1f1b,M=6", space).num_microbatches == 6
+
+
+
+def test_a_layout_in_the_candidates_text_form_is_checked_as_the_keys_are(space):
+    from mpipe_tune.algebra.candidate import Candidate
+
+    keys = parse_layout("pp=2,tp=1,dp=2,schedule=transpose,1f1b,cut=9,M=8,owners=greedy,recompute=selective", space)
+    text = parse_layout(str(replace(keys, label="")), space)
+    assert text == keys and keys.recompute == "selective"
+    # What plan prints as its best plan reads back whole, settings the keys do not name included.
+    best = replace(keys, zero_stage=0, slab_counts=((5, 11),), label="")
+    assert parse_layout(str(best), space) == replace(best, label="current")
+    assert parse_layout(str(Candidate("1f1b", (), pp=4, tp=1, dp=1, num_microbatches=8)), space) == replace(
+        baseline("megatron", MODEL, 4, 1, 1, 8), label="current")
+    with pytest.raises(MpipeError, match=r"pp\*tp\*dp = 2\*1\*1 = 2, but it must equal the 4 devices"):
+        parse_layout("<1f1b> cut -  pp2 tp1 dp1  M=8", space)
+    with pytest.raises(MpipeError, match="current layout '<1f1b> cut -  pp2 tq1  M=8': .*'tq1' is not a degree"):
+        parse_layout("<1f1b> cut -  pp2 tq1  M=8", space)
