@@ -1,4 +1,5 @@
 import json
+import re
 import signal
 import sqlite3
 import subprocess
@@ -166,14 +167,21 @@ def test_impossible_or_malformed_requests_exit_2_with_one_line(tmp_path, capsys,
     one_line_error(capsys, plan(tmp_path, *SMALL, *args), words)
 
 
-def test_zero_bubble_skeletons_are_planned_on_request_and_export_refuses_them(tmp_path, capsys):
+def test_zero_bubble_skeletons_are_planned_on_request_and_export_as_split_backwards(tmp_path, capsys):
     assert plan(tmp_path, *SMALL, "--skeletons", "zb1p,zbv") == 0
     best = json.loads((tmp_path / "plan.json").read_text())["candidate"]["schedule"]
     assert {s for s in best.split(",") if s != "transpose"} <= {"zb1p", "zbv"}, best
     assert '"W' in (tmp_path / "plan.json").read_text()  # its order holds the weight-gradient events
     capsys.readouterr()
-    code = main(["export", str(tmp_path / "plan.json"), "--to", "torch-csv"])
-    one_line_error(capsys, code, "zero-bubble skeleton")
+    out = tmp_path / "best.csv"
+    code = main(["export", str(tmp_path / "plan.json"), "--to", "torch-csv", "--out", str(out)])
+    if "transpose" in best:  # the CSV has no replicated stage: refused in one line, nothing written
+        one_line_error(capsys, code, "is a transpose")
+        assert not out.exists()
+    else:  # the split backward goes out as torch's I and W actions
+        assert code == 0
+        actions = {re.sub(r"\d", "", cell.strip()) for line in out.read_text().splitlines() for cell in line.split(",")}
+        assert {"I", "W"} <= actions, out.read_text()
 
 
 def test_interior_transposes_join_the_space_on_request_and_a_model_without_a_projector_is_told(tmp_path, capsys):
