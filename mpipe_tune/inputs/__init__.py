@@ -58,8 +58,8 @@ def parse_text(text: str, path: str | Path, what: str, *, as_json: bool) -> Any:
             raise MpipeError(f"{what} file {path} nests too deeply to be a {what}; fix the file") from None
     import yaml  # here, so that the algebra can use check_finite without loading yaml
 
-    try:
-        return yaml.safe_load(text)
+    try:  # libyaml's parser where PyYAML has it: about 5x faster on a large file, the same safe types
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" (line {mark.line + 1} column {mark.column + 1})" if mark else ""

@@ -131,7 +131,7 @@ def _trials(search: dict[str, Any] | None, plan_path: Path, storage: str | None)
     from mpipe_tune.search.trials import load_trials_study, trials_frame
 
     try:
-        frame = trials_frame(load_trials_study(storage, search["study"]))
+        frame = trials_frame(load_trials_study(storage, search["study"]), storage)
     except MpipeError as exc:
         return None, f"The study's trials are not shown: {exc}. Give --storage URL where the study is."
     return frame, f"Study '{search['study']}' in {storage}: {len(frame)} trials; the star is the plan's best."

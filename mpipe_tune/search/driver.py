@@ -70,7 +70,8 @@ from mpipe_tune.interrupt import StopRequest, stop_requests
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.space import SearchSpace
-from mpipe_tune.search.store import check_file, claim_study, fault_of, names_storage_faults, payload_digest
+from mpipe_tune.search.store import (check_file, check_study_size, check_trial_budget, claim_study, fault_of,
+                                     names_storage_faults, payload_digest)
 from mpipe_tune.search.writer import TrialWriter, store_trial
 
 DEFAULT_STORAGE = "sqlite:///mpipe-tune.db"
@@ -187,6 +188,7 @@ def run_search(
     ``refine`` and ``prune`` switch the hill-climbing and the bounds described above."""
     if n_trials < 1:
         raise MpipeError(f"--trials is {n_trials}, but at least one trial is needed")
+    check_trial_budget(n_trials)
     if sampler not in SAMPLERS:
         raise MpipeError(f"--sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}")
     start = time.perf_counter()
@@ -226,6 +228,7 @@ def _create_study(storage: str | None, study_name: str):
     """``optuna.create_study`` (or load it), retried while workers started together race to create the
     same new database or study; any other failure is one line."""
     check_file(storage)
+    check_study_size(storage, study_name)
     for attempt in range(_OPEN_ATTEMPTS):
         try:
             return optuna.create_study(storage=storage, study_name=study_name, direction="minimize",

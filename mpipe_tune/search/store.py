@@ -195,3 +195,38 @@ def claim_study(study, storage: str | None, payload: dict) -> None:
     named = "; ".join(PROBLEM_PARTS[name] for name in differ) or "the problem's digest"
     raise MpipeError(f"{place} was made for another planning problem, differing in {named}; rerun with the study's "
                      f"original inputs, or {fix}")
+
+
+# --------------------------------------------------------------------------------------- size
+
+MAX_TRIALS = 100_000
+"""The most trials a plan study may hold. A search reloads every stored trial through Optuna's ORM: on the
+2-core benchmark machine a study of 10^5 trials took 2.4 GB and minutes to reload
+(``benchmarks/bench_bounds.py``), so 10^6 would need about 24 GB; and no search space here needs it (a
+sampled search converges in hundreds, an exhaustive one settles most points by their bounds)."""
+
+
+def check_trial_budget(n_trials: int) -> None:
+    """Refuse, before anything starts, a requested total no study may hold."""
+    if n_trials > MAX_TRIALS:
+        raise MpipeError(f"--trials {n_trials} is above {MAX_TRIALS}, the most a study may hold (a search reloads every "
+                         f"stored trial, about 25 KB of memory each); give at most {MAX_TRIALS}")
+
+
+def check_study_size(storage: str | None, study_name: str) -> None:
+    """Refuse, with one counting query and before Optuna reads a trial, a study holding more than
+    :data:`MAX_TRIALS` (one grown by many workers, or by hand)."""
+    path = sqlite_path(storage)
+    if path is None or not path.is_file():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                                                timeout=_READ_TIMEOUT_S)) as db:
+            count = db.execute("SELECT count(*) FROM trials t JOIN studies s ON s.study_id = t.study_id "
+                               "WHERE s.study_name = ?", (study_name,)).fetchone()[0]
+    except sqlite3.Error:
+        return  # a fault here is named where Optuna meets it
+    if count > MAX_TRIALS:
+        raise MpipeError(f"study '{study_name}' in {path} holds {count} trials, more than the {MAX_TRIALS} a search "
+                         f"reloads (about 25 KB of memory each); give another --study name, or read its trials with "
+                         f"`mpipe-tune trials --storage {storage} --study {study_name} --csv FILE`")

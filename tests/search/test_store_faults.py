@@ -200,3 +200,16 @@ def test_a_study_of_an_earlier_problem_definition_is_told_so(study_db, capsys):
     study.set_user_attr("problem_parts", None)
     one_line_error(capsys, plan(study_db), "study 's'", "an earlier mpipe-tune", "optuna delete-study")
     assert finished(study_db) == 6
+
+
+def test_a_trial_budget_no_study_may_hold_is_refused_before_the_search(tmp_path, capsys):
+    db = tmp_path / "study.db"
+    one_line_error(capsys, plan(db, "--trials", "100001"), "--trials 100001 is above 100000")
+    assert not db.exists()
+
+
+def test_a_study_larger_than_a_search_reloads_is_refused_before_optuna_reads_it(study_db, capsys, monkeypatch):
+    monkeypatch.setattr("mpipe_tune.search.store.MAX_TRIALS", 5)  # the 6-trial study stands for one of 10^5 and more
+    one_line_error(capsys, plan(study_db, "--trials", "5"), "study 's'", "holds 6 trials, more than the 5",
+                   "mpipe-tune trials")
+    assert main(["trials", "--storage", f"sqlite:///{study_db}", "--study", "s"]) == 0  # it can still be read

@@ -22,7 +22,7 @@ def storage(tmp_path_factory):
 
 def test_every_trial_is_a_row_with_its_candidate_and_figures_in_si_units(storage):
     study = load_trials_study(storage, "small")
-    frame = trials_frame(study)
+    frame = trials_frame(study, storage)
     assert tuple(frame.columns) == COLUMNS
     trials = study.get_trials(deepcopy=False)
     assert list(frame["number"]) == [t.number for t in trials] and len(trials) == 10
@@ -56,5 +56,5 @@ def test_an_unknown_study_or_missing_file_lists_what_the_storage_holds_and_creat
 def test_an_empty_study_is_an_empty_frame(tmp_path):
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     optuna.create_study(storage=url, study_name="empty")
-    frame = trials_frame(load_trials_study(url, "empty"))
+    frame = trials_frame(load_trials_study(url, "empty"), url)
     assert frame.empty and tuple(frame.columns) == COLUMNS
