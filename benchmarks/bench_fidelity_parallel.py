@@ -6,9 +6,10 @@ layers calibrated (``--profile``, or measured first with ``mpipe-tune profile --
 
 - real compute: pp x dp x tp plans without and with expert parallelism (ep 2 and 4, carved from dp),
   where the executor dispatches and combines tokens by all-to-all and reduces the experts over their
-  own data-parallel group: measured beside the prediction that charges those all-to-alls;
-- emulated compute: the same plans and the context-parallel, sequence-parallel and encoder-tp plans
-  the real executor does not run yet: every compute event sleeps its predicted seconds, so this
+  own data-parallel group, and with the encoder at tp 1 under tp 2 (encoder groups): measured beside
+  the prediction that charges those all-to-alls and gathers;
+- emulated compute: the same plans and the context- and sequence-parallel plans the real executor
+  does not run yet: every compute event sleeps its predicted seconds, so this
   measures the executor's realisation of the predicted schedule (transfers, waits, reduces).
 
 Each plan runs ``--steps`` steps in one launch per plan and compute mode; measured = the median step
@@ -63,8 +64,8 @@ class Case:
 
     @property
     def real(self) -> bool:
-        """Whether the real executor runs it (expert parallelism yes; cp, sp, encoder tp not yet)."""
-        return self.cp == 1 and not self.sequence_parallel and self.encoder_tp is None
+        """Whether the real executor runs it (expert parallelism and the encoder's own tp yes; cp, sp not yet)."""
+        return self.cp == 1 and not self.sequence_parallel
 
 
 FIRST_LLM = 5

@@ -66,7 +66,7 @@ def test_predict_takes_the_encoders_own_tp_and_refuses_a_non_divisor(capsys):
     one_line_error(capsys, code, "must divide the tensor-parallel degree 4")
 
 
-def test_plan_searches_encoder_tp_and_real_runs_and_export_refuse_it(tmp_path, capsys):
+def test_plan_searches_encoder_tp_and_an_export_without_it_refuses_it(tmp_path, capsys):
     out = tmp_path / "plan.json"
     code = main(["plan", *SMALL, "--tp", "2", "--encoder-tp", "search", "--trials", "40", "--storage",
                  f"sqlite:///{tmp_path / 's.db'}", "--out", str(out), "--json"])
@@ -78,9 +78,6 @@ def test_plan_searches_encoder_tp_and_real_runs_and_export_refuse_it(tmp_path, c
     record = json.loads(out.read_text())
     record["candidate"]["encoder_tp"] = 1  # whichever the search chose, a plan with the encoder at tp 1
     out.write_text(json.dumps(record))
-    code = main(["run", str(out)])
-    one_line_error(capsys, code, "runs the encoder at the plan's tp; re-plan without --encoder-tp; run it with "
-                                 "--compute emulated")
     code = main(["export", str(out), "--to", "hyper-parallel"])  # torch-csv has no degrees: it writes the order
     one_line_error(capsys, code, "encoder tp 1")
 

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Group, Wgrad
 from mpipe_tune.inputs.arch_dims import IMAGE_STREAM_KINDS
+from mpipe_tune.runtime import encoder_groups
 from mpipe_tune.runtime.blueprint import output_shape
 from mpipe_tune.runtime.data import MicrobatchInputs
 from mpipe_tune.runtime.mesh import RankMesh, all_reduce_bucketed, local_tensor
@@ -64,6 +65,8 @@ class RealCompute:
         self.lr = lr
         self._text_start = next((s.index for s in stack.specs if s.kind not in IMAGE_STREAM_KINDS), len(stack.specs))
         """The first layer that is not image-stream (the encoder's layers come first)."""
+        self._encoder_end = view.model.encoder_end
+        """The first layer after the encoder block (the projector): encoder groups gather before it."""
         self.begin_step(view)
 
     def begin_step(self, view: PlanView | None = None) -> None:
@@ -102,12 +105,27 @@ class RealCompute:
         if self.view.microbatches[event.mb].image_tokens == 0 and start < self._text_start:
             start, h = self._skip_encoder(event.mb, start, stop)
         with torch.set_grad_enabled(track), tp_context(self.mesh.tp_mesh):
+            if self.mesh.encoder_mesh is not None and start < self._encoder_end:
+                start, h = self._encode_in_groups(event.mb, start, stop, h)
             y = self.stack.run(start, stop, h, self._microbatch(event.mb)) if start < stop else h
         if track:
             self._saved[(event.region, event.mb)] = (x, y)
         if index in self._loss_sources:
             self._outputs[index] = y
         return y.detach()
+
+    def _encode_in_groups(self, m: int, start: int, stop: int, h: torch.Tensor | None) -> tuple[int, torch.Tensor]:
+        """The slab's encoder layers on this rank's encoder group's images, then every group's features
+        gathered in image order (:mod:`~mpipe_tune.runtime.encoder_groups`): where the run resumes."""
+        layout, inputs = self.view.layout, self._microbatch(m)
+        group, groups = self.mesh.encoder_group_index, layout.encoder_groups
+        end = min(stop, self._encoder_end)
+        h = self.stack.run(start, end, h, encoder_groups.subset_inputs(inputs, group, groups))
+        last = self.stack.specs[end - 1]
+        rows_per_token = output_shape(last, self.view.microbatches[m])[0] // max(1, self.view.microbatches[m].image_tokens)
+        h = encoder_groups.gather_features(h, inputs, group, groups, rows_per_token, self.mesh.mesh["tp"].get_group(),
+                                           layout.coordinates(self.mesh.rank)[2], layout.encoder_tp)
+        return end, h
 
     def _skip_encoder(self, m: int, start: int, stop: int) -> tuple[int, torch.Tensor]:
         """Microbatch ``m`` has no images: where the slab's run resumes (the first text layer, or
@@ -152,10 +170,17 @@ class RealCompute:
     def reduce(self, index: int, event: DpReduce) -> None:
         """Sum the gradients of the event's layers over its group; a sharded routed expert's over its
         own data-parallel group (the ranks holding the same experts) instead."""
+        layers = range(*self.view.reduce_layers(event, self.rank))
+        encoders = self.mesh.encoder_replica_group
+        if encoders is not None:  # each encoder group holds its own images' gradient of the encoder
+            own = [local_tensor(p.grad) for p in self.stack.trainable_parameters(
+                range(layers.start, min(layers.stop, self._encoder_end)))]
+            if own:
+                all_reduce_bucketed(own, encoders)
         group = self.mesh.reduce_group(event.group)
         if group is None:
             return  # a group of one member (a DataGroup at dp = 1): nothing to reduce
-        rest, experts = self.stack.split_routed_experts(range(*self.view.reduce_layers(event, self.rank)))
+        rest, experts = self.stack.split_routed_experts(layers)
         all_reduce_bucketed([local_tensor(p.grad) for p in rest], group)
         expert_group = self.mesh.expert_data_group
         if experts and expert_group is not None:

@@ -54,3 +54,21 @@ class MicrobatchInputs:
 
     def targets(self, vocab: int) -> torch.Tensor:
         return self._draw(("targets", vocab), lambda g: torch.randint(vocab, (self.mb.text_tokens,), generator=g))
+
+
+class ImageSubset:
+    """The inputs of some of a microbatch's images (``images``: their numbers, in order), as the encoder
+    layers read them: their sizes and their rows of the microbatch's pixel patches. An encoder group
+    under its own tensor-parallel degree encodes the images dealt to it
+    (:mod:`~mpipe_tune.runtime.encoder_groups`)."""
+
+    def __init__(self, inputs: MicrobatchInputs, images: tuple[int, ...]) -> None:
+        self.inputs = inputs
+        self.images = images
+        self.image_sizes = tuple(inputs.image_sizes[i] for i in images)
+
+    def pixels(self, patch_elems: int, merge_factor: int) -> torch.Tensor:
+        whole = self.inputs.pixels(patch_elems, merge_factor)
+        rows = [n * merge_factor for n in self.inputs.image_sizes]
+        parts = torch.split(whole, rows)
+        return torch.cat([parts[i] for i in self.images]) if self.images else whole[:0]

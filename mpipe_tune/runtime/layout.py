@@ -52,6 +52,13 @@ class ParallelLayout:
     """Context-parallel ranks of every data replica (they share its microbatches)."""
     ep: int = 1
     """Expert-parallel ranks, carved from the ``dp x cp`` ranks."""
+    encoder_tp: int = 0
+    """The encoder's own tensor-parallel degree, a divisor of ``tp``; 0: ``tp``."""
+
+    @property
+    def encoder_groups(self) -> int:
+        """Encoder groups per tensor-parallel group (``tp / encoder_tp``), each encoding its own images."""
+        return self.tp // self.encoder_tp if self.encoder_tp else 1
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

@@ -47,6 +47,25 @@ class RankMesh:
     """The ``dp`` and ``cp`` dimensions flattened into one (the DataGroup)."""
     expert_mesh: DeviceMesh | None = None
     """``("pp", "edp", "ep", "tp")`` when ep > 1."""
+    encoder_mesh: DeviceMesh | None = None
+    """The tp dimension as ``("etg", "etp")`` (encoder groups, the encoder's own tp) when encoder_tp < tp."""
+
+    @property
+    def encoder_tp_mesh(self) -> DeviceMesh | None:
+        """The encoder's tensor-parallel group as a 1-D mesh (``tp_mesh`` itself without encoder groups)."""
+        if self.encoder_mesh is None:
+            return self.tp_mesh
+        return self.encoder_mesh["etp"] if self.layout.encoder_tp > 1 else None
+
+    @property
+    def encoder_group_index(self) -> int:
+        """Which encoder group of its tp group this rank is in."""
+        return self.layout.coordinates(self.rank)[2] // (self.layout.encoder_tp or self.layout.tp)
+
+    @property
+    def encoder_replica_group(self) -> dist.ProcessGroup | None:
+        """The ranks at this rank's place in the other encoder groups; ``None`` without encoder groups."""
+        return self.encoder_mesh["etg"].get_group() if self.encoder_mesh is not None else None
 
     @property
     def pp_rank(self) -> int:
@@ -98,7 +117,9 @@ def rank_mesh(layout: ParallelLayout, device_type: str) -> RankMesh:
         replica = mesh["pp", "dp", "cp"]._flatten(f"replica_{name}")
         data = mesh["dp", "cp"]._flatten(f"data_{name}")
         experts = world._unflatten(0, layout.expert_shape, EXPERT_MESH_DIMS) if layout.ep > 1 else None
-        _MESHES[key] = RankMesh(layout, dist.get_rank(), mesh, replica, data, experts)
+        groups = layout.encoder_groups
+        encoder = (mesh._unflatten("tp", (groups, layout.tp // groups), ("etg", "etp")) if groups > 1 else None)
+        _MESHES[key] = RankMesh(layout, dist.get_rank(), mesh, replica, data, experts, encoder)
     return _MESHES[key]
 
 

@@ -34,12 +34,14 @@ class LayerStack:
     @classmethod
     def build(cls, specs: Sequence[LayerSpec], indices: Iterable[int], *, seed: int, dtype: torch.dtype,
               device: torch.device, tp_mesh: DeviceMesh | None = None,
-              expert_shard: ExpertShard | None = None) -> LayerStack:
+              expert_shard: ExpertShard | None = None, encoder_tp_mesh: DeviceMesh | None = None,
+              encoder_end: int = 0) -> LayerStack:
         """The layers ``indices`` of ``specs``; with a ``tp_mesh`` of more than one rank each is split over
         it (:mod:`~mpipe_tune.runtime.tensor_parallel`: run steps inside its ``tp_context(tp_mesh)``);
-        with an ``expert_shard`` each MoE layer holds only that rank's routed experts."""
-        modules = {i: build_layer(specs[i], seed=seed, dtype=dtype, device=device, tp_mesh=tp_mesh,
-                                  expert_shard=expert_shard)
+        with an ``expert_shard`` each MoE layer holds only that rank's routed experts; the encoder's layers
+        (before ``encoder_end``) are split over ``encoder_tp_mesh`` instead of ``tp_mesh``."""
+        modules = {i: build_layer(specs[i], seed=seed, dtype=dtype, device=device,
+                                  tp_mesh=encoder_tp_mesh if i < encoder_end else tp_mesh, expert_shard=expert_shard)
                    for i in sorted(set(indices))}
         return cls(tuple(specs), modules)
 

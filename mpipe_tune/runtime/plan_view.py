@@ -109,7 +109,7 @@ class PlanView:
     def layout(self) -> ParallelLayout:
         """The plan's (pp, dp, cp, tp) grid of ranks and its expert-parallel degree."""
         c = self.candidate
-        return ParallelLayout(c.pp, c.dp, c.tp, c.cp, c.ep)
+        return ParallelLayout(c.pp, c.dp, c.tp, c.cp, c.ep, c.encoder_tp or 0)
 
     @property
     def dtype(self) -> str:
@@ -160,7 +160,8 @@ def read_plan_file(path: str, model: Model | None = None, *, plan_name: str | No
 def validate_runnable(view: PlanView, world_size: int | None = None, compute: str = "real") -> None:
     """What this runtime cannot run, as one-line errors, before any process group exists. Emulated
     compute runs every layout (its events sleep their predicted seconds, which charge what each degree
-    costs; its reduces join their real groups); real compute runs pp x dp x tp with expert parallelism."""
+    costs; its reduces join their real groups); real compute runs pp x dp x tp with expert parallelism
+    and the encoder's own tp (with the encoder inside one stage)."""
     c = view.candidate
     emulated = "; run it with --compute emulated" if compute == "real" else ""
     if compute == "real" and c.cp > 1:
@@ -171,11 +172,23 @@ def validate_runnable(view: PlanView, world_size: int | None = None, compute: st
                          f"compute does not run yet (its tensor parallelism keeps whole sequences); re-plan without "
                          f"--sequence-parallel{emulated}")
     if compute == "real" and c.encoder_tp is not None:
-        raise MpipeError(f"plan file {view.path} is planned with encoder tensor-parallel degree {c.encoder_tp} "
-                         f"under tp {c.tp}; the runtime's real compute runs the encoder at the plan's tp; re-plan "
-                         f"without --encoder-tp{emulated}")
+        inside = sorted({start for start in _slab_starts(view) if 0 < start < view.model.encoder_end})
+        if inside:
+            raise MpipeError(f"plan file {view.path} is planned with encoder tensor-parallel degree {c.encoder_tp} "
+                             f"under tp {c.tp} and a stage starting at encoder layer {inside[0]}; the runtime's "
+                             f"encoder groups gather their images' features after the whole encoder, so a cut inside "
+                             f"it cannot run; re-plan with the encoder in one stage{emulated}")
     if world_size is not None:
         view.layout.validate_world_size(world_size, f"plan file {view.path}")
+
+
+def _slab_starts(view: PlanView) -> list[int]:
+    """The first layer of every slab (a Sharded region's per rank, a Replicated region's whole)."""
+    starts = []
+    for p in view.plan.placement:
+        slabs = p.owner.slabs if isinstance(p.owner, ByLayer) else (p.layers,)
+        starts += [start for start, stop in slabs if start < stop]
+    return starts
 
 
 def _view(resolved: ResolvedPlan) -> PlanView:

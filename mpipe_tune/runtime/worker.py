@@ -57,7 +57,8 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
         shard = None if mesh.ep_group is None else ExpertShard(
             mesh.ep_group, view.layout.expert_coordinates(ctx.rank)[2], view.layout.ep)
         stack = LayerStack.build(specs, planner.held_layers(rank), seed=job.seed, dtype=dtype, device=device,
-                                 tp_mesh=mesh.tp_mesh, expert_shard=shard)
+                                 tp_mesh=mesh.tp_mesh, expert_shard=shard, encoder_tp_mesh=mesh.encoder_tp_mesh,
+                                 encoder_end=view.model.encoder_end)
         compute = RealCompute(view, mesh, stack, seed=job.seed, dtype=dtype, device=device, lr=job.lr)
         transport = Transport(view, rank, dtype=dtype, device=device, peer=mesh.peer, pairs=planner.rank_pairs(),
                               shape_of=lambda v, t: output_shape(specs[t.boundary_layer], v.microbatches[t.mb]))

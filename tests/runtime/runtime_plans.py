@@ -42,7 +42,8 @@ def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int,
                           sequence_parallel=sequence_parallel, encoder_tp_degree=encoder_tp,
                           shard_optimizer=zero_stage >= 1)
     prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, workload, hw, num_ranks, options=options)
-    degrees = "".join(f"-{k}{v}" for k, v in (("ep", ep), ("cp", cp), ("etp", encoder_tp)) if v not in (1, None))
+    degrees = "".join(f"-{k}{v}" for k, v in (("ep", ep), ("cp", cp)) if v > 1) + (
+        f"-etp{encoder_tp}" if encoder_tp is not None else "")
     name = (f"{Path(model_spec).stem}-{schedule.replace(',', '_')}-p{num_ranks}-tp{tp}-dp{dp}{degrees}"
             + ("-sp" if sequence_parallel else "") + ("-frozen" if frozen else "") + f"-zero{zero_stage}.json")
     path = Path(folder) / name
