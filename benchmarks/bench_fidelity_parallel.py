@@ -80,7 +80,7 @@ CASES = (
     Case("pp2 cp2", "1f1b", (), 2, cp=2),
     Case("cp2 dp2 ep2", "1f1b", (), 1, dp=2, cp=2, ep=2),
     Case("pp2 tp2 sp", "1f1b", (), 2, tp=2, sequence_parallel=True),
-    Case("tp4 sp", "1f1b", (), 1, tp=4, sequence_parallel=True),
+    Case("tp2 dp2 sp", "1f1b", (), 1, tp=2, dp=2, sequence_parallel=True),
     Case("pp2 tp2 encoder tp1", "transpose,1f1b", (FIRST_LLM,), 2, tp=2, encoder_tp=1),
 )
 
@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cases = [c for c in CASES if args.only is None or c.label in args.only.split(",")]
     rows = []
+    record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+              "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+              "profile": args.profile, "steps": args.steps, "rows": rows}
     with tempfile.TemporaryDirectory(prefix="parallel-fidelity-") as folder:
         for case in cases:
             path = make_plan(case, Path(args.profile), Path(folder))
@@ -129,15 +132,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(f"{case.label:24s} {compute:9s} predicted {row['predicted_ms']:8.2f} ms  measured "
                       f"{row['measured_ms']:8.2f} ms  error {row['error']:+7.1%}", flush=True)
+                if args.json:  # after every row: a run cut short keeps what it measured
+                    Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     for compute in ("real", "emulated"):
         errors = [abs(r["error"]) for r in rows if r["compute"] == compute]
         if errors:
             print(f"{compute}: MAPE {statistics.mean(errors):.1%} over {len(errors)} plans")
-    if args.json:
-        record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-                  "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
-                  "profile": args.profile, "steps": args.steps, "rows": rows}
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 
