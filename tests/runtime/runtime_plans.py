@@ -134,7 +134,8 @@ def run_cases(folder: Path, cases: dict, num_ranks: int, *, steps: int = 1) -> t
     return run_plan_files(folder, paths, num_ranks, steps=steps)
 
 
-def run_plan_files(folder: Path, paths: dict, num_ranks: int, *, steps: int = 1) -> tuple[dict, dict]:
+def run_plan_files(folder: Path, paths: dict, num_ranks: int, *, steps: int = 1,
+                   deadline_s: float = 150) -> tuple[dict, dict]:
     """Run every ``name: plan file`` of ``paths`` in turn in one local launch (float64, each rank saving
     its first step's gradients under ``folder``): name -> job, name -> result."""
     from mpipe_tune.runtime.job import RunJob
@@ -146,7 +147,7 @@ def run_plan_files(folder: Path, paths: dict, num_ranks: int, *, steps: int = 1)
         grads = folder / f"grads-{len(jobs)}"
         grads.mkdir()
         jobs[name] = RunJob(str(path), steps=steps, dtype="fp64", lr=0.05, grads_dir=str(grads))
-    results = launch_local(run_jobs, (list(jobs.values()),), num_ranks, timeout_s=60, deadline_s=150)
+    results = launch_local(run_jobs, (list(jobs.values()),), num_ranks, timeout_s=60, deadline_s=deadline_s)
     return jobs, dict(zip(jobs, results))
 
 

@@ -12,12 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from runtime_plans import (  # noqa: E402
-    FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of,
+    FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of, run_plan_files,
 )
 
 from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
 
 CASES = {  # name -> (schedule, cut, pp, dp)
     "pp2 x tp2, transpose,1f1b": ("transpose,1f1b", (FIRST_LLM,), 2, 1),
@@ -28,14 +26,9 @@ CASES = {  # name -> (schedule, cut, pp, dp)
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("encoder-tp")
-    jobs = {}
-    for name, (schedule, cut, pp, dp) in CASES.items():
-        grads = folder / f"grads-{len(jobs)}"
-        grads.mkdir()
-        path = make_plan(folder, schedule, cut, pp, tp=2, dp=dp, encoder_tp=1)
-        jobs[name] = RunJob(str(path), steps=1, dtype="fp64", lr=0.05, grads_dir=str(grads))
-    results = launch_local(run_jobs, (list(jobs.values()),), 4, timeout_s=60, deadline_s=240)
-    return jobs, dict(zip(jobs, results))
+    paths = {name: make_plan(folder, schedule, cut, pp, tp=2, dp=dp, encoder_tp=1)
+             for name, (schedule, cut, pp, dp) in CASES.items()}
+    return run_plan_files(folder, paths, 4, deadline_s=240)
 
 
 @pytest.mark.parametrize("case", list(CASES))

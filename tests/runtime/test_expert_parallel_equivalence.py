@@ -16,12 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from runtime_plans import (  # noqa: E402
-    FIRST_LLM, MLA_MOE_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of,
+    FIRST_LLM, MLA_MOE_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of, run_plan_files,
 )
-
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
 
 CASES = {  # name -> (schedule, cut, pp, tp, dp, ep)
     "pp2 x dp2, ep2, transpose,1f1b": ("transpose,1f1b", (FIRST_LLM,), 2, 1, 2, 2),
@@ -34,14 +30,9 @@ CASES = {  # name -> (schedule, cut, pp, tp, dp, ep)
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("expert-parallel")
-    jobs = {}
-    for name, (schedule, cut, pp, tp, dp, ep) in CASES.items():
-        grads = folder / f"grads-{len(jobs)}"
-        grads.mkdir()
-        path = make_plan(folder, schedule, cut, pp, model_spec=MLA_MOE_MODEL, tp=tp, dp=dp, ep=ep)
-        jobs[name] = RunJob(str(path), steps=1, dtype="fp64", lr=0.05, grads_dir=str(grads))
-    results = launch_local(run_jobs, (list(jobs.values()),), 4, timeout_s=60, deadline_s=240)
-    return jobs, dict(zip(jobs, results))
+    paths = {name: make_plan(folder, schedule, cut, pp, model_spec=MLA_MOE_MODEL, tp=tp, dp=dp, ep=ep)
+             for name, (schedule, cut, pp, tp, dp, ep) in CASES.items()}
+    return run_plan_files(folder, paths, 4, deadline_s=240)
 
 
 @pytest.mark.parametrize("case", list(CASES))
