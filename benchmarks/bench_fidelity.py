@@ -54,7 +54,7 @@ from mpipe_tune.cost.profile import dump_profile, load_profile
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.frames import Column, format_markdown, ms, text
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the emulated runs plan as bench_runtime_emulated.py does

@@ -37,7 +37,7 @@ from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 HERE = Path(__file__).resolve().parent
 MODEL_PATH = HERE.parent / "tests" / "runtime" / "tiny-mla-moe.yaml"

@@ -31,7 +31,7 @@ from dataclasses import replace
 from mpipe_tune.search.baselines import baseline
 from mpipe_tune.search.evaluate import Evaluator
 from mpipe_tune.search.problem import Problem
-from mpipe_tune.specs import load_model, load_profile
+from mpipe_tune.inputs.specs import load_model, load_profile
 
 CONFIGS = [
     dict(name="8 devices", model="qwen2vl-vit-llama3-8b", profile="ascend-910c-cm384", devices=8,

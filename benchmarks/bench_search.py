@@ -36,7 +36,7 @@ import numpy as np
 import optuna
 
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
-from mpipe_tune.specs import load_model, load_profile
+from mpipe_tune.inputs.specs import load_model, load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 

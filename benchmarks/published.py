@@ -25,7 +25,7 @@ from mpipe_tune.cost.predict import Prediction, predict
 from mpipe_tune.cost.profile import HardwareProfile
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.specs import load_model, load_profile
+from mpipe_tune.inputs.specs import load_model, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_FILE = Path(__file__).resolve().parent / "published_runs.yaml"
@@ -145,7 +145,7 @@ def megatron_layout(model: Model, pp: int, vp: int) -> tuple[Cut, str, tuple[tup
     """Cut, schedule text and slab counts of Megatron-LM's layout: ``vp`` woven regions, each rank's
     virtual stage ``decoders / (pp * vp)`` decoder layers, the embedding first and the head last.
 
-    >>> from mpipe_tune.specs import load_model
+    >>> from mpipe_tune.inputs.specs import load_model
     >>> cut, schedule, slabs = megatron_layout(load_model("llama3-8b"), 2, 2)
     >>> cut.boundaries, schedule, slabs
     ((17,), '1f1b,1f1b', ((9, 8), (8, 9)))

@@ -105,7 +105,7 @@ def load_candidate(args: argparse.Namespace):
     model, workload, profile)."""
     from mpipe_tune.cost.predict import predict, predict_fastest_placement
     from mpipe_tune.inputs.workload import DEFAULT_NUM_MICROBATCHES
-    from mpipe_tune.specs import load_model, load_profile, load_workload
+    from mpipe_tune.inputs.specs import load_model, load_profile, load_workload
 
     from mpipe_tune.workload_spec import is_dataset, load_dataset_workload
 
@@ -182,7 +182,7 @@ class Models(Command):
     help = "list the built-in model specs"
 
     def take_action(self, args):
-        from mpipe_tune.specs import builtin_models, load_model
+        from mpipe_tune.inputs.specs import builtin_models, load_model
 
         for name in builtin_models():
             model = load_model(name)
@@ -195,7 +195,7 @@ class Profiles(Command):
     help = "list the built-in hardware profiles"
 
     def take_action(self, args):
-        from mpipe_tune.specs import builtin_profiles, load_profile
+        from mpipe_tune.inputs.specs import builtin_profiles, load_profile
 
         for name in builtin_profiles():
             p = load_profile(name)

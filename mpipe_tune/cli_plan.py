@@ -32,7 +32,7 @@ def _problem(args: argparse.Namespace):
     """The model (frozen blocks applied), profile, and the search Problem the arguments describe."""
     from mpipe_tune.inputs.workload import MIXES
     from mpipe_tune.search import Problem
-    from mpipe_tune.specs import load_model, load_profile, load_workload
+    from mpipe_tune.inputs.specs import load_model, load_profile, load_workload
     from mpipe_tune.workload_spec import is_dataset, load_dataset
 
     model = load_model(args.model)
@@ -217,7 +217,7 @@ class Plan(Command):
         from mpipe_tune.search import compare
         from mpipe_tune.search.families import search_families
         from mpipe_tune.search.layout import parse_layout
-        from mpipe_tune.specs import resolve_spec
+        from mpipe_tune.inputs.specs import resolve_spec
 
         if args.csv is not None:
             validate_out_path(args.csv, label="--csv", suffixes=(".csv",))

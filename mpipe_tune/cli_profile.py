@@ -151,7 +151,7 @@ def validate_request(args: argparse.Namespace):
     calibration = None
     if args.calibrate is not None:
         from mpipe_tune.profiler.calibrate import calibration_layers
-        from mpipe_tune.specs import load_model
+        from mpipe_tune.inputs.specs import load_model
 
         calibration = load_model(args.calibrate)
         calibration_layers(calibration)  # a model the runtime cannot build fails here, in one line

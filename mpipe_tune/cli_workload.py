@@ -51,7 +51,7 @@ class Workload(Command):
     def take_action(self, args):
         from mpipe_tune.errors import MpipeError
         from mpipe_tune.report.dataset import distribution_record, draw_distribution, print_distribution
-        from mpipe_tune.specs import load_model
+        from mpipe_tune.inputs.specs import load_model
         from mpipe_tune.workload_spec import is_dataset, load_dataset
 
         if args.plot:

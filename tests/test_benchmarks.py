@@ -94,7 +94,7 @@ def test_replot_prints_every_plan_and_the_emulated_rows(fidelity, tmp_path, caps
 
 
 def test_there_are_24_plans_or_more_with_data_and_tensor_parallel_ones(fidelity):
-    from mpipe_tune.specs import load_model
+    from mpipe_tune.inputs.specs import load_model
 
     specs = fidelity.plan_specs(load_model(str(fidelity.MODEL_PATH)))
     assert len(specs) >= 24 and len({s.label for s in specs}) == len(specs)

@@ -60,8 +60,16 @@ def imports(path: Path, name: str) -> set[str]:
     return found
 
 
+LOADERS = ("inputs.specs",)
+"""Modules of ``inputs`` that load named inputs with the layers above (a profile is cost's, a model the
+algebra's): the ``specs`` layer."""
+
+
 def layer_of(name: str) -> str:
-    """``algebra`` for ``algebra.derive``; a top-level module is its own layer (``cli_plan`` is ``cli``)."""
+    """``algebra`` for ``algebra.derive``; a top-level module is its own layer (``cli_plan`` is ``cli``);
+    :data:`LOADERS` are the ``specs`` layer."""
+    if any(name == m or name.startswith(m + ".") for m in LOADERS):
+        return "specs"
     top = name.split(".")[0]
     return "cli" if top.startswith("cli") else top
 

@@ -43,7 +43,7 @@ def test_a_suite_like_another_takes_its_configuration(published):
 
 def test_megatron_layout_gives_each_virtual_stage_its_share(published):
     from mpipe_tune.errors import MpipeError
-    from mpipe_tune.specs import load_model
+    from mpipe_tune.inputs.specs import load_model
 
     model = load_model(BENCHMARKS / "models" / "llama31-405b.yaml")
     cut, schedule, slabs = published.megatron_layout(model, 9, 7)

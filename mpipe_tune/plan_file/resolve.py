@@ -98,7 +98,7 @@ def _moved(file: PlanFile, what: str, spec: str, flag: str) -> None:
 
 def load_plan_model(file: PlanFile, *, spec: str | None = None) -> Model:
     """The plan's model (from ``spec`` when given: the same model, moved), with its frozen blocks."""
-    from mpipe_tune.specs import load_model
+    from mpipe_tune.inputs.specs import load_model
 
     spec = spec or file.inputs.model.spec
     _moved(file, "model", spec, "--model")
@@ -110,7 +110,7 @@ def load_plan_model(file: PlanFile, *, spec: str | None = None) -> Model:
 def load_plan_profile(file: PlanFile, *, spec: str | None = None):
     """The plan's hardware profile (from ``spec`` when given: the same profile, moved), checked
     against the hash the file stores."""
-    from mpipe_tune.specs import load_profile
+    from mpipe_tune.inputs.specs import load_profile
 
     spec = spec or file.inputs.profile.spec
     _moved(file, "profile", spec, "--profile")

@@ -298,7 +298,7 @@ def calibration_microbatch(model: Model, tokens: int, images: int = 1) -> Microb
     """A microbatch of ``tokens`` text tokens and about ``tokens`` ViT patches, in one image or split
     as evenly as whole image tokens allow into ``images`` (at most one per image token).
 
-    >>> from mpipe_tune.specs import load_model
+    >>> from mpipe_tune.inputs.specs import load_model
     >>> calibration_microbatch(load_model("tiny-vit-llm"), 64)
     Microbatch(image_tokens=16, text_tokens=64, images=())
     >>> calibration_microbatch(load_model("tiny-vit-llm"), 64, images=3).images

@@ -12,7 +12,7 @@ from mpipe_tune.cost.predict import Prediction
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.cost.timing import longest_path_reference
 from mpipe_tune.inputs.workload import Microbatch, Workload, load_workload
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 from conftest import make_model, predict_plan
 

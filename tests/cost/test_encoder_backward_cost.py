@@ -18,7 +18,7 @@ from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.predict import predict, predict_fastest_placement
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.inputs.workload import load_workload
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 REAL = "qwen2vl-vit-llama3-8b"
 

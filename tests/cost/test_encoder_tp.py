@@ -13,7 +13,7 @@ from mpipe_tune.cost.layers import CostOptions, build_layer_table, encoder_split
 from mpipe_tune.cost.profile import LinkCost, estimate_collective_s, load_profile, parse_profile
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.specs import load_model, load_workload
+from mpipe_tune.inputs.specs import load_model, load_workload
 
 from conftest import with_link, predict_plan
 

@@ -9,7 +9,7 @@ from mpipe_tune.cost import arch
 from mpipe_tune.cost.layers import CostOptions, build_layer_table
 from mpipe_tune.cost.profile import load_profile, parse_profile
 from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 OPTIONS = CostOptions(dtype="fp32")
 # One microbatch with an image, one text-only: the encoder has nothing to do in the second.

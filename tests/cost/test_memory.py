@@ -4,7 +4,7 @@ import pytest
 from mpipe_tune.algebra import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.profile import load_profile
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 from conftest import uniform_workload, predict_plan
 

@@ -15,7 +15,7 @@ from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.profiler.build import tp_overhead_entries
 from mpipe_tune.profiler.calibrate import LayerPoint, calibration_microbatch
 from mpipe_tune.profiler.stats import summarize
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 MODEL = load_model("tiny-vit-llm")
 FWD_S, BWD_S = 4e-4, 9e-4

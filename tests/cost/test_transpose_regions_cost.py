@@ -11,7 +11,7 @@ from mpipe_tune.cost.memory import estimate_static_bytes, static_bytes_of
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.cost.timing import longest_path_reference
 from mpipe_tune.inputs.workload import load_workload
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 from conftest import predict_plan, walked_peaks
 

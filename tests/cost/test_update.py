@@ -12,7 +12,7 @@ from mpipe_tune.cost.profile import load_profile, parse_profile
 from mpipe_tune.cost.update import estimate_update_s
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 from conftest import predict_plan
 

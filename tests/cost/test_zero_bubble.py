@@ -15,7 +15,7 @@ from mpipe_tune.cost.maxplus import makespan_maxplus
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.cost.timing import longest_path_reference
 from mpipe_tune.inputs.workload import load_workload
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 from conftest import make_model, predict_plan, uniform_workload, walked_peaks
 

@@ -25,7 +25,7 @@ from mpipe_tune.inputs.dataset import (
     read_dataset,
 )
 from mpipe_tune.inputs.workload import MixDraw, image_tokens_for
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 from mpipe_tune.workload_spec import DatasetOptions, is_dataset, load_dataset
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

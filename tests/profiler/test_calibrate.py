@@ -12,7 +12,7 @@ from mpipe_tune.profiler.calibrate import (
     time_chains,
 )
 from mpipe_tune.profiler.settings import sweep_settings
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 PEAK, BANDWIDTH = 1e11, 1e10
 

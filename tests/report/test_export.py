@@ -30,7 +30,7 @@ from mpipe_tune.report.export import (
 from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record, plan_section
 from mpipe_tune.plan_file import select_plan
-from mpipe_tune.specs import load_model, load_profile
+from mpipe_tune.inputs.specs import load_model, load_profile
 from conftest import predict_plan
 
 MODEL = "example-mllm"  # explicit costs: 8 ViT layers, a projector, 16 decoder layers

@@ -16,7 +16,7 @@ from mpipe_tune.runtime.compute import RealCompute  # noqa: E402
 from mpipe_tune.runtime.data import MicrobatchInputs  # noqa: E402
 from mpipe_tune.runtime.mllm import LayerStack  # noqa: E402
 from mpipe_tune.runtime.plan_view import read_plan_file  # noqa: E402
-from mpipe_tune.specs import load_model  # noqa: E402
+from mpipe_tune.inputs.specs import load_model  # noqa: E402
 
 EMPTY = next(m for m, mb in enumerate(WORKLOAD.microbatches) if mb.image_tokens == 0)
 

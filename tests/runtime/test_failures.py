@@ -191,7 +191,7 @@ def _rank_processes(cli_pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def slow_plan(tmp_path_factory):
     """example-mllm's explicit costs on a sampled mix: emulated steps of seconds, on 4 ranks."""
-    from mpipe_tune.specs import load_workload
+    from mpipe_tune.inputs.specs import load_workload
 
     workload = load_workload("balanced", num_microbatches=8)
     return str(make_plan(tmp_path_factory.mktemp("slow"), "1f1b", (), 4, model_spec="example-mllm",

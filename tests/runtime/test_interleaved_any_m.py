@@ -20,7 +20,7 @@ from mpipe_tune.runtime.job import RunJob  # noqa: E402
 from mpipe_tune.runtime.launch import launch_local  # noqa: E402
 from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
 from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
-from mpipe_tune.specs import load_model  # noqa: E402
+from mpipe_tune.inputs.specs import load_model  # noqa: E402
 
 MICROBATCHES = WORKLOAD.microbatches + (Microbatch(2, 9, (2,)), Microbatch(0, 5))
 NUM_MICROBATCHES = {2: 3, 4: 6}

@@ -21,7 +21,7 @@ from mpipe_tune.runtime.blueprint import LayerSpec, blueprint, validate_tensor_p
 from mpipe_tune.runtime.data import MicrobatchInputs  # noqa: E402
 from mpipe_tune.runtime.launch import launch_local  # noqa: E402
 from mpipe_tune.runtime.layers import build_layer  # noqa: E402
-from mpipe_tune.specs import load_model  # noqa: E402
+from mpipe_tune.inputs.specs import load_model  # noqa: E402
 
 F64, CPU = torch.float64, torch.device("cpu")
 ATOL = 1e-12

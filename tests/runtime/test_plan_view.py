@@ -13,7 +13,7 @@ from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.runtime.blueprint import blueprint, output_shape
 from mpipe_tune.runtime.plan_view import read_plan_file
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 
 def test_every_coll_becomes_one_transfer_between_the_right_events(tmp_path):

@@ -19,7 +19,7 @@ from mpipe_tune.runtime.blueprint import LayerSpec, blueprint, output_shape
 from mpipe_tune.runtime.data import MicrobatchInputs, seed_of
 from mpipe_tune.runtime.mllm import LayerStack, reference_step
 from mpipe_tune.runtime.tensor_parallel import tp_context
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 TP_MODEL = str(Path(__file__).with_name("tiny-mla-moe.yaml"))
 """Every kind and attention variant the runtime splits (12 layers)."""

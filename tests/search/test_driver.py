@@ -5,7 +5,7 @@ import pytest
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
-from mpipe_tune.specs import load_model, load_profile
+from mpipe_tune.inputs.specs import load_model, load_profile
 
 MODEL = load_model("example-mllm")
 PROFILE = load_profile("ideal")

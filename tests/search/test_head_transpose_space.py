@@ -8,7 +8,7 @@ import pytest
 from mpipe_tune.algebra import Owners, derive, normalize, validate_schedule
 from mpipe_tune.algebra.model import ExplicitCost, Layer, Model
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
-from mpipe_tune.specs import load_model, load_profile
+from mpipe_tune.inputs.specs import load_model, load_profile
 
 
 def generator_model() -> Model:

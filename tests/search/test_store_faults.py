@@ -14,7 +14,7 @@ from mpipe_tune.cli import main
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 from mpipe_tune.search.writer import TrialWriter
-from mpipe_tune.specs import load_model, load_profile
+from mpipe_tune.inputs.specs import load_model, load_profile
 
 SMALL = ["--devices", "2", "--global-batch", "4", "--samples", "1", "--no-progress", "--study", "s"]
 

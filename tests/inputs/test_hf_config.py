@@ -15,10 +15,10 @@ from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.cli import main
 from mpipe_tune.cost.arch import activated_param_count, param_count
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.hf_config import from_hf_config
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.hf_config import from_hf_config
+from mpipe_tune.inputs.specs import load_model
 
-HF = Path(__file__).resolve().parent / "fixtures" / "hf"
+HF = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
 QWEN2_VL = HF / "Qwen2-VL-7B-Instruct" / "config.json"
 LLAVA = HF / "llava-1.5-7b-hf"
 DEEPSEEK_V3 = HF / "DeepSeek-V3" / "config.json"
@@ -131,7 +131,7 @@ def test_a_pairing_file_composes_a_config_json(tmp_path):
 
 def test_hf_reader_needs_neither_torch_nor_transformers():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
-            f"from mpipe_tune.specs import load_model; print(load_model({str(LLAVA)!r}).num_layers)")
+            f"from mpipe_tune.inputs.specs import load_model; print(load_model({str(LLAVA)!r}).num_layers)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "59"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.specs import load_model
+from mpipe_tune.inputs.specs import load_model
 
 BLOCK = "layers: [{name: blk, block: llm, fwd_s_per_token: 1.0e-6, bwd_s_per_token: 2.0e-6, repeat: 3}]\n"
 

@@ -1,7 +1,7 @@
 """Resolving the CLI's SPEC arguments: a built-in name or a file path, loaded and validated once.
 
 ``load_model`` reads a YAML model file (or a built-in from ``models/``), or a Hugging Face config.json (or a
-folder holding one, through :mod:`mpipe_tune.hf_config`), expands ``compose``, and checks architecture
+folder holding one, through :mod:`mpipe_tune.inputs.hf_config`), expands ``compose``, and checks architecture
 dimensions with the cost model, so a bad file fails here with one line.
 """
 
@@ -20,7 +20,7 @@ from mpipe_tune.cost.profile import builtin_profiles, load_profile
 from mpipe_tune.inputs.workload import load_workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
-from mpipe_tune.hf_config import from_hf_config, is_hf_config
+from mpipe_tune.inputs.hf_config import from_hf_config, is_hf_config
 
 __all__ = ["builtin_models", "builtin_profiles", "load_model", "load_profile", "load_workload", "resolve_spec"]
 
