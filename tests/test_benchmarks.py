@@ -146,3 +146,22 @@ def test_the_emulated_baseline_plans_are_plan_files_the_executor_reads(tmp_path,
 def test_only_a_word_no_plan_has_is_refused_with_the_labels(fidelity):
     with pytest.raises(SystemExit, match="no plan's label contains it; labels: 1f1b M=2"):
         fidelity.main(["--only", "tp3", "--no-emulated"])
+
+
+def test_the_parallel_fidelity_plans_are_plan_files_the_executor_takes(tmp_path):
+    """bench_fidelity_parallel.py: every case's plan passes run's checks (real where it says real)."""
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("bench_fidelity_parallel", BENCHMARKS / "bench_fidelity_parallel.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        from mpipe_tune.runtime.job import RunJob, preflight
+
+        profile = BENCHMARKS / "profiles" / "moe-vm-4.json"
+        for case in module.CASES:
+            path = module.make_plan(case, profile, tmp_path)
+            view = preflight(RunJob(str(path), compute="real" if case.real else "emulated"), 4)
+            assert (view.layout.ep, view.layout.cp, view.layout.world_size) == (case.ep, case.cp, 4), case.label
+    finally:
+        del sys.modules[spec.name]
