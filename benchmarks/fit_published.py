@@ -122,7 +122,11 @@ TRANSFER_REASONS = {
 PROFILE_NOTES = {
     "ascend-910b": "; the peak (320e12 bf16), memory bandwidth and links stay datasheet figures and assumptions: the "
                    "runs' 910B SKU is not stated (SKUs range ~280-414e12), so the fitted efficiencies absorb a peak "
-                   "that differs from 320e12, and the links were not fitted separately",
+                   "that differs from 320e12, and the links were not fitted separately; the fit runs are Atlas 900 A2 "
+                   "PoDc runs at 4K-8K tokens: MindFormers measured one configuration 15% slower on Atlas 800T A2, "
+                   "which this profile does not model, and the split between the attention core and the rest is "
+                   "not pinned down by runs whose attention share barely varies (GLM-4 9B at 32K, held out, runs "
+                   "35% faster than predicted)",
 }
 """What stays an assumption in a fitted profile, appended to each fitted number's provenance."""
 

@@ -64,6 +64,9 @@ class PublishedRun:
     note: str = ""
     decoder_layers: int | None = None
     """Decoder layers of a proxy run (None: the model's own)."""
+    optimizer_bytes_per_param: float = 12.0
+    """Optimizer state per parameter beyond the parameter itself: Adam's fp32 master copy and two moments (12)
+    unless the framework's optimizer keeps fewer (MindFormers' fp32-state AdamW on fp16 parameters: 8)."""
 
     @property
     def name(self) -> str:
@@ -135,8 +138,9 @@ def run_model(run: PublishedRun) -> Model:
 def run_options(run: PublishedRun) -> CostOptions:
     """The run's cost options. The gradient buffer is kept in the dtype the framework reduces it in
     (NeMo's ``grad_sync_dtype``, Megatron-Core's ``grad_reduce_in_fp32``): 2 bytes per gradient for a bf16
-    reduce, 4 for fp32."""
-    return CostOptions(grad_bytes_per_param=float(DTYPE_BYTES[run.grad_reduce_dtype]), dtype=run.dtype, tp_degree=run.tp, dp_degree=run.dp, cp_degree=run.cp, ep_degree=run.ep,
+    reduce, 4 for fp32; the optimizer state as the run records it."""
+    return CostOptions(grad_bytes_per_param=float(DTYPE_BYTES[run.grad_reduce_dtype]),
+                       optimizer_bytes_per_param=run.optimizer_bytes_per_param, dtype=run.dtype, tp_degree=run.tp, dp_degree=run.dp, cp_degree=run.cp, ep_degree=run.ep,
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype)
 

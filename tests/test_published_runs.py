@@ -69,3 +69,20 @@ def test_the_ascend_profiles_carry_the_fit_and_say_what_stays_assumed(published)
     assert "SKU is not stated" in fitted["ref"]  # the peak stays an assumption
     moved = c["efficiency"]["default"]
     assert moved["source"] == "assumed" and moved["value"] == fitted["value"] and "ascend-910b" in moved["ref"]
+
+
+def test_a_run_records_its_frameworks_optimizer_state(published):
+    """MindFormers' fp32-state AdamW on fp16 parameters keeps 8 optimizer bytes per parameter (two fp32 moments,
+    no master copy) and 16-bit gradients; Megatron runs keep the default 12. The 7B layout then fits the 64 GB
+    it ran in, which it did not with Megatron's optimizer state."""
+    from dataclasses import replace
+
+    runs = {run.name: run for run in published.load_runs()}
+    mindformers, megatron = runs["mindformers-llama2-7b@8"], runs["mindspeed-llama2-7b@8"]
+    assert published.run_options(megatron).optimizer_bytes_per_param == 12.0
+    options = published.run_options(mindformers)
+    assert (options.optimizer_bytes_per_param, options.grad_bytes_per_param) == (8.0, 2.0)
+    capacity = published.load_profile(mindformers.profile).memory_capacity_bytes
+    fits = max(published.predict_run(mindformers).memory.peak_bytes)
+    as_megatron = replace(mindformers, optimizer_bytes_per_param=12.0, grad_reduce_dtype="fp32")
+    assert fits < capacity < max(published.predict_run(as_megatron).memory.peak_bytes)
