@@ -66,17 +66,16 @@ algebra's): the ``specs`` layer."""
 
 
 def layer_of(name: str) -> str:
-    """``algebra`` for ``algebra.derive``; a top-level module is its own layer (``cli_plan`` is ``cli``);
-    :data:`LOADERS` are the ``specs`` layer."""
+    """``algebra`` for ``algebra.derive``; a top-level module is its own layer; :data:`LOADERS` are the
+    ``specs`` layer."""
     if any(name == m or name.startswith(m + ".") for m in LOADERS):
         return "specs"
-    top = name.split(".")[0]
-    return "cli" if top.startswith("cli") else top
+    return name.split(".")[0]
 
 
 def test_the_walk_sees_the_package_and_resolves_imports():
     names = dict(modules())
-    assert {"algebra.derive", "runtime.plan_view", "plan_file.resolve", "cli"} <= set(names)
+    assert {"algebra.derive", "runtime.plan_view", "plan_file.resolve", "cli", "cli.plan"} <= set(names)
     assert "mpipe_tune.algebra.plan" in imports(names["algebra.derive"], "algebra.derive")
 
 
@@ -139,3 +138,14 @@ def test_no_plan_file_record_has_a_dict_field():
                 assert kind is not typing.Any, f"{cls.__name__}.{f.name} is untyped"
     assert not found, f"plan-file records with dict fields: {found}"
     assert len(seen) >= 15  # the walk reached the nested records (sections, predictions, the search summary)
+
+
+def test_the_cli_package_is_the_only_face():
+    """Nothing in the package imports the command line; the command line is one package (no ``cli_*``
+    modules beside it), with ``python -m mpipe_tune.cli`` and the console script as its entries."""
+    for name, path in modules():
+        if layer_of(name) != "cli" and name:
+            assert not any(m == "mpipe_tune.cli" or m.startswith("mpipe_tune.cli.") for m in imports(path, name)), name
+    assert not [n for n, _ in modules() if n.startswith("cli_") or n == "command"]
+    assert (PACKAGE / "cli" / "__main__.py").exists()
+    assert 'mpipe-tune = "mpipe_tune.cli:main"' in (PACKAGE.parent / "pyproject.toml").read_text()

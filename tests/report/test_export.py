@@ -266,7 +266,7 @@ def test_cli_names_every_format_and_refuses_an_unknown_one(tmp_path, capsys):
 
 
 def test_the_export_module_imports_without_torch():
-    code = "import sys; sys.modules['torch'] = None; import mpipe_tune.report.export, mpipe_tune.cli_export"
+    code = "import sys; sys.modules['torch'] = None; import mpipe_tune.report.export, mpipe_tune.cli.export"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 

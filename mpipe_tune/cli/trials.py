@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from mpipe_tune.command import Command
+from mpipe_tune.cli.command import Command
 from mpipe_tune.errors import MpipeError
 
 DEFAULT_ROWS = 10

@@ -1,21 +1,18 @@
-"""The ``mpipe-tune`` command: one class per subcommand, user errors exit 2 with one line."""
+"""The argument groups several ``mpipe-tune`` commands share, and what they parse into.
+
+- :func:`add_candidate_arguments` (``predict``, ``derive``): one candidate and its inputs;
+  :func:`parse_candidate` and :func:`load_candidate` read them.
+- :func:`add_framework_arguments` (``predict``, ``plan``): how the trainer runs;
+  :func:`framework_options` reads them.
+- :func:`add_dataset_arguments` (every command taking ``--workload``, and ``workload``): how a dataset
+  is read; :func:`dataset_options` reads them.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from mpipe_tune.cli_bench import Bench
-from mpipe_tune.cli_export import Export
-from mpipe_tune.cli_plan import Plan, Show
-from mpipe_tune.cli_profile import Profile
-from mpipe_tune.cli_report import Report
-from mpipe_tune.cli_run import Run
-from mpipe_tune.cli_trials import Trials
-from mpipe_tune.cli_workload import Workload, add_dataset_arguments, dataset_options, print_notes
-from mpipe_tune import __version__
-from mpipe_tune.command import Command, add_framework_arguments, framework_options
 from mpipe_tune.errors import MpipeError
 
 
@@ -124,119 +121,52 @@ def load_candidate(args: argparse.Namespace):
     return prediction, candidate.model_of(model), workload, profile
 
 
-class Predict(Command):
-    name = "predict"
-    help = "predict the step time of one schedule (makespan, bubbles, spill, memory)"
+def add_framework_arguments(parser) -> None:
+    """The flags of how the trainer runs, shared by ``predict`` and ``plan`` (a parser or a group):
+    see :class:`mpipe_tune.cost.framework.Framework`."""
+    parser.add_argument("--moe-imbalance", type=float, default=1.0,
+                        help="routed tokens on the busiest expert-parallel rank over the mean (default 1: balanced)")
+    from mpipe_tune.algebra.candidate import GRAD_REDUCE_DTYPES
 
-    def add_arguments(self, parser):
-        add_candidate_arguments(parser)
-        parser.add_argument("--gantt", default=None, help="write the per-rank timeline picture to this PNG")
-
-    def take_action(self, args):
-        from mpipe_tune.report.tables import prediction_record, print_prediction
-
-        if args.gantt:  # before any work
-            from mpipe_tune.report.gantt import validate_picture_path
-
-            validate_picture_path(args.gantt, label="--gantt")
-        prediction, model, workload, profile = load_candidate(args)
-        if args.gantt:
-            from mpipe_tune.report.gantt import draw_gantt
-
-            t = prediction.timeline
-            draw_gantt(prediction.plan, t.start_s, t.durations_s, args.gantt,
-                       title=f"{model.name} <{prediction.plan.schedule}> on {profile.name}: P={prediction.plan.num_ranks} "
-                             f"M={prediction.plan.num_microbatches}, step {t.makespan_s * 1e3:.4g} ms")
-        record = prediction_record(prediction, model, workload, profile)
-        if args.json:
-            print(json.dumps(record, indent=2))
-        else:
-            print_prediction(record)
-            if args.gantt:
-                print(f"\nGantt picture written to {args.gantt}")
-        return 0
+    parser.add_argument("--grad-reduce-dtype", default="fp32", choices=GRAD_REDUCE_DTYPES,
+                        help="dtype of the data-parallel gradient reduce: fp32 (default, Megatron-LM's) or bf16 "
+                             "(NeMo's grad_sync_dtype=bf16)")
+    parser.add_argument("--dp-overlap", default="on", choices=("on", "off"),
+                        help="data-parallel reduce (and ZeRO-1 all-gather) overlapped with the backward (forward) "
+                             "in buckets: on (default, as Megatron-LM and torchtitan run it) or off (after the "
+                             "last backward)")
 
 
-class Derive(Command):
-    name = "derive"
-    help = "derive placement, collectives and per-rank orders of one schedule"
+def framework_options(args: argparse.Namespace, **fields):
+    """The cost options those flags give (plus ``fields``: the dtype), through
+    :meth:`mpipe_tune.cost.framework.Framework.from_inputs`."""
+    from mpipe_tune.cost.framework import Framework
 
-    def add_arguments(self, parser):
-        add_candidate_arguments(parser)
-
-    def take_action(self, args):
-        from mpipe_tune.plan_file import derivation_record
-        from mpipe_tune.report.tables import print_derivation
-
-        prediction, *_ = load_candidate(args)
-        record = derivation_record(prediction.plan)
-        if args.json:
-            print(json.dumps(record, indent=2))
-        else:
-            print_derivation(record)
-        return 0
+    framework = Framework.from_inputs({"moe_imbalance": args.moe_imbalance, "grad_reduce_dtype": args.grad_reduce_dtype,
+                                       "overlap_dp_comm": args.dp_overlap == "on"})
+    return framework.cost_options(**fields)
 
 
-class Models(Command):
-    name = "models"
-    help = "list the built-in model specs"
-
-    def take_action(self, args):
-        from mpipe_tune.inputs.specs import builtin_models, load_model
-
-        for name in builtin_models():
-            model = load_model(name)
-            print(f"{name:28s} {model.num_layers:4d} layers  blocks: {', '.join(model.blocks())}")
-        return 0
-
-
-class Profiles(Command):
-    name = "profiles"
-    help = "list the built-in hardware profiles"
-
-    def take_action(self, args):
-        from mpipe_tune.inputs.specs import builtin_profiles, load_profile
-
-        for name in builtin_profiles():
-            p = load_profile(name)
-            peaks = ", ".join(f"{k} {v / 1e12:.4g} TFLOP/s" for k, v in sorted(p.peak_flops_per_s.items()))
-            print(f"{name:20s} {p.device}: {peaks}; {p.memory_bytes_per_s / 1e9:.4g} GB/s, "
-                  f"{p.memory_capacity_bytes / 2**30:.4g} GiB")
-        return 0
+def add_dataset_arguments(parser) -> None:
+    """How a dataset given as ``--workload`` (or DATA) is read: packing, text and image rules."""
+    parser.add_argument("--seq-len", type=int, default=None, metavar="TOKENS",
+                        help="dataset: pack samples into sequences of this many tokens, as the trainer does "
+                             "(default: one sample per sequence)")
+    parser.add_argument("--tokenizer", default=None, metavar="FILE",
+                        help="dataset: the tokenizer.json to count text tokens with (default: the model folder's)")
+    parser.add_argument("--chars-per-token", type=float, default=None, metavar="C",
+                        help="dataset: characters per text token where there is no tokenizer (default 4)")
+    parser.add_argument("--image-folder", default=None, metavar="DIR",
+                        help="dataset: where a conversation file's image paths start (default: the file's folder)")
 
 
-COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show(), Export(), Trials(),
-                         Workload(), Report()]
+def dataset_options(args: argparse.Namespace):
+    from mpipe_tune.workload_spec import DatasetOptions
+
+    return DatasetOptions(seq_len=args.seq_len, chars_per_token=args.chars_per_token, tokenizer=args.tokenizer,
+                          image_folder=args.image_folder)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mpipe-tune", description="Plan, predict and run pipeline-parallel MLLM training.")
-    parser.add_argument("--version", action="version", version=f"mpipe-tune {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    for command in COMMANDS:
-        p = sub.add_parser(command.name, help=command.help, description=command.help)
-        command.add_arguments(p)
-        p.set_defaults(handler=command)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.handler.take_action(args)
-    except MpipeError as exc:
-        print(f"mpipe-tune {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        hint = args.handler.after_interrupt
-        print(f"mpipe-tune {args.command}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # output piped into `head` and the like
-        sys.stderr.close()
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def print_notes(command: str, notes: list[str]) -> None:
+    for note in notes:
+        print(f"mpipe-tune {command}: note: {note}", file=sys.stderr)

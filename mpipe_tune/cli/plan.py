@@ -1,4 +1,4 @@
-"""``mpipe-tune plan`` (search for the best static plan, beside the baselines) and ``mpipe-tune show``.
+"""``mpipe-tune plan``: search for the best static plan, beside the baselines.
 
 Everything heavy (the cost model, Optuna) is imported inside ``take_action``.
 """
@@ -10,8 +10,10 @@ import json
 import sys
 from pathlib import Path
 
-from mpipe_tune.cli_workload import add_dataset_arguments, dataset_options, print_notes
-from mpipe_tune.command import Command, add_framework_arguments, framework_options
+from mpipe_tune.cli.arguments import (
+    add_dataset_arguments, add_framework_arguments, dataset_options, framework_options, print_notes,
+)
+from mpipe_tune.cli.command import Command
 from mpipe_tune.errors import MpipeError
 
 EXAMPLE_DEVICES = 4
@@ -318,86 +320,4 @@ class Plan(Command):
             print(f"interrupted after {result.num_trials} trials; rerun the same command to continue the study",
                   file=sys.stderr)
             return 130
-        return 0
-
-
-class Show(Command):
-    name = "show"
-    help = "reload a plan file, check its inputs and re-predict it"
-
-    def add_arguments(self, parser):
-        parser.add_argument("plan", help="plan.json written by 'mpipe-tune plan'")
-        parser.add_argument("--model", default=None,
-                            help="the plan's model file, where it moved to (default: the path the plan names)")
-        parser.add_argument("--profile", default=None,
-                            help="the plan's profile file, where it moved to (default: the path the plan names)")
-        parser.add_argument("--gantt", default=None, help="draw the plan's timeline to this PNG")
-        parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-        parser.add_argument("--csv", default=None, metavar="FILE",
-                            help="write the plan's comparison table to this CSV file, one row per plan, in seconds and bytes")
-
-    def take_action(self, args):
-        from mpipe_tune.cost.framework import Framework
-        from mpipe_tune.cost.predict import predict
-        from mpipe_tune.frames import to_csv_text
-        from mpipe_tune.files import validate_out_path, write_together
-        from mpipe_tune.plan_file import read_plan, resolve
-        from mpipe_tune.report.tables import prediction_record, print_prediction
-
-        if args.csv is not None:
-            validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
-        if args.gantt:
-            from mpipe_tune.report.gantt import validate_picture_path
-
-            validate_picture_path(args.gantt, label="--gantt")
-        file = read_plan(args.plan)
-        stored = file.search
-        search = None if stored is None else stored.to_stored()
-        if args.csv is not None and not search:
-            raise MpipeError(f"--csv {args.csv}: {args.plan} holds no comparison table (no 'search' section); "
-                             f"make the plan with 'mpipe-tune plan' to get one")
-        resolved = resolve(file, model=args.model, profile=args.profile, predicting=True)
-        model, profile, candidate = resolved.model, resolved.profile, resolved.section.candidate
-        workload = resolved.section.workload
-        try:
-            prediction = predict(candidate, model, workload, profile, Framework.from_inputs(file.inputs.framework()))
-        except MpipeError as exc:
-            raise MpipeError(f"{file.where}: its stored candidate does not predict ({exc}); the file is damaged or was "
-                             f"edited: re-create it with 'mpipe-tune plan'") from None
-        recorded = resolved.section.predicted_step_s
-        now_s = prediction.timeline.makespan_s
-        outputs = []  # written together: both files, or neither
-        if args.gantt:
-            from mpipe_tune.report.gantt import draw_gantt
-
-            t = prediction.timeline
-            outputs.append((args.gantt, lambda tmp: draw_gantt(
-                prediction.plan, t.start_s, t.durations_s, tmp,
-                title=f"{model.name} <{candidate.schedule}> on {profile.name}: step {now_s * 1e3:.4g} ms")))
-        out = prediction_record(prediction, model, workload, profile)
-        if args.csv is not None:
-            from mpipe_tune.search.compare import comparison_frame
-
-            outputs.append((args.csv, lambda tmp: tmp.write_text(to_csv_text(comparison_frame(search)))))
-        write_together(outputs)
-        if args.json:
-            print(json.dumps({**out, "recorded_makespan_s": recorded, "search": search}, indent=2))
-            return 0
-        print_prediction(out)
-        same = abs(now_s - recorded) <= 1e-9 * max(1.0, abs(recorded))
-        print(f"\nrecorded step time {recorded * 1e3:.3f} ms; re-predicted {now_s * 1e3:.3f} ms"
-              + ("" if same else "  (differs: the cost model changed since the plan was made)"))
-        if search and search["samples"] > 1:
-            print(f"(the plan file's one stored step: the first of the search's {search['samples']} sampled steps; "
-                  f"the table below shows each plan's mean over them)")
-        if search:
-            from mpipe_tune.search.compare import format_comparison
-
-            print(f"\nsearch: study '{search['study']}', {search['trials']} trials, mean over {search['samples']} "
-                  f"sampled step(s) of {search['global_batch']} sequences\n")
-            print(format_comparison(search))
-        if args.csv is not None:
-            print(f"\ntable written to {args.csv}")
-        if args.gantt:
-            print(f"\nGantt picture written to {args.gantt}")
         return 0

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from mpipe_tune.command import Command
+from mpipe_tune.cli.command import Command
 from mpipe_tune.errors import MpipeError
 
 _DEVICES = ("cpu", "cuda", "npu")

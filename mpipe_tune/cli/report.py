@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mpipe_tune.command import Command
+from mpipe_tune.cli.command import Command
 
 
 class Report(Command):

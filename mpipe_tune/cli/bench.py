@@ -15,7 +15,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mpipe_tune.command import Command
+from mpipe_tune.cli.command import Command
 from mpipe_tune.errors import MpipeError
 
 

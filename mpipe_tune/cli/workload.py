@@ -1,38 +1,11 @@
-"""``mpipe-tune workload``: a dataset's distribution as the model sees it; and the dataset flags that
-every command taking ``--workload`` shares."""
+"""``mpipe-tune workload``: a dataset's distribution as the model sees it."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 
-from mpipe_tune.command import Command
-
-
-def add_dataset_arguments(parser) -> None:
-    """How a dataset given as ``--workload`` (or DATA) is read: packing, text and image rules."""
-    parser.add_argument("--seq-len", type=int, default=None, metavar="TOKENS",
-                        help="dataset: pack samples into sequences of this many tokens, as the trainer does "
-                             "(default: one sample per sequence)")
-    parser.add_argument("--tokenizer", default=None, metavar="FILE",
-                        help="dataset: the tokenizer.json to count text tokens with (default: the model folder's)")
-    parser.add_argument("--chars-per-token", type=float, default=None, metavar="C",
-                        help="dataset: characters per text token where there is no tokenizer (default 4)")
-    parser.add_argument("--image-folder", default=None, metavar="DIR",
-                        help="dataset: where a conversation file's image paths start (default: the file's folder)")
-
-
-def dataset_options(args: argparse.Namespace):
-    from mpipe_tune.workload_spec import DatasetOptions
-
-    return DatasetOptions(seq_len=args.seq_len, chars_per_token=args.chars_per_token, tokenizer=args.tokenizer,
-                          image_folder=args.image_folder)
-
-
-def print_notes(command: str, notes: list[str]) -> None:
-    for note in notes:
-        print(f"mpipe-tune {command}: note: {note}", file=sys.stderr)
+from mpipe_tune.cli.arguments import add_dataset_arguments, dataset_options, print_notes
+from mpipe_tune.cli.command import Command
 
 
 class Workload(Command):

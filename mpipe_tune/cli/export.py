@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mpipe_tune.command import Command
+from mpipe_tune.cli.command import Command
 
 
 class Export(Command):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from mpipe_tune.command import Command
+from mpipe_tune.cli.command import Command
 
 
 class Run(Command):

@@ -1,0 +1,63 @@
+"""The ``mpipe-tune`` command: one module per subcommand, user errors exit with one line.
+
+Each command module holds one :class:`~mpipe_tune.cli.command.Command`: it parses its flags, calls one
+domain function and prints; the flags several commands share are :mod:`.arguments`'s groups. This
+package is the tool's only face: nothing in ``mpipe_tune`` imports it. An error ends a command with
+its class's exit code (:mod:`mpipe_tune.errors`: 2 for bad input, a plan that does not fit, a damaged
+or stale plan file; 1 for a failed run; 130 after Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mpipe_tune import __version__
+from mpipe_tune.cli.bench import Bench
+from mpipe_tune.cli.command import Command
+from mpipe_tune.cli.derive import Derive
+from mpipe_tune.cli.export import Export
+from mpipe_tune.cli.models import Models
+from mpipe_tune.cli.plan import Plan
+from mpipe_tune.cli.predict import Predict
+from mpipe_tune.cli.profile import Profile
+from mpipe_tune.cli.profiles import Profiles
+from mpipe_tune.cli.report import Report
+from mpipe_tune.cli.run import Run
+from mpipe_tune.cli.show import Show
+from mpipe_tune.cli.trials import Trials
+from mpipe_tune.cli.workload import Workload
+from mpipe_tune.errors import MpipeError
+
+COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show(), Export(), Trials(),
+                         Workload(), Report()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpipe-tune", description="Plan, predict and run pipeline-parallel MLLM training.")
+    parser.add_argument("--version", action="version", version=f"mpipe-tune {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(handler=command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler.take_action(args)
+    except MpipeError as exc:
+        print(f"mpipe-tune {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        hint = args.handler.after_interrupt
+        print(f"mpipe-tune {args.command}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
+
