@@ -52,7 +52,7 @@ from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.profile import dump_profile, load_profile
 from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.frames import Column, format_markdown, ms, text
+from mpipe_tune.outputs.frames import Column, format_markdown, ms, text
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.inputs.specs import load_model
 

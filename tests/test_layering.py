@@ -20,7 +20,7 @@ FORBIDDEN = {
     "algebra": ("cost", "search", "report", "runtime", "profiler", "cli", "specs", "plan_file"),
     "inputs": ("algebra", "cost", "search", "report", "runtime", "profiler", "cli", "specs"),
     "errors": ("algebra", "inputs", "cost", "search", "report", "runtime", "profiler", "cli"),
-    "files": ("algebra", "inputs", "cost", "search", "report", "runtime", "profiler", "cli"),
+    "outputs": ("algebra", "inputs", "cost", "search", "report", "runtime", "profiler", "cli", "plan_file", "specs"),
     "cost": ("search", "report", "runtime", "profiler", "cli", "plan_file"),
     "plan_file": ("cost", "search", "report", "runtime", "profiler", "cli"),
     "search": ("report", "runtime", "profiler", "cli"),

@@ -94,7 +94,7 @@ class Bench(Command):
 def _draw_measured(file, runs: list[tuple[str, int]], results, out: dict, folder: Path) -> None:
     """One measured timeline per plan whose traced (last) round finished, written together; its path
     goes into ``out``."""
-    from mpipe_tune.files import write_together
+    from mpipe_tune.outputs.files import write_together
     from mpipe_tune.report.gantt import draw_measured_gantt
 
     entries = {p["name"]: p for p in out["plans"]}

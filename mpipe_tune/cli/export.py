@@ -36,7 +36,7 @@ class Export(Command):
 
     def take_action(self, args: argparse.Namespace) -> int:
         from mpipe_tune.report.export import export_outputs, read_export_plan
-        from mpipe_tune.files import validate_out_path, write_together
+        from mpipe_tune.outputs.files import validate_out_path, write_together
 
         if args.out:
             validate_out_path(args.out, label="--out")  # before the plan is read

@@ -115,7 +115,7 @@ def _draw(evaluator, evaluation, path: str, title: str) -> None:
 
 def _validate_outputs(args: argparse.Namespace) -> None:
     """Every file ``plan`` writes, checked before the search (one line naming the flag), and distinct."""
-    from mpipe_tune.files import validate_out_path
+    from mpipe_tune.outputs.files import validate_out_path
     from mpipe_tune.report.gantt import validate_picture_path
 
     validate_out_path(args.out, label="--out", suffixes=(".json",))
@@ -212,8 +212,8 @@ class Plan(Command):
                        help="write the comparison table to this CSV file, one row per plan, in seconds and bytes")
 
     def take_action(self, args):
-        from mpipe_tune.frames import to_csv_text
-        from mpipe_tune.files import validate_out_path, write_together
+        from mpipe_tune.outputs.frames import to_csv_text
+        from mpipe_tune.outputs.files import validate_out_path, write_together
         from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
         from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE, Evaluator, SearchSpace, run_search
         from mpipe_tune.search import compare

@@ -80,7 +80,7 @@ def profile_across_nodes(args: argparse.Namespace) -> int:
     from mpipe_tune.profiler.links import LINK_COLLECTIVES
     from mpipe_tune.profiler.nodes import measure_link_classes, place_from_env
     from mpipe_tune.profiler.settings import sweep_settings
-    from mpipe_tune.files import validate_out_path
+    from mpipe_tune.outputs.files import validate_out_path
 
     place = place_from_env()
     if args.device not in _DEVICES:
@@ -120,7 +120,7 @@ def validate_request(args: argparse.Namespace):
     from mpipe_tune.cost.profile import DTYPES
     from mpipe_tune.profiler.roofline import TORCH_DTYPES
     from mpipe_tune.profiler.settings import MAX_PROCESSES
-    from mpipe_tune.files import validate_out_path
+    from mpipe_tune.outputs.files import validate_out_path
 
     device = args.device
     if device not in _DEVICES:

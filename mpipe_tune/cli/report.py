@@ -21,7 +21,7 @@ class Report(Command):
                             help="the study's Optuna RDB URL (default: the one the plan records)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from mpipe_tune.files import write_atomic
+        from mpipe_tune.outputs.files import write_atomic
         from mpipe_tune.report.html import HTML_SUFFIXES, build_report, render, validate_html_path
 
         validate_html_path(args.html)

@@ -52,7 +52,7 @@ class Run(Command):
 
         launch.disable_backend_autoload()  # before the first import of torch
         if args.trace:
-            from mpipe_tune.files import validate_out_path
+            from mpipe_tune.outputs.files import validate_out_path
 
             validate_out_path(args.trace, label="--trace", suffixes=(".json",))
         job = RunJob(args.plan, model_spec=args.model, steps=args.steps, compute=args.compute, dtype=args.dtype,

@@ -26,8 +26,8 @@ class Show(Command):
     def take_action(self, args):
         from mpipe_tune.cost.framework import Framework
         from mpipe_tune.cost.predict import predict
-        from mpipe_tune.frames import to_csv_text
-        from mpipe_tune.files import validate_out_path, write_together
+        from mpipe_tune.outputs.frames import to_csv_text
+        from mpipe_tune.outputs.files import validate_out_path, write_together
         from mpipe_tune.plan_file import read_plan, resolve
         from mpipe_tune.report.tables import prediction_record, print_prediction
 

@@ -31,8 +31,8 @@ class Trials(Command):
                             help=f"trials to print, fastest first (default {DEFAULT_ROWS}; ignored with --csv)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from mpipe_tune.frames import to_csv_text
-        from mpipe_tune.files import validate_out_path, write_atomic
+        from mpipe_tune.outputs.frames import to_csv_text
+        from mpipe_tune.outputs.files import validate_out_path, write_atomic
         from mpipe_tune.search import DEFAULT_STORAGE
         from mpipe_tune.search.trials import format_trials, load_trials_study, summary_line, trials_frame
 

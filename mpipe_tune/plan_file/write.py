@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipe_tune import __version__
-from mpipe_tune.files import write_atomic
+from mpipe_tune.outputs.files import write_atomic
 from mpipe_tune.inputs.workload import Workload, workload_hash, workload_to_dict
 from mpipe_tune.plan_file.derivation import collectives_record, order_record, placement_record
 from mpipe_tune.plan_file.read import ALTERNATIVES, SCHEMA, SCHEMA_VERSION

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.frames import Column, format_frame, ms, text
+from mpipe_tune.outputs.frames import Column, format_frame, ms, text
 from mpipe_tune.plan_file import PlanFile
 from mpipe_tune.search.baselines import REFERENCE
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mpipe_tune.files import validate_out_path, write_together
+from mpipe_tune.outputs.files import validate_out_path, write_together
 from mpipe_tune.inputs.dataset import Dataset
 from mpipe_tune.report.gantt import PICTURE_SUFFIXES
 

@@ -20,7 +20,7 @@ from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Fwd, Loss, Wgrad, parse_event
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.files import validate_out_path, write_together
+from mpipe_tune.outputs.files import validate_out_path, write_together
 
 PICTURE_SUFFIXES = (".png",)
 """What a timeline picture's path must end in."""
@@ -51,7 +51,7 @@ def _category(replicated: set[int], event) -> str | None:
 
 
 def validate_picture_path(path: str | os.PathLike, *, label: str = "timeline picture") -> Path:
-    """Before any work: ``path`` can take a PNG (see :func:`~mpipe_tune.files.validate_out_path`)
+    """Before any work: ``path`` can take a PNG (see :func:`~mpipe_tune.outputs.files.validate_out_path`)
     and matplotlib is installed; ``label`` names the path in the error."""
     path = validate_out_path(path, label=label, suffixes=PICTURE_SUFFIXES)
     if importlib.util.find_spec("matplotlib") is None:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.files import validate_out_path
+from mpipe_tune.outputs.files import validate_out_path
 from mpipe_tune.report.html_figures import PlanFigureData, memory_png, timelines_png, trials_png
 
 HTML_SUFFIXES = (".html", ".htm")

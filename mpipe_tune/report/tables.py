@@ -12,7 +12,7 @@ import pandas as pd
 
 from mpipe_tune.algebra.encoder_backward import moved_count
 from mpipe_tune.plan_file import placement_record, predicted_record
-from mpipe_tune.frames import Column, TextTable, gib, ms, text
+from mpipe_tune.outputs.frames import Column, TextTable, gib, ms, text
 
 
 def prediction_record(prediction, model, workload, profile) -> dict[str, Any]:

@@ -97,6 +97,6 @@ def chrome_trace(views: Sequence[PlanView], per_rank: Sequence[Sequence[Any]]) -
 
 def dump_trace(trace: dict[str, Any], path: str | os.PathLike) -> None:
     """Write the trace to ``path`` atomically."""
-    from mpipe_tune.files import write_atomic
+    from mpipe_tune.outputs.files import write_atomic
 
     write_atomic(path, json.dumps(trace), label="trace file", suffixes=(".json",))

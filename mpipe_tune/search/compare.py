@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from mpipe_tune.frames import MISSING, Cell, Column, TextTable, format_frame, gib, is_missing, ms, text
+from mpipe_tune.outputs.frames import MISSING, Cell, Column, TextTable, format_frame, gib, is_missing, ms, text
 from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.families import OWN, OwnBest

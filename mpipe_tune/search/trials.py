@@ -26,7 +26,7 @@ import pandas as pd
 import sqlalchemy
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.frames import MISSING, Column, format_frame, gib, is_missing, ms, text
+from mpipe_tune.outputs.frames import MISSING, Column, format_frame, gib, is_missing, ms, text
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.driver import ATTR
 from mpipe_tune.search.store import check_file, fault_of, faults_named
