@@ -197,7 +197,8 @@ def test_interior_transposes_join_the_space_on_request_and_a_model_without_a_pro
 
 def test_a_model_that_fits_no_plan_exits_2(tmp_path, capsys):
     code = plan(tmp_path, *SMALL, "--model", "tiny-vit-llm", "--profile", tiny_capacity_profile(tmp_path))
-    one_line_error(capsys, code, "no plan fits memory: of the plans tried the smallest static memory")
+    one_line_error(capsys, code, "no plan fits memory (after widening --recompute, --zero, --sequence-parallel): of "
+                                 "the plans tried the smallest static memory")
 
 
 def test_show_refuses_a_plan_whose_inputs_changed(tmp_path, capsys):

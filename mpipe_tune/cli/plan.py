@@ -20,20 +20,10 @@ EXAMPLE_DEVICES = 4
 DEFAULT_TRIALS = 100
 
 
-def _int_list(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(t) for t in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise MpipeError(f"{flag} '{text}': expected integers >= 1 separated by commas, e.g. {flag} 2,4")
-    return values
-
-
 def _problem(args: argparse.Namespace):
     """The model (frozen blocks applied), profile, and the search Problem the arguments describe."""
     from mpipe_tune.inputs.workload import MIXES
-    from mpipe_tune.search import Problem
+    from mpipe_tune.search.planner import build_problem
     from mpipe_tune.inputs.specs import load_model, load_profile, load_workload
     from mpipe_tune.workload_spec import is_dataset, load_dataset
 
@@ -48,53 +38,39 @@ def _problem(args: argparse.Namespace):
     note = profile.slow_dtype_note(args.dtype)
     if note:
         print(f"mpipe-tune plan: note: {note}", file=sys.stderr)
+    dataset = mix = workload = None
     if is_dataset(args.workload):
         dataset, notes = load_dataset(args.workload, args.model, model, dataset_options(args))
         print_notes("plan", notes)
-        global_batch = 4 * args.devices if args.global_batch is None else args.global_batch
-        problem = Problem(model, profile, args.devices, global_batch, dataset=dataset, num_samples=args.samples,
-                          seed=args.seed, options=options)
     elif args.workload in MIXES:
-        global_batch = 4 * args.devices if args.global_batch is None else args.global_batch
-        problem = Problem(model, profile, args.devices, global_batch, mix=args.workload, num_samples=args.samples,
-                          seed=args.seed, options=options)
+        mix = args.workload
     else:
         workload = load_workload(args.workload)
-        problem = Problem(model, profile, args.devices, len(workload) if args.global_batch is None else args.global_batch,
-                          workload=workload, options=options)
+    problem = build_problem(model, profile, args.devices, workload=workload, mix=mix, dataset=dataset,
+                            global_batch=args.global_batch, samples=args.samples, seed=args.seed, options=options)
     return problem, frozen
 
 
-def _space_options(args: argparse.Namespace):
-    from mpipe_tune.algebra.encoder_backward import PLACEMENTS
-    from mpipe_tune.algebra.schedule import Layout, Skeleton
-    from mpipe_tune.search import SpaceOptions
-    from mpipe_tune.search.owners import POLICIES
+def _space_request(args: argparse.Namespace):
+    """The space flags as given (None where a widenable knob was not given)."""
+    from mpipe_tune.search.planner import SpaceRequest
 
-    owners = tuple(p.strip() for p in args.owners.split(",") if p.strip())
-    unknown = [p for p in owners if p not in POLICIES]
-    if unknown or not owners:
-        raise MpipeError(f"--owners {args.owners!r}: use policies from {', '.join(POLICIES)}, separated by commas")
-    skeletons = tuple(s.strip() for s in args.skeletons.split(",") if s.strip())
-    sharded = [s.value for s in Skeleton if s.layout is Layout.SHARDED]
-    if not skeletons or any(s not in sharded for s in skeletons):
-        raise MpipeError(f"--skeletons {args.skeletons!r}: use Sharded skeletons from {', '.join(sharded)}, "
-                         f"e.g. 1f1b,gpipe")
-    for flag, value in (("--max-microbatches", args.max_microbatches), ("--max-chunks", args.max_chunks)):
-        if value < 1:
-            raise MpipeError(f"{flag} is {value}, but it must be an integer >= 1")
-    pins = {k: _int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None for k in ("pp", "tp", "dp")}
-    recompute = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), "selective": ("selective",),
-                 "search": (False, True), "all": (False, "selective", True)}[args.recompute]
-    ep = None if args.ep == "search" else _int_list(args.ep, "--ep")
-    memory = {"zero": {"0": (0,), "1": (1,), "search": (0, 1)}[args.zero],
-              "sequence_parallel": {"off": (False,), "on": (True,), "search": (False, True)}[args.sequence_parallel],
-              "encoder_tp": args.encoder_tp == "search"}
-    return SpaceOptions(skeletons=skeletons, max_chunks=args.max_chunks, cut_window=args.cut_window,
-                        interior_transpose=args.interior_transpose,
-                        owner_policies=owners, max_microbatches=args.max_microbatches, recompute=recompute,
-                        ep=ep, cp=_int_list(args.cp, "--cp"), **memory, **pins,
-                        encoder_backward=PLACEMENTS if args.encoder_backward == "search" else (args.encoder_backward,))
+    return SpaceRequest(skeletons=args.skeletons, max_chunks=args.max_chunks, cut_window=args.cut_window,
+                        interior_transpose=args.interior_transpose, owners=args.owners,
+                        max_microbatches=args.max_microbatches, encoder_backward=args.encoder_backward,
+                        encoder_tp=args.encoder_tp, cp=args.cp, pp=args.pp, tp=args.tp, dp=args.dp,
+                        recompute=args.recompute, ep=args.ep, zero=args.zero, sequence_parallel=args.sequence_parallel)
+
+
+def _interrupted() -> int:
+    """Exit status 130 after a Ctrl-C that stopped the search. A further Ctrl-C while the interpreter exits
+    (the plan is written, the trial writer done) changes nothing: it is ignored from then on, rather than
+    killing the interpreter on its way out (in-process callers keep their handler until they exit)."""
+    import atexit
+    import signal
+
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)  # runs first: before multiprocessing's joins
+    return 130
 
 
 def _section(evaluator, evaluation) -> dict:
@@ -154,7 +130,7 @@ class Plan(Command):
         g.add_argument("--seed", type=int, default=0, help="seed of the sampled steps and of the sampler (default 0)")
         g.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder")
         g.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
-        g.add_argument("--recompute", default="off", choices=("off", "none", "on", "full", "selective", "search", "all"),
+        g.add_argument("--recompute", default=None, choices=("off", "none", "on", "full", "selective", "search", "all"),
                        help="activation recomputation: off (default; or none), on (full recomputation; or full), selective (the "
                             "attention core), search (off and on) or all (off, selective and on)")
         add_framework_arguments(g)
@@ -170,13 +146,13 @@ class Plan(Command):
         s.add_argument("--pp", default=None, help="allowed pipeline degrees, e.g. 4,8 (default: any)")
         s.add_argument("--tp", default=None, help="allowed tensor-parallel degrees (default: divisors of a node)")
         s.add_argument("--dp", default=None, help="allowed data-parallel degrees (default: any)")
-        s.add_argument("--ep", default="1",
+        s.add_argument("--ep", default=None,
                        help="allowed expert-parallel degrees, e.g. 1,8, or 'search': every degree that divides dp "
-                            "and the MoE layers' experts (default 1)")
+                            "and the MoE layers' experts (default: search for a MoE model, else 1)")
         s.add_argument("--cp", default="1", help="allowed context-parallel degrees, e.g. 1,2 (default 1)")
-        s.add_argument("--zero", default="1", choices=("0", "1", "search"),
+        s.add_argument("--zero", default=None, choices=("0", "1", "search"),
                        help="ZeRO stage: 1 (default, optimizer state sharded over the data-parallel ranks), 0, or search")
-        s.add_argument("--sequence-parallel", default="off", choices=("off", "on", "search"),
+        s.add_argument("--sequence-parallel", default=None, choices=("off", "on", "search"),
                        help="sequence parallelism with tp > 1: off (default), on, or search")
         s.add_argument("--encoder-tp", default="off", choices=("off", "search"),
                        help="the encoder's own tensor-parallel degree: off (default: the plan's tp) or search over "
@@ -215,52 +191,41 @@ class Plan(Command):
         from mpipe_tune.outputs.frames import to_csv_text
         from mpipe_tune.outputs.files import validate_out_path, write_together
         from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
-        from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE, Evaluator, SearchSpace, run_search
+        from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE
         from mpipe_tune.search import compare
-        from mpipe_tune.search.families import search_families
-        from mpipe_tune.search.layout import parse_layout
+        from mpipe_tune.search.planner import SearchOptions, plan
         from mpipe_tune.inputs.specs import resolve_spec
 
         if args.csv is not None:
             validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
         _validate_outputs(args)
-        problem, frozen = _problem(args)
-        evaluator = Evaluator(problem)
-        space = SearchSpace(problem, evaluator.reference_weights(), _space_options(args))
-        if args.interior_transpose and not any(SearchSpace.interior(s) for s in space.family):
-            print(f"mpipe-tune plan: note: model '{problem.model.name}' has no projector layers between its encoder "
-                  f"and its backbone, so --interior-transpose adds no schedule", file=sys.stderr)
-        current = None
         if args.current_args is not None and args.current is None:
             raise MpipeError("--current-args gives the launch arguments of a --current MindSpeed-MM model.json; give "
                              "--current model.json with it")
-        if args.current is not None:  # checked, derived and predicted before the search
-            current = evaluator.evaluate(parse_layout(args.current, space, label=compare.CURRENT,
-                                                      launch_args=args.current_args))
+        problem, frozen = _problem(args)
         storage = args.storage or DEFAULT_STORAGE
-        result = run_search(space, evaluator, storage=storage, study_name=args.study, n_trials=args.trials,
-                            timeout_s=args.timeout, seed=args.seed, sampler=args.sampler,
-                            exhaustive=True if args.exhaustive else None, progress=not args.no_progress)
-        if result.best is None:
+        search = SearchOptions(trials=args.trials, timeout_s=args.timeout, storage=storage, study=args.study,
+                               seed=args.seed, sampler=args.sampler, exhaustive=args.exhaustive,
+                               progress=not args.no_progress, current=args.current,
+                               current_args=args.current_args)
+        outcome = plan(problem, _space_request(args), search)
+        if args.interior_transpose and not any(outcome.space.interior(s) for s in outcome.space.family):
+            print(f"mpipe-tune plan: note: model '{problem.model.name}' has no projector layers between its encoder "
+                  f"and its backbone, so --interior-transpose adds no schedule", file=sys.stderr)
+        result, best, evaluator = outcome.result, outcome.best, outcome.evaluator
+        if outcome.widened_line and best is not None:
+            print(f"mpipe-tune plan: {outcome.widened_line}", file=sys.stderr)
+        if best is None:
             if result.interrupted:
                 print(f"interrupted after {result.num_trials} trials, before any plan that fits was found; rerun the "
                       f"same command to continue the study", file=sys.stderr)
-                return 130
-            if result.least_memory is None:
+                return _interrupted()
+            if outcome.least_memory is None:
                 raise MpipeError(f"no trial finished within --timeout {args.timeout} s; raise --timeout")
-            least = result.least_memory
-            what = "peak" if least.exact else "static memory (weights, gradients, optimizer state)"
             from mpipe_tune.errors import DoesNotFitError
 
-            raise DoesNotFitError(
-                f"no plan fits memory: of the plans tried the smallest {what} is {least.peak_bytes / 2**30:.1f} GiB "
-                f"({least.candidate}) against {least.capacity_bytes / 2**30:.1f} GiB per device of "
-                f"'{problem.profile.name}'; add devices, try --recompute search, or freeze blocks"
-            )
-        best = result.best
-        baselines = compare.evaluate_baselines(evaluator, space, best)
-        families = search_families(space, evaluator)
-        rows = compare.comparison_rows(best, baselines)
+            raise DoesNotFitError(outcome.no_fit_message())
+        baselines, families, current = outcome.baselines, outcome.families, outcome.current
         prediction, workload = evaluator.prediction(best.candidate)
         sections = {name: _section(evaluator, e) for name, e in baselines if e is not None}
         alternatives = {f.label: _section(evaluator, f.best) for f in families if f.best is not None}
@@ -270,20 +235,7 @@ class Plan(Command):
                              PlanInputs(resolve_spec(args.model, "model"), frozen, resolve_spec(args.profile, "profile")),
                              baselines=sections,
                              alternatives=alternatives)
-        summary = {
-            "objective": "mean predicted step time over the sampled steps",
-            "candidate": best.candidate.to_dict(),
-            "global_batch": problem.global_batch, "samples": problem.samples, "seed": problem.seed,
-            "workload_source": problem.source_name, "devices": problem.devices,
-            "study": result.study_name, "storage": result.storage, "mode": result.mode, "ending": result.ending,
-            "trials": result.num_trials, "new_trials": result.num_new, "evaluated": result.num_evaluated,
-            "space_size": result.space_size, "wall_s": result.wall_s, "interrupted": result.interrupted,
-            "comparison": rows,
-            "own_best": compare.own_best_rows(best, baselines, families),
-            "families": compare.family_record(families),
-            "current": None if current is None else compare.current_row(best, baselines, current),
-            "speedups": compare.speedups(best, baselines, families, current),
-        }
+        summary = outcome.summary()
         record["search"] = summary
         reference = dict(baselines).get(REFERENCE)
         if args.gantt_baseline and reference is None:
@@ -309,15 +261,13 @@ class Plan(Command):
                   f"({how}; this run: {result.num_evaluated} plans predicted, {result.num_bounded} settled by their "
                   f"lower bound" + (f", {repeats} repeats" if repeats > 0 else "") + ")\n")
             print(compare.format_comparison(summary))
-            for f in compare.faster_than_best(families, best):
-                print(f"note: {f.label} ({f.best.candidate}) is faster than the best plan found: the search's space "
-                      f"balances slabs by cost (no even layer splits), and a sampled search may miss a plan")
-            print(f"\nbest: {best.candidate}")
+            print(f"\nbest: {best.candidate}" + ("" if outcome.best_from == "search" else
+                                                 f"  (the {outcome.best_from} row: faster than the search's own best)"))
             print(f"plan written to {args.out}" + (f", table to {args.csv}" if args.csv else "")
                   + (f", timeline to {args.gantt}" if args.gantt else "")
                   + (f", baseline timeline to {args.gantt_baseline}" if args.gantt_baseline else ""))
         if result.interrupted:
             print(f"interrupted after {result.num_trials} trials; rerun the same command to continue the study",
                   file=sys.stderr)
-            return 130
+            return _interrupted()
         return 0

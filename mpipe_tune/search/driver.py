@@ -58,7 +58,7 @@ import heapq
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import optuna
@@ -182,10 +182,13 @@ def run_search(
     prune: bool = True,
     sync_every_s: float = 10.0,
     on_trial: Callable[[Evaluation], None] | None = None,
+    seeds: Sequence[Evaluation] = (),
 ) -> SearchResult:
     """Run (or continue) the study until it holds ``n_trials`` finished trials, ``timeout_s`` passes
     or Ctrl-C. ``exhaustive=None`` enumerates when the space has at most ``n_trials`` points;
-    ``refine`` and ``prune`` switch the hill-climbing and the bounds described above."""
+    ``refine`` and ``prune`` switch the hill-climbing and the bounds described above. ``seeds``: plans
+    already evaluated (each baseline's own best, the current layout): the fastest that fits is the
+    incumbent the bounds prune against from the start (they are not trials of the study)."""
     if n_trials < 1:
         raise MpipeError(f"--trials is {n_trials}, but at least one trial is needed")
     check_trial_budget(n_trials)
@@ -199,6 +202,7 @@ def run_search(
         exhaustive = _count_up_to(space, n_trials + 1) <= n_trials
     with stop_requests() as stop:
         run = _Run(space, evaluator, study, storage, timeout_s, start, progress, prune, on_trial, stop)
+        run.seed_incumbent(seeds)
         try:
             if exhaustive:
                 size = run.exhaustive()
@@ -275,7 +279,9 @@ def _best_of(trials, evaluator: Evaluator) -> tuple[Evaluation | None, Evaluatio
         c = Candidate.from_dict(_info(t)["candidate"])
         return evaluator.evaluate(c) if _info(t).get("exact", True) else evaluator.bounded(c)
 
-    return as_eval(best), as_eval(least)
+    best_e = as_eval(best)
+    # A trial slower than a seed was stored without a memory estimate (counted as fitting); its own peak decides.
+    return (best_e if best_e is None or best_e.fits else None), as_eval(least)
 
 
 def _count_up_to(space: SearchSpace, limit: int) -> int:
@@ -377,6 +383,12 @@ class _Run:
         self.ending = "budget"
         self.settled = 0
         self.space_size: int | None = None
+
+    def seed_incumbent(self, seeds: Sequence[Evaluation]) -> None:
+        """Start from the fastest of ``seeds`` that fits, where it beats the study's best."""
+        fitting = [e.mean_s for e in seeds if e.exact and e.peak_bytes is not None and e.fits]
+        if fitting and (self.incumbent is None or min(fitting) < self.incumbent):
+            self.incumbent = min(fitting)
 
     def must_stop(self) -> bool:
         """Ctrl-C asked to stop, or the time budget is spent: checked between two trials."""
