@@ -24,12 +24,9 @@ class Show(Command):
                             help="write the plan's comparison table to this CSV file, one row per plan, in seconds and bytes")
 
     def take_action(self, args):
-        from mpipe_tune.cost.framework import Framework
-        from mpipe_tune.cost.predict import predict
-        from mpipe_tune.outputs.frames import to_csv_text
-        from mpipe_tune.outputs.files import validate_out_path, write_together
-        from mpipe_tune.plan_file import read_plan, resolve
-        from mpipe_tune.report.tables import prediction_record, print_prediction
+        from mpipe_tune.outputs.files import validate_out_path
+        from mpipe_tune.plan_file import read_plan
+        from mpipe_tune.report.repredict import repredict
 
         if args.csv is not None:
             validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
@@ -38,53 +35,58 @@ class Show(Command):
 
             validate_picture_path(args.gantt, label="--gantt")
         file = read_plan(args.plan)
-        stored = file.search
-        search = None if stored is None else stored.to_stored()
+        search = None if file.search is None else file.search.to_stored()
         if args.csv is not None and not search:
             raise MpipeError(f"--csv {args.csv}: {args.plan} holds no comparison table (no 'search' section); "
                              f"make the plan with 'mpipe-tune plan' to get one")
-        resolved = resolve(file, model=args.model, profile=args.profile, predicting=True)
-        model, profile, candidate = resolved.model, resolved.profile, resolved.section.candidate
-        workload = resolved.section.workload
-        try:
-            prediction = predict(candidate, model, workload, profile, Framework.from_inputs(file.inputs.framework()))
-        except MpipeError as exc:
-            raise MpipeError(f"{file.where}: its stored candidate does not predict ({exc}); the file is damaged or was "
-                             f"edited: re-create it with 'mpipe-tune plan'") from None
-        recorded = resolved.section.predicted_step_s
-        now_s = prediction.timeline.makespan_s
-        outputs = []  # written together: both files, or neither
-        if args.gantt:
-            from mpipe_tune.report.gantt import draw_gantt
-
-            t = prediction.timeline
-            outputs.append((args.gantt, lambda tmp: draw_gantt(
-                prediction.plan, t.start_s, t.durations_s, tmp,
-                title=f"{model.name} <{candidate.schedule}> on {profile.name}: step {now_s * 1e3:.4g} ms")))
-        out = prediction_record(prediction, model, workload, profile)
-        if args.csv is not None:
-            from mpipe_tune.search.compare import comparison_frame
-
-            outputs.append((args.csv, lambda tmp: tmp.write_text(to_csv_text(comparison_frame(search)))))
-        write_together(outputs)
-        if args.json:
-            print(json.dumps({**out, "recorded_makespan_s": recorded, "search": search}, indent=2))
-            return 0
-        print_prediction(out)
-        same = abs(now_s - recorded) <= 1e-9 * max(1.0, abs(recorded))
-        print(f"\nrecorded step time {recorded * 1e3:.3f} ms; re-predicted {now_s * 1e3:.3f} ms"
-              + ("" if same else "  (differs: the cost model changed since the plan was made)"))
-        if search and search["samples"] > 1:
-            print(f"(the plan file's one stored step: the first of the search's {search['samples']} sampled steps; "
-                  f"the table below shows each plan's mean over them)")
-        if search:
-            from mpipe_tune.search.compare import format_comparison
-
-            print(f"\nsearch: study '{search['study']}', {search['trials']} trials, mean over {search['samples']} "
-                  f"sampled step(s) of {search['global_batch']} sequences\n")
-            print(format_comparison(search))
-        if args.csv is not None:
-            print(f"\ntable written to {args.csv}")
-        if args.gantt:
-            print(f"\nGantt picture written to {args.gantt}")
+        shown = repredict(file, model=args.model, profile=args.profile)
+        _write(shown, search, args)
+        _print(shown, search, args)
         return 0
+
+
+def _write(shown, search: dict | None, args) -> None:
+    """The picture and the table asked for, written together: both files, or neither."""
+    from mpipe_tune.outputs.files import write_together
+    from mpipe_tune.outputs.frames import to_csv_text
+
+    outputs = []
+    if args.gantt:
+        from mpipe_tune.report.gantt import draw_gantt
+
+        resolved, t = shown.resolved, shown.prediction.timeline
+        title = (f"{resolved.model.name} <{resolved.section.candidate.schedule}> on {resolved.profile.name}: "
+                 f"step {shown.now_s * 1e3:.4g} ms")
+        outputs.append((args.gantt, lambda tmp: draw_gantt(shown.prediction.plan, t.start_s, t.durations_s, tmp,
+                                                           title=title)))
+    if args.csv is not None:
+        from mpipe_tune.search.compare import comparison_frame
+
+        outputs.append((args.csv, lambda tmp: tmp.write_text(to_csv_text(comparison_frame(search)))))
+    write_together(outputs)
+
+
+def _print(shown, search: dict | None, args) -> None:
+    from mpipe_tune.report.tables import prediction_record, print_prediction
+
+    resolved = shown.resolved
+    out = prediction_record(shown.prediction, resolved.model, resolved.section.workload, resolved.profile)
+    if args.json:
+        print(json.dumps({**out, "recorded_makespan_s": shown.recorded_s, "search": search}, indent=2))
+        return
+    print_prediction(out)
+    print(f"\nrecorded step time {shown.recorded_s * 1e3:.3f} ms; re-predicted {shown.now_s * 1e3:.3f} ms"
+          + ("" if shown.unchanged else "  (differs: the cost model changed since the plan was made)"))
+    if search and search["samples"] > 1:
+        print(f"(the plan file's one stored step: the first of the search's {search['samples']} sampled steps; "
+              f"the table below shows each plan's mean over them)")
+    if search:
+        from mpipe_tune.search.compare import format_comparison
+
+        print(f"\nsearch: study '{search['study']}', {search['trials']} trials, mean over {search['samples']} "
+              f"sampled step(s) of {search['global_batch']} sequences\n")
+        print(format_comparison(search))
+    if args.csv is not None:
+        print(f"\ntable written to {args.csv}")
+    if args.gantt:
+        print(f"\nGantt picture written to {args.gantt}")

@@ -140,24 +140,17 @@ def _trials(search: dict[str, Any] | None, plan_path: Path, storage: str | None)
 def build_report(path: str, *, model_spec: str | None = None, profile_spec: str | None = None,
                  storage: str | None = None) -> Report:
     """Read the plan file, re-predict every stored plan, and gather the study's trials."""
-    from mpipe_tune.cost.framework import Framework
-    from mpipe_tune.cost.predict import predict
-    from mpipe_tune.plan_file import read_plan, resolve
+    from mpipe_tune.plan_file import read_plan
+    from mpipe_tune.report.repredict import repredict
 
     plan_file = read_plan(path)
-    framework = Framework.from_inputs(plan_file.inputs.framework())
     plans, model, profile = [], model_spec, profile_spec
     for name in plan_file.names:  # the inputs loaded once, with the first plan
-        resolved = resolve(plan_file, name, model=model, profile=profile, predicting=True)
-        model, profile, section = resolved.model, resolved.profile, resolved.section
-        try:
-            prediction = predict(section.candidate, model, section.workload, profile, framework)
-        except MpipeError as exc:
-            raise MpipeError(f"{resolved.where}: its stored candidate does not predict ({exc}); the file is damaged "
-                             f"or was edited: re-create it with 'mpipe-tune plan'") from None
-        t = prediction.timeline
+        shown = repredict(plan_file, name, model=model, profile=profile)
+        model, profile, section = shown.resolved.model, shown.resolved.profile, shown.resolved.section
+        t = shown.prediction.timeline
         ranks = section.predicted.ranks
-        plans.append(PlanFigureData(name, prediction.plan, np.asarray(t.start_s), np.asarray(t.durations_s),
+        plans.append(PlanFigureData(name, shown.prediction.plan, np.asarray(t.start_s), np.asarray(t.durations_s),
                                     float(t.makespan_s), tuple(r.memory.static_bytes for r in ranks),
                                     tuple(r.memory.peak_bytes for r in ranks)))
     search = None if plan_file.search is None else plan_file.search.to_stored()
