@@ -26,7 +26,7 @@ def compute_of(tmp_path, schedule, cut, rank=0):
     view = read_plan_file(str(make_plan(tmp_path, schedule, cut, 2, dtype="fp64")))
     specs = blueprint(load_model(TEST_MODEL))
     stack = LayerStack.build(specs, view.layers_of(rank), seed=0, dtype=torch.float64, device=torch.device("cpu"))
-    mesh = SimpleNamespace(pp_rank=rank, dp_rank=0, tp_mesh=None)
+    mesh = SimpleNamespace(pp_rank=rank, dp_rank=0, tp_mesh=None, encoder_mesh=None)
     compute = RealCompute(view, mesh, stack, seed=0, dtype=torch.float64, device=torch.device("cpu"), lr=0.0)
     calls = {i: 0 for i in stack.modules}
     for i, module in stack.modules.items():
