@@ -73,22 +73,6 @@ def _interrupted() -> int:
     return 130
 
 
-def _section(evaluator, evaluation) -> dict:
-    """A baseline's runnable plan-file section, predicted as the best plan's is."""
-    from mpipe_tune.plan_file import plan_section
-
-    prediction, workload = evaluator.prediction(evaluation.candidate)
-    return plan_section(prediction, workload)
-
-
-def _draw(evaluator, evaluation, path: str, title: str) -> None:
-    from mpipe_tune.report.gantt import draw_gantt
-
-    prediction, _ = evaluator.prediction(evaluation.candidate)
-    t = prediction.timeline
-    draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms")
-
-
 def _validate_outputs(args: argparse.Namespace) -> None:
     """Every file ``plan`` writes, checked before the search (one line naming the flag), and distinct."""
     from mpipe_tune.outputs.files import validate_out_path
@@ -190,7 +174,8 @@ class Plan(Command):
     def take_action(self, args):
         from mpipe_tune.outputs.frames import to_csv_text
         from mpipe_tune.outputs.files import validate_out_path, write_together
-        from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
+        from mpipe_tune.plan_file import PlanInputs, dump_plan
+        from mpipe_tune.report.plan_outcome import draw_evaluation, outcome_record
         from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE
         from mpipe_tune.search import compare
         from mpipe_tune.search.planner import SearchOptions, plan
@@ -225,49 +210,48 @@ class Plan(Command):
             from mpipe_tune.errors import DoesNotFitError
 
             raise DoesNotFitError(outcome.no_fit_message())
-        baselines, families, current = outcome.baselines, outcome.families, outcome.current
-        prediction, workload = evaluator.prediction(best.candidate)
-        sections = {name: _section(evaluator, e) for name, e in baselines if e is not None}
-        alternatives = {f.label: _section(evaluator, f.best) for f in families if f.best is not None}
-        if current is not None:
-            alternatives[compare.CURRENT] = _section(evaluator, current)
-        record = plan_record(prediction, problem.model, workload, problem.profile,
-                             PlanInputs(resolve_spec(args.model, "model"), frozen, resolve_spec(args.profile, "profile")),
-                             baselines=sections,
-                             alternatives=alternatives)
-        summary = outcome.summary()
-        record["search"] = summary
-        reference = dict(baselines).get(REFERENCE)
+        reference = dict(outcome.baselines).get(REFERENCE)
         if args.gantt_baseline and reference is None:
             raise MpipeError(f"--gantt-baseline: the {REFERENCE} baseline does not exist at {best.candidate.degrees}; "
                              f"nothing was written")
+        record = outcome_record(outcome, PlanInputs(resolve_spec(args.model, "model"), frozen,
+                                                    resolve_spec(args.profile, "profile")))
+        summary = record["search"]
         outputs = [(args.out, lambda tmp: dump_plan(record, tmp))]  # all of them, or none (a picture can fail)
         if args.csv is not None:
             outputs.append((args.csv, lambda tmp: tmp.write_text(to_csv_text(compare.comparison_frame(summary)))))
         if args.gantt:
-            outputs.append((args.gantt, lambda tmp: _draw(evaluator, best, tmp, f"best <{best.candidate.schedule}>")))
+            outputs.append((args.gantt, lambda tmp: draw_evaluation(evaluator, best, tmp,
+                                                                    f"best <{best.candidate.schedule}>")))
         if args.gantt_baseline:
-            outputs.append((args.gantt_baseline, lambda tmp: _draw(evaluator, reference, tmp, "Megatron-style <1f1b>")))
+            outputs.append((args.gantt_baseline, lambda tmp: draw_evaluation(evaluator, reference, tmp,
+                                                                             "Megatron-style <1f1b>")))
         write_together(outputs)
         if args.json:
             print(json.dumps({**summary, "plan_file": args.out}, indent=2))
         else:
-            p = problem
-            print(f"planning {p.model.name} on {p.devices} x {p.profile.name}, workload {p.source_name}: "
-                  f"{p.global_batch} sequences per step, mean over {p.samples} sampled step(s)")
-            repeats = result.num_new - result.num_evaluated - result.num_bounded
-            how = result.how(args.sampler)
-            print(f"study '{result.study_name}' in {storage}: {result.num_trials} trials in {result.wall_s:.1f} s "
-                  f"({how}; this run: {result.num_evaluated} plans predicted, {result.num_bounded} settled by their "
-                  f"lower bound" + (f", {repeats} repeats" if repeats > 0 else "") + ")\n")
-            print(compare.format_comparison(summary))
-            print(f"\nbest: {best.candidate}" + ("" if outcome.best_from == "search" else
-                                                 f"  (the {outcome.best_from} row: faster than the search's own best)"))
-            print(f"plan written to {args.out}" + (f", table to {args.csv}" if args.csv else "")
-                  + (f", timeline to {args.gantt}" if args.gantt else "")
-                  + (f", baseline timeline to {args.gantt_baseline}" if args.gantt_baseline else ""))
+            _print(outcome, summary, storage, args)
         if result.interrupted:
             print(f"interrupted after {result.num_trials} trials; rerun the same command to continue the study",
                   file=sys.stderr)
             return _interrupted()
         return 0
+
+
+def _print(outcome, summary: dict, storage: str, args: argparse.Namespace) -> None:
+    """The problem, the study, the comparison table and where the files went."""
+    from mpipe_tune.search import compare
+
+    p, result, best = outcome.problem, outcome.result, outcome.best
+    print(f"planning {p.model.name} on {p.devices} x {p.profile.name}, workload {p.source_name}: "
+          f"{p.global_batch} sequences per step, mean over {p.samples} sampled step(s)")
+    repeats = result.num_new - result.num_evaluated - result.num_bounded
+    print(f"study '{result.study_name}' in {storage}: {result.num_trials} trials in {result.wall_s:.1f} s "
+          f"({result.how(args.sampler)}; this run: {result.num_evaluated} plans predicted, {result.num_bounded} "
+          f"settled by their lower bound" + (f", {repeats} repeats" if repeats > 0 else "") + ")\n")
+    print(compare.format_comparison(summary))
+    print(f"\nbest: {best.candidate}" + ("" if outcome.best_from == "search" else
+                                         f"  (the {outcome.best_from} row: faster than the search's own best)"))
+    print(f"plan written to {args.out}" + (f", table to {args.csv}" if args.csv else "")
+          + (f", timeline to {args.gantt}" if args.gantt else "")
+          + (f", baseline timeline to {args.gantt_baseline}" if args.gantt_baseline else ""))

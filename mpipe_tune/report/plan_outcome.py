@@ -1,0 +1,46 @@
+"""What ``plan`` writes from a :class:`~mpipe_tune.search.planner.PlanOutcome`: plan.json's record and
+the timelines of its plans.
+
+:func:`outcome_record` predicts every stored plan once more from the search's evaluator (the
+winner, each baseline at its degrees, each family's own best and the current layout) and builds the
+file with :func:`mpipe_tune.plan_file.plan_record`, the search summary as its ``search`` section.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpipe_tune.plan_file import PlanInputs, plan_record, plan_section
+from mpipe_tune.search.compare import CURRENT
+from mpipe_tune.search.evaluate import Evaluation, Evaluator
+from mpipe_tune.search.planner import PlanOutcome
+
+
+def outcome_record(outcome: PlanOutcome, inputs: PlanInputs) -> dict[str, Any]:
+    """plan.json for a plan that found a winner: the winner at the top level, the baselines at its
+    degrees, the plans at layouts of their own (each family's best, the current layout), the summary."""
+    evaluator = outcome.evaluator
+    assert outcome.best is not None, "no plan fits: nothing to write"
+
+    def section(evaluation: Evaluation) -> dict[str, Any]:
+        return plan_section(*evaluator.prediction(evaluation.candidate))
+
+    alternatives = {f.label: section(f.best) for f in outcome.families if f.best is not None}
+    if outcome.current is not None:
+        alternatives[CURRENT] = section(outcome.current)
+    prediction, workload = evaluator.prediction(outcome.best.candidate)
+    p = outcome.problem
+    record = plan_record(prediction, p.model, workload, p.profile, inputs,
+                         baselines={name: section(e) for name, e in outcome.baselines if e is not None},
+                         alternatives=alternatives)
+    record["search"] = outcome.summary()
+    return record
+
+
+def draw_evaluation(evaluator: Evaluator, evaluation: Evaluation, path, title: str) -> None:
+    """The predicted timeline of one evaluated plan (its first sampled step) as a Gantt picture."""
+    from mpipe_tune.report.gantt import draw_gantt  # matplotlib: only when a picture is asked for
+
+    prediction, _ = evaluator.prediction(evaluation.candidate)
+    t = prediction.timeline
+    draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms")
