@@ -149,3 +149,102 @@ def test_the_cli_package_is_the_only_face():
     assert not [n for n, _ in modules() if n.startswith("cli_") or n == "command"]
     assert (PACKAGE / "cli" / "__main__.py").exists()
     assert 'mpipe-tune = "mpipe_tune.cli:main"' in (PACKAGE.parent / "pyproject.toml").read_text()
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Per module of the package, the modules of the package it imports (top-level or inside a
+    function): ``from mpipe_tune.algebra import encoder_backward`` is an import of the module
+    ``algebra.encoder_backward``; a package's ``__init__`` counts as a module, but a module's import of a
+    package it lies in does not (Python runs that package first, whatever the module imports)."""
+    names = dict(modules())
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        targets = set()
+        for imported in imports(path, name):
+            parts = imported.split(".")
+            if parts[0] != "mpipe_tune":
+                continue
+            parts = parts[1:]
+            while parts and ".".join(parts) not in names:  # a name imported from a module: that module
+                parts.pop()
+            target = ".".join(parts)
+            if target and target != name and not name.startswith(target + "."):
+                targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_import_cycles_are_found():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+    graph = import_graph()
+    assert "algebra.plan" in graph["algebra.derive"] and "algebra" not in graph["algebra.derive"]
+
+
+KNOWN_CYCLES = (
+    ["inputs.dataset", "inputs.dataset_readers"],
+    ["report.export", "report.export_hyper_parallel", "report.export_mindspeed"],
+)
+"""Cycles through a lazy import (a reader or an exporter that a module picks inside a function, and
+that imports that module's helpers back), to be folded by their modules' owners; no other may appear."""
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or through others, lazily or not (but
+    :data:`KNOWN_CYCLES`): every module can be read, and imported, after the modules it needs."""
+    found = import_cycles(import_graph())
+    assert [c for c in found if c not in KNOWN_CYCLES] == []
+
+
+def test_nothing_imports_upward():
+    """The layers in order, lowest first: a module imports only from its own layer and those below
+    (``report`` and ``cli`` sit on top and may import everything; ``profiler`` and ``runtime`` beside
+    each other above ``search``'s inputs)."""
+    order = ["errors", "interrupt", "jit", "outputs", "inputs", "algebra", "cost", "specs", "workload_spec",
+             "plan_file", "search", "runtime", "profiler", "report", "cli"]
+    rank = {layer: i for i, layer in enumerate(order)}
+    upward = []
+    for name, targets in import_graph().items():
+        if not name:
+            continue
+        here = layer_of(name)
+        for target in targets:
+            there = layer_of(target)
+            if here in rank and there in rank and rank[there] > rank[here]:
+                upward.append(f"{name} ({here}) -> {target} ({there})")
+    assert not upward, upward

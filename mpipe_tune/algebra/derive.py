@@ -43,7 +43,7 @@ through dictionaries) is the reference of ``tests/algebra/test_derive_reference.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
 from dataclasses import dataclass, replace
@@ -52,7 +52,6 @@ import numpy as np
 
 from mpipe_tune.algebra import encoder_backward as encoder_backwards
 from mpipe_tune.algebra import order as programs
-from mpipe_tune.algebra import kernels
 from mpipe_tune.algebra.transpose_order import place_owned_events
 from mpipe_tune.algebra.events import (
     Bwd, Coll, Comm, DpReduce, EdgeKind, Event, Fwd, Group, Loss, Stage, StepBarrier, Wgrad,
@@ -60,14 +59,18 @@ from mpipe_tune.algebra.events import (
 from mpipe_tune.algebra.footprint import footprint
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import (
-    ByLayer, ByMicrobatch, RegionPlacement, balanced_counts, round_robin, slabs_from_counts,
+    ByLayer, ByMicrobatch, RegionPlacement, balanced_counts, round_robin,
     validate_counts, validate_owners,
 )
 from mpipe_tune.algebra.plan import (
     BARRIER, COLL, EDGE_KINDS, REDUCE, Collectives, Order, OrderColumns, Plan, Seam, event_rows, events_of_rows,
-    replicated_of, source_of,
+    is_source, replicated_of, source_of,
 )
-from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, parse_schedule, validate_schedule
+from mpipe_tune.algebra.schedule import Cut, Layout, Schedule, Skeleton, validate_schedule
+from mpipe_tune.algebra.stages import (  # noqa: F401  (PROGRAMS, rank_program: derive's public names before the split)
+    _OPS, PROGRAMS, _programs, rank_program, rank_slabs, wavefront_stages,
+)
+from mpipe_tune.algebra.topology import sequence_edges, sort_topologically, topological_order  # noqa: F401
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
 _SEAM_COMMS = {
@@ -345,84 +348,6 @@ def _microbatch_edges(b: _Builder, m: int, gates: StageGates, owners: Sequence[i
         b.edge(grad, Bwd(*at[i - 1], m), EdgeKind.GRADIENT)
 
 
-def _one_f_one_b_program(rank: int, P: int, M: int, v: int) -> programs.Program:
-    return programs.one_f_one_b(rank, P, M) if v == 1 else programs.interleaved_one_f_one_b(rank, P, M, v)
-
-
-def _gpipe_program(rank: int, P: int, M: int, v: int) -> programs.Program:
-    return programs.gpipe(M, v)
-
-
-def _zb1p_program(rank: int, P: int, M: int, v: int) -> programs.Program:
-    return programs.zero_bubble_h1(rank, P, M, v)
-
-
-def _zbv_program(rank: int, P: int, M: int, v: int) -> programs.Program:
-    assert v == 2, "zbv runs two chunks"
-    return programs.zero_bubble_v(rank, P, M)
-
-
-PROGRAMS: dict[Skeleton, Callable[[int, int, int, int], programs.Program]] = {
-    Skeleton.ONE_F_ONE_B: _one_f_one_b_program,
-    Skeleton.GPIPE: _gpipe_program,
-    Skeleton.ZB1P: _zb1p_program,
-    Skeleton.ZBV: _zbv_program,
-}
-"""Per Sharded skeleton, ``(rank, P, M, v) -> program`` (see :mod:`mpipe_tune.algebra.order`)."""
-
-
-def rank_program(skeleton: Skeleton, rank: int, P: int, M: int, v: int) -> programs.Program:
-    """Rank ``rank``'s ``(op, chunk, mb)`` program in a wavefront of ``v`` regions of ``skeleton``."""
-    return PROGRAMS[skeleton](rank, P, M, v)
-
-
-def wavefront_stages(skeleton: Skeleton, sharded: Sequence[int], P: int) -> list[Stage]:
-    """The Sharded stages in wavefront order: every region's ranks in increasing order, except that
-    ``zbv`` places its second region in a V, on the ranks in decreasing order (rank r runs stages r and
-    2P-1-r, so the last stage, and the loss, are on rank 0; :func:`_place` gives rank P-1 that
-    region's first slab).
-
-    >>> wavefront_stages(Skeleton.ZBV, [1, 2], 2)
-    [(1, 0), (1, 1), (2, 1), (2, 0)]
-    """
-    ranks = [range(P)] * len(sharded)
-    for k in _reversed_chunks(skeleton):
-        ranks[k] = range(P - 1, -1, -1)
-    return [(j, r) for j, order in zip(sharded, ranks) for r in order]
-
-
-def _reversed_chunks(skeleton: Skeleton) -> frozenset[int]:
-    """The chunks (positions among a wavefront's Sharded regions) placed on the ranks in reverse:
-    ``zbv``'s second."""
-    return frozenset({1}) if skeleton is Skeleton.ZBV else frozenset()
-
-
-def rank_slabs(schedule: Schedule, chunk: int, start: int, counts: Sequence[int]) -> tuple[tuple[int, int], ...]:
-    """Per rank, its slab of the ``chunk``-th Sharded region (0-based) that starts at layer ``start``,
-    from the slabs' layer counts in layer order: dealt to ranks 0, 1, ..., or to P-1, ..., 0 on a
-    chunk placed in reverse (``zbv``'s second).
-
-    >>> rank_slabs(parse_schedule("zbv,zbv"), 1, 4, (1, 3))
-    ((5, 8), (4, 5))
-    """
-    slabs = slabs_from_counts(start, counts)
-    skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
-    return slabs[::-1] if chunk in _reversed_chunks(skeleton) else slabs
-
-
-_OPS = "FBW"  # a program step's op by its code in :func:`_programs`
-
-
-@lru_cache(maxsize=64)
-def _programs(skeleton: Skeleton, P: int, M: int, v: int) -> tuple[np.ndarray, ...]:
-    """Every rank's program (:func:`rank_program`), rank after rank, as columns: rank, op (its code in
-    :data:`_OPS`), chunk, mb. A pure function of its arguments, kept for the last 64 of them."""
-    steps = [(r, _OPS.index(op), chunk, m) for r in range(P) for op, chunk, m in rank_program(skeleton, r, P, M, v)]
-    columns = np.array(steps, dtype=np.int64).reshape(-1, 4).T.copy()
-    columns.flags.writeable = False
-    return tuple(columns)
-
-
 def _rank_events(skeleton: Skeleton, P: int, M: int, sharded: Sequence[int], source: RegionPlacement | None,
                  gates: StageGates, flow: _Flow, barrier: int) -> tuple[tuple[int, ...], ...]:
     """Each rank's event list (as indices: ``flow.events``, then the barrier): its encodes, its program's forwards
@@ -499,7 +424,7 @@ def _order(schedule: Schedule, P: int, M: int, replicated: tuple[RegionPlacement
     events go where the layer counts put them). The Sharded slabs themselves are not read, so the
     candidates that differ only there (other slabs, other cuts with the same gates) share one order:
     it is an immutable value, built once and kept for the last :data:`ORDERS_KEPT` of them."""
-    source = replicated[0] if replicated and replicated[0].region == 1 else None  # source_of
+    source = replicated[0] if replicated and is_source(replicated[0]) else None
     sharded = [j for j, s in enumerate(schedule.skeletons, start=1) if s.layout is Layout.SHARDED]
     owners = replicated[0].owner.owners if replicated else ()
     skeleton = next(s for s in schedule.skeletons if s.layout is Layout.SHARDED)
@@ -673,42 +598,3 @@ def _every_microbatch(template: _Template, M: int, owners: Sequence[int], replic
     assert not (shared[t_src] & shared[t_dst]).any(), "every edge has a per-microbatch end"
     return _Flow(np.concatenate((first, rest.reshape(-1, first.shape[1]))), ids[:, t_src].ravel(),
                  ids[:, t_dst].ravel(), np.tile(template.kinds, M), template.index, ids)
-
-
-def sequence_edges(nodes: Sequence[Sequence[int]], src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each rank's Sequence edges (consecutive events, rank after rank) that no earlier edge joins already."""
-    flat = np.concatenate([np.asarray(n, dtype=np.int64) for n in nodes])
-    last = np.cumsum([len(n) for n in nodes]) - 1
-    joined = np.ones(len(flat), dtype=bool)
-    joined[last] = False  # a rank's last event starts no Sequence edge
-    a = flat[joined]
-    c = flat[np.flatnonzero(joined) + 1]
-    # Keep a pair where it is the first of its key among the earlier edges' keys and the pairs before it.
-    keys = np.concatenate((src << 32 | dst, a << 32 | c))
-    by_key = np.argsort(keys, kind="stable")
-    sorted_keys = keys[by_key]
-    first = np.zeros(len(keys), dtype=bool)
-    first[by_key[np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1]))]] = True
-    keep = first[len(src):]
-    return a[keep], c[keep]
-
-
-def topological_order(num_events: int, edges: Sequence[tuple[int, int, EdgeKind]]) -> list[int] | None:
-    """Kahn's algorithm, lowest index first among ready events; None when the graph has a cycle."""
-    src = np.fromiter((e[0] for e in edges), dtype=np.int64, count=len(edges))
-    dst = np.fromiter((e[1] for e in edges), dtype=np.int64, count=len(edges))
-    return _kahn(num_events, src, dst)
-
-
-def _kahn(num_events: int, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
-    """:func:`topological_order` over edge columns."""
-    topo = sort_topologically(num_events, src, dst)
-    return None if topo is None else topo.tolist()
-
-
-def sort_topologically(num_events: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
-    """:func:`topological_order` over edge columns, as an array: the ready events are a stack, initially
-    every source with the lowest index on top; an event's successors are released in the order of its
-    edges. The loop is a kernel (:mod:`mpipe_tune.algebra.kernels`)."""
-    topo = kernels.topological_order(num_events, np.ascontiguousarray(src, dtype=np.int64), np.ascontiguousarray(dst, dtype=np.int64))
-    return topo if len(topo) == num_events else None

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpipe_tune.algebra.events import Comm, EdgeKind
+from mpipe_tune.algebra.topology import kahn_order
 from mpipe_tune.errors import MpipeError
 
 COOLDOWN, EARLIEST, OPTIMISED = "cooldown", "earliest", "optimised"
@@ -267,9 +268,8 @@ def backbone_steps(src: np.ndarray, dst: np.ndarray, nodes: Sequence[Sequence[in
 def _unit_finish(n: int, src: np.ndarray, dst: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray,
                  steps: np.ndarray) -> np.ndarray:
     """Finish step of every event: ``steps[e]`` after the latest of its predecessors, in topological order."""
-    from mpipe_tune.algebra.derive import _kahn  # derive imports this module: its Kahn's order, read here
 
-    order = _kahn(n, src, dst)
+    order = kahn_order(n, src, dst)
     assert order is not None, "the backbone order is cyclic"
     ptr, pred, duration = pred_ptr.tolist(), pred_idx.tolist(), steps.tolist()
     finish = [0] * n

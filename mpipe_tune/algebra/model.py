@@ -80,6 +80,10 @@ class Layer:
 
 @dataclass(frozen=True)
 class Model:
+    """A model as the algebra sees it: an ordered tuple of layers, each in a block (``encoder``,
+    ``projector``, ``llm``, ...) with its trainable bit and its cost description (explicit seconds per
+    token, or architecture dimensions the cost model reads)."""
+
     name: str
     layers: tuple[Layer, ...]
     source: str = ""

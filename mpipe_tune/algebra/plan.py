@@ -33,7 +33,13 @@ def source_of(placement: tuple[RegionPlacement, ...]) -> RegionPlacement | None:
     cooldown; an interior or sink transpose (a Replicated region after the first, see
     :func:`replicated_of`) is not a source: its events run inside the wavefront."""
     first = placement[0]
-    return first if first.layout is Layout.REPLICATED else None
+    return first if is_source(first) else None
+
+
+def is_source(region: RegionPlacement) -> bool:
+    """Whether ``region`` is a placement's source: region 1, Replicated (the one definition of "the
+    encoder is region 1" that :func:`source_of` and ``derive`` read)."""
+    return region.region == 1 and region.layout is Layout.REPLICATED
 
 
 def replicated_of(placement: tuple[RegionPlacement, ...]) -> tuple[RegionPlacement, ...]:
@@ -251,6 +257,11 @@ class Order:
 
 @dataclass(frozen=True)
 class Plan:
+    """What ``derive`` produces for one cut, schedule, model, P and M: the placement of every region on
+    the ranks (slabs or owners), the collectives at the seams, the stages in wavefront order and the
+    per-rank order of events with its edges. Immutable, and free of seconds (timings live in the cost
+    model's reports)."""
+
     cut: Cut
     schedule: Schedule
     num_ranks: int

@@ -184,7 +184,7 @@ class CompiledPlan:
         events = self.derived.order.events
         if self.owners == _owners(self.derived) and self.encoder_ranks == _encoder_ranks(self.derived):
             return events
-        region = self.derived.placement[0].region
+        region = self.derived.source.region
         ranks = self.encoder_ranks or self.owners
         out = list(events)
         for i, event in enumerate(events):
@@ -324,5 +324,6 @@ class _OwnerMoves:
         topo = sort_topologically(len(c.kind), src, dst)
         order = Order.from_columns(OrderColumns(c.kind, c.region, rank, c.mb, c.comm, c.other_region, other_rank,
                                                 c.group, src, dst, kinds, tuple(n.copy() for n in nodes), topo))
-        first = replace(derived.placement[0], owner=ByMicrobatch(retimed.owners))
-        return replace(derived, placement=(first, *derived.placement[1:]), order=order)
+        source = derived.source
+        placement = tuple(replace(p, owner=ByMicrobatch(retimed.owners)) if p is source else p for p in derived.placement)
+        return replace(derived, placement=placement, order=order)

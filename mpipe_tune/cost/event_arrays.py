@@ -56,10 +56,10 @@ class EventArrays:
         for p in plan.placement:
             slabs = p.owner.slabs if isinstance(p.owner, ByLayer) else (p.layers,) * P
             slab_lo[p.region], slab_hi[p.region] = zip(*slabs)
-        first = plan.placement[0]
+        source = plan.source
         return cls(c.kind, c.region, c.rank, c.mb, c.comm, c.other_region, c.other_rank,
                    c.edge_src, c.edge_dst, c.edge_is_sequence, c.nodes, slab_lo, slab_hi,
-                   first.region if not isinstance(first.owner, ByLayer) else -1, _shared_by(c))
+                   source.region if source is not None else -1, _shared_by(c))
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
         """``make()``, made once per order object and shared by every plan of it (see :func:`_shared_by`):

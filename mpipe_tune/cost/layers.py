@@ -62,6 +62,10 @@ FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm")
 
 @dataclass(frozen=True)
 class CostOptions:
+    """Everything the cost kernels read besides the model, the profile and the workload: a candidate's
+    dtype, degrees and memory policy joined with the framework's settings
+    (:meth:`mpipe_tune.cost.framework.Framework.options` builds it from a candidate, the one place)."""
+
     dtype: str = "bf16"
     """Compute and activation dtype; the profile's peak for it is used."""
     tp_degree: int = 1

@@ -39,8 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipe_tune.algebra.candidate import ROUND_ROBIN
-from mpipe_tune.algebra.placement import ByMicrobatch, round_robin
-from mpipe_tune.algebra.schedule import Layout
+from mpipe_tune.algebra.placement import round_robin
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.framework import Framework
 from mpipe_tune.cost.layers import build_layer_table
@@ -79,7 +78,7 @@ def resolve_modes(view: PlanView, owners: str | None = None, data: str | None = 
         raise MpipeError(f"--data {data!r}: use one of {', '.join(DATA_MODES)}")
     c, where = view.candidate, f"plan file {view.path}"
     policy = c.owner_policy
-    movable = view.plan.placement[0].layout is Layout.REPLICATED
+    movable = view.plan.source is not None
     moved = c.encoder_backward_ranks is not None  # ranks chosen for the stored owner map
     if owners is None:
         owners = PER_STEP if movable and policy not in (None, ROUND_ROBIN) and not moved else FIXED
@@ -157,8 +156,8 @@ class StepPlanner:
         self.view, self.modes = view, modes
         self.validate_microbatches = validate_microbatches
         self.stored = view.section.workload
-        first = view.plan.placement[0]
-        self.stored_owners = first.owner.owners if isinstance(first.owner, ByMicrobatch) else None
+        source = view.plan.source
+        self.stored_owners = source.owner.owners if source is not None else None
         self.compiled: CompiledPlan | None = None
         if not modes.is_stored_plan:
             profile = load_plan_profile(view.file, spec=profile_spec)
@@ -205,7 +204,7 @@ class StepPlanner:
         view = self.view
         pairs = rank_pairs(view)
         if self.modes.owners == PER_STEP:
-            region = view.plan.placement[0].region
+            region = view.plan.source.region
             for ts in view.sends.values():
                 for t in ts:
                     ends = (view.events[t.producer], view.events[t.consumer])
@@ -219,5 +218,5 @@ class StepPlanner:
         transposed region (it may own any microbatch's encode)."""
         layers = set(self.view.layers_of(rank))
         if self.modes.owners == PER_STEP:
-            layers.update(range(*self.view.region_layers[self.view.plan.placement[0].region]))
+            layers.update(range(*self.view.region_layers[self.view.plan.source.region]))
         return tuple(sorted(layers))

@@ -16,6 +16,7 @@ from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.mindspeed import MindSpeedLayout, read_mindspeed_layout
+from mpipe_tune.search.layout_keys import parse_layout_keys
 from mpipe_tune.search.space import SearchSpace
 
 ENCODER_BLOCK = "encoder"
@@ -26,8 +27,6 @@ OUTSIDE_KINDS = {"patch_embed": "vision", "embedding": "decoder", "lm_head": "de
 def mindspeed_candidate(model_json: str, space: SearchSpace, *, label: str, launch_args: str | None = None
                         ) -> Candidate:
     """The candidate of the run ``model_json`` (and ``launch_args``) describes, on ``space``'s problem."""
-    from mpipe_tune.search.layout import parse_layout  # layout.py hooks this module in
-
     layout = read_mindspeed_layout(model_json, launch_args)
     where = f"{label} layout {model_json}"
     if layout.cp > 1:
@@ -50,7 +49,7 @@ def mindspeed_candidate(model_json: str, space: SearchSpace, *, label: str, laun
             pairs.append(f"M={layout.global_batch_size // (dp * layout.micro_batch_size) or 1}")
     if cut:
         pairs.append(f"cut={','.join(map(str, cut))}")
-    candidate = parse_layout(",".join(pairs), space, label=label)
+    candidate = parse_layout_keys(",".join(pairs), space, label=label)
     slabs = tuple(tuple(counts[j * P:(j + 1) * P]) for j in range(v))
     return replace(candidate, slab_counts=slabs,
                    recompute="selective" if layout.recompute == "selective" else candidate.recompute)

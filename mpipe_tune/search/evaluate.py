@@ -51,6 +51,9 @@ class StepResult:
 
 @dataclass(frozen=True)
 class Evaluation:
+    """One candidate's predicted figures over the problem's sampled steps (its step time per step,
+    the mean bubble and spill, the peak memory against capacity), as the search ranks it."""
+
     candidate: Candidate
     makespans_s: tuple[float, ...]
     """Predicted step time of each sampled step."""

@@ -107,6 +107,10 @@ def divisors(n: int) -> list[int]:
 
 
 class SearchSpace:
+    """The candidates a search may emit for one problem: the tree of choices (degrees, schedule,
+    cut, microbatches, owners, memory settings, ...) whose every leaf is a valid candidate, walked by
+    a sampler (:meth:`build`) or exhaustively (:meth:`enumerate`)."""
+
     def __init__(self, problem: Problem, weights: Sequence[float], options: SpaceOptions = SpaceOptions()) -> None:
         """``weights``: expected seconds per layer, used to balance the cuts between woven regions."""
         if isinstance(options.cut_window, bool) or not isinstance(options.cut_window, int) or options.cut_window < 0:

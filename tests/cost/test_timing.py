@@ -104,21 +104,3 @@ def test_makespan_is_at_least_busy_time_and_one_microbatch_critical_path(result)
         chain = sum(t.durations_s[i] for i, e in enumerate(plan.order.events)
                     if isinstance(e, (Fwd, Bwd)) and e.mb == m)
         assert t.makespan_s >= chain - 1e-9
-
-
-@given(random_plans())
-def test_maxplus_composition_equals_longest_path(result):
-    from mpipe_tune.cost.maxplus import finish_times_maxplus, makespan_maxplus
-
-    durations = result.timeline.durations_s
-    assert np.allclose(finish_times_maxplus(result.plan, durations), result.timeline.finish_s, rtol=1e-12, atol=0)
-    assert makespan_maxplus(result.plan, durations) == pytest.approx(result.timeline.makespan_s, rel=1e-12)
-
-
-def test_maxplus_closure_of_a_chain():
-    from mpipe_tune.cost.maxplus import NEG, maxplus_closure
-
-    a = np.full((3, 3), NEG)
-    a[1, 0], a[2, 1] = 2.0, 3.0  # 0 -> 1 -> 2
-    star = maxplus_closure(a)
-    assert star[2, 0] == 5.0 and star[0, 2] == NEG and star[1, 1] == 0.0

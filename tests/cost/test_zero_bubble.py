@@ -11,7 +11,6 @@ import pytest
 from mpipe_tune.algebra import Bwd, Coll, Comm, Cut, ExplicitCost, Fwd, Layer, Model, StepBarrier, Wgrad, parse_schedule
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.maxplus import makespan_maxplus
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.cost.timing import longest_path_reference
 from mpipe_tune.inputs.workload import load_workload
@@ -113,14 +112,13 @@ def test_zb1p_keeps_1f1b_activations_and_adds_the_kept_gradients():
     ("zb1p", (), 4, 8), ("zb1p,zb1p", (6,), 3, 6), ("zbv,zbv", (6,), 3, 7), ("transpose,zbv,zbv", (2, 8), 3, 5),
     ("transpose,zb1p", (2,), 4, 6),
 ])
-def test_compiled_timeline_equals_the_longest_path_and_maxplus(schedule, cut, P, M):
+def test_compiled_timeline_equals_the_longest_path(schedule, cut, P, M):
     model = make_model(["encoder"] * 2 + ["llm"] * 10, trainable=[False] * 2 + [True] * 10)
     profile = load_profile("h100-sxm")
     workload = load_workload("balanced", num_microbatches=M, seed=5)
     prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, workload, profile, P)
     durations = prediction.timeline.durations_s
     assert np.allclose(prediction.timeline.finish_s, longest_path_reference(prediction.plan, durations), rtol=1e-12)
-    assert makespan_maxplus(prediction.plan, durations) == pytest.approx(prediction.timeline.makespan_s, rel=1e-12)
     assert any(isinstance(e, Wgrad) for e in prediction.plan.order.events)
     forwards = [e for e in prediction.plan.order.events if isinstance(e, Fwd)]
     assert len(forwards) == M * (len(prediction.plan.stages) + (1 if "transpose" in schedule else 0))
