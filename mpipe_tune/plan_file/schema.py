@@ -341,19 +341,25 @@ class SearchSummary:
     current: ComparisonRow | None = None
     speedups: Speedups | None = None
     ending: str | None = None
-    """Why the search stopped (files from before it lack it)."""
+    """Why the search stopped (files from before it lack it, as they lack the two below)."""
+    best_from: str | None = None
+    """Where the winner came from: ``search``, a baseline, its family (``vpp@own``) or ``current``."""
+    widened: tuple[str, ...] | None = None
+    """The memory knobs widened because nothing in the requested space fit."""
 
     def to_stored(self) -> dict[str, Any]:
         """The stored form, in the order ``plan --json`` prints it."""
         out = {}
         for key in STORED_ORDER:
             value = getattr(self, key)
-            if value is not None or key not in ("ending", "speedups"):
+            if value is not None or key not in OPTIONAL:
                 out[key] = write_value(value) if key != "families" or value else {}
         return out
 
 
-STORED_ORDER = ("objective", "candidate", "global_batch", "samples", "seed", "workload_source", "devices", "study",
+STORED_ORDER = ("objective", "candidate", "best_from", "widened", "global_batch", "samples", "seed", "workload_source", "devices", "study",
                 "storage", "mode", "ending", "trials", "new_trials", "evaluated", "space_size", "wall_s",
                 "interrupted", "comparison", "own_best", "families", "current", "speedups")
 """The search summary's keys in the order ``plan`` writes them."""
+OPTIONAL = ("ending", "speedups", "best_from", "widened")
+"""Keys files from before them lack: left out when absent."""
