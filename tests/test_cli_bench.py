@@ -115,7 +115,7 @@ def test_ctrl_c_prints_the_rounds_that_finished(plan_file):
         first = proc.stderr.readline()
         assert first.startswith("round 1/1000  best "), first
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches every process of the group
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=300)  # a hang guard
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -19,7 +19,9 @@ the same tensors keeps its weights and activations in cache and ran 10-25% faste
 same layer inside a stage. The backward of a layer that received a tensor from the chain (all but the
 first) includes its input gradient, as the cost model charges a trainable layer in the middle of a
 model. Growth over sizes stops once one layer's forward plus backward takes longer than the settings
-allow.
+allow, but never before :data:`MIN_CALIBRATION_SIZES` sizes were timed: the fits need two sizes to
+tell a call's fixed seconds from its slope, and on a loaded machine the smallest size alone can take
+longer than the limit, which would otherwise leave a profile with fewer points depending on the load.
 
 The sizes are found first (growing until one pass takes too long), then timed interleaved: every
 repeat passes through the chain once at each size in turn (:func:`time_chains`), so that a drift of
@@ -85,6 +87,8 @@ PER_IMAGE_KINDS = frozenset({"vit_block"})
 attends inside each image), so their time has a per-image part."""
 CALIBRATION_IMAGES = 4
 """Images the multi-image calibration points split a size's patches into."""
+MIN_CALIBRATION_SIZES = 2
+"""Sizes timed whatever they take (the settings' first ones): two, for a fixed and a per-token part."""
 
 
 @dataclass(frozen=True)
@@ -168,8 +172,9 @@ def _layer_samples(torch, device, model, dtype, settings, progress, agreement, s
 
 def _sizes_within_limit(torch, timer: Timer, model: Model, specs, chain: list[int], modules: list, dtype, where,
                         settings: SweepSettings, agreement: Agreement) -> list[int]:
-    """The calibration sizes to time: in increasing order, up to and including the first at which one
-    layer's forward plus backward (one pass after a warm-up, one image) takes longer than
+    """The calibration sizes to time: in increasing order, at least the first
+    :data:`MIN_CALIBRATION_SIZES`, then up to and including the first at which one layer's forward
+    plus backward (one pass after a warm-up, one image) takes longer than
     ``settings.calibration_max_point_s`` on some rank."""
     out = []
     for repeat, tokens in enumerate(settings.calibration_tokens):
@@ -181,6 +186,8 @@ def _sizes_within_limit(torch, timer: Timer, model: Model, specs, chain: list[in
             agreement.barrier()
             _chain_once(torch, timer, specs, chain, modules, mb, dtype, where, repeat, fed, fwd, bwd)
         out.append(tokens)
+        if len(out) < MIN_CALIBRATION_SIZES:  # the same count on every rank: all skip the vote alike
+            continue
         too_long = any(f[0] + b[0] > settings.calibration_max_point_s for f, b in zip(fwd, bwd))
         if not agreement.all_stop(not too_long):  # some rank's point took too long: every rank stops growing
             break

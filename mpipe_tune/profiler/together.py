@@ -75,6 +75,10 @@ def calibrate_together(device: str, nproc: int, model: Model, dtype: str, settin
         progress(f"layer {point.layer_name} {point.tokens} tokens")
     for _ in range(len(calibration_layers(model)) * len(settings.calibration_tokens) - len(timed)):
         progress("layer sizes skipped (too long)")
+    split_sizes = {p.tokens for p in points if p.tp > 1}
+    if split_sizes and len(split_sizes) < len(settings.calibration_tokens):
+        skipped = [t for t in settings.calibration_tokens if t not in split_sizes]
+        progress(f"split layer sizes {', '.join(map(str, skipped))} tokens skipped (too long)")
     return points, UpdatePoint(update[0], summarize(update[1]))
 
 

@@ -235,7 +235,10 @@ def launch_local(
     """Run ``fn(ctx, *args)`` on ``world_size`` local ranks and return rank 0's result.
 
     ``fn`` must be importable by name (a module-level function). ``timeout_s`` bounds each collective
-    and transfer; ``deadline_s``, when given, bounds the whole run. Raises :class:`RankFailed`.
+    and transfer, and the start: joining the store and the process group. ``deadline_s``, when given,
+    bounds the run from the moment every rank has joined (so that a slow start on a loaded host does
+    not count against the work); the ranks whose ``fn`` had not returned by then are named and killed.
+    Raises :class:`RankFailed`.
     """
     import torch.distributed as dist
 
@@ -254,13 +257,20 @@ def launch_local(
         ]
         for p in procs:
             p.start()
-        _watch(procs, scratch, deadline_s)
+        _watch(procs, scratch, deadline_s, timeout_s)
         result_file = Path(scratch) / "result.pkl"
         return pickle.loads(result_file.read_bytes()) if result_file.exists() else None
 
 
-def _watch(procs: list, scratch: str, deadline_s: float | None) -> None:
-    started = time.monotonic()
+def _watch(procs: list, scratch: str, deadline_s: float | None, timeout_s: float) -> None:
+    """Wait for every rank; on a first failure, give the others ``_SETTLE_S`` to report theirs, then
+    kill the rest and raise. The deadline clock starts once every rank has joined the process group
+    (its ``joined`` mark, or its exit); starting is bounded by twice ``timeout_s`` (the ranks' own
+    store and process-group timeouts normally end a start that hangs before that). At the deadline,
+    the ranks whose work had not returned (no ``returned`` mark) are named; ranks that returned and
+    are only exiting get ``timeout_s`` more."""
+    launched = time.monotonic()
+    started: float | None = None
     alive = {p.sentinel: (rank, p) for rank, p in enumerate(procs)}
     failures: list[tuple[float, int, str, str]] = []
     first_seen = 0.0
@@ -268,15 +278,29 @@ def _watch(procs: list, scratch: str, deadline_s: float | None) -> None:
         while alive:
             if failures and time.monotonic() >= first_seen + _SETTLE_S:
                 break
-            for sentinel in multiprocessing.connection.wait(list(alive), timeout=0.1 if failures else 1.0):
+            for sentinel in multiprocessing.connection.wait(list(alive), timeout=0.1 if failures else 0.25):
                 rank, p = alive.pop(sentinel)
                 p.join()
                 if p.exitcode != 0:
                     first_seen = first_seen or time.monotonic()
                     failures.append(_failure_of(rank, p.exitcode, scratch))
-            if deadline_s is not None and time.monotonic() - started > deadline_s and not failures:
-                ranks = sorted(rank for rank, _ in alive.values())
-                raise RankFailed(f"the run passed its deadline of {deadline_s:g} s; rank(s) {ranks} were still running and were killed")
+            if deadline_s is None or failures:
+                continue
+            now = time.monotonic()
+            ranks = sorted(rank for rank, _ in alive.values())
+            if started is None:
+                if all(_marked(scratch, rank, "joined") for rank in ranks):
+                    started = now
+                elif now - launched > 2 * timeout_s:
+                    waiting = [rank for rank in ranks if not _marked(scratch, rank, "joined")]
+                    raise RankFailed(f"rank(s) {waiting} had not joined the process group {2 * timeout_s:g} s after "
+                                     f"the launch and were killed")
+                continue
+            if now - started > deadline_s:
+                working = [rank for rank in ranks if not _marked(scratch, rank, "returned")]
+                if working or now - started > deadline_s + timeout_s:
+                    raise RankFailed(f"the run passed its deadline of {deadline_s:g} s; rank(s) {working or ranks} "
+                                     f"were still running and were killed")
     finally:
         _kill([p for _, p in alive.values()])
     if failures:
@@ -288,6 +312,14 @@ def _watch(procs: list, scratch: str, deadline_s: float | None) -> None:
         error = RankFailed(message + (f" ({others} other rank(s) failed after it)" if others else ""))
         error.details, error.user_error = details, user_error
         raise error
+
+
+def _marked(scratch: str, rank: int, what: str) -> bool:
+    return (Path(scratch) / f"rank{rank}.{what}").exists()
+
+
+def _mark(scratch: str, rank: int, what: str) -> None:
+    (Path(scratch) / f"rank{rank}.{what}").touch()
 
 
 def _failure_of(rank: int, exitcode: int, scratch: str) -> tuple[float, int, str, str, bool]:
@@ -321,7 +353,9 @@ def _child_main(rank, world_size, port, device_kind, timeout_s, scratch, fn, arg
     try:
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timedelta(seconds=timeout_s))
         ctx = _init_rank(rank, world_size, rank, device_kind, timeout_s, store)
+        _mark(scratch, rank, "joined")
         result = fn(ctx, *args)
+        _mark(scratch, rank, "returned")
         if rank == 0:
             tmp = Path(scratch) / "result.pkl.tmp"
             tmp.write_bytes(pickle.dumps(result))

@@ -153,3 +153,26 @@ def test_the_sizes_are_timed_interleaved_so_a_drift_reaches_every_size_alike(mon
     # interleaved, the sizes' mean slowdowns are one pass (1%) apart; one size after another, they
     # would be a whole size's repeats (7 passes here) apart
     assert max(means) - min(means) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("pass_s,timed", [(0.0, (64, 256, 1024)), (0.3, (64, 256, 1024)), (5.0, (64, 256))])
+def test_the_first_two_sizes_are_timed_however_slow_the_machine(monkeypatch, pass_s, timed):
+    # On a loaded machine the smallest size alone can pass the limit: the fits still get two sizes,
+    # so how many points a profile holds does not depend on the load. Past them, growth stops at the
+    # first size over the limit (cpu: 1 s per forward plus backward).
+    import mpipe_tune.profiler.calibrate as calibrate
+
+    def chain_once(torch, timer, specs, chain, modules, mb, dtype, where, repeat, fed, fwd, bwd):
+        for k in range(len(chain)):
+            fwd[k].append(pass_s)
+            bwd[k].append(pass_s)
+
+    monkeypatch.setattr(calibrate, "_chain_once", chain_once)
+    settings = sweep_settings("cpu", quick=False)
+    assert settings.calibration_tokens == (64, 256, 1024) and calibrate.MIN_CALIBRATION_SIZES == 2
+    votes = []
+    agreement = Agreement(all_stop=lambda stop: votes.append(stop) or stop)
+    sizes = calibrate._sizes_within_limit(None, None, load_model("tiny-vit-llm"), None, [0, 1], None, None, None,
+                                          settings, agreement)
+    assert tuple(sizes) == timed
+    assert len(votes) == len(sizes) - 1  # every rank votes on growing only past the first two sizes

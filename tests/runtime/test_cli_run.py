@@ -21,7 +21,7 @@ from mpipe_tune.inputs.workload import Microbatch, Workload  # noqa: E402
 
 
 def run_cli(*args):
-    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "run", *args], capture_output=True, text=True, timeout=180)
+    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "run", *args], capture_output=True, text=True, timeout=900)
     return proc.returncode, proc.stdout, proc.stderr
 
 

@@ -137,7 +137,7 @@ def test_a_damaged_draw_is_refused_when_the_plan_is_read(tmp_path, sampled):
 def test_run_refuses_per_step_owners_without_a_policy_in_one_line(tmp_path):
     explicit = make_policy_plan(tmp_path, 2, None, (0, 0, 1, 1))
     proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "run", str(explicit), "--owners", "per-step"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ})
+                          capture_output=True, text=True, timeout=600, env={**os.environ})
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "no owner policy" in lines[0], proc.stderr
