@@ -28,6 +28,7 @@ from mpipe_tune.cli.show import Show
 from mpipe_tune.cli.trials import Trials
 from mpipe_tune.cli.workload import Workload
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.interrupt import command_interrupts
 
 COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show(), Export(), Trials(),
                          Workload(), Report()]
@@ -48,14 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    stop = None
     try:
-        return args.handler.take_action(args)
+        with command_interrupts(args.command) as stop:
+            code = args.handler.take_action(args)
+        if stop.requested and not stop.consumed:  # it came after the last point where the command could stop
+            print(f"mpipe-tune {args.command}: interrupted too late to stop: the command finished"
+                  + "".join(f"; {kept}" for kept in stop.kept), file=sys.stderr)
+            return 130
+        return code
     except MpipeError as exc:
         print(f"mpipe-tune {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        hint = args.handler.after_interrupt
-        print(f"mpipe-tune {args.command}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
+        said = "; ".join(stop.kept) if stop is not None and stop.kept else args.handler.after_interrupt
+        print(f"mpipe-tune {args.command}: interrupted" + (f"; {said}" if said else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()

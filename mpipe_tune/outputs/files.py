@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.interrupt import held, mark
 
 Writer = Callable[[Path], None]
 """Writes one output's content to the (temporary) path it is given."""
@@ -67,13 +68,15 @@ def write_together(outputs: Sequence[tuple[str | os.PathLike, Writer]]) -> None:
             except OSError as exc:
                 raise MpipeError(f"cannot write {path} ({exc.strerror or exc}); nothing was written") from None
             staged.append((tmp, path))
+            mark("write")
             try:
                 write(Path(tmp))
             except OSError as exc:
                 raise MpipeError(f"cannot write {path} ({exc.strerror or exc}); nothing was written") from None
             os.chmod(tmp, 0o644)
-        for tmp, path in staged:
-            os.replace(tmp, path)
+        with held():  # renamed all, even under Ctrl-C: never some of the files new and some old
+            for tmp, path in staged:
+                os.replace(tmp, path)
     finally:
         for tmp, _ in staged:
             if os.path.exists(tmp):

@@ -24,6 +24,7 @@ from mpipe_tune.algebra.encoder_backward import PLACEMENTS
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.algebra.schedule import Layout, Skeleton
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.interrupt import keep, phase, served
 from mpipe_tune.search import compare
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.families import OwnBest, search_families
@@ -252,13 +253,19 @@ def _plan_space(problem: Problem, evaluator: Evaluator, space: SearchSpace, sear
                 current: Evaluation | None, widened: tuple[str, ...]) -> PlanOutcome:
     from mpipe_tune.search.driver import run_search  # Optuna, loaded on first use
 
+    phase("families")
     families = search_families(space, evaluator)
     strong = [f.best for f in families if f.best is not None]
     if current is not None and current.fits:
         strong.append(current)
+    phase("search")
     result = run_search(space, evaluator, storage=search.storage, study_name=search.study, n_trials=search.trials,
                         timeout_s=search.timeout_s, seed=search.seed, sampler=search.sampler,
                         exhaustive=True if search.exhaustive else None, progress=search.progress, seeds=strong)
+    if result.interrupted:
+        served()  # the search stopped at its next trial for the first Ctrl-C: what it found is compared and written
+    keep(f"the study '{result.study_name}' keeps its {result.num_trials} finished trials: rerun the same command "
+         f"to continue")
     pool = [(f.label, f.best) for f in families if f.best is not None]
     if current is not None:
         pool.append((compare.CURRENT, current))
@@ -266,6 +273,7 @@ def _plan_space(problem: Problem, evaluator: Evaluator, space: SearchSpace, sear
         pool.insert(0, ("search", result.best))
     best, best_from = _fastest(pool)
     baselines: list[tuple[str, Evaluation | None]] = []
+    phase("baselines")
     for _ in range(len(compare.BASELINES) + 1):  # a baseline at the winner's degrees may win in turn
         if best is None:
             break

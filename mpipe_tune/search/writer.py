@@ -34,7 +34,7 @@ import sys
 import time
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.interrupt import sigint_handled_by
+from mpipe_tune.interrupt import mark, sigint_blocked
 from mpipe_tune.search.store import faults_named
 
 EXACT_TAIL = 16
@@ -62,6 +62,7 @@ def store_trial(study, trial, n_trials: int | None = None, storage_url: str | No
     are reserved through it). Returns False when it was not counted (stored as failed)."""
     from optuna.trial import TrialState, create_trial
 
+    mark("trial")
     if n_trials is None or len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < n_trials - EXACT_TAIL:
         study.add_trial(trial)
         return True
@@ -99,8 +100,9 @@ class TrialWriter:
                                        args=(storage, study_name, n_trials, self.queue, self.full, self.refused,
                                              self.abandoned, os.getpid(), self.fault),
                                        name="mpipe-tune trial writer")
-        # Ignored SIGINT is inherited through the exec: a terminal's Ctrl-C cannot end the child's start-up.
-        with sigint_handled_by(signal.SIG_IGN):
+        # A blocked SIGINT is inherited through the exec: a terminal's Ctrl-C cannot end the child's start-up,
+        # and one that comes meanwhile reaches this process's handler once the child has started.
+        with sigint_blocked():
             self.process.start()
 
     def put(self, trial) -> None:
