@@ -202,9 +202,11 @@ def test_show_export_and_run_take_any_plan_file(plan_record, monkeypatch_module,
         if command == "show":
             args = ["show", path, "--json"] + (["--gantt", target] if target else [])
         elif command == "export":
-            fmt = data.draw(st.sampled_from(["torch-csv", "torchtitan", "megatron", "hyper-parallel", "nope"]))
+            fmt = data.draw(st.sampled_from(["torch-csv", "torchtitan", "torchtitan-0.3", "megatron", "hyper-parallel",
+                                             "mindspeed-mm", "nope"]))
             args = ["export", path, "--to", fmt] + (["--out", target] if target else [])
-            args += ["--plan", data.draw(st.sampled_from(["megatron", "vpp", "best", "nope"]))] if data.draw(st.booleans()) else []
+            args += ["--plan", data.draw(st.sampled_from(["megatron", "vpp", "best", "megatron@own", "nope"]))] \
+                if data.draw(st.booleans()) else []
         elif command == "run":
             args = ["run", path, "--compute", "emulated", "--steps", str(data.draw(st.sampled_from([1, 0, -1])))]
             args += ["--trace", target] if target else []
