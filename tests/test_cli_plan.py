@@ -238,7 +238,8 @@ def complete_trials(db):
 def test_a_killed_plan_resumes_with_every_finished_trial_kept(tmp_path, sig, times):
     db = tmp_path / "study.db"
     args = [sys.executable, "-m", "mpipe_tune.cli", "plan", "--devices", "8", "--global-batch", "32",
-            "--storage", f"sqlite:///{db}", "--study", "resume", "--out", str(tmp_path / "plan.json"), "--no-progress"]
+            "--storage", f"sqlite:///{db}", "--study", "resume", "--out", str(tmp_path / "plan.json"), "--no-progress",
+            "--sampler", "tpe"]
     proc = subprocess.Popen([*args, "--trials", "5000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -437,7 +438,7 @@ def test_two_workers_on_one_study_stop_at_the_requested_total(tmp_path):
     """Each worker alone would add 80 trials; together they stop at 80 (before the fix: 80 plus the overlap)."""
     db = tmp_path / "study.db"
     args = [sys.executable, "-m", "mpipe_tune.cli", "plan", "--devices", "8", "--global-batch", "32", "--storage",
-            f"sqlite:///{db}", "--study", "shared", "--trials", "80", "--no-progress", "--json"]
+            f"sqlite:///{db}", "--study", "shared", "--trials", "80", "--no-progress", "--json", "--sampler", "tpe"]
     workers = []
     try:
         for k in range(2):

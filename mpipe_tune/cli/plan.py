@@ -17,7 +17,6 @@ from mpipe_tune.cli.command import Command
 from mpipe_tune.errors import MpipeError
 
 EXAMPLE_DEVICES = 4
-DEFAULT_TRIALS = 100
 
 
 def _problem(args: argparse.Namespace):
@@ -155,12 +154,18 @@ class Plan(Command):
                             "earliest, optimised, or search (try all three)")
         s.add_argument("--max-microbatches", type=int, default=64, help="largest microbatch count (default 64)")
         d = parser.add_argument_group("search")
-        d.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
-                       help=f"finished trials the study should hold; a rerun continues up to it (default {DEFAULT_TRIALS})")
-        d.add_argument("--timeout", type=float, default=None, help="stop sampling after this many seconds")
+        d.add_argument("--trials", type=int, default=None,
+                       help="finished trials the study should hold; a rerun continues up to it (default: no cap for "
+                            "the bound search, whose tolerance decides; 100 for a sampler)")
+        d.add_argument("--timeout", type=float, default=None, help="stop searching after this many seconds")
+        d.add_argument("--tolerance", type=float, default=0.01,
+                       help="bound search: stop once no plan left can beat the best by more than this share of its "
+                            "step time (default 0.01: within 1%%)")
         d.add_argument("--storage", default=None, help="Optuna RDB URL (default sqlite:///mpipe-tune.db in this folder)")
         d.add_argument("--study", default=None, help="study name (default: derived from the problem)")
-        d.add_argument("--sampler", default="tpe", help="tpe (default), nsga2 or random")
+        d.add_argument("--sampler", default="bound",
+                       help="bound (default: every plan's step-time lower bound, then plans in increasing bound order "
+                            "until --tolerance), or a sampler: tpe, nsga2 or random")
         d.add_argument("--exhaustive", action="store_true", help="evaluate every point of the space")
         d.add_argument("--no-progress", action="store_true", help="no progress bar")
         o = parser.add_argument_group("output")
@@ -191,7 +196,7 @@ class Plan(Command):
         problem, frozen = _problem(args)
         storage = args.storage or DEFAULT_STORAGE
         search = SearchOptions(trials=args.trials, timeout_s=args.timeout, storage=storage, study=args.study,
-                               seed=args.seed, sampler=args.sampler, exhaustive=args.exhaustive,
+                               seed=args.seed, sampler=args.sampler, exhaustive=args.exhaustive, tolerance=args.tolerance,
                                progress=not args.no_progress, current=args.current,
                                current_args=args.current_args)
         outcome = plan(problem, _space_request(args), search)

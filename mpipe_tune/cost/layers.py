@@ -253,10 +253,11 @@ def _footprint_masks(trainable_bits: tuple[bool, ...]) -> tuple[np.ndarray, np.n
 
 def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile, options: CostOptions) -> LayerTable:
     unique: dict[tuple, tuple] = {}  # repeated layers share one cost descriptor: compute each once
+    arch_options = _arch_options(options)
     for layer in model.layers:
         key = (layer.cost, layer.block)
         if key not in unique:
-            unique[key] = _layer_row(layer.cost, layer.block, workload.microbatches, profile, options)
+            unique[key] = _layer_row(layer.cost, layer.block, workload.microbatches, profile, arch_options)
     rows = [unique[(layer.cost, layer.block)] for layer in model.layers]
     fwd, dgrad, wgrad, boundary, saved, bwd_overhead, core_s, selective_saved, wgrad_grad = (
         np.array(column) for column in zip(*rows))
@@ -266,7 +267,7 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
     if replicas > 1 and encoder.any():
         fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad = (
             a.copy() for a in (fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad))
-        encoder_options = replace(options, tp_degree=options.encoder_tp, encoder_tp_degree=None)
+        encoder_options = replace(arch_options, tp_degree=options.encoder_tp)
         for key in {(u.cost, u.block) for u, e in zip(model.layers, encoder) if e}:
             at = [i for i, u in enumerate(model.layers) if (u.cost, u.block) == key]
             row = _encoder_row(key[0], workload.microbatches, profile, encoder_options, replicas)
@@ -332,6 +333,13 @@ def estimate_feature_gather_s(cost: ArchCost, mb: Microbatch, profile: HardwareP
     full = arch.estimate_arch_work(cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes()).boundary_bytes
     link = profile.link("all_gather", inter_node=options.tp_degree > profile.devices_per_node)
     return estimate_collective_s(link, "all_gather", full, options.encoder_replicas)
+
+
+def _arch_options(options: CostOptions) -> CostOptions:
+    """``options`` with the fields :func:`_arch_seconds` does not read (recomputation, ZeRO, data and encoder
+    parallelism) at one value, so that its cache serves every setting of them (the layer table's
+    recomputation columns are chosen after, from ``options`` itself)."""
+    return replace(options, recompute=False, shard_optimizer=True, dp_degree=1, encoder_tp_degree=None)
 
 
 @lru_cache(maxsize=4096)

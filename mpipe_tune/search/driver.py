@@ -75,7 +75,11 @@ from mpipe_tune.search.store import (check_file, check_study_size, check_trial_b
 from mpipe_tune.search.writer import TrialWriter, store_trial
 
 DEFAULT_STORAGE = "sqlite:///mpipe-tune.db"
-SAMPLERS = ("tpe", "nsga2", "random")
+SAMPLERS = ("bound", "tpe", "nsga2", "random")
+"""``bound`` (the default): every point's step-time lower bound, then the points in increasing bound order
+until the rest cannot beat the best by more than the tolerance (see Bound order); the others sample."""
+ENUMERABLE_POINTS = 250_000
+"""The largest space ``bound`` enumerates; a larger one is sampled (TPE) within the trial budget."""
 ATTR = "mpipe"
 """The one user attribute of a trial (each attribute is a row in an RDB: fewer rows, faster writes)."""
 _PRUNE_MARGIN = 1e-9
@@ -120,6 +124,10 @@ class SearchResult:
     storage: str
     interrupted: bool
     wall_s: float
+    gap: float | None = None
+    """Bound order: how much faster than the best the best unvisited point could still be (its bound's
+    shortfall, a share of the best's step time), 0 when every point was visited or settled; None otherwise."""
+    tolerance: float = 0.0
     ending: str = "budget"
     """Why the run stopped: ``budget`` (the study holds the requested trials, or a sampled run's
     timeout), ``enumerated`` (an exhaustive run), ``converged`` (the sampler kept proposing settled
@@ -130,6 +138,13 @@ class SearchResult:
 
     def how(self, sampler: str) -> str:
         """How the study was searched, for the summary line."""
+        if self.mode == "bound":
+            gap = "" if self.gap is None else f"remaining gap {self.gap:.2%}"
+            stop = {"bound": f"stopped: the rest cannot beat the best by more than the {self.tolerance:.1%} tolerance "
+                             f"({gap})",
+                    "enumerated": "every point predicted or settled by its bound",
+                    "budget": f"stopped at the trial or time budget ({gap})"}[self.ending]
+            return f"{self.space_size} points in lower-bound order; {stop}"
         if self.mode == "exhaustive":
             return f"{self.space_size} points, exhaustive"
         if self.ending == "exhaustive":
@@ -183,12 +198,14 @@ def run_search(
     sync_every_s: float = 10.0,
     on_trial: Callable[[Evaluation], None] | None = None,
     seeds: Sequence[Evaluation] = (),
+    tolerance: float = 0.0,
 ) -> SearchResult:
     """Run (or continue) the study until it holds ``n_trials`` finished trials, ``timeout_s`` passes
     or Ctrl-C. ``exhaustive=None`` enumerates when the space has at most ``n_trials`` points;
     ``refine`` and ``prune`` switch the hill-climbing and the bounds described above. ``seeds``: plans
     already evaluated (each baseline's own best, the current layout): the fastest that fits is the
-    incumbent the bounds prune against from the start (they are not trials of the study)."""
+    incumbent the bounds prune against from the start (they are not trials of the study). ``tolerance``:
+    with sampler ``bound``, stop once no unvisited point can beat the best by more than this share."""
     if n_trials < 1:
         raise MpipeError(f"--trials is {n_trials}, but at least one trial is needed")
     check_trial_budget(n_trials)
@@ -197,8 +214,15 @@ def run_search(
     start = time.perf_counter()
     study_name = study_name or default_study_name(evaluator, space)
     study = _open_study(storage, study_name, problem_payload(evaluator, space))
+    if not 0 <= tolerance < 1:
+        raise MpipeError(f"--tolerance is {tolerance}, but it must be a share >= 0 and < 1, e.g. 0.01 for 1%")
     size = None
-    if exhaustive is None:
+    bound = sampler == "bound" and not exhaustive
+    if bound and _count_up_to(space, ENUMERABLE_POINTS + 1) > ENUMERABLE_POINTS:
+        bound, sampler = False, "tpe"  # too large to enumerate: sample it
+    if bound:
+        exhaustive = False
+    elif exhaustive is None:
         exhaustive = _count_up_to(space, n_trials + 1) <= n_trials
     with stop_requests() as stop:
         run = _Run(space, evaluator, study, storage, timeout_s, start, progress, prune, on_trial, stop)
@@ -206,6 +230,8 @@ def run_search(
         try:
             if exhaustive:
                 size = run.exhaustive()
+            elif bound:
+                size = run.exhaustive(tolerance, n_trials)
             else:
                 run.sampled(n_trials, seed, sampler, refine, sync_every_s)
         except KeyboardInterrupt:  # a second Ctrl-C, or Ctrl-C where the first cannot be deferred
@@ -220,9 +246,10 @@ def run_search(
         run.ending = "enumerated"
     elif run.ending == "exhaustive":
         size = run.space_size
-    return SearchResult(best, least, len(_stored(study)), run.new, len(run.predicted), run.bounded, size,
-                        "exhaustive" if exhaustive else "optuna", study_name, storage, run.interrupted,
-                        time.perf_counter() - start, run.ending, run.settled)
+    mode = "exhaustive" if exhaustive else "bound" if bound else "optuna"
+    return SearchResult(best, least, len(_stored(study)), run.new, len(run.predicted), run.bounded, size, mode,
+                        study_name, storage, run.interrupted, time.perf_counter() - start,
+                        run.gap if bound else None, tolerance if bound else 0.0, run.ending, run.settled)
 
 
 # --------------------------------------------------------------------------------------- study
@@ -383,6 +410,7 @@ class _Run:
         self.ending = "budget"
         self.settled = 0
         self.space_size: int | None = None
+        self.gap: float | None = None
 
     def seed_incumbent(self, seeds: Sequence[Evaluation]) -> None:
         """Start from the fastest of ``seeds`` that fits, where it beats the study's best."""
@@ -509,24 +537,35 @@ class _Run:
             "memory_excess_gib": e.memory_excess_bytes / _GIB, "uid": uid,
         }
 
-    def exhaustive(self) -> int:
-        """Every point not yet in the study, in increasing bound order; returns the space size."""
+    def exhaustive(self, tolerance: float = 0.0, n_trials: int | None = None) -> int:
+        """Every point not yet in the study, in increasing bound order, until the next bound cannot beat the
+        best that fits by more than ``tolerance`` (0: exact), or the study holds ``n_trials``; returns the
+        space size. Sets :attr:`gap` and, when it stops early, :attr:`ending`."""
         points = [(p, c) for p, c in self.space.enumerate()]
         todo = [(p, c) for p, c in points if c not in self.tried]
         if self.prune:
             todo.sort(key=lambda pc: self.evaluator.lower_bound(pc[1]))
-        self.open_bar(len(todo), "plan (exhaustive)")
+        self.open_bar(len(todo), "plan (exhaustive)" if n_trials is None else "plan (bound order)")
         self.start_writing(len(todo))
+        self.gap, self.ending = 0.0, "enumerated"
+        last_sync = time.perf_counter()
         for index, (params, candidate) in enumerate(todo):
-            if self.must_stop():
+            full = n_trials is not None and len(self.stored) + self.new >= n_trials
+            if self.must_stop() or full:
+                self.ending = "budget"
+                if self.incumbent is not None and self.prune:
+                    self.gap = max(0.0, 1 - self.evaluator.lower_bound(candidate) / self.incumbent)
                 break
-            if self.storage is not None:  # another worker may have stored this point meanwhile
+            if self.storage is not None and time.perf_counter() - last_sync > 1.0:
+                last_sync = time.perf_counter()  # another worker may have stored this point meanwhile
                 self.absorb_others()
-                if candidate in self.tried:
-                    continue
+            if candidate in self.tried:
+                continue
             if (self.prune and self.incumbent is not None
-                    and self.evaluator.lower_bound(candidate) > self.incumbent * (1 + _PRUNE_MARGIN)):
-                self.bounded += len(todo) - index  # sorted by bound: every later point loses too
+                    and self.evaluator.lower_bound(candidate) * (1 + tolerance) > self.incumbent * (1 + _PRUNE_MARGIN)):
+                self.bounded += len(todo) - index  # sorted by bound: every later point loses too (or by < tolerance)
+                self.gap = max(0.0, 1 - self.evaluator.lower_bound(candidate) / self.incumbent)
+                self.ending = "bound" if self.gap > 0 else "enumerated"
                 break
             e = self.evaluate(candidate)
             if not e.exact:  # its static memory alone is over capacity
@@ -548,8 +587,8 @@ class _Run:
             if untried > budget:
                 self.ending = "converged"
                 return
-        self.ending = "exhaustive"
         self.space_size = self.exhaustive()
+        self.ending = "exhaustive"
 
     def propose(self, mirror):
         """Ask the sampler for a point: (trial, params, candidate)."""

@@ -133,7 +133,7 @@ class Evaluator:
         return self._table(sample, c)[:2]
 
     def _table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable, TableSums]:
-        key = (sample, *c.setting)
+        key = (sample, *replace(c, zero_stage=1).setting)  # the layer table does not depend on the ZeRO stage
         if key not in self._tables:
             p = self.problem
             workload = p.replica_workload(sample, c.dp, c.num_microbatches)
@@ -232,7 +232,9 @@ class Evaluator:
         backward (the zero-bubble skeletons) may run weight gradients after that last backward, so
         there ``drain_r`` is left out.
         """
-        key = replace(c, label="")
+        # Neither the owners, nor the encoder backwards' placement, nor the ZeRO stage enters the bound.
+        key = replace(c, label="", owner_policy=None, encoder_backward=COOLDOWN, encoder_backward_slots=None,
+                      encoder_backward_ranks=None, zero_stage=1)
         if key in self._bounds:
             return self._bounds[key]
         slabs = self.slab_counts(c)

@@ -33,6 +33,8 @@ from mpipe_tune.search.owners import POLICIES
 from mpipe_tune.search.problem import Problem
 from mpipe_tune.search.space import SearchSpace, SpaceOptions
 
+SAMPLED_TRIALS = 100
+"""A sampler's budget when ``--trials`` is not given."""
 DEFAULT_BATCH_PER_DEVICE = 4
 """A sampled mix's default global batch: this many sequences per device."""
 RECOMPUTE = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), "selective": ("selective",),
@@ -133,13 +135,18 @@ def space_options(request: SpaceRequest, model: Model) -> SpaceOptions:
 class SearchOptions:
     """How to search: the study, the budget, the sampler."""
 
-    trials: int = 100
+    trials: int | None = None
+    """The study's total of finished trials: a cap for ``bound`` (None: none, the tolerance decides), the
+    budget of a sampler (None: :data:`SAMPLED_TRIALS`)."""
     timeout_s: float | None = None
     storage: str | None = None
     """An Optuna RDB URL; None: the study is kept in memory."""
     study: str | None = None
     seed: int = 0
-    sampler: str = "tpe"
+    sampler: str = "bound"
+    """``bound`` (lower-bound order, see :mod:`mpipe_tune.search.driver`), ``tpe``, ``nsga2`` or ``random``."""
+    tolerance: float = 0.01
+    """``bound``: stop once no unvisited plan can beat the best by more than this share of its step time."""
     exhaustive: bool = False
     progress: bool = True
     current: str | None = None
@@ -206,7 +213,8 @@ class PlanOutcome:
             "workload_source": p.source_name, "devices": p.devices,
             "study": result.study_name, "storage": result.storage, "mode": result.mode, "ending": result.ending,
             "trials": result.num_trials, "new_trials": result.num_new, "evaluated": result.num_evaluated,
-            "space_size": result.space_size, "wall_s": result.wall_s, "interrupted": result.interrupted,
+            "space_size": result.space_size, "settled_by_bound": result.num_bounded, "gap": result.gap,
+            "tolerance": result.tolerance, "wall_s": result.wall_s, "interrupted": result.interrupted,
             "comparison": compare.comparison_rows(best, self.baselines),
             "own_best": compare.own_best_rows(best, self.baselines, self.families),
             "families": compare.family_record(self.families),
@@ -252,6 +260,7 @@ def plan(problem: Problem, request: SpaceRequest, search: SearchOptions) -> Plan
 def _plan_space(problem: Problem, evaluator: Evaluator, space: SearchSpace, search: SearchOptions,
                 current: Evaluation | None, widened: tuple[str, ...]) -> PlanOutcome:
     from mpipe_tune.search.driver import run_search  # Optuna, loaded on first use
+    from mpipe_tune.search.store import MAX_TRIALS
 
     phase("families")
     families = search_families(space, evaluator)
@@ -259,9 +268,11 @@ def _plan_space(problem: Problem, evaluator: Evaluator, space: SearchSpace, sear
     if current is not None and current.fits:
         strong.append(current)
     phase("search")
-    result = run_search(space, evaluator, storage=search.storage, study_name=search.study, n_trials=search.trials,
+    trials = search.trials if search.trials is not None else MAX_TRIALS if search.sampler == "bound" else SAMPLED_TRIALS
+    result = run_search(space, evaluator, storage=search.storage, study_name=search.study, n_trials=trials,
                         timeout_s=search.timeout_s, seed=search.seed, sampler=search.sampler,
-                        exhaustive=True if search.exhaustive else None, progress=search.progress, seeds=strong)
+                        exhaustive=True if search.exhaustive else None, progress=search.progress, seeds=strong,
+                        tolerance=search.tolerance)
     if result.interrupted:
         served()  # the search stopped at its next trial for the first Ctrl-C: what it found is compared and written
     keep(f"the study '{result.study_name}' keeps its {result.num_trials} finished trials: rerun the same command "

@@ -179,3 +179,35 @@ def test_a_sampler_that_settles_early_hands_over_to_the_refinement_first(tmp_pat
                          exhaustive=False, progress=False)
     assert refined.num_trials > stuck.num_trials and refined.num_trials > 1 + len(space.neighbors(first))
     assert refined.best.mean_s <= stuck.best.mean_s
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.01, 0.05])
+def test_the_bound_search_is_within_its_tolerance_of_the_optimum_and_says_its_gap(tolerance):
+    space, evaluator = make(devices=4, batch=8, samples=2, recompute=(False, True), zero=(0, 1), max_microbatches=8)
+    optimum, evaluations = exhaustive_optimum(space, evaluator)
+    result = run_search(space, Evaluator(evaluator.problem), storage=None, n_trials=10**5, sampler="bound",
+                        tolerance=tolerance, progress=False)
+    assert result.mode == "bound" and result.space_size == len(evaluations)
+    assert result.best.mean_s <= optimum.mean_s * (1 + tolerance) * (1 + 1e-9)
+    assert 0 <= result.gap <= tolerance and result.ending in ("bound", "enumerated")
+    assert result.num_evaluated + result.num_bounded <= result.space_size
+    if tolerance == 0:
+        assert result.best.mean_s == optimum.mean_s and result.gap == 0
+    assert result.num_evaluated < len(evaluations)  # the bounds settle the rest
+
+
+def test_the_bound_search_stops_at_the_trial_cap_and_reports_the_gap_left():
+    space, evaluator = make(devices=4, batch=8, samples=2, recompute=(False, True), max_microbatches=8)
+    result = run_search(space, evaluator, storage=None, n_trials=2, sampler="bound", progress=False)
+    assert result.ending == "budget" and result.num_trials == 2 and result.gap is not None and result.gap >= 0
+    assert "stopped at the trial or time budget" in result.how("bound")
+
+
+def test_the_lower_bound_and_layer_table_ignore_the_owners_the_encoder_backward_and_the_zero_stage():
+    space, evaluator = make(devices=4, batch=8, samples=2, zero=(0, 1), max_microbatches=8)
+    fresh = Evaluator(evaluator.problem)  # no cache shared between the variants
+    for _, c in space.enumerate():
+        for variant in (replace(c, zero_stage=1 - c.zero_stage), replace(c, owner_policy="greedy")
+                        if c.has_transpose else c):
+            assert fresh.lower_bounds(variant) == Evaluator(evaluator.problem).lower_bounds(variant)
+            assert evaluator.lower_bound(variant) == Evaluator(evaluator.problem).lower_bound(c)
