@@ -92,6 +92,18 @@ def sigint_handled_by(handler) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def at_once() -> Iterator[None]:
+    """Inside, Ctrl-C stops at once (KeyboardInterrupt), even inside a command: for a launch of rank
+    processes, which share the terminal's process group and are interrupted by the same Ctrl-C, so there
+    is no later safe point to wait for. A SIGINT the process ignores stays ignored."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield
+        return
+    with sigint_handled_by(signal.default_int_handler):
+        yield
+
+
+@contextlib.contextmanager
 def stop_requests() -> Iterator[StopRequest]:
     """Turn the first Ctrl-C in the block into :attr:`StopRequest.requested`. Off the main thread, or
     where the program installed its own SIGINT handler, Ctrl-C keeps its meaning (and only a

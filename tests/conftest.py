@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 from hypothesis import settings
 
@@ -13,6 +14,11 @@ from mpipe_tune.inputs.workload import Microbatch, Workload
 settings.register_profile("fast", max_examples=40, deadline=None)
 settings.register_profile("thorough", max_examples=200, deadline=None)
 settings.load_profile("thorough" if os.environ.get("CI") else "fast")
+
+# A suite started in the background of a non-interactive shell inherits SIGINT ignored, and so would every
+# command it starts: the Ctrl-C tests need Python's own handler, which a command it execs then gets too.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def make_model(blocks, fwd=1.0, bwd=2.0, trainable=None, name="test") -> Model:

@@ -346,6 +346,13 @@ class SearchSummary:
     """Where the winner came from: ``search``, a baseline, its family (``vpp@own``) or ``current``."""
     widened: tuple[str, ...] | None = None
     """The memory knobs widened because nothing in the requested space fit."""
+    settled_by_bound: int | None = None
+    """Points this run settled by their lower bound, without a prediction."""
+    gap: float | None = None
+    """The bound search: the share of the best's step time by which a plan left unvisited could still beat it
+    (absent for a sampler or an exhaustive search)."""
+    tolerance: float | None = None
+    """The bound search's tolerance (0 for a sampler or an exhaustive search)."""
 
     def to_stored(self) -> dict[str, Any]:
         """The stored form, in the order ``plan --json`` prints it."""
@@ -358,8 +365,9 @@ class SearchSummary:
 
 
 STORED_ORDER = ("objective", "candidate", "best_from", "widened", "global_batch", "samples", "seed", "workload_source", "devices", "study",
-                "storage", "mode", "ending", "trials", "new_trials", "evaluated", "space_size", "wall_s",
+                "storage", "mode", "ending", "trials", "new_trials", "evaluated", "space_size", "settled_by_bound",
+                "gap", "tolerance", "wall_s",
                 "interrupted", "comparison", "own_best", "families", "current", "speedups")
 """The search summary's keys in the order ``plan`` writes them."""
-OPTIONAL = ("ending", "speedups", "best_from", "widened")
+OPTIONAL = ("ending", "speedups", "best_from", "widened", "settled_by_bound", "gap", "tolerance")
 """Keys files from before them lack: left out when absent."""

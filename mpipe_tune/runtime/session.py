@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.interrupt import at_once
 from mpipe_tune.runtime.job import RunJob
 from mpipe_tune.runtime.plan_view import PlanView
 
@@ -89,11 +90,13 @@ def run_session(
         collector.start()
         exit_code, is_rank0 = 0, True
         try:
-            if launch.under_torchrun():
-                is_rank0 = launch.run_under_torchrun(run_jobs_into, (list(jobs), folder), device_kind,
-                                                     timeout_s=timeout_s) is not None
-            else:
-                launch.launch_local(run_jobs_into, (list(jobs), folder), world_size, device_kind, timeout_s=timeout_s)
+            with at_once():  # the ranks get the same Ctrl-C: the session stops with them, at once
+                if launch.under_torchrun():
+                    is_rank0 = launch.run_under_torchrun(run_jobs_into, (list(jobs), folder), device_kind,
+                                                         timeout_s=timeout_s) is not None
+                else:
+                    launch.launch_local(run_jobs_into, (list(jobs), folder), world_size, device_kind,
+                                        timeout_s=timeout_s)
         except launch.RankFailed as exc:
             if exc.details:
                 print(exc.details.rstrip(), file=sys.stderr)

@@ -35,6 +35,10 @@ from mpipe_tune.search.space import SearchSpace, SpaceOptions
 
 SAMPLED_TRIALS = 100
 """A sampler's budget when ``--trials`` is not given."""
+BOUND_TRIALS = 2_000
+"""The bound search's budget when ``--trials`` is not given: it stops earlier once the tolerance is met, and
+the summary names the gap left when the budget stops it first (a 512-device space can hold tens of thousands
+of plans within the tolerance of each other's bounds; ``--trials`` raises it)."""
 DEFAULT_BATCH_PER_DEVICE = 4
 """A sampled mix's default global batch: this many sequences per device."""
 RECOMPUTE = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), "selective": ("selective",),
@@ -136,8 +140,8 @@ class SearchOptions:
     """How to search: the study, the budget, the sampler."""
 
     trials: int | None = None
-    """The study's total of finished trials: a cap for ``bound`` (None: none, the tolerance decides), the
-    budget of a sampler (None: :data:`SAMPLED_TRIALS`)."""
+    """The study's total of finished trials: the budget of ``bound`` (None: :data:`BOUND_TRIALS`; the tolerance
+    may stop it earlier) or of a sampler (None: :data:`SAMPLED_TRIALS`)."""
     timeout_s: float | None = None
     storage: str | None = None
     """An Optuna RDB URL; None: the study is kept in memory."""
@@ -204,7 +208,7 @@ class PlanOutcome:
         best, result = self.best, self.result
         assert best is not None, "no plan fits: nothing to summarize"
         p = self.problem
-        return {
+        summary = {
             "objective": "mean predicted step time over the sampled steps",
             "candidate": best.candidate.to_dict(),
             "best_from": self.best_from,
@@ -221,6 +225,9 @@ class PlanOutcome:
             "current": None if self.current is None else compare.current_row(best, self.baselines, self.current),
             "speedups": compare.speedups(best, self.baselines, self.families, self.current),
         }
+        if result.gap is None:  # no bound search: no gap to state
+            del summary["gap"]
+        return summary
 
 
 def build_problem(model: Model, profile, devices: int, *, workload=None, mix: str | None = None, dataset=None,
@@ -260,7 +267,6 @@ def plan(problem: Problem, request: SpaceRequest, search: SearchOptions) -> Plan
 def _plan_space(problem: Problem, evaluator: Evaluator, space: SearchSpace, search: SearchOptions,
                 current: Evaluation | None, widened: tuple[str, ...]) -> PlanOutcome:
     from mpipe_tune.search.driver import run_search  # Optuna, loaded on first use
-    from mpipe_tune.search.store import MAX_TRIALS
 
     phase("families")
     families = search_families(space, evaluator)
@@ -268,7 +274,7 @@ def _plan_space(problem: Problem, evaluator: Evaluator, space: SearchSpace, sear
     if current is not None and current.fits:
         strong.append(current)
     phase("search")
-    trials = search.trials if search.trials is not None else MAX_TRIALS if search.sampler == "bound" else SAMPLED_TRIALS
+    trials = search.trials if search.trials is not None else BOUND_TRIALS if search.sampler == "bound" else SAMPLED_TRIALS
     result = run_search(space, evaluator, storage=search.storage, study_name=search.study, n_trials=trials,
                         timeout_s=search.timeout_s, seed=search.seed, sampler=search.sampler,
                         exhaustive=True if search.exhaustive else None, progress=search.progress, seeds=strong,
