@@ -76,7 +76,9 @@ class Run(Command):
 
 def print_run(record: dict) -> None:
     what = f"compute {record['compute']}" + (f" {record['dtype']}" if record.get("dtype") else "")
-    print(f"plan {record['plan']}: <{record['schedule']}> pp{record['pp']} tp{record['tp']} dp{record['dp']} "
+    extra = "".join(f" {k}{record[k]}" for k in ("cp", "ep") if record.get(k, 1) > 1)
+    extra += " sp" if record.get("sequence_parallel") else ""
+    print(f"plan {record['plan']}: <{record['schedule']}> pp{record['pp']} tp{record['tp']} dp{record['dp']}{extra} "
           f"M={record['microbatches']} on {record['world_size']} {record['device']} rank(s) ({record['backend']}), {what}")
     print(f"owners {record['owners']}, data {record['data']}")
     print("step times ms: " + " ".join(f"{t * 1e3:.3f}" for t in record["step_times_s"]))

@@ -3,14 +3,17 @@
 - :mod:`~mpipe_tune.runtime.plan_view` reads plan.json (:mod:`mpipe_tune.plan_file`), derives its
   candidate again and reads the derived Plan into per-rank event lists and transfers;
 - :mod:`~mpipe_tune.runtime.blueprint` checks what the runtime can build from a model spec;
-- :mod:`~mpipe_tune.runtime.layout` numbers the plan's pp x dp x tp ranks as the cost model lays them
+- :mod:`~mpipe_tune.runtime.layout` numbers the plan's pp x dp x cp x tp ranks as the cost model lays them
   out, and :mod:`~mpipe_tune.runtime.mesh` builds them into torch's ``DeviceMesh`` with the process
   groups of the plan's reduces;
 - :mod:`~mpipe_tune.runtime.job` holds a run's settings and the pre-flight checks (plan, model,
   world size, tensor-parallel splits, the host's memory and dtype);
 - :mod:`~mpipe_tune.runtime.layers`, :mod:`~mpipe_tune.runtime.data` and :mod:`~mpipe_tune.runtime.mllm`
   build the MLLM per layer, its synthetic microbatches, and the single-process reference step;
-  :mod:`~mpipe_tune.runtime.tensor_parallel` splits its layers with ``torch.distributed.tensor.parallel``;
+  :mod:`~mpipe_tune.runtime.tensor_parallel` splits its layers with ``torch.distributed.tensor.parallel``,
+  :mod:`~mpipe_tune.runtime.experts` shards MoE experts over expert-parallel groups, and
+  :mod:`~mpipe_tune.runtime.ring_attention` runs context parallelism's ring attention on the shares
+  :mod:`~mpipe_tune.runtime.sequence_split` gives each context-parallel rank;
 - :mod:`~mpipe_tune.runtime.steps` builds each step's view of the plan: the step's microbatches (the
   stored ones, or drawn from the plan's mix), its owner map (the stored one, or the plan's policy on
   that step's metadata) and the stored order re-timed for it;
@@ -22,6 +25,7 @@
 - :mod:`~mpipe_tune.runtime.worker` is what every rank runs; :mod:`~mpipe_tune.runtime.measure` turns
   its timings into step times and a Chrome trace.
 
-Importing this package imports no torch; plan_view, steps, layout, blueprint, job, launch, session and measure never do.
+Importing this package imports no torch; plan_view, steps, layout, blueprint, sequence_split, job, launch, session and
+measure never do.
 Nothing here imports ``report`` or ``search`` (tests/test_layering.py).
 """

@@ -24,6 +24,7 @@ from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.inputs.arch_dims import resolve_dims, tensor_parallel_problem
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError, NotSupportedError
+from mpipe_tune.runtime.sequence_split import ContextSplit
 
 # The kind of tensor each kind takes and gives: None (no input), "patches", "image", "sequence", "loss".
 _FLOW: dict[str, tuple[tuple[str | None, ...], str]] = {
@@ -37,6 +38,8 @@ _FLOW: dict[str, tuple[tuple[str | None, ...], str]] = {
     "lm_head": (("sequence",), "loss"),
 }
 SUPPORTED_KINDS = tuple(_FLOW)
+CONTEXT_PARALLEL_KINDS = ("embedding", "dense_block", "moe_block", "lm_head")
+"""The kinds whose sequence context parallelism divides (the decoder's, as the cost model charges)."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +94,9 @@ def blueprint(model: Model) -> tuple[LayerSpec, ...]:
     return tuple(specs)
 
 
-def output_shape(spec: LayerSpec, mb: Microbatch) -> tuple[int, ...]:
-    """Shape of layer ``spec``'s output on microbatch ``mb`` (what a stage boundary after it carries)."""
+def output_shape(spec: LayerSpec, mb: Microbatch, context: ContextSplit | None = None) -> tuple[int, ...]:
+    """Shape of layer ``spec``'s output on microbatch ``mb`` (what a stage boundary after it carries);
+    with a ``context`` split, a decoder layer's output is that rank's share of the sequence."""
     kind = spec.kind
     if kind in ("patch_embed", "vit_block"):
         return (mb.image_tokens * spec.dim("merge_factor"), spec.dim("hidden"))
@@ -100,8 +104,9 @@ def output_shape(spec: LayerSpec, mb: Microbatch) -> tuple[int, ...]:
         return (mb.image_tokens, spec.dim("out_hidden"))
     if kind == "lm_head":
         return ()
-    rows = mb.image_tokens if kind == "projector" else mb.text_tokens
-    return (rows, spec.dim("hidden"))
+    if kind == "projector":
+        return (mb.image_tokens, spec.dim("hidden"))
+    return (mb.text_tokens if context is None else context.rows(mb.text_tokens), spec.dim("hidden"))
 
 
 def validate_workload(specs: Sequence[LayerSpec], microbatches: Sequence[Microbatch]) -> None:

@@ -11,7 +11,9 @@ replicas together train ``dp * M`` distinct microbatches. A reduce event sums th
 layers over its real process group (:mod:`mpipe_tune.runtime.mesh`): every trained weight's gradient
 is that of the summed loss over all of them, as in the single-process reference. With expert
 parallelism a rank's routed experts already hold the gradient of every row its expert group sent them
-(the backward's all-to-alls bring it), and are summed over the experts' own data-parallel group.
+(the backward's all-to-alls bring it), and are summed over the experts' own data-parallel group. With context parallelism the ``cp`` ranks of a replica share its
+microbatches, each computing its share of every decoder sequence (:mod:`~mpipe_tune.runtime.ring_attention`)
+and the loss of its positions; the DataGroup reduce (dp x cp ranks) sums their gradients.
 
 A microbatch without images skips the encoder: the image-stream layers of a slab (patch embedding,
 ViT blocks, merger, projector) are not called on it, their output is the empty tensor of the last
@@ -135,8 +137,14 @@ class RealCompute:
         return resume, torch.empty(shape, dtype=self.dtype, device=self.device)
 
     def loss(self, index: int) -> None:
+        """Record the microbatch's loss; with context parallelism each rank holds its positions' share,
+        summed over the ring (one scalar all-reduce) so that every rank records the whole loss."""
         source = self.view.loss_source[index]
-        self.losses[self._first_mb + self.view.events[source].mb] = float(self._outputs.pop(source).detach())
+        loss = self._outputs.pop(source).detach()
+        if self.mesh.cp_group is not None:
+            loss = loss.clone()
+            dist.all_reduce(loss, group=self.mesh.cp_group)
+        self.losses[self._first_mb + self.view.events[source].mb] = float(loss)
 
     def backward(self, index: int, event: Bwd, grad: torch.Tensor | None) -> torch.Tensor | None:
         if (event.region, event.mb) not in self._saved:  # an encoder backward moved off its owner: encode here

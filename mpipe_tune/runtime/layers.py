@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from mpipe_tune.runtime.blueprint import LayerSpec
+from mpipe_tune.runtime.blueprint import CONTEXT_PARALLEL_KINDS, LayerSpec
 from mpipe_tune.runtime.data import MicrobatchInputs, seed_of
 from mpipe_tune.runtime.experts import ExpertShard, route_local, route_parallel
+from mpipe_tune.runtime.ring_attention import Ring, RingCall, ring_attention
 from mpipe_tune.runtime.tensor_parallel import parallelize_layer
 
 
@@ -72,13 +73,21 @@ class RepeatHeads(nn.Module):
         return x.unsqueeze(2).expand(tokens, heads, self.group, dim).reshape(tokens, heads * self.group, dim)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, ring: RingCall | None = None,
+            repeats: int = 1) -> torch.Tensor:
     """Scaled dot-product attention of ``[tokens, heads, dim]`` q, k, v; ``[tokens, heads * v_dim]``.
+
+    With a ``ring`` (context parallelism) the rows are this rank's share of the sequence and the
+    attention is causal ring attention (:mod:`~mpipe_tune.runtime.ring_attention`); k and v travel
+    with one copy of each of their heads (``repeats``: consecutive copies of a head in k and v).
 
     The inputs go in as one batch of four dimensions: torch's fused CPU kernel (flash attention)
     takes only that shape; on three dimensions it falls back to the math path, which keeps the full
     ``tokens x tokens`` scores per head for the backward (3.3 GB for 8,192 tokens and 4 heads, against
     0.26 GB fused), and a ViT's long image sequences ran out of memory."""
+    if ring is not None:
+        assert causal, "context parallelism splits decoder sequences only"
+        return ring_attention(q, k[:, ::repeats], v[:, ::repeats], ring.ring, ring.num_tokens, q.shape[-1] ** -0.5)
     y = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                                        v.transpose(0, 1).unsqueeze(0), is_causal=causal)
     return y.squeeze(0).transpose(0, 1).reshape(q.shape[0], -1)
@@ -96,12 +105,15 @@ class Attention(nn.Module):
         self.kv_repeat = RepeatHeads(heads // kv_heads)
         self.out = nn.Linear(heads * head_dim, width, bias=out_bias)
 
-    def forward(self, x: torch.Tensor, *, causal: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, causal: bool, ring: RingCall | None = None) -> torch.Tensor:
         tokens = x.shape[0]
         q = self.q(x).view(tokens, -1, self.head_dim)
         k = self.kv_repeat(self.k(x).view(tokens, -1, self.head_dim))
         v = self.kv_repeat(self.v(x).view(tokens, -1, self.head_dim))
-        return self.out(_attend(q, k, v, causal=causal))
+        # a rank's heads hold runs of kv_repeat.group copies of a key head (all copies of one when tp
+        # splits fewer key heads than ranks)
+        repeats = min(self.kv_repeat.group, q.shape[1])
+        return self.out(_attend(q, k, v, causal=causal, ring=ring, repeats=repeats))
 
 
 class LatentAttention(nn.Module):
@@ -130,7 +142,7 @@ class LatentAttention(nn.Module):
         self.rope_repeat = RepeatHeads(heads)
         self.out = nn.Linear(heads * self.v_dim, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, *, causal: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, causal: bool, ring: RingCall | None = None) -> torch.Tensor:
         tokens = x.shape[0]
         q_in = x if self.q_down is None else self.q_norm(self.q_down(x))
         q = self.q_up(q_in).view(tokens, -1, self.nope + self.rope)
@@ -138,7 +150,7 @@ class LatentAttention(nn.Module):
         k_nope, v = self.kv_up(self.kv_norm(latent)).view(tokens, -1, self.nope + self.v_dim).split(
             [self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, self.rope_repeat(k_rope.unsqueeze(1))], dim=-1)
-        return self.out(_attend(q, k, v, causal=causal))
+        return self.out(_attend(q, k, v, causal=causal, ring=ring))
 
 
 class PatchEmbed(nn.Module):
@@ -200,18 +212,33 @@ class Projector(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding of the text, with the image tokens (if any) in front of the sequence."""
+    """Token embedding of the text, with the image tokens (if any) in front of the sequence; with a
+    ring (context parallelism) only this rank's positions of it."""
 
     def __init__(self, d: dict) -> None:
         super().__init__()
         self.vocab = d["vocab"]
         self.table = nn.Embedding(d["vocab"], d["hidden"])
+        self.ring: Ring | None = None
 
     def forward(self, x: torch.Tensor | None, inputs: MicrobatchInputs) -> torch.Tensor:
         ids = inputs.token_ids(self.vocab)
+        if self.ring is not None:
+            return self._own_positions(x, ids)
         if x is None or x.shape[0] == 0:
             return self.table(ids)
         return torch.cat([x, self.table(ids[x.shape[0]:])])
+
+    def _own_positions(self, x: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the sequence: an image token's features where its position is one, the
+        text embedding elsewhere (the text table is looked up at the image positions too, and their
+        rows discarded: their gradient there is zero)."""
+        positions = torch.tensor(self.ring.split.positions(ids.shape[0]), dtype=torch.long, device=ids.device)
+        y = self.table(ids[positions])
+        if x is None or x.shape[0] == 0:
+            return y
+        image = (positions < x.shape[0]).unsqueeze(-1)
+        return torch.where(image, x[positions.clamp(max=x.shape[0] - 1)], y)
 
 
 class DecoderBlock(nn.Module):
@@ -227,13 +254,15 @@ class DecoderBlock(nn.Module):
         else:
             self.attn = Attention(hidden, d["heads"], d["kv_heads"], d["head_dim"], qkv_bias=d["qkv_bias"], out_bias=False)
         self.norm2 = RMSNorm(hidden)
+        self.ring: Ring | None = None
         if moe:
             self.mlp = MoE(d)
         else:
             self.mlp = MLP(hidden, d["ffn"], hidden, activation=d["activation"], bias=False)
 
     def forward(self, x: torch.Tensor, inputs: MicrobatchInputs) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), causal=True)
+        ring = None if self.ring is None else RingCall(self.ring, inputs.mb.text_tokens)
+        x = x + self.attn(self.norm1(x), causal=True, ring=ring)
         return x + self.mlp(self.norm2(x))
 
 
@@ -275,12 +304,19 @@ class LMHead(nn.Module):
         self.vocab = d["vocab"]
         self.norm = RMSNorm(d["hidden"])
         self.proj = nn.Linear(d["hidden"], d["vocab"], bias=False)
+        self.ring: Ring | None = None
 
     def forward(self, x: torch.Tensor, inputs: MicrobatchInputs) -> torch.Tensor:
         """The mean cross-entropy over the sequence (a scalar). Split by vocabulary, the logits are a
-        DTensor and the loss is vocab-parallel: see :func:`~mpipe_tune.runtime.tensor_parallel.tp_context`."""
+        DTensor and the loss is vocab-parallel: see :func:`~mpipe_tune.runtime.tensor_parallel.tp_context`.
+        With a ring (context parallelism) this rank's share of it: the sum over its positions divided
+        by the whole sequence's length, so that the ring's shares add up to the mean."""
         logits = self.proj(self.norm(x))
-        return F.cross_entropy(logits, inputs.targets(self.vocab))
+        targets = inputs.targets(self.vocab)
+        if self.ring is None:
+            return F.cross_entropy(logits, targets)
+        positions = torch.tensor(self.ring.split.positions(targets.shape[0]), dtype=torch.long, device=targets.device)
+        return F.cross_entropy(logits, targets[positions], reduction="sum") / targets.shape[0]
 
 
 _MODULES = {
@@ -296,18 +332,22 @@ _MODULES = {
 
 
 def build_layer(spec: LayerSpec, *, seed: int, dtype: torch.dtype, device: torch.device,
-                tp_mesh: DeviceMesh | None = None, expert_shard: ExpertShard | None = None) -> nn.Module:
+                tp_mesh: DeviceMesh | None = None, expert_shard: ExpertShard | None = None,
+                ring: Ring | None = None) -> nn.Module:
     """The module of one model layer, initialised deterministically from (seed, layer index).
 
     With a ``tp_mesh`` of more than one rank the whole layer is built (the same weights on every rank)
     and then split over the mesh by :func:`~mpipe_tune.runtime.tensor_parallel.parallelize_layer`;
-    with an ``expert_shard`` a MoE layer keeps only that rank's routed experts.
+    with an ``expert_shard`` a MoE layer keeps only that rank's routed experts; with a ``ring`` a
+    decoder layer (:data:`CONTEXT_PARALLEL_KINDS`) holds this rank's share of the sequence.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_of("layer", seed, spec.index))
         module = _MODULES[spec.kind](dict(spec.dims))
     if expert_shard is not None and spec.kind == "moe_block":
         module.mlp.keep_experts(expert_shard)
+    if ring is not None and spec.kind in CONTEXT_PARALLEL_KINDS:
+        module.ring = ring
     module.to(dtype=dtype, device=device)
     module.requires_grad_(spec.trainable)
     if tp_mesh is not None and tp_mesh.size() > 1:

@@ -10,6 +10,8 @@ expert parallelism, the expert mesh ``("pp", "edp", "ep", "tp")``. From them a r
   and tp coordinates; ``dp`` and ``cp`` flattened);
 - the ReplicaGroup of the replicated encoder's reduce: all ``pp * dp * cp`` ranks of its tp
   coordinate, since every pipeline rank of every replica holds it;
+- ``cp_group``: the context-parallel ring its decoder layers pass keys and values round
+  (:mod:`~mpipe_tune.runtime.ring_attention`);
 - ``ep_group``: the expert-parallel group its MoE layers dispatch tokens over (all-to-all), and
   ``expert_data_group``: the ``dp * cp / ep`` ranks holding the same experts, over which the routed
   experts' gradients are reduced (the rest of a DataGroup reduce goes over the whole DataGroup).
@@ -79,6 +81,20 @@ class RankMesh:
     def tp_mesh(self) -> DeviceMesh | None:
         """The tensor-parallel group as a 1-D mesh; ``None`` when tp = 1."""
         return self.mesh["tp"] if self.layout.tp > 1 else None
+
+    @property
+    def cp_rank(self) -> int:
+        return self.layout.cp_rank(self.rank)
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup | None:
+        """The context-parallel group (the ``cp`` ranks of one (pp, dp, tp) coordinate); ``None`` when cp = 1."""
+        return self.mesh["cp"].get_group() if self.layout.cp > 1 else None
+
+    def cp_neighbour(self, offset: int) -> int:
+        """Global rank of context-parallel rank ``cp_rank + offset`` (mod cp) in this rank's coordinate."""
+        pp_rank, dp_rank, tp_rank = self.layout.coordinates(self.rank)
+        return self.layout.global_rank(pp_rank, dp_rank, tp_rank, (self.cp_rank + offset) % self.layout.cp)
 
     @property
     def ep_group(self) -> dist.ProcessGroup | None:

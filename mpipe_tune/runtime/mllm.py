@@ -19,6 +19,7 @@ from mpipe_tune.runtime.blueprint import LayerSpec
 from mpipe_tune.runtime.data import MicrobatchInputs
 from mpipe_tune.runtime.experts import ExpertShard
 from mpipe_tune.runtime.layers import build_layer
+from mpipe_tune.runtime.ring_attention import Ring
 from mpipe_tune.runtime.tensor_parallel import full_gradient
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,13 +36,15 @@ class LayerStack:
     def build(cls, specs: Sequence[LayerSpec], indices: Iterable[int], *, seed: int, dtype: torch.dtype,
               device: torch.device, tp_mesh: DeviceMesh | None = None,
               expert_shard: ExpertShard | None = None, encoder_tp_mesh: DeviceMesh | None = None,
-              encoder_end: int = 0) -> LayerStack:
+              encoder_end: int = 0, ring: Ring | None = None) -> LayerStack:
         """The layers ``indices`` of ``specs``; with a ``tp_mesh`` of more than one rank each is split over
         it (:mod:`~mpipe_tune.runtime.tensor_parallel`: run steps inside its ``tp_context(tp_mesh)``);
         with an ``expert_shard`` each MoE layer holds only that rank's routed experts; the encoder's layers
-        (before ``encoder_end``) are split over ``encoder_tp_mesh`` instead of ``tp_mesh``."""
+        (before ``encoder_end``) are split over ``encoder_tp_mesh`` instead of ``tp_mesh``; with a ``ring``
+        (context parallelism) the decoder's layers hold this rank's share of each sequence."""
         modules = {i: build_layer(specs[i], seed=seed, dtype=dtype, device=device,
-                                  tp_mesh=encoder_tp_mesh if i < encoder_end else tp_mesh, expert_shard=expert_shard)
+                                  tp_mesh=encoder_tp_mesh if i < encoder_end else tp_mesh, expert_shard=expert_shard,
+                                  ring=ring)
                    for i in sorted(set(indices))}
         return cls(tuple(specs), modules)
 

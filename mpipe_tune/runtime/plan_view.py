@@ -160,13 +160,10 @@ def read_plan_file(path: str, model: Model | None = None, *, plan_name: str | No
 def validate_runnable(view: PlanView, world_size: int | None = None, compute: str = "real") -> None:
     """What this runtime cannot run, as one-line errors, before any process group exists. Emulated
     compute runs every layout (its events sleep their predicted seconds, which charge what each degree
-    costs; its reduces join their real groups); real compute runs pp x dp x tp with expert parallelism
-    and the encoder's own tp (with the encoder inside one stage)."""
+    costs; its reduces join their real groups); real compute runs pp x dp x cp x tp with expert
+    parallelism and the encoder's own tp (with the encoder inside one stage)."""
     c = view.candidate
     emulated = "; run it with --compute emulated" if compute == "real" else ""
-    if compute == "real" and c.cp > 1:
-        raise MpipeError(f"plan file {view.path} is planned with context-parallel degree {c.cp}, which the runtime's "
-                         f"real compute does not run yet; re-plan with --cp 1{emulated}")
     if compute == "real" and c.sequence_parallel:
         raise MpipeError(f"plan file {view.path} is planned with sequence parallelism, which the runtime's real "
                          f"compute does not run yet (its tensor parallelism keeps whole sequences); re-plan without "

@@ -31,6 +31,8 @@ from mpipe_tune.runtime.measure import chrome_trace, summary
 from mpipe_tune.runtime.mesh import rank_mesh
 from mpipe_tune.runtime.mllm import DTYPES, LayerStack
 from mpipe_tune.runtime.plan_view import read_plan_file, validate_runnable
+from mpipe_tune.runtime.ring_attention import Ring
+from mpipe_tune.runtime.sequence_split import ContextSplit
 from mpipe_tune.runtime.steps import StepPlanner, resolve_modes
 from mpipe_tune.runtime.transport import Transport
 
@@ -56,12 +58,15 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
         dtype = DTYPES[job.dtype_for(view)]
         shard = None if mesh.ep_group is None else ExpertShard(
             mesh.ep_group, view.layout.expert_coordinates(ctx.rank)[2], view.layout.ep)
+        ring = None if mesh.cp_group is None else Ring(
+            ContextSplit(view.layout.cp, mesh.cp_rank), mesh.cp_group, mesh.cp_neighbour(1), mesh.cp_neighbour(-1))
         stack = LayerStack.build(specs, planner.held_layers(rank), seed=job.seed, dtype=dtype, device=device,
                                  tp_mesh=mesh.tp_mesh, expert_shard=shard, encoder_tp_mesh=mesh.encoder_tp_mesh,
-                                 encoder_end=view.model.encoder_end)
+                                 encoder_end=view.model.encoder_end, ring=ring)
         compute = RealCompute(view, mesh, stack, seed=job.seed, dtype=dtype, device=device, lr=job.lr)
+        context = None if ring is None else ring.split
         transport = Transport(view, rank, dtype=dtype, device=device, peer=mesh.peer, pairs=planner.rank_pairs(),
-                              shape_of=lambda v, t: output_shape(specs[t.boundary_layer], v.microbatches[t.mb]))
+                              shape_of=lambda v, t: output_shape(specs[t.boundary_layer], v.microbatches[t.mb], context))
     else:
         planner = StepPlanner(view, modes, profile_spec=job.profile_spec)
         compute = EmulatedCompute(view, mesh, device)
