@@ -64,6 +64,9 @@ class PublishedRun:
     note: str = ""
     decoder_layers: int | None = None
     """Decoder layers of a proxy run (None: the model's own)."""
+    layer_list: tuple[int, ...] | None = None
+    """Decoder layers per pipeline stage where the run set them unevenly (Megatron's ``--num-layer-list``,
+    vp 1 only); None: ``decoders / (pp * vp)`` per virtual stage."""
     optimizer_bytes_per_param: float = 12.0
     """Optimizer state per parameter beyond the parameter itself: Adam's fp32 master copy and two moments (12)
     unless the framework's optimizer keeps fewer (MindFormers' fp32-state AdamW on fp16 parameters: 8)."""
@@ -106,6 +109,8 @@ def load_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
             unknown = set(entry) - known - {"id"}
             if unknown:
                 raise MpipeError(f"{path}: suite {base['id']!r} has unknown fields {sorted(unknown)}")
+            if "layer_list" in entry:
+                entry["layer_list"] = tuple(entry["layer_list"])
             run = PublishedRun(**{k: v for k, v in entry.items() if k in known})
             _validate(run, path)
             runs.append(run)
@@ -119,6 +124,9 @@ def _validate(run: PublishedRun, path: Path) -> None:
         raise MpipeError(f"{path}: run {run.name} has micro_batch {run.micro_batch} at pp {run.pp}; a microbatch here "
                          f"is one sequence, and splitting a micro batch into sequences changes a pipeline's bubble, "
                          f"so only pp 1 runs may have micro_batch above 1: leave the run out")
+    if run.layer_list is not None and (run.vp != 1 or len(run.layer_list) != run.pp):
+        raise MpipeError(f"{path}: run {run.name} has layer_list {list(run.layer_list)}: give one decoder-layer count per "
+                         f"pipeline stage ({run.pp}), at vp 1 (--num-layer-list)")
     if run.devices % (run.tp * run.pp * run.cp) or run.global_batch % (run.dp * run.micro_batch):
         raise MpipeError(f"{path}: run {run.name}: devices {run.devices} must be a multiple of tp*pp*cp and the "
                          f"global batch {run.global_batch} a multiple of dp*micro_batch; correct the row")
@@ -145,9 +153,11 @@ def run_options(run: PublishedRun) -> CostOptions:
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype)
 
 
-def megatron_layout(model: Model, pp: int, vp: int) -> tuple[Cut, str, tuple[tuple[int, ...], ...]]:
+def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] | None = None
+                    ) -> tuple[Cut, str, tuple[tuple[int, ...], ...]]:
     """Cut, schedule text and slab counts of Megatron-LM's layout: ``vp`` woven regions, each rank's
-    virtual stage ``decoders / (pp * vp)`` decoder layers, the embedding first and the head last.
+    virtual stage ``decoders / (pp * vp)`` decoder layers (at vp 1, ``layer_list``'s counts where given:
+    ``--num-layer-list``), the embedding first and the head last.
 
     >>> from mpipe_tune.inputs.specs import load_model
     >>> cut, schedule, slabs = megatron_layout(load_model("llama3-8b"), 2, 2)
@@ -155,6 +165,14 @@ def megatron_layout(model: Model, pp: int, vp: int) -> tuple[Cut, str, tuple[tup
     ((17,), '1f1b,1f1b', ((9, 8), (8, 9)))
     """
     decoders = model.num_layers - 2
+    if layer_list is not None:
+        if vp != 1 or len(layer_list) != pp or sum(layer_list) != decoders:
+            raise MpipeError(f"layer list {list(layer_list)} does not give pp {pp} stages (vp 1) the {decoders} decoder "
+                             f"layers")
+        counts = [*layer_list]
+        counts[0] += 1
+        counts[-1] += 1
+        return Cut(()), "1f1b", (tuple(counts),)
     if decoders % (pp * vp):
         raise MpipeError(f"{decoders} decoder layers do not split into pp {pp} x vp {vp} equal virtual stages")
     per_stage = decoders // (pp * vp)
@@ -176,7 +194,7 @@ def predict_run(run: PublishedRun, profile: HardwareProfile | None = None) -> Pr
     profile = load_profile(run.profile) if profile is None else profile
     workload = Workload(tuple(Microbatch(0, run.seq_len) for _ in range(run.num_sequences)),
                         f"{run.name}: {run.num_sequences} x {run.seq_len} tokens")
-    cut, schedule, slabs = megatron_layout(model, run.pp, run.vp)
+    cut, schedule, slabs = megatron_layout(model, run.pp, run.vp, run.layer_list)
     options = run_options(run)
     candidate = Candidate(schedule, cut.boundaries, pp=run.pp, tp=options.tp_degree, dp=options.dp_degree,
                           num_microbatches=run.num_sequences, slab_counts=slabs, recompute=options.recompute,

@@ -119,6 +119,15 @@ class ArchWork:
     wgrad_grad_bytes: float = 0.0
     """Bytes of the output gradients the weight-gradient pass reads (its matmuls' and lookups'): what a
     split backward (the zero-bubble skeletons) keeps from its input-gradient to its weight-gradient event."""
+    memory_bound_fwd_flops: float = 0.0
+    """Of ``fwd_flops``, those of the memory-bound kernels: every kernel but the linear layers' matmuls and
+    the attention core (norms, activations, residual adds, softmax, token permutes, embedding lookups)."""
+    memory_bound_fwd_bytes: float = 0.0
+    """Of ``fwd_bytes``, those the memory-bound kernels move."""
+    memory_bound_dgrad_flops: float = 0.0
+    memory_bound_dgrad_bytes: float = 0.0
+    memory_bound_wgrad_flops: float = 0.0
+    memory_bound_wgrad_bytes: float = 0.0
 
 
 _NO_WORK = ArchWork(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -172,6 +181,7 @@ def estimate_arch_work(
     pieces = layer.pieces
     cores = [p for p in pieces if p.attention_core]
     linears = [p for p in pieces if p.linear]
+    streamed = [p for p in pieces if not (p.linear or p.attention_core)]
     return ArchWork(
         fwd_flops=sum(p.fwd_flops for p in pieces),
         fwd_bytes=dtype_bytes * sum(p.fwd_elems for p in pieces),
@@ -191,6 +201,12 @@ def estimate_arch_work(
         linear_dgrad_flops=sum(p.dgrad_flops for p in linears),
         linear_wgrad_flops=sum(p.wgrad_flops for p in linears),
         wgrad_grad_bytes=dtype_bytes * sum(p.wgrad_grad_elems for p in pieces),
+        memory_bound_fwd_flops=sum(p.fwd_flops for p in streamed),
+        memory_bound_fwd_bytes=dtype_bytes * sum(p.fwd_elems for p in streamed),
+        memory_bound_dgrad_flops=sum(p.dgrad_flops for p in streamed),
+        memory_bound_dgrad_bytes=dtype_bytes * sum(p.dgrad_elems for p in streamed),
+        memory_bound_wgrad_flops=sum(p.wgrad_flops for p in streamed),
+        memory_bound_wgrad_bytes=dtype_bytes * sum(p.wgrad_elems for p in streamed),
     )
 
 

@@ -379,8 +379,7 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
         ep_degree=options.ep_degree, moe_imbalance=options.moe_imbalance, cp_degree=options.cp_degree,
         sequence_parallel=options.sequence_parallel,
     )
-    fwd_compute_s, dgrad_compute_s, wgrad_compute_s, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(
-        work, cost.kind, profile, options.dtype)
+    *_, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(work, cost.kind, profile, options.dtype)
     bandwidth = profile.memory_bytes_per_s
     comm_s = 0.0
     if options.tp_degree > 1 and work.tp_comm_bytes > 0:
@@ -406,9 +405,10 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
     fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if tokens > 0 else (0.0, 0.0)
     fwd_images_s, bwd_images_s = estimate_image_calls_s(profile, cost.kind, mb)
     fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s, bwd_call_s + bwd_images_s
-    fwd = fwd_call_s + max(fwd_compute_s, work.fwd_bytes / bandwidth) + comm_s + ring_fwd_s
-    dgrad = max(dgrad_compute_s, work.dgrad_bytes / bandwidth) + comm_s + ring_bwd_s
-    wgrad = max(wgrad_compute_s, work.wgrad_bytes / bandwidth)
+    fwd_s, dgrad_s, wgrad_s = pass_seconds(work, cost.kind, profile, options.dtype)
+    fwd = fwd_call_s + fwd_s + comm_s + ring_fwd_s
+    dgrad = dgrad_s + comm_s + ring_bwd_s
+    wgrad = wgrad_s
     if options.tp_degree > 1 and tokens > 0:  # what the profile measured of split calls beyond all that
         fwd_tp_s, bwd_tp_s = profile.tp_overhead_for(cost.kind, options.tp_degree)
         fwd_slow, bwd_slow = profile.tp_slowdown_for(cost.kind, options.tp_degree)
@@ -455,6 +455,37 @@ def compute_seconds(work: arch.ArchWork, kind: str, profile: HardwareProfile, dt
             part(work.dgrad_flops, work.linear_dgrad_flops, work.attention_core_dgrad_flops, layer_bwd, linear_bwd)
             + core_bwd,
             part(work.wgrad_flops, work.linear_wgrad_flops, 0.0, layer_bwd, linear_bwd), core_fwd, core_bwd)
+
+
+def pass_seconds(work: arch.ArchWork, kind: str, profile: HardwareProfile, dtype: str) -> tuple[float, float, float]:
+    """Roofline seconds of a layer's forward, dgrad and wgrad, before collectives and per-call overheads.
+
+    Without the profile's memory-bound entry (:meth:`~mpipe_tune.cost.profile.HardwareProfile.memory_bound_efficiency`)
+    each pass is one roofline, ``max(compute, bytes / B)``. With it, the pass's kernels run one after another:
+    its matmuls ``max(compute, bytes / B)``, its attention core the same, and its memory-bound kernels
+    (every other kernel: norms, activations, residual adds, softmax, permutes, lookups)
+    ``max(compute, bytes / (eff_mem * B))``, summed."""
+    fwd_c, dgrad_c, wgrad_c, core_fwd_c, core_bwd_c = compute_seconds(work, kind, profile, dtype)
+    bandwidth = profile.memory_bytes_per_s
+    fwd_eff, bwd_eff = profile.memory_bound_efficiency(), profile.memory_bound_efficiency(backward=True)
+    if fwd_eff is None:
+        return (max(fwd_c, work.fwd_bytes / bandwidth), max(dgrad_c, work.dgrad_bytes / bandwidth),
+                max(wgrad_c, work.wgrad_bytes / bandwidth))
+    peak = profile.peak("bf16") if dtype == "fp8" else profile.peak(dtype)
+    fwd_layer, bwd_layer = profile.efficiency_for(kind) * peak, profile.backward_efficiency_for(kind) * peak
+
+    def split(compute_s, total_bytes, core_s, core_bytes, mb_flops, mb_bytes, layer_flops_per_s, eff):
+        mb_s = mb_flops / layer_flops_per_s
+        rest_s, rest_bytes = compute_s - core_s - mb_s, total_bytes - core_bytes - mb_bytes
+        return (max(rest_s, rest_bytes / bandwidth) + max(core_s, core_bytes / bandwidth)
+                + max(mb_s, mb_bytes / (eff * bandwidth)))
+
+    return (split(fwd_c, work.fwd_bytes, core_fwd_c, work.attention_core_fwd_bytes, work.memory_bound_fwd_flops,
+                  work.memory_bound_fwd_bytes, fwd_layer, fwd_eff),
+            split(dgrad_c, work.dgrad_bytes, core_bwd_c, work.attention_core_dgrad_bytes,
+                  work.memory_bound_dgrad_flops, work.memory_bound_dgrad_bytes, bwd_layer, bwd_eff),
+            split(wgrad_c, work.wgrad_bytes, 0.0, 0.0, work.memory_bound_wgrad_flops, work.memory_bound_wgrad_bytes,
+                  bwd_layer, bwd_eff))
 
 
 def exposed_ring_s(link, step_bytes: float, steps: int, core_s: float) -> float:

@@ -78,6 +78,12 @@ not, the whole layer at the kind's entry."""
 FP8_LINEAR = "fp8_linear"
 """Efficiency entry of the linear layers' GEMMs in an fp8 step (against the fp8 peak, casts and scaling
 included); absent, they run at the layer kind's efficiency."""
+MEMORY_BOUND = "memory_bound"
+"""Efficiency entry of the memory-bound kernels (norms, activations, residual adds, softmax, permutes, lookups):
+the achieved fraction of the memory bandwidth. Where the profile has it, each pass of a layer is timed as the
+sum of three rooflines, its matmuls', its attention core's and its memory-bound kernels' (at this fraction of
+the bandwidth), as the kernels run one after another on the device; where not, as one roofline of the whole
+layer, ``max(W / (eff * F), D / B)``, under which a compute-bound layer's elementwise traffic costs nothing."""
 _IMAGE_OVERHEADS = ("forward_image_overhead_s", "backward_image_overhead_s")
 _TP_TABLES = ("tp_overhead_s", "tp_slowdown")
 """Tables keyed by tensor-parallel degree: fixed seconds per split call, and extra seconds per charged second."""
@@ -184,6 +190,13 @@ class HardwareProfile:
         for fp8 where the profile has one, else the kind's."""
         entry = FP8_LINEAR if dtype == "fp8" and FP8_LINEAR in self.efficiency else kind
         return self.backward_efficiency_for(entry) if backward else self.efficiency_for(entry)
+
+    def memory_bound_efficiency(self, *, backward: bool = False) -> float | None:
+        """Achieved fraction of the memory bandwidth of the memory-bound kernels (the :data:`MEMORY_BOUND`
+        entry's ``value``, or its ``backward_value`` for the backward); None where the profile has no entry."""
+        if MEMORY_BOUND not in self.efficiency:
+            return None
+        return self.backward_efficiency_for(MEMORY_BOUND) if backward else self.efficiency[MEMORY_BOUND]
 
     def call_overhead_for(self, kind: str) -> tuple[float, float]:
         """(forward, backward) fixed seconds per call of a ``kind`` layer; (0, 0) unless its entry (or
