@@ -43,7 +43,7 @@ from published import ROOT, load_runs, predict_run  # noqa: E402
 
 from mpipe_tune.cost.profile import dump_profile, load_profile, parse_profile  # noqa: E402
 
-DATE = "2026-12-01"
+DATE = "2026-12-03"
 BF16_NAMES = ("efficiency.default", "efficiency.attention_core", "tp_comm_overlap")
 FP8_NAMES = ("efficiency.fp8_linear",)
 START = {"efficiency.default": 0.6, "efficiency.attention_core": 0.6, "tp_comm_overlap": 0.5,
@@ -124,9 +124,12 @@ PROFILE_NOTES = {
                    "runs' 910B SKU is not stated (SKUs range ~280-414e12), so the fitted efficiencies absorb a peak "
                    "that differs from 320e12, and the links were not fitted separately; the fit runs are Atlas 900 A2 "
                    "PoDc runs at 4K-8K tokens: MindFormers measured one configuration 15% slower on Atlas 800T A2, "
-                   "which this profile does not model, and the split between the attention core and the rest is "
-                   "not pinned down by runs whose attention share barely varies (GLM-4 9B at 32K, held out, runs "
-                   "35% faster than predicted)",
+                   "which this profile does not model; the split between the attention core and the rest is not "
+                   "pinned down by the fit runs: each held-out pair of one model at 8K and 32K with its other "
+                   "settings alike implies an attention core at 0.61-0.66 of this peak (GLM-4 9B, ChatGLM3 6B) with "
+                   "the rest at 0.52-0.81 depending on the model, so the low attention_core here stands in for "
+                   "model-to-model differences in GEMM efficiency that one efficiency cannot describe, and runs at "
+                   "32K are predicted 30-42% slow (benchmarks/README.md)",
 }
 """What stays an assumption in a fitted profile, appended to each fitted number's provenance."""
 
