@@ -86,3 +86,19 @@ def test_a_run_records_its_frameworks_optimizer_state(published):
     fits = max(published.predict_run(mindformers).memory.peak_bytes)
     as_megatron = replace(mindformers, optimizer_bytes_per_param=12.0, grad_reduce_dtype="fp32")
     assert fits < capacity < max(published.predict_run(as_megatron).memory.peak_bytes)
+
+
+def test_a_runs_uneven_layer_list_is_its_layout(published):
+    """Megatron's --num-layer-list (MindSpeed-LLM's Llama 3/3.1 70B scripts: 17,20,22,21) sets the decoder layers
+    per stage; the embedding joins the first stage and the head the last."""
+    from mpipe_tune.errors import MpipeError
+    from mpipe_tune.inputs.specs import load_model
+
+    model = load_model("llama3-70b")
+    cut, schedule, slabs = published.megatron_layout(model, 4, 1, (17, 20, 22, 21))
+    assert (cut.boundaries, schedule, slabs) == ((), "1f1b", ((18, 20, 22, 22),))
+    with pytest.raises(MpipeError, match="does not give pp 4 stages"):
+        published.megatron_layout(model, 4, 1, (20, 20, 20, 21))
+    runs = {run.name: run for run in published.load_runs()}
+    assert runs["mindspeed-llama31-70b@32"].layer_list == (17, 20, 22, 21)
+    assert published.predict_run(runs["mindspeed-llama31-70b@32"]).plan.slab(0, 2) == (38, 60)
