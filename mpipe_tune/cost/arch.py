@@ -181,14 +181,10 @@ def estimate_arch_work(
     pieces = layer.pieces
     cores = [p for p in pieces if p.attention_core]
     linears = [p for p in pieces if p.linear]
-    streamed = [p for p in pieces if not (p.linear or p.attention_core)]
+    streamed = _passes([p for p in pieces if not (p.linear or p.attention_core)], dtype_bytes)
+    whole = _passes(pieces, dtype_bytes)
     return ArchWork(
-        fwd_flops=sum(p.fwd_flops for p in pieces),
-        fwd_bytes=dtype_bytes * sum(p.fwd_elems for p in pieces),
-        dgrad_flops=sum(p.dgrad_flops for p in pieces),
-        dgrad_bytes=dtype_bytes * sum(p.dgrad_elems for p in pieces),
-        wgrad_flops=sum(p.wgrad_flops for p in pieces),
-        wgrad_bytes=dtype_bytes * sum(p.wgrad_elems for p in pieces),
+        **whole,
         saved_activation_bytes=dtype_bytes * sum(saved_elems.values()),
         boundary_bytes=float(dtype_bytes * layer.boundary_elems),
         tp_comm_bytes=dtype_bytes * sum(p.comm_elems for p in pieces),
@@ -201,13 +197,17 @@ def estimate_arch_work(
         linear_dgrad_flops=sum(p.dgrad_flops for p in linears),
         linear_wgrad_flops=sum(p.wgrad_flops for p in linears),
         wgrad_grad_bytes=dtype_bytes * sum(p.wgrad_grad_elems for p in pieces),
-        memory_bound_fwd_flops=sum(p.fwd_flops for p in streamed),
-        memory_bound_fwd_bytes=dtype_bytes * sum(p.fwd_elems for p in streamed),
-        memory_bound_dgrad_flops=sum(p.dgrad_flops for p in streamed),
-        memory_bound_dgrad_bytes=dtype_bytes * sum(p.dgrad_elems for p in streamed),
-        memory_bound_wgrad_flops=sum(p.wgrad_flops for p in streamed),
-        memory_bound_wgrad_bytes=dtype_bytes * sum(p.wgrad_elems for p in streamed),
+        **{f"memory_bound_{name}": value for name, value in streamed.items()},
     )
+
+
+def _passes(pieces, dtype_bytes: int) -> dict[str, float]:
+    """FLOPs and bytes of ``pieces``' forward, dgrad and wgrad, named as :class:`ArchWork`'s fields."""
+    out = {}
+    for phase in ("fwd", "dgrad", "wgrad"):
+        out[f"{phase}_flops"] = sum(getattr(p, f"{phase}_flops") for p in pieces)
+        out[f"{phase}_bytes"] = dtype_bytes * sum(getattr(p, f"{phase}_elems") for p in pieces)
+    return out
 
 
 def estimate_parallel_traffic(
