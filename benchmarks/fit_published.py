@@ -25,6 +25,11 @@ stay in the roofline; ``--transfer ascend-910c-cm384`` from ``ascend-910b``: see
     python benchmarks/fit_published.py            # fit and print, write nothing
     python benchmarks/fit_published.py --write --profile h100-sxm --transfer h200
     python benchmarks/fit_published.py --write --profile ascend-910b --transfer ascend-910c-cm384
+    python benchmarks/fit_published.py --diagnose     # the length pairs and per-run GEMM efficiency (ascend-910b)
+
+``--diagnose`` fits nothing into a profile: it fits ``default`` and ``attention_core`` on each pair of runs in
+:data:`PAIRS` alone (one model's runs whose other settings are alike, or two fit runs), then gives, at an
+attention core of ``--attention-core``, the ``default`` that reproduces each run of the profile on its own.
 """
 
 from __future__ import annotations
@@ -157,14 +162,51 @@ def provenance(names, runs, r: np.ndarray, transferred_from: str | None = None, 
     return out
 
 
+PAIRS = {"ascend-910b": (
+    ("mindspeed-glm4-9b-8k@8", "mindspeed-glm4-9b-32k@16"),
+    ("mindspeed-chatglm3-6b-8k@8", "mindspeed-chatglm3-6b-32k@8"),
+    ("mindspeed-llama2-70b@32", "mindspeed-llama31-70b@32"),
+    ("mindspeed-llama2-7b@8", "mindspeed-chatglm3-6b-8k@8"),
+)}
+"""Per profile, pairs of runs that tell the attention core from the rest: one model at two lengths with its other
+settings alike, or two runs of one parallel layout at two lengths."""
+
+
+def diagnose(name: str, runs, attention_core: float) -> None:
+    """Print the pair fits of :data:`PAIRS` and each run's own ``default`` at ``attention_core``."""
+    base = load_profile(name).to_dict()
+    by_name = {run.name: run for run in runs}
+    held = {"tp_comm_overlap": load_profile(name).tp_comm_overlap or 0.0}
+    for pair in PAIRS.get(name, ()):
+        values, r = fit(base, [by_name[n] for n in pair], BF16_NAMES[:2], held, iterations=30)
+        print(f"pair {' + '.join(pair)}: " + ", ".join(f"{n} = {v:.3f}" for n, v in values.items())
+              + f"  (max |log error| {float(np.max(np.abs(r))):.3f})")
+    for run in (run for run in runs if run.profile == name and run.dtype == "bf16"):
+        lo, hi = 0.05, 1.0
+        for _ in range(20):  # bisection on the log of predicted over published, which falls as default grows
+            mid = math.sqrt(lo * hi)
+            r = residuals(base, {**held, "efficiency.attention_core": attention_core, "efficiency.default": mid}, [run])
+            lo, hi = (mid, hi) if r[0] > 0 else (lo, mid)
+        text = f"{math.sqrt(lo * hi):.3f}" if hi < 1.0 else "above 1"
+        print(f"  {run.name:32s} {run.split:8s} tp{run.tp} cp{run.cp} {run.seq_len:6d} tokens: default {text}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write the fitted numbers into profiles/")
     parser.add_argument("--transfer", nargs="*", default=[], help="profiles that take the fit as an assumption")
     parser.add_argument("--profile", nargs="*", default=None, help="fit only these profiles (default: every one "
                                                                     "with fit runs)")
+    parser.add_argument("--diagnose", action="store_true", help="fit the pairs of runs in PAIRS alone and give each "
+                                                                    "run's own default; write nothing")
+    parser.add_argument("--attention-core", type=float, default=0.66, help="the attention-core efficiency --diagnose "
+                                                                           "gives each run's default at")
     args = parser.parse_args(argv)
     runs = load_runs()
+    if args.diagnose:
+        for name in args.profile or sorted(PAIRS):
+            diagnose(name, runs, args.attention_core)
+        return 0
     for name in sorted({run.profile for run in runs if run.split == "fit"}):
         if args.profile is not None and name not in args.profile:
             continue

@@ -102,3 +102,16 @@ def test_a_runs_uneven_layer_list_is_its_layout(published):
     runs = {run.name: run for run in published.load_runs()}
     assert runs["mindspeed-llama31-70b@32"].layer_list == (17, 20, 22, 21)
     assert published.predict_run(runs["mindspeed-llama31-70b@32"]).plan.slab(0, 2) == (38, 60)
+
+
+def test_the_diagnostic_pairs_name_runs_of_their_profile(published):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import fit_published
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    runs = {run.name: run for run in published.load_runs()}
+    for profile, pairs in fit_published.PAIRS.items():
+        for first, second in pairs:
+            assert runs[first].profile == runs[second].profile == profile
+            assert runs[first].seq_len < runs[second].seq_len  # two lengths: what tells the core from the rest
