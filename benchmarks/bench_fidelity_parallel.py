@@ -6,14 +6,17 @@ layers calibrated (``--profile``, or measured first with ``mpipe-tune profile --
 
 - real compute: pp x dp x tp plans without and with expert parallelism (ep 2 and 4, carved from dp),
   where the executor dispatches and combines tokens by all-to-all and reduces the experts over their
-  own data-parallel group, and with the encoder at tp 1 under tp 2 (encoder groups): measured beside
-  the prediction that charges those all-to-alls and gathers;
-- emulated compute: the same plans and the context- and sequence-parallel plans the real executor
-  does not run yet: every compute event sleeps its predicted seconds, so this
+  own data-parallel group; with context parallelism (ring attention passing keys and values round the
+  cp ranks by point-to-point); with sequence parallelism (rows all-gathered into and reduce-scattered
+  out of each tensor-parallel region); and with the encoder at tp 1 under tp 2 (encoder groups):
+  measured beside the prediction that charges those all-to-alls, ring steps, collectives and gathers;
+- emulated compute: the same plans: every compute event sleeps its predicted seconds, so this
   measures the executor's realisation of the predicted schedule (transfers, waits, reduces).
 
 Each plan runs ``--steps`` steps in one launch per plan and compute mode; measured = the median step
 time over the steps after the first (warm-up), the slowest rank's. The error is measured / predicted - 1.
+The record holds each run's CPU seconds (user + sys of its rank processes) and the 1-minute load
+average before it: wall times taken on a shared host are not the machine's.
 
     python benchmarks/bench_fidelity_parallel.py --profile benchmarks/profiles/moe-vm-4.json [--steps 4] [--json OUT]
 """
@@ -23,7 +26,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -62,12 +67,6 @@ class Case:
     sequence_parallel: bool = False
     encoder_tp: int | None = None
 
-    @property
-    def real(self) -> bool:
-        """Whether the real executor runs it (expert parallelism and the encoder's own tp yes; cp, sp not yet)."""
-        return self.cp == 1 and not self.sequence_parallel
-
-
 FIRST_LLM = 5
 CASES = (
     Case("pp2 dp2", "1f1b", (), 2, dp=2),
@@ -79,8 +78,10 @@ CASES = (
     Case("pp2 dp2 ep2 transpose", "transpose,1f1b", (FIRST_LLM,), 2, dp=2, ep=2),
     Case("pp2 cp2", "1f1b", (), 2, cp=2),
     Case("cp2 dp2 ep2", "1f1b", (), 1, dp=2, cp=2, ep=2),
+    Case("cp4", "1f1b", (), 1, cp=4),
     Case("pp2 tp2 sp", "1f1b", (), 2, tp=2, sequence_parallel=True),
     Case("tp2 dp2 sp", "1f1b", (), 1, tp=2, dp=2, sequence_parallel=True),
+    Case("tp2 cp2 sp", "1f1b", (), 1, tp=2, cp=2, sequence_parallel=True),
     Case("pp2 tp2 encoder tp1", "transpose,1f1b", (FIRST_LLM,), 2, tp=2, encoder_tp=1),
 )
 
@@ -98,14 +99,18 @@ def make_plan(case: Case, profile_path: Path, folder: Path) -> Path:
     return path
 
 
-def run(path: Path, compute: str, steps: int) -> dict:
-    """One ``mpipe-tune run`` of the plan (its own launch); its ``--json`` summary."""
+def run(path: Path, compute: str, steps: int) -> tuple[dict, float]:
+    """One ``mpipe-tune run`` of the plan (its own launch): its ``--json`` summary and the CPU seconds
+    (user + sys) of the launch and its rank processes."""
     command = [sys.executable, "-m", "mpipe_tune.cli", "run", str(path), "--compute", compute, "--steps", str(steps),
                "--json", "--no-progress"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{path.name} ({compute}) failed: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return json.loads(done.stdout), cpu_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,15 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="parallel-fidelity-") as folder:
         for case in cases:
             path = make_plan(case, Path(args.profile), Path(folder))
-            for compute in (("real", "emulated") if case.real else ("emulated",)):
-                result = run(path, compute, args.steps)
+            for compute in ("real", "emulated"):
+                load = os.getloadavg()[0]
+                result, cpu_s = run(path, compute, args.steps)
                 row = {"plan": case.label, "compute": compute, "predicted_ms": result["predicted_step_s"] * 1e3,
                        "measured_ms": result["measured_step_s"] * 1e3,
-                       "step_times_ms": [t * 1e3 for t in result["step_times_s"]]}
+                       "step_times_ms": [t * 1e3 for t in result["step_times_s"]], "cpu_s": cpu_s, "load_1min": load}
                 row["error"] = row["measured_ms"] / row["predicted_ms"] - 1.0
                 rows.append(row)
                 print(f"{case.label:24s} {compute:9s} predicted {row['predicted_ms']:8.2f} ms  measured "
-                      f"{row['measured_ms']:8.2f} ms  error {row['error']:+7.1%}", flush=True)
+                      f"{row['measured_ms']:8.2f} ms  error {row['error']:+7.1%}  (cpu {cpu_s:6.1f} s, load "
+                      f"{load:.1f})", flush=True)
                 if args.json:  # after every row: a run cut short keeps what it measured
                     Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     for compute in ("real", "emulated"):

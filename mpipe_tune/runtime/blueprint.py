@@ -94,19 +94,23 @@ def blueprint(model: Model) -> tuple[LayerSpec, ...]:
     return tuple(specs)
 
 
-def output_shape(spec: LayerSpec, mb: Microbatch, context: ContextSplit | None = None) -> tuple[int, ...]:
+def output_shape(spec: LayerSpec, mb: Microbatch, context: ContextSplit | None = None,
+                 sequence_shards: int = 1) -> tuple[int, ...]:
     """Shape of layer ``spec``'s output on microbatch ``mb`` (what a stage boundary after it carries);
-    with a ``context`` split, a decoder layer's output is that rank's share of the sequence."""
+    with a ``context`` split, a decoder layer's output is that rank's share of the sequence, and with
+    ``sequence_shards`` (sequence parallelism's tp degree) one tensor-parallel rank's rows of that share,
+    padded to a multiple of it."""
     kind = spec.kind
     if kind in ("patch_embed", "vit_block"):
-        return (mb.image_tokens * spec.dim("merge_factor"), spec.dim("hidden"))
+        return (-(-mb.image_tokens * spec.dim("merge_factor") // sequence_shards), spec.dim("hidden"))
     if kind == "merger":
         return (mb.image_tokens, spec.dim("out_hidden"))
     if kind == "lm_head":
         return ()
     if kind == "projector":
         return (mb.image_tokens, spec.dim("hidden"))
-    return (mb.text_tokens if context is None else context.rows(mb.text_tokens), spec.dim("hidden"))
+    rows = mb.text_tokens if context is None else context.rows(mb.text_tokens)
+    return (-(-rows // sequence_shards), spec.dim("hidden"))
 
 
 def validate_workload(specs: Sequence[LayerSpec], microbatches: Sequence[Microbatch]) -> None:

@@ -177,8 +177,14 @@ class RealCompute:
     @torch.no_grad()
     def reduce(self, index: int, event: DpReduce) -> None:
         """Sum the gradients of the event's layers over its group; a sharded routed expert's over its
-        own data-parallel group (the ranks holding the same experts) instead."""
+        own data-parallel group (the ranks holding the same experts) instead. Sequence-parallel norms'
+        gradients are first summed over the tensor-parallel group (each rank's is its rows' share)."""
         layers = range(*self.view.reduce_layers(event, self.rank))
+        for part, mesh in ((range(layers.start, min(layers.stop, self._encoder_end)), self.mesh.encoder_tp_mesh),
+                           (range(max(layers.start, self._encoder_end), layers.stop), self.mesh.tp_mesh)):
+            own_rows = self.stack.sequence_parallel_parameters(part)
+            if own_rows:  # sequence-parallel norms: each tp rank holds its rows' share (Megatron-LM's all-reduce)
+                all_reduce_bucketed([p.grad for p in own_rows], mesh.get_group())
         encoders = self.mesh.encoder_replica_group
         if encoders is not None:  # each encoder group holds its own images' gradient of the encoder
             own = [local_tensor(p.grad) for p in self.stack.trainable_parameters(

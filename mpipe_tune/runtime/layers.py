@@ -87,7 +87,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, 
     0.26 GB fused), and a ViT's long image sequences ran out of memory."""
     if ring is not None:
         assert causal, "context parallelism splits decoder sequences only"
-        return ring_attention(q, k[:, ::repeats], v[:, ::repeats], ring.ring, ring.num_tokens, q.shape[-1] ** -0.5)
+        rows = ring.ring.split.rows(ring.num_tokens)  # beyond them: sequence parallelism's padding rows
+        y = ring_attention(q[:rows], k[:rows, ::repeats], v[:rows, ::repeats], ring.ring, ring.num_tokens,
+                           q.shape[-1] ** -0.5)
+        return F.pad(y, (0, 0, 0, q.shape[0] - rows))
     y = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                                        v.transpose(0, 1).unsqueeze(0), is_causal=causal)
     return y.squeeze(0).transpose(0, 1).reshape(q.shape[0], -1)
@@ -153,6 +156,14 @@ class LatentAttention(nn.Module):
         return self.out(_attend(q, k, v, causal=causal, ring=ring))
 
 
+class Rows(nn.Module):
+    """Weightless identity: the point where a sequence-parallel plan gathers a layer's rows into the
+    whole sequence (``gather``) or keeps a rank's rows of it (``keep_rows``); nothing without one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
 class PatchEmbed(nn.Module):
     def __init__(self, d: dict) -> None:
         super().__init__()
@@ -160,13 +171,15 @@ class PatchEmbed(nn.Module):
         self.patch_elems = d["in_channels"] * d["patch_size"] ** 2 * d["temporal_patch"]
         self.proj = nn.Linear(self.patch_elems, d["hidden"], bias=d["bias"])
         self.positions = nn.Parameter(torch.randn(d["positions"], d["hidden"]) * 0.02) if d["positions"] else None
+        self.pad_to = 1
+        """Sequence parallelism's tp degree: the patches are padded to a multiple of it (:func:`pad_rows`)."""
 
     def forward(self, x: None, inputs: MicrobatchInputs) -> torch.Tensor:
         y = self.proj(inputs.pixels(self.patch_elems, self.merge))
         if self.positions is not None:
             index = torch.cat([torch.arange(n * self.merge) for n in inputs.image_sizes] or [torch.zeros(0, dtype=torch.long)])
             y = y + self.positions[index.to(y.device) % self.positions.shape[0]]
-        return y
+        return pad_rows(y, self.pad_to)
 
 
 class VitBlock(nn.Module):
@@ -177,12 +190,19 @@ class VitBlock(nn.Module):
         self.attn = Attention(d["hidden"], d["heads"], d["heads"], d["head_dim"], qkv_bias=d["bias"], out_bias=d["bias"])
         self.norm2 = nn.LayerNorm(d["hidden"])
         self.mlp = MLP(d["hidden"], d["ffn"], d["hidden"], activation=d["activation"], bias=d["bias"])
+        self.gather, self.keep_rows = Rows(), Rows()
+        self.pad_to = 1
+        """Sequence parallelism's tp degree: the patches arrive padded to a multiple of it."""
 
     def forward(self, x: torch.Tensor, inputs: MicrobatchInputs) -> torch.Tensor:
-        h = self.norm1(x)
+        """Attention inside each image (one call per image), then the MLP. With sequence parallelism
+        ``x`` is this rank's rows: they are gathered for the attention (the padding rows left out)
+        and the rank keeps its rows of the result."""
+        h = self.gather(self.norm1(x))
         sizes = [n * self.merge for n in inputs.image_sizes]
-        attended = [self.attn(part, causal=False) for part in torch.split(h, sizes)] if sizes else [h]
-        x = x + torch.cat(attended)
+        patches = h[:sum(sizes)]
+        attended = [self.attn(part, causal=False) for part in torch.split(patches, sizes)] if sizes else [patches]
+        x = x + self.keep_rows(pad_rows(torch.cat(attended), self.pad_to))
         return x + self.mlp(self.norm2(x))
 
 
@@ -191,12 +211,14 @@ class Merger(nn.Module):
 
     def __init__(self, d: dict) -> None:
         super().__init__()
+        self.merge = d["merge_factor"]
         self.merged = d["hidden"] * d["merge_factor"]
         self.norm = nn.LayerNorm(d["hidden"])
         self.mlp = MLP(self.merged, self.merged, d["out_hidden"], activation="gelu", bias=True)
 
     def forward(self, x: torch.Tensor, inputs: MicrobatchInputs) -> torch.Tensor:
-        return self.mlp(self.norm(x).reshape(-1, self.merged))
+        patches = sum(inputs.image_sizes) * self.merge  # less sequence parallelism's padding rows, if any
+        return self.mlp(self.norm(x[:patches]).reshape(-1, self.merged))
 
 
 class Projector(nn.Module):
@@ -220,14 +242,18 @@ class Embedding(nn.Module):
         self.vocab = d["vocab"]
         self.table = nn.Embedding(d["vocab"], d["hidden"])
         self.ring: Ring | None = None
+        self.pad_to = 1
+        """Sequence parallelism's tp degree: the rows are padded to a multiple of it (see :func:`pad_rows`)."""
 
     def forward(self, x: torch.Tensor | None, inputs: MicrobatchInputs) -> torch.Tensor:
         ids = inputs.token_ids(self.vocab)
         if self.ring is not None:
-            return self._own_positions(x, ids)
-        if x is None or x.shape[0] == 0:
-            return self.table(ids)
-        return torch.cat([x, self.table(ids[x.shape[0]:])])
+            y = self._own_positions(x, ids)
+        elif x is None or x.shape[0] == 0:
+            y = self.table(ids)
+        else:
+            y = torch.cat([x, self.table(ids[x.shape[0]:])])
+        return pad_rows(y, self.pad_to)
 
     def _own_positions(self, x: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
         """This rank's rows of the sequence: an image token's features where its position is one, the
@@ -305,18 +331,40 @@ class LMHead(nn.Module):
         self.norm = RMSNorm(d["hidden"])
         self.proj = nn.Linear(d["hidden"], d["vocab"], bias=False)
         self.ring: Ring | None = None
+        self.pad_to = 1
+        """Sequence parallelism's tp degree: the rows arrive padded to a multiple of it."""
 
     def forward(self, x: torch.Tensor, inputs: MicrobatchInputs) -> torch.Tensor:
         """The mean cross-entropy over the sequence (a scalar). Split by vocabulary, the logits are a
         DTensor and the loss is vocab-parallel: see :func:`~mpipe_tune.runtime.tensor_parallel.tp_context`.
         With a ring (context parallelism) this rank's share of it: the sum over its positions divided
-        by the whole sequence's length, so that the ring's shares add up to the mean."""
+        by the whole sequence's length, so that the ring's shares add up to the mean. Padding rows
+        (sequence parallelism) have the ignored target: they add nothing to the loss or its count."""
         logits = self.proj(self.norm(x))
         targets = inputs.targets(self.vocab)
         if self.ring is None:
-            return F.cross_entropy(logits, targets)
+            return F.cross_entropy(logits, _pad_targets(targets, self.pad_to))
         positions = torch.tensor(self.ring.split.positions(targets.shape[0]), dtype=torch.long, device=targets.device)
-        return F.cross_entropy(logits, targets[positions], reduction="sum") / targets.shape[0]
+        own = _pad_targets(targets[positions], self.pad_to)
+        return F.cross_entropy(logits, own, reduction="sum") / targets.shape[0]
+
+
+_IGNORED = -100
+"""The target cross-entropy skips (torch's default ``ignore_index``)."""
+
+
+def pad_rows(y: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``y`` with zero rows appended up to a multiple of ``multiple`` (sequence parallelism's even
+    shards). The padding sits after the sequence's last token, so causal attention never shows it to
+    a real token, the loss ignores it (:class:`LMHead`), and every row-wise layer computes it apart:
+    its rows' output gradient is zero, so it adds exactly nothing to any gradient."""
+    extra = -y.shape[0] % multiple
+    return F.pad(y, (0, 0, 0, extra)) if extra else y
+
+
+def _pad_targets(targets: torch.Tensor, multiple: int) -> torch.Tensor:
+    extra = -targets.shape[0] % multiple
+    return F.pad(targets, (0, extra), value=_IGNORED) if extra else targets
 
 
 _MODULES = {
@@ -333,13 +381,15 @@ _MODULES = {
 
 def build_layer(spec: LayerSpec, *, seed: int, dtype: torch.dtype, device: torch.device,
                 tp_mesh: DeviceMesh | None = None, expert_shard: ExpertShard | None = None,
-                ring: Ring | None = None) -> nn.Module:
+                ring: Ring | None = None, sequence_parallel: bool = False) -> nn.Module:
     """The module of one model layer, initialised deterministically from (seed, layer index).
 
     With a ``tp_mesh`` of more than one rank the whole layer is built (the same weights on every rank)
     and then split over the mesh by :func:`~mpipe_tune.runtime.tensor_parallel.parallelize_layer`;
     with an ``expert_shard`` a MoE layer keeps only that rank's routed experts; with a ``ring`` a
-    decoder layer (:data:`CONTEXT_PARALLEL_KINDS`) holds this rank's share of the sequence.
+    decoder layer (:data:`CONTEXT_PARALLEL_KINDS`) holds this rank's share of the sequence; with
+    ``sequence_parallel`` (and a ``tp_mesh``) a decoder layer takes and gives its tensor-parallel
+    rank's rows of the sequence, padded to a multiple of the tp degree (:func:`pad_rows`).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_of("layer", seed, spec.index))
@@ -351,5 +401,7 @@ def build_layer(spec: LayerSpec, *, seed: int, dtype: torch.dtype, device: torch
     module.to(dtype=dtype, device=device)
     module.requires_grad_(spec.trainable)
     if tp_mesh is not None and tp_mesh.size() > 1:
-        parallelize_layer(module, spec, tp_mesh)
+        if sequence_parallel and spec.kind in ("patch_embed", "vit_block", "embedding", "lm_head"):
+            module.pad_to = tp_mesh.size()
+        parallelize_layer(module, spec, tp_mesh, sequence_parallel=sequence_parallel)
     return module

@@ -20,7 +20,7 @@ from mpipe_tune.runtime.data import MicrobatchInputs
 from mpipe_tune.runtime.experts import ExpertShard
 from mpipe_tune.runtime.layers import build_layer
 from mpipe_tune.runtime.ring_attention import Ring
-from mpipe_tune.runtime.tensor_parallel import full_gradient
+from mpipe_tune.runtime.tensor_parallel import full_gradient, is_sequence_parallel
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -36,15 +36,16 @@ class LayerStack:
     def build(cls, specs: Sequence[LayerSpec], indices: Iterable[int], *, seed: int, dtype: torch.dtype,
               device: torch.device, tp_mesh: DeviceMesh | None = None,
               expert_shard: ExpertShard | None = None, encoder_tp_mesh: DeviceMesh | None = None,
-              encoder_end: int = 0, ring: Ring | None = None) -> LayerStack:
+              encoder_end: int = 0, ring: Ring | None = None, sequence_parallel: bool = False) -> LayerStack:
         """The layers ``indices`` of ``specs``; with a ``tp_mesh`` of more than one rank each is split over
         it (:mod:`~mpipe_tune.runtime.tensor_parallel`: run steps inside its ``tp_context(tp_mesh)``);
         with an ``expert_shard`` each MoE layer holds only that rank's routed experts; the encoder's layers
         (before ``encoder_end``) are split over ``encoder_tp_mesh`` instead of ``tp_mesh``; with a ``ring``
-        (context parallelism) the decoder's layers hold this rank's share of each sequence."""
+        (context parallelism) the decoder's layers hold this rank's share of each sequence, and with
+        ``sequence_parallel`` (and a ``tp_mesh``) its tensor-parallel rank's rows of that."""
         modules = {i: build_layer(specs[i], seed=seed, dtype=dtype, device=device,
                                   tp_mesh=encoder_tp_mesh if i < encoder_end else tp_mesh, expert_shard=expert_shard,
-                                  ring=ring)
+                                  ring=ring, sequence_parallel=sequence_parallel)
                    for i in sorted(set(indices))}
         return cls(tuple(specs), modules)
 
@@ -58,6 +59,11 @@ class LayerStack:
         parameter is a DTensor and so is its ``.grad``: reduce and update its ``to_local()`` shard."""
         chosen = self.modules if layers is None else [i for i in layers if i in self.modules]
         return [p for i in sorted(chosen) for p in self.modules[i].parameters() if p.requires_grad]
+
+    def sequence_parallel_parameters(self, layers: Iterable[int]) -> list[nn.Parameter]:
+        """The trainable parameters of ``layers`` whose gradient each tensor-parallel rank holds only
+        for its own rows (sequence parallelism's norms, :func:`~mpipe_tune.runtime.tensor_parallel.is_sequence_parallel`)."""
+        return [p for p in self.trainable_parameters(layers) if is_sequence_parallel(p)]
 
     def is_routed_expert(self, layer: int, name: str) -> bool:
         """Whether parameter ``name`` of layer ``layer`` belongs to a routed expert sharded over an

@@ -161,13 +161,9 @@ def validate_runnable(view: PlanView, world_size: int | None = None, compute: st
     """What this runtime cannot run, as one-line errors, before any process group exists. Emulated
     compute runs every layout (its events sleep their predicted seconds, which charge what each degree
     costs; its reduces join their real groups); real compute runs pp x dp x cp x tp with expert
-    parallelism and the encoder's own tp (with the encoder inside one stage)."""
+    parallelism, sequence parallelism and the encoder's own tp (with the encoder inside one stage)."""
     c = view.candidate
     emulated = "; run it with --compute emulated" if compute == "real" else ""
-    if compute == "real" and c.sequence_parallel:
-        raise MpipeError(f"plan file {view.path} is planned with sequence parallelism, which the runtime's real "
-                         f"compute does not run yet (its tensor parallelism keeps whole sequences); re-plan without "
-                         f"--sequence-parallel{emulated}")
     if compute == "real" and c.encoder_tp is not None:
         inside = sorted({start for start in _slab_starts(view) if 0 < start < view.model.encoder_end})
         if inside:

@@ -58,15 +58,18 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
         dtype = DTYPES[job.dtype_for(view)]
         shard = None if mesh.ep_group is None else ExpertShard(
             mesh.ep_group, view.layout.expert_coordinates(ctx.rank)[2], view.layout.ep)
+        sequence_parallel = view.candidate.sequence_parallel and view.layout.tp > 1
+        shards = view.layout.tp if sequence_parallel else 1
         ring = None if mesh.cp_group is None else Ring(
             ContextSplit(view.layout.cp, mesh.cp_rank), mesh.cp_group, mesh.cp_neighbour(1), mesh.cp_neighbour(-1))
         stack = LayerStack.build(specs, planner.held_layers(rank), seed=job.seed, dtype=dtype, device=device,
                                  tp_mesh=mesh.tp_mesh, expert_shard=shard, encoder_tp_mesh=mesh.encoder_tp_mesh,
-                                 encoder_end=view.model.encoder_end, ring=ring)
+                                 encoder_end=view.model.encoder_end, ring=ring, sequence_parallel=sequence_parallel)
         compute = RealCompute(view, mesh, stack, seed=job.seed, dtype=dtype, device=device, lr=job.lr)
         context = None if ring is None else ring.split
         transport = Transport(view, rank, dtype=dtype, device=device, peer=mesh.peer, pairs=planner.rank_pairs(),
-                              shape_of=lambda v, t: output_shape(specs[t.boundary_layer], v.microbatches[t.mb], context))
+                              shape_of=lambda v, t: output_shape(specs[t.boundary_layer], v.microbatches[t.mb], context,
+                                                                 shards))
     else:
         planner = StepPlanner(view, modes, profile_spec=job.profile_spec)
         compute = EmulatedCompute(view, mesh, device)
