@@ -151,6 +151,23 @@ def run_plan_files(folder: Path, paths: dict, num_ranks: int, *, steps: int = 1,
     return jobs, dict(zip(jobs, results))
 
 
+def run_plan_cases(folder: Path, cases: dict, num_ranks: int, *, deadline_s: float = 240) -> tuple[dict, dict]:
+    """Plan every ``name: make_plan keyword arguments`` of ``cases`` and run them in one local launch
+    (:func:`run_plan_files`): name -> job, name -> result."""
+    paths = {name: make_plan(folder, **kwargs) for name, kwargs in cases.items()}
+    return run_plan_files(folder, paths, num_ranks, deadline_s=deadline_s)
+
+
+def assert_case_equals_reference(runs: tuple[dict, dict], name: str, case: dict, num_ranks: int) -> None:
+    """Case ``name`` (its ``make_plan`` keyword arguments ``case``) of :func:`run_plan_cases`'s ``runs``
+    against one process stepping through every replica's microbatches (tensor-parallel ranks share losses)."""
+    jobs, results = runs
+    dp, model = case.get("dp", 1), case.get("model_spec", TEST_MODEL)
+    assert_step_equals_reference(jobs[name].grads_dir, num_ranks, results[name]["summary"],
+                                 reference_of((), model, WORKLOAD.microbatches * dp), dp * len(WORKLOAD),
+                                 losses_shared=True, replica_atol=1e-12)
+
+
 def reference_of(frozen: tuple[str, ...], model_spec: str = TEST_MODEL, microbatches=WORKLOAD.microbatches):
     """The single-process reference step of ``model_spec`` with its ``frozen`` blocks frozen."""
     from mpipe_tune.runtime.blueprint import blueprint

@@ -14,31 +14,22 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_plans import (  # noqa: E402
-    FIRST_LLM, MLA_MOE_MODEL, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of,
-    run_plan_files,
-)
+from runtime_plans import FIRST_LLM, MLA_MOE_MODEL, assert_case_equals_reference, run_plan_cases  # noqa: E402
 
-CASES = {  # name -> (model, schedule, cut, pp, tp, dp, cp, ep)
-    "cp4 (a ring of four, empty chunks)": (TEST_MODEL, "1f1b", (), 1, 1, 1, 4, 1),
-    "pp2 x cp2, transpose,1f1b": (TEST_MODEL, "transpose,1f1b", (FIRST_LLM,), 2, 1, 1, 2, 1),
-    "cp2 x tp2 (MLA, MoE)": (MLA_MOE_MODEL, "1f1b", (), 1, 2, 1, 2, 1),
-    "dp2 x cp2, ep2 (MLA, MoE), zb1p": (MLA_MOE_MODEL, "zb1p", (), 1, 1, 2, 2, 2),
+CASES = {  # name -> make_plan's arguments
+    "cp4 (a ring of four, empty chunks)": dict(schedule="1f1b", cut=(), num_ranks=1, cp=4),
+    "pp2 x cp2, transpose,1f1b": dict(schedule="transpose,1f1b", cut=(FIRST_LLM,), num_ranks=2, cp=2),
+    "cp2 x tp2 (MLA, MoE)": dict(schedule="1f1b", cut=(), num_ranks=1, tp=2, cp=2, model_spec=MLA_MOE_MODEL),
+    "dp2 x cp2, ep2 (MLA, MoE), zb1p": dict(schedule="zb1p", cut=(), num_ranks=1, dp=2, cp=2, ep=2,
+                                            model_spec=MLA_MOE_MODEL),
 }
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("context-parallel")
-    paths = {name: make_plan(folder, schedule, cut, pp, model_spec=model, tp=tp, dp=dp, cp=cp, ep=ep)
-             for name, (model, schedule, cut, pp, tp, dp, cp, ep) in CASES.items()}
-    return run_plan_files(folder, paths, 4, deadline_s=240)
+    return run_plan_cases(tmp_path_factory.mktemp("context-parallel"), CASES, 4)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_loss_and_every_gradient_equal_the_single_process_step(runs, case):
-    jobs, results = runs
-    model, dp = CASES[case][0], CASES[case][5]
-    assert_step_equals_reference(jobs[case].grads_dir, 4, results[case]["summary"],
-                                 reference_of((), model, WORKLOAD.microbatches * dp), dp * len(WORKLOAD),
-                                 losses_shared=True, replica_atol=1e-12)
+    assert_case_equals_reference(runs, case, CASES[case], 4)

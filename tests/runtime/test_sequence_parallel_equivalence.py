@@ -16,31 +16,22 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_plans import (  # noqa: E402
-    FIRST_LLM, MLA_MOE_MODEL, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of,
-    run_plan_files,
-)
+from runtime_plans import FIRST_LLM, MLA_MOE_MODEL, assert_case_equals_reference, run_plan_cases  # noqa: E402
 
-CASES = {  # name -> (model, schedule, cut, pp, tp, dp, cp)
-    "tp2 x dp2, sp": (TEST_MODEL, "1f1b", (), 1, 2, 2, 1),
-    "pp2 x tp2, sp, transpose,1f1b": (TEST_MODEL, "transpose,1f1b", (FIRST_LLM,), 2, 2, 1, 1),
-    "pp2 x tp2, sp, 1f1b,1f1b cut between ViT blocks": (TEST_MODEL, "1f1b,1f1b", (2,), 2, 2, 1, 1),
-    "tp2 x cp2, sp (MLA, MoE)": (MLA_MOE_MODEL, "1f1b", (), 1, 2, 1, 2),
+SP = dict(tp=2, sequence_parallel=True)
+CASES = {  # name -> make_plan's arguments
+    "tp2 x dp2, sp": dict(schedule="1f1b", cut=(), num_ranks=1, dp=2, **SP),
+    "pp2 x tp2, sp, transpose,1f1b": dict(schedule="transpose,1f1b", cut=(FIRST_LLM,), num_ranks=2, **SP),
+    "pp2 x tp2, sp, 1f1b,1f1b cut between ViT blocks": dict(schedule="1f1b,1f1b", cut=(2,), num_ranks=2, **SP),
+    "tp2 x cp2, sp (MLA, MoE)": dict(schedule="1f1b", cut=(), num_ranks=1, cp=2, model_spec=MLA_MOE_MODEL, **SP),
 }
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sequence-parallel")
-    paths = {name: make_plan(folder, schedule, cut, pp, model_spec=model, tp=tp, dp=dp, cp=cp, sequence_parallel=True)
-             for name, (model, schedule, cut, pp, tp, dp, cp) in CASES.items()}
-    return run_plan_files(folder, paths, 4, deadline_s=240)
+    return run_plan_cases(tmp_path_factory.mktemp("sequence-parallel"), CASES, 4)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_loss_and_every_gradient_equal_the_single_process_step(runs, case):
-    jobs, results = runs
-    model, dp = CASES[case][0], CASES[case][5]
-    assert_step_equals_reference(jobs[case].grads_dir, 4, results[case]["summary"],
-                                 reference_of((), model, WORKLOAD.microbatches * dp), dp * len(WORKLOAD),
-                                 losses_shared=True, replica_atol=1e-12)
+    assert_case_equals_reference(runs, case, CASES[case], 4)
