@@ -68,6 +68,7 @@ from optuna.trial import TrialState
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.interrupt import StopRequest, stop_requests
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.cost.predictor import chooses_owners
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.space import SearchSpace
 from mpipe_tune.search.store import (check_file, check_study_size, check_trial_budget, claim_study, fault_of,
@@ -218,20 +219,24 @@ def run_search(
         raise MpipeError(f"--tolerance is {tolerance}, but it must be a share >= 0 and < 1, e.g. 0.01 for 1%")
     size = None
     bound = sampler == "bound" and not exhaustive
-    if bound and _count_up_to(space, ENUMERABLE_POINTS + 1) > ENUMERABLE_POINTS:
-        bound, sampler = False, "tpe"  # too large to enumerate: sample it
+    points = None  # the space's points, enumerated once where they are enumerated at all
+    if bound:
+        points = _points_up_to(space, ENUMERABLE_POINTS + 1)
+        if len(points) > ENUMERABLE_POINTS:
+            bound, sampler, points = False, "tpe", None  # too large to enumerate: sample it
     if bound:
         exhaustive = False
     elif exhaustive is None:
         exhaustive = _count_up_to(space, n_trials + 1) <= n_trials
     with stop_requests() as stop:
         run = _Run(space, evaluator, study, storage, timeout_s, start, progress, prune, on_trial, stop)
+        run.sync_every_s = sync_every_s
         run.seed_incumbent(seeds)
         try:
             if exhaustive:
                 size = run.exhaustive()
             elif bound:
-                size = run.exhaustive(tolerance, n_trials)
+                size = run.exhaustive(tolerance, n_trials, points)
             else:
                 run.sampled(n_trials, seed, sampler, refine, sync_every_s)
         except KeyboardInterrupt:  # a second Ctrl-C, or Ctrl-C where the first cannot be deferred
@@ -309,6 +314,16 @@ def _best_of(trials, evaluator: Evaluator) -> tuple[Evaluation | None, Evaluatio
     best_e = as_eval(best)
     # A trial slower than a seed was stored without a memory estimate (counted as fitting); its own peak decides.
     return (best_e if best_e is None or best_e.fits else None), as_eval(least)
+
+
+def _points_up_to(space: SearchSpace, limit: int) -> list[tuple[dict, Candidate]]:
+    """The space's first ``limit`` points (all of them when it has fewer)."""
+    points = []
+    for point in space.enumerate():
+        points.append(point)
+        if len(points) >= limit:
+            break
+    return points
 
 
 def _count_up_to(space: SearchSpace, limit: int) -> int:
@@ -411,6 +426,8 @@ class _Run:
         self.settled = 0
         self.space_size: int | None = None
         self.gap: float | None = None
+        self.sync_every_s = 10.0
+        """How often an enumeration reads the trials other workers stored (each read is a read of every trial)."""
 
     def seed_incumbent(self, seeds: Sequence[Evaluation]) -> None:
         """Start from the fastest of ``seeds`` that fits, where it beats the study's best."""
@@ -537,36 +554,50 @@ class _Run:
             "memory_excess_gib": e.memory_excess_bytes / _GIB, "uid": uid,
         }
 
-    def exhaustive(self, tolerance: float = 0.0, n_trials: int | None = None) -> int:
-        """Every point not yet in the study, in increasing bound order, until the next bound cannot beat the
-        best that fits by more than ``tolerance`` (0: exact), or the study holds ``n_trials``; returns the
-        space size. Sets :attr:`gap` and, when it stops early, :attr:`ending`."""
-        points = [(p, c) for p, c in self.space.enumerate()]
+    def exhaustive(self, tolerance: float = 0.0, n_trials: int | None = None,
+                   points: list[tuple[dict, Candidate]] | None = None) -> int:
+        """Every point not yet in the study (``points``: the space's, already enumerated), in increasing
+        bound order, until the next bound cannot beat the best that fits by more than ``tolerance`` (0:
+        exact), or the study holds ``n_trials``; returns the space size. Sets :attr:`gap` and, when it
+        stops early, :attr:`ending`.
+
+        The order is a heap of bounds: a point whose owners a per-step policy chooses (``greedy``,
+        ``optimal``) first enters with the bound of any owner map, and when it comes out on top its
+        policy's owners are found (:meth:`Evaluator.owner_bound`) and it goes back in with that tighter
+        bound; so the top of the heap always bounds every point still in it."""
+        points = list(self.space.enumerate()) if points is None else points
         todo = [(p, c) for p, c in points if c not in self.tried]
-        if self.prune:
-            todo.sort(key=lambda pc: self.evaluator.lower_bound(pc[1]))
+        bound = self.evaluator.lower_bound if self.prune else (lambda c: 0.0)
+        heap = [(bound(c), i, not (self.prune and chooses_owners(c))) for i, (_, c) in enumerate(todo)]
+        heapq.heapify(heap)
         self.open_bar(len(todo), "plan (exhaustive)" if n_trials is None else "plan (bound order)")
         self.start_writing(len(todo))
         self.gap, self.ending = 0.0, "enumerated"
         last_sync = time.perf_counter()
-        for index, (params, candidate) in enumerate(todo):
+        while heap:
+            low, index, refined = heap[0]
+            params, candidate = todo[index]
             full = n_trials is not None and len(self.stored) + self.new >= n_trials
             if self.must_stop() or full:
                 self.ending = "budget"
                 if self.incumbent is not None and self.prune:
-                    self.gap = max(0.0, 1 - self.evaluator.lower_bound(candidate) / self.incumbent)
+                    self.gap = max(0.0, 1 - low / self.incumbent)
                 break
-            if self.storage is not None and time.perf_counter() - last_sync > 1.0:
+            if self.storage is not None and time.perf_counter() - last_sync > self.sync_every_s:
                 last_sync = time.perf_counter()  # another worker may have stored this point meanwhile
                 self.absorb_others()
             if candidate in self.tried:
+                heapq.heappop(heap)
                 continue
-            if (self.prune and self.incumbent is not None
-                    and self.evaluator.lower_bound(candidate) * (1 + tolerance) > self.incumbent * (1 + _PRUNE_MARGIN)):
-                self.bounded += len(todo) - index  # sorted by bound: every later point loses too (or by < tolerance)
-                self.gap = max(0.0, 1 - self.evaluator.lower_bound(candidate) / self.incumbent)
+            if self.prune and self.incumbent is not None and low * (1 + tolerance) > self.incumbent * (1 + _PRUNE_MARGIN):
+                self.bounded += len(heap)  # the least bound of the rest loses too (or by < tolerance)
+                self.gap = max(0.0, 1 - low / self.incumbent)
                 self.ending = "bound" if self.gap > 0 else "enumerated"
                 break
+            if not refined:  # its policy's owners: a tighter bound, and back into the heap
+                heapq.heapreplace(heap, (max(low, self.evaluator.owner_bound(candidate)), index, True))
+                continue
+            heapq.heappop(heap)
             e = self.evaluate(candidate)
             if not e.exact:  # its static memory alone is over capacity
                 continue

@@ -26,7 +26,7 @@ import numpy as np
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.derive import rank_slabs
 from mpipe_tune.algebra.encoder_backward import COOLDOWN, OPTIMISED, EncoderBackward
-from mpipe_tune.algebra.placement import balanced_counts
+from mpipe_tune.algebra.placement import balanced_counts, round_robin
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import TableSums, table_sums
@@ -35,6 +35,7 @@ from mpipe_tune.cost.memory import static_bytes_of
 from mpipe_tune.cost.owners import OwnerChoice
 from mpipe_tune.cost.predictor import Prediction, Predictor, chooses_owners, layer_weights
 from mpipe_tune.inputs.workload import Workload
+from mpipe_tune.search.bounds import BoundSums, SlabIndex, step_bounds
 from mpipe_tune.search.problem import Problem
 
 
@@ -106,6 +107,10 @@ class Evaluator:
         self._results: dict[Candidate, Evaluation] = {}
         self._predictions: dict[tuple[Candidate, int], tuple[Prediction, Workload]] = {}
         self._bounds: dict = {}
+        self._sums: dict[tuple, BoundSums] = {}
+        self._slab_index: dict[tuple, SlabIndex] = {}
+        self._owned: dict[tuple, np.ndarray] = {}
+        self._slabs: dict[tuple, tuple[tuple[int, ...], ...]] = {}
 
     @property
     def num_evaluated(self) -> int:
@@ -143,7 +148,7 @@ class Evaluator:
 
     def expected_layer_weights(self, c: Candidate) -> tuple[float, ...]:
         """Per layer, expected forward + backward seconds over all sampled steps."""
-        key = c.setting
+        key = replace(c, zero_stage=1).setting  # as the layer tables: the ZeRO stage does not enter
         if key not in self._weights:
             per_sample = [layer_weights(self.problem.model, self.table(k, c)[1]) for k in range(self.problem.samples)]
             self._weights[key] = tuple(float(w) for w in np.mean(per_sample, axis=0))
@@ -153,13 +158,16 @@ class Evaluator:
         """The candidate's slabs: given, or the balanced partition of each Sharded region."""
         if c.slab_counts is not None:
             return c.slab_counts
-        cut, schedule = c.parsed()
-        weights = self.expected_layer_weights(c)
-        regions = cut.regions(self.problem.model.num_layers)
-        return tuple(
-            balanced_counts(weights[start:stop], c.pp)
-            for (start, stop), layout in zip(regions, schedule.layouts()) if layout is Layout.SHARDED
-        )
+        key = (c.schedule, c.cut, c.pp, replace(c, zero_stage=1).setting)
+        if key not in self._slabs:
+            cut, schedule = c.parsed()
+            weights = self.expected_layer_weights(c)
+            regions = cut.regions(self.problem.model.num_layers)
+            self._slabs[key] = tuple(
+                balanced_counts(weights[start:stop], c.pp)
+                for (start, stop), layout in zip(regions, schedule.layouts()) if layout is Layout.SHARDED
+            )
+        return self._slabs[key]
 
     # ------------------------------------------------------------------------- evaluation
 
@@ -222,47 +230,53 @@ class Evaluator:
 
     def lower_bounds(self, c: Candidate) -> list[float]:
         """Per sampled step, a lower bound on ``c``'s step time from the layer table alone (no
-        derive, no order), a hundred times cheaper than evaluating it.
+        derive, no order; :mod:`~mpipe_tune.search.bounds`), a hundred times cheaper than evaluating it.
+        The owners count where they are known before the step (round-robin, or a given map)."""
+        owners = _static_owners(c)
+        key = (_bound_key(c), owners, _forward_only(c))
+        if key not in self._bounds:
+            stacked = None if owners is None else np.array([owners] * self.problem.samples)
+            self._bounds[key] = self._step_bounds(c, stacked)
+        return self._bounds[key]
 
-        Rank ``r`` runs all its backbone work ``W_r`` serially; its first forward waits
-        for microbatch 0's forwards on ranks ``< r`` (first Sharded region), and after its last
-        backward (microbatch ``M-1``'s, first Sharded region, in every program) those ranks still
-        run theirs; and all the work, encodes included, shares ``P`` ranks. Transfers and reduces
-        only add time, so ``max(max_r fill_r + W_r + drain_r, total / P)`` bounds the makespan. A split
-        backward (the zero-bubble skeletons) may run weight gradients after that last backward, so
-        there ``drain_r`` is left out.
-        """
-        # Neither the owners, nor the encoder backwards' placement, nor the ZeRO stage enters the bound.
-        key = replace(c, label="", owner_policy=None, encoder_backward=COOLDOWN, encoder_backward_slots=None,
-                      encoder_backward_ranks=None, zero_stage=1)
-        if key in self._bounds:
-            return self._bounds[key]
-        slabs = self.slab_counts(c)
-        cut, schedule = c.parsed()
-        regions = [r for r, layout in zip(cut.regions(self.problem.model.num_layers), schedule.layouts())
-                   if layout is Layout.SHARDED]
-        # Per Sharded region, the position in layer order of each rank's slab (zbv's second region: reversed).
-        position = [np.argsort(np.argsort([lo for lo, _ in rank_slabs(schedule, chunk, start, counts)]))
-                    for chunk, ((start, _), counts) in enumerate(zip(regions, slabs))]
-        split = any(s.splits_backward for s in schedule.skeletons)
-        bounds = []
-        for sample in range(self.problem.samples):
-            _, table = self.table(sample, c)
-            fwd, bwd = table.fwd_s, table.backward_s(self.problem.model)
-            work = fwd.sum(axis=1) + bwd.sum(axis=1)  # per layer, over the step's microbatches
-            busy = np.zeros(c.pp)
-            for (start, _), counts, at in zip(regions, slabs, position):
-                edges = start + np.concatenate(([0], np.cumsum(counts)))
-                busy += np.add.reduceat(work[start:edges[-1]], edges[:-1] - start)[at]
-            start, counts = regions[0][0], slabs[0]
-            edges = start + np.concatenate(([0], np.cumsum(counts)))
-            first = np.add.reduceat(fwd[start:edges[-1], 0], edges[:-1] - start)
-            last = np.add.reduceat(bwd[start:edges[-1], -1], edges[:-1] - start) * (not split)
-            chain = np.concatenate(([0.0], np.cumsum(first + last)[:-1]))
-            total = work.sum()
-            bounds.append(max(float((chain + busy).max()), float(total) / c.pp))
-        self._bounds[key] = bounds
-        return bounds
+    def owner_bounds(self, c: Candidate) -> list[float]:
+        """:meth:`lower_bounds` with the owners ``c``'s policy chooses on each step, where it chooses
+        them per step (``greedy``, ``optimal``): tighter, but it costs the round-robin re-timing of
+        ``c``'s plan that the policy reads its slack from (which evaluating ``c`` needs anyway)."""
+        if not chooses_owners(c) or c.owner_map is not None:
+            return self.lower_bounds(c)
+        key = (_bound_key(c), c.owner_policy, _forward_only(c))
+        if key not in self._bounds:
+            owners = np.array([self.owners(c, k) for k in range(self.problem.samples)])
+            self._bounds[key] = [max(a, b) for a, b in zip(self._step_bounds(c, owners), self.lower_bounds(c))]
+        return self._bounds[key]
+
+    def owner_bound(self, c: Candidate) -> float:
+        """Mean over the sampled steps of :meth:`owner_bounds`."""
+        return float(np.mean(self.owner_bounds(c)))
+
+    def _step_bounds(self, c: Candidate, owners: np.ndarray | None) -> list[float]:
+        sums = self._bound_sums(c)
+        index_key = (c.schedule, c.cut, c.pp, self.slab_counts(c))
+        index = self._slab_index.get(index_key)
+        if index is None:
+            cut, schedule = c.parsed()
+            index = SlabIndex.of(schedule, cut.regions(self.problem.model.num_layers), index_key[-1])
+            self._slab_index[index_key] = index
+        owned = None
+        if owners is not None and index.replicated:
+            owned_key = (id(sums), index.replicated, _forward_only(c))
+            if owned_key not in self._owned:
+                self._owned[owned_key] = sums.owned_work(index.replicated, _forward_only(c))
+            owned = self._owned[owned_key]
+        return [float(b) for b in step_bounds(sums, index, c.pp, owned, owners)]
+
+    def _bound_sums(self, c: Candidate) -> BoundSums:
+        key = replace(c, zero_stage=1).setting
+        if key not in self._sums:
+            tables = [self.table(k, c)[1] for k in range(self.problem.samples)]
+            self._sums[key] = BoundSums.of([t.fwd_s for t in tables], [t.backward_s(self.problem.model) for t in tables])
+        return self._sums[key]
 
     def owners(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
         """The transposed region's owner map of ``c`` on step ``sample`` (None without a transpose)."""
@@ -353,3 +367,25 @@ class Evaluator:
         )
         self._steps[key] = result
         return result
+
+
+def _bound_key(c: Candidate) -> Candidate:
+    """``c`` without what no lower bound reads: the owners, the encoder backwards' placement, the ZeRO stage."""
+    return replace(c, label="", owner_policy=None, owner_map=None, encoder_backward=COOLDOWN,
+                   encoder_backward_slots=None, encoder_backward_ranks=None, zero_stage=1)
+
+
+def _static_owners(c: Candidate) -> tuple[int, ...] | None:
+    """The transposed regions' owner map of ``c`` where it is known before the step: a given map, or
+    round-robin (None: no transposed region, or a per-step policy)."""
+    if not c.has_transpose:
+        return None
+    if c.owner_map is not None:
+        return tuple(c.owner_map)
+    return None if chooses_owners(c) else round_robin(c.num_microbatches, c.pp)
+
+
+def _forward_only(c: Candidate) -> bool:
+    """Whether an owned encoder backward of ``c`` may run off its owner (full recomputation, placed off
+    the cooldown): then only the owned forwards are certain to run on the owner."""
+    return c.recompute is True and (c.encoder_backward != COOLDOWN or c.encoder_backward_ranks is not None)

@@ -121,12 +121,40 @@ def test_the_lower_bound_never_exceeds_the_prediction():
             e = evaluator.evaluate(c)
             bounds = evaluator.lower_bounds(c)
             assert all(b <= m * (1 + 1e-12) for b, m in zip(bounds, e.makespans_s)), c
+            assert all(b <= m * (1 + 1e-12) for b, m in zip(evaluator.owner_bounds(c), e.makespans_s)), c
             assert evaluator.static_peak_bytes(c) <= e.peak_bytes
             ratios.append(evaluator.lower_bound(c) / e.mean_s)
         assert np.median(ratios) > 0.5  # and it is not trivially loose
     bounded = evaluator.bounded(c)
     assert not bounded.exact and bounded.mean_s == evaluator.lower_bound(c)
     assert bounded.peak_bytes == evaluator.static_peak_bytes(c) > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_lower_bounds_hold_on_random_points_with_every_knob_searched(seed):
+    """Recomputation (full and selective), ZeRO, sequence and context parallelism, the encoder's own tp,
+    every encoder backward placement, interior transposes and every owner policy: on random points the
+    bound (and the bound with the policy's owners) never exceeds the prediction, and the owners known
+    before the step (round-robin) tighten it on some."""
+    from mpipe_tune.search import SearchSpace, SpaceOptions
+
+    problem = Problem(load_model("tiny-vit-llm"), load_profile("h100-sxm"), 8, 16, mix="image-heavy", num_samples=2,
+                      seed=seed)
+    evaluator = Evaluator(problem)
+    options = SpaceOptions(recompute=(False, "selective", True), zero=(0, 1), sequence_parallel=(False, True),
+                           cp=(1, 2), encoder_tp=True, encoder_backward=("cooldown", "earliest", "optimised"),
+                           interior_transpose=True, skeletons=("1f1b", "gpipe", "zb1p"))
+    points = [c for _, c in SearchSpace(problem, evaluator.reference_weights(), options).enumerate()]
+    rng = np.random.default_rng(seed)
+    tighter = 0
+    for i in rng.choice(len(points), size=60, replace=False):
+        c = points[i]
+        e = evaluator.evaluate(c, memory=False)
+        for bounds in (evaluator.lower_bounds(c), evaluator.owner_bounds(c)):
+            assert all(b <= m * (1 + 1e-12) for b, m in zip(bounds, e.makespans_s)), c
+        if c.has_transpose and c.owner_policy == "round-robin":
+            tighter += evaluator.lower_bound(c) > evaluator.lower_bound(replace(c, owner_policy="greedy"))
+    assert tighter > 0
 
 
 def test_the_lower_bound_and_static_memory_hold_for_zero_bubble_plans():

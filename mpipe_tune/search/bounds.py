@@ -1,0 +1,107 @@
+"""Step-time lower bounds from the layer tables alone (no derive, no order): what the bound search sorts by.
+
+Per sampled step, with ``W_r`` the backbone work (forward and backward seconds of every microbatch) of
+rank ``r``'s slabs of the Sharded regions:
+
+- rank ``r``'s first forward waits for microbatch 0's forwards on ranks ``< r`` (first Sharded region),
+  and after its last backward (microbatch ``M-1``'s, first Sharded region) those ranks still run theirs:
+  ``fill_r + W_r + drain_r`` (a split backward, the zero-bubble skeletons', may run weight gradients
+  after that last backward: there ``drain_r`` is left out);
+- all the work, encodes included, shares the ``P`` ranks: ``total / P``;
+- where the transposed regions' owner map is known before the step (round-robin, or a given map; and,
+  once asked for, a per-step policy's map: :meth:`~mpipe_tune.search.evaluate.Evaluator.owner_bounds`),
+  rank ``r`` also runs the forwards and backwards of the microbatches it owns: ``W_r + E_r``. Under full
+  recomputation an encoder backward placed off the cooldown may run on another rank, so there only the
+  owned forwards count.
+
+Transfers, reduces and the optimizer update only add time, so the largest of these bounds the makespan.
+The sums are prefix sums over layers, stacked over the sampled steps, so that one point's bound is a
+few array operations for all its steps at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpipe_tune.algebra.derive import rank_slabs
+from mpipe_tune.algebra.schedule import Layout, Schedule
+
+
+@dataclass(frozen=True)
+class BoundSums:
+    """One setting's layer tables over the sampled steps, as prefix sums over layers (axis 1)."""
+
+    work: np.ndarray
+    """(steps, layers + 1): forward and backward seconds of every microbatch of layers ``[0, l)``."""
+    first: np.ndarray
+    """(steps, layers + 1): microbatch 0's forward seconds of layers ``[0, l)``."""
+    last: np.ndarray
+    """(steps, layers + 1): microbatch ``M-1``'s backward seconds of layers ``[0, l)``."""
+    fwd_s: tuple[np.ndarray, ...]
+    """Per step, the table's (layers, microbatches) forward seconds (the owned work's source)."""
+    bwd_s: tuple[np.ndarray, ...]
+    """Per step, the table's (layers, microbatches) backward seconds."""
+
+    @classmethod
+    def of(cls, fwd_s: Sequence[np.ndarray], bwd_s: Sequence[np.ndarray]) -> BoundSums:
+        def prefix(rows: list[np.ndarray]) -> np.ndarray:
+            stacked = np.stack(rows)
+            return np.concatenate((np.zeros((len(rows), 1)), np.cumsum(stacked, axis=1)), axis=1)
+
+        return cls(prefix([f.sum(axis=1) + b.sum(axis=1) for f, b in zip(fwd_s, bwd_s)]),
+                   prefix([f[:, 0] for f in fwd_s]), prefix([b[:, -1] for b in bwd_s]), tuple(fwd_s), tuple(bwd_s))
+
+    def owned_work(self, regions: Sequence[tuple[int, int]], forward_only: bool) -> np.ndarray:
+        """(steps, microbatches): the seconds of each microbatch's events in the transposed ``regions``
+        (forwards, and backwards unless ``forward_only``)."""
+        out = 0.0
+        for start, stop in regions:
+            out = out + np.stack([f[start:stop].sum(axis=0) for f in self.fwd_s])
+            if not forward_only:
+                out = out + np.stack([b[start:stop].sum(axis=0) for b in self.bwd_s])
+        return out
+
+
+@dataclass(frozen=True)
+class SlabIndex:
+    """Where a plan's ranks hold their slabs, as prefix-sum indices: per Sharded region (rows) and rank
+    (columns) the slab's first layer and the layer after its last."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    replicated: tuple[tuple[int, int], ...]
+    """The transposed (Replicated) regions' layer ranges."""
+    split: bool
+    """A split backward (weight gradients may run after the last backward)."""
+
+    @classmethod
+    def of(cls, schedule: Schedule, regions: Sequence[tuple[int, int]],
+           slab_counts: Sequence[Sequence[int]]) -> SlabIndex:
+        sharded = [r for r, layout in zip(regions, schedule.layouts()) if layout is Layout.SHARDED]
+        slabs = [rank_slabs(schedule, chunk, start, counts)
+                 for chunk, ((start, _), counts) in enumerate(zip(sharded, slab_counts))]
+        replicated = tuple(r for r, layout in zip(regions, schedule.layouts()) if layout is Layout.REPLICATED)
+        return cls(np.array([[lo for lo, _ in s] for s in slabs]), np.array([[hi for _, hi in s] for s in slabs]),
+                   replicated, any(s.splits_backward for s in schedule.skeletons))
+
+
+def step_bounds(sums: BoundSums, index: SlabIndex, pp: int, owned: np.ndarray | None = None,
+                owners: np.ndarray | None = None) -> np.ndarray:
+    """Per sampled step, a lower bound on the step time (see the module docstring). ``owned``: the
+    (steps, microbatches) work of the transposed regions and ``owners`` the (steps, microbatches) rank of
+    each microbatch, where the owner map is known."""
+    busy = (sums.work[:, index.hi] - sums.work[:, index.lo]).sum(axis=1)  # (steps, ranks)
+    lo, hi = index.lo[0], index.hi[0]
+    step = sums.first[:, hi] - sums.first[:, lo]
+    if not index.split:
+        step = step + sums.last[:, hi] - sums.last[:, lo]
+    chain = np.cumsum(step, axis=1) - step  # what runs on the ranks before r, first region
+    bound = np.maximum((chain + busy).max(axis=1), sums.work[:, -1] / pp)
+    if owned is not None and owners is not None:
+        for s in range(len(bound)):
+            loads = busy[s] + np.bincount(owners[s], weights=owned[s], minlength=pp)
+            bound[s] = max(bound[s], loads.max())
+    return bound
