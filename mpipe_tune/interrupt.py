@@ -18,6 +18,10 @@ CLI says after "interrupted", and the exit code is 130 either way. A Ctrl-C that
 safe point lets the command finish, and the CLI says it came too late. :func:`stop_requests` blocks
 inside such a command share its request.
 
+Where a command starts processes that share the terminal (ranks, link workers), :func:`at_once` makes
+the first Ctrl-C stop it at once, with them; entering it is a safe point. :func:`skip` is a safe point
+before optional work that a Ctrl-C leaves out (the command then finishes the rest).
+
 **Tests.** ``MPIPE_TUNE_SIGINT_AT=NAME[:N][,NAME[:N]...]`` makes the process send itself SIGINT the N-th
 time (default the first) it reaches :func:`mark` or :func:`phase` ``NAME``: an interrupt at a controlled
 point, not after a sleep.
@@ -95,7 +99,11 @@ def sigint_handled_by(handler) -> Iterator[None]:
 def at_once() -> Iterator[None]:
     """Inside, Ctrl-C stops at once (KeyboardInterrupt), even inside a command: for a launch of rank
     processes, which share the terminal's process group and are interrupted by the same Ctrl-C, so there
-    is no later safe point to wait for. A SIGINT the process ignores stays ignored."""
+    is no later safe point to wait for. Entering is a safe point: a Ctrl-C that came before (while the
+    command checked its inputs) stops the command here, before anything starts. A SIGINT the process
+    ignores stays ignored."""
+    if _command is not None and _command.stopping:
+        raise KeyboardInterrupt
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield
         return
@@ -170,6 +178,17 @@ def phase(name: str) -> None:
         raise KeyboardInterrupt
 
 
+def skip(name: str) -> bool:
+    """A safe point before the running command's optional work ``name`` (pictures after a benchmark's
+    rounds): True when a Ctrl-C asks the command to stop, which then leaves that work out and goes on to
+    its end (the request is served; the command says what it left out and exits 130)."""
+    mark(name)
+    if _command is not None and _command.stopping and not _command.forced:
+        _command.consume()
+        return True
+    return False
+
+
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """Every Ctrl-C inside waits until the block is done; then one that came stops at once, as a second
@@ -193,11 +212,26 @@ def held() -> Iterator[None]:
 
 @contextlib.contextmanager
 def sigint_blocked() -> Iterator[None]:
-    """SIGINT blocked in this thread inside the block (delivered when it ends): a child process started
-    here inherits the mask, so a terminal's Ctrl-C cannot end it while it starts, and this process keeps
-    its own handler for it."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    """SIGINT blocked in this thread inside the block, and on the main thread held back from Python's
+    handler too (a signal the C level caught just before the block would otherwise raise inside it):
+    a child process started here inherits the mask, so a terminal's Ctrl-C cannot end it while it
+    starts, nor cut this process's start of it in the middle (a child forked but not yet known by its
+    pid cannot be stopped). A Ctrl-C that came meanwhile goes to this process's handler after the
+    block.
+
+    multiprocessing's resource tracker, which its first child process starts, unblocks SIGINT in this
+    thread once it has started (its own start is protected so), which would let the child after it
+    start unprotected: it is started here first."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    arrived: list[int] = []
+    with sigint_handled_by(lambda signum, frame: arrived.append(signum)):
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # one that waited is delivered now
+    handler = signal.getsignal(signal.SIGINT)
+    if arrived and callable(handler):
+        handler(signal.SIGINT, None)

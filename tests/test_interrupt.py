@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,129 @@ def test_held_defers_ctrl_c_to_the_end_of_the_block():
             ctrl_c()
             done.append("renamed")
     assert done == ["renamed"]
+
+
+def test_sigint_blocked_hands_a_ctrl_c_that_came_inside_to_the_handler_after_the_block():
+    from mpipe_tune.interrupt import sigint_blocked
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with sigint_blocked():
+            ctrl_c()  # as one arriving while a child process starts: it must not cut the start in the middle
+            done.append("started")
+    assert done == ["started"]
+    with stop_requests() as stop, sigint_blocked():
+        ctrl_c()
+    assert stop.requested and not stop.forced  # inside a loop's block the first is still a request
+
+
+# ------------------------------------------------------------------------------------- Ctrl-C in profile
+
+def profile_interrupted_at(tmp_path, points: str):
+    """A ``--quick`` CPU profile with SIGINT sent to itself at the named points: exit code, stderr, and
+    whether the profile file exists (nothing else may be left in the folder)."""
+    out = tmp_path / "p.json"
+    env = {**os.environ, "MPIPE_TUNE_SIGINT_AT": points}
+    done = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "profile", "--device", "cpu", "--nproc", "2", "--quick",
+                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert {p.name for p in tmp_path.iterdir()} <= {"p.json"}, list(tmp_path.iterdir())  # no temporary file
+    return done.returncode, done.stderr, out.exists()
+
+
+@pytest.mark.parametrize("point, at_once", [("measure:2", False),  # in the roofline: at its next step
+                                            ("links", False),      # before the link workers start
+                                            ("link:3", True),      # while they run: at once, with them
+                                            ("write,write", False)])  # a second Ctrl-C as the file is written
+def test_ctrl_c_in_profile_stops_with_no_profile_written(tmp_path, point, at_once):
+    pytest.importorskip("torch")
+    code, err, written = profile_interrupted_at(tmp_path, point)
+    assert code == 130 and not written, err
+    assert ("stopping at the next safe point" in err) != at_once, err
+    assert err.strip().splitlines()[-1] == ("mpipe-tune profile: interrupted; no profile written (it needs every "
+                                            "measurement); rerun the command to measure again"), err
+
+
+def test_ctrl_c_as_profile_writes_lets_the_file_be_written_whole(tmp_path):
+    pytest.importorskip("torch")
+    from mpipe_tune.cost.profile import load_profile
+
+    code, err, written = profile_interrupted_at(tmp_path, "write")
+    assert code == 130 and written and "interrupted too late to stop: the command finished" in err, err
+    assert f"{tmp_path / 'p.json'} written" in err
+    assert load_profile(tmp_path / "p.json").name == "p"
+
+
+# ------------------------------------------------------------------ Ctrl-C in export, workload, report, run, bench
+
+def cli_interrupted_at(monkeypatch, capsys, points: str, *args: str):
+    """``main(args)`` in this process with SIGINT sent at the named points: exit code, stdout, stderr."""
+    from mpipe_tune.cli import main
+
+    monkeypatch.setenv("MPIPE_TUNE_SIGINT_AT", points)
+    code = main(list(args))
+    monkeypatch.delenv("MPIPE_TUNE_SIGINT_AT")
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    from mpipe_tune.cli import main
+
+    folder = tmp_path_factory.mktemp("interrupt-plan")
+    assert main(["plan", "--devices", "4", "--global-batch", "8", "--samples", "1", "--trials", "6", "--no-progress",
+                 "--storage", f"sqlite:///{folder / 'study.db'}", "--out", str(folder / "plan.json")]) == 0
+    return folder / "plan.json"
+
+
+def test_ctrl_c_in_export_writes_both_files_or_neither(plan_file, tmp_path, monkeypatch, capsys):
+    args = ["export", str(plan_file), "--to", "torchtitan", "--plan", "megatron", "--out", str(tmp_path / "job.toml")]
+    for points in ("writing", "write,write", "write:2,write:2"):  # before, at the first file, at the second
+        code, _, err = cli_interrupted_at(monkeypatch, capsys, points, *args)
+        assert code == 130 and err.strip().splitlines()[-1] == "mpipe-tune export: interrupted; nothing written", err
+        assert not list(tmp_path.iterdir()), points
+    code, out, err = cli_interrupted_at(monkeypatch, capsys, "write:2", *args)  # a first one as they are written
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert code == 130 and len(written) == 2 and "job.toml" in written, written
+    assert "interrupted too late to stop: the command finished" in err and "job.toml" in err and "written" in out
+
+
+def test_ctrl_c_in_workload_and_report_leaves_no_picture_or_page(plan_file, tmp_path, monkeypatch, capsys):
+    llava = Path(__file__).parent / "fixtures" / "llava" / "llava-mini.json"
+    code, _, err = cli_interrupted_at(monkeypatch, capsys, "writing", "workload", str(llava), "--model",
+                                      "qwen2vl-vit-qwen2-7b", "--plot", str(tmp_path / "w.png"))
+    assert code == 130 and "mpipe-tune workload: interrupted; nothing written" in err, err
+    code, _, err = cli_interrupted_at(monkeypatch, capsys, "writing", "report", str(plan_file), "--html",
+                                      str(tmp_path / "r.html"))
+    assert code == 130 and "mpipe-tune report: interrupted; nothing written" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_ctrl_c_before_run_launches_starts_no_rank_and_one_after_it_keeps_the_result(plan_file, tmp_path,
+                                                                                     monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from mpipe_tune.runtime import launch
+
+    started = []
+    monkeypatch.setattr(launch, "launch_local", lambda *a, **k: started.append(a))
+    trace = tmp_path / "trace.json"
+    code, out, err = cli_interrupted_at(monkeypatch, capsys, "launch", "run", str(plan_file), "--compute", "emulated",
+                                        "--steps", "1", "--trace", str(trace))
+    assert code == 130 and not started and err.strip().splitlines()[-1] == "mpipe-tune run: interrupted; no rank was started"
+    assert not trace.exists()
+    monkeypatch.undo()
+    code, out, err = cli_interrupted_at(monkeypatch, capsys, "trace", "run", str(plan_file), "--compute", "emulated",
+                                        "--steps", "1", "--trace", str(trace), "--no-progress")
+    assert code == 130 and "measured step time" in out and not trace.exists(), err
+    assert "the run finished and its result is printed, the trace" in err
+
+
+def test_ctrl_c_after_bench_s_rounds_prints_them_and_draws_no_timeline(plan_file, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    code, out, err = cli_interrupted_at(monkeypatch, capsys, "timelines", "bench", str(plan_file), "--compute",
+                                        "emulated", "--rounds", "1", "--steps", "1", "--plans", "best",
+                                        "--gantt", str(tmp_path))
+    assert code == 130 and "best" in out and not list(tmp_path.iterdir()), err
+    assert "every round's result is printed, the measured timelines were not drawn" in err

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with command_interrupts(args.command) as stop:
             code = args.handler.take_action(args)
-        if stop.requested and not stop.consumed:  # it came after the last point where the command could stop
+        if stop.requested and not stop.consumed and code != 130:  # after the command's last safe point (130: it said so)
             print(f"mpipe-tune {args.command}: interrupted too late to stop: the command finished"
                   + "".join(f"; {kept}" for kept in stop.kept), file=sys.stderr)
             return 130

@@ -49,6 +49,7 @@ class Bench(Command):
         from mpipe_tune.report.bench import bench_plans, bench_record, format_bench, progress_line, round_robin, validate_rounds
         from mpipe_tune.plan_file import read_plan
         from mpipe_tune.runtime.job import RunJob
+        from mpipe_tune.interrupt import skip
         from mpipe_tune.runtime.session import run_session
 
         validate_rounds(args.rounds)
@@ -80,14 +81,19 @@ class Bench(Command):
             return session.exit_code
         out = bench_record([r["summary"] for r in session.results], names, args.rounds, plan_file=args.plan,
                            compute=args.compute, device=args.device, steps=args.steps)
-        if args.gantt:
+        left_out = bool(args.gantt) and skip("timelines")  # a Ctrl-C after the rounds: the table, no pictures
+        if args.gantt and not left_out:
             _draw_measured(file, runs, session.results, out, Path(args.gantt))
         if args.json:
             print(json.dumps(out, indent=2))
         else:
             print(format_bench(out))
-            if args.gantt:
+            if args.gantt and not left_out:
                 print(f"\nmeasured timelines written to {args.gantt}/<plan>.png")
+        if left_out:
+            print(f"mpipe-tune bench: interrupted; every round's result is printed, the measured timelines were not "
+                  f"drawn", file=sys.stderr)
+            return 130
         return session.exit_code
 
 

@@ -18,6 +18,7 @@ class Export(Command):
     """The ``export`` subcommand."""
 
     name = "export"
+    after_interrupt = "nothing written"
     help = "write a plan in torch pipelining CSV, torchtitan TOML, Megatron-LM, hyper-parallel or MindSpeed-MM form"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -179,7 +179,6 @@ class Plan(Command):
     def take_action(self, args):
         from mpipe_tune.outputs.frames import to_csv_text
         from mpipe_tune.outputs.files import validate_out_path, write_together
-        from mpipe_tune.interrupt import keep, phase
         from mpipe_tune.plan_file import PlanInputs, dump_plan
         from mpipe_tune.report.plan_outcome import draw_evaluation, outcome_record
         from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE
@@ -232,9 +231,7 @@ class Plan(Command):
         if args.gantt_baseline:
             outputs.append((args.gantt_baseline, lambda tmp: draw_evaluation(evaluator, reference, tmp,
                                                                              "Megatron-style <1f1b>")))
-        phase("writing")
-        write_together(outputs)
-        keep(f"{args.out} written")
+        write_together(outputs)  # its first step is the last safe point for Ctrl-C; says what it wrote after one
         if args.json:
             print(json.dumps({**summary, "plan_file": args.out}, indent=2))
         else:

@@ -10,6 +10,7 @@ from mpipe_tune.cli.command import Command
 
 class Predict(Command):
     name = "predict"
+    after_interrupt = "nothing written"
     help = "predict the step time of one schedule (makespan, bubbles, spill, memory)"
 
     def add_arguments(self, parser):

@@ -18,6 +18,7 @@ class Profile(Command):
 
     name = "profile"
     help = "measure peak FLOP/s, memory bandwidth and alpha-beta links of this host into a profile JSON"
+    after_interrupt = "no profile written (it needs every measurement); rerun the command to measure again"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--device", required=True, help="device to measure: cpu, cuda or npu")
@@ -51,6 +52,7 @@ class Profile(Command):
         from tqdm import tqdm
 
         from mpipe_tune.cost.profile import dump_profile, load_profile
+        from mpipe_tune.interrupt import phase
         from mpipe_tune.profiler.build import assemble_profile, count_steps, profile_device
         from mpipe_tune.profiler.settings import sweep_settings
 
@@ -61,6 +63,7 @@ class Profile(Command):
             def progress(label: str) -> None:
                 bar.set_postfix_str(label, refresh=False)
                 bar.update()
+                phase("measure")  # a safe point: a first Ctrl-C during the roofline stops here
 
             measurements = profile_device(device, args.nproc, dtypes, quick=args.quick, progress=progress,
                                           calibration=calibration)
@@ -75,6 +78,7 @@ def profile_across_nodes(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from mpipe_tune.cost.profile import dump_profile, load_profile
+    from mpipe_tune.interrupt import at_once, phase
     from mpipe_tune.profiler.build import merge_link_classes
     from mpipe_tune.profiler.device import import_torch
     from mpipe_tune.profiler.links import LINK_COLLECTIVES
@@ -103,7 +107,9 @@ def profile_across_nodes(args: argparse.Namespace) -> int:
             bar.set_postfix_str(label, refresh=False)
             bar.update()
 
-        layout, sweeps = measure_link_classes(args.device, place, settings, progress)
+        phase("links")
+        with at_once():  # every rank gets a terminal's Ctrl-C, and one rank cannot stop alone at a later point
+            layout, sweeps = measure_link_classes(args.device, place, settings, progress)
     if place.rank != 0:
         return 0
     name = args.name if args.name is not None else out.stem

@@ -9,6 +9,7 @@ from mpipe_tune.cli.command import Command
 
 class Report(Command):
     name = "report"
+    after_interrupt = "nothing written"
     help = ("a plan file as one self-contained HTML page: the comparison table, every stored plan's timeline on a "
             "shared time axis, memory per rank, the study's trials")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from mpipe_tune.cli.command import Command
 
@@ -17,6 +18,7 @@ class Run(Command):
     """The ``run`` subcommand."""
 
     name = "run"
+    after_interrupt = "no rank was started"
     help = "run a plan file on local ranks (or under torchrun) and compare the step time with the prediction"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -46,6 +48,7 @@ class Run(Command):
         parser.add_argument("--no-progress", action="store_true", help="no line on stderr as each step finishes")
 
     def take_action(self, args: argparse.Namespace) -> int:
+        from mpipe_tune.interrupt import keep, skip
         from mpipe_tune.runtime import launch
         from mpipe_tune.runtime.job import RunJob
         from mpipe_tune.runtime.session import run_session
@@ -62,7 +65,9 @@ class Run(Command):
         if session.exit_code or not session.is_rank0:  # a failure (reported), or a torchrun rank other than 0
             return session.exit_code
         result = session.results[0]
-        if args.trace:
+        keep("the run finished")  # what a later Ctrl-C says instead of after_interrupt
+        left_out = bool(args.trace) and skip("trace")  # a Ctrl-C once the ranks finished: the result, no trace
+        if args.trace and not left_out:
             from mpipe_tune.runtime.measure import dump_trace
 
             dump_trace(result["trace"], args.trace)
@@ -71,6 +76,10 @@ class Run(Command):
             print(json.dumps(result["summary"], indent=2))
         else:
             print_run(result["summary"])
+        if left_out:
+            print(f"mpipe-tune run: interrupted; the run finished and its result is printed, the trace {args.trace} "
+                  f"was not written", file=sys.stderr)
+            return 130
         return 0
 
 

@@ -10,6 +10,7 @@ from mpipe_tune.errors import MpipeError
 
 class Show(Command):
     name = "show"
+    after_interrupt = "nothing written"
     help = "reload a plan file, check its inputs and re-predict it"
 
     def add_arguments(self, parser):

@@ -19,6 +19,7 @@ class Trials(Command):
     """The ``trials`` subcommand."""
 
     name = "trials"
+    after_interrupt = "nothing written"
     help = "list or export a plan study's trials: each candidate and its predicted step time and memory"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ from mpipe_tune.cli.command import Command
 
 class Workload(Command):
     name = "workload"
+    after_interrupt = "nothing written"
     help = "a dataset's distribution as a model sees it: images per sample, image and text tokens (percentiles)"
 
     def add_arguments(self, parser):

@@ -43,7 +43,6 @@ import importlib.resources
 import json
 import math
 import os
-import tempfile
 from decimal import Decimal
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -593,16 +592,10 @@ def load_profile(spec: str | os.PathLike) -> HardwareProfile:
 
 
 def dump_profile(profile_dict: Mapping | HardwareProfile, path: str | os.PathLike) -> None:
-    """Validate, then write the profile as JSON to ``path`` atomically (temporary file + rename)."""
+    """Validate, then write the profile as JSON to ``path`` atomically (temporary file + rename; a
+    command's last safe point for Ctrl-C, see :func:`~mpipe_tune.outputs.files.write_together`)."""
+    from mpipe_tune.outputs.files import write_together
+
     data = profile_dict.to_dict() if isinstance(profile_dict, HardwareProfile) else dict(profile_dict)
     parse_profile(data, where=os.fspath(path))
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(_to_json(data) + "\n")
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_together([(path, lambda tmp: tmp.write_text(_to_json(data) + "\n", encoding="utf-8"))])

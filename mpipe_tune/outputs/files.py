@@ -17,10 +17,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.interrupt import held, mark
+from mpipe_tune.interrupt import held, keep, mark, phase
 
 Writer = Callable[[Path], None]
 """Writes one output's content to the (temporary) path it is given."""
+_writing = 0
+"""Calls of :func:`write_together` under way (a writer that writes atomically itself nests one)."""
 
 
 def _staging_file(path: Path) -> str:
@@ -58,8 +60,17 @@ def validate_out_path(path: str | os.PathLike, *, label: str = "--out",
 def write_together(outputs: Sequence[tuple[str | os.PathLike, Writer]]) -> None:
     """Write every ``(path, writer)`` or none: each ``writer`` writes its file to a temporary file
     beside ``path``; once all of them have, the temporary files replace their targets (mode 0644).
-    The paths should have passed :func:`validate_out_path` before the command's work."""
+    The paths should have passed :func:`validate_out_path` before the command's work.
+
+    Ctrl-C (:mod:`mpipe_tune.interrupt`): writing is a command's last safe point (``phase("writing")``),
+    where a pending Ctrl-C stops it with nothing written; one that comes while the files are written lets
+    them be written whole (a second stops at once, with nothing renamed, or after every rename)."""
+    global _writing
+    outermost = not _writing  # a writer may itself write atomically (dump_plan to the staged file)
+    if outermost:
+        phase("writing")
     staged: list[tuple[str, Path]] = []
+    _writing += 1
     try:
         for path, write in outputs:
             path = Path(path)
@@ -68,7 +79,8 @@ def write_together(outputs: Sequence[tuple[str | os.PathLike, Writer]]) -> None:
             except OSError as exc:
                 raise MpipeError(f"cannot write {path} ({exc.strerror or exc}); nothing was written") from None
             staged.append((tmp, path))
-            mark("write")
+            if outermost:
+                mark("write")
             try:
                 write(Path(tmp))
             except OSError as exc:
@@ -77,7 +89,10 @@ def write_together(outputs: Sequence[tuple[str | os.PathLike, Writer]]) -> None:
         with held():  # renamed all, even under Ctrl-C: never some of the files new and some old
             for tmp, path in staged:
                 os.replace(tmp, path)
+            if staged and outermost:
+                keep(f"{', '.join(str(path) for _, path in staged)} written")
     finally:
+        _writing -= 1
         for tmp, _ in staged:
             if os.path.exists(tmp):
                 os.unlink(tmp)

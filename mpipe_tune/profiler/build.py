@@ -31,6 +31,7 @@ import numpy as np
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.profile import SCHEMA_VERSION
+from mpipe_tune.interrupt import at_once, phase
 from mpipe_tune.profiler.calibrate import (
     MIN_SIZES_FOR_OVERHEAD,
     PER_IMAGE_KINDS,
@@ -99,6 +100,11 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
     """Measure ``device``: peak FLOP/s of each dtype, memory bandwidth, the layers of ``calibration``
     (in the first dtype), and links over ``nproc`` processes.
 
+    Ctrl-C (inside a command, :mod:`mpipe_tune.interrupt`): the roofline runs in this process, and a first
+    Ctrl-C stops it at the caller's next ``progress`` step (or before the calibration or the links); the
+    calibration and the links run on child processes, which a terminal's Ctrl-C reaches as well, so there
+    it stops at once. Nothing measured is returned from an interrupted run.
+
     ``calibration_tokens`` replaces the sweep's layer sizes (rows per layer call, see
     :mod:`~mpipe_tune.profiler.calibrate`): give the range of the microbatches that will be planned."""
     torch = import_torch(device)
@@ -112,9 +118,13 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
         memory = measure_memory_bandwidth(torch, device, settings, progress)
     points, update = (), None
     if calibration is not None:
-        points, update = calibrate_together(device, nproc, calibration, dtypes[0], settings, progress)
+        phase("calibration")
+        with at_once():  # the ranks get a terminal's Ctrl-C too: nothing to wait for
+            points, update = calibrate_together(device, nproc, calibration, dtypes[0], settings, progress)
     capacity, capacity_ref = memory_capacity_bytes(torch, device, nproc)
-    links = measure_links(device, nproc, settings, progress)
+    phase("links")
+    with at_once():
+        links = measure_links(device, nproc, settings, progress)
     per_node = nproc if device == "cpu" else getattr(torch, device).device_count()
     return Measurements(
         device, device_name(torch, device), nproc, per_node, torch.__version__, peaks, memory, capacity,

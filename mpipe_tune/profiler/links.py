@@ -24,6 +24,7 @@ from __future__ import annotations
 import multiprocessing
 import queue as queue_module
 import random
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.interrupt import mark, sigint_blocked
 from mpipe_tune.profiler.device import BACKENDS, Timer, calls_for, import_torch, threads_per_process
 from mpipe_tune.profiler.settings import SweepSettings
 
@@ -78,8 +80,9 @@ def measure_links(device: str, nproc: int, settings: SweepSettings, progress: Ca
                         name=f"mpipe-tune-profile-rank{rank}", daemon=True)
         for rank in range(nproc)
     ]
-    for worker in workers:
-        worker.start()
+    with sigint_blocked():  # inherited: a Ctrl-C while a worker starts up cannot end it with a traceback
+        for worker in workers:
+            worker.start()
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -95,6 +98,7 @@ def measure_links(device: str, nproc: int, settings: SweepSettings, progress: Ca
                                      f"the {BACKENDS[device]} backend works on this host") from None
                 continue
             if kind == "progress":
+                mark("link")
                 progress(payload)
             elif kind == "error":
                 raise MpipeError(f"link measurement failed on {payload}")
@@ -112,6 +116,9 @@ def measure_links(device: str, nproc: int, settings: SweepSettings, progress: Ca
 
 
 def _worker(rank: int, nproc: int, device: str, port: int, settings: SweepSettings, messages) -> None:
+    # Ctrl-C is the parent's to handle (it terminates the workers); SIGINT was blocked from the fork on
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         torch = import_torch(device)
         import torch.distributed as dist

@@ -17,6 +17,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.interrupt import sigint_blocked
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -255,8 +257,13 @@ def launch_local(
             )
             for rank in range(world_size)
         ]
-        for p in procs:
-            p.start()
+        try:
+            with sigint_blocked():  # inherited by the fork server and the ranks: a Ctrl-C while they start up
+                for p in procs:     # (the fork server imports torch) cannot end them with a traceback
+                    p.start()
+        except BaseException:  # a Ctrl-C that came meanwhile: the ranks started after it never saw it
+            _kill([p for p in procs if p.pid is not None])
+            raise
         _watch(procs, scratch, deadline_s, timeout_s)
         result_file = Path(scratch) / "result.pkl"
         return pickle.loads(result_file.read_bytes()) if result_file.exists() else None
@@ -351,6 +358,7 @@ def _child_main(rank, world_size, port, device_kind, timeout_s, scratch, fn, arg
     import torch.distributed as dist
 
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked from the start: a Ctrl-C now ends here
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timedelta(seconds=timeout_s))
         ctx = _init_rank(rank, world_size, rank, device_kind, timeout_s, store)
         _mark(scratch, rank, "joined")

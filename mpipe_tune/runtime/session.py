@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.interrupt import at_once
+from mpipe_tune.interrupt import at_once, phase
 from mpipe_tune.runtime.job import RunJob
 from mpipe_tune.runtime.plan_view import PlanView
 
@@ -85,6 +85,7 @@ def run_session(
     for note in notes:
         print(f"mpipe-tune {command}: note: {note}", file=sys.stderr)
     world_size = next(iter(views.values())).layout.world_size
+    phase("launch")  # a Ctrl-C during the checks stops here, before any rank starts
     with tempfile.TemporaryDirectory(prefix="mpipe-session-") as folder:
         collector = _Collector(Path(folder), on_result)
         collector.start()
