@@ -91,18 +91,19 @@ def test_ctrl_c_before_a_phase_stops_there_with_nothing_written(tmp_path, phase)
     if phase in ("families", "search"):  # the own-best families come first: they seed the search
         assert trials == 0 and "rerun the same command to continue" in err
     else:  # the search was done: its trials stay, a rerun goes straight to the comparison
-        assert trials == 40 and "the study 's' keeps its 40 finished trials" in err
+        assert trials > 5 and f"the study 's' keeps its {trials} finished trials" in err  # all the search ran
 
 
 def test_ctrl_c_while_writing_lets_the_files_be_written_whole_and_says_it_came_too_late(tmp_path):
     code, err, record, trials = plan_interrupted_at(tmp_path, "write")  # as the plan file is being written
     assert code == 130 and "interrupted too late to stop: the command finished" in err and "plan.json written" in err
-    assert record is not None and not record["search"]["interrupted"] and trials == 40
+    assert record is not None and not record["search"]["interrupted"] and trials == record["search"]["trials"] > 5
 
 
 def test_a_second_ctrl_c_while_writing_leaves_no_file_half_written(tmp_path):
     code, err, record, trials = plan_interrupted_at(tmp_path, "write,write")
-    assert code == 130 and "interrupted" in err and record is None and trials == 40, err
+    assert code == 130 and "interrupted" in err and record is None and trials > 5, err
+    assert f"the study 's' keeps its {trials} finished trials" in err
 
 
 def test_held_defers_ctrl_c_to_the_end_of_the_block():
