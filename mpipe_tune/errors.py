@@ -17,6 +17,11 @@ class                         exit code  how the user recovers
 ============================  =========  ==================================================================
 
 A command interrupted by Ctrl-C exits with 130 (the shell's code for SIGINT).
+
+An error names quantities, never command-line flags (``trial budget``, not ``--trials``): the same
+check serves the CLI, the Python API and the plan file. It lists the quantities its message names in
+:attr:`~MpipeError.quantities`, so that the CLI can add the flag that sets each one where it helps
+(``mpipe_tune.cli.errors``: ``trial budget (--trials) is 0, ...``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,13 @@ class MpipeError(ValueError):
 
     exit_code: int = 2
     """What the CLI exits with when this error ends a command."""
+
+    def __init__(self, message: str = "", *, quantities: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.quantities = quantities
+        """The input quantities the message names, each as it appears there (``"trial budget"``): what the
+        user changes to recover; the CLI adds the flag that sets each (one the message does not name, in a
+        hint given only sometimes, is skipped)."""
 
 
 class NotSupportedError(MpipeError):

@@ -83,7 +83,7 @@ def dataset_spec(path: str, model_spec: str, model: Model, options: DatasetOptio
         text_rule = TextRule(None, options.chars_per_token or DEFAULT_CHARS_PER_TOKEN)
         if options.chars_per_token is None:
             notes.append(f"no tokenizer.json beside model {model.name}: text is counted at {DEFAULT_CHARS_PER_TOKEN:g} "
-                         f"characters per token (--tokenizer or --chars-per-token to change it)")
+                         f"characters per token (give a tokenizer or the characters per token to change it)")
     image_folder = str(Path(options.image_folder).resolve()) if options.image_folder else None
     return DatasetSpec(str(Path(path).resolve()), image_rule, text_rule, options.seq_len, image_folder), notes
 

@@ -16,6 +16,7 @@ from mpipe_tune import __version__
 from mpipe_tune.cli.bench import Bench
 from mpipe_tune.cli.command import Command
 from mpipe_tune.cli.derive import Derive
+from mpipe_tune.cli.errors import error_line
 from mpipe_tune.cli.export import Export
 from mpipe_tune.cli.models import Models
 from mpipe_tune.cli.plan import Plan
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         return code
     except MpipeError as exc:
-        print(f"mpipe-tune {args.command}: error: {exc}", file=sys.stderr)
+        print(f"mpipe-tune {args.command}: error: {error_line(exc, args.command)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         said = "; ".join(stop.kept) if stop is not None and stop.kept else args.handler.after_interrupt

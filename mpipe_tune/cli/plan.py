@@ -14,6 +14,7 @@ from mpipe_tune.cli.arguments import (
     add_dataset_arguments, add_framework_arguments, dataset_options, framework_options, print_notes,
 )
 from mpipe_tune.cli.command import Command
+from mpipe_tune.cli.errors import with_flags
 from mpipe_tune.errors import MpipeError
 
 EXAMPLE_DEVICES = 4
@@ -183,7 +184,7 @@ class Plan(Command):
         from mpipe_tune.report.plan_outcome import draw_evaluation, outcome_record
         from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE
         from mpipe_tune.search import compare
-        from mpipe_tune.search.planner import SearchOptions, plan
+        from mpipe_tune.search.planner import KNOBS, SearchOptions, plan
         from mpipe_tune.inputs.specs import resolve_spec
 
         if args.csv is not None:
@@ -204,7 +205,7 @@ class Plan(Command):
                   f"and its backbone, so --interior-transpose adds no schedule", file=sys.stderr)
         result, best, evaluator = outcome.result, outcome.best, outcome.evaluator
         if outcome.widened_line and best is not None:
-            print(f"mpipe-tune plan: {outcome.widened_line}", file=sys.stderr)
+            print(f"mpipe-tune plan: {with_flags(outcome.widened_line, tuple(KNOBS.values()), 'plan')}", file=sys.stderr)
         if best is None:
             if result.interrupted:
                 print(f"interrupted after {result.num_trials} trials, before any plan that fits was found; rerun the "
@@ -212,9 +213,7 @@ class Plan(Command):
                 return _interrupted()
             if outcome.least_memory is None:
                 raise MpipeError(f"no trial finished within --timeout {args.timeout} s; raise --timeout")
-            from mpipe_tune.errors import DoesNotFitError
-
-            raise DoesNotFitError(outcome.no_fit_message())
+            raise outcome.no_fit_error()
         reference = dict(outcome.baselines).get(REFERENCE)
         if args.gantt_baseline and reference is None:
             raise MpipeError(f"--gantt-baseline: the {REFERENCE} baseline does not exist at {best.candidate.degrees}; "

@@ -166,7 +166,7 @@ class HardwareProfile:
             return None
         return (f"profile {self.name!r} peaks at {self.peak(dtype) / 1e12:.3g} TFLOP/s in {dtype}, {ratio:.0f}x below its "
                 f"{best} peak ({self.peak_flops_per_s[best] / 1e12:.3g} TFLOP/s): a {dtype} plan is planned and run "
-                f"slow; plan with --dtype {best} unless {dtype} is what the training will use")
+                f"slow; plan with dtype {best} unless {dtype} is what the training will use")
 
     def efficiency_for(self, kind: str) -> float:
         """Efficiency of layer kind ``kind``'s forward (its entry's ``value``), or the ``"default"`` one's."""

@@ -188,7 +188,8 @@ def _tokenizer(path: str):
         return Tokenizer.from_file(path)
     except Exception as exc:  # the library raises a bare Exception for a file it cannot read
         raise MpipeError(f"tokenizer {path} cannot be read ({str(exc).splitlines()[0][:120]}); give a "
-                         f"Hugging Face tokenizer.json, or leave it out and state --chars-per-token") from None
+                         f"Hugging Face tokenizer.json, or leave it out and state the characters per token",
+                         quantities=("tokenizer", "characters per token")) from None
 
 
 # ---------------------------------------------------------------------------------- records

@@ -239,8 +239,8 @@ def _image_sizes(folder: Path, image_paths: list[list[str]], where: str, progres
                 with Image.open(file) as image:  # lazy: reads the header, decodes no pixel
                     width, height = image.size
             except FileNotFoundError:
-                raise MpipeError(f"{where}: image {name} is not in {folder}; give the folder the image paths start "
-                                 f"from (--image-folder)") from None
+                raise MpipeError(f"{where}: image {name} is not in {folder}; give the image folder the image paths "
+                                 f"start from", quantities=("image folder",)) from None
             except (UnidentifiedImageError, OSError) as exc:
                 raise MpipeError(f"{where}: image {file} cannot be read as an image ({exc}); fix or drop the "
                                  f"record") from None

@@ -32,28 +32,32 @@ def _staging_file(path: Path) -> str:
     return tmp
 
 
-def validate_out_path(path: str | os.PathLike, *, label: str = "--out",
+def validate_out_path(path: str | os.PathLike, *, label: str = "output file",
                       suffixes: Sequence[str] | None = None) -> Path:
     """``path`` as a Path a file can be written to, checked before any work; ``label`` names it in the
-    error, ``suffixes`` (lower case, with the dot) are the endings its format allows (None: any).
+    error (the quantity: ``output file``, ``trace file``), ``suffixes`` (lower case, with the dot) are the
+    endings its format allows (None: any).
 
     The folder must exist and take a new file (a scratch file is created there and removed), and the
     path must not be a folder itself."""
     path = Path(path)
+
+    def bad(what: str) -> MpipeError:
+        return MpipeError(f"{label} {path}{what}", quantities=(label,))
+
     if path.is_dir():
-        raise MpipeError(f"{label} {path} is a folder; give a file path in it, e.g. {path / ('NAME' + (suffixes or ('',))[0])}")
+        raise bad(f" is a folder; give a file path in it, e.g. {path / ('NAME' + (suffixes or ('',))[0])}")
     if suffixes is not None and path.suffix.lower() not in suffixes:
-        raise MpipeError(f"{label} {path}: the file name must end in {' or '.join(suffixes)}, "
-                         f"e.g. {path.stem or 'NAME'}{suffixes[0]}")
+        raise bad(f": the file name must end in {' or '.join(suffixes)}, e.g. {path.stem or 'NAME'}{suffixes[0]}")
     folder = path.parent
     if not folder.is_dir():
         if folder.exists():
-            raise MpipeError(f"{label} {path}: {folder} is a file, not a folder; pick another path")
-        raise MpipeError(f"{label} {path}: folder {folder} does not exist; create it or pick another path")
+            raise bad(f": {folder} is a file, not a folder; pick another path")
+        raise bad(f": folder {folder} does not exist; create it or pick another path")
     try:
         os.unlink(_staging_file(path))
     except OSError as exc:
-        raise MpipeError(f"{label} {path}: cannot write in {folder} ({exc.strerror or exc}); pick a writable path") from None
+        raise bad(f": cannot write in {folder} ({exc.strerror or exc}); pick a writable path") from None
     return path
 
 
@@ -98,7 +102,7 @@ def write_together(outputs: Sequence[tuple[str | os.PathLike, Writer]]) -> None:
                 os.unlink(tmp)
 
 
-def write_atomic(path: str | os.PathLike, text: str, *, label: str = "--out",
+def write_atomic(path: str | os.PathLike, text: str, *, label: str = "output file",
                  suffixes: Sequence[str] | None = None) -> None:
     """Write ``text`` to ``path`` atomically (mode 0644), after :func:`validate_out_path`."""
     path = validate_out_path(path, label=label, suffixes=suffixes)

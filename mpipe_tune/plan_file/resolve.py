@@ -88,12 +88,12 @@ def validate_input(file: PlanFile, what: str, content_hash: str, name: str, *, s
                         f"point to the plan's own {what}, or re-plan with 'mpipe-tune plan'")
 
 
-def _moved(file: PlanFile, what: str, spec: str, flag: str) -> None:
-    """A one-line error when ``spec`` names a file that is not there any more."""
+def _moved(file: PlanFile, what: str, spec: str) -> None:
+    """A one-line error when ``spec`` names a file that is not there any more (``what``: the quantity)."""
     path = Path(spec)
     if (path.is_absolute() or "/" in spec) and not path.exists():
-        raise PlanFileError(f"{file.where}: its {what} file {spec} is not there any more (moved or deleted); point "
-                            f"to it with {flag} PATH")
+        raise PlanFileError(f"{file.where}: its {what} file {spec} is not there any more (moved or deleted); give "
+                            f"the {what}'s new path", quantities=(what,))
 
 
 def load_plan_model(file: PlanFile, *, spec: str | None = None) -> Model:
@@ -101,7 +101,7 @@ def load_plan_model(file: PlanFile, *, spec: str | None = None) -> Model:
     from mpipe_tune.inputs.specs import load_model
 
     spec = spec or file.inputs.model.spec
-    _moved(file, "model", spec, "--model")
+    _moved(file, "model", spec)
     model = load_model(spec)
     frozen = file.inputs.model.frozen
     return model.with_frozen(frozen) if frozen else model
@@ -113,7 +113,7 @@ def load_plan_profile(file: PlanFile, *, spec: str | None = None):
     from mpipe_tune.inputs.specs import load_profile
 
     spec = spec or file.inputs.profile.spec
-    _moved(file, "profile", spec, "--profile")
+    _moved(file, "hardware profile", spec)
     profile = load_profile(spec)
     validate_input(file, "profile", profile.content_hash(), spec)
     return profile

@@ -50,9 +50,9 @@ def import_torch(device: str) -> ModuleType:
         try:
             import torch_npu  # noqa: F401  (registers torch.npu and the hccl backend)
         except (ImportError, RuntimeError, OSError) as exc:
-            raise MpipeError(f"--device npu needs torch_npu, which cannot be imported ({exc}); install "
+            raise MpipeError(f"device kind npu needs torch_npu, which cannot be imported ({exc}); install "
                              f"torch_npu built for torch {torch.__version__} with the CANN toolkit, "
-                             "or profile another --device") from None
+                             "or profile another device kind", quantities=("device kind",)) from None
     return torch
 
 
@@ -66,21 +66,21 @@ def check_device(torch: ModuleType, device: str, nproc: int) -> None:
         module = getattr(torch, device)
         if not module.is_available():
             built = "" if device != "cuda" or torch.version.cuda else ", and this torch build has no CUDA"
-            raise MpipeError(f"--device {device}: no {device.upper()} device is visible to torch "
+            raise MpipeError(f"device kind {device}: no {device.upper()} device is visible to torch "
                              f"{torch.__version__} (torch.{device}.is_available() is False{built}); "
-                             f"run on a host with one, or profile --device cpu")
+                             f"run on a host with one, or profile device kind cpu", quantities=("device kind",))
         available = module.device_count()
         if nproc > available:
-            raise MpipeError(f"--nproc {nproc} needs {nproc} {device.upper()} devices, one per process, "
-                             f"but torch sees {available}; lower --nproc")
+            raise MpipeError(f"process count {nproc} needs {nproc} {device.upper()} devices, one per process, "
+                             f"but torch sees {available}; lower the process count", quantities=("process count",))
     if not dist.is_available():
         raise MpipeError(f"this torch build ({torch.__version__}) has no torch.distributed; "
                          "install a build with it to measure links")
     backend = BACKENDS[device]
     has_backend = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available}.get(backend)
     if has_backend is not None and not has_backend():
-        raise MpipeError(f"--device {device} measures links with the {backend} backend, which this "
-                         f"torch build ({torch.__version__}) lacks; install a build with {backend}")
+        raise MpipeError(f"device kind {device} measures links with the {backend} backend, which this "
+                         f"torch build ({torch.__version__}) lacks; install a build with {backend}", quantities=("device kind",))
 
 
 def device_name(torch: ModuleType, device: str) -> str:

@@ -92,7 +92,8 @@ def measure_links(device: str, nproc: int, settings: SweepSettings, progress: Ca
                 failed = [(rank, w.exitcode) for rank, w in enumerate(workers) if w.exitcode not in (None, 0)]
                 if failed:
                     raise MpipeError(f"link measurement: worker rank {failed[0][0]} died with exit code "
-                                     f"{failed[0][1]} before reporting; rerun, or lower --nproc") from None
+                                     f"{failed[0][1]} before reporting; rerun, or lower the process count",
+                                     quantities=("process count",)) from None
                 if time.monotonic() > deadline:
                     raise MpipeError(f"link measurement: no result after {timeout_s:.0f} s; check that "
                                      f"the {BACKENDS[device]} backend works on this host") from None

@@ -38,7 +38,7 @@ def bench_plans(file: PlanFile, names: Sequence[str] | None) -> tuple[str, ...]:
     held, where = file.plan_names, file.where
     if len(held) == 1:
         raise MpipeError(f"{where} holds no baselines, only its best plan, so there is nothing to compare it with; "
-                         f"re-create it with 'mpipe-tune plan --out', or time the one plan with 'mpipe-tune run'")
+                         f"re-create it with 'mpipe-tune plan', or time the one plan with 'mpipe-tune run'")
     if names is None:
         return held
     chosen = tuple(dict.fromkeys(names))

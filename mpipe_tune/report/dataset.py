@@ -53,7 +53,7 @@ def draw_distribution(dataset: Dataset, path: str | os.PathLike) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = validate_out_path(path, label="--plot", suffixes=PICTURE_SUFFIXES)
+    path = validate_out_path(path, label="distribution picture", suffixes=PICTURE_SUFFIXES)
     names = ("images per sample", "image tokens per sample", "text tokens per sample")
     values = _quantities(dataset)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))

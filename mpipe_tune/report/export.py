@@ -219,9 +219,9 @@ def export_plan(section: Section, plan: Plan, model: Model, *, name: str = BEST,
     if moved:
         raise MpipeError(f"plan '{name}' runs {moved} encoder backward(s) on other ranks than their owners (full "
                          f"recomputation), which no export writes (hyper-parallel's Mpipe schedule runs each on its "
-                         f"owner); " + (f"export the file's '{MPIPE_RR}' baseline (--plan {MPIPE_RR}), " if MPIPE_RR
-                                        in names else "") + "re-plan with --encoder-backward cooldown, or run "
-                         "this one with 'mpipe-tune run'")
+                         f"owner); " + (f"export the file's stored plan '{MPIPE_RR}' (its baseline), " if MPIPE_RR
+                                        in names else "") + "re-plan with encoder-backward placement cooldown, or "
+                         "run this one with 'mpipe-tune run'", quantities=("stored plan", "encoder-backward placement"))
     regions = tuple(
         ExportRegion(p.region, plan.schedule.skeletons[p.region - 1], p.layers,
                      slabs=p.owner.slabs if isinstance(p.owner, ByLayer) else (),
@@ -259,8 +259,11 @@ def validate_pp_tp_dp(plan: ExportPlan, target: str) -> None:
     if beyond:
         raise MpipeError(f"{target} cannot express {plan.describe()}: it uses {', '.join(beyond)}; {target} writes "
                          f"pp x dp x tp plans of 1f1b/gpipe/transpose with no or full recomputation and the encoder "
-                         f"at the plan's tp; re-plan with --ep 1 --cp 1 (no sequence parallelism, no --encoder-tp, "
-                         f"--recompute off or on), or export this one --to torch-csv or torchtitan")
+                         f"at the plan's tp; re-plan with expert-parallel degree 1, context-parallel degree 1, no "
+                         f"sequence parallelism, no encoder tensor parallelism and recomputation off or on, or export "
+                         f"this one in export format torch-csv or torchtitan",
+                         quantities=("expert-parallel degree", "context-parallel degree", "sequence parallelism",
+                                     "encoder tensor parallelism", "recomputation", "export format"))
 
 
 # ---- the stages of an all-Sharded wavefront ------------------------------------------------------
@@ -297,13 +300,13 @@ def wavefront_stages(plan: ExportPlan) -> tuple[Stage, ...]:
 def _closest(plan: ExportPlan, name: str, otherwise: str) -> str:
     """How to get the stored plan ``name`` when the file holds it, else ``otherwise``."""
     if name in plan.names and name != plan.name:
-        return f"export the file's '{name}' plan (--plan {name})"
+        return f"export the file's stored plan '{name}'"
     return otherwise
 
 
 def _hint(plan: ExportPlan, name: str) -> str:
-    """`` (--plan NAME)`` when the file holds the stored plan ``name``."""
-    return f" (--plan {name})" if name in plan.names and name != plan.name else ""
+    """``, which the file holds as stored plan 'NAME'`` when it does."""
+    return f", which the file holds as stored plan '{name}'" if name in plan.names and name != plan.name else ""
 
 
 def _encoder_first(plan: ExportPlan) -> str:
@@ -320,7 +323,7 @@ def _validate_all_sharded(plan: ExportPlan, target: str, why: str) -> None:
             raise MpipeError(
                 f"{target} cannot express {plan.describe()}: region {region.index} is a transpose (its layers on "
                 f"every rank, each microbatch run by its owner), {why}; the closest plan it can express: "
-                f"{_encoder_first(plan)}")
+                f"{_encoder_first(plan)}", quantities=("stored plan",))
 
 
 _ONE_SLAB_STAGES = "and a torch.distributed.pipelining stage is one slab on one rank"
@@ -333,7 +336,7 @@ def _validate_vision_first(plan: ExportPlan, stages: tuple[Stage, ...], target: 
         raise MpipeError(
             f"{target} builds the vision encoder inside the first pipeline stage, but {plan.describe()} puts encoder "
             f"layers in stage(s) {', '.join(map(str, spread))} too; the closest plan it can express: "
-            f"{_encoder_first(plan)}")
+            f"{_encoder_first(plan)}", quantities=("stored plan",))
 
 
 # ---- torch.distributed.pipelining CSV ------------------------------------------------------------
@@ -388,7 +391,8 @@ def _titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
     if plan.encoder_tp is not None:
         raise MpipeError(f"torchtitan cannot express {plan.describe()}: it runs the encoder at tp {plan.encoder_tp}, "
                          f"and torchtitan has one tensor-parallel degree for the whole model; the closest plan it can "
-                         f"express: the same plan with the encoder at tp {plan.tp} (re-plan without --encoder-tp)")
+                         f"express: the same plan with the encoder at tp {plan.tp} (re-plan without encoder tensor "
+                         f"parallelism)", quantities=("encoder tensor parallelism",))
     stages = wavefront_stages(plan)
     _validate_vision_first(plan, stages, "torchtitan")
     last = len(stages) - 1
@@ -516,16 +520,17 @@ def to_megatron(plan: ExportPlan) -> str:
     if plan.regions[0].skeleton is Skeleton.GPIPE:
         raise MpipeError(f"Megatron-LM cannot express {plan.describe()}: it has no GPipe schedule, its pipelines run "
                          f"1F1B; the closest plan it can express: the same cut and slabs under 1f1b"
-                         f"{_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}")
+                         f"{_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}", quantities=("stored plan",))
     if plan.splits_backward:
         raise MpipeError(f"Megatron-LM cannot express {plan.describe()}: its pipelines run full backwards, not the "
                          f"split input/weight backwards of a zero-bubble skeleton; the closest plan it can express: "
-                         f"the same cut and slabs under 1f1b{_hint(plan, REFERENCE)}, or export this one --to "
-                         f"torch-csv or torchtitan")
+                         f"the same cut and slabs under 1f1b{_hint(plan, REFERENCE)}, or export this one in export "
+                         f"format torch-csv or torchtitan", quantities=("stored plan", "export format"))
     if plan.encoder_tp is not None:
         raise MpipeError(f"Megatron-LM cannot express {plan.describe()}: it runs the encoder at tp {plan.encoder_tp}, "
                          f"and Megatron-LM has one tensor-parallel size for the whole model; the closest plan it can "
-                         f"express: the same plan with the encoder at tp {plan.tp} (re-plan without --encoder-tp)")
+                         f"express: the same plan with the encoder at tp {plan.tp} (re-plan without encoder tensor "
+                         f"parallelism)", quantities=("encoder tensor parallelism",))
     stages = wavefront_stages(plan)
     _validate_vision_first(plan, stages, "Megatron-LM")
     v, P, M = plan.num_chunks, plan.pp, plan.num_microbatches
@@ -641,10 +646,11 @@ def _single(writer: Callable[[ExportPlan], str]) -> Callable[[ExportPlan, Path |
 def _torchtitan_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
     if out is None:
         raise MpipeError("the torchtitan export is two files, the TOML job config and the schedule CSV it names; "
-                         "give the TOML's path with --out, e.g. --out job.toml (the CSV goes beside it)")
+                         "give the TOML's path as the output file, e.g. job.toml (the CSV goes beside it)",
+                         quantities=("output file",))
     if out.suffix.lower() != ".toml":
         raise MpipeError(f"the torchtitan job config {out} must end in .toml (its schedule CSV goes beside it, "
-                         f"as {out.with_suffix('.csv').name}); e.g. --out {out.stem or 'job'}.toml")
+                         f"as {out.with_suffix('.csv').name}); e.g. {out.stem or 'job'}.toml")
     csv_path = out.with_suffix(".csv")
     return (Output(out, to_torchtitan(plan, str(csv_path))), Output(csv_path, to_torch_csv(plan)))
 
@@ -658,7 +664,8 @@ def _hyper_parallel(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
 def _torchtitan_args_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
     if out is None or out.suffix.lower() == ".csv":
         raise MpipeError("the torchtitan-0.3 export is two files, the arguments and the schedule CSV they name; "
-                         "give the arguments' path with --out, e.g. --out job.args (the CSV goes beside it)")
+                         "give the arguments' path as the output file, e.g. job.args (the CSV goes beside it)",
+                         quantities=("output file",))
     csv_path = out.with_suffix(".csv")
     return (Output(out, to_torchtitan_args(plan, str(csv_path))), Output(csv_path, to_torch_csv(plan)))
 

@@ -133,7 +133,7 @@ def _mixed_precision(plan: ExportPlan) -> tuple[dict[str, Any], list[str]]:
         return {"enabled": False}, [
             f"# float32 params: the trainer carries {_HYPER_DTYPES[plan.dtype]} under PP only on an FSDP data axis "
             f"(dp_shard >= 2), and this plan has dp {plan.dp}; its {plan.dtype} prediction does not hold for this "
-            f"run (re-plan with --dtype fp32, or at dp >= 2)"]
+            f"run (re-plan with dtype fp32, or at dp >= 2)"]
     return {"enabled": True, "param_dtype": _HYPER_DTYPES[plan.dtype]}, []
 
 
@@ -160,10 +160,11 @@ def _mpipe_fields(plan: ExportPlan, region: ExportRegion) -> dict[str, Any]:
     if vision and stop > vision:
         raise MpipeError(f"hyper-parallel cannot express {plan.describe()}: it transposes at most the visual tower "
                          f"(layers 0..{vision - 1}), and region 1 ends at layer {stop}; the closest plan it can "
-                         f"express: the same schedule with --cut {vision}{_hint(plan, MPIPE_RR)}")
+                         f"express: the same schedule with its cut at layer {vision}{_hint(plan, MPIPE_RR)}",
+                         quantities=("stored plan",))
     mode = next((m for m in OVERFLOW_MODES if mpipe_owners(m, plan.pp, plan.num_microbatches) == region.owners), None)
     if mode is None:
-        closest = _closest(plan, MPIPE_RR, "re-plan it with '--owner round-robin'")
+        closest = _closest(plan, MPIPE_RR, "re-plan it with round-robin owners")
         raise MpipeError(f"hyper-parallel cannot express {plan.describe()}: its owner map {list(region.owners)} is "
                          f"neither of hyper-parallel's (overflow 'full': microbatch m on rank m mod "
                          f"{min(plan.pp, plan.num_microbatches)}; 'min': the first on their own ranks, the rest on "

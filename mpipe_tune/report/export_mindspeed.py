@@ -61,7 +61,7 @@ def mindspeed_layout(plan: ExportPlan) -> dict[str, Any]:
     if any(r.skeleton is not Skeleton.ONE_F_ONE_B for r in plan.sharded):
         raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()}: it runs Megatron's 1F1B schedules, not "
                          f"GPipe; the closest plan it can express: the same cut and slabs under 1f1b"
-                         f"{_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}")
+                         f"{_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}", quantities=("stored plan",))
     P, M, v = plan.pp, plan.num_microbatches, plan.num_chunks
     if v > 1 and M < P:
         raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()}: Megatron's interleaved schedule runs only "
@@ -122,10 +122,11 @@ def mindspeed_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
     """The model.json keys at ``out`` (a .json path) and the launch arguments beside it (.sh)."""
     if out is None:
         raise MpipeError("the mindspeed-mm export is two files, the model.json keys and the launch arguments; give "
-                         "the JSON's path with --out, e.g. --out model.json (the arguments go beside it, model.sh)")
+                         "the JSON's path as the output file, e.g. model.json (the arguments go beside it, model.sh)",
+                         quantities=("output file",))
     if out.suffix.lower() != ".json":
         raise MpipeError(f"the mindspeed-mm model.json keys {out} must go to a file ending in .json (the launch "
-                         f"arguments go beside it, as {out.with_suffix('.sh').name}); e.g. --out "
+                         f"arguments go beside it, as {out.with_suffix('.sh').name}); e.g. "
                          f"{out.stem or 'model'}.json")
     layout = _compact_lists(json.dumps(mindspeed_layout(plan), indent=4)) + "\n"
     return Output(out, layout), Output(out.with_suffix(".sh"), mindspeed_arguments(plan, out.name))

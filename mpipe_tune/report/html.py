@@ -31,10 +31,10 @@ HTML_SUFFIXES = (".html", ".htm")
 
 def validate_html_path(path: str | os.PathLike) -> Path:
     """Before any work: ``path`` can take the page, and matplotlib, which draws its pictures, is installed."""
-    path = validate_out_path(path, label="--html", suffixes=HTML_SUFFIXES)
+    path = validate_out_path(path, label="HTML report", suffixes=HTML_SUFFIXES)
     if importlib.util.find_spec("matplotlib") is None:
-        raise MpipeError(f"--html {path}: the report's pictures need matplotlib; install it with: "
-                         f"pip install 'mpipe-tune[viz]'")
+        raise MpipeError(f"HTML report {path}: the report's pictures need matplotlib; install it with: "
+                         f"pip install 'mpipe-tune[viz]'", quantities=("HTML report",))
     return path
 
 

@@ -66,7 +66,8 @@ def blueprint(model: Model) -> tuple[LayerSpec, ...]:
         if not isinstance(layer.cost, ArchCost):
             raise MpipeError(
                 f"{where} has explicit per-token costs, so the runtime cannot build it; run a model whose layers "
-                f"give an architecture kind ({', '.join(SUPPORTED_KINDS)}), or use --compute emulated"
+                f"give an architecture kind ({', '.join(SUPPORTED_KINDS)}), or use compute mode emulated",
+                quantities=("compute mode",)
             )
         kind = layer.cost.kind
         if kind not in _FLOW:

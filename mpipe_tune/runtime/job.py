@@ -56,11 +56,12 @@ class RunJob:
 
     def validate(self) -> None:
         if self.compute not in COMPUTE_MODES:
-            raise MpipeError(f"--compute {self.compute!r}: use one of {', '.join(COMPUTE_MODES)}")
+            raise MpipeError(f"compute mode {self.compute!r} is unknown; use one of {', '.join(COMPUTE_MODES)}",
+                             quantities=("compute mode",))
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:
-            raise MpipeError(f"--dtype {self.dtype!r}: use one of {', '.join(DTYPE_NAMES)}")
+            raise MpipeError(f"dtype {self.dtype!r} is unknown; use one of {', '.join(DTYPE_NAMES)}", quantities=("dtype",))
         if self.steps < 1:
-            raise MpipeError(f"--steps is {self.steps}, but a run needs at least one step")
+            raise MpipeError(f"step count is {self.steps}, but a run needs at least one step", quantities=("step count",))
 
 
 def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
@@ -75,8 +76,9 @@ def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
     if job.compute == "real":
         dtype = job.dtype_for(view)
         if dtype not in DTYPE_NAMES:
-            raise MpipeError(f"plan file {view.path} was predicted for dtype {dtype}, which the runtime cannot compute "
-                             f"in; pass --dtype with one of {', '.join(DTYPE_NAMES)} or re-plan with --dtype bf16")
+            raise MpipeError(f"plan file {view.path} was predicted in {dtype}, which the runtime cannot compute "
+                             f"in; run with dtype one of {', '.join(DTYPE_NAMES)} or re-plan with dtype bf16",
+                             quantities=("dtype",))
         specs = blueprint(model)
         validate_workload(specs, view.microbatches)
         validate_tensor_parallel(specs, view.layout.tp)
@@ -102,7 +104,7 @@ def validate_memory(view: PlanView, job: RunJob, local_ranks: Sequence[int], ava
         raise MpipeError(
             f"plan file {view.path} needs {need / 2**30:.2f} GiB of predicted memory ({what}, "
             f"{job.dtype_for(view)}) but {where} has {available_bytes / 2**30:.2f} GiB available; re-plan for more "
-            f"devices or a smaller workload (e.g. --workload smoke), or use --compute emulated"
+            f"devices or a smaller workload (e.g. smoke), or use compute mode emulated", quantities=("compute mode",)
         )
 
 
@@ -148,4 +150,4 @@ def builtin_profile_note(view: PlanView, job: RunJob, device_kind: str) -> str |
         return None
     return (f"the plan was predicted on the built-in profile '{profile.name}', not on a profile of this host, so "
             f"measured/predicted compares the two machines; to predict this host, measure it (mpipe-tune profile "
-            f"--device {device_kind} --out host.json) and plan with --profile host.json")
+            f"--device {device_kind} --out host.json) and plan with host.json as the hardware profile")

@@ -90,22 +90,23 @@ def torchrun_world_size() -> int:
 def check_device(device_kind: str, local_ranks: int) -> None:
     """One-line errors for a device this host cannot give ``local_ranks`` ranks."""
     if device_kind not in BACKENDS:
-        raise MpipeError(f"--device {device_kind!r}: use one of {', '.join(BACKENDS)}")
+        raise MpipeError(f"device kind {device_kind!r} is unknown; use one of {', '.join(BACKENDS)}", quantities=("device kind",))
     if device_kind == "cpu":
         return
     import torch
 
     if device_kind == "cuda":
         if not torch.cuda.is_available():
-            raise MpipeError("--device cuda: no CUDA GPU is visible to torch (torch.cuda.is_available() is False); use --device cpu")
+            raise MpipeError("device kind cuda: no CUDA GPU is visible to torch (torch.cuda.is_available() is False); "
+                             "use device kind cpu", quantities=("device kind",))
         if torch.cuda.device_count() < local_ranks:
-            raise MpipeError(f"--device cuda: {local_ranks} local ranks need one GPU each but {torch.cuda.device_count()} "
-                             f"are visible; NCCL cannot put two ranks on one GPU")
+            raise MpipeError(f"device kind cuda: {local_ranks} local ranks need one GPU each but "
+                             f"{torch.cuda.device_count()} are visible; NCCL cannot put two ranks on one GPU", quantities=("device kind",))
     elif device_kind == "npu":
         _import_torch_npu()
         if not torch.npu.is_available() or torch.npu.device_count() < local_ranks:
-            raise MpipeError(f"--device npu: torch_npu sees {torch.npu.device_count()} Ascend NPU(s) but {local_ranks} local "
-                             f"ranks need one each; check the CANN driver and ASCEND_RT_VISIBLE_DEVICES")
+            raise MpipeError(f"device kind npu: torch_npu sees {torch.npu.device_count()} Ascend NPU(s) but {local_ranks} "
+                             f"local ranks need one each; check the CANN driver and ASCEND_RT_VISIBLE_DEVICES", quantities=("device kind",))
 
 
 def local_ranks(world_size: int) -> list[int]:
@@ -165,13 +166,13 @@ def dtype_note(device_kind: str, dtype: str) -> str | None:
         if not flags & set(_NATIVE_CPU_FLAGS[dtype]):
             return (f"{dtype} on this CPU: no native {dtype} matmul ({' or '.join(_NATIVE_CPU_FLAGS[dtype])} not in "
                     f"/proc/cpuinfo), so torch emulates it, often many times slower than fp32; the prediction holds only "
-                    f"if the profile measured {dtype} here (plan with --dtype fp32, or pass --dtype fp32 to time fp32)")
+                    f"if the profile measured {dtype} here (plan with dtype fp32, or run with dtype fp32 to time fp32)")
         return None
     if device_kind == "cuda" and dtype == "bf16":
         import torch
 
         if not torch.cuda.is_bf16_supported():
-            return "bf16 on this GPU: not supported natively (torch.cuda.is_bf16_supported() is False); use --dtype fp16 or fp32"
+            return "bf16 on this GPU: not supported natively (torch.cuda.is_bf16_supported() is False); use dtype fp16 or fp32"
     return None
 
 
@@ -181,9 +182,9 @@ def _import_torch_npu() -> None:
     except Exception as exc:  # any failure of a binary plugin: missing, ABI mismatch, no CANN
         detail = (str(exc).strip().splitlines() or [""])[0][:160]
         raise MpipeError(
-            f"--device npu: torch_npu is not usable ({type(exc).__name__}: {detail}); install the torch_npu build "
-            f"matching this torch and the Ascend CANN toolkit (if a broken torch_npu breaks 'import torch', set "
-            f"TORCH_DEVICE_BACKEND_AUTOLOAD=0)"
+            f"device kind npu: torch_npu is not usable ({type(exc).__name__}: {detail}); install the torch_npu "
+            f"build matching this torch and the Ascend CANN toolkit (if a broken torch_npu breaks 'import torch', set "
+            f"TORCH_DEVICE_BACKEND_AUTOLOAD=0)", quantities=("device kind",)
         ) from None
 
 

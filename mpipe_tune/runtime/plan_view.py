@@ -163,14 +163,15 @@ def validate_runnable(view: PlanView, world_size: int | None = None, compute: st
     costs; its reduces join their real groups); real compute runs pp x dp x cp x tp with expert
     parallelism, sequence parallelism and the encoder's own tp (with the encoder inside one stage)."""
     c = view.candidate
-    emulated = "; run it with --compute emulated" if compute == "real" else ""
+    emulated = "; run it with compute mode emulated" if compute == "real" else ""
     if compute == "real" and c.encoder_tp is not None:
         inside = sorted({start for start in _slab_starts(view) if 0 < start < view.model.encoder_end})
         if inside:
             raise MpipeError(f"plan file {view.path} is planned with encoder tensor-parallel degree {c.encoder_tp} "
                              f"under tp {c.tp} and a stage starting at encoder layer {inside[0]}; the runtime's "
                              f"encoder groups gather their images' features after the whole encoder, so a cut inside "
-                             f"it cannot run; re-plan with the encoder in one stage{emulated}")
+                             f"it cannot run; re-plan with the encoder in one stage{emulated}",
+                             quantities=("compute mode",))
     if world_size is not None:
         view.layout.validate_world_size(world_size, f"plan file {view.path}")
 

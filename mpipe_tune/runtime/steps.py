@@ -73,9 +73,10 @@ def resolve_modes(view: PlanView, owners: str | None = None, data: str | None = 
     """The run's owner and data modes (None: the plan's defaults), or one line saying why the plan
     cannot run them."""
     if owners is not None and owners not in OWNER_MODES:
-        raise MpipeError(f"--owners {owners!r}: use one of {', '.join(OWNER_MODES)}")
+        raise MpipeError(f"owner mode {owners!r} is unknown; use one of {', '.join(OWNER_MODES)}",
+                         quantities=("owner mode",))
     if data is not None and data not in DATA_MODES:
-        raise MpipeError(f"--data {data!r}: use one of {', '.join(DATA_MODES)}")
+        raise MpipeError(f"data mode {data!r} is unknown; use one of {', '.join(DATA_MODES)}", quantities=("data mode",))
     c, where = view.candidate, f"plan file {view.path}"
     policy = c.owner_policy
     movable = view.plan.source is not None
@@ -85,16 +86,18 @@ def resolve_modes(view: PlanView, owners: str | None = None, data: str | None = 
     if owners == PER_STEP:
         if moved:
             raise MpipeError(f"{where} runs encoder backwards on other ranks than their owners, chosen for its stored "
-                             f"owner map, which per-step owners would change; run it with --owners fixed")
+                             f"owner map, which per-step owners would change; run it with owner mode fixed",
+                             quantities=("owner mode",))
         if not movable:
             raise MpipeError(f"{where}: schedule <{c.schedule}> does not start with a transpose region, so no "
-                             f"microbatch has an owner to choose per step; run it with --owners fixed")
+                             f"microbatch has an owner to choose per step; run it with owner mode fixed", quantities=("owner mode",))
         if policy is None:
             raise MpipeError(f"{where} holds an explicit owner map and no owner policy to choose each step's owners "
-                             f"with; run it with --owners fixed, or re-plan with --owners greedy (or optimal)")
+                             f"with; run it with owner mode fixed, or re-plan with owner policy greedy (or optimal)",
+                             quantities=("owner mode", "owner policy"))
         if policy not in POLICIES:
             raise MpipeError(f"{where}: its owner policy {policy!r} is unknown; owner policies are "
-                             f"{', '.join(POLICIES)}: run the stored map with --owners fixed, or re-plan")
+                             f"{', '.join(POLICIES)}: run the stored map with owner mode fixed, or re-plan", quantities=("owner mode",))
     stored = view.section.workload
     draw = stored.draw
     if data is None:
@@ -103,7 +106,8 @@ def resolve_modes(view: PlanView, owners: str | None = None, data: str | None = 
         if draw is None:
             raise MpipeError(f"{where}: its workload '{stored.name}' is a fixed list of "
                              f"microbatches, not a draw from a named mix, so there are no other steps to sample; "
-                             f"run it with --data stored, or re-plan with a mix (e.g. --workload balanced)")
+                             f"run it with data mode stored, or re-plan with a named mix as the workload (e.g. balanced)",
+                             quantities=("data mode",))
         first = draw.step(0, view.num_microbatches).microbatches
         if first != view.microbatches:
             raise MpipeError(f"{where}: its stored microbatches are not step 0 of its recorded draw (mix '{draw.mix}', "

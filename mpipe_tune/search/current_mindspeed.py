@@ -44,8 +44,8 @@ def mindspeed_candidate(model_json: str, space: SearchSpace, *, label: str, laun
         if layout.global_batch_size is not None:
             if layout.global_batch_size != problem.global_batch:
                 raise MpipeError(f"{where}: --global-batch-size {layout.global_batch_size}, but the plan is made for a "
-                                 f"global batch of {problem.global_batch} sequences; plan with --global-batch "
-                                 f"{layout.global_batch_size}")
+                                 f"global batch of {problem.global_batch} sequences; plan with global batch "
+                                 f"{layout.global_batch_size}", quantities=("global batch",))
             pairs.append(f"M={layout.global_batch_size // (dp * layout.micro_batch_size) or 1}")
     if cut:
         pairs.append(f"cut={','.join(map(str, cut))}")
@@ -64,7 +64,7 @@ def stage_layer_counts(layout: MindSpeedLayout, model: Model, where: str) -> lis
                                 ("text decoder", decoders, layout.decoder_layers)):
         if len(found) != sum(counts):
             raise MpipeError(f"{where}: the {name} has {sum(counts)} layers in model.json and {len(found)} in model "
-                             f"'{model.name}'; plan with the --model of that run")
+                             f"'{model.name}'; plan with the model of that run", quantities=("model",))
     stage = [-1] * len(model.layers)
     for indices, counts in ((vision, layout.vision_layers), (decoders, layout.decoder_layers)):
         owners = [s for s, n in enumerate(counts) for _ in range(n)]

@@ -208,15 +208,16 @@ def run_search(
     incumbent the bounds prune against from the start (they are not trials of the study). ``tolerance``:
     with sampler ``bound``, stop once no unvisited point can beat the best by more than this share."""
     if n_trials < 1:
-        raise MpipeError(f"--trials is {n_trials}, but at least one trial is needed")
+        raise MpipeError(f"trial budget is {n_trials}, but at least one trial is needed", quantities=("trial budget",))
     check_trial_budget(n_trials)
     if sampler not in SAMPLERS:
-        raise MpipeError(f"--sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}")
+        raise MpipeError(f"sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}", quantities=("sampler",))
     start = time.perf_counter()
     study_name = study_name or default_study_name(evaluator, space)
     study = _open_study(storage, study_name, problem_payload(evaluator, space))
     if not 0 <= tolerance < 1:
-        raise MpipeError(f"--tolerance is {tolerance}, but it must be a share >= 0 and < 1, e.g. 0.01 for 1%")
+        raise MpipeError(f"tolerance is {tolerance}, but it must be a share >= 0 and < 1, e.g. 0.01 for 1%",
+                         quantities=("tolerance",))
     size = None
     bound = sampler == "bound" and not exhaustive
     points = None  # the space's points, enumerated once where they are enumerated at all
@@ -274,8 +275,8 @@ def _create_study(storage: str | None, study_name: str):
             if not racing or attempt + 1 == _OPEN_ATTEMPTS:
                 detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise fault_of(exc, storage) or MpipeError(
-                    f"--storage {storage}: cannot open the Optuna storage ({detail}); give an RDB URL such as "
-                    f"sqlite:///mpipe-tune.db") from None
+                    f"study storage {storage}: cannot open it as an Optuna storage ({detail}); give an RDB URL such "
+                    f"as sqlite:///mpipe-tune.db", quantities=("study storage",)) from None
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
 

@@ -23,7 +23,7 @@ from typing import Any
 from mpipe_tune.algebra.encoder_backward import PLACEMENTS
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.algebra.schedule import Layout, Skeleton
-from mpipe_tune.errors import MpipeError
+from mpipe_tune.errors import DoesNotFitError, MpipeError
 from mpipe_tune.interrupt import keep, phase, served
 from mpipe_tune.search import compare
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
@@ -46,9 +46,15 @@ RECOMPUTE = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), 
 ZERO = {"0": (0,), "1": (1,), "search": (0, 1)}
 SEQUENCE_PARALLEL = {"off": (False,), "on": (True,), "search": (False, True)}
 WIDENABLE = {"recompute": "all", "zero": "search", "sequence_parallel": "search"}
-"""The memory knobs widened when nothing fits, and what each is widened to (a flag's text). Expert
-parallelism is not among them: a MoE model searches it unless ``--ep`` is given, and a dense one has none."""
-FLAGS = {"recompute": "--recompute", "zero": "--zero", "sequence_parallel": "--sequence-parallel", "ep": "--ep"}
+"""The memory knobs widened when nothing fits, and what each is widened to (a setting's text). Expert
+parallelism is not among them: a MoE model searches it unless its degrees are given, and a dense one has none."""
+KNOBS = {"recompute": "recomputation", "zero": "ZeRO stage", "sequence_parallel": "sequence parallelism"}
+"""Each :data:`WIDENABLE` knob as a message names it (the quantity)."""
+
+
+DEGREES = {"pp": "pipeline-parallel degrees", "tp": "tensor-parallel degrees", "dp": "data-parallel degrees",
+           "ep": "expert-parallel degrees", "cp": "context-parallel degrees"}
+"""Each degree's list of values in the space, as a message names it."""
 
 
 def default_global_batch(devices: int) -> int:
@@ -61,14 +67,15 @@ def has_experts(model: Model) -> bool:
     return any(isinstance(u.cost, ArchCost) and u.cost.kind == "moe_block" for u in model.layers)
 
 
-def int_list(text: str, flag: str) -> tuple[int, ...]:
-    """``"2,4"`` as ``(2, 4)``; one line naming ``flag`` unless it is integers >= 1 separated by commas."""
+def int_list(text: str, quantity: str) -> tuple[int, ...]:
+    """``"2,4"`` as ``(2, 4)``; one line naming ``quantity`` unless it is integers >= 1 separated by commas."""
     try:
         values = tuple(int(t) for t in text.split(","))
     except ValueError:
         values = ()
     if not values or min(values) < 1:
-        raise MpipeError(f"{flag} '{text}': expected integers >= 1 separated by commas, e.g. {flag} 2,4")
+        raise MpipeError(f"{quantity} '{text}': expected integers >= 1 separated by commas, e.g. 2,4",
+                         quantities=(quantity,))
     return values
 
 
@@ -109,24 +116,25 @@ def space_options(request: SpaceRequest, model: Model) -> SpaceOptions:
     owners = tuple(p.strip() for p in request.owners.split(",") if p.strip())
     unknown = [p for p in owners if p not in POLICIES]
     if unknown or not owners:
-        raise MpipeError(f"--owners {request.owners!r}: use policies from {', '.join(POLICIES)}, separated by commas")
+        raise MpipeError(f"owner policies {request.owners!r}: use policies from {', '.join(POLICIES)}, separated by "
+                         f"commas", quantities=("owner policies",))
     skeletons = tuple(s.strip() for s in request.skeletons.split(",") if s.strip())
     sharded = [s.value for s in Skeleton if s.layout is Layout.SHARDED]
     if not skeletons or any(s not in sharded for s in skeletons):
-        raise MpipeError(f"--skeletons {request.skeletons!r}: use Sharded skeletons from {', '.join(sharded)}, "
-                         f"e.g. 1f1b,gpipe")
-    for flag, value in (("--max-microbatches", request.max_microbatches), ("--max-chunks", request.max_chunks)):
+        raise MpipeError(f"skeletons {request.skeletons!r}: use Sharded skeletons from {', '.join(sharded)}, "
+                         f"e.g. 1f1b,gpipe", quantities=("skeletons",))
+    for name, value in (("microbatch count bound", request.max_microbatches), ("chunk bound", request.max_chunks)):
         if value < 1:
-            raise MpipeError(f"{flag} is {value}, but it must be an integer >= 1")
-    pins = {k: int_list(getattr(request, k), f"--{k}") if getattr(request, k) else None for k in ("pp", "tp", "dp")}
+            raise MpipeError(f"{name} is {value}, but it must be an integer >= 1", quantities=(name,))
+    pins = {k: int_list(getattr(request, k), DEGREES[k]) if getattr(request, k) else None for k in ("pp", "tp", "dp")}
     ep_text = request.ep if request.ep is not None else ("search" if has_experts(model) else "1")
     return SpaceOptions(
         skeletons=skeletons, max_chunks=request.max_chunks, cut_window=request.cut_window,
         interior_transpose=request.interior_transpose, owner_policies=owners,
         max_microbatches=request.max_microbatches,
         recompute=RECOMPUTE[request.recompute or "off"],
-        ep=None if ep_text == "search" else int_list(ep_text, "--ep"),
-        cp=int_list(request.cp, "--cp"),
+        ep=None if ep_text == "search" else int_list(ep_text, DEGREES["ep"]),
+        cp=int_list(request.cp, DEGREES["cp"]),
         zero=ZERO[request.zero or "1"],
         sequence_parallel=SEQUENCE_PARALLEL[request.sequence_parallel or "off"],
         encoder_tp=request.encoder_tp == "search",
@@ -185,15 +193,19 @@ class PlanOutcome:
         """One line naming the knobs widened (None when none was)."""
         if not self.widened:
             return None
-        knobs = ", ".join(f"{FLAGS[k]} {WIDENABLE[k]}" for k in self.widened)
+        knobs = ", ".join(f"{KNOBS[k]} {WIDENABLE[k]}" for k in self.widened)
         return f"nothing in the requested space fits memory; widened the memory knobs not given: {knobs}"
+
+    def no_fit_error(self) -> DoesNotFitError:
+        """The error for a problem where no plan fits (only after widening)."""
+        return DoesNotFitError(self.no_fit_message(), quantities=tuple(KNOBS.values()))
 
     def no_fit_message(self) -> str:
         """The one line for a problem where no plan fits (only after widening)."""
         least = self.least_memory
         capacity = self.problem.profile.memory_capacity_bytes
-        given = [FLAGS[k] for k in WIDENABLE if k not in self.widened]
-        tried = "" if not self.widened else f" (after widening {', '.join(FLAGS[k] for k in self.widened)})"
+        given = [KNOBS[k] for k in WIDENABLE if k not in self.widened]
+        tried = "" if not self.widened else f" (after widening {', '.join(KNOBS[k] for k in self.widened)})"
         hint = "add devices or freeze blocks" + (f", or search the knobs you fixed ({', '.join(given)})"
                                                  if given else "")
         if least is None:

@@ -56,17 +56,18 @@ def check_file(url: str | None, *, write: bool = True) -> None:
     if path is None or not path.exists():
         return
     if path.is_dir():
-        raise MpipeError(f"storage {path} is a folder; give --storage a file, e.g. sqlite:///{path / 'mpipe-tune.db'}")
+        raise MpipeError(f"study storage {path} is a folder; give a file, e.g. sqlite:///{path / 'mpipe-tune.db'}",
+                         quantities=("study storage",))
     tables = _tables(path)
     if tables and not OPTUNA_TABLES <= tables:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
-        raise MpipeError(f"storage {path} is another tool's SQLite database (tables {shown}), not an Optuna study "
-                         f"storage; nothing was written to it: give --storage a file of its own, e.g. "
-                         f"sqlite:///mpipe-tune.db")
+        raise MpipeError(f"study storage {path} is another tool's SQLite database (tables {shown}), not an Optuna "
+                         f"study storage; nothing was written to it: give a study storage file of its own, e.g. "
+                         f"sqlite:///mpipe-tune.db", quantities=("study storage",))
     if write and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
         what = "the file" if not os.access(path, os.W_OK) else f"its folder {path.parent}"
-        raise MpipeError(f"storage {path} is read-only ({what} cannot be written); make it writable (chmod u+w) or "
-                         f"copy it to a writable folder and point --storage at the copy")
+        raise MpipeError(f"study storage {path} is read-only ({what} cannot be written); make it writable (chmod u+w) "
+                         f"or copy it to a writable folder and use the copy", quantities=("study storage",))
 
 
 def _tables(path: Path) -> frozenset[str]:
@@ -95,24 +96,27 @@ def fault_of(exc: BaseException, url: str | None) -> MpipeError | None:
     name = str(path) if path is not None else url
     kept = _kept(path)
     if "database is locked" in text or "database table is locked" in text:
-        return MpipeError(f"storage {name} is locked: another process holds a write transaction on it; let that process "
-                          f"finish (or stop it), then rerun the same command to continue{kept}")
+        return MpipeError(f"study storage {name} is locked: another process holds a write transaction on it; let that "
+                          f"process finish (or stop it), then rerun the same command to continue{kept}",
+                          quantities=("study storage",))
     if "database or disk is full" in text or "no space left" in text or "disk quota" in text:
-        return MpipeError(f"storage {name} is full: no space left on its disk; free space there, or copy the file to "
-                          f"another disk and point --storage at the copy, then rerun the same command to continue{kept}")
+        return MpipeError(f"study storage {name} is full: no space left on its disk; free space there, or copy the file "
+                          f"to another disk and use the copy, then rerun the same command to continue{kept}",
+                          quantities=("study storage",))
     if "readonly database" in text or "read-only file system" in text:
-        return MpipeError(f"storage {name} is read-only; make it and its folder writable (chmod u+w) or copy it to a "
-                          f"writable folder and point --storage at the copy{kept}")
+        return MpipeError(f"study storage {name} is read-only; make it and its folder writable (chmod u+w) or copy it "
+                          f"to a writable folder and use the copy{kept}", quantities=("study storage",))
     if "file is not a database" in text or "malformed" in text or "file is encrypted" in text:
         detail = "not an SQLite file" if "not a database" in text else "its SQLite pages are damaged"
-        return MpipeError(f"storage {name} is damaged ({detail}); move it aside to start a new study, or recover its rows "
-                          f"with `sqlite3 {name} .recover | sqlite3 recovered.db` and point --storage at recovered.db")
+        return MpipeError(f"study storage {name} is damaged ({detail}); move it aside to start a new study, or recover "
+                          f"its rows with `sqlite3 {name} .recover | sqlite3 recovered.db` and use recovered.db",
+                          quantities=("study storage",))
     if "unable to open database file" in text:
-        return MpipeError(f"storage {name} cannot be opened: its folder does not exist or cannot be written; create the "
-                          f"folder or give --storage a file in a writable one")
+        return MpipeError(f"study storage {name} cannot be opened: its folder does not exist or cannot be written; "
+                          f"create the folder or give a file in a writable one", quantities=("study storage",))
     if "optuna storage upgrade" in text or "no longer compatible with the table schema" in text:
-        return MpipeError(f"storage {name} was written by another Optuna version; upgrade it with `optuna storage upgrade "
-                          f"--storage {url}` (or give --storage a new file)")
+        return MpipeError(f"study storage {name} was written by another Optuna version; upgrade it with `optuna storage "
+                          f"upgrade --storage {url}` (or give a new file)", quantities=("study storage",))
     return None
 
 
@@ -161,8 +165,8 @@ def names_storage_faults(function):
 PROBLEM_PARTS = {
     "model": "the model", "profile": "the hardware profile", "source": "the workload", "devices": "the device count",
     "global_batch": "the global batch", "samples": "the sampled steps", "seed": "the seed",
-    "options": "the cost options (--dtype, --recompute and the like, or how this mpipe-tune version defines them)",
-    "space": "the search space (its flags, or how this mpipe-tune version defines it)",
+    "options": "the cost options (dtype, recomputation and the like, or how this mpipe-tune version defines them)",
+    "space": "the search space (its settings, or how this mpipe-tune version defines it)",
 }
 """The parts of a planning problem, as a message names them."""
 
@@ -186,15 +190,15 @@ def claim_study(study, storage: str | None, payload: dict) -> None:
             study.set_user_attr("problem_parts", parts)
         return
     place = f"study '{study.study_name}' in {sqlite_path(storage) or storage}"
-    fix = (f"give another --study name (the old study stays), or delete it with `optuna delete-study --storage "
+    fix = (f"give another study name (the old study stays), or delete it with `optuna delete-study --storage "
            f"{storage} --study-name {study.study_name}` and rerun")
     if not isinstance(stored_parts, dict):
         raise MpipeError(f"{place} was made for another planning problem, or by an earlier mpipe-tune that defined the "
-                         f"problem otherwise (it does not say which part differs); {fix}")
+                         f"problem otherwise (it does not say which part differs); {fix}", quantities=("study name",))
     differ = [name for name in PROBLEM_PARTS if stored_parts.get(name) != parts.get(name)]
     named = "; ".join(PROBLEM_PARTS[name] for name in differ) or "the problem's digest"
     raise MpipeError(f"{place} was made for another planning problem, differing in {named}; rerun with the study's "
-                     f"original inputs, or {fix}")
+                     f"original inputs, or {fix}", quantities=("study name",))
 
 
 # --------------------------------------------------------------------------------------- size
@@ -209,8 +213,9 @@ sampled search converges in hundreds, an exhaustive one settles most points by t
 def check_trial_budget(n_trials: int) -> None:
     """Refuse, before anything starts, a requested total no study may hold."""
     if n_trials > MAX_TRIALS:
-        raise MpipeError(f"--trials {n_trials} is above {MAX_TRIALS}, the most a study may hold (a search reloads every "
-                         f"stored trial, about 25 KB of memory each); give at most {MAX_TRIALS}")
+        raise MpipeError(f"trial budget {n_trials} is above {MAX_TRIALS}, the most a study may hold (a search reloads "
+                         f"every stored trial, about 25 KB of memory each); give at most {MAX_TRIALS}",
+                         quantities=("trial budget",))
 
 
 def check_study_size(storage: str | None, study_name: str) -> None:
@@ -228,5 +233,6 @@ def check_study_size(storage: str | None, study_name: str) -> None:
         return  # a fault here is named where Optuna meets it
     if count > MAX_TRIALS:
         raise MpipeError(f"study '{study_name}' in {path} holds {count} trials, more than the {MAX_TRIALS} a search "
-                         f"reloads (about 25 KB of memory each); give another --study name, or read its trials with "
-                         f"`mpipe-tune trials --storage {storage} --study {study_name} --csv FILE`")
+                         f"reloads (about 25 KB of memory each); give another study name, or read its trials with "
+                         f"`mpipe-tune trials --storage {storage} --study {study_name} --csv FILE`",
+                         quantities=("study name",))

@@ -141,8 +141,8 @@ def _check_storage(storage: str) -> None:
     if storage.startswith(prefix) and storage[len(prefix):] not in ("", ":memory:"):
         path = Path(storage[len(prefix):].split("?")[0])
         if not path.is_file():
-            raise MpipeError(f"storage {storage}: no such file {path}; name the database 'mpipe-tune plan --storage' "
-                             f"wrote, e.g. sqlite:///mpipe-tune.db")
+            raise MpipeError(f"study storage {storage}: no such file {path}; name the database the plan's search "
+                             f"wrote, e.g. sqlite:///mpipe-tune.db", quantities=("study storage",))
 
 
 # --------------------------------------------------------------------------------------- table

@@ -291,5 +291,5 @@ def test_a_dtype_far_below_the_best_training_dtype_gets_a_note() -> None:
     h100 = load_profile("h100-sxm")
     assert h100.slow_dtype_note("bf16") is None
     note = h100.slow_dtype_note("fp32")
-    assert "15x below its bf16 peak" in note and "--dtype bf16" in note  # not fp8: no whole step runs in it
+    assert "15x below its bf16 peak" in note and "plan with dtype bf16" in note  # not fp8: no whole step runs in it
     assert load_profile("cpu-generic").slow_dtype_note("bf16") is None

@@ -148,7 +148,7 @@ def test_transpose_is_refused_in_one_line_naming_the_encoder_in_first_stage_plan
     plan = plan_from_record(record, model, names=("best", "megatron"))
     for writer in (to_torch_csv, to_megatron, lambda p: to_torchtitan(p, "x.csv")):
         message = one_line_error(lambda: writer(plan))
-        assert "region 1 is a transpose" in message and "--plan megatron" in message
+        assert "region 1 is a transpose" in message and "stored plan 'megatron'" in message
     alone = plan_from_record(record, model)  # a file without the megatron baseline: say how to make it
     assert "<1f1b> with no cut" in one_line_error(lambda: to_torch_csv(alone))
 
@@ -158,7 +158,7 @@ def test_zero_bubble_plans_are_refused_in_one_line_by_the_formats_without_split_
     record, model = make_record(schedule, cut, 4, 8, baselines={"megatron": ("1f1b", ())})
     plan = plan_from_record(record, model, names=("best", "megatron"))
     message = one_line_error(lambda: to_megatron(plan))
-    assert "split input/weight backwards" in message and "--plan megatron" in message and "torch-csv" in message
+    assert "split input/weight backwards" in message and "stored plan 'megatron'" in message and "torch-csv" in message
     assert "zero-bubble" in one_line_error(lambda: to_hyper_parallel(plan))
 
 
@@ -168,7 +168,7 @@ def test_cli_refuses_a_transpose_with_exit_2_and_writes_nothing(tmp_path, capsys
     out = tmp_path / "schedule.csv"
     assert main(["export", str(tmp_path / "plan.json"), "--to", "torch-csv", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--plan megatron" in err and not out.exists()
+    assert err.count("\n") == 1 and "stored plan (--plan) 'megatron'" in err and not out.exists()
     assert main(["export", str(tmp_path / "plan.json"), "--to", "torch-csv", "--plan", "megatron"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert len(rows) == 2 and rows[0].startswith("0F0,")

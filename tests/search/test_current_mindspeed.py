@@ -107,4 +107,5 @@ def test_plan_shows_the_run_as_its_current_row(tmp_path, capsys):
     assert "give --current model.json" in capsys.readouterr().err
     assert main(["plan", "--devices", "4", "--trials", "4", "--no-progress", "--out", str(tmp_path / "p.json"),
                  "--current", str(path), "--current-args", "--global-batch-size 64"]) == 2
-    assert "plan with --global-batch 64" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "global batch (--global-batch) of 16 sequences; plan with global batch 64" in err

@@ -114,9 +114,9 @@ def test_a_study_is_for_one_problem_only(tmp_path):
 
 def test_bad_storage_and_trials_are_user_errors(tmp_path):
     space, evaluator = make()
-    with pytest.raises(MpipeError, match="--storage"):
+    with pytest.raises(MpipeError, match="study storage"):
         run_search(space, evaluator, storage="nosuchdb://x", n_trials=3, progress=False)
-    with pytest.raises(MpipeError, match="--trials"):
+    with pytest.raises(MpipeError, match="trial budget"):
         run_search(space, evaluator, storage=url(tmp_path), n_trials=0, progress=False)
 
 

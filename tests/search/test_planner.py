@@ -2,6 +2,7 @@
 
 import pytest
 
+from mpipe_tune.cli.errors import error_line
 from mpipe_tune.cost.profile import parse_profile
 from mpipe_tune.search import Evaluator, Problem, SearchSpace
 from mpipe_tune.search.planner import SearchOptions, SpaceRequest, has_experts, plan, space_options
@@ -79,10 +80,12 @@ def test_when_nothing_fits_the_open_memory_knobs_are_widened_and_a_given_one_is_
     outcome = plan(problem(small, 2, 4, tiny), SpaceRequest(max_microbatches=8), SearchOptions(trials=20, progress=False))
     assert outcome.best is not None and outcome.best.fits
     assert outcome.widened == ("recompute", "zero", "sequence_parallel")
-    assert outcome.widened_line.endswith("--recompute all, --zero search, --sequence-parallel search")
+    assert outcome.widened_line.endswith("recomputation all, ZeRO stage search, sequence parallelism search")
     refused = plan(problem(small, 2, 4, tiny), SpaceRequest(max_microbatches=8, recompute="off", zero="1",
                                                 sequence_parallel="off"),
                    SearchOptions(trials=20, progress=False))
     assert refused.best is None and refused.widened == ()
-    assert "search the knobs you fixed (--recompute, --zero, --sequence-parallel)" in refused.no_fit_message()
+    assert "search the knobs you fixed (recomputation, ZeRO stage, sequence parallelism)" in refused.no_fit_message()
+    line = error_line(refused.no_fit_error(), "plan")  # the command line adds each knob's flag
+    assert "(recomputation (--recompute), ZeRO stage (--zero), sequence parallelism (--sequence-parallel))" in line
     assert refused.least_memory is not None and refused.least_memory.peak_bytes > capacity

@@ -168,7 +168,7 @@ def test_another_tool_s_database_is_refused_and_left_untouched(tmp_path, capsys)
         c.execute("INSERT INTO notes VALUES ('mine')")
         c.commit()
     before = db.read_bytes()
-    one_line_error(capsys, plan(db), str(db), "another tool's SQLite database (tables notes)", "a file of its own")
+    one_line_error(capsys, plan(db), str(db), "another tool's SQLite database (tables notes)", "a study storage file of its own")
     one_line_error(capsys, main(["trials", "--storage", f"sqlite:///{db}"]), "another tool's")
     assert db.read_bytes() == before  # Optuna would have added its tables
 
@@ -204,7 +204,7 @@ def test_a_study_of_an_earlier_problem_definition_is_told_so(study_db, capsys):
 
 def test_a_trial_budget_no_study_may_hold_is_refused_before_the_search(tmp_path, capsys):
     db = tmp_path / "study.db"
-    one_line_error(capsys, plan(db, "--trials", "100001"), "--trials 100001 is above 100000")
+    one_line_error(capsys, plan(db, "--trials", "100001"), "trial budget (--trials) 100001 is above 100000")
     assert not db.exists()
 
 
