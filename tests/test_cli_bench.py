@@ -88,7 +88,7 @@ def no_launch(monkeypatch):
     (["--plans", "best,zigzag"], "holds no plan named 'zigzag'; it holds best, megatron, disttrain, vpp, gpipe, mpipe-rr"),
     (["--plans", ","], "the list of plans to run is empty; name one or more of best, megatron"),
     (["--rounds", "0"], "round count is 0"),
-    (["--steps", "0"], "--steps is 0"),
+    (["--steps", "0"], "step count (--steps) is 0"),
     (["--compute", "emulated", "--gantt", "/no/such/folder"], "--gantt /no/such/folder: no such folder"),
 ])
 def test_bad_input_exits_2_with_one_line(plan_file, capsys, no_launch, args, words):
@@ -133,6 +133,6 @@ def test_a_moved_model_file_is_named_and_found_again_with_model(tmp_path, capsys
     capsys.readouterr()
     (tmp_path / "m.yaml").rename(tmp_path / "moved.yaml")
     args = ["bench", "plan.json", "--compute", "emulated", "--rounds", "1", "--steps", "1", "--plans", "best", "--json"]
-    one_line_error(capsys, main(args), "is not there any more (moved or deleted); point to it with --model")
+    one_line_error(capsys, main(args), "is not there any more (moved or deleted); give its new path")
     assert main([*args, "--model", "moved.yaml"]) == 0
     assert [p["name"] for p in json.loads(capsys.readouterr().out)["plans"]] == ["best"]

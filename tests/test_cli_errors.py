@@ -18,6 +18,8 @@ def test_the_flag_follows_the_quantity_s_first_mention_and_names_another_command
     assert error_line(exc, "run") == ("x: run it with owner mode (--owners) fixed, or re-plan with owner policy "
                                       "(plan --owners) greedy; owner mode again")
     assert flag_of("trial budget", "plan") == "--trials" and flag_of("trial budget", "show") == "plan --trials"
+    assert flag_of("step count", "bench", {"--steps", "--rounds"}) == "--steps"  # bench has run's flag too
+    assert flag_of("step count", "plan", {"--trials"}) == "run --steps"
     assert flag_of("no such quantity", "plan") is None
 
 

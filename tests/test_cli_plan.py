@@ -155,11 +155,11 @@ def tiny_capacity_profile(tmp_path):
     (["--devices", "1"], "no (pp, tp, dp) with pp*tp*dp = 1 devices gives a plan"),
     (["--devices", "29", "--global-batch", "29"], "has 25 layers"),
     (["--devices", "4", "--pp", "3"], "pp pinned to 3"),
-    (["--owners", "lottery"], "--owners 'lottery'"),
-    (["--skeletons", "zigzag"], "--skeletons 'zigzag'"),
-    (["--sampler", "annealing"], "--sampler 'annealing'"),
-    (["--trials", "0"], "--trials is 0"),
-    (["--storage", "nosuchdb://x"], "--storage nosuchdb://x: cannot open"),
+    (["--owners", "lottery"], "owner policies (--owners) 'lottery'"),
+    (["--skeletons", "zigzag"], "skeletons (--skeletons) 'zigzag'"),
+    (["--sampler", "annealing"], "sampler (--sampler) 'annealing' is unknown"),
+    (["--trials", "0"], "trial budget (--trials) is 0"),
+    (["--storage", "nosuchdb://x"], "study storage (--storage) nosuchdb://x: cannot open"),
     (["--model", "nope"], "neither a file nor a built-in model"),
     (["--workload", "nope"], "unknown workload 'nope'"),
 ])
@@ -197,8 +197,8 @@ def test_interior_transposes_join_the_space_on_request_and_a_model_without_a_pro
 
 def test_a_model_that_fits_no_plan_exits_2(tmp_path, capsys):
     code = plan(tmp_path, *SMALL, "--model", "tiny-vit-llm", "--profile", tiny_capacity_profile(tmp_path))
-    one_line_error(capsys, code, "no plan fits memory (after widening --recompute, --zero, --sequence-parallel): of "
-                                 "the plans tried the smallest static memory")
+    one_line_error(capsys, code, "no plan fits memory (after widening recomputation (--recompute), ZeRO stage (--zero), "
+                                 "sequence parallelism (--sequence-parallel)): of the plans tried the smallest static memory")
 
 
 def test_show_refuses_a_plan_whose_inputs_changed(tmp_path, capsys):
@@ -430,7 +430,8 @@ def test_relative_inputs_are_stored_resolved_and_a_moved_one_is_named(tmp_path, 
     capsys.readouterr()
     (work / "m.yaml").rename(elsewhere / "moved.yaml")
     one_line_error(capsys, main(["show", str(work / "plan.json")]),
-                   f"its model file {work / 'm.yaml'} is not there any more (moved or deleted); point to it with --model")
+                   f"the file of its model (--model), {work / 'm.yaml'}, is not there any more (moved or deleted); "
+                   f"give its new path")
     assert main(["show", str(work / "plan.json"), "--model", "moved.yaml"]) == 0
 
 

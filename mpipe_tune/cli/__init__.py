@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command in COMMANDS:
         p = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(p)
-        p.set_defaults(handler=command)
+        p.set_defaults(handler=command, cli_flags=frozenset(p._option_string_actions))
     return parser
 
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         return code
     except MpipeError as exc:
-        print(f"mpipe-tune {args.command}: error: {error_line(exc, args.command)}", file=sys.stderr)
+        print(f"mpipe-tune {args.command}: error: {error_line(exc, args.command, args.cli_flags)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         said = "; ".join(stop.kept) if stop is not None and stop.kept else args.handler.after_interrupt

@@ -3,23 +3,24 @@
 Errors below the CLI name quantities (``trial budget is 0, but at least one trial is needed``) and
 list them in :attr:`~mpipe_tune.errors.MpipeError.quantities`; :data:`FLAGS` says which flag sets
 each, and :func:`error_line` writes it after the quantity's first mention
-(``trial budget (--trials) is 0, ...``). A flag of another command keeps the command's name
-(``owner policy (plan --owners)`` in an error of ``run``).
+(``trial budget (--trials) is 0, ...``). A flag the command does not have keeps the name of the command
+it belongs to (``owner policy (plan --owners)`` in an error of ``run``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 from mpipe_tune.errors import MpipeError
 
 FLAGS = {
-    # quantity, as errors name it: the flag that sets it ("COMMAND --flag" when one command has it)
+    # quantity, as errors name it: the flag that sets it, after the command it belongs to
     "trial budget": "plan --trials",
     "sampler": "plan --sampler",
     "tolerance": "plan --tolerance",
-    "study storage": "--storage",
-    "study name": "--study",
+    "study storage": "plan --storage",
+    "study name": "plan --study",
     "owner policies": "plan --owners",
     "owner policy": "plan --owners",
     "skeletons": "plan --skeletons",
@@ -38,51 +39,52 @@ FLAGS = {
     "recomputation": "plan --recompute",
     "ZeRO stage": "plan --zero",
     "global batch": "plan --global-batch",
+    "dtype": "plan --dtype",
+    "model": "plan --model",
+    "hardware profile": "plan --profile",
+    "workload": "plan --workload",
+    "tokenizer": "plan --tokenizer",
+    "characters per token": "plan --chars-per-token",
+    "image folder": "plan --image-folder",
+    "output file": "plan --out",
+    "timeline picture": "plan --gantt",
+    "cut": "predict --cut",
     "owner mode": "run --owners",
     "data mode": "run --data",
-    "compute mode": "--compute",
+    "compute mode": "run --compute",
     "step count": "run --steps",
-    "device kind": "--device",
-    "process count": "profile --nproc",
-    "dtype": "--dtype",
-    "workload": "--workload",
-    "tokenizer": "--tokenizer",
-    "characters per token": "--chars-per-token",
-    "image folder": "--image-folder",
-    "model": "--model",
-    "hardware profile": "--profile",
-    "cut": "--cut",
-    "output file": "--out",
     "trace file": "run --trace",
-    "timeline picture": "--gantt",
+    "device kind": "run --device",
+    "process count": "profile --nproc",
     "export format": "export --to",
-    "stored plan": "--plan",
+    "stored plan": "export --plan",
     "HTML report": "report --html",
     "distribution picture": "workload --plot",
 }
-"""Each quantity an error may name, and the flag that sets it."""
+"""Each quantity an error may name, and the flag that sets it, after the command it belongs to."""
 
 
-def flag_of(quantity: str, command: str) -> str | None:
-    """The flag that sets ``quantity``, as a user of ``command`` types it: ``--trials`` in ``plan``,
-    ``plan --trials`` elsewhere; None for a quantity no flag sets."""
+def flag_of(quantity: str, command: str, options: Collection[str] = ()) -> str | None:
+    """The flag that sets ``quantity`` as a user of ``command`` (whose flags are ``options``) types it:
+    ``--steps`` where the command has it (``run``, ``bench``), ``run --steps`` elsewhere; None for a
+    quantity no flag sets."""
     flag = FLAGS.get(quantity)
     if flag is None:
         return None
     owner, _, bare = flag.rpartition(" ")
-    return bare if owner in ("", command) else flag
+    return bare if command == owner or bare in options else flag
 
 
-def error_line(exc: MpipeError, command: str) -> str:
+def error_line(exc: MpipeError, command: str, options: Collection[str] = ()) -> str:
     """``exc``'s one line with the flag beside the first mention of each quantity it names."""
-    return with_flags(str(exc), exc.quantities, command)
+    return with_flags(str(exc), exc.quantities, command, options)
 
 
-def with_flags(line: str, quantities: tuple[str, ...], command: str) -> str:
+def with_flags(line: str, quantities: tuple[str, ...], command: str, options: Collection[str] = ()) -> str:
     """``line`` with the flag beside the first mention of each of ``quantities`` (a whole word: not
     ``model`` in ``model.json``); a quantity the line does not name is skipped."""
     for quantity in quantities:
-        flag = flag_of(quantity, command)
+        flag = flag_of(quantity, command, options)
         found = re.search(r"(?<![\w./-])" + re.escape(quantity) + r"(?![\w-]|\.\w)", line)
         if flag is not None and found is not None:
             line = f"{line[:found.end()]} ({flag}){line[found.end():]}"

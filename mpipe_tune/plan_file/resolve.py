@@ -92,8 +92,8 @@ def _moved(file: PlanFile, what: str, spec: str) -> None:
     """A one-line error when ``spec`` names a file that is not there any more (``what``: the quantity)."""
     path = Path(spec)
     if (path.is_absolute() or "/" in spec) and not path.exists():
-        raise PlanFileError(f"{file.where}: its {what} file {spec} is not there any more (moved or deleted); give "
-                            f"the {what}'s new path", quantities=(what,))
+        raise PlanFileError(f"{file.where}: the file of its {what}, {spec}, is not there any more (moved or "
+                            f"deleted); give its new path", quantities=(what,))
 
 
 def load_plan_model(file: PlanFile, *, spec: str | None = None) -> Model:

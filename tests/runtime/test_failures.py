@@ -158,16 +158,16 @@ def test_a_trace_that_cannot_be_written_is_refused_before_the_run(plan, tmp_path
 
 def test_missing_devices_are_one_line(plan):
     if not torch.cuda.is_available():
-        assert_one_line_exit_2(run_cli(plan, "--device", "cuda"), "--device cuda: no CUDA GPU")
+        assert_one_line_exit_2(run_cli(plan, "--device", "cuda"), "device kind (--device) cuda: no CUDA GPU")
     try:
         import torch_npu  # noqa: F401
     except Exception:
-        assert_one_line_exit_2(run_cli(plan, "--device", "npu"), "--device npu: torch_npu is not usable")
+        assert_one_line_exit_2(run_cli(plan, "--device", "npu"), "device kind (--device) npu: torch_npu is not usable")
 
 
 def test_a_model_the_runtime_cannot_build_is_refused(tmp_path):
     path = make_plan(tmp_path, "1f1b", (), 2, model_spec="example-mllm")
-    assert_one_line_exit_2(run_cli(str(path)), "explicit per-token costs", "--compute emulated")
+    assert_one_line_exit_2(run_cli(str(path)), "explicit per-token costs", "compute mode (--compute) emulated")
 
 
 # ------------------------------------------------------------ a rank killed from outside, mid-step

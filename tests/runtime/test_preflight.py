@@ -50,7 +50,7 @@ def test_a_plan_larger_than_the_host_is_refused_in_one_line_before_any_rank(plan
     proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "run", str(big)], capture_output=True, text=True, timeout=600)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert "GiB of predicted memory" in lines[0] and "this host has" in lines[0] and "--compute emulated" in lines[0]
+    assert "GiB of predicted memory" in lines[0] and "this host has" in lines[0] and "compute mode (--compute) emulated" in lines[0]
     host_bytes, shared, _ = available_memory("cpu")
     assert shared and host_bytes > 0
 

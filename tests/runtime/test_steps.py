@@ -89,13 +89,13 @@ def test_ranks_that_read_the_same_metadata_hold_the_same_key(sampled):
 
 def test_per_step_owners_need_a_policy_and_a_transpose(tmp_path):
     explicit = make_policy_plan(tmp_path, P, None, (0, 0, 1, 2))
-    with pytest.raises(MpipeError, match="holds an explicit owner map and no owner policy.*--owners fixed"):
+    with pytest.raises(MpipeError, match="holds an explicit owner map and no owner policy.*owner mode fixed"):
         resolve_modes(read_plan_file(str(explicit)), owners="per-step")
     assert resolve_modes(read_plan_file(str(explicit))) == StepModes("fixed", "stored")
     plain = make_plan(tmp_path, "1f1b", (), 2)
     with pytest.raises(MpipeError, match="does not start with a transpose region"):
         resolve_modes(read_plan_file(str(plain)), owners="per-step")
-    with pytest.raises(MpipeError, match="--owners 'sometimes': use one of per-step, fixed"):
+    with pytest.raises(MpipeError, match="owner mode 'sometimes' is unknown; use one of per-step, fixed"):
         resolve_modes(read_plan_file(str(plain)), owners="sometimes")
 
 
@@ -106,7 +106,7 @@ def test_an_unknown_owner_policy_is_refused_in_one_line(tmp_path):
     path.write_text(json.dumps(record))
     view = read_plan_file(str(path))
     with pytest.raises(MpipeError, match="owner policy 'lottery' is unknown; owner policies are round-robin, greedy, "
-                                         "optimal: run the stored map with --owners fixed"):
+                                         "optimal: run the stored map with owner mode fixed"):
         resolve_modes(view)
     assert resolve_modes(view, owners="fixed") == StepModes("fixed", "stored")
 
