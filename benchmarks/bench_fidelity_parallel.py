@@ -15,8 +15,9 @@ layers calibrated (``--profile``, or measured first with ``mpipe-tune profile --
 
 Each plan runs ``--steps`` steps in one launch per plan and compute mode; measured = the median step
 time over the steps after the first (warm-up), the slowest rank's. The error is measured / predicted - 1.
-The record holds each run's CPU seconds (user + sys of its rank processes) and the 1-minute load
-average before it: wall times taken on a shared host are not the machine's.
+The record holds each run's CPU seconds (every rank's over its steps, summed: ``steps_cpu_s`` of the
+run's summary) and the 1-minute load average before it: wall times taken on a shared host are not the
+machine's.
 
     python benchmarks/bench_fidelity_parallel.py --profile benchmarks/profiles/moe-vm-4.json [--steps 4] [--json OUT]
 """
@@ -28,7 +29,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -101,16 +101,14 @@ def make_plan(case: Case, profile_path: Path, folder: Path) -> Path:
 
 def run(path: Path, compute: str, steps: int) -> tuple[dict, float]:
     """One ``mpipe-tune run`` of the plan (its own launch): its ``--json`` summary and the CPU seconds
-    (user + sys) of the launch and its rank processes."""
+    its ranks spent over their steps, summed."""
     command = [sys.executable, "-m", "mpipe_tune.cli", "run", str(path), "--compute", compute, "--steps", str(steps),
                "--json", "--no-progress"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{path.name} ({compute}) failed: {done.stderr.strip()[-2000:]}")
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return json.loads(done.stdout), cpu_s
+    result = json.loads(done.stdout)
+    return result, sum(result["steps_cpu_s"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,7 +79,7 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
     transport.connect()
     executor = Executor(view, rank, compute, transport)
     records, steps = [], []
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     with frozen_heap():
         for step in range(job.steps):
             step_plan = planner.plan(step)
@@ -100,13 +100,16 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
                     print(f"mpipe-tune run: step {step + 1}/{job.steps} done in {step_s * 1e3:.1f} ms (predicted "
                           f"{step_plan.view.predicted_step_s * 1e3:.1f} ms), {time.perf_counter() - started:.1f} s in",
                           file=sys.stderr, flush=True)
+    cpu_s = time.process_time() - cpu_started  # this rank's CPU seconds over its steps (every thread)
     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
-    dist.gather_object(records, gathered, dst=0)
+    dist.gather_object((records, cpu_s), gathered, dst=0)
     if ctx.rank != 0:
         return None
+    gathered, steps_cpu_s = [g[0] for g in gathered], [g[1] for g in gathered]
     about = {"device": ctx.device_kind, "backend": ctx.backend, "compute": job.compute,
              "dtype": job.dtype_for(view) if job.compute == "real" else None, "world_size": ctx.world_size,
-             "owners": modes.owners, "data": modes.data, "policy": view.candidate.owner_policy}
+             "owners": modes.owners, "data": modes.data, "policy": view.candidate.owner_policy,
+             "steps_cpu_s": steps_cpu_s}
     views = [p.view for p in steps]
     result = {"summary": summary(view, gathered, per_step=[p.record() for p in steps], views=views, **about)}
     if job.trace:
