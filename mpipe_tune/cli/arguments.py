@@ -104,7 +104,7 @@ def load_candidate(args: argparse.Namespace):
     from mpipe_tune.inputs.workload import DEFAULT_NUM_MICROBATCHES
     from mpipe_tune.inputs.specs import load_model, load_profile, load_workload
 
-    from mpipe_tune.workload_spec import is_dataset, load_dataset_workload
+    from mpipe_tune.inputs.workload_spec import is_dataset, load_dataset_workload
 
     model = load_model(args.model)
     profile = load_profile(args.profile)
@@ -161,7 +161,7 @@ def add_dataset_arguments(parser) -> None:
 
 
 def dataset_options(args: argparse.Namespace):
-    from mpipe_tune.workload_spec import DatasetOptions
+    from mpipe_tune.inputs.workload_spec import DatasetOptions
 
     return DatasetOptions(seq_len=args.seq_len, chars_per_token=args.chars_per_token, tokenizer=args.tokenizer,
                           image_folder=args.image_folder)

@@ -36,7 +36,8 @@ class Export(Command):
                             help="a plan stored in the file (megatron, vpp, mpipe-rr, ...; default: the best)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from mpipe_tune.report.export import export_outputs, read_export_plan
+        from mpipe_tune.report.export import export_outputs
+        from mpipe_tune.report.export_plan import read_export_plan
         from mpipe_tune.outputs.files import validate_out_path, write_together
 
         if args.out:

@@ -26,7 +26,7 @@ class Workload(Command):
         from mpipe_tune.errors import MpipeError
         from mpipe_tune.report.dataset import distribution_record, draw_distribution, print_distribution
         from mpipe_tune.inputs.specs import load_model
-        from mpipe_tune.workload_spec import is_dataset, load_dataset
+        from mpipe_tune.inputs.workload_spec import is_dataset, load_dataset
 
         if args.plot:
             from mpipe_tune.report.gantt import validate_picture_path

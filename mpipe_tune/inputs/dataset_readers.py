@@ -24,7 +24,7 @@ import numpy as np
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import read_text
-from mpipe_tune.inputs.dataset import DatasetSpec, Records
+from mpipe_tune.inputs.dataset_spec import DatasetSpec, Records
 
 MANIFEST_SUFFIXES = (".csv", ".parquet", ".pq")
 CONVERSATION_SUFFIXES = (".json", ".jsonl")

@@ -65,278 +65,26 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mpipe_tune.algebra.encoder_backward import moved_count
-from mpipe_tune.algebra.derive import wavefront_stages as derive_stages
-from mpipe_tune.algebra.events import Bwd, Fwd, Wgrad
-from mpipe_tune.algebra.model import ArchCost, Model
+from mpipe_tune.algebra.events import Fwd, Wgrad
 from mpipe_tune.algebra.order import num_rounds
-from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch
-from mpipe_tune.algebra.plan import Plan
-from mpipe_tune.algebra.schedule import Layout, Skeleton
+from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.plan_file import BEST, PlanFile, Section, resolve
+from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
+from mpipe_tune.report.export_mindspeed import mindspeed_outputs
+from mpipe_tune.report.export_plan import (
+    PROJECTOR_BLOCK, ExportPlan, Output, frozen_blocks, stored_hint, validate_all_sharded, validate_vision_first,
+    wavefront_stages,
+)
 from mpipe_tune.search.baselines import REFERENCE
-
-EMBEDDING_KIND = "embedding"
-LM_HEAD_KIND = "lm_head"
-PROJECTOR_BLOCK = "projector"
-MPIPE_RR = "mpipe-rr"
-"""The stored baseline of ``<transpose,1f1b>`` with round-robin owners."""
-
-
-@dataclass(frozen=True)
-class ExportLayer:
-    name: str
-    block: str
-    kind: str | None
-    """The architecture kind (``embedding``, ``dense_block``, ``lm_head``, ...); None for a layer
-    given by explicit costs."""
-    trainable: bool
-
-
-@dataclass(frozen=True)
-class ExportRegion:
-    index: int
-    """1-based, as in the paper."""
-    skeleton: Skeleton
-    layers: tuple[int, int]
-    """The region's layers [start, stop)."""
-    slabs: tuple[tuple[int, int], ...]
-    """Sharded: rank -> its slab [start, stop); empty for a Replicated region."""
-    owners: tuple[int, ...]
-    """Replicated: microbatch -> the rank that runs it; empty for a Sharded region."""
-
-    @property
-    def is_sharded(self) -> bool:
-        return self.skeleton.layout is Layout.SHARDED
-
-
-@dataclass(frozen=True)
-class ExportPlan:
-    """One plan of a plan file as the writers read it."""
-
-    name: str
-    """``best`` or the stored plan's name (``megatron``, ...)."""
-    names: tuple[str, ...]
-    """Every plan the file holds (the closest-plan hints name one of them)."""
-    pp: int
-    tp: int
-    dp: int
-    dtype: str
-    recompute: bool
-    """Full recomputation (one more forward per backward)."""
-    num_microbatches: int
-    regions: tuple[ExportRegion, ...]
-    orders: tuple[tuple[Fwd | Bwd | Wgrad, ...], ...]
-    """Per pipeline rank, its compute events in the order it runs them (a zero-bubble skeleton's
-    split backward as a ``Bwd``, the input gradient, and a later ``Wgrad``)."""
-    layers: tuple[ExportLayer, ...]
-    num_vision_layers: int
-    """The layers before the first backbone (``llm``) layer: the encoder and its projector."""
-    text_tokens: tuple[int, ...]
-    """Per microbatch, the backbone's sequence length."""
-    stage_order: tuple[tuple[int, int], ...] = ()
-    """The Sharded (region, rank) stages in wavefront order: stage index = position (every region's
-    ranks in increasing order, ``zbv``'s second region in decreasing order, a V)."""
-    ep: int = 1
-    """Expert-parallel degree, carved from the dp x cp ranks."""
-    cp: int = 1
-    sequence_parallel: bool = False
-    selective_recompute: bool = False
-    """Recomputation of the attention core only (Megatron-LM's selective granularity)."""
-    zero_stage: int = 0
-    """1: the optimizer state sharded over the data-parallel ranks (a distributed optimizer)."""
-    encoder_tp: int | None = None
-    """The encoder's own tensor-parallel degree below ``tp``; None: ``tp``."""
-    moe_layers: tuple[tuple[int, int], ...] = ()
-    """Per MoE decoder layer, (its number among the decoder layers, its routed expert count)."""
-    moe_top_k: int = 0
-
-    @property
-    def schedule(self) -> str:
-        return ",".join(r.skeleton.value for r in self.regions)
-
-    @property
-    def sharded(self) -> tuple[ExportRegion, ...]:
-        return tuple(r for r in self.regions if r.is_sharded)
-
-    @property
-    def num_chunks(self) -> int:
-        """Virtual stages per rank: the Sharded regions woven into one wavefront."""
-        return len(self.sharded)
-
-    @property
-    def is_v(self) -> bool:
-        """Whether the stages sit in a V (``zbv``: rank r holds stages r and 2P-1-r)."""
-        return any(r.skeleton is Skeleton.ZBV for r in self.sharded)
-
-    @property
-    def splits_backward(self) -> bool:
-        return any(r.skeleton.splits_backward for r in self.sharded)
-
-    @property
-    def num_devices(self) -> int:
-        return self.pp * self.tp * self.cp * self.dp
-
-    def stage_index(self, region: int, rank: int) -> int:
-        """The stage's position in the wavefront: rank + (j - 1) x P for ``region`` the j-th Sharded
-        region, 2P - 1 - rank for ``zbv``'s second."""
-        return self.stage_order.index((region, rank))
-
-    def describe(self) -> str:
-        extra = "".join(f" {k}{v}" for k, v in (("cp", self.cp), ("ep", self.ep)) if v > 1)
-        return (f"plan '{self.name}' <{self.schedule}> pp{self.pp} tp{self.tp} dp{self.dp}{extra} "
-                f"M={self.num_microbatches}")
-
-
-def read_export_plan(path: str | os.PathLike, name: str | None = None) -> ExportPlan:
-    """The plan ``name`` (default: the best) of plan file ``path``, resolved on the model it names
-    (:func:`~mpipe_tune.plan_file.resolve`: its hashes and stored order checked)."""
-    resolved = resolve(path, name)
-    return export_plan(resolved.section, resolved.plan, resolved.model, name=name or BEST, names=resolved.file.names)
-
-
-def plan_from_record(record: dict[str, Any], model: Model, *, name: str = BEST,
-                     names: tuple[str, ...] = (BEST,)) -> ExportPlan:
-    """An :class:`ExportPlan` from one top-level plan record in its stored form (``plan_record``'s or
-    ``select_plan``'s result), resolved on its model."""
-    resolved = resolve(PlanFile.from_dict(record, path=f"record of plan '{name}'"), model=model)
-    return export_plan(resolved.section, resolved.plan, model, name=name, names=names)
-
-
-def export_plan(section: Section, plan: Plan, model: Model, *, name: str = BEST,
-                names: tuple[str, ...] = (BEST,)) -> ExportPlan:
-    """An :class:`ExportPlan` of a plan's stored section and ``plan``, its derivation on ``model``."""
-    c = section.candidate
-    moved = moved_count(c.encoder_backward_ranks, c.owner_map or ())
-    if moved:
-        raise MpipeError(f"plan '{name}' runs {moved} encoder backward(s) on other ranks than their owners (full "
-                         f"recomputation), which no export writes (hyper-parallel's Mpipe schedule runs each on its "
-                         f"owner); " + (f"export the file's stored plan '{MPIPE_RR}' (its baseline), " if MPIPE_RR
-                                        in names else "") + "re-plan with encoder-backward placement cooldown, or "
-                         "run this one with 'mpipe-tune run'", quantities=("stored plan", "encoder-backward placement"))
-    regions = tuple(
-        ExportRegion(p.region, plan.schedule.skeletons[p.region - 1], p.layers,
-                     slabs=p.owner.slabs if isinstance(p.owner, ByLayer) else (),
-                     owners=p.owner.owners if isinstance(p.owner, ByMicrobatch) else ())
-        for p in plan.placement
-    )
-    orders = tuple(tuple(e for e in plan.nodes(rank) if isinstance(e, (Fwd, Bwd, Wgrad)))
-                   for rank in range(plan.num_ranks))
-    layers = tuple(ExportLayer(u.name, u.block, u.cost.kind if isinstance(u.cost, ArchCost) else None, u.trainable)
-                   for u in model.layers)
-    sharded = [r for r in regions if r.is_sharded]
-    stage_order = tuple(derive_stages(sharded[0].skeleton, [r.index for r in sharded], c.pp)) if sharded else ()
-    moe = [u.cost.dims_dict() for u in model.layers[model.backbone_start:]
-           if isinstance(u.cost, ArchCost) and u.cost.kind not in (EMBEDDING_KIND, LM_HEAD_KIND)]
-    return ExportPlan(
-        name=name, names=tuple(names), pp=c.pp, tp=c.tp, dp=c.dp, dtype=c.dtype, recompute=c.recompute is True,
-        num_microbatches=c.num_microbatches, regions=regions, orders=orders, layers=layers,
-        num_vision_layers=model.backbone_start,
-        text_tokens=tuple(mb.text_tokens for mb in section.workload.microbatches),
-        stage_order=stage_order, ep=c.ep, cp=c.cp, sequence_parallel=c.sequence_parallel,
-        selective_recompute=c.recompute == "selective", zero_stage=c.zero_stage, encoder_tp=c.encoder_tp,
-        moe_layers=tuple((k, int(d["experts"])) for k, d in enumerate(moe) if "experts" in d),
-        moe_top_k=max((int(d.get("top_k", 0)) for d in moe if "experts" in d), default=0),
-    )
-
-
-def validate_pp_tp_dp(plan: ExportPlan, target: str) -> None:
-    """For a format that writes pp x dp x tp plans only: one line naming the degrees beyond them."""
-    beyond = [f"{key} {value}" for key, value in (("ep", plan.ep), ("cp", plan.cp)) if value > 1]
-    beyond += ["sequence parallelism"] * plan.sequence_parallel + ["selective recomputation"] * (
-        plan.selective_recompute) + [f"encoder tp {plan.encoder_tp}"] * (plan.encoder_tp is not None)
-    split = sorted({r.skeleton.value for r in plan.sharded if r.skeleton.splits_backward})
-    if split:
-        beyond.append(f"the zero-bubble skeleton(s) {', '.join(split)}")
-    if beyond:
-        raise MpipeError(f"{target} cannot express {plan.describe()}: it uses {', '.join(beyond)}; {target} writes "
-                         f"pp x dp x tp plans of 1f1b/gpipe/transpose with no or full recomputation and the encoder "
-                         f"at the plan's tp; re-plan with expert-parallel degree 1, context-parallel degree 1, no "
-                         f"sequence parallelism, no encoder tensor parallelism and recomputation off or on, or export "
-                         f"this one in export format torch-csv or torchtitan",
-                         quantities=("expert-parallel degree", "context-parallel degree", "sequence parallelism",
-                                     "encoder tensor parallelism", "recomputation", "export format"))
-
-
-# ---- the stages of an all-Sharded wavefront ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One (region, rank) of the wavefront, numbered as torch and Megatron-LM number virtual stages."""
-
-    index: int
-    layers: tuple[int, int]
-    vision: tuple[int, ...]
-    """Vision-tower layers (encoder, projector) in it."""
-    decoders: tuple[int, ...]
-    """Numbers (0-based, among the backbone's decoder layers) of its decoder layers."""
-
-
-def wavefront_stages(plan: ExportPlan) -> tuple[Stage, ...]:
-    """The Sharded regions' stages in stage-index order."""
-    vision_stop = plan.num_vision_layers
-    decoder_number: dict[int, int] = {}
-    for i, u in enumerate(plan.layers[vision_stop:], start=vision_stop):
-        if u.kind not in (EMBEDDING_KIND, LM_HEAD_KIND):
-            decoder_number[i] = len(decoder_number)
-    stages = []
-    for region in plan.sharded:
-        for rank, (start, stop) in enumerate(region.slabs):
-            stages.append(Stage(plan.stage_index(region.index, rank), (start, stop),
-                                tuple(range(start, min(stop, vision_stop))),
-                                tuple(decoder_number[i] for i in range(start, stop) if i in decoder_number)))
-    return tuple(sorted(stages, key=lambda s: s.index))
-
-
-def _closest(plan: ExportPlan, name: str, otherwise: str) -> str:
-    """How to get the stored plan ``name`` when the file holds it, else ``otherwise``."""
-    if name in plan.names and name != plan.name:
-        return f"export the file's stored plan '{name}'"
-    return otherwise
-
-
-def _hint(plan: ExportPlan, name: str) -> str:
-    """``, which the file holds as stored plan 'NAME'`` when it does."""
-    return f", which the file holds as stored plan '{name}'" if name in plan.names and name != plan.name else ""
-
-
-def _encoder_first(plan: ExportPlan) -> str:
-    """The closest all-Sharded plan: the encoder inside the first stage (Megatron-LM style)."""
-    stored = _closest(plan, REFERENCE, f"<1f1b> with no cut, stored by 'mpipe-tune plan' as baseline '{REFERENCE}' "
-                                       f"(or 'mpipe-tune predict --schedule 1f1b --cut \"\"')")
-    return f"the same model with the encoder inside the first stage: {stored}"
-
-
-def _validate_all_sharded(plan: ExportPlan, target: str, why: str) -> None:
-    """Every region Sharded; ``why`` says why ``target`` cannot run a transpose."""
-    for region in plan.regions:
-        if not region.is_sharded:
-            raise MpipeError(
-                f"{target} cannot express {plan.describe()}: region {region.index} is a transpose (its layers on "
-                f"every rank, each microbatch run by its owner), {why}; the closest plan it can express: "
-                f"{_encoder_first(plan)}", quantities=("stored plan",))
 
 
 _ONE_SLAB_STAGES = "and a torch.distributed.pipelining stage is one slab on one rank"
-
-
-def _validate_vision_first(plan: ExportPlan, stages: tuple[Stage, ...], target: str) -> None:
-    """The vision tower in the first stage, as Megatron-LM's LLaVA and torchtitan's VLM build it."""
-    spread = [s.index for s in stages[1:] if s.vision]
-    if spread:
-        raise MpipeError(
-            f"{target} builds the vision encoder inside the first pipeline stage, but {plan.describe()} puts encoder "
-            f"layers in stage(s) {', '.join(map(str, spread))} too; the closest plan it can express: "
-            f"{_encoder_first(plan)}", quantities=("stored plan",))
 
 
 # ---- torch.distributed.pipelining CSV ------------------------------------------------------------
@@ -345,7 +93,7 @@ def _validate_vision_first(plan: ExportPlan, stages: tuple[Stage, ...], target: 
 def to_torch_csv(plan: ExportPlan) -> str:
     """One row per pipeline rank of ``{stage}F{mb}`` / ``{stage}B{mb}`` cells, in the rank's order; a
     split backward as ``{stage}I{mb}`` (input gradient) and a later ``{stage}W{mb}`` (weight gradient)."""
-    _validate_all_sharded(plan, "torch-csv", _ONE_SLAB_STAGES)
+    validate_all_sharded(plan, "torch-csv", _ONE_SLAB_STAGES)
     split = {(e.region, e.rank, e.mb) for order in plan.orders for e in order if isinstance(e, Wgrad)}
     rows, counts = [], {}
     for rank, order in enumerate(plan.orders):
@@ -387,14 +135,14 @@ class TitanJob:
 
 
 def _titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
-    _validate_all_sharded(plan, "torchtitan", _ONE_SLAB_STAGES)
+    validate_all_sharded(plan, "torchtitan", _ONE_SLAB_STAGES)
     if plan.encoder_tp is not None:
         raise MpipeError(f"torchtitan cannot express {plan.describe()}: it runs the encoder at tp {plan.encoder_tp}, "
                          f"and torchtitan has one tensor-parallel degree for the whole model; the closest plan it can "
                          f"express: the same plan with the encoder at tp {plan.tp} (re-plan without encoder tensor "
                          f"parallelism)", quantities=("encoder tensor parallelism",))
     stages = wavefront_stages(plan)
-    _validate_vision_first(plan, stages, "torchtitan")
+    validate_vision_first(plan, stages, "torchtitan")
     last = len(stages) - 1
     parts = []
     for s in stages:
@@ -402,7 +150,7 @@ def _titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
                                       for i in s.vision)
         parts.append([*vision_blocks, *(["tok_embeddings"] if s.index == 0 else []),
                       *(f"layers.{k}" for k in s.decoders), *(["norm", "output"] if s.index == last else [])])
-    frozen = _frozen_blocks(plan)
+    frozen = frozen_blocks(plan)
     notes = [f"launch on {plan.num_devices} devices; each pipeline rank runs its row of {csv_path}",
              "(the CSV path is read relative to the folder torchtitan starts in)"]
     if frozen:
@@ -515,16 +263,16 @@ def _toml(value: Any) -> str:
 
 def to_megatron(plan: ExportPlan) -> str:
     """Megatron-LM arguments, one per line (comments start with ``#``)."""
-    _validate_all_sharded(plan, "Megatron-LM", "and Megatron-LM builds the vision encoder inside the first "
+    validate_all_sharded(plan, "Megatron-LM", "and Megatron-LM builds the vision encoder inside the first "
                                               "pipeline stage only")
     if plan.regions[0].skeleton is Skeleton.GPIPE:
         raise MpipeError(f"Megatron-LM cannot express {plan.describe()}: it has no GPipe schedule, its pipelines run "
                          f"1F1B; the closest plan it can express: the same cut and slabs under 1f1b"
-                         f"{_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}", quantities=("stored plan",))
+                         f"{stored_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}", quantities=("stored plan",))
     if plan.splits_backward:
         raise MpipeError(f"Megatron-LM cannot express {plan.describe()}: its pipelines run full backwards, not the "
                          f"split input/weight backwards of a zero-bubble skeleton; the closest plan it can express: "
-                         f"the same cut and slabs under 1f1b{_hint(plan, REFERENCE)}, or export this one in export "
+                         f"the same cut and slabs under 1f1b{stored_hint(plan, REFERENCE)}, or export this one in export "
                          f"format torch-csv or torchtitan", quantities=("stored plan", "export format"))
     if plan.encoder_tp is not None:
         raise MpipeError(f"Megatron-LM cannot express {plan.describe()}: it runs the encoder at tp {plan.encoder_tp}, "
@@ -532,7 +280,7 @@ def to_megatron(plan: ExportPlan) -> str:
                          f"express: the same plan with the encoder at tp {plan.tp} (re-plan without encoder tensor "
                          f"parallelism)", quantities=("encoder tensor parallelism",))
     stages = wavefront_stages(plan)
-    _validate_vision_first(plan, stages, "Megatron-LM")
+    validate_vision_first(plan, stages, "Megatron-LM")
     v, P, M = plan.num_chunks, plan.pp, plan.num_microbatches
     group = M // num_rounds(P, M)
     if v > 1 and group < P:
@@ -601,7 +349,7 @@ def _runs(symbol: str, count: int) -> str:
 
 
 def _megatron_freeze(plan: ExportPlan) -> list[str]:
-    frozen = set(_frozen_blocks(plan))
+    frozen = set(frozen_blocks(plan))
     lines = []
     if "encoder" in frozen:
         lines.append("--freeze-ViT")
@@ -615,21 +363,7 @@ def _megatron_freeze(plan: ExportPlan) -> list[str]:
     return lines
 
 
-def _frozen_blocks(plan: ExportPlan) -> tuple[str, ...]:
-    """Blocks whose layers are all frozen, in model order."""
-    blocks = dict.fromkeys(u.block for u in plan.layers)
-    return tuple(b for b in blocks if not any(u.trainable for u in plan.layers if u.block == b))
-
-
 # ---- the format table ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Output:
-    """One file of an export: its path (None: standard output) and text."""
-
-    path: Path | None
-    text: str
 
 
 @dataclass(frozen=True)
@@ -656,8 +390,6 @@ def _torchtitan_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output, ...
 
 
 def _hyper_parallel(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
-    # imported here: the writer's module imports this one's plan types
-    from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
     return (Output(out, to_hyper_parallel(plan)),)
 
 
@@ -671,7 +403,6 @@ def _torchtitan_args_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output
 
 
 def _mindspeed_mm(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
-    from mpipe_tune.report.export_mindspeed import mindspeed_outputs
     return mindspeed_outputs(plan, out)
 
 

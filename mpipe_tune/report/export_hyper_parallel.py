@@ -44,9 +44,9 @@ import yaml
 
 from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.export import (
-    MPIPE_RR, ExportPlan, ExportRegion, _closest, _frozen_blocks, _hint, _validate_vision_first, validate_pp_tp_dp,
-    wavefront_stages,
+from mpipe_tune.report.export_plan import (
+    MPIPE_RR, ExportPlan, ExportRegion, closest_plan, frozen_blocks, stored_hint, validate_pp_tp_dp,
+    validate_vision_first, wavefront_stages,
 )
 
 HYPER_PARALLEL_COMMIT = "51e4a86b"
@@ -73,7 +73,7 @@ def to_hyper_parallel(plan: ExportPlan) -> str:
                          f"interleaved 1F1B; the closest plan it can express: the same cut with 1f1b for every "
                          f"Sharded region")
     stages = wavefront_stages(plan)
-    _validate_vision_first(plan, stages, "hyper-parallel")
+    validate_vision_first(plan, stages, "hyper-parallel")
     split = [len(s.decoders) for s in stages]
     accelerator: dict[str, Any] = {
         "pp": plan.pp, "pp_vpp": plan.num_chunks, "pp_micro_batch_num": plan.num_microbatches,
@@ -117,7 +117,7 @@ def to_hyper_parallel(plan: ExportPlan) -> str:
         f"and the data section (synthetic vl_dummy samples as written)",
         *notes, *precision_note,
     ]
-    others = [b for b in _frozen_blocks(plan) if not (tower_frozen and any(u.block == b for u in vision))]
+    others = [b for b in frozen_blocks(plan) if not (tower_frozen and any(u.block == b for u in vision))]
     if others:
         header.append(f"# also frozen in the plan: {', '.join(others)} (add their module names to "
                       f"model.freeze_modules; '{VISUAL_MODULE}' freezes the whole tower, its merger included)")
@@ -160,11 +160,11 @@ def _mpipe_fields(plan: ExportPlan, region: ExportRegion) -> dict[str, Any]:
     if vision and stop > vision:
         raise MpipeError(f"hyper-parallel cannot express {plan.describe()}: it transposes at most the visual tower "
                          f"(layers 0..{vision - 1}), and region 1 ends at layer {stop}; the closest plan it can "
-                         f"express: the same schedule with its cut at layer {vision}{_hint(plan, MPIPE_RR)}",
+                         f"express: the same schedule with its cut at layer {vision}{stored_hint(plan, MPIPE_RR)}",
                          quantities=("stored plan",))
     mode = next((m for m in OVERFLOW_MODES if mpipe_owners(m, plan.pp, plan.num_microbatches) == region.owners), None)
     if mode is None:
-        closest = _closest(plan, MPIPE_RR, "re-plan it with round-robin owners")
+        closest = closest_plan(plan, MPIPE_RR, "re-plan it with round-robin owners")
         raise MpipeError(f"hyper-parallel cannot express {plan.describe()}: its owner map {list(region.owners)} is "
                          f"neither of hyper-parallel's (overflow 'full': microbatch m on rank m mod "
                          f"{min(plan.pp, plan.num_microbatches)}; 'min': the first on their own ranks, the rest on "

@@ -39,8 +39,8 @@ from typing import Any
 from mpipe_tune.algebra.order import num_rounds
 from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.export import (
-    EMBEDDING_KIND, LM_HEAD_KIND, PROJECTOR_BLOCK, ExportPlan, Output, Stage, _hint, _validate_all_sharded,
+from mpipe_tune.report.export_plan import (
+    EMBEDDING_KIND, LM_HEAD_KIND, PROJECTOR_BLOCK, ExportPlan, Output, Stage, stored_hint, validate_all_sharded,
     wavefront_stages,
 )
 from mpipe_tune.search.baselines import REFERENCE
@@ -56,12 +56,12 @@ FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform"
 
 def mindspeed_layout(plan: ExportPlan) -> dict[str, Any]:
     """The model.json keys of ``plan``: the vision encoder's and text decoder's layer counts per stage."""
-    _validate_all_sharded(plan, "MindSpeed-MM", "and its pipeline stages each hold a slab of layers (the vision "
+    validate_all_sharded(plan, "MindSpeed-MM", "and its pipeline stages each hold a slab of layers (the vision "
                                                "encoder's pipeline_num_layers)")
     if any(r.skeleton is not Skeleton.ONE_F_ONE_B for r in plan.sharded):
         raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()}: it runs Megatron's 1F1B schedules, not "
                          f"GPipe; the closest plan it can express: the same cut and slabs under 1f1b"
-                         f"{_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}", quantities=("stored plan",))
+                         f"{stored_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}", quantities=("stored plan",))
     P, M, v = plan.pp, plan.num_microbatches, plan.num_chunks
     if v > 1 and M < P:
         raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()}: Megatron's interleaved schedule runs only "

@@ -25,7 +25,7 @@ from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.workload import load_workload
 from mpipe_tune.plan_file.check import read_candidate as validate_candidate
-from mpipe_tune.report.export import plan_from_record
+from mpipe_tune.report.export_plan import plan_from_record
 from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.inputs.specs import load_model

@@ -1,4 +1,4 @@
-"""Resolving a ``--workload`` SPEC that names a dataset, for the model it will train.
+"""Resolving a workload SPEC that names a dataset, for the model it will train.
 
 A dataset's images and text become tokens as the model sees them: the image rule comes from the
 model's patch embedding (and, for a Hugging Face model folder, its ``preprocessor_config.json``), the
@@ -15,7 +15,8 @@ from pathlib import Path
 
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.dataset import DEFAULT_CHARS_PER_TOKEN, Dataset, DatasetSpec, TextRule, image_rule_from_dims, read_dataset
+from mpipe_tune.inputs.dataset import Dataset, read_dataset
+from mpipe_tune.inputs.dataset_spec import DEFAULT_CHARS_PER_TOKEN, DatasetSpec, TextRule, image_rule_from_dims
 from mpipe_tune.inputs.dataset_readers import CONVERSATION_SUFFIXES, MANIFEST_SUFFIXES
 from mpipe_tune.inputs.workload import Workload
 
