@@ -17,17 +17,26 @@ rank ``r``'s slabs of the Sharded regions:
 Transfers, reduces and the optimizer update only add time, so the largest of these bounds the makespan.
 The sums are prefix sums over layers, stacked over the sampled steps, so that one point's bound is a
 few array operations for all its steps at once.
+
+A cheaper bound serves first where a layer table would be the cost: recomputation only adds backward
+time, so a plan with it is bounded by the tables of its setting without it (all the work, plus the
+forwards full recomputation re-runs, over ``P`` ranks; :func:`full_recompute_s`). :class:`BoundOrder`
+visits candidates in order of their tightest bound while computing it only for those that come on top.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.derive import rank_slabs
+from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.schedule import Layout, Schedule
+from mpipe_tune.cost.layers import LayerTable
 
 
 @dataclass(frozen=True)
@@ -105,3 +114,46 @@ def step_bounds(sums: BoundSums, index: SlabIndex, pp: int, owned: np.ndarray | 
             loads = busy[s] + np.bincount(owners[s], weights=owned[s], minlength=pp)
             bound[s] = max(bound[s], loads.max())
     return bound
+
+
+def full_recompute_s(table: LayerTable, model: Model) -> float:
+    """Of a table without recomputation, at least the seconds full recomputation adds to its steps: the
+    forward of every layer that runs a backward, re-run before it (the encoder's feature gather, in the
+    forward of its last layer under an encoder tp of its own, is not re-run: that layer is left out)."""
+    rerun = replace(table, dgrad_s=np.zeros_like(table.dgrad_s), wgrad_s=np.zeros_like(table.wgrad_s),
+                    bwd_overhead_s=np.zeros_like(table.bwd_overhead_s), recompute_s=table.fwd_s).backward_s(model)
+    if table.layer_replicas is not None:
+        rerun = rerun[np.arange(len(rerun)) != np.flatnonzero(table.layer_replicas > 1)[-1]]
+    return float(rerun.sum())
+
+
+class BoundOrder:
+    """Candidates in increasing order of their bound (ties: the first listed first), with bounds that
+    refine by levels: each candidate enters at its cheapest bound, and whenever one that can still be
+    refined is on top it goes back in with its next, tighter bound. The top is taken only once final, so
+    its bound bounds every candidate still in the order, and the order is that of the final bounds."""
+
+    def __init__(self, candidates: Sequence[Candidate], levels: Callable[[Candidate], tuple[int, int]],
+                 bound_at: Callable[[Candidate, int], float]) -> None:
+        self.candidates, self.bound_at = candidates, bound_at
+        self.heap = []
+        for index, c in enumerate(candidates):
+            first, last = levels(c)
+            self.heap.append((bound_at(c, first), index, first, last))
+        heapq.heapify(self.heap)
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def peek(self) -> tuple[float, int]:
+        """The least final bound and its candidate's index (refining the candidates on top until one is final)."""
+        while True:
+            low, index, level, last = self.heap[0]
+            if level >= last:
+                return low, index
+            tighter = max(low, self.bound_at(self.candidates[index], level + 1))
+            heapq.heapreplace(self.heap, (tighter, index, level + 1, last))
+
+    def pop(self) -> None:
+        """Take the top (after :meth:`peek`) out of the order."""
+        heapq.heappop(self.heap)

@@ -68,7 +68,7 @@ from optuna.trial import TrialState
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.interrupt import StopRequest, stop_requests
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cost.predictor import chooses_owners
+from mpipe_tune.search.bounds import BoundOrder
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.space import SearchSpace
 from mpipe_tune.search.store import (check_file, check_study_size, check_trial_budget, claim_study, fault_of,
@@ -562,21 +562,24 @@ class _Run:
         exact), or the study holds ``n_trials``; returns the space size. Sets :attr:`gap` and, when it
         stops early, :attr:`ending`.
 
-        The order is a heap of bounds: a point whose owners a per-step policy chooses (``greedy``,
-        ``optimal``) first enters with the bound of any owner map, and when it comes out on top its
-        policy's owners are found (:meth:`Evaluator.owner_bound`) and it goes back in with that tighter
-        bound; so the top of the heap always bounds every point still in it."""
+        The order refines the bounds lazily (:class:`~mpipe_tune.search.bounds.BoundOrder`,
+        :meth:`Evaluator.bound_at`): a plan with recomputation first enters with a bound from the tables
+        of its setting without it, a point whose owners a per-step policy chooses (``greedy``,
+        ``optimal``) with the bound for any owner map; each gets its tighter bound only when it comes out
+        on top, so the layer tables of settings that lose, and the owners of points that lose, are never
+        computed."""
         points = list(self.space.enumerate()) if points is None else points
         todo = [(p, c) for p, c in points if c not in self.tried]
-        bound = self.evaluator.lower_bound if self.prune else (lambda c: 0.0)
-        heap = [(bound(c), i, not (self.prune and chooses_owners(c))) for i, (_, c) in enumerate(todo)]
-        heapq.heapify(heap)
+        if self.prune:
+            order = BoundOrder([c for _, c in todo], self.evaluator.bound_levels, self.evaluator.bound_at)
+        else:
+            order = BoundOrder([c for _, c in todo], lambda c: (0, 0), lambda c, level: 0.0)
         self.open_bar(len(todo), "plan (exhaustive)" if n_trials is None else "plan (bound order)")
         self.start_writing(len(todo))
         self.gap, self.ending = 0.0, "enumerated"
         last_sync = time.perf_counter()
-        while heap:
-            low, index, refined = heap[0]
+        while order:
+            low, index = order.peek()
             params, candidate = todo[index]
             full = n_trials is not None and len(self.stored) + self.new >= n_trials
             if self.must_stop() or full:
@@ -588,17 +591,14 @@ class _Run:
                 last_sync = time.perf_counter()  # another worker may have stored this point meanwhile
                 self.absorb_others()
             if candidate in self.tried:
-                heapq.heappop(heap)
+                order.pop()
                 continue
             if self.prune and self.incumbent is not None and low * (1 + tolerance) > self.incumbent * (1 + _PRUNE_MARGIN):
-                self.bounded += len(heap)  # the least bound of the rest loses too (or by < tolerance)
+                self.bounded += len(order)  # the least bound of the rest loses too (or by < tolerance)
                 self.gap = max(0.0, 1 - low / self.incumbent)
                 self.ending = "bound" if self.gap > 0 else "enumerated"
                 break
-            if not refined:  # its policy's owners: a tighter bound, and back into the heap
-                heapq.heapreplace(heap, (max(low, self.evaluator.owner_bound(candidate)), index, True))
-                continue
-            heapq.heappop(heap)
+            order.pop()
             e = self.evaluate(candidate)
             if not e.exact:  # its static memory alone is over capacity
                 continue

@@ -35,7 +35,7 @@ from mpipe_tune.cost.memory import static_bytes_of
 from mpipe_tune.cost.owners import OwnerChoice
 from mpipe_tune.cost.predictor import Prediction, Predictor, chooses_owners, layer_weights
 from mpipe_tune.inputs.workload import Workload
-from mpipe_tune.search.bounds import BoundSums, SlabIndex, step_bounds
+from mpipe_tune.search.bounds import BoundSums, SlabIndex, full_recompute_s, step_bounds
 from mpipe_tune.search.problem import Problem
 
 
@@ -254,6 +254,32 @@ class Evaluator:
     def owner_bound(self, c: Candidate) -> float:
         """Mean over the sampled steps of :meth:`owner_bounds`."""
         return float(np.mean(self.owner_bounds(c)))
+
+    def bound_levels(self, c: Candidate) -> tuple[int, int]:
+        """The first and last level of :meth:`bound_at` that apply to ``c``."""
+        return 0 if c.recompute is not False else 1, 2 if chooses_owners(c) and c.owner_map is None else 1
+
+    def bound_at(self, c: Candidate, level: int) -> float:
+        """``c``'s step-time bound at ``level`` (:class:`~mpipe_tune.search.bounds.BoundOrder`): 0, for a
+        plan with recomputation, from the layer tables of the same setting without it, so that a setting
+        whose bounds lose costs no layer table of its own (:meth:`recompute_bound`); 1, :meth:`lower_bound`;
+        2, for a per-step owner policy, :meth:`owner_bound`."""
+        return (self.recompute_bound, self.lower_bound, self.owner_bound)[level](c)
+
+    def recompute_bound(self, c: Candidate) -> float:
+        """A bound on ``c``'s step time from the tables of its setting without recomputation: all the work,
+        plus what full recomputation adds at least, shared by the ``P`` ranks (recomputation only adds
+        backward time: the other columns of the tables are the same)."""
+        plain = replace(c, recompute=False, zero_stage=1)
+        key = ("recompute", plain.setting, c.pp, c.recompute is True)
+        if key not in self._bounds:
+            sums = self._bound_sums(plain)
+            extra = np.zeros(self.problem.samples)
+            if c.recompute is True:
+                extra = np.array([full_recompute_s(self.table(k, plain)[1], self.problem.model)
+                                  for k in range(self.problem.samples)])
+            self._bounds[key] = float(np.mean((sums.work[:, -1] + extra) / c.pp))
+        return self._bounds[key]
 
     def _step_bounds(self, c: Candidate, owners: np.ndarray | None) -> list[float]:
         sums = self._bound_sums(c)

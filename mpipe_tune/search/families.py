@@ -12,9 +12,10 @@ choices it leaves free, drawn from the same :class:`SearchSpace` the search walk
 
 That is a few dozen to a few hundred candidates, so a family is searched exhaustively and exactly,
 with the search's own bounds (see :mod:`mpipe_tune.search.driver`): candidates are visited in
-increasing step-time lower bound, one whose static memory alone is over capacity is skipped, the
-visit stops at the first bound above the fastest plan that fits, and memory is estimated only for
-plans faster than that one. Ties in step time go to the candidate listed first.
+increasing step-time lower bound (refined lazily: :class:`~mpipe_tune.search.bounds.BoundOrder`), one
+whose static memory alone is over capacity is skipped, the visit stops at the first bound above the
+fastest plan that fits, and memory is estimated only for plans faster than that one. Ties in step time
+go to the candidate listed first.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from mpipe_tune.search.baselines import BASELINES, baseline, schedule_of
+from mpipe_tune.search.bounds import BoundOrder
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.space import SearchSpace
@@ -75,13 +77,14 @@ def search_family(name: str, space: SearchSpace, evaluator: Evaluator) -> OwnBes
     """The fastest plan of ``name``'s family that fits memory (exact; see the module docstring)."""
     candidates = family_candidates(name, space)
     capacity = evaluator.problem.profile.memory_capacity_bytes
-    bounds = [evaluator.lower_bound(c) for c in candidates]
-    visit = sorted(range(len(candidates)), key=lambda i: (bounds[i], i))
+    order = BoundOrder(candidates, evaluator.bound_levels, evaluator.bound_at)
     best: tuple[float, int, Evaluation] | None = None
     evaluated = 0
-    for position, i in enumerate(visit):
-        if best is not None and bounds[i] > best[0] * (1 + _PRUNE_MARGIN):
-            break  # sorted by bound: every later candidate loses too
+    while order:
+        low, i = order.peek()
+        if best is not None and low > best[0] * (1 + _PRUNE_MARGIN):
+            break  # in bound order: every later candidate loses too
+        order.pop()
         c = candidates[i]
         static = evaluator.static_peak_bytes(c)
         if static is not None and static > capacity:

@@ -15,8 +15,8 @@ interpreter lock as the search, so the writes of a long search run in a child pr
 instead. The search hands each finished trial over a queue as soon as it is told; the child writes
 them in order with :func:`store_trial` and exits when told to or when the search process is gone
 (killed) and the queue is drained, so a killed search still keeps every trial it had handed over.
-At most :data:`BACKLOG` trials wait in the queue. When a trial is refused (the study is full), the
-child sets :attr:`TrialWriter.full`, so the search stops, and counts it and every later one without
+At most :data:`BACKLOG` trials wait in the queue (:data:`UNCAPPED_BACKLOG` without a shared total).
+When a trial is refused (the study is full), the child sets :attr:`TrialWriter.full`, so the search stops, and counts it and every later one without
 writing them. The child ignores Ctrl-C: the search drains the queue on its way out (see
 :mod:`mpipe_tune.interrupt`). A storage fault (locked, full, read-only, damaged) stops the child with
 its one-line error (:mod:`mpipe_tune.search.store`), which the search raises at its next hand-over or
@@ -44,6 +44,9 @@ STALE_RESERVATION_S = 60.0
 BACKLOG = 32
 """The most trials handed over and not yet written: the search waits for the writer beyond it, and a
 study that other workers fill wastes at most this many of this worker's trials."""
+UNCAPPED_BACKLOG = 128
+"""The same for a writer with no shared total to stop at (the bound search's): a longer queue lets the search
+run on while the writer catches up, and bounds the wait for the queue to drain after Ctrl-C (a few seconds)."""
 _PUT_POLL_S = 1.0
 """While the queue is full, how often a hand-over checks that the child still runs."""
 
@@ -87,7 +90,7 @@ def store_trial(study, trial, n_trials: int | None = None, storage_url: str | No
 class TrialWriter:
     def __init__(self, storage: str, study_name: str, n_trials: int | None = None) -> None:
         context = multiprocessing.get_context("spawn")
-        self.queue = context.Queue(maxsize=BACKLOG)
+        self.queue = context.Queue(maxsize=BACKLOG if n_trials is not None else UNCAPPED_BACKLOG)
         self.full = context.Event()
         """Set once a trial was refused because the study holds ``n_trials``."""
         self.refused = context.Value("i", 0)

@@ -146,15 +146,21 @@ def test_the_lower_bounds_hold_on_random_points_with_every_knob_searched(seed):
                            interior_transpose=True, skeletons=("1f1b", "gpipe", "zb1p"))
     points = [c for _, c in SearchSpace(problem, evaluator.reference_weights(), options).enumerate()]
     rng = np.random.default_rng(seed)
-    tighter = 0
+    tighter = recomputed = 0
     for i in rng.choice(len(points), size=60, replace=False):
         c = points[i]
         e = evaluator.evaluate(c, memory=False)
         for bounds in (evaluator.lower_bounds(c), evaluator.owner_bounds(c)):
             assert all(b <= m * (1 + 1e-12) for b, m in zip(bounds, e.makespans_s)), c
+        first, last = evaluator.bound_levels(c)
+        levels = [evaluator.bound_at(c, level) for level in range(first, last + 1)]
+        assert all(a <= b * (1 + 1e-12) for a, b in zip(levels, levels[1:])), c  # each level tighter ...
+        assert levels[-1] <= e.mean_s * (1 + 1e-12), c  # ... and all valid
+        recomputed += c.recompute is True and evaluator.recompute_bound(c) > evaluator.lower_bound(
+            replace(c, recompute=False)) * (1 + 1e-9)
         if c.has_transpose and c.owner_policy == "round-robin":
             tighter += evaluator.lower_bound(c) > evaluator.lower_bound(replace(c, owner_policy="greedy"))
-    assert tighter > 0
+    assert tighter > 0 and recomputed > 0  # the owners and full recomputation's forwards count
 
 
 def test_the_lower_bound_and_static_memory_hold_for_zero_bubble_plans():
