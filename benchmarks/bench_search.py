@@ -31,10 +31,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
+import json
 import math
 import os
 import platform
 import pstats
+import resource
 import subprocess
 import sys
 import tempfile
@@ -112,41 +115,173 @@ QUALITY = {
                                       encoder_tp="search")),  # the issue's problem
     "llama3-8b-8dev-image-heavy": ("qwen2vl-vit-llama3-8b", "h100-sxm", 8, 32, "image-heavy", EVERY_KNOB),
     "llama3-8b-8dev-text-heavy": ("qwen2vl-vit-llama3-8b", "h100-sxm", 8, 32, "text-heavy", EVERY_KNOB),
-    "tiny-moe-16dev-balanced": (str(ROOT / "tests" / "runtime" / "tiny-mllm-mla-moe.yaml"), "h100-sxm", 16, 64,
-                                "balanced", dict(EVERY_KNOB, ep="search")),
+    "qwen2-7b-32dev-text-heavy": ("qwen2vl-vit-qwen2-7b", "h200", 32, 64, "text-heavy", EVERY_KNOB),
+    "mixtral-moe-16dev-image-heavy": ("benchmarks/models/qwen2vl-vit-mixtral-8x7b.yaml", "h100-sxm", 16, 32,
+                                      "image-heavy", dict(EVERY_KNOB, ep="search")),
+    "llama3-70b-64dev-balanced": ("siglip-llama3-70b", "h100-sxm", 64, 64, "balanced", EVERY_KNOB),
 }
+TINY = {"tiny": ("tiny-vit-llm", "ideal", 4, 4, "text-heavy", dict(recompute="search", zero="search",
+                                                                 sequence_parallel="search", encoder_tp="search"))}
+"""A problem small enough for CI (the smoke test of ``quality``)."""
+CACHE = Path(__file__).resolve().parent / "search-quality-optima.json"
+"""The exhaustive optima, per problem and seed: see :func:`reference`."""
 
 
-def quality(args) -> None:
-    from mpipe_tune.search.planner import SearchOptions, SpaceRequest, plan, space_options
+def cpu_s() -> float:
+    """User + system CPU seconds of this process and its finished children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
-    print(versions() + "\n")
-    print("| problem | seed | points | optimum ms (exhaustive s) | plan ms | gap | predicted (share) | plan s |")
-    print("|---|---|---|---|---|---|---|---|")
+
+def ms(value: float) -> str:
+    """Milliseconds as the tables print them: one decimal, or four significant digits below 10 ms."""
+    return f"{value:,.1f}" if value >= 10 else f"{value:.4g}"
+
+
+def plan_text(candidate) -> str:
+    return " ".join(str(candidate).split())
+
+
+def commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return proc.stdout.strip() or "unknown"
+
+
+def quality_problem(spec, seed: int):
+    """A fresh (problem, request, evaluator, space) for one quality problem and seed: nothing cached."""
+    from mpipe_tune.search.planner import SpaceRequest, space_options
+
+    model, profile, devices, batch, mix, knobs = spec
+    model = str(ROOT / model) if model.endswith(".yaml") else model
+    problem = Problem(load_model(model), load_profile(profile), devices, batch, mix=mix, num_samples=4, seed=seed)
+    request = SpaceRequest(**knobs)
+    evaluator = Evaluator(problem)
+    return problem, request, evaluator, SearchSpace(problem, evaluator.reference_weights(),
+                                                    space_options(request, problem.model))
+
+
+def reference(name: str, spec, seed: int, cache: dict, refresh: bool) -> dict:
+    """The exhaustive optimum of problem ``name`` at ``seed``: from ``cache`` when it holds one for the same
+    inputs (the digest of everything a prediction depends on but the code: model, profile, mix, devices,
+    batch, samples, seed, cost and space options) whose plan the current code still predicts at the recorded
+    step time (else the cost model changed, and the optimum is recomputed); else computed, every point in
+    increasing lower-bound order with exact bounds (no tolerance), and stored in ``cache``."""
+    from mpipe_tune.algebra.candidate import Candidate
+    from mpipe_tune.search.driver import problem_key
+
+    problem, _, evaluator, space = quality_problem(spec, seed)
+    key = f"{name}/seed{seed}"
+    inputs = problem_key(evaluator, space)
+    entry = cache.get(key)
+    if entry is not None and entry["inputs"] == inputs and not refresh:
+        again = evaluator.evaluate(Candidate.from_dict(entry["candidate"])).mean_s * 1e3
+        if math.isclose(again, entry["optimum_ms"], rel_tol=1e-9):
+            return entry
+        print(f"{key}: the cached optimum now predicts {again:.3f} ms, not {entry['optimum_ms']:.3f} ms (the cost "
+              f"model changed): recomputing it", file=sys.stderr)
+    cpu, start = cpu_s(), time.perf_counter()
+    full = run_search(space, evaluator, storage=None, n_trials=10**5, exhaustive=True, progress=False)
+    entry = {"inputs": inputs, "optimum_ms": full.best.mean_s * 1e3, "candidate": full.best.candidate.to_dict(),
+             "plan": plan_text(full.best.candidate), "points": full.space_size, "predicted": full.num_evaluated,
+             "settled_by_bound": full.num_bounded, "wall_s": round(time.perf_counter() - start, 1),
+             "cpu_s": round(cpu_s() - cpu, 1), "load_average": [round(x, 2) for x in os.getloadavg()],
+             "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    cache[key] = entry
+    return entry
+
+
+def load_cache(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_cache(path: Path, cache: dict) -> None:
+    """Written whole to a temporary file and renamed: a killed run leaves the previous file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(sorted(cache.items())), indent=1) + "\n")
+    tmp.replace(path)
+
+
+def quality(args) -> list[dict]:
+    """Prints the table; returns its rows (gap: the plan's step time over the optimum, minus 1)."""
+    from mpipe_tune.search.planner import SearchOptions, plan
+
+    problems = {**QUALITY, **TINY}
     names = args.problems.split(",") if args.problems else list(QUALITY)
+    unknown = [n for n in names if n not in problems]
+    if unknown:
+        sys.exit(f"unknown problem(s) {', '.join(unknown)}; of {', '.join(problems)}")
+    cache_path = Path(args.cache)
+    cache = load_cache(cache_path)
+    print(f"{versions()}; commit {commit()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+    if not args.references_only:
+        print("| problem | seed | points | optimum ms | plan ms | gap | predicted (share) | settled by bound "
+              "| stop | plan wall s | plan CPU s | exhaustive wall / CPU s |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    rows = []
     for name in names:
-        model, profile, devices, batch, mix, knobs = QUALITY[name]
-        request = SpaceRequest(**knobs)
         for seed in range(1, args.seeds + 1):
-            problem = Problem(load_model(model), load_profile(profile), devices, batch, mix=mix, num_samples=4,
-                              seed=seed)
-            evaluator = Evaluator(problem)
-            space = SearchSpace(problem, evaluator.reference_weights(), space_options(request, problem.model))
-            start = time.perf_counter()
-            full = run_search(space, evaluator, storage=None, n_trials=10**5, exhaustive=True, progress=False)
-            full_s = time.perf_counter() - start
-            problem = Problem(load_model(model), load_profile(profile), devices, batch, mix=mix, num_samples=4,
-                              seed=seed)  # a fresh problem: nothing cached from the exhaustive run
-            start = time.perf_counter()
+            ref = reference(name, problems[name], seed, cache, args.refresh)
+            save_cache(cache_path, cache)
+            if args.references_only:
+                print(f"{name} seed {seed}: {ms(ref['optimum_ms'])} ms, {ref['plan']} ({ref['points']} points, "
+                      f"{ref['wall_s']} s wall, {ref['cpu_s']} s CPU)", flush=True)
+                continue
+            problem, request, _, _ = quality_problem(problems[name], seed)  # fresh: nothing cached
+            cpu, start = cpu_s(), time.perf_counter()
             outcome = plan(problem, request, SearchOptions(progress=False, seed=seed))
-            plan_s = time.perf_counter() - start
-            predicted = outcome.result.num_evaluated + sum(f.num_evaluated for f in outcome.families)
-            size = full.space_size
-            gap = outcome.best.mean_s / full.best.mean_s - 1
-            print(f"| {name} | {seed} | {size} | {full.best.mean_s * 1e3:.1f} ({full_s:.0f} s) | "
-                  f"{outcome.best.mean_s * 1e3:.1f} | {gap:+.2%} | {predicted} ({predicted / size:.1%}) | "
-                  f"{plan_s:.1f} |")
-            sys.stdout.flush()
+            wall, cpu = time.perf_counter() - start, cpu_s() - cpu
+            r = outcome.result
+            predicted = r.num_evaluated + sum(f.num_evaluated for f in outcome.families)
+            gap = outcome.best.mean_s * 1e3 / ref["optimum_ms"] - 1
+            rows.append({"problem": name, "seed": seed, "gap": gap, "predicted_share": predicted / ref["points"]})
+            stop = r.ending + ("" if r.gap is None else f", {r.gap:.2%} left")
+            print(f"| {name} | {seed} | {ref['points']:,} | {ms(ref['optimum_ms'])} | {ms(outcome.best.mean_s * 1e3)} "
+                  f"| {gap:+.2%} | {predicted:,} ({predicted / ref['points']:.1%}) | {r.num_bounded:,} | {stop} "
+                  f"| {wall:.1f} | {cpu:.1f} | {ref['wall_s']:.0f} / {ref['cpu_s']:.0f} |", flush=True)
+    if rows:
+        print(f"\nworst gap to the optimum: {max(r['gap'] for r in rows):+.2%}; largest share predicted: "
+              f"{max(r['predicted_share'] for r in rows):.1%}")
+    return rows
+
+
+SCALE_KNOBS = dict(EVERY_KNOB, ep="search")
+
+
+def scale(args) -> None:
+    """At scales where the exhaustive optimum is out of reach: every method's best against the best plan any
+    of them found (``plan``'s own search, a long TPE run, each baseline's own best layout)."""
+    from mpipe_tune.search.planner import SearchOptions, SpaceRequest, plan
+
+    print(f"{versions()}; commit {commit()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+    print("| devices | points | method | best plan | step ms | vs best found | predicted | wall s | CPU s |")
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
+    for devices in (int(d) for d in args.devices.split(",")):
+        spec = (args.model, args.profile, devices, devices, "balanced", SCALE_KNOBS)  # one sequence per device
+        rows = []
+        problem, request, _, space = quality_problem(spec, args.seed)
+        points = sum(1 for _ in itertools.islice(space.enumerate(), args.count_up_to))
+        points_text = f"{points:,}" if points < args.count_up_to else f"> {args.count_up_to - 1:,}"
+        cpu, start = cpu_s(), time.perf_counter()
+        outcome = plan(problem, request, SearchOptions(progress=False, seed=args.seed))
+        wall, cpu = time.perf_counter() - start, cpu_s() - cpu
+        r = outcome.result
+        method = f"plan ({r.mode}{'' if r.gap is None else f', {r.gap:.2%} left'}; {r.ending})"
+        rows.append((method, r.best, r.num_evaluated, wall, cpu))
+        rows.append((f"plan's winner (from {outcome.best_from})", outcome.best, None, wall, cpu))
+        rows.extend((f.label, f.best, f.num_evaluated, None, None) for f in outcome.families)
+        _, _, evaluator, space = quality_problem(spec, args.seed)  # fresh: nothing cached from plan
+        cpu, start = cpu_s(), time.perf_counter()
+        tpe = run_search(space, evaluator, storage=None, n_trials=args.tpe_trials, sampler="tpe", seed=args.seed,
+                         exhaustive=False, progress=False)
+        wall, cpu = time.perf_counter() - start, cpu_s() - cpu
+        rows.append((f"TPE, {args.tpe_trials:,} trials ({tpe.ending})", tpe.best, tpe.num_evaluated, wall, cpu))
+        best = min((e.mean_s for _, e, *_ in rows if e is not None))
+        for method, e, predicted, wall, cpu in rows:
+            step = "-" if e is None else ms(e.mean_s * 1e3)
+            versus = "no plan fits" if e is None else f"{e.mean_s / best - 1:+.2%}"
+            print(f"| {devices:,} | {points_text} | {method} | {'-' if e is None else f'`{plan_text(e.candidate)}`'} | {step} "
+                  f"| {versus} | {'' if predicted is None else f'{predicted:,}'} "
+                  f"| {'' if wall is None else f'{wall:.1f}'} | {'' if cpu is None else f'{cpu:.1f}'} |", flush=True)
 
 
 def default_plan(args) -> None:
@@ -204,8 +339,19 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--budget", type=float, default=0.1, help="trials as a share of the space (default 0.1)")
     p = sub.add_parser("quality")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--problems", default=None, help=f"comma-separated, of {', '.join(QUALITY)}")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 1..N of the sampled steps (default 3)")
+    p.add_argument("--problems", default=None, help=f"comma-separated, of {', '.join([*QUALITY, *TINY])} "
+                                                   f"(default: all but tiny)")
+    p.add_argument("--references-only", action="store_true", help="compute (or check) the exhaustive optima only")
+    p.add_argument("--refresh", action="store_true", help="recompute the exhaustive optima even when cached")
+    p.add_argument("--cache", default=str(CACHE), help="the optima's JSON file (default: %(default)s)")
+    p = sub.add_parser("scale")
+    p.add_argument("--devices", default="512,16384", help="device counts, comma-separated (default 512,16384)")
+    p.add_argument("--model", default="qwen2vl-vit-deepseek-v3")
+    p.add_argument("--profile", default="ascend-910c-cm384")
+    p.add_argument("--tpe-trials", type=int, default=5000, help="the long TPE run's trials (default 5000)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--count-up-to", type=int, default=2_000_000, help="count the space's points up to this many")
     p = sub.add_parser("default-plan")
     p.add_argument("--fresh-cache", action="store_true", help="an empty numba cache per run (a fresh install)")
     p.add_argument("--runs", type=int, default=3)
@@ -216,7 +362,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    {"sampler": sampler, "quality": quality, "default-plan": default_plan, "deepseek": deepseek}[args.what](args)
+    {"sampler": sampler, "quality": quality, "scale": scale, "default-plan": default_plan, "deepseek": deepseek}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""The fidelity benchmark's figures come from its record's raw step times and probes alone."""
+"""The benchmarks' own logic: the fidelity figures come from its record's raw step times and probes alone; the search
+quality benchmark measures against a cached exhaustive optimum."""
 
 import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -165,3 +167,43 @@ def test_the_parallel_fidelity_plans_are_plan_files_the_executor_takes(tmp_path)
             assert (view.layout.ep, view.layout.cp, view.layout.world_size) == (case.ep, case.cp, 4), case.label
     finally:
         del sys.modules[spec.name]
+
+
+@pytest.fixture(scope="module")
+def bench_search():
+    spec = importlib.util.spec_from_file_location("bench_search", BENCHMARKS / "bench_search.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quality_measures_the_plan_against_a_cached_exhaustive_optimum(bench_search, tmp_path, monkeypatch, capsys):
+    """bench_search.py quality on a tiny problem: the plan is within the search's 1% tolerance of the exhaustive
+    optimum; the optimum is computed once and then read from the cache; a cached optimum the current cost
+    model no longer predicts at its recorded step time is recomputed."""
+    cache = tmp_path / "optima.json"
+    exhaustive_runs = []
+    real_run_search = bench_search.run_search
+
+    def counting(*args, **kwargs):
+        exhaustive_runs.append(kwargs.get("exhaustive"))
+        return real_run_search(*args, **kwargs)
+
+    monkeypatch.setattr(bench_search, "run_search", counting)
+    args = dict(problems="tiny", seeds=1, cache=str(cache), refresh=False)
+    rows = bench_search.quality(SimpleNamespace(**args, references_only=False))
+    assert [(r["problem"], r["seed"]) for r in rows] == [("tiny", 1)]
+    assert rows[0]["gap"] <= 0.01 and 0 < rows[0]["predicted_share"] <= 1
+    assert "| tiny | 1 |" in capsys.readouterr().out
+    entry = json.loads(cache.read_text())["tiny/seed1"]
+    assert exhaustive_runs == [True] and entry["optimum_ms"] > 0 and entry["points"] > entry["predicted"]
+
+    bench_search.quality(SimpleNamespace(**args, references_only=True))
+    assert exhaustive_runs == [True]  # served from the cache
+    assert json.loads(cache.read_text())["tiny/seed1"] == entry
+
+    cache.write_text(json.dumps({"tiny/seed1": {**entry, "optimum_ms": entry["optimum_ms"] * 1.5}}))
+    bench_search.quality(SimpleNamespace(**args, references_only=True))
+    assert exhaustive_runs == [True, True]  # stale: the cost model predicts the cached plan otherwise
+    assert "the cost model changed" in capsys.readouterr().err
+    assert json.loads(cache.read_text())["tiny/seed1"]["optimum_ms"] == pytest.approx(entry["optimum_ms"])
