@@ -240,3 +240,225 @@ def test_the_console_script_on_a_random_file_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "predict", "--model", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- datasets as workloads
+
+LLAVA = ROOT / "tests" / "fixtures" / "llava"
+VALID_RECORDS = json.loads((LLAVA / "llava-mini.json").read_text())
+VALID_TOKENIZER = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+                   "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+                   "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1, "cat": 2, "the": 3},
+                             "unk_token": "[UNK]"}}
+MANIFEST_COLUMNS = ["text_tokens", "num_images", "image_tokens", "image_width", "image_height", "caption"]
+cells = st.one_of(st.integers(-3, 5000), st.sampled_from([0, 2**40, -1]), st.floats(allow_nan=True, allow_infinity=True),
+                  st.text(max_size=5), st.none())
+
+
+@st.composite
+def manifests(draw):
+    """A manifest table: some of its columns (most often text_tokens), each cell a random value."""
+    columns = draw(st.lists(st.sampled_from(MANIFEST_COLUMNS), unique=True, max_size=5))
+    if draw(st.booleans()) and "text_tokens" not in columns:
+        columns.append("text_tokens")
+    rows = draw(st.integers(0, 4))
+    return {c: [draw(cells) for _ in range(rows)] for c in columns}
+
+
+def write_dataset(folder: Path, form: str, data) -> str:
+    """The dataset file of ``form`` (its content a mutated record list, a manifest table, or raw bytes)."""
+    import pandas as pd
+
+    name = {"conversations": "d.json", "conversations-jsonl": "d.jsonl", "csv": "d.csv", "parquet": "d.parquet",
+            "manifest-jsonl": "d.jsonl"}[form]
+    path = folder / name
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    elif form == "conversations":
+        path.write_text(json.dumps(data))
+    elif form == "conversations-jsonl":
+        path.write_text("\n".join(json.dumps(r) for r in (data if isinstance(data, list) else [data])))
+    elif form == "manifest-jsonl":
+        rows = len(next(iter(data.values()), []))
+        path.write_text("\n".join(json.dumps({c: v[i] for c, v in data.items()}) for i in range(rows)))
+    else:
+        frame = pd.DataFrame(data)
+        try:
+            frame.to_csv(path, index=False) if form == "csv" else frame.to_parquet(path, index=False)
+        except Exception:  # a column pyarrow cannot store (mixed types): as strings, as a writer would
+            frame.astype(str).to_parquet(path, index=False)
+    return str(path)
+
+
+@settings(FAST, max_examples=60 * SCALE)
+@given(data=st.data(), form=st.sampled_from(["conversations", "conversations-jsonl", "csv", "parquet", "manifest-jsonl"]),
+       command=st.sampled_from(["workload", "predict"]), content=st.sampled_from(["valid", "mutated", "mutated", "bytes"]),
+       images=st.sampled_from(["all", "one missing", "one damaged", "folder missing"]),
+       tokenizer=st.sampled_from([None, None, "valid", "mutated", "bytes", "missing"]),
+       seq_len=st.sampled_from([None, 0, -4, 64, 4096, 10**12]), chars=st.sampled_from([None, 0.0, 3.5, -1.0, 1e300]),
+       plot=st.booleans())
+def test_dataset_workloads_take_any_file(data, form, command, content, images, tokenizer, seq_len, chars, plot):
+    import shutil
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        shutil.copytree(LLAVA / "images", folder / "images")
+        if images == "one missing":
+            (folder / "images" / "cat-640x480.jpg").unlink()
+        elif images == "one damaged":
+            (folder / "images" / "chart-1024x768.png").write_bytes(data.draw(st.binary(max_size=64)))
+        if content == "bytes":
+            dataset = data.draw(st.binary(max_size=300))
+        elif form.startswith("conversations"):
+            dataset = VALID_RECORDS if content == "valid" else _mutated(VALID_RECORDS, data.draw)
+        else:
+            dataset = {"text_tokens": [100, 300], "image_tokens": [64, 256]} if content == "valid" else data.draw(manifests())
+        path = write_dataset(folder, form, dataset)
+        inputs = {p.name for p in folder.iterdir()}
+        args = [command, path] if command == "workload" else [command, "--workload", path, "--pp", "2", "--json"]
+        args += ["--model", "qwen2vl-vit-qwen2-7b"]
+        if images == "folder missing":
+            args += ["--image-folder", str(folder / "nowhere")]
+        if tokenizer == "missing":
+            args += ["--tokenizer", str(folder / "tokenizer.json")]
+        elif tokenizer is not None:
+            content_ = {"valid": VALID_TOKENIZER, "mutated": _mutated(VALID_TOKENIZER, data.draw),
+                        "bytes": data.draw(st.binary(max_size=200))}[tokenizer]
+            args += ["--tokenizer", write_input(folder, "tokenizer.json", content_)]
+            inputs.add("tokenizer.json")
+        args += ["--seq-len", str(seq_len)] if seq_len is not None else []
+        args += ["--chars-per-token", str(chars)] if chars is not None else []
+        if plot and command == "workload":
+            args += ["--plot", str(folder / "w.png")]
+        check(cli(*args), folder, inputs)
+
+
+# ----------------------------------------------------------------- a MindSpeed-MM layout as --current
+
+VALID_MINDSPEED = {"image_encoder": {"vision_encoder": {"pipeline_num_layers": [8, 0], "num_layers": 8}},
+                   "text_decoder": {"pipeline_num_layers": [4, 12], "num_layers": 16}}
+"""example-mllm's layers (8 ViT, 16 decoder) as MindSpeed-MM splits them over two stages."""
+LAUNCH_ARGS = ["--tensor-model-parallel-size 1 --global-batch-size 4", "--pipeline-model-parallel-size 3",
+               "--virtual-pipeline-model-parallel-size 2", "--context-parallel-size 0", "--micro-batch-size x",
+               "--tensor-model-parallel-size $TP", "--global-batch-size 10000000000", "", "--recompute-granularity odd",
+               "SCRIPT"]
+
+
+@settings(FAST, max_examples=10 * SCALE)
+@given(data=st.data(), content=st.sampled_from(["valid", "mutated", "mutated", "mutated", "tree", "bytes"]),
+       args=st.sampled_from(LAUNCH_ARGS), script=st.text(max_size=80))
+def test_plan_takes_any_mindspeed_layout_as_current(data, content, args, script):
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        layout = {"valid": lambda: VALID_MINDSPEED, "mutated": lambda: _mutated(VALID_MINDSPEED, data.draw),
+                  "tree": lambda: data.draw(trees),
+                  "bytes": lambda: data.draw(st.binary(max_size=200))}[content]()
+        path = write_input(folder, "model.json", layout)
+        inputs = {"model.json", "study.db"}
+        if args == "SCRIPT":
+            (folder / "run.sh").write_text("TP=1\nGBS=4\n" + script + "\nGPT_ARGS=\"--tensor-model-parallel-size ${TP} "
+                                           "--global-batch-size ${GBS}\"\n")
+            args, inputs = str(folder / "run.sh"), inputs | {"run.sh"}
+        check(cli("plan", "--devices", "2", "--global-batch", "4", "--samples", "1", "--pp", "2", "--trials", "1",
+                  "--max-microbatches", "4", "--no-progress", "--json", "--storage", f"sqlite:///{folder / 'study.db'}",
+                  "--out", str(folder / "plan.json"), "--current", path, "--current-args", args), folder, inputs)
+
+
+# ----------------------------------------------------- exports of expert-, context-parallel and zero-bubble plans
+
+TINY_MOE = ROOT / "tests" / "runtime" / "tiny-mllm-mla-moe.yaml"
+FORMATS = {"torch-csv": ".csv", "torchtitan": ".toml", "torchtitan-0.3": ".args", "megatron": ".sh",
+           "hyper-parallel": ".yaml", "mindspeed-mm": ".json"}
+
+
+@pytest.fixture(scope="module")
+def moe_plans(tmp_path_factory):
+    """Plan files of a MoE MLLM at ep 2 x cp 2, one searching zb1p and one zbv (each best is a zero-bubble plan)."""
+    folder = tmp_path_factory.mktemp("fuzz-moe")
+    plans = {}
+    for skeleton in ("zb1p", "zbv"):
+        path = folder / f"{skeleton}.json"
+        assert main(["plan", "--model", str(TINY_MOE), "--devices", "8", "--global-batch", "16", "--samples", "1",
+                     "--pp", "2", "--tp", "1", "--cp", "2", "--ep", "2", "--skeletons", skeleton, "--trials", "8",
+                     "--no-progress", "--storage", f"sqlite:///{folder / 'study.db'}", "--out", str(path)]) == 0
+        plans[skeleton] = json.loads(path.read_text())
+        candidate = plans[skeleton]["candidate"]
+        assert skeleton in candidate["schedule"] and (candidate["ep"], candidate["cp"]) == (2, 2)
+    return plans
+
+
+def test_every_format_takes_every_plan_of_an_ep_cp_zero_bubble_plan_file(moe_plans, tmp_path):
+    for skeleton, record in moe_plans.items():
+        path = write_input(tmp_path, "plan.json", record)
+        names = ["best", *(r["plan"] for r in record["search"]["comparison"] + record["search"]["own_best"])]
+        for fmt, suffix in FORMATS.items():
+            for name in dict.fromkeys(names):
+                inputs = {p.name for p in tmp_path.iterdir()}
+                code = check(cli("export", path, "--to", fmt, "--plan", name, "--out", str(tmp_path / f"x{suffix}")),
+                             tmp_path, inputs)
+                for written in tmp_path.glob("x*"):
+                    assert code == 0, written
+                    written.unlink()
+
+
+@settings(FAST, max_examples=40 * SCALE)
+@given(data=st.data(), skeleton=st.sampled_from(["zb1p", "zbv"]), fmt=st.sampled_from(sorted(FORMATS)),
+       name=st.sampled_from(["best", "megatron", "vpp", "mpipe-rr@own", "gpipe"]))
+def test_export_takes_any_damaged_ep_cp_zero_bubble_plan(moe_plans, data, skeleton, fmt, name):
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        path = write_input(folder, "plan.json", _mutated(moe_plans[skeleton], data.draw))
+        check(cli("export", path, "--to", fmt, "--plan", name, "--out", str(folder / f"x{FORMATS[fmt]}")), folder,
+              {"plan.json"})
+
+
+# ------------------------------------------------------------------- profile across nodes: torchrun's variables
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+env_values = st.one_of(st.sampled_from(["0", "1", "2", "-1", "", "x", "1.5", " 1", "99999999999999999999", "65536",
+                                        "127.0.0.1", "localhost"]), st.text(max_size=6))
+
+
+@settings(FAST, max_examples=60 * SCALE)
+@given(env=st.dictionaries(st.sampled_from(TORCHRUN_ENV), st.none() | env_values, max_size=2),
+       device=st.sampled_from(["cpu", "cpu", "cuda", "tpu"]),
+       compute=st.sampled_from(["ideal", "ideal", "ideal", None, "nope", "FILE"]),
+       calibrate=st.sampled_from([None, None, None, "tiny-vit-llm"]), out=st.sampled_from(["c.json", "c.json", "c.txt", "."]))
+def test_profile_under_torchrun_takes_any_environment(monkeypatch_nodes, env, device, compute, calibrate, out):
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        folder = Path(tmp)
+        for name in TORCHRUN_ENV:
+            patch.delenv(name, raising=False)
+        full = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+        for name, value in {**full, **env}.items():  # torchrun's set with one or two replaced or left out
+            if value is not None and "\x00" not in value:
+                patch.setenv(name, value)
+        args = ["profile", "--device", device, "--out", out if out == "." else str(folder / out)]
+        if compute == "FILE":
+            args += ["--compute", write_input(folder, "one-node.json", b"{")]
+        elif compute is not None:
+            args += ["--compute", compute]
+        args += ["--calibrate", calibrate] if calibrate else []
+        try:
+            result = cli(*args)
+        except _Launched:
+            return  # every check passed: the ranks would join torchrun's world now
+        check(result, folder, {"one-node.json"} if compute == "FILE" else set())
+
+
+def _join_world(*args, **kwargs):
+    """Stands for joining torchrun's world (env://), which the checks before it must have made safe."""
+    port, addr = os.environ.get("MASTER_PORT", ""), os.environ.get("MASTER_ADDR", "")
+    assert port.isdigit() and 1 <= int(port) <= 65535 and addr.strip() == addr != "", (addr, port)
+    raise _Launched
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_nodes():
+    with pytest.MonkeyPatch.context() as patch:
+        from mpipe_tune.profiler import build, nodes
+
+        patch.setattr(nodes, "measure_link_classes", _join_world)
+        patch.setattr(build, "profile_device", _no_launch)  # outside torchrun: the one-host sweep would start
+        yield patch

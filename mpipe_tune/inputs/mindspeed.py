@@ -105,6 +105,9 @@ def _load_json(path: str | Path, where: str) -> dict[str, Any]:
                          f"MindSpeed-MM run") from None
     except json.JSONDecodeError as exc:
         raise MpipeError(f"{where} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise MpipeError(f"{where} is not UTF-8 text (byte {exc.start}); give the model.json of your MindSpeed-MM "
+                         f"run") from None
     if not isinstance(config, dict):
         raise MpipeError(f"{where} holds no JSON object; a MindSpeed-MM model.json is one object")
     return config

@@ -30,6 +30,8 @@ from mpipe_tune.profiler.settings import SweepSettings
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 _DIST_TIMEOUT_S = 300
+_MAX_WORLD = 2**20
+"""More processes than any cluster runs: a larger WORLD_SIZE is a damaged environment."""
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,14 @@ def place_from_env(env: Mapping[str, str] | None = None) -> NodePlace:
                          f"command with torchrun") from None
     place = NodePlace(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"], values["LOCAL_WORLD_SIZE"],
                       values["GROUP_RANK"])
-    if not (0 <= place.rank < place.world_size and 0 <= place.local_rank < place.local_world_size
-            and place.node_rank >= 0):
+    if not (0 <= place.rank < place.world_size <= _MAX_WORLD and 0 <= place.local_rank < place.local_world_size
+            <= place.world_size and 0 <= place.node_rank < place.world_size):
         raise MpipeError(f"torchrun's environment is inconsistent ({place}); start the command with torchrun")
+    address, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+    if not address or not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise MpipeError(f"torchrun's environment gives MASTER_ADDR={env.get('MASTER_ADDR')!r} and "
+                         f"MASTER_PORT={env.get('MASTER_PORT')!r}; the ranks meet at a host name or address and a port "
+                         f"1-65535: start the command with torchrun (--rdzv-endpoint HOST:PORT)")
     return place
 
 

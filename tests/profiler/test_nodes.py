@@ -21,7 +21,8 @@ from mpipe_tune.profiler.nodes import NodeLayout, NodePlace, is_under_torchrun, 
 
 pytest.importorskip("torch")
 
-ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
+ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+       "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
 
 
 def test_the_place_is_torchrun_s():
@@ -31,6 +32,8 @@ def test_the_place_is_torchrun_s():
         place_from_env({k: v for k, v in ENV.items() if k != "GROUP_RANK"})
     with pytest.raises(MpipeError, match="inconsistent"):
         place_from_env({**ENV, "LOCAL_RANK": "2"})
+    with pytest.raises(MpipeError, match="MASTER_PORT='x'; the ranks meet at"):  # env:// would raise a traceback
+        place_from_env({**ENV, "MASTER_PORT": "x"})
 
 
 def test_the_layout_groups_one_node_and_one_rank_per_node():
