@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.candidate import DTYPE_BYTES, Candidate
 from mpipe_tune.algebra.schedule import Cut
@@ -148,7 +149,8 @@ def run_options(run: PublishedRun) -> CostOptions:
     (NeMo's ``grad_sync_dtype``, Megatron-Core's ``grad_reduce_in_fp32``): 2 bytes per gradient for a bf16
     reduce, 4 for fp32; the optimizer state as the run records it."""
     return CostOptions(grad_bytes_per_param=float(DTYPE_BYTES[run.grad_reduce_dtype]),
-                       optimizer_bytes_per_param=run.optimizer_bytes_per_param, dtype=run.dtype, tp_degree=run.tp, dp_degree=run.dp, cp_degree=run.cp, ep_degree=run.ep,
+                       optimizer_bytes_per_param=run.optimizer_bytes_per_param, dtype=run.dtype,
+                       degrees=Degrees(run.pp, tp=run.tp, dp=run.dp, cp=run.cp, ep=run.ep),
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype)
 
@@ -196,8 +198,8 @@ def predict_run(run: PublishedRun, profile: HardwareProfile | None = None) -> Pr
                         f"{run.name}: {run.num_sequences} x {run.seq_len} tokens")
     cut, schedule, slabs = megatron_layout(model, run.pp, run.vp, run.layer_list)
     options = run_options(run)
-    candidate = Candidate(schedule, cut.boundaries, pp=run.pp, tp=options.tp_degree, dp=options.dp_degree,
+    candidate = Candidate(schedule, cut.boundaries, pp=run.pp, tp=options.degrees.tp, dp=options.degrees.dp,
                           num_microbatches=run.num_sequences, slab_counts=slabs, recompute=options.recompute,
-                          ep=options.ep_degree, cp=options.cp_degree, zero_stage=options.zero_stage,
+                          ep=options.degrees.ep, cp=options.degrees.cp, zero_stage=options.zero_stage,
                           sequence_parallel=options.sequence_parallel, dtype=options.dtype)
     return predict(candidate, model, workload, profile, options)

@@ -53,10 +53,10 @@ def candidate(cut, schedule, num_ranks: int, num_microbatches: int, *, slab_coun
     from mpipe_tune.cost.layers import CostOptions
 
     o = options or CostOptions()
-    return Candidate(str(schedule), tuple(cut.boundaries), pp=num_ranks, tp=o.tp_degree, dp=o.dp_degree,
+    return Candidate(str(schedule), tuple(cut.boundaries), pp=num_ranks, tp=o.degrees.tp, dp=o.degrees.dp,
                      num_microbatches=num_microbatches, slab_counts=slab_counts, owner_map=owners,
-                     recompute=o.recompute, ep=o.ep_degree, cp=o.cp_degree, zero_stage=o.zero_stage,
-                     sequence_parallel=o.sequence_parallel, encoder_tp=o.encoder_tp_degree, dtype=o.dtype)
+                     recompute=o.recompute, ep=o.degrees.ep, cp=o.degrees.cp, zero_stage=o.zero_stage,
+                     sequence_parallel=o.sequence_parallel, encoder_tp=o.degrees.encoder_tp, dtype=o.dtype)
 
 
 def predict_plan(cut, schedule, model, workload, profile, num_ranks: int, *, num_microbatches=None, slab_counts=None,

@@ -84,7 +84,7 @@ class DurationModel:
         a = arrays or EventArrays.of(plan)
         M = plan.num_microbatches
         self.model, self.plan, self.profile, self.options = model, plan, profile, options
-        self.devices_per_rank = options.tp_degree * options.cp_degree * options.dp_degree
+        self.devices_per_rank = options.degrees.tp * options.degrees.cp * options.degrees.dp
         self.num_events = len(a.kind)
         # Flat indices into the (layers + 1, M) prefix sums and the (layers, M) boundary table.
         self.fwd_idx, self.fwd_hi, self.fwd_lo = _slab_indices(a, FWD, M)
@@ -204,31 +204,31 @@ def _transfers(a: EventArrays, at: np.ndarray) -> tuple[np.ndarray, ...]:
 def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, profile: HardwareProfile, options: CostOptions) -> float:
     start, stop = plan.slab(event.region, 0 if event.rank is None else event.rank)
     trainable = np.array(model.trainable_bits()[start:stop], dtype=bool)
-    ranks = options.dp_degree * options.cp_degree  # the data- and context-parallel ranks of a slab
+    ranks = options.degrees.dp * options.degrees.cp  # the data- and context-parallel ranks of a slab
     if table.layer_replicas is not None:  # the encoder's own degree: its gradients reduce on their own
         encoder = trainable & (table.layer_replicas[start:stop] > 1)
         encoder_bytes = float(table.param_count[start:stop][encoder].sum()) / options.encoder_tp
         group = options.encoder_replicas * (plan.num_ranks * ranks if event.group is Group.REPLICA else ranks)
-        span = options.tp_degree * (plan.num_ranks * ranks if event.group is Group.REPLICA else ranks)
+        span = options.degrees.tp * (plan.num_ranks * ranks if event.group is Group.REPLICA else ranks)
         encoder_s = _all_reduce_s(profile, encoder_bytes * options.grad_bytes_per_param, group, span)
         return encoder_s + _reduce_s(plan, event, model, replace(table, layer_replicas=None, param_count=np.where(
             table.layer_replicas > 1, 0.0, table.param_count)), profile, options)
-    params = float(table.param_count[start:stop][trainable].sum()) / options.tp_degree
+    params = float(table.param_count[start:stop][trainable].sum()) / options.degrees.tp
     experts = (0.0 if table.expert_param_count is None
-               else float(table.expert_param_count[start:stop][trainable].sum()) / options.tp_degree)
-    if event.group is Group.DATA and options.ep_degree > 1 and experts > 0:
+               else float(table.expert_param_count[start:stop][trainable].sum()) / options.degrees.tp)
+    if event.group is Group.DATA and options.degrees.ep > 1 and experts > 0:
         dense = _all_reduce_s(profile, (params - experts) * options.grad_bytes_per_param, ranks,
-                              options.tp_degree * ranks)
-        expert_group = ranks // options.ep_degree
-        return dense + _all_reduce_s(profile, experts / options.ep_degree * options.grad_bytes_per_param,
-                                     expert_group, options.tp_degree * ranks)
+                              options.degrees.tp * ranks)
+        expert_group = ranks // options.degrees.ep
+        return dense + _all_reduce_s(profile, experts / options.degrees.ep * options.grad_bytes_per_param,
+                                     expert_group, options.degrees.tp * ranks)
     size_bytes = params * options.grad_bytes_per_param
     if event.group is Group.REPLICA:
         group_size = plan.num_ranks * ranks
-        span_devices = plan.num_ranks * options.tp_degree * ranks
+        span_devices = plan.num_ranks * options.degrees.tp * ranks
     else:
         group_size = ranks
-        span_devices = options.tp_degree * ranks
+        span_devices = options.degrees.tp * ranks
     return _all_reduce_s(profile, size_bytes, group_size, span_devices)
 
 

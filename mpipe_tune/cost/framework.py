@@ -12,7 +12,7 @@ candidate into the :class:`~mpipe_tune.cost.layers.CostOptions` the cost kernels
 >>> from mpipe_tune.algebra.candidate import Candidate
 >>> f = Framework.from_inputs({"moe_imbalance": 1.5})
 >>> o = f.options(Candidate("1f1b", (), pp=2, tp=2, dp=4, num_microbatches=8))
->>> (o.tp_degree, o.dp_degree, o.moe_imbalance, o.grad_reduce_dtype)
+>>> (o.degrees.tp, o.degrees.dp, o.moe_imbalance, o.grad_reduce_dtype)
 (2, 4, 1.5, 'fp32')
 """
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.cost.layers import FRAMEWORK_OPTIONS, CostOptions
 
 
@@ -61,17 +62,15 @@ class Framework:
     def options(self, candidate: Candidate) -> CostOptions:
         """The cost options of ``candidate`` under this framework: its dtype, degrees and memory policy."""
         c = candidate
-        return self.cost_options(dtype=c.dtype, tp=c.tp, dp=c.dp, ep=c.ep, cp=c.cp, encoder_tp=c.encoder_tp,
-                                 recompute=c.recompute, zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel)
+        return self.cost_options(c.degrees, dtype=c.dtype, recompute=c.recompute, zero_stage=c.zero_stage,
+                                 sequence_parallel=c.sequence_parallel)
 
-    def cost_options(self, *, dtype: str = "bf16", tp: int = 1, dp: int = 1, ep: int = 1, cp: int = 1,
-                     encoder_tp: int | None = None, recompute: bool | str = False, zero_stage: int = 1,
-                     sequence_parallel: bool = False) -> CostOptions:
+    def cost_options(self, degrees: Degrees = Degrees(1), *, dtype: str = "bf16", recompute: bool | str = False,
+                     zero_stage: int = 1, sequence_parallel: bool = False) -> CostOptions:
         """The cost options of these degrees and memory policy under this framework (what
         :meth:`options` reads off a candidate; the defaults: one device, no recomputation)."""
         return CostOptions(
-            dtype=dtype, tp_degree=tp, dp_degree=dp, ep_degree=ep, moe_imbalance=self.moe_imbalance, cp_degree=cp,
-            sequence_parallel=sequence_parallel, encoder_tp_degree=encoder_tp,
+            dtype=dtype, degrees=degrees, moe_imbalance=self.moe_imbalance, sequence_parallel=sequence_parallel,
             optimizer_bytes_per_param=self.optimizer_bytes_per_param, grad_bytes_per_param=self.grad_bytes_per_param,
             shard_optimizer=zero_stage >= 1, grad_reduce_dtype=self.grad_reduce_dtype,
             overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute)

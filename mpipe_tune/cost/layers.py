@@ -14,22 +14,22 @@ the layer's parameter count.
   seconds per call for its kind: once per forward, and once per backward it runs (``bwd_overhead_s``,
   charged under the same footprint as the backward), plus, for an image-stream kind, the profile's
   seconds per image beyond the microbatch's first (:func:`estimate_image_calls_s`: the runtime's ViT
-  block makes one attention call per image). With ``tp_degree > 1`` the forward and the dgrad
+  block makes one attention call per image). With ``tp > 1`` the forward and the dgrad
   each pay the layer's tensor-parallel all-reduces over the intra-node link, less the share the
   profile's ``tp_comm_overlap`` hides behind the GEMMs, and a layer with tokens pays the profile's
   fixed seconds per split call at that degree (``tp_overhead_s``: per forward and per backward it
   runs, where the profile measured them) on top of the profile's ``tp_slowdown`` share of all the
-  above (the split call's extra seconds per charged second); with ``ep_degree > 1`` a
+  above (the split call's extra seconds per charged second); with ``ep > 1`` a
   MoE layer's forward and dgrad each pay its dispatch and combine all-to-alls
   (:func:`~mpipe_tune.cost.profile.estimate_collective_s`'s ``all_to_all`` over ``ep`` ranks, on the
   inter-node link once the group's ``tp * ep`` devices span more than a node), not overlapped with
-  compute. With ``cp_degree > 1`` a decoder layer's attention core runs as ring attention: ``cp``
+  compute. With ``cp > 1`` a decoder layer's attention core runs as ring attention: ``cp``
   steps, each computing ``1/cp`` of the rank's core while the next share of k and v (backward: k,
   v, dk, dv) travels to the next rank over the point-to-point link, so the core pays
   ``(cp-1) * max(0, step transfer - step compute)`` beyond its compute: only what the compute does
   not hide (the overlap ring-attention implementations get by double-buffering the exchange).
 
-The encoder's own tensor-parallel degree (``CostOptions.encoder_tp_degree``, a divisor of ``tp``):
+The encoder's own tensor-parallel degree (``Degrees.encoder_tp``, a divisor of ``tp``):
 the encoder block's layers are timed at ``encoder_tp`` on the busiest of ``tp / encoder_tp`` shares of
 the microbatch's images (:func:`encoder_split`), and its last layer also pays the all-gather of the
 features over those shares (:func:`estimate_feature_gather_s`), forward and, as a reduce-scatter,
@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from mpipe_tune.algebra.candidate import DTYPE_BYTES, GRAD_REDUCE_DTYPES, normalize_recompute, recompute_granularity
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.model import ENCODER_BLOCK, ArchCost, ExplicitCost, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
@@ -68,28 +69,19 @@ class CostOptions:
 
     dtype: str = "bf16"
     """Compute and activation dtype; the profile's peak for it is used."""
-    tp_degree: int = 1
-    """Tensor-parallel degree inside every slab."""
-    dp_degree: int = 1
-    """Data-parallel degree: replicas of the whole pipeline."""
-    ep_degree: int = 1
-    """Expert-parallel degree: ranks a MoE layer's routed experts are divided over, carved from the
-    data-parallel ranks (see :meth:`validate_degrees`)."""
+    degrees: Degrees = Degrees(1)
+    """The candidate's parallel degrees (its :class:`~mpipe_tune.algebra.degrees.Degrees`, the one record
+    of them). The kernels read ``tp`` (inside every slab), ``dp`` (replicas of the pipeline), ``ep``
+    (the ranks a MoE layer's routed experts are divided over, carved from the data- and
+    context-parallel ranks, see :meth:`validate_degrees`), ``cp`` (the ranks each decoder sequence is
+    split over, ring attention; devices are laid out tp innermost, then cp, dp and pp, Megatron-LM's
+    order) and ``encoder_tp`` (:attr:`encoder_tp`); ``pp`` is the plan's."""
     moe_imbalance: float = 1.0
     """Load imbalance of expert parallelism: routed rows on the busiest rank over the mean (>= 1;
     1 means perfectly balanced routing). Scales that rank's expert work and all-to-all buffers."""
-    cp_degree: int = 1
-    """Context-parallel degree: ranks each decoder sequence is split over (ring attention). Devices
-    are laid out tp innermost, then cp, dp and pp (Megatron-LM's order)."""
     sequence_parallel: bool = False
     """Sequence parallelism with tp: norms, residual adds and the layers' inputs and outputs hold
-    ``1/tp`` of the tokens per rank (nothing changes with ``tp_degree == 1``)."""
-    encoder_tp_degree: int | None = None
-    """Tensor-parallel degree of the encoder block's layers (None: :attr:`tp_degree`). It divides
-    ``tp_degree``: the encoder's tensor-parallel group is a subgroup of ``encoder_tp`` of the slab's
-    ``tp`` ranks, and the ``tp / encoder_tp`` such groups each encode a share of the microbatch's
-    images (data parallelism inside the tensor-parallel group), then all-gather the features to the
-    whole group before the projector (see :func:`encoder_split`)."""
+    ``1/tp`` of the tokens per rank (nothing changes with ``tp == 1``)."""
     optimizer_bytes_per_param: float = 12.0
     """Optimizer state per parameter (Adam with fp32 master weights and two moments: 12 bytes)."""
     grad_bytes_per_param: float = 4.0
@@ -130,14 +122,18 @@ class CostOptions:
 
     @property
     def encoder_tp(self) -> int:
-        """The encoder block's tensor-parallel degree (:attr:`tp_degree` unless set)."""
-        return self.tp_degree if self.encoder_tp_degree is None else self.encoder_tp_degree
+        """The encoder block's tensor-parallel degree (``tp`` unless the degrees set ``encoder_tp``). It
+        divides ``tp``: the encoder's tensor-parallel group is a subgroup of ``encoder_tp`` of the slab's
+        ``tp`` ranks, and the ``tp / encoder_tp`` such groups each encode a share of the microbatch's
+        images (data parallelism inside the tensor-parallel group), then all-gather the features to the
+        whole group before the projector (see :func:`encoder_split`)."""
+        return self.degrees.tp if self.degrees.encoder_tp is None else self.degrees.encoder_tp
 
     @property
     def encoder_replicas(self) -> int:
         """``tp / encoder_tp``: encoder groups inside the tensor-parallel group, each encoding a share
-        of a microbatch's images (1 unless :attr:`encoder_tp_degree` is below ``tp``)."""
-        return self.tp_degree // self.encoder_tp
+        of a microbatch's images (1 unless :attr:`encoder_tp` is below ``tp``)."""
+        return self.degrees.tp // self.encoder_tp
 
     @property
     def zero_stage(self) -> int:
@@ -150,23 +146,23 @@ class CostOptions:
         divides ``dp * cp`` and ``cp`` divides it (torchtitan's rule for experts that keep the
         tensor-parallel split, ``etp = tp``; with ``cp = 1``, ``ep`` divides ``dp``, and the experts'
         own data-parallel group, Megatron-LM's, has ``dp * cp / ep`` ranks); a load imbalance >= 1."""
-        for name, value in (("tensor-parallel", self.tp_degree), ("data-parallel", self.dp_degree),
-                            ("expert-parallel", self.ep_degree), ("context-parallel", self.cp_degree)):
+        for name, value in (("tensor-parallel", self.degrees.tp), ("data-parallel", self.degrees.dp),
+                            ("expert-parallel", self.degrees.ep), ("context-parallel", self.degrees.cp)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise MpipeError(f"the {name} degree is {value!r}, but parallel degrees must be integers >= 1")
         encoder_tp = self.encoder_tp
         if isinstance(encoder_tp, bool) or not isinstance(encoder_tp, int) or encoder_tp < 1 \
-                or self.tp_degree % encoder_tp:
-            divisors = ", ".join(str(d) for d in range(1, self.tp_degree + 1) if self.tp_degree % d == 0)
+                or self.degrees.tp % encoder_tp:
+            divisors = ", ".join(str(d) for d in range(1, self.degrees.tp + 1) if self.degrees.tp % d == 0)
             raise MpipeError(f"the encoder's tensor-parallel degree is {encoder_tp!r}, but it must divide the "
-                             f"tensor-parallel degree {self.tp_degree} (its group is a subgroup of the tp ranks); "
+                             f"tensor-parallel degree {self.degrees.tp} (its group is a subgroup of the tp ranks); "
                              f"use one of {divisors}")
-        ranks = self.dp_degree * self.cp_degree
-        if self.ep_degree > 1 and (ranks % self.ep_degree or self.ep_degree % self.cp_degree):
-            what = f"the data-parallel degree {self.dp_degree}" + (
-                f" times the context-parallel degree {self.cp_degree}" if self.cp_degree > 1 else "")
-            must = f"divide {what}" + (f" and be a multiple of {self.cp_degree}" if self.cp_degree > 1 else "")
-            raise MpipeError(f"expert-parallel degree {self.ep_degree} must {must}: the expert group is carved from "
+        ranks = self.degrees.dp * self.degrees.cp
+        if self.degrees.ep > 1 and (ranks % self.degrees.ep or self.degrees.ep % self.degrees.cp):
+            what = f"the data-parallel degree {self.degrees.dp}" + (
+                f" times the context-parallel degree {self.degrees.cp}" if self.degrees.cp > 1 else "")
+            must = f"divide {what}" + (f" and be a multiple of {self.degrees.cp}" if self.degrees.cp > 1 else "")
+            raise MpipeError(f"expert-parallel degree {self.degrees.ep} must {must}: the expert group is carved from "
                              f"those ranks; choose another expert-parallel degree")
         if not self.moe_imbalance >= 1.0 or self.moe_imbalance == float("inf"):
             raise MpipeError(f"MoE load imbalance {self.moe_imbalance!r} must be a finite number >= 1 (the busiest "
@@ -209,7 +205,7 @@ class LayerTable:
     tensor-parallel splitting); None means none."""
     layer_tp_degree: np.ndarray | None = None
     """Shape (num_layers,): each layer's tensor-parallel degree where the encoder's differs from the
-    plan's (:attr:`CostOptions.encoder_tp_degree`); None means the plan's for every layer."""
+    plan's (:attr:`CostOptions.encoder_tp`); None means the plan's for every layer."""
     layer_replicas: np.ndarray | None = None
     """Shape (num_layers,): replicas of each layer's weights inside a tensor-parallel group
     (``tp / encoder_tp`` for the encoder's layers, else 1); None means 1 everywhere."""
@@ -222,7 +218,7 @@ class LayerTable:
     def tp_degrees(self, options: CostOptions) -> np.ndarray:
         """Per layer, the tensor-parallel degree its weights are split over."""
         if self.layer_tp_degree is None:
-            return np.full(self.param_count.shape, float(options.tp_degree))
+            return np.full(self.param_count.shape, float(options.degrees.tp))
         return self.layer_tp_degree
 
     def expert_params(self) -> np.ndarray:
@@ -267,7 +263,7 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
     if replicas > 1 and encoder.any():
         fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad = (
             a.copy() for a in (fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad))
-        encoder_options = replace(arch_options, tp_degree=options.encoder_tp)
+        encoder_options = replace(arch_options, degrees=replace(arch_options.degrees, tp=options.encoder_tp))
         for key in {(u.cost, u.block) for u, e in zip(model.layers, encoder) if e}:
             at = [i for i, u in enumerate(model.layers) if (u.cost, u.block) == key]
             row = _encoder_row(key[0], workload.microbatches, profile, encoder_options, replicas)
@@ -291,7 +287,7 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         recompute_s={"full": fwd, "selective": core_s, "none": np.zeros_like(fwd)}[granularity],
         bwd_overhead_s=bwd_overhead,
         expert_param_count=experts if experts.any() else None,
-        layer_tp_degree=(np.where(encoder, float(options.encoder_tp), float(options.tp_degree))
+        layer_tp_degree=(np.where(encoder, float(options.encoder_tp), float(options.degrees.tp))
                          if replicas > 1 and encoder.any() else None),
         layer_replicas=np.where(encoder, float(replicas), 1.0) if replicas > 1 and encoder.any() else None,
         wgrad_kept_bytes=wgrad_grad + np.maximum(saved - kept, 0.0),
@@ -331,15 +327,16 @@ def estimate_feature_gather_s(cost: ArchCost, mb: Microbatch, profile: HardwareP
     if mb.image_tokens == 0:
         return 0.0
     full = arch.estimate_arch_work(cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes()).boundary_bytes
-    link = profile.link("all_gather", inter_node=options.tp_degree > profile.devices_per_node)
+    link = profile.link("all_gather", inter_node=options.degrees.tp > profile.devices_per_node)
     return estimate_collective_s(link, "all_gather", full, options.encoder_replicas)
 
 
 def _arch_options(options: CostOptions) -> CostOptions:
-    """``options`` with the fields :func:`_arch_seconds` does not read (recomputation, ZeRO, data and encoder
-    parallelism) at one value, so that its cache serves every setting of them (the layer table's
+    """``options`` with the fields :func:`_arch_seconds` does not read (recomputation, ZeRO, pipeline, data and
+    encoder parallelism) at one value, so that its cache serves every setting of them (the layer table's
     recomputation columns are chosen after, from ``options`` itself)."""
-    return replace(options, recompute=False, shard_optimizer=True, dp_degree=1, encoder_tp_degree=None)
+    return replace(options, recompute=False, shard_optimizer=True,
+                   degrees=replace(options.degrees, pp=1, dp=1, encoder_tp=None))
 
 
 @lru_cache(maxsize=4096)
@@ -375,28 +372,29 @@ def layer_seconds(cost, block: str, mb: Microbatch, profile: HardwareProfile,
 @lru_cache(maxsize=65536)
 def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, options: CostOptions):
     work = arch.estimate_arch_work(
-        cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.tp_degree,
-        ep_degree=options.ep_degree, moe_imbalance=options.moe_imbalance, cp_degree=options.cp_degree,
+        cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
+        ep_degree=options.degrees.ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
         sequence_parallel=options.sequence_parallel,
     )
     *_, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(work, cost.kind, profile, options.dtype)
     bandwidth = profile.memory_bytes_per_s
     comm_s = 0.0
-    if options.tp_degree > 1 and work.tp_comm_bytes > 0:
-        link = profile.link("all_reduce", inter_node=options.tp_degree > profile.devices_per_node)
-        comm_s = estimate_collective_s(link, "all_reduce", work.tp_comm_bytes, options.tp_degree) * profile.tp_comm_exposed
+    if options.degrees.tp > 1 and work.tp_comm_bytes > 0:
+        link = profile.link("all_reduce", inter_node=options.degrees.tp > profile.devices_per_node)
+        comm_s = (estimate_collective_s(link, "all_reduce", work.tp_comm_bytes, options.degrees.tp)
+                  * profile.tp_comm_exposed)
     ring_fwd_s = ring_bwd_s = 0.0
-    if options.ep_degree > 1 or options.cp_degree > 1:
-        ep = options.ep_degree
+    if options.degrees.ep > 1 or options.degrees.cp > 1:
+        ep = options.degrees.ep
         traffic = arch.estimate_parallel_traffic(
-            cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.tp_degree,
-            ep_degree=ep, moe_imbalance=options.moe_imbalance, cp_degree=options.cp_degree,
+            cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
+            ep_degree=ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
             sequence_parallel=options.sequence_parallel)
         if traffic.all_to_all_bytes:  # expert parallelism: dispatch and combine, again for their gradients
-            link = profile.link("all_to_all", inter_node=options.tp_degree * ep > profile.devices_per_node)
+            link = profile.link("all_to_all", inter_node=options.degrees.tp * ep > profile.devices_per_node)
             comm_s += sum(estimate_collective_s(link, "all_to_all", n, ep) for n in traffic.all_to_all_bytes)
         if traffic.ring_steps:
-            link = profile.link("p2p", inter_node=options.tp_degree * options.cp_degree > profile.devices_per_node)
+            link = profile.link("p2p", inter_node=options.degrees.tp * options.degrees.cp > profile.devices_per_node)
             core_fwd_s = max(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth)
             core_bwd_s = max(core_bwd_compute_s, work.attention_core_dgrad_bytes / bandwidth)
             ring_fwd_s = exposed_ring_s(link, traffic.ring_step_bytes, traffic.ring_steps, core_fwd_s)
@@ -409,9 +407,9 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
     fwd = fwd_call_s + fwd_s + comm_s + ring_fwd_s
     dgrad = dgrad_s + comm_s + ring_bwd_s
     wgrad = wgrad_s
-    if options.tp_degree > 1 and tokens > 0:  # what the profile measured of split calls beyond all that
-        fwd_tp_s, bwd_tp_s = profile.tp_overhead_for(cost.kind, options.tp_degree)
-        fwd_slow, bwd_slow = profile.tp_slowdown_for(cost.kind, options.tp_degree)
+    if options.degrees.tp > 1 and tokens > 0:  # what the profile measured of split calls beyond all that
+        fwd_tp_s, bwd_tp_s = profile.tp_overhead_for(cost.kind, options.degrees.tp)
+        fwd_slow, bwd_slow = profile.tp_slowdown_for(cost.kind, options.degrees.tp)
         fwd = fwd * (1.0 + fwd_slow) + fwd_tp_s
         dgrad, wgrad = dgrad * (1.0 + bwd_slow), wgrad * (1.0 + bwd_slow)
         bwd_call_s = bwd_call_s * (1.0 + bwd_slow) + bwd_tp_s

@@ -74,7 +74,7 @@ def local_params(table: LayerTable, options: CostOptions) -> np.ndarray:
     """Per layer, the parameters one rank holds: split over the tensor-parallel group (the encoder's
     over ``encoder_tp`` where that is set), the routed experts also over the expert-parallel group."""
     tp = table.tp_degrees(options)
-    return (table.param_count - table.expert_params() * (1 - 1 / options.ep_degree)) / tp
+    return (table.param_count - table.expert_params() * (1 - 1 / options.degrees.ep)) / tp
 
 
 def per_rank_sum(layers: tuple[tuple[tuple[int, int], ...], ...], per_layer: np.ndarray) -> tuple[float, ...]:
@@ -93,10 +93,10 @@ def static_bytes_of(layers: tuple[tuple[tuple[int, int], ...], ...], model: Mode
     """Per rank, the static bytes of the layer ranges it holds (:func:`rank_layers`): what the
     placement alone decides, before any order exists."""
     trainable = np.array(model.trainable_bits(), dtype=bool)
-    ep = options.ep_degree
+    ep = options.degrees.ep
     experts = table.expert_params() / (table.tp_degrees(options) * ep)  # a rank's share of the routed experts
     params = local_params(table, options)
-    ranks = options.dp_degree * options.cp_degree
+    ranks = options.degrees.dp * options.degrees.cp
     shards, expert_shards = (ranks, ranks // ep) if options.shard_optimizer else (1, 1)
     optimizer = options.optimizer_bytes_per_param / shards
     expert_optimizer = options.optimizer_bytes_per_param / expert_shards

@@ -145,5 +145,5 @@ def compile_overlap(plan: Plan, reduces: list[tuple[int, DpReduce]], model, tabl
     params = []
     for _, event in reduces:
         start, stop = plan.slab(event.region, 0 if event.rank is None else event.rank)
-        params.append(float(table.param_count[start:stop][trainable[start:stop]].sum()) / options.tp_degree)
+        params.append(float(table.param_count[start:stop][trainable[start:stop]].sum()) / options.degrees.tp)
     return DataParallelOverlap(plan, reduces, np.array(params), options.dp_bucket_params, options.shard_optimizer)

@@ -132,7 +132,9 @@ class Predictor:
     def table(self, c: Candidate, workload: Workload) -> LayerTable:
         """``workload``'s layer table under ``c``'s options (built at dp = 1: layer costs do not depend on
         dp, and so one cached per-layer row serves every dp)."""
-        return build_layer_table(self.model_of(c), workload, self.profile, replace(self.options(c), dp_degree=1))
+        options = self.options(c)
+        return build_layer_table(self.model_of(c), workload, self.profile,
+                                 replace(options, degrees=replace(options.degrees, dp=1)))
 
     def validate(self, c: Candidate) -> None:
         """One line for what makes ``c`` unpredictable here before any derive: its own checks, its
@@ -143,8 +145,8 @@ class Predictor:
         options.dtype_bytes()
         self.profile.peak(options.dtype)
         model = self.model_of(c)
-        validate_tensor_parallel_degree(model, options.tp_degree)
-        validate_expert_parallel_degree(model, options.ep_degree)
+        validate_tensor_parallel_degree(model, options.degrees.tp)
+        validate_expert_parallel_degree(model, options.degrees.ep)
 
     # ------------------------------------------------------------------------------ plans
 

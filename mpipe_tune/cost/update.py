@@ -45,7 +45,7 @@ def estimate_update_s(plan: Plan, model: Model, table: LayerTable, profile: Hard
                       options: CostOptions) -> np.ndarray:
     """Seconds of each pipeline rank's optimizer update (see the module docstring)."""
     trainable = np.array(model.trainable_bits(), dtype=bool)
-    shards = options.dp_degree * options.cp_degree if options.shard_optimizer else 1
+    shards = options.degrees.dp * options.degrees.cp if options.shard_optimizer else 1
     per_layer = local_params(table, options) * trainable * update_bytes_per_param(options) / shards
     return np.array(per_rank_sum(rank_layers(plan), per_layer)) / profile.update_bytes_per_s
 

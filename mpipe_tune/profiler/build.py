@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.profile import SCHEMA_VERSION
 from mpipe_tune.interrupt import at_once, phase
@@ -384,7 +385,7 @@ def tp_overhead_entries(profile: dict[str, Any], points: Sequence[LayerPoint], m
     pairs: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
     evidence: dict[tuple[str, int], list[tuple[LayerPoint, float]]] = {}
     for point in points:
-        options = CostOptions(tp_degree=point.tp, dtype=dtype)
+        options = CostOptions(dtype=dtype, degrees=Degrees(1, tp=point.tp))
         fwd, dgrad, wgrad, bwd_call = layer_seconds(layers[point.layer_name].cost, layers[point.layer_name].block,
                                                     calibration_microbatch(model, point.tokens), priced, options)
         predicted = fwd if point.phase == "fwd" else wgrad + bwd_call + (dgrad if point.input_grad else 0.0)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from mpipe_tune.algebra.candidate import MAX_DEVICES
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.framework import Framework
 from mpipe_tune.cost.layers import CostOptions
@@ -106,8 +107,8 @@ class Problem:
                     zero_stage: int = 1, sequence_parallel: bool = False,
                     encoder_tp: int | None = None) -> CostOptions:
         """The cost options of a candidate with these degrees and memory policy (the rest the problem's)."""
-        return self.framework.cost_options(dtype=self.dtype, tp=tp, dp=dp, ep=ep, cp=cp, encoder_tp=encoder_tp,
-                                           recompute=recompute, zero_stage=zero_stage,
+        return self.framework.cost_options(Degrees(1, tp=tp, dp=dp, ep=ep, cp=cp, encoder_tp=encoder_tp),
+                                           dtype=self.dtype, recompute=recompute, zero_stage=zero_stage,
                                            sequence_parallel=sequence_parallel)
 
     @cached_property

@@ -92,7 +92,7 @@ class SpaceOptions:
     """Sequence-parallel settings to try where ``tp > 1``."""
     encoder_tp: bool = False
     """Also search the encoder's own tensor-parallel degree over the divisors of ``tp`` (where
-    ``tp > 1``; see :attr:`~mpipe_tune.cost.layers.CostOptions.encoder_tp_degree`)."""
+    ``tp > 1``; see :attr:`~mpipe_tune.cost.layers.CostOptions.encoder_tp`)."""
     encoder_backward: tuple[str, ...] = (COOLDOWN,)
     """Encoder backward placements to try where the transposed region is trainable (the first is used alone)."""
     min_pp: int = 2

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra import Bwd, Coll, Comm, Cut, Fwd, Schedule, Skeleton, parse_schedule
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.layers import CostOptions, build_layer_table
@@ -73,7 +74,7 @@ def test_owner_maps_retimed_across_nodes_equal_a_fresh_derive(P, M, tp, dp):
     with dp > 1 the data-parallel reduces' overlap reads the ranks' new orders."""
     model = load_model("qwen2vl-vit-llama3-8b")
     profile = load_profile("h100-sxm")
-    options = CostOptions(tp_degree=tp, dp_degree=dp)
+    options = CostOptions(degrees=Degrees(1, tp=tp, dp=dp))
     workload = load_workload("balanced", num_microbatches=M, seed=3)
     cut = Cut((next(i for i, u in enumerate(model.layers) if u.block == "llm"),))
     schedule = parse_schedule("transpose,1f1b")
@@ -156,7 +157,8 @@ def test_other_cost_options_share_the_order_and_match_predict():
     base = predict_plan(cut, schedule, model, workload, profile, 4)
     slabs = (base.plan.placement[1].owner.counts(),)
     compiled = CompiledPlan(base.plan, model, profile, CostOptions())
-    for options in (CostOptions(tp_degree=2), CostOptions(dp_degree=4), CostOptions(recompute="full")):
+    for options in (CostOptions(degrees=Degrees(1, tp=2)), CostOptions(degrees=Degrees(1, dp=4)),
+                    CostOptions(recompute="full")):
         other = compiled.for_options(options)
         assert other.order is compiled.order
         fresh = predict_plan(cut, schedule, model, workload, profile, 4, slab_counts=slabs, options=options)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra import Cut, Schedule, Skeleton
 from mpipe_tune.algebra.model import ArchCost, Layer, Model
 from mpipe_tune.cost import arch
@@ -51,7 +52,7 @@ def test_ring_attention_traffic_closed_form(cp):
 
 def test_ring_exchange_is_charged_only_beyond_the_overlapped_core_compute():
     cp, beta = 4, 1e-9
-    options = CostOptions(cp_degree=cp)
+    options = CostOptions(degrees=Degrees(1, cp=cp))
     free = build_layer_table(MODEL, WORKLOAD, IDEAL, options)
     for slow in (1e-12, 1e-3):  # the transfer hidden under the core's compute, then exposed
         paid = build_layer_table(MODEL, WORKLOAD, priced("p2p", LinkCost(0.0, slow)), options)
@@ -103,24 +104,26 @@ def test_context_parallel_ranks_shard_the_optimizer_and_reduce_together():
     profile = priced("all_reduce", LinkCost(0.0, 1e-9))
 
     def run(**degrees):
-        return predict_plan(Cut(()), schedule, MODEL, WORKLOAD, profile, 1, options=CostOptions(**degrees))
+        return predict_plan(Cut(()), schedule, MODEL, WORKLOAD, profile, 1,
+                            options=CostOptions(degrees=Degrees(1, **degrees)))
 
     for dp, cp in ((2, 1), (1, 2), (2, 4)):
-        result = run(dp_degree=dp, cp_degree=cp)
+        result = run(dp=dp, cp=cp)
         assert result.memory.static_bytes[0] == pytest.approx(params * (2 + 4 + 12 / (dp * cp)), rel=1e-12)
         reduce_s = sum(d for e, d in zip(result.plan.order.events, result.timeline.durations_s)
                        if type(e).__name__ == "DpReduce")
         # the rank's last event, its reduce, also carries its optimizer update
-        reduce_s -= estimate_update_s(result.plan, MODEL, result.table, profile, CostOptions(dp_degree=dp, cp_degree=cp))[0]
+        reduce_s -= estimate_update_s(result.plan, MODEL, result.table, profile,
+                                      CostOptions(degrees=Degrees(1, dp=dp, cp=cp)))[0]
         g = dp * cp
         assert reduce_s == pytest.approx(2 * (g - 1) * 1e-9 * 4 * params / g, rel=1e-12)
 
 
 @pytest.mark.parametrize(("degrees", "message"), [
-    ({"dp_degree": 2, "cp_degree": 2, "ep_degree": 8}, "must divide the data-parallel degree 2 times the context"),
-    ({"dp_degree": 4, "cp_degree": 4, "ep_degree": 2}, "and be a multiple of 4"),
-    ({"cp_degree": 0}, "context-parallel degree is 0"),
+    ({"dp": 2, "cp": 2, "ep": 8}, "must divide the data-parallel degree 2 times the context"),
+    ({"dp": 4, "cp": 4, "ep": 2}, "and be a multiple of 4"),
+    ({"cp": 0}, "context-parallel degree is 0"),
 ])
 def test_bad_context_parallel_degrees_get_one_line(degrees, message):
     with pytest.raises(MpipeError, match=message):
-        CostOptions(**degrees).validate_degrees()
+        CostOptions(degrees=Degrees(1, **degrees)).validate_degrees()

@@ -10,6 +10,7 @@ import pytest
 
 from test_compiled import _same_step
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.encoder_backward import PLACEMENTS
 from mpipe_tune.cost.compiled import CompiledPlan
@@ -32,7 +33,7 @@ def _prediction(placement, P=4, M=8, model_name=REAL, profile="h100-sxm", mix="b
     model, hw = load_model(model_name), load_profile(profile)
     workload = load_workload(mix, num_microbatches=M, seed=1)
     c = _candidate(model, P, M, encoder_backward=placement, **fields)
-    return predict(c, model, workload, hw, CostOptions(dp_degree=c.dp)), model, workload, hw
+    return predict(c, model, workload, hw, CostOptions(degrees=Degrees(1, dp=c.dp))), model, workload, hw
 
 
 @pytest.mark.parametrize("placement", ["earliest", "optimised"])

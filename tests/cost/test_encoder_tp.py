@@ -5,6 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra import Cut, Schedule, Skeleton
 from mpipe_tune.algebra.model import ArchCost, Layer, Model
 from mpipe_tune.algebra.schedule import parse_schedule
@@ -42,10 +43,10 @@ GATHER = LinkCost(1e-5, 1e-9)
 
 def test_an_encoder_layer_at_encoder_tp_1_is_its_tp_1_cost_on_a_share_of_the_images_plus_the_gather():
     profile = with_link("all_gather", GATHER)
-    table = build_layer_table(MODEL, WORKLOAD, profile, CostOptions(tp_degree=2, encoder_tp_degree=1))
+    table = build_layer_table(MODEL, WORKLOAD, profile, CostOptions(degrees=Degrees(1, tp=2, encoder_tp=1)))
     half = Workload((replace(MB, image_tokens=32, images=(16, 16)),) * 2, "two-images")
-    alone = build_layer_table(MODEL, half, profile, CostOptions(tp_degree=1))
-    plan_tp = build_layer_table(MODEL, WORKLOAD, profile, CostOptions(tp_degree=2))
+    alone = build_layer_table(MODEL, half, profile, CostOptions(degrees=Degrees(1, tp=1)))
+    plan_tp = build_layer_table(MODEL, WORKLOAD, profile, CostOptions(degrees=Degrees(1, tp=2)))
     # ViT blocks: no tensor-parallel all-reduce, half the images each (the other tp rank encodes the rest).
     np.testing.assert_allclose(table.fwd_s[:2], alone.fwd_s[:2], rtol=1e-12)
     np.testing.assert_allclose(table.dgrad_s[:2], alone.dgrad_s[:2], rtol=1e-12)
@@ -60,7 +61,7 @@ def test_an_encoder_layer_at_encoder_tp_1_is_its_tp_1_cost_on_a_share_of_the_ima
     # Everything after the encoder keeps the plan's tp.
     np.testing.assert_array_equal(table.fwd_s[3:], plan_tp.fwd_s[3:])
     np.testing.assert_array_equal(table.boundary_bytes, plan_tp.boundary_bytes)
-    assert list(table.tp_degrees(CostOptions(tp_degree=2))) == [1, 1, 1, 2, 2]
+    assert list(table.tp_degrees(CostOptions(degrees=Degrees(1, tp=2)))) == [1, 1, 1, 2, 2]
 
 
 def test_images_are_dealt_whole_so_one_image_gains_nothing():
@@ -77,7 +78,7 @@ def static_bytes(options):
 
 @pytest.mark.parametrize("encoder_tp", [1, 2])
 def test_encoder_weights_are_divided_by_encoder_tp_and_the_rest_by_tp(encoder_tp):
-    options = CostOptions(tp_degree=4, encoder_tp_degree=encoder_tp)
+    options = CostOptions(degrees=Degrees(1, tp=4, encoder_tp=encoder_tp))
     per_param = options.dtype_bytes() + options.grad_bytes_per_param + options.optimizer_bytes_per_param  # dp = 1
     encoder = sum(arch.param_count(u.cost.kind, u.cost.dims_dict()) for u in MODEL.layers if u.block == "encoder")
     rest = sum(arch.param_count(u.cost.kind, u.cost.dims_dict()) for u in MODEL.layers if u.block != "encoder")
@@ -86,7 +87,7 @@ def test_encoder_weights_are_divided_by_encoder_tp_and_the_rest_by_tp(encoder_tp
 
 def test_encoder_tp_must_divide_tp():
     with pytest.raises(MpipeError, match="must divide the tensor-parallel degree 4.*use one of 1, 2, 4"):
-        CostOptions(tp_degree=4, encoder_tp_degree=3).validate_degrees()
+        CostOptions(degrees=Degrees(1, tp=4, encoder_tp=3)).validate_degrees()
 
 
 # Step times and peaks predicted by commit 42a8c43, before the encoder had its own degree
@@ -119,8 +120,8 @@ def test_predictions_are_unchanged_when_encoder_tp_is_unset_or_equals_tp(schedul
     workload = load_workload("balanced", num_microbatches=8, seed=0)
     for encoder_tp in (None, tp):
         # overlap_dp_comm=False: these figures predate the data-parallel overlap model (issue 16)
-        options = CostOptions(tp_degree=tp, dp_degree=dp, recompute=recompute, encoder_tp_degree=encoder_tp,
-                              overlap_dp_comm=False)
+        options = CostOptions(recompute=recompute, overlap_dp_comm=False,
+                              degrees=Degrees(1, tp=tp, dp=dp, encoder_tp=encoder_tp))
         r = predict_plan(Cut(cut), parse_schedule(schedule), model, workload, profile, pp, num_microbatches=8,
                     options=options)
         assert r.timeline.makespan_s == pytest.approx(step_s, rel=1e-12, abs=0)

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.profile import load_profile
@@ -30,7 +31,7 @@ def test_static_memory_is_weights_grads_and_optimizer_of_the_slabs():
 
 def test_frozen_layers_hold_weights_only_and_optimizer_shards_over_dp():
     model = TINY.with_frozen(("encoder",))
-    options = CostOptions(dp_degree=4, shard_optimizer=True)
+    options = CostOptions(shard_optimizer=True, degrees=Degrees(1, dp=4))
     result = predict_plan(Cut((4,)), parse_schedule("transpose,1f1b"), model, uniform_workload(4, 16, 64), IDEAL, 2,
                      slab_counts=((3, 3),), options=options)
     p = result.table.param_count

@@ -4,6 +4,7 @@ profile's tensor-parallel overlap: closed forms (issue 16, item 3)."""
 import numpy as np
 import pytest
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra import Bwd, Cut, DpReduce, Fwd, Schedule, Skeleton
 from mpipe_tune.algebra.model import ArchCost, Layer, Model
 from mpipe_tune.cost.durations import hierarchical_all_reduce_s
@@ -70,8 +71,8 @@ def test_closed_form_exposed_gather():
 
 
 def test_plain_dp_reduce_exposes_only_what_the_last_backward_does_not_hide():
-    options = CostOptions(dp_degree=4, shard_optimizer=False, dp_bucket_params=1e4)
-    serial = run(CostOptions(dp_degree=4, shard_optimizer=False, overlap_dp_comm=False))
+    options = CostOptions(shard_optimizer=False, dp_bucket_params=1e4, degrees=Degrees(1, dp=4))
+    serial = run(CostOptions(shard_optimizer=False, overlap_dp_comm=False, degrees=Degrees(1, dp=4)))
     whole, _, _ = reduce_and_compute(serial)
     params = float(np.sum(serial.table.param_count))
     assert whole == pytest.approx(estimate_collective_s(SLOW, "all_reduce", params * 4, 4), rel=1e-12)
@@ -84,8 +85,9 @@ def test_plain_dp_reduce_exposes_only_what_the_last_backward_does_not_hide():
 
 
 def test_zero1_splits_reduce_scatter_into_backward_and_all_gather_into_forward():
-    options = CostOptions(dp_degree=4, shard_optimizer=True, dp_bucket_params=1e4)
-    whole, _, _ = reduce_and_compute(run(CostOptions(dp_degree=4, shard_optimizer=True, overlap_dp_comm=False)))
+    options = CostOptions(shard_optimizer=True, dp_bucket_params=1e4, degrees=Degrees(1, dp=4))
+    whole, _, _ = reduce_and_compute(run(CostOptions(shard_optimizer=True, overlap_dp_comm=False,
+                                                     degrees=Degrees(1, dp=4))))
     exposed, w, x = reduce_and_compute(run(options))
     params = float(np.sum(run(options).table.param_count))
     q = min(1.0, options.dp_bucket_params / params)
@@ -96,11 +98,12 @@ def test_zero1_splits_reduce_scatter_into_backward_and_all_gather_into_forward()
 
 
 def test_grad_reduce_dtype_bf16_halves_the_reduced_bytes():
-    fp32 = reduce_and_compute(run(CostOptions(dp_degree=4, overlap_dp_comm=False)))[0]
-    bf16 = reduce_and_compute(run(CostOptions(dp_degree=4, overlap_dp_comm=False, grad_reduce_dtype="bf16")))[0]
+    fp32 = reduce_and_compute(run(CostOptions(overlap_dp_comm=False, degrees=Degrees(1, dp=4))))[0]
+    bf16 = reduce_and_compute(run(CostOptions(overlap_dp_comm=False, grad_reduce_dtype="bf16",
+                                              degrees=Degrees(1, dp=4))))[0]
     assert bf16 == pytest.approx(fp32 / 2, rel=1e-12)  # alpha is 0: time is linear in bytes
     with pytest.raises(MpipeError, match="gradient reduce dtype 'fp8'.*use fp32 or bf16"):
-        run(CostOptions(dp_degree=4, grad_reduce_dtype="fp8"))
+        run(CostOptions(grad_reduce_dtype="fp8", degrees=Degrees(1, dp=4)))
 
 
 def test_hierarchical_all_reduce_is_intra_node_ring_plus_inter_node_share():
@@ -124,7 +127,7 @@ def test_profile_tp_comm_overlap_hides_that_share_of_the_tp_all_reduces():
     data["tp_comm_overlap"] = {"value": 0.75, "source": "assumed", "ref": "test"}
     overlapped = parse_profile(data, where="test")
     assert parse_profile(overlapped.to_dict(), where="again") == overlapped
-    options = CostOptions(tp_degree=2)
+    options = CostOptions(degrees=Degrees(1, tp=2))
     exposed = run(options, base).table.fwd_s
     hidden = run(options, overlapped).table.fwd_s
     no_tp_comm = run(options, with_link("all_reduce", LinkCost(0.0, 0.0))).table.fwd_s

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra import Cut, Schedule, Skeleton
 from mpipe_tune.algebra.model import ArchCost, Layer, Model
 from mpipe_tune.cost import arch
@@ -68,7 +69,7 @@ def test_no_all_to_all_without_expert_parallelism_or_experts():
 def test_moe_layer_pays_dispatch_and_combine_forward_and_backward():
     alpha, beta, ep = 3e-6, 1e-9, 4
     priced = with_link("all_to_all", LinkCost(alpha, beta))
-    options = CostOptions(dp_degree=4, ep_degree=ep)
+    options = CostOptions(degrees=Degrees(1, dp=4, ep=ep))
     free = build_layer_table(MOE_MODEL, WORKLOAD, IDEAL, options)
     paid = build_layer_table(MOE_MODEL, WORKLOAD, priced, options)
     buffer_bytes = TOKENS * TOP_K * HIDDEN * 2
@@ -101,9 +102,9 @@ def test_expert_state_is_divided_by_ep_exactly():
     experts = table.expert_params().sum()
     per_param = 2 + 4 + 12  # bf16 weights, fp32 gradients, Adam state
     assert experts == 3 * EXPERTS * 3 * HIDDEN * MOE_DIMS["moe_ffn"]  # swiglu: gate, up, down per expert
-    base = static_bytes(CostOptions(dp_degree=8, shard_optimizer=False))
+    base = static_bytes(CostOptions(shard_optimizer=False, degrees=Degrees(1, dp=8)))
     for ep in (2, 4, 8):
-        sharded = static_bytes(CostOptions(dp_degree=8, ep_degree=ep, shard_optimizer=False))
+        sharded = static_bytes(CostOptions(shard_optimizer=False, degrees=Degrees(1, dp=8, ep=ep)))
         assert base - sharded == pytest.approx(experts * (1 - 1 / ep) * per_param, rel=1e-12)
 
 
@@ -112,8 +113,8 @@ def test_zero1_divides_optimizer_state_by_dp_exactly(dp, ep):
     # ZeRO-1: a rank holds 1/dp of the dense optimizer state, and 1/(dp/ep) of its 1/ep of the experts'
     table = build_layer_table(MOE_MODEL, WORKLOAD, IDEAL, CostOptions())
     params, experts = table.param_count.sum(), table.expert_params().sum()
-    unsharded = static_bytes(CostOptions(dp_degree=dp, ep_degree=ep, shard_optimizer=False))
-    zero1 = static_bytes(CostOptions(dp_degree=dp, ep_degree=ep, shard_optimizer=True))
+    unsharded = static_bytes(CostOptions(shard_optimizer=False, degrees=Degrees(1, dp=dp, ep=ep)))
+    zero1 = static_bytes(CostOptions(shard_optimizer=True, degrees=Degrees(1, dp=dp, ep=ep)))
     assert unsharded - zero1 == pytest.approx(12 * ((params - experts) * (1 - 1 / dp) + experts * (1 / ep - 1 / dp)),
                                               rel=1e-12)
     weights_and_grads = (params - experts * (1 - 1 / ep)) * (2 + 4)
@@ -127,7 +128,7 @@ def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
     params, experts = table.param_count.sum(), table.expert_params().sum()
 
     def reduce_s(dp, ep):
-        options = CostOptions(dp_degree=dp, ep_degree=ep)
+        options = CostOptions(degrees=Degrees(1, dp=dp, ep=ep))
         result = predict_plan(Cut(()), schedule, MOE_MODEL, WORKLOAD, priced, 1, options=options)
         events = result.plan.order.events
         update_s = estimate_update_s(result.plan, MOE_MODEL, result.table, priced, options)[0]  # on the last reduce
@@ -143,12 +144,12 @@ def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
 
 
 @pytest.mark.parametrize(("options", "model", "message"), [
-    (CostOptions(dp_degree=4, ep_degree=3), MOE_MODEL,
+    (CostOptions(degrees=Degrees(1, dp=4, ep=3)), MOE_MODEL,
      "expert-parallel degree 3 must divide the data-parallel degree 4"),
-    (CostOptions(dp_degree=16, ep_degree=16), MOE_MODEL, "must divide the 8 routed experts of layer 2"),
-    (CostOptions(dp_degree=2, ep_degree=2), Model("dense", MOE_MODEL.layers[:2]), "needs MoE layers"),
-    (CostOptions(dp_degree=2, ep_degree=2, moe_imbalance=0.5), MOE_MODEL, "must be a finite number >= 1"),
-    (CostOptions(ep_degree=0), MOE_MODEL, "must be integers >= 1"),
+    (CostOptions(degrees=Degrees(1, dp=16, ep=16)), MOE_MODEL, "must divide the 8 routed experts of layer 2"),
+    (CostOptions(degrees=Degrees(1, dp=2, ep=2)), Model("dense", MOE_MODEL.layers[:2]), "needs MoE layers"),
+    (CostOptions(moe_imbalance=0.5, degrees=Degrees(1, dp=2, ep=2)), MOE_MODEL, "must be a finite number >= 1"),
+    (CostOptions(degrees=Degrees(1, ep=0)), MOE_MODEL, "must be integers >= 1"),
 ])
 def test_bad_expert_parallel_degrees_get_one_line(options, model, message):
     with pytest.raises(MpipeError, match=message):

@@ -31,7 +31,7 @@ def test_the_prediction_carries_its_candidate_with_derives_choices_made_explicit
 def test_the_candidate_decides_the_degrees_the_options_the_rest():
     options = cost_options(replace(CANDIDATE, tp=2, dtype="fp32", recompute="full", zero_stage=0),
                            CostOptions(moe_imbalance=1.5))
-    assert (options.tp_degree, options.dtype, options.recompute, options.shard_optimizer, options.moe_imbalance) == (
+    assert (options.degrees.tp, options.dtype, options.recompute, options.shard_optimizer, options.moe_imbalance) == (
         2, "fp32", True, False, 1.5)
 
 

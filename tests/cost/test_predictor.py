@@ -34,7 +34,7 @@ def test_the_framework_is_built_from_inputs_and_the_candidate_gives_degrees_and_
     assert set(framework.to_dict()) == set(FRAMEWORK_OPTIONS)
     c = replace(BASE, tp=2, dp=4, ep=2, recompute="selective", zero_stage=0, sequence_parallel=True, dtype="fp32")
     o = framework.options(c)
-    assert (o.tp_degree, o.dp_degree, o.ep_degree, o.recompute, o.shard_optimizer, o.sequence_parallel, o.dtype) == (
+    assert (o.degrees.tp, o.degrees.dp, o.degrees.ep, o.recompute, o.shard_optimizer, o.sequence_parallel, o.dtype) == (
         2, 4, 2, "selective", False, True, "fp32")
     assert (o.moe_imbalance, o.overlap_dp_comm) == (1.25, False)
     assert Framework.of(o) == framework

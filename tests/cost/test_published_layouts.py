@@ -8,6 +8,7 @@ the same compute; the H800's narrower NVLink does not enter a memory prediction.
 from dataclasses import replace
 from pathlib import Path
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.inputs.workload import Microbatch, Workload
@@ -30,15 +31,16 @@ def test_deepseek_v3_training_layout_fits_80_gb():
     # 1F1B activations of 16 microbatches in flight do not fit, and DualPipe is not 1F1B).
     model = load_model("deepseek-v3")
     workload = Workload(tuple(Microbatch(0, 4096) for _ in range(120)), "deepseek-v3 pretraining, 4K")
-    options = CostOptions(dtype="bf16", tp_degree=1, dp_degree=128, ep_degree=64, shard_optimizer=True,
-                          optimizer_bytes_per_param=8.0, grad_bytes_per_param=4.0, recompute="full")
+    options = CostOptions(dtype="bf16", shard_optimizer=True, optimizer_bytes_per_param=8.0, grad_bytes_per_param=4.0,
+                          recompute="full", degrees=Degrees(1, tp=1, dp=128, ep=64))
     schedule = Schedule((Skeleton("1f1b"),))
     result = predict_plan(Cut(()), schedule, model, workload, H100, 16, options=options)
     assert H100.memory_capacity_bytes == CAPACITY_BYTES
     assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]
     # what makes it fit: EP64 divides the routed experts' weights and gradients; at EP1 the same ranks
     # would hold every expert of their layers
-    without_ep = predict_plan(Cut(()), schedule, model, workload, H100, 16, options=replace(options, ep_degree=1))
+    without_ep = predict_plan(Cut(()), schedule, model, workload, H100, 16,
+                              options=replace(options, degrees=replace(options.degrees, ep=1)))
     assert min(without_ep.memory.static_bytes) > CAPACITY_BYTES
 
 
@@ -54,8 +56,7 @@ def test_megatron_core_llama3_70b_layout_fits_80_gb():
     workload = Workload(tuple(Microbatch(0, 8192) for _ in range(64)), "llama3 pretraining, 8K")
     cut = Cut(tuple(1 + 16 * k for k in range(1, 5)))  # VP5: five woven regions of 16 decoder layers
     schedule = parse_schedule(",".join(["1f1b"] * 5))
-    options = CostOptions(dtype="bf16", tp_degree=4, dp_degree=2, cp_degree=2, sequence_parallel=True,
-                          shard_optimizer=True)
+    options = CostOptions(dtype="bf16", sequence_parallel=True, shard_optimizer=True, degrees=Degrees(1, tp=4, dp=2, cp=2))
     result = predict_plan(cut, schedule, model, workload, H100, 4, options=options)
     assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]
     plain = predict_plan(cut, schedule, model, workload, H100, 4, options=replace(options, sequence_parallel=False))
@@ -69,7 +70,7 @@ def test_megatron_core_llama3_8b_layout_fits_80_gb():
     # DP 4, MBS 1, GBS 128 (32 microbatches per replica).
     model = load_model("llama3-8b")
     workload = Workload(tuple(Microbatch(0, 8192) for _ in range(32)), "llama3 pretraining, 8K")
-    options = CostOptions(dtype="bf16", tp_degree=1, dp_degree=4, cp_degree=2, shard_optimizer=True)
+    options = CostOptions(dtype="bf16", shard_optimizer=True, degrees=Degrees(1, tp=1, dp=4, cp=2))
     result = predict_plan(Cut(()), Schedule((Skeleton("1f1b"),)), model, workload, H100, 1, options=options)
     assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]
 
@@ -88,8 +89,7 @@ def test_nemo_gpt3_175b_layout_fits_80_gb():
     workload = Workload(tuple(Microbatch(0, 2048) for _ in range(64)), "gpt3 pretraining, 2K")
     cut = Cut(tuple(1 + 8 * k for k in range(1, 12)))  # VP12: twelve woven regions of 8 decoder layers
     schedule = parse_schedule(",".join(["1f1b"] * 12))
-    options = CostOptions(dtype="bf16", tp_degree=4, dp_degree=4, sequence_parallel=True, shard_optimizer=True,
-                          grad_bytes_per_param=2.0, grad_reduce_dtype="bf16")
+    options = CostOptions(dtype="bf16", sequence_parallel=True, shard_optimizer=True, grad_bytes_per_param=2.0, grad_reduce_dtype="bf16", degrees=Degrees(1, tp=4, dp=4))
     result = predict_plan(cut, schedule, model, workload, H100, 8, options=options)
     assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]
     plain = predict_plan(cut, schedule, model, workload, H100, 8,
@@ -106,8 +106,7 @@ def test_nemo_llama31_405b_layout_fits_80_gb():
     workload = Workload(tuple(Microbatch(0, 8192) for _ in range(63)), "llama3 pretraining, 8K")
     cut = Cut(tuple(1 + 18 * k for k in range(1, 7)))  # VP7: seven woven regions of 18 decoder layers
     schedule = parse_schedule(",".join(["1f1b"] * 7))
-    options = CostOptions(dtype="bf16", tp_degree=8, dp_degree=4, cp_degree=2, sequence_parallel=True,
-                          shard_optimizer=True, grad_bytes_per_param=2.0, grad_reduce_dtype="bf16")
+    options = CostOptions(dtype="bf16", sequence_parallel=True, shard_optimizer=True, grad_bytes_per_param=2.0, grad_reduce_dtype="bf16", degrees=Degrees(1, tp=8, dp=4, cp=2))
     result = predict_plan(cut, schedule, model, workload, H100, 9, options=options)
     assert result.memory.fits, [round(p / 1e9, 1) for p in result.memory.peak_bytes]
     fp32_grads = predict_plan(cut, schedule, model, workload, H100, 9, options=replace(options, grad_bytes_per_param=4.0))

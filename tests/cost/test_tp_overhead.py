@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.cost.layers import CostOptions, build_layer_table, layer_seconds
 from mpipe_tune.cost.profile import load_profile, parse_profile
 from mpipe_tune.errors import MpipeError
@@ -52,7 +53,7 @@ def test_split_layers_pay_it_per_call_at_that_degree_only():
     dense = np.array([u.cost.kind == "dense_block" for u in MODEL.layers])
     assert dense.any()
     for tp, paid in ((2, True), (1, False)):
-        options = CostOptions(dtype="fp32", tp_degree=tp)
+        options = CostOptions(dtype="fp32", degrees=Degrees(1, tp=tp))
         plain = build_layer_table(MODEL, workload, load_profile("ideal"), options)
         charged = build_layer_table(MODEL, workload, with_overhead(), options)
         has_text = np.array([1.0, 1.0, 0.0])  # a layer with no tokens makes no call
@@ -77,7 +78,7 @@ def test_fitted_overheads_make_the_cost_model_reproduce_the_timed_split_layers()
         layer = next(u for u in MODEL.layers if u.name == names[kind])
         for tokens in (64, 256, 512):
             fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, tokens),
-                                                    priced, CostOptions(dtype="fp32", tp_degree=2))
+                                                    priced, CostOptions(dtype="fp32", degrees=Degrees(1, tp=2)))
             bwd = dgrad + wgrad + call
             points.append(LayerPoint(layer.name, kind, tokens, "fwd", 0.0, 0.0,
                                      summarize([fwd * (1 + fwd_c) + fwd_a]), tp=2))
@@ -98,7 +99,7 @@ def test_fitted_overheads_make_the_cost_model_reproduce_the_timed_split_layers()
             continue
         layer = next(u for u in MODEL.layers if u.name == point.layer_name)
         fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, point.tokens),
-                                                fitted, CostOptions(dtype="fp32", tp_degree=2))
+                                                fitted, CostOptions(dtype="fp32", degrees=Degrees(1, tp=2)))
         assert (fwd if point.phase == "fwd" else dgrad + wgrad + call) == pytest.approx(point.seconds.median, rel=1e-9)
     evidence = fitted.provenance["efficiency.dense_block"]["tp_calibration"]["2"]
     assert len(evidence["median_s"]) == len(evidence["predicted_s"]) == 6
@@ -114,7 +115,7 @@ def test_a_slowdown_charges_a_large_split_call_more_than_a_small_one():
     for tokens in (64, 512):
         mb = calibration_microbatch(MODEL, tokens)
         for tp, factors in ((2, (1.5, 2.0)), (1, (1.0, 1.0))):
-            options = CostOptions(dtype="fp32", tp_degree=tp)
+            options = CostOptions(dtype="fp32", degrees=Degrees(1, tp=tp))
             fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, mb, load_profile("ideal"), options)
             s_fwd, s_dgrad, s_wgrad, s_call = layer_seconds(layer.cost, layer.block, mb, slowed, options)
             assert s_fwd == pytest.approx(fwd * factors[0])
@@ -133,7 +134,7 @@ def test_split_calls_are_fitted_to_their_mean_time():
     points = []
     for tokens in (64, 256, 512):
         fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, tokens),
-                                                priced, CostOptions(dtype="fp32", tp_degree=2))
+                                                priced, CostOptions(dtype="fp32", degrees=Degrees(1, tp=2)))
         for phase, price in (("fwd", fwd), ("bwd", dgrad + wgrad + call)):
             samples = [price] * 3 + [price + 4e-3]  # median the price, mean 1 ms over it
             points.append(LayerPoint(layer.name, "dense_block", tokens, phase, 0.0, 0.0, summarize(samples), tp=2,

@@ -4,6 +4,7 @@ event, and the ViT block's per-image attention calls. Closed forms on the ideal 
 import numpy as np
 import pytest
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra import Cut, parse_schedule
 from mpipe_tune.algebra.events import DpReduce, StepBarrier
 from mpipe_tune.cost import arch
@@ -56,10 +57,10 @@ def test_state_bytes_count_twice_and_a_distributed_optimizer_updates_a_shard():
     table = build_layer_table(MODEL, WORKLOAD, profile, CostOptions())
     plan = predict_plan(Cut(()), parse_schedule("1f1b"), MODEL, WORKLOAD, profile, 1).plan
     everything = params(range(MODEL.num_layers))
-    adam = CostOptions(dtype="bf16", dp_degree=4, shard_optimizer=False)  # 12 state bytes, fp32 gradients
+    adam = CostOptions(dtype="bf16", shard_optimizer=False, degrees=Degrees(1, dp=4))  # 12 state bytes, fp32 gradients
     assert estimate_update_s(plan, MODEL, table, profile, adam)[0] == pytest.approx(
         everything * (2 * 2 + 4 + 2 * 12) / UPDATE_RATE, rel=1e-12)
-    sharded = CostOptions(dtype="bf16", dp_degree=4, shard_optimizer=True)
+    sharded = CostOptions(dtype="bf16", shard_optimizer=True, degrees=Degrees(1, dp=4))
     assert estimate_update_s(plan, MODEL, table, profile, sharded)[0] == pytest.approx(
         everything * (2 * 2 + 4 + 2 * 12) / 4 / UPDATE_RATE, rel=1e-12)
     frozen = MODEL.with_frozen(("encoder", "llm"))

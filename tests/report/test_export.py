@@ -14,6 +14,7 @@ except ModuleNotFoundError:  # Python 3.10
 import pytest
 import yaml
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.events import Fwd
 from mpipe_tune.algebra.schedule import Cut, parse_schedule
 from mpipe_tune.cli import main
@@ -38,14 +39,15 @@ def workload(num_microbatches):
 
 
 def predicted(schedule, cut, pp, num_microbatches, *, frozen=(), owners=None, slabs=None, tp=1, dp=1, recompute=False,
-              model_name=MODEL, **degrees):
+              model_name=MODEL, sequence_parallel=False, **degrees):
     """(prediction, model, workload, profile, options) of one candidate of the example model (or
-    ``model_name``); ``degrees``: more CostOptions (``ep_degree``, ``cp_degree``, ...)."""
+    ``model_name``); ``degrees``: more of its degrees (``ep``, ``cp``, ``encoder_tp``)."""
     model = load_model(model_name)
     if frozen:
         model = model.with_frozen(frozen)
     hw, wl = load_profile("ideal"), workload(num_microbatches)
-    options = CostOptions(dtype="bf16", tp_degree=tp, dp_degree=dp, recompute=recompute, **degrees)
+    options = CostOptions(dtype="bf16", recompute=recompute, sequence_parallel=sequence_parallel,
+                          degrees=Degrees(1, tp=tp, dp=dp, **degrees))
     prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, wl, hw, pp, microbatch_owners=owners,
                          slab_counts=slabs, options=options)
     return prediction, model, wl, hw, options
@@ -271,8 +273,8 @@ TINY_MOE = str(Path(__file__).parents[1] / "runtime" / "tiny-mla-moe.yaml")  # 3
 def five_d_plan(**kwargs):
     """pp 2 x tp 2 x cp 2 x dp 2 with ep 2 (carved from dp x cp), sequence parallelism and selective
     recomputation, of a MoE backbone."""
-    return export_plan("1f1b", (), 2, 4, tp=2, dp=2, recompute="selective", model_name=TINY_MOE, ep_degree=2,
-                       cp_degree=2, sequence_parallel=True, **kwargs)
+    return export_plan("1f1b", (), 2, 4, tp=2, dp=2, recompute="selective", model_name=TINY_MOE, ep=2,
+                       cp=2, sequence_parallel=True, **kwargs)
 
 
 def test_megatron_args_carry_expert_context_and_sequence_parallelism_as_validate_args_needs_them():
@@ -310,7 +312,7 @@ def test_torchtitan_toml_carries_expert_and_context_parallel_degrees():
 
 
 def test_the_encoders_own_tp_is_refused_by_torchtitan_and_megatron_in_one_line():
-    plan = export_plan("1f1b", (), 2, 4, tp=2, encoder_tp_degree=1)
+    plan = export_plan("1f1b", (), 2, 4, tp=2, encoder_tp=1)
     assert "encoder at tp 1" in one_line_error(lambda: to_megatron(plan))
     assert "encoder at tp 1" in one_line_error(lambda: to_torchtitan(plan, "x.csv"))
     assert "encoder tp 1" in one_line_error(lambda: to_hyper_parallel(plan))
@@ -347,7 +349,7 @@ def test_torchtitan_0_3_config_manager_accepts_the_arguments(tmp_path, capsys, c
         record, _ = make_record("zbv,zbv", (17,), 2, 4, tp=2, dp=2)
     else:
         record, _ = make_record("1f1b", (), 2, 4, tp=2, dp=2, recompute="selective", model_name=TINY_MOE,
-                                ep_degree=2, cp_degree=2, sequence_parallel=True)
+                                ep=2, cp=2, sequence_parallel=True)
     dump_plan(record, tmp_path / "plan.json")
     out = tmp_path / "job.args"
     assert main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan-0.3", "--out", str(out)]) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.schedule import Cut, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.inputs.workload import Microbatch, Workload
@@ -38,9 +39,8 @@ def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int,
     if frozen:
         model = model.with_frozen(frozen)
     hw = load_profile(profile)
-    options = CostOptions(dtype=dtype, tp_degree=tp, dp_degree=dp, ep_degree=ep, cp_degree=cp,
-                          sequence_parallel=sequence_parallel, encoder_tp_degree=encoder_tp,
-                          shard_optimizer=zero_stage >= 1)
+    options = CostOptions(dtype=dtype, degrees=Degrees(1, tp=tp, dp=dp, ep=ep, cp=cp, encoder_tp=encoder_tp),
+                          sequence_parallel=sequence_parallel, shard_optimizer=zero_stage >= 1)
     prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, workload, hw, num_ranks, options=options)
     degrees = "".join(f"-{k}{v}" for k, v in (("ep", ep), ("cp", cp)) if v > 1) + (
         f"-etp{encoder_tp}" if encoder_tp is not None else "")
