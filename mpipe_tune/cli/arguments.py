@@ -147,6 +147,20 @@ def framework_options(args: argparse.Namespace, **fields):
     return framework.cost_options(**fields)
 
 
+def add_csv_argument(parser, what: str, row: str) -> None:
+    """``--csv FILE``: write ``what`` (a table, one row per ``row``) to a CSV file, in seconds and bytes."""
+    parser.add_argument("--csv", default=None, metavar="FILE",
+                        help=f"write {what} to this CSV file, one row per {row}, in seconds and bytes")
+
+
+def validate_csv_path(args) -> None:
+    """Before any work: ``--csv``, when given, names a .csv file that can be written."""
+    from mpipe_tune.outputs.files import validate_out_path
+
+    if args.csv is not None:
+        validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
+
+
 def add_dataset_arguments(parser) -> None:
     """How a dataset given as ``--workload`` (or DATA) is read: packing, text and image rules."""
     parser.add_argument("--seq-len", type=int, default=None, metavar="TOKENS",

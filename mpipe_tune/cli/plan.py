@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from mpipe_tune.cli.arguments import (
-    add_dataset_arguments, add_framework_arguments, dataset_options, framework_options, print_notes,
+    add_csv_argument, add_dataset_arguments, add_framework_arguments, dataset_options, framework_options, print_notes,
+    validate_csv_path,
 )
 from mpipe_tune.cli.command import Command
 from mpipe_tune.cli.errors import with_flags
@@ -174,12 +175,11 @@ class Plan(Command):
         o.add_argument("--gantt", default=None, help="draw the best plan's timeline to this PNG")
         o.add_argument("--gantt-baseline", default=None, help="draw the Megatron-style baseline's timeline to this PNG")
         o.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-        o.add_argument("--csv", default=None, metavar="FILE",
-                       help="write the comparison table to this CSV file, one row per plan, in seconds and bytes")
+        add_csv_argument(o, "the comparison table", "plan")
 
     def take_action(self, args):
         from mpipe_tune.outputs.frames import to_csv_text
-        from mpipe_tune.outputs.files import validate_out_path, write_together
+        from mpipe_tune.outputs.files import write_together
         from mpipe_tune.plan_file import PlanInputs, dump_plan
         from mpipe_tune.report.plan_outcome import draw_evaluation, outcome_record
         from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE
@@ -187,8 +187,7 @@ class Plan(Command):
         from mpipe_tune.search.planner import KNOBS, SearchOptions, plan
         from mpipe_tune.inputs.specs import resolve_spec
 
-        if args.csv is not None:
-            validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
+        validate_csv_path(args)
         _validate_outputs(args)
         if args.current_args is not None and args.current is None:
             raise MpipeError("--current-args gives the launch arguments of a --current MindSpeed-MM model.json; give "

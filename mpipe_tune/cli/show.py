@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from mpipe_tune.cli.arguments import add_csv_argument, validate_csv_path
 from mpipe_tune.cli.command import Command
 from mpipe_tune.errors import MpipeError
 
@@ -21,16 +22,13 @@ class Show(Command):
                             help="the plan's profile file, where it moved to (default: the path the plan names)")
         parser.add_argument("--gantt", default=None, help="draw the plan's timeline to this PNG")
         parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-        parser.add_argument("--csv", default=None, metavar="FILE",
-                            help="write the plan's comparison table to this CSV file, one row per plan, in seconds and bytes")
+        add_csv_argument(parser, "the plan's comparison table", "plan")
 
     def take_action(self, args):
-        from mpipe_tune.outputs.files import validate_out_path
         from mpipe_tune.plan_file import read_plan
         from mpipe_tune.report.repredict import repredict
 
-        if args.csv is not None:
-            validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
+        validate_csv_path(args)
         if args.gantt:
             from mpipe_tune.report.gantt import validate_picture_path
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from mpipe_tune.cli.arguments import add_csv_argument, validate_csv_path
 from mpipe_tune.cli.command import Command
 from mpipe_tune.errors import MpipeError
 
@@ -26,21 +27,19 @@ class Trials(Command):
         parser.add_argument("--storage", default=None,
                             help="the Optuna RDB URL 'mpipe-tune plan' used (default sqlite:///mpipe-tune.db in this folder)")
         parser.add_argument("--study", default=None, help="study name (default: the storage's only study)")
-        parser.add_argument("--csv", default=None, metavar="FILE",
-                            help="write every trial to this CSV file, one row per trial, in seconds and bytes")
+        add_csv_argument(parser, "every trial", "trial")
         parser.add_argument("--rows", type=int, default=DEFAULT_ROWS,
                             help=f"trials to print, fastest first (default {DEFAULT_ROWS}; ignored with --csv)")
 
     def take_action(self, args: argparse.Namespace) -> int:
         from mpipe_tune.outputs.frames import to_csv_text
-        from mpipe_tune.outputs.files import validate_out_path, write_atomic
+        from mpipe_tune.outputs.files import write_atomic
         from mpipe_tune.search import DEFAULT_STORAGE
         from mpipe_tune.search.trials import format_trials, load_trials_study, summary_line, trials_frame
 
         if args.rows < 1:
             raise MpipeError(f"row count is {args.rows}, but it must be an integer >= 1")
-        if args.csv is not None:
-            validate_out_path(args.csv, label="--csv", suffixes=(".csv",))
+        validate_csv_path(args)
         storage = args.storage or DEFAULT_STORAGE
         study = load_trials_study(storage, args.study)
         frame = trials_frame(study, storage)
