@@ -234,6 +234,34 @@ def complete_trials(db):
         return []
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pids: list[int], hang_guard_s: float = 600) -> None:
+    """Until every one of ``pids`` has exited (a hang guard, far above a loaded machine, not a timing goal)."""
+    deadline = time.monotonic() + hang_guard_s
+    while any(_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"processes {pids} still running"
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("sig,times", [(signal.SIGKILL, 1), (signal.SIGINT, 1), (signal.SIGINT, 2)])
 def test_a_killed_plan_resumes_with_every_finished_trial_kept(tmp_path, sig, times):
     db = tmp_path / "study.db"
@@ -242,14 +270,15 @@ def test_a_killed_plan_resumes_with_every_finished_trial_kept(tmp_path, sig, tim
             "--sampler", "tpe"]
     proc = subprocess.Popen([*args, "--trials", "5000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while len(complete_trials(db)) < 8:
-            assert proc.poll() is None and time.monotonic() < deadline, "the search did not get going"
+        hang_guard = time.monotonic() + 600  # far above a loaded machine: a guard against a hang, not a timing goal
+        while len(complete_trials(db)) < 8:  # the trials are written by a child process (5000 trials)
+            assert proc.poll() is None and time.monotonic() < hang_guard, "the search did not get going"
             time.sleep(0.2)
+        writers = _children(proc.pid)
         for _ in range(times):  # a second Ctrl-C stops at once, wherever the search is
             proc.send_signal(sig)
             time.sleep(0.05)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=300)  # a hang guard
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -259,14 +288,11 @@ def test_a_killed_plan_resumes_with_every_finished_trial_kept(tmp_path, sig, tim
         assert "Traceback" not in err, err
     else:
         assert proc.returncode == -signal.SIGKILL
+    _wait_gone(writers)  # the trial writer drains what the killed search had handed over, then exits
     before = complete_trials(db)
-    while True:  # the trial writer drains what the killed search had handed over, then exits
-        time.sleep(1.0)
-        if complete_trials(db) == before:
-            break
-        before = complete_trials(db)
     target = len(before) + 4
-    rerun = subprocess.run([*args, "--trials", str(target), "--json"], capture_output=True, text=True, timeout=120)
+    rerun = subprocess.run([*args, "--trials", str(target), "--json"], capture_output=True, text=True,
+                           timeout=600)  # a hang guard
     assert rerun.returncode == 0, rerun.stderr
     after = complete_trials(db)
     assert after[:len(before)] == before and len(after) == target
@@ -370,9 +396,8 @@ def test_a_picture_that_fails_leaves_no_plan_file(tmp_path, capsys, monkeypatch)
     (["--cut-window", "-5"], "the cut window is -5 layers, but it must be an integer >= 0"),
 ])
 def test_sizes_no_real_plan_reaches_exit_2_at_once(tmp_path, capsys, args, words):
-    started = time.monotonic()
     one_line_error(capsys, plan(tmp_path, *SMALL, *args), words)
-    assert time.monotonic() - started < 10 and not (tmp_path / "plan.json").exists()
+    assert not list(tmp_path.iterdir())  # "at once": refused before the search opened its study (not timed: CI is loaded)
 
 
 @pytest.fixture(scope="module")
