@@ -258,14 +258,16 @@ def quality(args) -> list[dict]:
 SCALE_KNOBS = dict(EVERY_KNOB, ep="search")
 
 
-def scale(args) -> None:
+def scale(args) -> dict[int, list[tuple[str, float | None]]]:
     """At scales where the exhaustive optimum is out of reach: every method's best against the best plan any
-    of them found (``plan``'s own search, a long TPE run, each baseline's own best layout)."""
+    of them found (``plan``'s own search, a long TPE run, each baseline's own best layout). Prints the table;
+    returns per device count each method's step time (None: no plan that fits)."""
     from mpipe_tune.search.planner import SearchOptions, SpaceRequest, plan
 
     print(f"{versions()}; commit {commit()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
     print("| devices | points | method | best plan | step ms | vs best found | predicted | wall s | CPU s |")
     print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
+    found = {}
     for devices in (int(d) for d in args.devices.split(",")):
         spec = (args.model, args.profile, devices, devices, "balanced", SCALE_KNOBS)  # one sequence per device
         rows = []
@@ -276,6 +278,8 @@ def scale(args) -> None:
         outcome = plan(problem, request, SearchOptions(progress=False, seed=args.seed))
         wall, cpu = time.perf_counter() - start, cpu_s() - cpu
         r = outcome.result
+        print(f"{devices} devices: {points_text} points; plan: {ms(outcome.best.mean_s * 1e3) if outcome.best else '-'} ms "
+              f"in {wall:.0f} s ({cpu:.0f} s CPU); now TPE, {args.tpe_trials:,} trials", file=sys.stderr, flush=True)
         method = f"plan ({r.mode}{'' if r.gap is None else f', {r.gap:.2%} left'}; {r.ending})"
         rows.append((method, r.best, r.num_evaluated, wall, cpu))
         rows.append((f"plan's winner (from {outcome.best_from})", outcome.best, None, wall, cpu))
@@ -287,12 +291,14 @@ def scale(args) -> None:
         wall, cpu = time.perf_counter() - start, cpu_s() - cpu
         rows.append((f"TPE, {args.tpe_trials:,} trials ({tpe.ending})", tpe.best, tpe.num_evaluated, wall, cpu))
         best = min((e.mean_s for _, e, *_ in rows if e is not None))
+        found[devices] = [(method, None if e is None else e.mean_s) for method, e, *_ in rows]
         for method, e, predicted, wall, cpu in rows:
             step = "-" if e is None else ms(e.mean_s * 1e3)
             versus = "no plan fits" if e is None else f"{e.mean_s / best - 1:+.2%}"
             print(f"| {devices:,} | {points_text} | {method} | {'-' if e is None else f'`{plan_text(e.candidate)}`'} | {step} "
                   f"| {versus} | {'' if predicted is None else f'{predicted:,}'} "
                   f"| {'' if wall is None else f'{wall:.1f}'} | {'' if cpu is None else f'{cpu:.1f}'} |", flush=True)
+    return found
 
 
 def default_plan(args) -> None:

@@ -207,3 +207,14 @@ def test_quality_measures_the_plan_against_a_cached_exhaustive_optimum(bench_sea
     assert exhaustive_runs == [True, True]  # stale: the cost model predicts the cached plan otherwise
     assert "the cost model changed" in capsys.readouterr().err
     assert json.loads(cache.read_text())["tiny/seed1"]["optimum_ms"] == pytest.approx(entry["optimum_ms"])
+
+
+def test_scale_sets_the_plan_beside_each_baseline_and_a_long_tpe_run(bench_search, capsys):
+    args = SimpleNamespace(devices="4", model="tiny-vit-llm", profile="ideal", tpe_trials=20, seed=1,
+                           count_up_to=10**6)
+    [(devices, rows)] = bench_search.scale(args).items()
+    steps = dict(rows)
+    assert devices == 4 and any(m.startswith("TPE, 20 trials") for m in steps)
+    winner = next(s for m, s in rows if m.startswith("plan's winner"))
+    assert all(s is None or winner <= s for m, s in rows if m.endswith("@own"))  # no baseline row beats it
+    assert "| 4 | " in capsys.readouterr().out
