@@ -19,6 +19,7 @@ revisits the same pieces many times.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -263,8 +264,24 @@ class Evaluator:
         """``c``'s step-time bound at ``level`` (:class:`~mpipe_tune.search.bounds.BoundOrder`): 0, for a
         plan with recomputation, from the layer tables of the same setting without it, so that a setting
         whose bounds lose costs no layer table of its own (:meth:`recompute_bound`); 1, :meth:`lower_bound`;
-        2, for a per-step owner policy, :meth:`owner_bound`."""
+        2, for a per-step owner policy, :meth:`owner_bound`. Infinite at every level where its static
+        memory cannot fit whatever its slabs (:meth:`static_floor_bytes`): it can never be the best."""
+        if self.static_floor_bytes(c) > self.problem.profile.memory_capacity_bytes:
+            return math.inf
         return (self.recompute_bound, self.lower_bound, self.owner_bound)[level](c)
+
+    def static_floor_bytes(self, c: Candidate) -> float:
+        """A lower bound on ``c``'s largest per-rank static memory from its degrees and memory knobs alone
+        (no slabs, no layer table of a sampled step): every layer's static bytes shared by the ``P``
+        ranks (each layer is held by one rank or more). The parameter counts are read off a layer table
+        of one sequence (they do not depend on the workload)."""
+        key = ("static floor", c.pp, c.tp, c.dp, c.ep, c.cp, c.zero_stage, c.sequence_parallel, c.encoder_tp)
+        if key not in self._bounds:
+            p = self.problem
+            table = self.predictor.table(self._own(c), Workload(p.sequences(0, 1), "static"))
+            layers = ((0, p.model.num_layers),)
+            self._bounds[key] = sum(static_bytes_of((layers,), p.model, table, self.options(c))) / c.pp
+        return self._bounds[key]
 
     def recompute_bound(self, c: Candidate) -> float:
         """A bound on ``c``'s step time from the tables of its setting without recomputation: all the work,

@@ -188,3 +188,19 @@ def test_static_memory_is_the_cost_models_own():
     for c in (Candidate("transpose,1f1b,1f1b", (33, 53), 4, 2, 2, 4, "greedy"), Candidate("gpipe", (), 2, 4, 2, 8)):
         prediction, _ = evaluator.prediction(c)
         assert evaluator.static_peak_bytes(c) == pytest.approx(max(prediction.memory.static_bytes), rel=1e-12)
+
+
+def test_the_static_floor_never_exceeds_a_plans_static_memory_and_settles_what_cannot_fit():
+    """The floor (every layer's static bytes over the P ranks, from the degrees and knobs alone) is below
+    every plan's largest per-rank static memory; a plan whose floor is over capacity gets an infinite bound."""
+    from mpipe_tune.search import SearchSpace, SpaceOptions
+
+    problem = Problem(load_model("tiny-vit-llm"), load_profile("h100-sxm"), 8, 16, mix="image-heavy", num_samples=1)
+    evaluator = Evaluator(problem)
+    options = SpaceOptions(zero=(0, 1), sequence_parallel=(False, True), encoder_tp=True, cp=(1, 2))
+    points = [c for _, c in SearchSpace(problem, evaluator.reference_weights(), options).enumerate()]
+    for c in points[::7]:
+        assert 0 < evaluator.static_floor_bytes(c) <= evaluator.static_peak_bytes(c) * (1 + 1e-12), c
+    tight = replace(problem.profile, memory_capacity_bytes=min(evaluator.static_floor_bytes(c) for c in points) / 2)
+    squeezed = Evaluator(replace(problem, profile=tight))
+    assert all(squeezed.bound_at(c, level) == float("inf") for c in points[:20] for level in range(1, 3))
