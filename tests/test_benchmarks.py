@@ -151,7 +151,7 @@ def test_only_a_word_no_plan_has_is_refused_with_the_labels(fidelity):
 
 
 def test_the_parallel_fidelity_plans_are_plan_files_the_executor_takes(tmp_path):
-    """bench_fidelity_parallel.py: every case's plan passes run's checks (real where it says real)."""
+    """bench_fidelity_parallel.py: every case's plan passes run's checks for real compute."""
     pytest.importorskip("torch")
     spec = importlib.util.spec_from_file_location("bench_fidelity_parallel", BENCHMARKS / "bench_fidelity_parallel.py")
     module = importlib.util.module_from_spec(spec)
@@ -163,7 +163,7 @@ def test_the_parallel_fidelity_plans_are_plan_files_the_executor_takes(tmp_path)
         profile = BENCHMARKS / "profiles" / "moe-vm-4.json"
         for case in module.CASES:
             path = module.make_plan(case, profile, tmp_path)
-            view = preflight(RunJob(str(path), compute="real" if case.real else "emulated"), 4)
+            view = preflight(RunJob(str(path), compute="real"), 4)
             assert (view.layout.ep, view.layout.cp, view.layout.world_size) == (case.ep, case.cp, 4), case.label
     finally:
         del sys.modules[spec.name]
