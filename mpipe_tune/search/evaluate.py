@@ -139,7 +139,7 @@ class Evaluator:
         return self._table(sample, c)[:2]
 
     def _table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable, TableSums]:
-        key = (sample, *replace(c, zero_stage=1).setting)  # the layer table does not depend on the ZeRO stage
+        key = (sample, *_table_setting(c))
         if key not in self._tables:
             p = self.problem
             workload = p.replica_workload(sample, c.dp, c.num_microbatches)
@@ -149,7 +149,7 @@ class Evaluator:
 
     def expected_layer_weights(self, c: Candidate) -> tuple[float, ...]:
         """Per layer, expected forward + backward seconds over all sampled steps."""
-        key = replace(c, zero_stage=1).setting  # as the layer tables: the ZeRO stage does not enter
+        key = _table_setting(c)
         if key not in self._weights:
             per_sample = [layer_weights(self.problem.model, self.table(k, c)[1]) for k in range(self.problem.samples)]
             self._weights[key] = tuple(float(w) for w in np.mean(per_sample, axis=0))
@@ -159,7 +159,7 @@ class Evaluator:
         """The candidate's slabs: given, or the balanced partition of each Sharded region."""
         if c.slab_counts is not None:
             return c.slab_counts
-        key = (c.schedule, c.cut, c.pp, replace(c, zero_stage=1).setting)
+        key = (c.schedule, c.cut, c.pp, _table_setting(c))
         if key not in self._slabs:
             cut, schedule = c.parsed()
             weights = self.expected_layer_weights(c)
@@ -287,8 +287,8 @@ class Evaluator:
         """A bound on ``c``'s step time from the tables of its setting without recomputation: all the work,
         plus what full recomputation adds at least, shared by the ``P`` ranks (recomputation only adds
         backward time: the other columns of the tables are the same)."""
-        plain = replace(c, recompute=False, zero_stage=1)
-        key = ("recompute", plain.setting, c.pp, c.recompute is True)
+        plain = replace(c, recompute=False)
+        key = ("recompute", _table_setting(plain), c.pp, c.recompute is True)
         if key not in self._bounds:
             sums = self._bound_sums(plain)
             extra = np.zeros(self.problem.samples)
@@ -308,14 +308,14 @@ class Evaluator:
             self._slab_index[index_key] = index
         owned = None
         if owners is not None and index.replicated:
-            owned_key = (id(sums), index.replicated, _forward_only(c))
+            owned_key = (_table_setting(c), index.replicated, _forward_only(c))
             if owned_key not in self._owned:
                 self._owned[owned_key] = sums.owned_work(index.replicated, _forward_only(c))
             owned = self._owned[owned_key]
         return [float(b) for b in step_bounds(sums, index, c.pp, owned, owners)]
 
     def _bound_sums(self, c: Candidate) -> BoundSums:
-        key = replace(c, zero_stage=1).setting
+        key = _table_setting(c)
         if key not in self._sums:
             tables = [self.table(k, c)[1] for k in range(self.problem.samples)]
             self._sums[key] = BoundSums.of([t.fwd_s for t in tables], [t.backward_s(self.problem.model) for t in tables])
@@ -410,6 +410,12 @@ class Evaluator:
         )
         self._steps[key] = result
         return result
+
+
+def _table_setting(c: Candidate) -> tuple:
+    """What ``c``'s layer tables depend on besides the step: its setting but the ZeRO stage, which no
+    table reads."""
+    return (c.tp, c.dp, c.num_microbatches, c.recompute, c.ep, c.cp, c.sequence_parallel, c.encoder_tp)
 
 
 def _bound_key(c: Candidate) -> Candidate:
