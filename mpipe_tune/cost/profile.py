@@ -6,6 +6,10 @@ costs per link class and collective. Every number carries its provenance: ``sour
 :data:`SOURCES`), and optionally ``ref`` (what exactly the number is and where it came from), ``date``
 and, for measured numbers, ``fit_r2`` and ``sizes_bytes``. A link entry may add ``alpha_source`` when
 its latency has another origin than its bandwidth (a datasheet bandwidth with an assumed latency).
+A collective's link entry may add ``mesh_links`` (an integer >= 1) where the link class is a full mesh of
+direct links (Ascend's HCCS inside an 8-NPU node): its bandwidth is then that of ``mesh_links`` direct links
+in use at once, and a collective over ``g`` ranks uses ``min(g - 1, mesh_links)`` of them
+(:func:`estimate_collective_s`); absent, every group size sees the entry's full bandwidth.
 
 An efficiency entry's ``value`` is the achieved fraction of peak for a layer kind's forward and, unless
 the entry gives ``backward_value``, its backward too. Optional ``forward_overhead_s`` and
@@ -99,6 +103,10 @@ class LinkCost:
     """Latency per step, seconds."""
     beta_s_per_byte: float
     """Inverse bandwidth, seconds per byte (``1 / bytes_per_s``)."""
+    mesh_links: int | None = None
+    """Direct links whose combined bandwidth ``beta_s_per_byte`` is, on a full-mesh link class (each device
+    wired to each peer by its own link): a collective over ``g`` ranks then uses only ``min(g - 1, mesh_links)``
+    of them. None: a switched fabric, every group size sees the full bandwidth."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -247,6 +255,7 @@ class HardwareProfile:
             links.setdefault(link_class, {})[collective] = {
                 "alpha_s": cost.alpha_s,
                 "beta_s_per_byte": cost.beta_s_per_byte,
+                **({} if cost.mesh_links is None else {"mesh_links": cost.mesh_links}),
                 **_thaw(self.provenance[path]),
             }
         data = {
@@ -318,6 +327,9 @@ def estimate_collective_s(link: LinkCost, collective: str, size_bytes: float, gr
       rank, so ``n*(g-1)/g`` bytes leave each rank): ``(g-1) * (a + b*n/g)``.
 
     A group of one costs 0.0. An empty payload (``n == 0``) with ``g > 1`` still pays the alpha terms.
+    On a full mesh (``link.mesh_links`` = ``k``, the links ``b`` is the combined bandwidth of) a group of ``g``
+    ranks drives only ``min(g - 1, k)`` of them, so every collective but ``p2p`` runs at
+    ``b * k / min(g - 1, k)`` per byte (:func:`mesh_beta_s_per_byte`); the step count is unchanged.
 
     >>> estimate_collective_s(LinkCost(1e-5, 1e-9), "all_reduce", 4e6, 4)
     0.00606
@@ -330,8 +342,22 @@ def estimate_collective_s(link: LinkCost, collective: str, size_bytes: float, gr
     a, b, n, g = link.alpha_s, link.beta_s_per_byte, float(size_bytes), group_size
     if collective == "p2p":
         return a + b * n
+    b = mesh_beta_s_per_byte(link, g)
     steps = 2 * (g - 1) if collective == "all_reduce" else g - 1
     return steps * (a + b * n / g)
+
+
+def mesh_beta_s_per_byte(link: LinkCost, group_size: int) -> float:
+    """Seconds per byte a collective over ``group_size`` ranks sees on ``link``: ``beta_s_per_byte``, or on a
+    full mesh of ``k = link.mesh_links`` direct links (``beta`` their combined rate) ``beta * k / min(g - 1, k)``,
+    as a group of ``g`` ranks reaches its ``g - 1`` peers over one direct link each.
+
+    >>> mesh_beta_s_per_byte(LinkCost(0.0, 1.0, mesh_links=7), 2), mesh_beta_s_per_byte(LinkCost(0.0, 1.0, 7), 8)
+    (7.0, 1.0)
+    """
+    if link.mesh_links is None or group_size < 2:
+        return link.beta_s_per_byte
+    return link.beta_s_per_byte * link.mesh_links / min(group_size - 1, link.mesh_links)
 
 
 # ---------------------------------------------------------------------------------------- parsing
@@ -524,7 +550,16 @@ class _Validator:
             if key not in entry:
                 self.fail(f"{path}.{key}", _MISSING, "is required", f"add {key} in SI base units")
         cost = LinkCost(*(self.scalar(f"{path}.{k}", entry[k], positive=False) for k in numbers))
-        self.origin(path, entry, numbers)
+        if "mesh_links" in entry:
+            links = entry["mesh_links"]
+            if isinstance(links, bool) or not isinstance(links, int) or links < 1:
+                self.fail(f"{path}.mesh_links", links, "must be an integer >= 1",
+                          "give the direct links of a full mesh whose combined bandwidth beta_s_per_byte is")
+            if path.endswith(".p2p"):
+                self.fail(f"{path}.mesh_links", links, "applies to collectives, not to p2p",
+                          "remove it: a point-to-point transfer uses one link whatever the mesh")
+            cost = replace(cost, mesh_links=links)
+        self.origin(path, entry, (*numbers, "mesh_links"))
         return cost
 
 
