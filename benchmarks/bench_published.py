@@ -5,7 +5,9 @@ predicted as ``mpipe-tune predict`` would predict it (see ``benchmarks/published
 profile the run names as shipped, or on ``--profile`` for every run. The table marks each run
 ``fit`` (the calibration in ``fit_published.py`` saw it) or ``held-out`` (it did not), and gives
 the predicted peak memory per device against the device's capacity. The summary reports the
-held-out bf16 runs separately: the target is every one within 10% of its published throughput.
+held-out bf16 runs separately: the target is every one within 10% of its published throughput. A run
+marked ``excluded`` (outside what its profile describes, the reason in ``published_runs.yaml``) is shown
+with its reason and counted in no summary figure.
 
     python benchmarks/bench_published.py [--profile NAME_OR_JSON] [--only SUITE] [--json]
 """
@@ -39,7 +41,8 @@ def evaluate(runs, profile_spec: str | None, overrides=None) -> list[dict]:
         predicted_s = prediction.timeline.makespan_s
         memory = prediction.memory
         rows.append({
-            "run": run.name, "suite": run.suite, "split": run.split, "dtype": run.dtype, "devices": run.devices,
+            "run": run.name, "suite": run.suite, "split": "excluded" if run.excluded else run.split,
+            "excluded": run.excluded, "dtype": run.dtype, "devices": run.devices,
             "layout": f"tp{run.tp} pp{run.pp} vp{run.vp} cp{run.cp} dp{run.dp} ep{run.ep}"
                       + (" sp" if run.sequence_parallel else ""),
             "global_batch": run.global_batch, "seq_len": run.seq_len, "profile": profile.name,
@@ -69,8 +72,10 @@ def summary(rows: list[dict]) -> dict:
     for profile in sorted({r["profile"] for r in held}):
         mine = [r for r in held if r["profile"] == profile]
         out[f"held_out_bf16_within_target {profile}"] = f"{sum(abs(r['throughput_error']) <= TARGET for r in mine)} / {len(mine)}"
-    out["layouts_predicted_to_fit"] = sum(r["fits"] for r in rows)
-    out["runs"] = len(rows)
+    scope = [r for r in rows if not r["excluded"]]
+    out["layouts_predicted_to_fit"] = sum(r["fits"] for r in scope)
+    out["runs"] = len(scope)
+    out["excluded"] = len(rows) - len(scope)
     return out
 
 
@@ -93,7 +98,11 @@ def print_table(rows: list[dict], stats: dict) -> None:
             print(f"held-out bf16 runs on {key.split(' ', 1)[1]} within {TARGET:.0%}: {value}")
     print(f"held-out bf16 runs within {TARGET:.0%} of published throughput: "
           f"{stats['held_out_bf16_within_target']} / {stats['held_out_bf16_runs']}")
-    print(f"layouts predicted to fit the memory they ran in: {stats['layouts_predicted_to_fit']} / {stats['runs']}")
+    print(f"layouts predicted to fit the memory they ran in: {stats['layouts_predicted_to_fit']} / {stats['runs']}"
+          + (f" (in scope; {stats['excluded']} excluded)" if stats["excluded"] else ""))
+    for r in rows:
+        if r["excluded"]:
+            print(f"excluded {r['run']}: {r['excluded']}")
 
 
 def main(argv: list[str] | None = None) -> int:
