@@ -27,6 +27,7 @@ stay in the roofline; ``--transfer ascend-910c-cm384`` from ``ascend-910b``: see
     python benchmarks/fit_published.py --write --profile ascend-910b --transfer ascend-910c-cm384
     python benchmarks/fit_published.py --diagnose     # the length pairs and per-run GEMM efficiency (ascend-910b)
     python benchmarks/fit_published.py --cross-validate --profile ascend-910b   # leave-one-out over the fit runs
+    python benchmarks/fit_published.py --profile ascend-910b --drop mindspeed-llama3-8b@8 mindspeed-llama31-8b@8
 
 ``--cross-validate`` judges the fit on runs it did not see when the fit runs are all the in-scope runs of a
 profile (ascend-910b): each fit run is predicted from the same fit on the other fit runs (started from the
@@ -227,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                     "with fit runs)")
     parser.add_argument("--diagnose", action="store_true", help="fit the pairs of runs in PAIRS alone and give each "
                                                                     "run's own default; write nothing")
+    parser.add_argument("--drop", nargs="*", default=[], help="fit without these fit runs (names as the table "
+                                                                 "prints them), to see what they pull; not with "
+                                                                 "--write")
     parser.add_argument("--cross-validate", action="store_true", help="leave-one-out over the bf16 fit runs of "
                                                                           "--profile (default ascend-910b); write "
                                                                           "nothing")
@@ -234,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                            "gives each run's default at")
     args = parser.parse_args(argv)
     runs = load_runs()
+    unknown = sorted(set(args.drop) - {run.name for run in runs if run.split == "fit"})
+    if unknown or (args.drop and args.write):
+        parser.error(f"--drop takes fit runs' names and no --write; {', '.join(unknown) or '--write'} given")
+    runs = [run for run in runs if run.name not in args.drop]
     if args.diagnose:
         for name in args.profile or sorted(PAIRS):
             diagnose(name, runs, args.attention_core)
