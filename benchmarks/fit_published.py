@@ -134,7 +134,7 @@ TRANSFER_REASONS = {
 """Why a profile takes another's fit as an assumption (``--transfer``)."""
 PROFILE_NOTES = {
     "ascend-910b": "; the fit runs are every in-scope MindSpeed-LLM 1.0.RC3 Mcore dense run (Atlas 900 A2 PoDc, "
-                   "tp 1/2/8, 4K-32K tokens, with each run's own --use-mc2 setting), each judged held out by "
+                   "tp 1/2/8, 4K-32K tokens, every row measured with mc2 on), each judged held out by "
                    "leave-one-out (fit_published.py --cross-validate; benchmarks/README.md); the HCCS collectives "
                    "are timed on the node's full mesh (links mesh_links 7, datasheet topology, not fitted); the peak "
                    "(320e12 bf16), memory bandwidth and links stay datasheet figures and assumptions: the runs' 910B "

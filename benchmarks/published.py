@@ -71,10 +71,6 @@ class PublishedRun:
     optimizer_bytes_per_param: float = 12.0
     """Optimizer state per parameter beyond the parameter itself: Adam's fp32 master copy and two moments (12)
     unless the framework's optimizer keeps fewer (MindFormers' fp32-state AdamW on fp16 parameters: 8)."""
-    tp_comm_overlap: bool = True
-    """The run overlaps its tensor-parallel collectives with the GEMMs (NeMo's Transformer Engine comm-GEMM overlap,
-    MindSpeed-LLM's ``--use-mc2``), so the profile's ``tp_comm_overlap`` share of them is hidden; False: the run's
-    script does not, and every tensor-parallel collective is exposed."""
     excluded: str = ""
     """Why the run is outside what its profile describes (another code path or machine, a setting the cost model
     cannot express): shown with its prediction, counted in no fit and no held-out figure. Empty: in scope."""
@@ -197,17 +193,10 @@ def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] 
     return Cut(boundaries), ",".join(["1f1b"] * vp), tuple(slabs)
 
 
-def run_profile(run: PublishedRun, profile: HardwareProfile) -> HardwareProfile:
-    """``profile`` as the run sees it: without its tensor-parallel overlap share where the run does not overlap."""
-    if run.tp_comm_overlap or profile.tp_comm_overlap is None:
-        return profile
-    return replace(profile, tp_comm_overlap=None)
-
-
 def predict_run(run: PublishedRun, profile: HardwareProfile | None = None) -> Prediction:
     """The cost model's prediction of ``run`` on ``profile`` (default: the run's named profile)."""
     model = run_model(run)
-    profile = run_profile(run, load_profile(run.profile) if profile is None else profile)
+    profile = load_profile(run.profile) if profile is None else profile
     workload = Workload(tuple(Microbatch(0, run.seq_len) for _ in range(run.num_sequences)),
                         f"{run.name}: {run.num_sequences} x {run.seq_len} tokens")
     cut, schedule, slabs = megatron_layout(model, run.pp, run.vp, run.layer_list)

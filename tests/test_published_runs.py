@@ -138,19 +138,3 @@ def test_an_excluded_run_says_why_and_counts_in_no_figure(published):
     assert stats["held_out_bf16_runs"] == 1 and stats["runs"] == 1 and stats["excluded"] == 1
     assert not any(key.endswith("fit bf16") for key in stats)
 
-
-def test_a_run_without_comm_overlap_exposes_its_tensor_parallel_collectives(published):
-    """The profile's tp_comm_overlap share is hidden only in runs that overlap (MindSpeed-LLM's --use-mc2):
-    Llama 3 70B's script does not, so it is predicted as on the profile without the share; a run that does is
-    predicted on the profile as it is."""
-    from dataclasses import replace
-
-    runs = {run.name: run for run in published.load_runs()}
-    plain, mc2 = runs["mindspeed-llama3-70b@64"], runs["mindspeed-llama31-70b@32"]
-    assert (plain.tp_comm_overlap, mc2.tp_comm_overlap) == (False, True)
-    profile = replace(published.load_profile("ascend-910b"), tp_comm_overlap=0.5)
-    assert published.run_profile(mc2, profile) is profile
-    assert published.run_profile(plain, profile).tp_comm_overlap is None
-    exposed = published.predict_run(plain, profile).timeline.makespan_s
-    assert exposed == published.predict_run(plain, replace(profile, tp_comm_overlap=None)).timeline.makespan_s
-    assert exposed > published.predict_run(replace(plain, tp_comm_overlap=True), profile).timeline.makespan_s
