@@ -210,8 +210,7 @@ def test_quality_measures_the_plan_against_a_cached_exhaustive_optimum(bench_sea
 
 
 def test_scale_sets_the_plan_beside_each_baseline_and_a_long_tpe_run(bench_search, capsys):
-    args = SimpleNamespace(devices="4", model="tiny-vit-llm", profile="ideal", tpe_trials=20, seed=1,
-                           count_up_to=10**6)
+    args = SimpleNamespace(devices="4", model="tiny-vit-llm", profile="ideal", tpe_trials=20, seed=1)
     [(devices, rows)] = bench_search.scale(args).items()
     steps = dict(rows)
     assert devices == 4 and any(m.startswith("TPE, 20 trials") for m in steps)

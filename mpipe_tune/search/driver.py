@@ -68,8 +68,8 @@ from optuna.trial import TrialState
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.interrupt import StopRequest, stop_requests
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.search.bounds import BoundOrder
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
+from mpipe_tune.search.grouped import GroupOrder
 from mpipe_tune.search.space import SearchSpace
 from mpipe_tune.search.store import (check_file, check_study_size, check_trial_budget, claim_study, fault_of,
                                      names_storage_faults, payload_digest)
@@ -77,10 +77,9 @@ from mpipe_tune.search.writer import TrialWriter, store_trial
 
 DEFAULT_STORAGE = "sqlite:///mpipe-tune.db"
 SAMPLERS = ("bound", "tpe", "nsga2", "random")
-"""``bound`` (the default): every point's step-time lower bound, then the points in increasing bound order
-until the rest cannot beat the best by more than the tolerance (see Bound order); the others sample."""
-ENUMERABLE_POINTS = 250_000
-"""The largest space ``bound`` enumerates; a larger one is sampled (TPE) within the trial budget."""
+"""``bound`` (the default): the points in increasing order of their step-time lower bound, whole groups of
+them bounded first (:mod:`~mpipe_tune.search.grouped`), until the rest cannot beat the best by more than
+the tolerance; the others sample."""
 ATTR = "mpipe"
 """The one user attribute of a trial (each attribute is a row in an RDB: fewer rows, faster writes)."""
 _PRUNE_MARGIN = 1e-9
@@ -220,11 +219,6 @@ def run_search(
                          quantities=("tolerance",))
     size = None
     bound = sampler == "bound" and not exhaustive
-    points = None  # the space's points, enumerated once where they are enumerated at all
-    if bound:
-        points = _points_up_to(space, ENUMERABLE_POINTS + 1)
-        if len(points) > ENUMERABLE_POINTS:
-            bound, sampler, points = False, "tpe", None  # too large to enumerate: sample it
     if bound:
         exhaustive = False
     elif exhaustive is None:
@@ -237,7 +231,7 @@ def run_search(
             if exhaustive:
                 size = run.exhaustive()
             elif bound:
-                size = run.exhaustive(tolerance, n_trials, points)
+                size = run.exhaustive(tolerance, n_trials)
             else:
                 run.sampled(n_trials, seed, sampler, refine, sync_every_s)
         except KeyboardInterrupt:  # a second Ctrl-C, or Ctrl-C where the first cannot be deferred
@@ -315,16 +309,6 @@ def _best_of(trials, evaluator: Evaluator) -> tuple[Evaluation | None, Evaluatio
     best_e = as_eval(best)
     # A trial slower than a seed was stored without a memory estimate (counted as fitting); its own peak decides.
     return (best_e if best_e is None or best_e.fits else None), as_eval(least)
-
-
-def _points_up_to(space: SearchSpace, limit: int) -> list[tuple[dict, Candidate]]:
-    """The space's first ``limit`` points (all of them when it has fewer)."""
-    points = []
-    for point in space.enumerate():
-        points.append(point)
-        if len(points) >= limit:
-            break
-    return points
 
 
 def _count_up_to(space: SearchSpace, limit: int) -> int:
@@ -555,32 +539,31 @@ class _Run:
             "memory_excess_gib": e.memory_excess_bytes / _GIB, "uid": uid,
         }
 
-    def exhaustive(self, tolerance: float = 0.0, n_trials: int | None = None,
-                   points: list[tuple[dict, Candidate]] | None = None) -> int:
-        """Every point not yet in the study (``points``: the space's, already enumerated), in increasing
-        bound order, until the next bound cannot beat the best that fits by more than ``tolerance`` (0:
-        exact), or the study holds ``n_trials``; returns the space size. Sets :attr:`gap` and, when it
-        stops early, :attr:`ending`.
+    def exhaustive(self, tolerance: float = 0.0, n_trials: int | None = None) -> int:
+        """Every point not yet in the study, in increasing bound order, until the next bound cannot beat the
+        best that fits by more than ``tolerance`` (0: exact), or the study holds ``n_trials``; returns the
+        space size. Sets :attr:`gap` and, when it stops early, :attr:`ending`.
 
-        The order refines the bounds lazily (:class:`~mpipe_tune.search.bounds.BoundOrder`,
-        :meth:`Evaluator.bound_at`): a plan with recomputation first enters with a bound from the tables
-        of its setting without it, a point whose owners a per-step policy chooses (``greedy``,
-        ``optimal``) with the bound for any owner map; each gets its tighter bound only when it comes out
-        on top, so the layer tables of settings that lose, and the owners of points that lose, are never
-        computed."""
-        points = list(self.space.enumerate()) if points is None else points
-        todo = [(p, c) for p, c in points if c not in self.tried]
+        The order (:class:`~mpipe_tune.search.grouped.GroupOrder`) bounds whole groups of points (one
+        layout, microbatch count and memory setting) first and builds a group's points only when its bound
+        comes on top, so a space of a million points costs the groups that could win; a group whose static
+        memory floor cannot fit is never opened. Inside, the bounds refine lazily
+        (:meth:`Evaluator.bound_at`): a point whose owners a per-step policy chooses (``greedy``,
+        ``optimal``) gets the bound for any owner map first, and its owners' bound only when it comes out on
+        top, so the owners of points that lose are never computed."""
+        ev, capacity = self.evaluator, self.evaluator.problem.profile.memory_capacity_bytes
         if self.prune:
-            order = BoundOrder([c for _, c in todo], self.evaluator.bound_levels, self.evaluator.bound_at)
+            order = GroupOrder(self.space, ev.static_floor_bytes, capacity, lambda c: ev.bound_at(c, 0),
+                               ev.bound_levels, ev.bound_at, self.tried)
         else:
-            order = BoundOrder([c for _, c in todo], lambda c: (0, 0), lambda c, level: 0.0)
-        self.open_bar(len(todo), "plan (exhaustive)" if n_trials is None else "plan (bound order)")
-        self.start_writing(len(todo))
+            order = GroupOrder(self.space, lambda c: 0.0, capacity, lambda c: 0.0, lambda c: (0, 0),
+                               lambda c, level: 0.0, self.tried)
+        self.open_bar(order.left, "plan (exhaustive)" if n_trials is None else "plan (bound order)")
+        self.start_writing(order.left)
         self.gap, self.ending = 0.0, "enumerated"
         last_sync = time.perf_counter()
         while order:
-            low, index = order.peek()
-            params, candidate = todo[index]
+            low = order.low()
             full = n_trials is not None and len(self.stored) + self.new >= n_trials
             if self.must_stop() or full:
                 self.ending = "budget"
@@ -590,15 +573,15 @@ class _Run:
             if self.storage is not None and time.perf_counter() - last_sync > self.sync_every_s:
                 last_sync = time.perf_counter()  # another worker may have stored this point meanwhile
                 self.absorb_others()
-            if candidate in self.tried:
-                order.pop()
-                continue
             if self.prune and self.incumbent is not None and low * (1 + tolerance) > self.incumbent * (1 + _PRUNE_MARGIN):
-                self.bounded += len(order)  # the least bound of the rest loses too (or by < tolerance)
+                self.bounded += order.left  # the least bound of the rest loses too (or by < tolerance)
                 self.gap = max(0.0, 1 - low / self.incumbent)
                 self.ending = "bound" if self.gap > 0 else "enumerated"
                 break
-            order.pop()
+            point = order.step()
+            if point is None or point[1] in self.tried:
+                continue
+            params, candidate = point
             e = self.evaluate(candidate)
             if not e.exact:  # its static memory alone is over capacity
                 continue
@@ -608,7 +591,7 @@ class _Run:
                 params=params, distributions=_distributions(self.space, params), value=e.mean_s,
                 user_attrs={ATTR: info}, system_attrs=system,
             ))
-        return len(points)
+        return order.size
 
     def converged(self, budget: int) -> None:
         """The sampler converged with ``budget`` trials left: enumerate the untried rest of the space

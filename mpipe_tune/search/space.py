@@ -301,7 +301,7 @@ class SearchSpace:
 
     def build(self, choose: Choose) -> Candidate:
         """Walk the choices with ``choose(param_name, options) -> option``; return the leaf."""
-        names = [f"pp{pp}-tp{tp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") for pp, tp, dp, cp in self.layouts]
+        names = [layout_name(layout) for layout in self.layouts]
         pp, tp, dp, cp = self.layouts[names.index(choose("degrees", names))]
         schedules = self.schedules(pp, dp)
         schedule = choose(self.param_name("schedule", schedules, self.family), schedules)
@@ -357,27 +357,80 @@ class SearchSpace:
 
     def enumerate(self) -> Iterator[tuple[dict[str, Any], Candidate]]:
         """Every leaf once, with the parameters that select it."""
+        for _, params, candidate in self.walk():
+            yield params, candidate
+
+    def walk(self, fixed: dict[str, Any] | None = None) -> Iterator[tuple[tuple[int, ...], dict[str, Any], Candidate]]:
+        """Every leaf once in tree order, as (key, parameters, candidate); ``key`` is the leaf's path of
+        option indices, so that keys sort as the leaves come. ``fixed``: a value per choice's base name
+        (``microbatch_size``, ``ep``): only the leaves that take it where the choice is made."""
         path: list[int] = []
         while True:
             sizes: list[int] = []
+            key: list[int] = []
             params: dict[str, Any] = {}
 
             def choose(name: str, options: Sequence[Any]) -> Any:
                 depth = len(sizes)
-                sizes.append(len(options))
+                indices = list(range(len(options)))
+                if fixed is not None and _base(name) in fixed:
+                    indices = [i for i in indices if _same(options[i], fixed[_base(name)])]
+                sizes.append(len(indices))
+                if not indices:
+                    raise _NoLeaf
                 if depth == len(path):
                     path.append(0)
-                params[name] = options[path[depth]]
+                key.append(indices[path[depth]])
+                params[name] = options[key[-1]]
                 return params[name]
 
-            candidate = self.build(choose)
-            yield params, candidate
+            try:
+                candidate = self.build(choose)
+            except _NoLeaf:  # the fixed values leave this branch empty
+                candidate = None
+            if candidate is not None:
+                yield tuple(key), params, candidate
             del path[len(sizes):]
             while path and path[-1] + 1 >= sizes[len(path) - 1]:
                 path.pop()
             if not path:
                 return
             path[-1] += 1
+
+    def groups(self) -> Iterator[Group]:
+        """The space's points in groups that share their bounds' layer tables: per layout, microbatch count
+        and memory setting (recompute, ep, ZeRO stage, sequence parallelism, encoder tp), those of every
+        schedule, cut, owner policy and encoder backward placement (empty groups left out)."""
+        for layout in self.layouts:
+            pp, tp, dp, cp = layout
+            counts = sorted({m for s in self.schedules(pp, dp) for m in self.microbatch_choices(pp, dp, s)})
+            for m in counts:
+                size = self._group_size(pp, dp, m)
+                if size:
+                    for setting in self.memory_settings(dp, cp, tp):
+                        yield Group(layout, m, tuple(setting[_SETTING_FIELDS.get(k, k)] for k in GROUP_SETTING), size)
+
+    def _group_size(self, pp: int, dp: int, num_microbatches: int) -> int:
+        """Points per memory setting of a layout and microbatch count (they do not depend on the setting)."""
+        size = 0
+        for schedule in self.schedules(pp, dp):
+            if num_microbatches not in self.microbatch_choices(pp, dp, schedule):
+                continue
+            transpose, chunks, sink = self.shape(schedule)
+            owners = len(self.owner_choices(pp, num_microbatches)) if transpose or sink or self.interior(schedule) else 1
+            if not transpose:
+                size += owners
+                continue
+            for boundary in self.transpose_cuts(pp, chunks, self.head_start if sink else None):
+                size += owners * len(self.encoder_backward_choices(boundary))
+        return size
+
+    def group_points(self, group: Group) -> Iterator[tuple[tuple[int, ...], dict[str, Any], Candidate]]:
+        """The points of ``group`` in tree order, as :meth:`walk` gives them (with their keys)."""
+        per_replica = self.problem.global_batch // group.layout[2]
+        fixed = {"degrees": layout_name(group.layout), "microbatch_size": per_replica // group.num_microbatches,
+                 **dict(zip(GROUP_SETTING, group.setting))}
+        return self.walk(fixed)
 
     def size(self) -> int:
         return sum(1 for _ in self.enumerate())
@@ -418,6 +471,41 @@ class SearchSpace:
 
                 out.append((new, self.build(choose)))
         return out
+
+
+GROUP_SETTING = ("recompute", "ep", "zero", "sequence_parallel", "encoder_tp")
+"""The memory setting of a :class:`Group`: the choices' base names (:meth:`SearchSpace.build`)."""
+_SETTING_FIELDS = {"zero": "zero_stage"}
+"""Where a :data:`GROUP_SETTING` name differs from its Candidate field (:meth:`SearchSpace.memory_settings`)."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """Points of the space that share their layout, microbatch count and memory setting: what a layer table
+    and the static memory floor depend on, so that one bound holds for them all (see :meth:`SearchSpace.groups`)."""
+
+    layout: tuple[int, int, int, int]
+    """``(pp, tp, dp, cp)``."""
+    num_microbatches: int
+    setting: tuple
+    """Values of :data:`GROUP_SETTING`, in its order."""
+    size: int
+    """How many points the group holds."""
+
+
+def layout_name(layout: tuple[int, int, int, int]) -> str:
+    """A layout as the ``degrees`` choice names it: ``pp4-tp2-dp2``, with ``-cp2`` where ``cp > 1``."""
+    pp, tp, dp, cp = layout
+    return f"pp{pp}-tp{tp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "")
+
+
+class _NoLeaf(Exception):
+    """A walk with fixed values reached a choice none of whose options takes them."""
+
+
+def _same(option: Any, value: Any) -> bool:
+    """``option`` is ``value`` (False is not 0: recomputation and the ZeRO stage are different choices)."""
+    return type(option) is type(value) and option == value
 
 
 def _base(name: str) -> str:
