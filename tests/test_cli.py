@@ -11,7 +11,8 @@ from conftest import predict_plan
 
 def run_cli(*args):
     """Run the real console entry point in a subprocess: exit code, stdout, stderr."""
-    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *args], capture_output=True, text=True,
+                          timeout=300)  # a hang guard, far above a loaded machine
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -155,7 +156,8 @@ def test_a_model_that_composes_itself_is_one_line_and_exit_2(tmp_path):
 
 
 def test_version():
-    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "--version"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "--version"], capture_output=True, text=True,
+                          timeout=300)  # a hang guard
     assert proc.returncode == 0 and proc.stdout.strip().startswith("mpipe-tune ")
 
 

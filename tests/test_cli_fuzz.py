@@ -1,5 +1,8 @@
 """The CLI under random input: every command ends in exit 0 or 2, with no traceback, and a failed
-command leaves no output file behind (not even a temporary one).
+command leaves no output file behind (not even a temporary one). Inputs of each wave are in: dataset
+workloads (conversations, manifests, tokenizers, image folders), MindSpeed-MM layouts as ``--current``,
+plans with ep, cp and zero-bubble skeletons (and their exports), and ``profile`` under torchrun's
+multi-node environment.
 
 Files are random bytes, random JSON/YAML trees, and valid files with one field replaced or removed;
 flags take random values around their limits. Commands run in-process (``mpipe_tune.cli.main``);
@@ -93,6 +96,8 @@ def write_input(folder: Path, name: str, content) -> str:
     return str(path)
 
 
+TINY_MOE = ROOT / "tests" / "runtime" / "tiny-mllm-mla-moe.yaml"
+"""A small MoE MLLM (MLA attention, routed experts): plans with ep and cp."""
 VALID_MODEL = yaml.safe_load((ROOT / "models" / "example-mllm.yaml").read_text())
 VALID_PROFILE = json.loads((ROOT / "profiles" / "ideal.json").read_text())
 VALID_WORKLOAD = {"microbatches": [{"image_tokens": 256 * (i % 3), "text_tokens": 1024,
@@ -119,13 +124,13 @@ texts = st.one_of(st.text(max_size=10), st.sampled_from(["", "1,2", "0,1,0,1", "
        model=st.sampled_from(["example-mllm", "tiny-vit-llm", "FILE"]), model_file=file_contents(VALID_MODEL),
        workload=st.sampled_from(["balanced", "smoke", "FILE"]), workload_file=file_contents(VALID_WORKLOAD),
        profile=st.sampled_from(["ideal", "h100-sxm", "FILE"]), profile_file=file_contents(VALID_PROFILE),
-       pp=ints, microbatches=st.none() | ints, tp=ints, dp=ints, seed=ints,
+       pp=ints, microbatches=st.none() | ints, tp=ints, dp=ints, seed=ints, ep=st.none() | ints, cp=st.none() | ints,
        schedule=st.sampled_from(["transpose,1f1b", "1f1b", "1f1b,1f1b", "gpipe", "transpose", "zig", ""]),
        cut=st.none() | texts, slabs=st.none() | texts, owner=texts, frozen=st.sampled_from(["", "encoder", "vision"]),
        dtype=st.sampled_from(["bf16", "fp32", "fp7"]), gantt=st.sampled_from([None, "g.png", "g.xyz", "/proc/g.png"]))
 def test_predict_and_derive_take_any_flags_and_files(command, model, model_file, workload, workload_file, profile,
-                                                      profile_file, pp, microbatches, tp, dp, seed, schedule, cut,
-                                                      slabs, owner, frozen, dtype, gantt):
+                                                      profile_file, pp, microbatches, tp, dp, seed, ep, cp, schedule,
+                                                      cut, slabs, owner, frozen, dtype, gantt):
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         files = {"model": write_input(folder, "m.yaml", model_file), "workload": write_input(folder, "w.yaml", workload_file),
@@ -136,6 +141,8 @@ def test_predict_and_derive_take_any_flags_and_files(command, model, model_file,
                 "--pp", str(pp), "--tp", str(tp), "--dp", str(dp), "--seed", str(seed), "--schedule", schedule,
                 "--owner", owner, "--frozen", frozen, "--dtype", dtype, "--json"]
         args += ["--microbatches", str(microbatches)] if microbatches is not None else []
+        args += ["--ep", str(ep)] if ep is not None else []
+        args += ["--cp", str(cp)] if cp is not None else []
         args += [f"--cut={cut}"] if cut is not None else []
         args += [f"--slabs={slabs}"] if slabs else []
         if command == "predict" and gantt is not None:
@@ -152,9 +159,13 @@ def test_predict_and_derive_take_any_flags_and_files(command, model, model_file,
        max_microbatches=st.sampled_from([8, 0]), pp=st.sampled_from([None, "2", "0", "x", "3,5"]),
        recompute=st.sampled_from(["off", "search"]), owners=st.sampled_from(["round-robin", "greedy", "lottery"]),
        out=st.sampled_from(["plan.json", "plan.txt", "/proc/plan.json", "."]),
-       gantt=st.sampled_from([None, "best.png", "best.jpg", "/proc/b.png"]))
+       gantt=st.sampled_from([None, "best.png", "best.jpg", "/proc/b.png"]),
+       model=st.sampled_from([None, None, "MOE"]), ep=st.sampled_from([None, "1", "2", "1,2", "search", "0", "x", "3"]),
+       cp=st.sampled_from([None, "1", "2", "1,2", "0", "-2", "x"]),
+       skeletons=st.sampled_from([None, "zb1p", "zbv", "1f1b,zb1p,zbv", "zbx", ""]),
+       zero=st.sampled_from([None, "0", "search"]), sp=st.sampled_from([None, "on", "search"]))
 def test_plan_takes_any_flags(devices, global_batch, samples, cut_window, max_microbatches, pp, recompute, owners,
-                              out, gantt):
+                              out, gantt, model, ep, cp, skeletons, zero, sp):
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         args = ["plan", "--storage", f"sqlite:///{folder / 'study.db'}", "--trials", "4", "--no-progress", "--json",
@@ -164,6 +175,10 @@ def test_plan_takes_any_flags(devices, global_batch, samples, cut_window, max_mi
         args += ["--global-batch", str(global_batch)] if global_batch is not None else []
         args += ["--pp", pp] if pp is not None else []
         args += ["--gantt", gantt if gantt.startswith("/") else str(folder / gantt)] if gantt else []
+        args += ["--model", str(TINY_MOE)] if model else []
+        for flag, value in (("--ep", ep), ("--cp", cp), ("--skeletons", skeletons), ("--zero", zero),
+                            ("--sequence-parallel", sp)):
+            args += [flag, value] if value is not None else []
         check(cli(*args), folder, {"study.db"})  # the study holds the trials of a search that ran
 
 
@@ -366,7 +381,6 @@ def test_plan_takes_any_mindspeed_layout_as_current(data, content, args, script)
 
 # ----------------------------------------------------- exports of expert-, context-parallel and zero-bubble plans
 
-TINY_MOE = ROOT / "tests" / "runtime" / "tiny-mllm-mla-moe.yaml"
 FORMATS = {"torch-csv": ".csv", "torchtitan": ".toml", "torchtitan-0.3": ".args", "megatron": ".sh",
            "hyper-parallel": ".yaml", "mindspeed-mm": ".json"}
 

@@ -268,17 +268,24 @@ def test_a_killed_plan_resumes_with_every_finished_trial_kept(tmp_path, sig, tim
     args = [sys.executable, "-m", "mpipe_tune.cli", "plan", "--devices", "8", "--global-batch", "32",
             "--storage", f"sqlite:///{db}", "--study", "resume", "--out", str(tmp_path / "plan.json"), "--no-progress",
             "--sampler", "tpe"]
-    proc = subprocess.Popen([*args, "--trials", "5000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Unbuffered: a line read before communicate() leaves nothing behind in a buffer that it would not see.
+    proc = subprocess.Popen([*args, "--trials", "5000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, bufsize=0)
     try:
         hang_guard = time.monotonic() + 600  # far above a loaded machine: a guard against a hang, not a timing goal
         while len(complete_trials(db)) < 8:  # the trials are written by a child process (5000 trials)
             assert proc.poll() is None and time.monotonic() < hang_guard, "the search did not get going"
             time.sleep(0.2)
         writers = _children(proc.pid)
-        for _ in range(times):  # a second Ctrl-C stops at once, wherever the search is
-            proc.send_signal(sig)
-            time.sleep(0.05)
+        proc.send_signal(sig)
+        said = b""
+        if times == 2:  # a second Ctrl-C, once the first was seen (two at once would merge into one signal)
+            for line in proc.stderr:  # until the first is seen (a note may come before it), or the command ended
+                said += line
+                if b"stopping at the next safe point" in line:
+                    break
+            proc.send_signal(sig)  # stops at once, wherever the search is (or finds the command ended)
         _, err = proc.communicate(timeout=300)  # a hang guard
+        err = (said + err).decode()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -470,9 +477,12 @@ def test_two_workers_on_one_study_stop_at_the_requested_total(tmp_path):
         for k in range(2):
             workers.append(subprocess.Popen([*args, "--out", str(tmp_path / f"plan{k}.json")], stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, text=True))
-            deadline = time.monotonic() + 60
-            while k == 0 and len(complete_trials(db)) < 5 and time.monotonic() < deadline:
-                time.sleep(0.05)  # the second worker joins a study the first is filling
+            hang_guard = time.monotonic() + 600  # far above a loaded machine: a guard, not a timing goal
+            while k == 0 and len(complete_trials(db)) < 5:  # the second worker joins a study the first is filling
+                assert time.monotonic() < hang_guard, "the first worker did not get going"
+                if workers[0].poll() is not None:
+                    break  # it ended (its failure is asserted below)
+                time.sleep(0.05)
         outputs = [w.communicate(timeout=300) for w in workers]
     finally:
         for w in workers:

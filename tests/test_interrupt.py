@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,84 @@ def test_ctrl_c_after_bench_s_rounds_prints_them_and_draws_no_timeline(plan_file
                                         "--gantt", str(tmp_path))
     assert code == 130 and "best" in out and not list(tmp_path.iterdir()), err
     assert "every round's result is printed, the measured timelines were not drawn" in err
+
+
+# ----------------------------------------------------------- a second Ctrl-C stops run, bench and profile at once
+
+def test_a_second_ctrl_c_in_run_stops_at_once_with_no_rank_started_or_no_trace_written(plan_file, tmp_path,
+                                                                                        monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from mpipe_tune.runtime import launch
+
+    trace = tmp_path / "trace.json"
+    args = ["run", str(plan_file), "--compute", "emulated", "--steps", "1", "--trace", str(trace), "--no-progress"]
+    started = []
+    with monkeypatch.context() as patch:
+        patch.setattr(launch, "launch_local", lambda *a, **k: started.append(a))
+        code, out, err = cli_interrupted_at(monkeypatch, capsys, "launch,launch", *args)  # as the checks end
+    assert code == 130 and not started and "stopping at the next safe point" in err, err
+    assert err.strip().splitlines()[-1] == "mpipe-tune run: interrupted; no rank was started" and not trace.exists()
+    code, out, err = cli_interrupted_at(monkeypatch, capsys, "trace,trace", *args)  # the ranks done, the trace next
+    assert code == 130 and not trace.exists() and not list(tmp_path.iterdir()), err
+    assert "measured step time" not in out, out  # at once: not even the table a first Ctrl-C lets through
+    assert err.strip().splitlines()[-1] == "mpipe-tune run: interrupted; the run finished", err
+
+
+def test_a_second_ctrl_c_after_bench_s_rounds_stops_at_once_with_no_timeline_drawn(plan_file, tmp_path, monkeypatch,
+                                                                                    capsys):
+    pytest.importorskip("torch")
+    code, out, err = cli_interrupted_at(monkeypatch, capsys, "timelines,timelines", "bench", str(plan_file),
+                                        "--compute", "emulated", "--rounds", "1", "--steps", "1", "--plans", "best",
+                                        "--gantt", str(tmp_path))
+    assert code == 130 and not list(tmp_path.iterdir()) and not out, (out, err)
+    assert "round 1/1  best " in err  # each round's line, printed as it ended, is what is kept
+    assert err.strip().splitlines()[-1] == "mpipe-tune bench: interrupted", err
+
+
+def test_a_second_ctrl_c_in_profile_s_roofline_stops_at_once_with_no_profile_written(tmp_path):
+    pytest.importorskip("torch")
+    code, err, written = profile_interrupted_at(tmp_path, "measure:2,measure:2")
+    assert code == 130 and not written and "stopping at the next safe point" in err, err
+    assert err.strip().splitlines()[-1].startswith("mpipe-tune profile: interrupted; no profile written"), err
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_ctrl_c_while_run_s_ranks_work_stops_them_at_once_with_no_trace_written(plan_file, tmp_path):
+    """A terminal's Ctrl-C reaches the ranks too: the run stops at once with them (there is no later safe
+    point to wait for), sent once the first step has ended (its progress line), not after a sleep."""
+    pytest.importorskip("torch")
+    trace = tmp_path / "trace.json"
+    proc = subprocess.Popen([sys.executable, "-m", "mpipe_tune.cli", "run", str(plan_file), "--compute", "emulated",
+                             "--steps", "100000", "--trace", str(trace)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        first = proc.stderr.readline()
+        while first and not first.startswith("mpipe-tune run: step 1/"):  # notes before the steps, if any
+            first = proc.stderr.readline()
+        assert first.startswith("mpipe-tune run: step 1/100000 done"), first
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches every process of the group
+        out, err = proc.communicate(timeout=600)  # a hang guard
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "mpipe-tune run: interrupted", err
+    assert not trace.exists() and not list(tmp_path.iterdir())
+    hang_guard = time.monotonic() + 300  # the fork server exits as it sees the run gone: a guard, not a timing goal
+    while _group_members(proc.pid):
+        assert time.monotonic() < hang_guard, f"processes {_group_members(proc.pid)} outlived the run"
+        time.sleep(0.1)

@@ -117,7 +117,8 @@ window.addEventListener("load", function () {
     probed = planned / "probed.html"
     probed.write_text(out.read_text(encoding="utf-8").replace("</body>", probe + "</body>"), encoding="utf-8")
     result = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
-                             "--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=240)
+                             "--dump-dom", probed.as_uri()], capture_output=True, text=True,
+                            timeout=600)  # a hang guard (the page runs on virtual time)
     assert result.returncode == 0, result.stderr[-2000:]
     dom = result.stdout
     assert "<title>error" not in dom

@@ -1,5 +1,5 @@
-"""The study's storage under faults: a damaged, locked, read-only, full or foreign SQLite file, and a
-study of another problem definition. Each is one line naming the file and the fix, exit code 2, and
+"""The study's storage under faults: a damaged, locked, read-only, full or foreign SQLite file, one an
+older Optuna wrote, and a study of another (or an earlier) problem definition. Each is one line naming the file and the fix, exit code 2, and
 the trials committed before the fault stay in the file (a rerun continues from them)."""
 
 import contextlib
@@ -183,7 +183,7 @@ def test_the_trial_writer_s_storage_fault_is_its_one_line_error(study_db):
             writer.put(trial)
         writer.close()
     assert str(study_db) in str(caught.value)
-    writer.process.join(30)
+    writer.process.join(300)  # it stopped on the fault: a hang guard, far above a loaded machine
     assert writer.process.exitcode == 1 and finished(study_db) == 6
 
 
@@ -200,6 +200,18 @@ def test_a_study_of_an_earlier_problem_definition_is_told_so(study_db, capsys):
     study.set_user_attr("problem_parts", None)
     one_line_error(capsys, plan(study_db), "study 's'", "an earlier mpipe-tune", "optuna delete-study")
     assert finished(study_db) == 6
+
+
+def test_a_storage_an_older_optuna_wrote_is_told_to_upgrade_with_its_trials_kept(study_db, capsys):
+    """Optuna refuses a schema an older Optuna set up until `optuna storage upgrade` has run on it."""
+    with contextlib.closing(sqlite3.connect(study_db)) as c:
+        c.execute("UPDATE alembic_version SET version_num = 'v2.6.0.a'")  # the revision Optuna 2.6 left
+        c.execute("UPDATE version_info SET library_version = '2.6.0'")
+        c.commit()
+    for command in (lambda: plan(study_db, "--trials", "8"), lambda: main(["trials", "--storage", f"sqlite:///{study_db}"])):
+        one_line_error(capsys, command(), str(study_db), "was written by another Optuna version",
+                       f"optuna storage upgrade --storage sqlite:///{study_db}")
+    assert finished(study_db) == 6 and not (study_db.parent / "plan.json").exists()
 
 
 def test_a_trial_budget_no_study_may_hold_is_refused_before_the_search(tmp_path, capsys):
