@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 from hypothesis import settings
 
@@ -19,6 +22,40 @@ settings.load_profile("thorough" if os.environ.get("CI") else "fast")
 # command it starts: the Ctrl-C tests need Python's own handler, which a command it execs then gets too.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def process_stats() -> Iterator[tuple[int, str, int, int]]:
+    """(pid, state, parent pid, process group) of every process (Linux /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        yield int(stat.parent.name), fields[0], int(fields[1]), int(fields[2])
+
+
+def ctrl_c_after(args: list[str], line_start: str) -> tuple[int, str, str, int]:
+    """Run ``args`` in a process group of its own, as a terminal runs a command; once its stderr says a line
+    starting with ``line_start`` (the event the Ctrl-C waits for, not a sleep), send SIGINT to the whole
+    group, as a terminal's Ctrl-C does, and wait for the end: exit code, stdout, all of stderr, and the
+    group's id (the command's pid). Unbuffered pipes: the lines read first leave nothing unseen by the rest."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    said = b""
+    try:
+        for line in proc.stderr:
+            said += line
+            if line.decode(errors="replace").startswith(line_start):
+                break
+        else:
+            raise AssertionError(f"the command ended before a line starting {line_start!r}: {said.decode()}")
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=600)  # a hang guard, far above a loaded machine
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out.decode(), (said + err).decode(), proc.pid
 
 
 def make_model(blocks, fwd=1.0, bwd=2.0, trainable=None, name="test") -> Model:

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from conftest import ctrl_c_after  # noqa: E402
 from mpipe_tune.cli import main  # noqa: E402
 from mpipe_tune.plan_file import load_plan, plan_names, select_plan  # noqa: E402
 from mpipe_tune.runtime import launch  # noqa: E402
@@ -108,19 +109,9 @@ def test_a_missing_plan_file_exits_2(tmp_path, capsys, no_launch):
 
 
 def test_ctrl_c_prints_the_rounds_that_finished(plan_file):
-    proc = subprocess.Popen([sys.executable, "-m", "mpipe_tune.cli", "bench", str(plan_file), "--compute", "emulated",
-                             "--rounds", "1000", "--steps", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        first = proc.stderr.readline()
-        assert first.startswith("round 1/1000  best "), first
-        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches every process of the group
-        out, err = proc.communicate(timeout=300)  # a hang guard
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "mpipe-tune bench: interrupted", err
+    code, out, err, _ = ctrl_c_after([sys.executable, "-m", "mpipe_tune.cli", "bench", str(plan_file), "--compute",
+                                   "emulated", "--rounds", "1000", "--steps", "1"], "round 1/1000  best ")
+    assert code == 130 and err.strip().splitlines()[-1] == "mpipe-tune bench: interrupted", err
     assert "\nbest " in out and "(cut short: the rows hold the rounds that finished)" in out
 
 

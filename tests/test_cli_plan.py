@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import process_stats
 from mpipe_tune.cli import main
 from mpipe_tune.cost.profile import dump_profile
 from mpipe_tune.plan_file import all_plan_names, load_plan, plan_names, select_plan
@@ -235,16 +236,8 @@ def complete_trials(db):
 
 
 def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
+    """The processes whose parent is ``pid``."""
+    return [child for child, _, parent, _ in process_stats() if parent == pid]
 
 
 def _running(pid: int) -> bool:

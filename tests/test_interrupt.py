@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ctrl_c_after, process_stats
 from mpipe_tune.interrupt import held, stop_requests
 
 
@@ -281,43 +282,18 @@ def test_a_second_ctrl_c_in_profile_s_roofline_stops_at_once_with_no_profile_wri
     assert err.strip().splitlines()[-1].startswith("mpipe-tune profile: interrupted; no profile written"), err
 
 
-def _group_members(pgid: int) -> list[int]:
-    """The live processes of process group ``pgid`` (Linux /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
 def test_ctrl_c_while_run_s_ranks_work_stops_them_at_once_with_no_trace_written(plan_file, tmp_path):
     """A terminal's Ctrl-C reaches the ranks too: the run stops at once with them (there is no later safe
     point to wait for), sent once the first step has ended (its progress line), not after a sleep."""
     pytest.importorskip("torch")
     trace = tmp_path / "trace.json"
-    proc = subprocess.Popen([sys.executable, "-m", "mpipe_tune.cli", "run", str(plan_file), "--compute", "emulated",
-                             "--steps", "100000", "--trace", str(trace)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        first = proc.stderr.readline()
-        while first and not first.startswith("mpipe-tune run: step 1/"):  # notes before the steps, if any
-            first = proc.stderr.readline()
-        assert first.startswith("mpipe-tune run: step 1/100000 done"), first
-        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches every process of the group
-        out, err = proc.communicate(timeout=600)  # a hang guard
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    args = [sys.executable, "-m", "mpipe_tune.cli", "run", str(plan_file), "--compute", "emulated", "--steps", "100000",
+            "--trace", str(trace)]
+    code, _, err, group = ctrl_c_after(args, "mpipe-tune run: step 1/100000 done")
+    assert code == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "mpipe-tune run: interrupted", err
     assert not trace.exists() and not list(tmp_path.iterdir())
     hang_guard = time.monotonic() + 300  # the fork server exits as it sees the run gone: a guard, not a timing goal
-    while _group_members(proc.pid):
-        assert time.monotonic() < hang_guard, f"processes {_group_members(proc.pid)} outlived the run"
+    while left := [p for p, state, _, pgid in process_stats() if pgid == group and state != "Z"]:
+        assert time.monotonic() < hang_guard, f"processes {left} outlived the run"
         time.sleep(0.1)

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import process_stats  # noqa: E402
 from runtime_plans import FIRST_LLM, make_plan  # noqa: E402
 
 from mpipe_tune.runtime.compute import RealCompute  # noqa: E402
@@ -192,17 +193,7 @@ def test_a_model_the_runtime_cannot_build_is_refused(tmp_path):
 
 
 def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
-    return sorted(found)
+    return sorted(child for child, state, parent, _ in process_stats() if parent == pid and state != "Z")
 
 
 def _rank_processes(cli_pid: int) -> list[int]:
