@@ -8,12 +8,13 @@ doubles, a quadratic one quadruples.
 - ``workload``: a workload JSON file of N microbatches with 200 images each (tens to ~100 MB), read
   by ``load_workload``;
 - ``model``: a model YAML file of L explicit-cost layers, read by ``load_model``;
-- ``trials``: a plan study grown to N trials (rows copied in SQL from a real 8-trial study), listed by
-  ``mpipe-tune trials`` and continued by ``mpipe-tune plan`` (which finds it full);
+- ``trials``: a plan study grown to N trials (rows copied by set-wise SQL from a real 8-trial study), listed
+  by ``mpipe-tune trials`` and continued by ``mpipe-tune plan`` (which finds it full, or refuses a study
+  above the most a search reloads);
 - ``devices``: ``mpipe-tune plan`` of DeepSeek-V3 on 4,096 and 16,384 devices, and ``show`` of the
   16,384-device plan file.
 
-Usage: ``PYTHONPATH=. python benchmarks/bench_bounds.py [workload model trials devices] [--big]``
+Usage: ``nice -n 10 .venv/bin/python benchmarks/bench_bounds.py [workload model trials devices] [--big]``
 (``--big`` adds the largest sizes: 10^6 trials, a model of 200,000 layers). Results are recorded in
 benchmarks/README.md.
 """

@@ -22,7 +22,7 @@ def test_the_probe_runs_before_the_run_and_after_every_step(tmp_path):
     plan = make_plan(tmp_path, "transpose,1f1b", (FIRST_LLM,), 2)
     job = RunJob(str(plan), steps=3, compute="real", dtype="fp32")
     [result] = launch_local(probed_run_jobs, ([job], load_model(TEST_MODEL), "fp32", 16), 2,
-                            timeout_s=60, deadline_s=150)
+                            timeout_s=300, deadline_s=150)
     probes = result["probe_steps_s"]
     assert len(probes) == 3 and all(p > 0 for p in probes) and result["probe_before_s"] > 0
     assert result["probe_after_s"] == probes[-1]

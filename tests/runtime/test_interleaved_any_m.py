@@ -49,7 +49,7 @@ def runs(request, tmp_path_factory):
         grads.mkdir()
         path = make_plan(folder, schedule, cut, P, workload=workload(P))
         jobs[name] = RunJob(str(path), steps=1, dtype="fp64", lr=0.05, grads_dir=str(grads))
-    results = launch_local(run_jobs, (list(jobs.values()),), P, timeout_s=60, deadline_s=150)
+    results = launch_local(run_jobs, (list(jobs.values()),), P, timeout_s=300, deadline_s=150)
     return P, jobs, dict(zip(jobs, results))
 
 

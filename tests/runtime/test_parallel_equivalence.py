@@ -53,7 +53,7 @@ def runs(tmp_path_factory):
         grads.mkdir()
         path = make_plan(folder, name, cut, pp, frozen=frozen, model_spec=MODELS[model], tp=tp, dp=dp)
         jobs[case] = RunJob(str(path), steps=1, dtype="fp64", lr=0.05, grads_dir=str(grads))
-    results = launch_local(run_jobs, (list(jobs.values()),), 4, timeout_s=60, deadline_s=240)
+    results = launch_local(run_jobs, (list(jobs.values()),), 4, timeout_s=300, deadline_s=240)
     return jobs, dict(zip(jobs, results))
 
 

@@ -48,7 +48,7 @@ def runs(tmp_path_factory):
                             grads_dir=str(grads))
     jobs["sampled fixed emulated"] = RunJob(str(plans["sampled"]), steps=2, compute="emulated", owners="fixed",
                                             data="sampled")
-    results = launch_local(run_jobs, (list(jobs.values()),), P, timeout_s=60, deadline_s=150)
+    results = launch_local(run_jobs, (list(jobs.values()),), P, timeout_s=300, deadline_s=150)
     return problem, sampled, jobs, {name: r["summary"] for name, r in zip(jobs, results)}
 
 
@@ -103,10 +103,10 @@ def agree_or_not(ctx, same: bool) -> str:
 
 
 def test_ranks_that_disagree_are_refused_in_one_line():
-    assert launch_local(agree_or_not, (True,), 2, timeout_s=30, deadline_s=60) == "agreed"
+    assert launch_local(agree_or_not, (True,), 2, timeout_s=300, deadline_s=60) == "agreed"
     with pytest.raises(RankFailed, match=r"^rank \d: the ranks disagree on the test's metadata \(digests from "
                                          r"0000000000000007 to 0000000000000008") as info:
-        launch_local(agree_or_not, (False,), 2, timeout_s=30, deadline_s=60)
+        launch_local(agree_or_not, (False,), 2, timeout_s=300, deadline_s=60)
     assert info.value.user_error and not info.value.details
 
 

@@ -26,7 +26,7 @@ def runs(tmp_path_factory):
     jobs = {(name, zero): RunJob(str(make_plan(folder, "1f1b", (), model_spec=MLA_MOE_MODEL, zero_stage=zero, **kw)),
                                  steps=2, dtype="fp64", lr=0.05)
             for name, kw in LAYOUTS.items() for zero in (0, 1)}
-    results = launch_local(run_jobs, (list(jobs.values()),), 4, timeout_s=60, deadline_s=240)
+    results = launch_local(run_jobs, (list(jobs.values()),), 4, timeout_s=300, deadline_s=240)
     return {key: result["summary"] for key, result in zip(jobs, results)}
 
 
