@@ -96,6 +96,18 @@ def test_ctrl_c_before_a_phase_stops_there_with_nothing_written(tmp_path, phase)
         assert trials > 5 and f"the study 's' keeps its {trials} finished trials" in err  # all the search ran
 
 
+@pytest.mark.parametrize("point", ["family:2", "baseline:2"])
+def test_ctrl_c_inside_a_phase_stops_at_the_next_safe_point_with_nothing_written(tmp_path, point):
+    """In the middle of the own-best families' evaluation (the next safe point: before the search) or of
+    the baselines' (the next: before the writing)."""
+    code, err, record, trials = plan_interrupted_at(tmp_path, point)
+    assert code == 130 and "stopping at the next safe point" in err and record is None, err
+    if point.startswith("family"):
+        assert trials == 0 and "rerun the same command to continue" in err
+    else:
+        assert trials > 5 and f"the study 's' keeps its {trials} finished trials" in err
+
+
 def test_ctrl_c_while_writing_lets_the_files_be_written_whole_and_says_it_came_too_late(tmp_path):
     code, err, record, trials = plan_interrupted_at(tmp_path, "write")  # as the plan file is being written
     assert code == 130 and "interrupted too late to stop: the command finished" in err and "plan.json written" in err

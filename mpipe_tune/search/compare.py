@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from mpipe_tune.interrupt import mark
 from mpipe_tune.outputs.frames import MISSING, Cell, Column, TextTable, format_frame, gib, is_missing, ms, text
 from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
@@ -38,6 +39,7 @@ def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluatio
     vpp_counts = space.microbatch_choices(c.pp, c.dp, "1f1b,1f1b")
     out = []
     for name in BASELINES:
+        mark("baseline")  # a named point of the Ctrl-C tests (a Ctrl-C here stops the plan before its writing)
         candidate = baseline(name, evaluator.problem.model, c.pp, c.tp, c.dp, c.num_microbatches, vpp_counts)
         if candidate is not None:
             candidate = replace(candidate, recompute=c.recompute, ep=c.ep, cp=c.cp, zero_stage=c.zero_stage,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from mpipe_tune.interrupt import mark
 from mpipe_tune.search.baselines import BASELINES, baseline, schedule_of
 from mpipe_tune.search.bounds import BoundOrder
 from mpipe_tune.algebra.candidate import Candidate
@@ -100,5 +101,10 @@ def search_family(name: str, space: SearchSpace, evaluator: Evaluator) -> OwnBes
 
 
 def search_families(space: SearchSpace, evaluator: Evaluator) -> list[OwnBest]:
-    """:func:`search_family` for every baseline, in :data:`BASELINES` order."""
-    return [search_family(name, space, evaluator) for name in BASELINES]
+    """:func:`search_family` for every baseline, in :data:`BASELINES` order (each a named point ``family``
+    of the Ctrl-C tests: a Ctrl-C here stops the plan at its next safe point, before the search)."""
+    found = []
+    for name in BASELINES:
+        mark("family")
+        found.append(search_family(name, space, evaluator))
+    return found
