@@ -145,13 +145,13 @@ def test_sigint_blocked_hands_a_ctrl_c_that_came_inside_to_the_handler_after_the
 
 # ------------------------------------------------------------------------------------- Ctrl-C in profile
 
-def profile_interrupted_at(tmp_path, points: str):
+def profile_interrupted_at(tmp_path, points: str, *extra: str):
     """A ``--quick`` CPU profile with SIGINT sent to itself at the named points: exit code, stderr, and
     whether the profile file exists (nothing else may be left in the folder)."""
     out = tmp_path / "p.json"
     env = {**os.environ, "MPIPE_TUNE_SIGINT_AT": points}
     done = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "profile", "--device", "cpu", "--nproc", "2", "--quick",
-                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
+                           "--out", str(out), *extra], env=env, capture_output=True, text=True, timeout=600)
     assert "Traceback" not in done.stderr, done.stderr
     assert {p.name for p in tmp_path.iterdir()} <= {"p.json"}, list(tmp_path.iterdir())  # no temporary file
     return done.returncode, done.stderr, out.exists()
@@ -168,6 +168,14 @@ def test_ctrl_c_in_profile_stops_with_no_profile_written(tmp_path, point, at_onc
     assert ("stopping at the next safe point" in err) != at_once, err
     assert err.strip().splitlines()[-1] == ("mpipe-tune profile: interrupted; no profile written (it needs every "
                                             "measurement); rerun the command to measure again"), err
+
+
+@pytest.mark.parametrize("points", ["calibration", "calibration,calibration"])
+def test_ctrl_c_before_profile_s_calibration_stops_there_with_no_profile_written(tmp_path, points):
+    pytest.importorskip("torch")
+    code, err, written = profile_interrupted_at(tmp_path, points, "--calibrate", "tiny-vit-llm")
+    assert code == 130 and not written and "stopping at the next safe point" in err, err
+    assert err.strip().splitlines()[-1].startswith("mpipe-tune profile: interrupted; no profile written"), err
 
 
 def test_ctrl_c_as_profile_writes_lets_the_file_be_written_whole(tmp_path):
