@@ -317,3 +317,36 @@ def test_ctrl_c_while_run_s_ranks_work_stops_them_at_once_with_no_trace_written(
     while left := [p for p, state, _, pgid in process_stats() if pgid == group and state != "Z"]:
         assert time.monotonic() < hang_guard, f"processes {left} outlived the run"
         time.sleep(0.1)
+
+
+# ---------------------------------------------------------------------- Ctrl-C in profile across nodes (torchrun)
+
+TORCHRUN = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("points, measured", [("links", False),           # before the links: nothing measured
+                                              ("links,links", False),     # a second one there
+                                              ("", True)])                # one while they are measured: at once
+def test_ctrl_c_in_profile_across_nodes_writes_no_profile(tmp_path, monkeypatch, capsys, points, measured):
+    """Rank 0 of a torchrun world (the world itself stands in: joining it is what the Ctrl-C must not
+    outlast); the Ctrl-C while the links are measured is sent by the stand-in, at a controlled point."""
+    pytest.importorskip("torch")
+    from mpipe_tune.profiler import nodes
+
+    calls = []
+
+    def links_measured(*args, **kwargs):
+        calls.append(args)
+        ctrl_c()  # as a terminal's Ctrl-C reaches the ranks while they measure
+        raise AssertionError("the Ctrl-C did not stop the measurement at once")
+
+    for name, value in TORCHRUN.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(nodes, "measure_link_classes", links_measured)
+    out = tmp_path / "two-nodes.json"
+    code, _, err = cli_interrupted_at(monkeypatch, capsys, points or "none", "profile", "--device", "cpu", "--compute",
+                                      "ideal", "--quick", "--out", str(out))
+    assert code == 130 and bool(calls) == measured and not list(tmp_path.iterdir()), err
+    assert err.strip().splitlines()[-1] == ("mpipe-tune profile: interrupted; no profile written (it needs every "
+                                            "measurement); rerun the command to measure again"), err
