@@ -46,8 +46,10 @@ Assumptions (details in :mod:`~mpipe_tune.cost.arch_pieces` and :mod:`~mpipe_tun
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
 
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.inputs.arch_dims import (
@@ -67,6 +69,7 @@ __all__ = [
     "IMAGE_STREAM_KINDS",
     "OPTIONAL_DIMS",
     "ArchWork",
+    "MicrobatchArray",
     "activated_param_count",
     "ParallelTraffic",
     "estimate_arch_work",
@@ -133,6 +136,46 @@ class ArchWork:
 _NO_WORK = ArchWork(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
+@dataclass(frozen=True, eq=False)
+class MicrobatchArray:
+    """Several microbatches at once, one array entry each: what :func:`estimate_arch_work`,
+    :func:`estimate_parallel_traffic` and the layer builders take in place of one :class:`Microbatch`
+    to cost a layer on all of them with the same arithmetic, elementwise (a layer table's row in one
+    pass rather than one call per microbatch). :func:`estimate_arch_work` zeroes the entries without tokens
+    of the layer's stream (one :class:`Microbatch` without them does no work); whoever times the traffic of
+    :func:`estimate_parallel_traffic` zeroes them there.
+
+    >>> batch = MicrobatchArray.of([Microbatch(10, 8, (4, 6)), Microbatch(0, 5)])
+    >>> [c.tolist() for c in batch.image_sizes()], batch.num_images.tolist()
+    ([[4, 0], [6, 0]], [2, 0])
+    """
+
+    image_tokens: np.ndarray
+    text_tokens: np.ndarray
+    image_columns: tuple[np.ndarray, ...]
+    """Per image slot, each microbatch's tokens of its image there (0 past its last image)."""
+    num_images: np.ndarray
+
+    @classmethod
+    def of(cls, microbatches: Sequence[Microbatch]) -> MicrobatchArray:
+        sizes = [mb.image_sizes() for mb in microbatches]
+        columns = np.zeros((max((len(s) for s in sizes), default=0), len(sizes)), dtype=np.int64)
+        for index, s in enumerate(sizes):
+            columns[:len(s), index] = s
+        return cls(np.array([mb.image_tokens for mb in microbatches], dtype=np.int64),
+                   np.array([mb.text_tokens for mb in microbatches], dtype=np.int64), tuple(columns),
+                   np.array([len(s) for s in sizes], dtype=np.int64))
+
+    def image_sizes(self) -> tuple[np.ndarray, ...]:
+        """As :meth:`Microbatch.image_sizes`, by image slot: the attention builders sum over them."""
+        return self.image_columns
+
+
+def stream_tokens(kind: str, mb: Microbatch | MicrobatchArray):
+    """The tokens of ``kind``'s stream in ``mb``: its image tokens for an image-stream kind, else its text."""
+    return mb.image_tokens if kind in IMAGE_STREAM_KINDS else mb.text_tokens
+
+
 @dataclass(frozen=True)
 class ParallelTraffic:
     """The expert- and context-parallel collectives of one layer on one microbatch, per rank (none by
@@ -154,7 +197,7 @@ _ONE_TOKEN = Microbatch(image_tokens=1, text_tokens=1)
 
 
 def estimate_arch_work(
-    kind: str, dims: Mapping[str, object], mb: Microbatch, *, dtype_bytes: int, tp_degree: int = 1,
+    kind: str, dims: Mapping[str, object], mb: Microbatch | MicrobatchArray, *, dtype_bytes: int, tp_degree: int = 1,
     ep_degree: int = 1, moe_imbalance: float = 1.0, cp_degree: int = 1, sequence_parallel: bool = False,
 ) -> ArchWork:
     """The work of one layer of ``kind`` with ``dims`` on microbatch ``mb`` (``dims`` validated already),
@@ -167,8 +210,8 @@ def estimate_arch_work(
     >>> work.wgrad_flops == 2 * 16 * (4 * 64 * 64 + 3 * 64 * 128)
     True
     """
-    tokens = mb.image_tokens if kind in IMAGE_STREAM_KINDS else mb.text_tokens
-    if tokens == 0:
+    vector = isinstance(mb, MicrobatchArray)
+    if not vector and stream_tokens(kind, mb) == 0:
         return _NO_WORK
     layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel))
     saved_elems: dict[str, float] = {}
@@ -183,10 +226,10 @@ def estimate_arch_work(
     linears = [p for p in pieces if p.linear]
     streamed = _passes([p for p in pieces if not (p.linear or p.attention_core)], dtype_bytes)
     whole = _passes(pieces, dtype_bytes)
-    return ArchWork(
+    work = ArchWork(
         **whole,
         saved_activation_bytes=dtype_bytes * sum(saved_elems.values()),
-        boundary_bytes=float(dtype_bytes * layer.boundary_elems),
+        boundary_bytes=dtype_bytes * layer.boundary_elems if vector else float(dtype_bytes * layer.boundary_elems),
         tp_comm_bytes=dtype_bytes * sum(p.comm_elems for p in pieces),
         attention_core_fwd_flops=sum(p.fwd_flops for p in cores),
         attention_core_fwd_bytes=dtype_bytes * sum(p.fwd_elems for p in cores),
@@ -199,6 +242,10 @@ def estimate_arch_work(
         wgrad_grad_bytes=dtype_bytes * sum(p.wgrad_grad_elems for p in pieces),
         **{f"memory_bound_{name}": value for name, value in streamed.items()},
     )
+    if not vector:
+        return work
+    has_tokens = stream_tokens(kind, mb) > 0  # an entry without tokens does no work, as one microbatch
+    return ArchWork(**{f.name: np.where(has_tokens, getattr(work, f.name), 0.0) for f in fields(ArchWork)})
 
 
 def _passes(pieces, dtype_bytes: int) -> dict[str, float]:
@@ -211,28 +258,30 @@ def _passes(pieces, dtype_bytes: int) -> dict[str, float]:
 
 
 def estimate_parallel_traffic(
-    kind: str, dims: Mapping[str, object], mb: Microbatch, *, dtype_bytes: int, tp_degree: int = 1,
+    kind: str, dims: Mapping[str, object], mb: Microbatch | MicrobatchArray, *, dtype_bytes: int, tp_degree: int = 1,
     ep_degree: int = 1, moe_imbalance: float = 1.0, cp_degree: int = 1, sequence_parallel: bool = False,
 ) -> ParallelTraffic:
     """The expert- and context-parallel collectives of one layer (arguments as :func:`estimate_arch_work`'s).
 
     >>> dims = {"hidden": 64, "heads": 4, "experts": 8, "top_k": 2, "moe_ffn": 32}
     >>> estimate_parallel_traffic("moe_block", dims, Microbatch(0, 16), dtype_bytes=2, ep_degree=4)
-    ParallelTraffic(all_to_all_bytes=(4096.0, 4096.0))
+    ParallelTraffic(all_to_all_bytes=(4096.0, 4096.0), ring_step_bytes=0, ring_steps=0)
     """
-    tokens = mb.image_tokens if kind in IMAGE_STREAM_KINDS else mb.text_tokens
-    if tokens == 0 or (ep_degree == 1 and cp_degree == 1):
+    if ep_degree == 1 and cp_degree == 1:
+        return _NO_TRAFFIC
+    if not isinstance(mb, MicrobatchArray) and stream_tokens(kind, mb) == 0:
         return _NO_TRAFFIC
     layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel))
     rings = [p for p in layer.pieces if p.ring_steps > 0]
     return ParallelTraffic(
-        all_to_all_bytes=tuple(dtype_bytes * p.all_to_all_elems for p in layer.pieces if p.all_to_all_elems > 0),
+        all_to_all_bytes=tuple(dtype_bytes * p.all_to_all_elems for p in layer.pieces
+                               if np.any(p.all_to_all_elems > 0)),
         ring_step_bytes=dtype_bytes * sum(p.ring_step_elems for p in rings),
         ring_steps=max((p.ring_steps for p in rings), default=0),
     )
 
 
-def _build(kind: str, dims: Mapping[str, object], mb: Microbatch, degrees: LayerDegrees):
+def _build(kind: str, dims: Mapping[str, object], mb: Microbatch | MicrobatchArray, degrees: LayerDegrees):
     return build_layer(kind, resolve_dims(kind, dims), mb, degrees)
 
 

@@ -33,7 +33,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 Split = Literal["column", "row", "replicated"]
+
+
+def maximum(a, b):
+    """The larger of ``a`` and ``b``, elementwise where either is an array (a microbatch array's
+    entries, :class:`~mpipe_tune.cost.arch.MicrobatchArray`); scalars stay Python scalars."""
+    return max(a, b) if np.isscalar(a) and np.isscalar(b) else np.maximum(a, b)
+
+
+def minimum(a, b):
+    """The smaller of ``a`` and ``b``, elementwise where either is an array (as :func:`maximum`)."""
+    return min(a, b) if np.isscalar(a) and np.isscalar(b) else np.minimum(a, b)
 
 
 @dataclass(frozen=True)
@@ -207,7 +220,7 @@ def pointwise(
 
 def lookup(tokens: float, rows: int, width: int, *, tp_degree: int) -> Piece:
     """Embedding lookup of ``tokens`` rows from a ``rows x width`` table split by rows over the ranks."""
-    rows_read = min(tokens, rows) / tp_degree
+    rows_read = minimum(tokens, rows) / tp_degree
     output_elems = tokens * width
     return Piece(
         fwd_elems=rows_read * width + output_elems,

@@ -43,6 +43,7 @@ frees nothing, so it only costs time).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -53,6 +54,7 @@ from mpipe_tune.algebra.candidate import DTYPE_BYTES, GRAD_REDUCE_DTYPES, normal
 from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.model import ENCODER_BLOCK, ArchCost, ExplicitCost, Model
 from mpipe_tune.cost import arch
+from mpipe_tune.cost.arch_pieces import maximum
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
@@ -250,10 +252,11 @@ def _footprint_masks(trainable_bits: tuple[bool, ...]) -> tuple[np.ndarray, np.n
 def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile, options: CostOptions) -> LayerTable:
     unique: dict[tuple, tuple] = {}  # repeated layers share one cost descriptor: compute each once
     arch_options = _arch_options(options)
+    microbatches = tuple(workload.microbatches)
     for layer in model.layers:
         key = (layer.cost, layer.block)
         if key not in unique:
-            unique[key] = _layer_row(layer.cost, layer.block, workload.microbatches, profile, arch_options)
+            unique[key] = _layer_row(layer.cost, layer.block, microbatches, profile, arch_options)
     rows = [unique[(layer.cost, layer.block)] for layer in model.layers]
     fwd, dgrad, wgrad, boundary, saved, bwd_overhead, core_s, selective_saved, wgrad_grad = (
         np.array(column) for column in zip(*rows))
@@ -266,14 +269,12 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         encoder_options = replace(arch_options, degrees=replace(arch_options.degrees, tp=options.encoder_tp))
         for key in {(u.cost, u.block) for u, e in zip(model.layers, encoder) if e}:
             at = [i for i, u in enumerate(model.layers) if (u.cost, u.block) == key]
-            row = _encoder_row(key[0], workload.microbatches, profile, encoder_options, replicas)
+            row = _encoder_row(key[0], microbatches, profile, encoder_options, replicas)
             for column, values in zip((fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad),
                                       row):
                 column[at] = values
         last = int(np.flatnonzero(encoder)[-1])  # the features are gathered after the encoder's last layer
-        gather_s = np.array([estimate_feature_gather_s(model.layers[last].cost, mb, profile, options)
-                             for mb in workload.microbatches])
-        gather[last] = gather_s  # forward; backward, its gradient: a reduce-scatter of the same bytes
+        gather[last] = _feature_gather_columns(model.layers[last].cost, microbatches, profile, options)  # forward; backward, its gradient: a reduce-scatter of the same bytes
     granularity = options.recompute_granularity
     experts = np.array([_expert_param_count(layer.cost) for layer in model.layers], dtype=float)
     kept = {"full": boundary, "selective": selective_saved, "none": saved}[granularity]
@@ -294,6 +295,23 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
     )
 
 
+_PER_MICROBATCH = ("fwd_s", "dgrad_s", "wgrad_s", "boundary_bytes", "saved_bytes", "recompute_s", "bwd_overhead_s",
+                   "wgrad_kept_bytes")
+"""The :class:`LayerTable` fields with a column per microbatch."""
+
+
+def build_layer_tables(model: Model, workloads: Sequence[Workload], profile: HardwareProfile,
+                       options: CostOptions) -> list[LayerTable]:
+    """:func:`build_layer_table` of each of ``workloads`` (the same tables), in one pass over all their
+    microbatches: each layer is costed on every microbatch of every workload at once."""
+    joined = build_layer_table(model, Workload(tuple(mb for w in workloads for mb in w.microbatches), "joined"),
+                               profile, options)
+    ends = np.cumsum([len(w.microbatches) for w in workloads])[:-1]
+    columns = {name: np.split(getattr(joined, name), ends, axis=1) for name in _PER_MICROBATCH}
+    return [replace(joined, **{name: np.ascontiguousarray(parts[index]) for name, parts in columns.items()})
+            for index in range(len(workloads))]
+
+
 def encoder_split(mb: Microbatch, replicas: int) -> Microbatch:
     """The busiest of ``replicas`` shares of ``mb``'s images: whole images dealt largest first to the
     least-loaded share (an image is never split, so a single image gains nothing), as the sub-microbatch
@@ -311,12 +329,15 @@ def encoder_split(mb: Microbatch, replicas: int) -> Microbatch:
     return Microbatch(image_tokens=sum(busiest), text_tokens=mb.text_tokens, images=busiest)
 
 
+_encoder_split = lru_cache(maxsize=65536)(encoder_split)
+""":func:`encoder_split`, kept: the tables of every setting split the same microbatches."""
+
+
 def _encoder_row(cost: ArchCost, microbatches, profile, encoder_options: CostOptions, replicas: int):
     """An encoder layer's columns (all but the boundary) at the encoder's own tensor-parallel degree, on
     the busiest share of each microbatch's images."""
-    values = np.array([_arch_seconds(cost, encoder_split(mb, replicas), profile, encoder_options)
-                       for mb in microbatches], dtype=float)
-    return tuple(values[:, i] for i in (0, 1, 2, 4, 5, 6, 7, 8))
+    values = arch_columns(cost, tuple(_encoder_split(mb, replicas) for mb in microbatches), profile, encoder_options)
+    return tuple(values[i] for i in (0, 1, 2, 4, 5, 6, 7, 8))
 
 
 def estimate_feature_gather_s(cost: ArchCost, mb: Microbatch, profile: HardwareProfile,
@@ -331,8 +352,19 @@ def estimate_feature_gather_s(cost: ArchCost, mb: Microbatch, profile: HardwareP
     return estimate_collective_s(link, "all_gather", full, options.encoder_replicas)
 
 
+@lru_cache(maxsize=1024)
+def _feature_gather_columns(cost: ArchCost, microbatches: tuple[Microbatch, ...], profile: HardwareProfile,
+                            options: CostOptions) -> np.ndarray:
+    """:func:`estimate_feature_gather_s` of each of ``microbatches``, in one pass."""
+    batch = arch.MicrobatchArray.of(microbatches)
+    full = arch.estimate_arch_work(cost.kind, cost.dims_dict(), batch, dtype_bytes=options.dtype_bytes()).boundary_bytes
+    link = profile.link("all_gather", inter_node=options.degrees.tp > profile.devices_per_node)
+    gather_s = estimate_collective_s(link, "all_gather", full, options.encoder_replicas)
+    return np.where(batch.image_tokens > 0, gather_s, 0.0)
+
+
 def _arch_options(options: CostOptions) -> CostOptions:
-    """``options`` with the fields :func:`_arch_seconds` does not read (recomputation, ZeRO, pipeline, data and
+    """``options`` with the fields :func:`arch_seconds` does not read (recomputation, ZeRO, pipeline, data and
     encoder parallelism) at one value, so that its cache serves every setting of them (the layer table's
     recomputation columns are chosen after, from ``options`` itself)."""
     return replace(options, recompute=False, shard_optimizer=True,
@@ -357,8 +389,7 @@ def _layer_row(cost, block: str, microbatches, profile, options):
         zeros = np.zeros_like(tokens)
         return (cost.fwd_s_per_token * tokens, bwd / 2, bwd / 2, cost.boundary_bytes_per_token * tokens, zeros, zeros,
                 zeros, zeros, zeros)
-    values = np.array([_arch_seconds(cost, mb, profile, options) for mb in microbatches], dtype=float)
-    return tuple(values[:, i] for i in range(9))
+    return tuple(arch_columns(cost, tuple(microbatches), profile, options))
 
 
 def layer_seconds(cost, block: str, mb: Microbatch, profile: HardwareProfile,
@@ -369,8 +400,24 @@ def layer_seconds(cost, block: str, mb: Microbatch, profile: HardwareProfile,
     return float(row[0][0]), float(row[1][0]), float(row[2][0]), float(row[5][0])
 
 
-@lru_cache(maxsize=65536)
-def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, options: CostOptions):
+@lru_cache(maxsize=4096)
+def arch_columns(cost: ArchCost, microbatches: tuple[Microbatch, ...], profile: HardwareProfile,
+                  options: CostOptions) -> np.ndarray:
+    """:func:`arch_seconds` of each of ``microbatches`` as the columns of a (9, microbatches) array, in
+    one elementwise pass over a :class:`~mpipe_tune.cost.arch.MicrobatchArray` (the same arithmetic)."""
+    batch = arch.MicrobatchArray.of(microbatches)
+    has_tokens = arch.stream_tokens(cost.kind, batch) > 0  # one microbatch without them costs nothing
+    return np.array([np.where(has_tokens, value, 0.0) for value in arch_seconds(cost, batch, profile, options)],
+                    dtype=float).reshape(9, len(microbatches))
+
+
+def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile: HardwareProfile,
+                 options: CostOptions) -> tuple:
+    """An architecture layer's (forward, dgrad, wgrad, boundary bytes, saved bytes, backward per-call seconds,
+    attention-core seconds, selective saved bytes, weight-gradient kept bytes) on ``mb``: one
+    microbatch, or each entry of a :class:`~mpipe_tune.cost.arch.MicrobatchArray` (those without tokens
+    of the layer's stream are left to the caller to zero, see :func:`arch_columns`)."""
+    vector = isinstance(mb, arch.MicrobatchArray)
     work = arch.estimate_arch_work(
         cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
         ep_degree=options.degrees.ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
@@ -379,10 +426,12 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
     *_, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(work, cost.kind, profile, options.dtype)
     bandwidth = profile.memory_bytes_per_s
     comm_s = 0.0
-    if options.degrees.tp > 1 and work.tp_comm_bytes > 0:
+    if options.degrees.tp > 1 and np.any(work.tp_comm_bytes > 0):
         link = profile.link("all_reduce", inter_node=options.degrees.tp > profile.devices_per_node)
         comm_s = (estimate_collective_s(link, "all_reduce", work.tp_comm_bytes, options.degrees.tp)
                   * profile.tp_comm_exposed)
+        if vector:
+            comm_s = np.where(work.tp_comm_bytes > 0, comm_s, 0.0)
     ring_fwd_s = ring_bwd_s = 0.0
     if options.degrees.ep > 1 or options.degrees.cp > 1:
         ep = options.degrees.ep
@@ -395,25 +444,25 @@ def _arch_seconds(cost: ArchCost, mb: Microbatch, profile: HardwareProfile, opti
             comm_s += sum(estimate_collective_s(link, "all_to_all", n, ep) for n in traffic.all_to_all_bytes)
         if traffic.ring_steps:
             link = profile.link("p2p", inter_node=options.degrees.tp * options.degrees.cp > profile.devices_per_node)
-            core_fwd_s = max(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth)
-            core_bwd_s = max(core_bwd_compute_s, work.attention_core_dgrad_bytes / bandwidth)
+            core_fwd_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth)
+            core_bwd_s = maximum(core_bwd_compute_s, work.attention_core_dgrad_bytes / bandwidth)
             ring_fwd_s = exposed_ring_s(link, traffic.ring_step_bytes, traffic.ring_steps, core_fwd_s)
             ring_bwd_s = exposed_ring_s(link, 2.0 * traffic.ring_step_bytes, traffic.ring_steps, core_bwd_s)
-    tokens = mb.image_tokens if cost.kind in arch.IMAGE_STREAM_KINDS else mb.text_tokens
-    fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if tokens > 0 else (0.0, 0.0)
+    has_tokens = vector or arch.stream_tokens(cost.kind, mb) > 0  # an array's entries: zeroed by the caller
+    fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if has_tokens else (0.0, 0.0)
     fwd_images_s, bwd_images_s = estimate_image_calls_s(profile, cost.kind, mb)
     fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s, bwd_call_s + bwd_images_s
     fwd_s, dgrad_s, wgrad_s = pass_seconds(work, cost.kind, profile, options.dtype)
     fwd = fwd_call_s + fwd_s + comm_s + ring_fwd_s
     dgrad = dgrad_s + comm_s + ring_bwd_s
     wgrad = wgrad_s
-    if options.degrees.tp > 1 and tokens > 0:  # what the profile measured of split calls beyond all that
+    if options.degrees.tp > 1 and has_tokens:  # what the profile measured of split calls beyond all that
         fwd_tp_s, bwd_tp_s = profile.tp_overhead_for(cost.kind, options.degrees.tp)
         fwd_slow, bwd_slow = profile.tp_slowdown_for(cost.kind, options.degrees.tp)
         fwd = fwd * (1.0 + fwd_slow) + fwd_tp_s
         dgrad, wgrad = dgrad * (1.0 + bwd_slow), wgrad * (1.0 + bwd_slow)
         bwd_call_s = bwd_call_s * (1.0 + bwd_slow) + bwd_tp_s
-    core_s = max(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
+    core_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
     return (fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s, core_s,
             work.selective_saved_activation_bytes, work.wgrad_grad_bytes)
 
@@ -425,7 +474,7 @@ def estimate_image_calls_s(profile: HardwareProfile, kind: str, mb: Microbatch) 
     one. Text-stream kinds and microbatches of at most one image pay nothing."""
     if kind not in arch.IMAGE_STREAM_KINDS:
         return 0.0, 0.0
-    extra = max(0, len(mb.image_sizes()) - 1)
+    extra = maximum(0, (mb.num_images if isinstance(mb, arch.MicrobatchArray) else len(mb.image_sizes())) - 1)
     fwd_s, bwd_s = profile.image_overhead_for(kind)
     return extra * fwd_s, extra * bwd_s
 
@@ -447,7 +496,7 @@ def compute_seconds(work: arch.ArchWork, kind: str, profile: HardwareProfile, dt
     core_bwd = work.attention_core_dgrad_flops / (profile.attention_core_efficiency_for(kind, backward=True) * other_peak)
 
     def part(flops: float, linear: float, core: float, efficiency: float, linear_efficiency: float) -> float:
-        return linear / (linear_efficiency * linear_peak) + max(0.0, flops - linear - core) / (efficiency * other_peak)
+        return linear / (linear_efficiency * linear_peak) + maximum(0.0, flops - linear - core) / (efficiency * other_peak)
 
     return (part(work.fwd_flops, work.linear_fwd_flops, work.attention_core_fwd_flops, layer_fwd, linear_fwd) + core_fwd,
             part(work.dgrad_flops, work.linear_dgrad_flops, work.attention_core_dgrad_flops, layer_bwd, linear_bwd)
@@ -467,16 +516,16 @@ def pass_seconds(work: arch.ArchWork, kind: str, profile: HardwareProfile, dtype
     bandwidth = profile.memory_bytes_per_s
     fwd_eff, bwd_eff = profile.memory_bound_efficiency(), profile.memory_bound_efficiency(backward=True)
     if fwd_eff is None:
-        return (max(fwd_c, work.fwd_bytes / bandwidth), max(dgrad_c, work.dgrad_bytes / bandwidth),
-                max(wgrad_c, work.wgrad_bytes / bandwidth))
+        return (maximum(fwd_c, work.fwd_bytes / bandwidth), maximum(dgrad_c, work.dgrad_bytes / bandwidth),
+                maximum(wgrad_c, work.wgrad_bytes / bandwidth))
     peak = profile.peak("bf16") if dtype == "fp8" else profile.peak(dtype)
     fwd_layer, bwd_layer = profile.efficiency_for(kind) * peak, profile.backward_efficiency_for(kind) * peak
 
     def split(compute_s, total_bytes, core_s, core_bytes, mb_flops, mb_bytes, layer_flops_per_s, eff):
         mb_s = mb_flops / layer_flops_per_s
         rest_s, rest_bytes = compute_s - core_s - mb_s, total_bytes - core_bytes - mb_bytes
-        return (max(rest_s, rest_bytes / bandwidth) + max(core_s, core_bytes / bandwidth)
-                + max(mb_s, mb_bytes / (eff * bandwidth)))
+        return (maximum(rest_s, rest_bytes / bandwidth) + maximum(core_s, core_bytes / bandwidth)
+                + maximum(mb_s, mb_bytes / (eff * bandwidth)))
 
     return (split(fwd_c, work.fwd_bytes, core_fwd_c, work.attention_core_fwd_bytes, work.memory_bound_fwd_flops,
                   work.memory_bound_fwd_bytes, fwd_layer, fwd_eff),
@@ -495,4 +544,4 @@ def exposed_ring_s(link, step_bytes: float, steps: int, core_s: float) -> float:
     (0.009, 0.0)
     """
     step_s = link.alpha_s + link.beta_s_per_byte * step_bytes
-    return steps * max(0.0, step_s - core_s / (steps + 1))
+    return steps * maximum(0.0, step_s - core_s / (steps + 1))

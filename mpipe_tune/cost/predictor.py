@@ -41,7 +41,7 @@ from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import TableSums
 from mpipe_tune.cost.encoder_backward import placed
 from mpipe_tune.cost.framework import Framework
-from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table
+from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table, build_layer_tables
 from mpipe_tune.cost.memory import MemoryReport
 from mpipe_tune.cost.owners import OwnerChoice, choose_owners, encode_seconds
 from mpipe_tune.cost.profile import HardwareProfile
@@ -135,6 +135,12 @@ class Predictor:
         options = self.options(c)
         return build_layer_table(self.model_of(c), workload, self.profile,
                                  replace(options, degrees=replace(options.degrees, dp=1)))
+
+    def tables(self, c: Candidate, workloads: Sequence[Workload]) -> list[LayerTable]:
+        """:meth:`table` of each of ``workloads``, built in one pass (:func:`build_layer_tables`)."""
+        options = self.options(c)
+        return build_layer_tables(self.model_of(c), workloads, self.profile,
+                                  replace(options, degrees=replace(options.degrees, dp=1)))
 
     def validate(self, c: Candidate) -> None:
         """One line for what makes ``c`` unpredictable here before any derive: its own checks, its

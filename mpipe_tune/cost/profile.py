@@ -55,6 +55,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
 
@@ -334,12 +336,13 @@ def estimate_collective_s(link: LinkCost, collective: str, size_bytes: float, gr
     >>> estimate_collective_s(LinkCost(1e-5, 1e-9), "all_reduce", 4e6, 4)
     0.00606
     """
-    assert size_bytes >= 0 and group_size >= 1, (size_bytes, group_size)
+    assert np.all(np.asarray(size_bytes) >= 0) and group_size >= 1, (size_bytes, group_size)
     if collective not in COLLECTIVES:
         raise MpipeError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
     if group_size == 1:
         return 0.0
-    a, b, n, g = link.alpha_s, link.beta_s_per_byte, float(size_bytes), group_size
+    n = size_bytes * 1.0 if isinstance(size_bytes, np.ndarray) else float(size_bytes)  # an array: elementwise
+    a, b, g = link.alpha_s, link.beta_s_per_byte, group_size
     if collective == "p2p":
         return a + b * n
     b = mesh_beta_s_per_byte(link, g)

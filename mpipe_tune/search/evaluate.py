@@ -140,11 +140,11 @@ class Evaluator:
 
     def _table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable, TableSums]:
         key = (sample, *_table_setting(c))
-        if key not in self._tables:
+        if key not in self._tables:  # every sampled step's table of the setting, in one pass
             p = self.problem
-            workload = p.replica_workload(sample, c.dp, c.num_microbatches)
-            table = self.predictor.table(self._own(c), workload)
-            self._tables[key] = (workload, table, table_sums(table, p.model))
+            workloads = [p.replica_workload(k, c.dp, c.num_microbatches) for k in range(p.samples)]
+            for k, workload, table in zip(range(p.samples), workloads, self.predictor.tables(self._own(c), workloads)):
+                self._tables[(k, *_table_setting(c))] = (workload, table, table_sums(table, p.model))
         return self._tables[key]
 
     def expected_layer_weights(self, c: Candidate) -> tuple[float, ...]:
