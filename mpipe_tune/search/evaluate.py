@@ -227,7 +227,10 @@ class Evaluator:
 
     def lower_bound(self, c: Candidate) -> float:
         """Mean over the sampled steps of :meth:`lower_bounds`: never above ``evaluate(c).mean_s``."""
-        return float(np.mean(self.lower_bounds(c)))
+        key = ("mean", _bound_key(c), _static_owners(c), _forward_only(c))
+        if key not in self._bounds:
+            self._bounds[key] = float(np.mean(self.lower_bounds(c)))
+        return self._bounds[key]
 
     def lower_bounds(self, c: Candidate) -> list[float]:
         """Per sampled step, a lower bound on ``c``'s step time from the layer table alone (no
@@ -287,9 +290,9 @@ class Evaluator:
         """A bound on ``c``'s step time from the tables of its setting without recomputation: all the work,
         plus what full recomputation adds at least, shared by the ``P`` ranks (recomputation only adds
         backward time: the other columns of the tables are the same)."""
-        plain = replace(c, recompute=False)
-        key = ("recompute", _table_setting(plain), c.pp, c.recompute is True)
+        key = ("recompute", _table_setting(c, recompute=False), c.pp, c.recompute is True)
         if key not in self._bounds:
+            plain = replace(c, recompute=False)
             sums = self._bound_sums(plain)
             extra = np.zeros(self.problem.samples)
             if c.recompute is True:
@@ -412,16 +415,18 @@ class Evaluator:
         return result
 
 
-def _table_setting(c: Candidate) -> tuple:
+def _table_setting(c: Candidate, **recompute: bool | str) -> tuple:
     """What ``c``'s layer tables depend on besides the step: its setting but the ZeRO stage, which no
-    table reads."""
-    return (c.tp, c.dp, c.num_microbatches, c.recompute, c.ep, c.cp, c.sequence_parallel, c.encoder_tp)
+    table reads (``recompute=``: with that recomputation in place of ``c``'s)."""
+    return (c.tp, c.dp, c.num_microbatches, recompute.get("recompute", c.recompute), c.ep, c.cp, c.sequence_parallel,
+            c.encoder_tp)
 
 
-def _bound_key(c: Candidate) -> Candidate:
-    """``c`` without what no lower bound reads: the owners, the encoder backwards' placement, the ZeRO stage."""
-    return replace(c, label="", owner_policy=None, owner_map=None, encoder_backward=COOLDOWN,
-                   encoder_backward_slots=None, encoder_backward_ranks=None, zero_stage=1)
+def _bound_key(c: Candidate) -> tuple:
+    """``c``'s fields but what no lower bound reads (the label, the owners, the encoder backwards'
+    placement, the ZeRO stage): a tuple, as a bound is looked up for every point of the space."""
+    return (c.schedule, c.cut, c.degrees, c.num_microbatches, c.slab_counts, c.recompute, c.sequence_parallel,
+            c.dtype, c.frozen)
 
 
 def _static_owners(c: Candidate) -> tuple[int, ...] | None:
