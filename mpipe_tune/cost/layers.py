@@ -400,11 +400,14 @@ def layer_seconds(cost, block: str, mb: Microbatch, profile: HardwareProfile,
     return float(row[0][0]), float(row[1][0]), float(row[2][0]), float(row[5][0])
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=16384)
 def arch_columns(cost: ArchCost, microbatches: tuple[Microbatch, ...], profile: HardwareProfile,
-                  options: CostOptions) -> np.ndarray:
+                 options: CostOptions) -> np.ndarray:
     """:func:`arch_seconds` of each of ``microbatches`` as the columns of a (9, microbatches) array, in
-    one elementwise pass over a :class:`~mpipe_tune.cost.arch.MicrobatchArray` (the same arithmetic)."""
+    one elementwise pass over a :class:`~mpipe_tune.cost.arch.MicrobatchArray` (the same arithmetic).
+    Kept: the tables of settings that differ only in what the kernels do not read (recomputation, ZeRO,
+    pp, dp, the encoder's degree) share their rows; 16,384 of them (each the rows of one layer kind over
+    one setting's sampled steps, a few kB) serve a 512-device search's few thousand settings."""
     batch = arch.MicrobatchArray.of(microbatches)
     has_tokens = arch.stream_tokens(cost.kind, batch) > 0  # one microbatch without them costs nothing
     return np.array([np.where(has_tokens, value, 0.0) for value in arch_seconds(cost, batch, profile, options)],
