@@ -18,6 +18,13 @@ Transfers, reduces and the optimizer update only add time, so the largest of the
 The sums are prefix sums over layers, stacked over the sampled steps, so that one point's bound is a
 few array operations for all its steps at once.
 
+Memory has a bound of its own beyond the static bytes (:func:`activation_floor`): a Sharded stage's
+forward keeps its saved activations until its backward, and a rank's forward of microbatch ``m`` in an
+earlier region runs before, and its backward after, the same microbatch's backward in a later region,
+so at that backward's start every slab of the rank holds ``m``'s saved activations (of its layers that
+run a backward: only those stages have one). A plan whose static bytes plus that exceed the capacity
+cannot fit, whatever its order; on MoE spaces this settles most of the fast plans that do not fit.
+
 A cheaper bound serves first where a layer table would be the cost: recomputation only adds backward
 time, so a plan with it is bounded by the tables of its setting without it (all the work, plus the
 forwards full recomputation re-runs, over ``P`` ranks; :func:`full_recompute_s`). :class:`BoundOrder`
@@ -53,15 +60,26 @@ class BoundSums:
     """Per step, the table's (layers, microbatches) forward seconds (the owned work's source)."""
     bwd_s: tuple[np.ndarray, ...]
     """Per step, the table's (layers, microbatches) backward seconds."""
+    saved: np.ndarray | None = None
+    """(steps, layers + 1, microbatches): the saved activation bytes of layers ``[0, l)`` that run a
+    backward, per microbatch (None: not given; :func:`activation_floor` needs it)."""
 
     @classmethod
-    def of(cls, fwd_s: Sequence[np.ndarray], bwd_s: Sequence[np.ndarray]) -> BoundSums:
+    def of(cls, fwd_s: Sequence[np.ndarray], bwd_s: Sequence[np.ndarray],
+           saved_bytes: Sequence[np.ndarray] | None = None, runs_backward: np.ndarray | None = None) -> BoundSums:
+        """``saved_bytes``: per step the table's (layers, microbatches) saved activation bytes, and
+        ``runs_backward`` the (layers,) mask of the layers that run a backward (both or neither)."""
         def prefix(rows: list[np.ndarray]) -> np.ndarray:
             stacked = np.stack(rows)
             return np.concatenate((np.zeros((len(rows), 1)), np.cumsum(stacked, axis=1)), axis=1)
 
+        saved = None
+        if saved_bytes is not None:
+            kept = np.stack([s * runs_backward[:, None] for s in saved_bytes])  # (steps, layers, M)
+            saved = np.concatenate((np.zeros((kept.shape[0], 1, kept.shape[2])), np.cumsum(kept, axis=1)), axis=1)
         return cls(prefix([f.sum(axis=1) + b.sum(axis=1) for f, b in zip(fwd_s, bwd_s)]),
-                   prefix([f[:, 0] for f in fwd_s]), prefix([b[:, -1] for b in bwd_s]), tuple(fwd_s), tuple(bwd_s))
+                   prefix([f[:, 0] for f in fwd_s]), prefix([b[:, -1] for b in bwd_s]), tuple(fwd_s), tuple(bwd_s),
+                   saved)
 
     def owned_work(self, regions: Sequence[tuple[int, int]], forward_only: bool) -> np.ndarray:
         """(steps, microbatches): the seconds of each microbatch's events in the transposed ``regions``
@@ -114,6 +132,15 @@ def step_bounds(sums: BoundSums, index: SlabIndex, pp: int, owned: np.ndarray | 
             loads = busy[s] + np.bincount(owners[s], weights=owned[s], minlength=pp)
             bound[s] = max(bound[s], loads.max())
     return bound
+
+
+def activation_floor(sums: BoundSums, index: SlabIndex) -> np.ndarray:
+    """Per rank, at least the activation bytes it holds at its peak on any sampled step (see the module
+    docstring): over the steps and microbatches ``m``, the largest sum over its Sharded slabs of ``m``'s
+    saved activations (of the layers that run a backward). The transposed regions' are left out: their
+    owners, and where an encoder backward runs, vary."""
+    per_slab = sums.saved[:, index.hi, :] - sums.saved[:, index.lo, :]  # (steps, regions, ranks, M)
+    return per_slab.sum(axis=1).max(axis=(0, 2))
 
 
 def full_recompute_s(table: LayerTable, model: Model) -> float:

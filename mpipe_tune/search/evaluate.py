@@ -36,7 +36,7 @@ from mpipe_tune.cost.memory import static_bytes_of
 from mpipe_tune.cost.owners import OwnerChoice
 from mpipe_tune.cost.predictor import Prediction, Predictor, chooses_owners, layer_weights
 from mpipe_tune.inputs.workload import Workload
-from mpipe_tune.search.bounds import BoundSums, SlabIndex, full_recompute_s, step_bounds
+from mpipe_tune.search.bounds import BoundSums, SlabIndex, activation_floor, full_recompute_s, step_bounds
 from mpipe_tune.search.problem import Problem
 
 
@@ -204,11 +204,25 @@ class Evaluator:
     def static_peak_bytes(self, c: Candidate) -> float | None:
         """The largest per-rank static memory (weights, gradients, optimizer state) of ``c``: a lower
         bound on its peak, from the placement alone (no order)."""
+        return max(self._static_bytes(c))
+
+    def _static_bytes(self, c: Candidate) -> tuple[float, ...]:
+        """Per rank, ``c``'s static memory (weights, gradients, optimizer state)."""
         key = ("static", replace(c, label="", owner_policy=None))
         if key not in self._bounds:
             _, table = self.table(0, c)
-            self._bounds[key] = max(static_bytes_of(self._rank_layers(c), self.problem.model, table,
-                                                    self.options(c)))
+            self._bounds[key] = static_bytes_of(self._rank_layers(c), self.problem.model, table, self.options(c))
+        return self._bounds[key]
+
+    def peak_floor_bytes(self, c: Candidate) -> float:
+        """A lower bound on ``c``'s peak memory from its placement and layer tables (no order): per rank its
+        static memory plus the saved activations of one microbatch in each of its Sharded slabs, which are
+        all live at that microbatch's backward in its last slab
+        (:func:`~mpipe_tune.search.bounds.activation_floor`); at least :meth:`static_peak_bytes`."""
+        key = ("peak floor", replace(c, label="", owner_policy=None))
+        if key not in self._bounds:
+            activations = activation_floor(self._bound_sums(c), self._index(c))
+            self._bounds[key] = float(max(np.asarray(self._static_bytes(c)) + activations))
         return self._bounds[key]
 
     def _rank_layers(self, c: Candidate) -> tuple[tuple[tuple[int, int], ...], ...]:
@@ -268,8 +282,11 @@ class Evaluator:
         plan with recomputation, from the layer tables of the same setting without it, so that a setting
         whose bounds lose costs no layer table of its own (:meth:`recompute_bound`); 1, :meth:`lower_bound`;
         2, for a per-step owner policy, :meth:`owner_bound`. Infinite at every level where its static
-        memory cannot fit whatever its slabs (:meth:`static_floor_bytes`): it can never be the best."""
-        if self.static_floor_bytes(c) > self.problem.profile.memory_capacity_bytes:
+        memory cannot fit whatever its slabs (:meth:`static_floor_bytes`), and from level 1 on (its own
+        layer tables) where its memory cannot fit whatever its order (:meth:`peak_floor_bytes`): it can
+        never be the best."""
+        capacity = self.problem.profile.memory_capacity_bytes
+        if self.static_floor_bytes(c) > capacity or (level >= 1 and self.peak_floor_bytes(c) > capacity):
             return math.inf
         return (self.recompute_bound, self.lower_bound, self.owner_bound)[level](c)
 
@@ -301,14 +318,18 @@ class Evaluator:
             self._bounds[key] = float(np.mean((sums.work[:, -1] + extra) / c.pp))
         return self._bounds[key]
 
-    def _step_bounds(self, c: Candidate, owners: np.ndarray | None) -> list[float]:
-        sums = self._bound_sums(c)
+    def _index(self, c: Candidate) -> SlabIndex:
         index_key = (c.schedule, c.cut, c.pp, self.slab_counts(c))
         index = self._slab_index.get(index_key)
         if index is None:
             cut, schedule = c.parsed()
             index = SlabIndex.of(schedule, cut.regions(self.problem.model.num_layers), index_key[-1])
             self._slab_index[index_key] = index
+        return index
+
+    def _step_bounds(self, c: Candidate, owners: np.ndarray | None) -> list[float]:
+        sums = self._bound_sums(c)
+        index = self._index(c)
         owned = None
         if owners is not None and index.replicated:
             owned_key = (_table_setting(c), index.replicated, _forward_only(c))
@@ -321,7 +342,9 @@ class Evaluator:
         key = _table_setting(c)
         if key not in self._sums:
             tables = [self.table(k, c)[1] for k in range(self.problem.samples)]
-            self._sums[key] = BoundSums.of([t.fwd_s for t in tables], [t.backward_s(self.problem.model) for t in tables])
+            runs_backward = np.cumsum(self.problem.model.trainable_bits()) > 0  # a trainable layer at or before it
+            self._sums[key] = BoundSums.of([t.fwd_s for t in tables], [t.backward_s(self.problem.model) for t in tables],
+                                           [t.saved_bytes for t in tables], runs_backward)
         return self._sums[key]
 
     def owners(self, c: Candidate, sample: int) -> tuple[int, ...] | None:
