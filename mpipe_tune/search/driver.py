@@ -55,6 +55,7 @@ Optuna is imported here and in search/ only (the trial writer's child process, :
 from __future__ import annotations
 
 import heapq
+import math
 import time
 import uuid
 import warnings
@@ -80,6 +81,13 @@ SAMPLERS = ("bound", "tpe", "nsga2", "random")
 """``bound`` (the default): the points in increasing order of their step-time lower bound, whole groups of
 them bounded first (:mod:`~mpipe_tune.search.grouped`), until the rest cannot beat the best by more than
 the tolerance; the others sample."""
+BOUND_SHARE = 0.05
+"""``bound`` without a trial budget: it stops on its tolerance, or at the latest once the study holds this
+share of the space's points (:func:`bound_trial_cap`): the tolerance stops every measured problem first
+(benchmarks/README.md), and the cap keeps a space of tens of thousands of plans within the tolerance of each
+other's bounds (512 devices) to minutes, with the gap it leaves named."""
+BOUND_MIN_TRIALS = 2_000
+"""The least cap of :func:`bound_trial_cap`, and a sampler's budget where ``bound`` is asked for but not run."""
 ATTR = "mpipe"
 """The one user attribute of a trial (each attribute is a row in an RDB: fewer rows, faster writes)."""
 _PRUNE_MARGIN = 1e-9
@@ -135,6 +143,11 @@ class SearchResult:
     converged and the untried rest was enumerated with bounds: the best is the space's optimum)."""
     num_settled: int = 0
     """Settled proposals this run (already tried, no untried neighbour open): no trial each."""
+    trial_cap: int | None = None
+    """The study's total of trials the run stopped at or would have (the budget given, or
+    :func:`bound_trial_cap`)."""
+    timed_out: bool = False
+    """The time budget (``timeout_s``) stopped it."""
 
     def how(self, sampler: str) -> str:
         """How the study was searched, for the summary line."""
@@ -143,7 +156,7 @@ class SearchResult:
             stop = {"bound": f"stopped: the rest cannot beat the best by more than the {self.tolerance:.1%} tolerance "
                              f"({gap})",
                     "enumerated": "every point predicted or settled by its bound",
-                    "budget": f"stopped at the trial or time budget ({gap})"}[self.ending]
+                    "budget": f"stopped at the {self.budget_text()} ({gap})"}[self.ending]
             return f"{self.space_size} points in lower-bound order; {stop}"
         if self.mode == "exhaustive":
             return f"{self.space_size} points, exhaustive"
@@ -153,6 +166,23 @@ class SearchResult:
         if self.ending == "converged":
             return f"sampler {sampler} converged: {self.num_settled} settled proposals, stopped before the budget"
         return f"sampler {sampler}"
+
+
+    def budget_text(self) -> str:
+        """Which budget stopped the run: the time budget, or the trial cap (and how many trials)."""
+        if self.timed_out:
+            return "time budget"
+        return "trial budget" if self.trial_cap is None else f"trial budget of {self.trial_cap:,} trials"
+
+
+def bound_trial_cap(points: int) -> int:
+    """The trial cap of ``bound`` when none is given: :data:`BOUND_SHARE` of the space's ``points``, at
+    least :data:`BOUND_MIN_TRIALS`.
+
+    >>> bound_trial_cap(27_240), bound_trial_cap(104_328)
+    (2000, 5217)
+    """
+    return max(BOUND_MIN_TRIALS, math.ceil(points * BOUND_SHARE))
 
 
 def problem_key(evaluator: Evaluator, space: SearchSpace) -> str:
@@ -187,7 +217,7 @@ def run_search(
     *,
     storage: str | None = DEFAULT_STORAGE,
     study_name: str | None = None,
-    n_trials: int = 200,
+    n_trials: int | None = 200,
     timeout_s: float | None = None,
     seed: int = 0,
     sampler: str = "tpe",
@@ -201,14 +231,17 @@ def run_search(
     tolerance: float = 0.0,
 ) -> SearchResult:
     """Run (or continue) the study until it holds ``n_trials`` finished trials, ``timeout_s`` passes
-    or Ctrl-C. ``exhaustive=None`` enumerates when the space has at most ``n_trials`` points;
+    or Ctrl-C (``n_trials=None``: with sampler ``bound``, :func:`bound_trial_cap` of the space's points,
+    else :data:`BOUND_MIN_TRIALS`). ``exhaustive=None`` enumerates when the space has at
+    most ``n_trials`` points;
     ``refine`` and ``prune`` switch the hill-climbing and the bounds described above. ``seeds``: plans
     already evaluated (each baseline's own best, the current layout): the fastest that fits is the
     incumbent the bounds prune against from the start (they are not trials of the study). ``tolerance``:
     with sampler ``bound``, stop once no unvisited point can beat the best by more than this share."""
-    if n_trials < 1:
+    if n_trials is not None and n_trials < 1:
         raise MpipeError(f"trial budget is {n_trials}, but at least one trial is needed", quantities=("trial budget",))
-    check_trial_budget(n_trials)
+    if n_trials is not None:
+        check_trial_budget(n_trials)
     if sampler not in SAMPLERS:
         raise MpipeError(f"sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}", quantities=("sampler",))
     start = time.perf_counter()
@@ -219,6 +252,8 @@ def run_search(
                          quantities=("tolerance",))
     size = None
     bound = sampler == "bound" and not exhaustive
+    if n_trials is None:  # bound: a share of the space's points (counted by group, no point built)
+        n_trials = bound_trial_cap(sum(g.size for g in space.groups())) if bound else BOUND_MIN_TRIALS
     if bound:
         exhaustive = False
     elif exhaustive is None:
@@ -249,7 +284,8 @@ def run_search(
     mode = "exhaustive" if exhaustive else "bound" if bound else "optuna"
     return SearchResult(best, least, len(_stored(study)), run.new, len(run.predicted), run.bounded, size, mode,
                         study_name, storage, run.interrupted, time.perf_counter() - start,
-                        run.gap if bound else None, tolerance if bound else 0.0, run.ending, run.settled)
+                        run.gap if bound else None, tolerance if bound else 0.0, run.ending, run.settled,
+                        None if exhaustive else n_trials, run.timed_out)
 
 
 # --------------------------------------------------------------------------------------- study
@@ -408,6 +444,7 @@ class _Run:
         self.interrupted = False
         self.bar = None
         self.ending = "budget"
+        self.timed_out = False
         self.settled = 0
         self.space_size: int | None = None
         self.gap: float | None = None
@@ -421,8 +458,10 @@ class _Run:
             self.incumbent = min(fitting)
 
     def must_stop(self) -> bool:
-        """Ctrl-C asked to stop, or the time budget is spent: checked between two trials."""
-        return self.stop.requested or (self.timeout_s is not None and time.perf_counter() - self.start > self.timeout_s)
+        """Ctrl-C asked to stop, or the time budget is spent (:attr:`timed_out`): checked between two trials."""
+        if self.timeout_s is not None and time.perf_counter() - self.start > self.timeout_s:
+            self.timed_out = True
+        return self.stop.requested or self.timed_out
 
     def open_bar(self, total: int, label: str) -> None:
         if self.bar is not None:

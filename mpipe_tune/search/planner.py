@@ -35,10 +35,6 @@ from mpipe_tune.search.space import SearchSpace, SpaceOptions
 
 SAMPLED_TRIALS = 100
 """A sampler's budget when ``--trials`` is not given."""
-BOUND_TRIALS = 2_000
-"""The bound search's budget when ``--trials`` is not given: it stops earlier once the tolerance is met, and
-the summary names the gap left when the budget stops it first (a 512-device space can hold tens of thousands
-of plans within the tolerance of each other's bounds; ``--trials`` raises it)."""
 DEFAULT_BATCH_PER_DEVICE = 4
 """A sampled mix's default global batch: this many sequences per device."""
 RECOMPUTE = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), "selective": ("selective",),
@@ -148,8 +144,9 @@ class SearchOptions:
     """How to search: the study, the budget, the sampler."""
 
     trials: int | None = None
-    """The study's total of finished trials: the budget of ``bound`` (None: :data:`BOUND_TRIALS`; the tolerance
-    may stop it earlier) or of a sampler (None: :data:`SAMPLED_TRIALS`)."""
+    """The study's total of finished trials: the cap of ``bound`` (None: a share of the space's points,
+    :func:`~mpipe_tune.search.driver.bound_trial_cap`; the tolerance stops it earlier where it can) or the
+    budget of a sampler (None: :data:`SAMPLED_TRIALS`)."""
     timeout_s: float | None = None
     storage: str | None = None
     """An Optuna RDB URL; None: the study is kept in memory."""
@@ -286,7 +283,7 @@ def _plan_space(problem: Problem, evaluator: Evaluator, space: SearchSpace, sear
     if current is not None and current.fits:
         strong.append(current)
     phase("search")
-    trials = search.trials if search.trials is not None else BOUND_TRIALS if search.sampler == "bound" else SAMPLED_TRIALS
+    trials = search.trials if search.trials is not None else None if search.sampler == "bound" else SAMPLED_TRIALS
     result = run_search(space, evaluator, storage=search.storage, study_name=search.study, n_trials=trials,
                         timeout_s=search.timeout_s, seed=search.seed, sampler=search.sampler,
                         exhaustive=True if search.exhaustive else None, progress=search.progress, seeds=strong,

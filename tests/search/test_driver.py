@@ -200,7 +200,7 @@ def test_the_bound_search_stops_at_the_trial_cap_and_reports_the_gap_left():
     space, evaluator = make(devices=4, batch=8, samples=2, recompute=(False, True), max_microbatches=8)
     result = run_search(space, evaluator, storage=None, n_trials=2, sampler="bound", progress=False)
     assert result.ending == "budget" and result.num_trials == 2 and result.gap is not None and result.gap >= 0
-    assert "stopped at the trial or time budget" in result.how("bound")
+    assert "stopped at the trial budget of 2 trials" in result.how("bound")
 
 
 def test_the_lower_bound_ignores_the_zero_stage_and_counts_the_owners_where_they_are_known():
@@ -219,3 +219,18 @@ def test_the_lower_bound_ignores_the_zero_stage_and_counts_the_owners_where_they
             assert evaluator.lower_bound(greedy) <= evaluator.owner_bound(greedy) <= evaluator.evaluate(greedy).mean_s * (1 + 1e-12)
             tighter += evaluator.lower_bound(greedy) < evaluator.lower_bound(rr)
     assert tighter > 0  # the round-robin owners' work tightens some bounds
+
+
+def test_the_bound_search_caps_its_trials_by_the_space_and_names_a_timeout():
+    """Without a trial budget the cap follows the space (a share of its points, at least the minimum);
+    a time budget that stops it is named as such, with the gap left."""
+    from mpipe_tune.search.driver import BOUND_MIN_TRIALS, bound_trial_cap
+
+    space, evaluator = make(devices=4, batch=8, samples=2, recompute=(False, True), max_microbatches=8)
+    result = run_search(space, evaluator, storage=None, n_trials=None, sampler="bound", progress=False, tolerance=0.01)
+    assert result.trial_cap == bound_trial_cap(result.space_size) == BOUND_MIN_TRIALS and not result.timed_out
+    assert bound_trial_cap(10**6) == 50_000
+    stopped = run_search(space, Evaluator(evaluator.problem), storage=None, n_trials=None, sampler="bound",
+                         progress=False, timeout_s=0.0)
+    assert stopped.ending == "budget" and stopped.timed_out and stopped.num_trials == 0
+    assert "stopped at the time budget (remaining gap" in stopped.how("bound") or stopped.gap is None
