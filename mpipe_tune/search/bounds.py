@@ -143,6 +143,47 @@ def activation_floor(sums: BoundSums, index: SlabIndex) -> np.ndarray:
     return per_slab.sum(axis=1).max(axis=(0, 2))
 
 
+@dataclass(frozen=True)
+class LiveSets:
+    """Read off an order (no durations): per rank, which of its Sharded stages' saved activations are
+    live together at the start of each event that frees some. A rank runs one event at a time in its
+    order, so a forward before (or at) such an event has allocated its tensor, and a backward at or
+    after it has not freed its own yet (events that free saved activations take time)."""
+
+    tensors: tuple[np.ndarray, ...]
+    """Per rank, the indices of its tensors (into the memory layout's saved activations)."""
+    live: tuple[np.ndarray, ...]
+    """Per rank, (instants, tensors) booleans."""
+
+    @classmethod
+    def of(cls, nodes: Sequence[np.ndarray], num_events: int, rank: np.ndarray, alloc_event: np.ndarray,
+           free_event: np.ndarray, keep: np.ndarray) -> LiveSets:
+        """``nodes``: per rank its events in order; per saved tensor its ``rank``, the events that
+        allocate and free it, and whether to ``keep`` it (a Sharded stage's)."""
+        position = np.zeros(num_events, dtype=np.int64)
+        for events in nodes:
+            position[events] = np.arange(len(events))
+        tensors, live = [], []
+        for r in range(len(nodes)):
+            mine = np.flatnonzero((rank == r) & keep)
+            start, stop = position[alloc_event[mine]], position[free_event[mine]]
+            instants = np.unique(stop)
+            tensors.append(mine)
+            live.append((start[None, :] <= instants[:, None]) & (instants[:, None] <= stop[None, :]))
+        return cls(tuple(tensors), tuple(live))
+
+    def floor(self, saved_flat: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Per rank, the largest live saved bytes over its instants and the steps: ``saved_flat`` is
+        (steps, (layers + 1) * microbatches), per step the per-microbatch prefix sums over the layers
+        flattened, and ``lo``/``hi`` each tensor's indices in it (its slab and microbatch)."""
+        out = np.zeros(len(self.tensors))
+        for r, (mine, live) in enumerate(zip(self.tensors, self.live)):
+            if len(mine):
+                sizes = saved_flat[:, hi[mine]] - saved_flat[:, lo[mine]]  # (steps, tensors)
+                out[r] = (live.astype(float) @ sizes.T).max()
+        return out
+
+
 def full_recompute_s(table: LayerTable, model: Model) -> float:
     """Of a table without recomputation, at least the seconds full recomputation adds to its steps: the
     forward of every layer that runs a backward, re-run before it (the encoder's feature gather, in the

@@ -27,7 +27,7 @@ import numpy as np
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.derive import rank_slabs
 from mpipe_tune.algebra.encoder_backward import COOLDOWN, OPTIMISED, EncoderBackward
-from mpipe_tune.algebra.placement import balanced_counts, round_robin
+from mpipe_tune.algebra.placement import ByLayer, balanced_counts, round_robin
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import TableSums, table_sums
@@ -36,7 +36,7 @@ from mpipe_tune.cost.memory import static_bytes_of
 from mpipe_tune.cost.owners import OwnerChoice
 from mpipe_tune.cost.predictor import Prediction, Predictor, chooses_owners, layer_weights
 from mpipe_tune.inputs.workload import Workload
-from mpipe_tune.search.bounds import BoundSums, SlabIndex, activation_floor, full_recompute_s, step_bounds
+from mpipe_tune.search.bounds import BoundSums, LiveSets, SlabIndex, activation_floor, full_recompute_s, step_bounds
 from mpipe_tune.search.problem import Problem
 
 
@@ -275,20 +275,46 @@ class Evaluator:
 
     def bound_levels(self, c: Candidate) -> tuple[int, int]:
         """The first and last level of :meth:`bound_at` that apply to ``c``."""
-        return 0 if c.recompute is not False else 1, 2 if chooses_owners(c) and c.owner_map is None else 1
+        return 0 if c.recompute is not False else 1, 3 if chooses_owners(c) and c.owner_map is None else 2
 
     def bound_at(self, c: Candidate, level: int) -> float:
         """``c``'s step-time bound at ``level`` (:class:`~mpipe_tune.search.bounds.BoundOrder`): 0, for a
         plan with recomputation, from the layer tables of the same setting without it, so that a setting
-        whose bounds lose costs no layer table of its own (:meth:`recompute_bound`); 1, :meth:`lower_bound`;
-        2, for a per-step owner policy, :meth:`owner_bound`. Infinite at every level where its static
-        memory cannot fit whatever its slabs (:meth:`static_floor_bytes`), and from level 1 on (its own
-        layer tables) where its memory cannot fit whatever its order (:meth:`peak_floor_bytes`): it can
-        never be the best."""
+        whose bounds lose costs no layer table of its own (:meth:`recompute_bound`); 1 and 2,
+        :meth:`lower_bound`; 3, for a per-step owner policy, :meth:`owner_bound`. Infinite at every level
+        where its static memory cannot fit whatever its slabs (:meth:`static_floor_bytes`), from level 1
+        on (its own layer tables) where its memory cannot fit whatever its order (:meth:`peak_floor_bytes`),
+        and from level 2 on (its order, compiled: a few milliseconds) where the saved activations its
+        order keeps live together cannot fit (:meth:`order_floor_bytes`): it can never be the best."""
         capacity = self.problem.profile.memory_capacity_bytes
-        if self.static_floor_bytes(c) > capacity or (level >= 1 and self.peak_floor_bytes(c) > capacity):
+        if self.static_floor_bytes(c) > capacity or (level >= 1 and self.peak_floor_bytes(c) > capacity) or (
+                level >= 2 and self.order_floor_bytes(c) > capacity):
             return math.inf
-        return (self.recompute_bound, self.lower_bound, self.owner_bound)[level](c)
+        return (self.recompute_bound, self.lower_bound, self.lower_bound, self.owner_bound)[level](c)
+
+    def order_floor_bytes(self, c: Candidate) -> float:
+        """A lower bound on ``c``'s peak memory from its order (derive's, with its default owners) and
+        layer tables, without timing it: per rank its static memory plus the largest saved activations
+        of its Sharded stages that its order keeps live together
+        (:class:`~mpipe_tune.search.bounds.LiveSets`; the transposed regions' are left out, as their
+        owners vary per step); at least :meth:`peak_floor_bytes`."""
+        key = ("order floor", replace(c, label="", owner_policy=None))
+        if key not in self._bounds:
+            compiled = self.compiled(c, self.slab_counts(c))
+            layout, arrays = compiled.memory_layout, compiled.arrays
+
+            def live_sets() -> LiveSets:
+                saved = slice(0, layout.num_saved)
+                sharded = [p.region for p in compiled.derived.placement if isinstance(p.owner, ByLayer)]
+                keep = np.isin(arrays.region[layout.alloc_event[saved]], sharded)
+                return LiveSets.of(compiled.order.nodes, compiled.num_events, layout.rank[saved],
+                                   layout.alloc_event[saved], layout.free_event[saved], keep)
+
+            live = arrays.once("search: live sets", live_sets)
+            saved = self._bound_sums(c).saved
+            floor = live.floor(saved.reshape(saved.shape[0], -1), layout.lo, layout.hi)
+            self._bounds[key] = max(self.peak_floor_bytes(c), float(max(np.asarray(self._static_bytes(c)) + floor)))
+        return self._bounds[key]
 
     def static_floor_bytes(self, c: Candidate) -> float:
         """A lower bound on ``c``'s largest per-rank static memory from its degrees and memory knobs alone
