@@ -158,7 +158,7 @@ class Plan(Command):
         d = parser.add_argument_group("search")
         d.add_argument("--trials", type=int, default=None,
                        help="finished trials the study should hold; a rerun continues up to it (default: 5%% of the "
-                            "space's points, at least 2000, for the bound search, which stops earlier once --tolerance "
+                            "space's points, from 2000 to 5000, for the bound search, which stops earlier once --tolerance "
                             "is met; 100 for a sampler)")
         d.add_argument("--timeout", type=float, default=None, help="stop searching after this many seconds")
         d.add_argument("--tolerance", type=float, default=0.01,

@@ -88,6 +88,9 @@ share of the space's points (:func:`bound_trial_cap`): the tolerance stops every
 other's bounds (512 devices) to minutes, with the gap it leaves named."""
 BOUND_MIN_TRIALS = 2_000
 """The least cap of :func:`bound_trial_cap`, and a sampler's budget where ``bound`` is asked for but not run."""
+BOUND_MAX_TRIALS = 5_000
+"""The largest cap of :func:`bound_trial_cap`: a space of a million points (16,384 devices) stops there, in
+minutes, rather than at 50,000 predictions; ``--trials`` raises it."""
 ATTR = "mpipe"
 """The one user attribute of a trial (each attribute is a row in an RDB: fewer rows, faster writes)."""
 _PRUNE_MARGIN = 1e-9
@@ -177,12 +180,12 @@ class SearchResult:
 
 def bound_trial_cap(points: int) -> int:
     """The trial cap of ``bound`` when none is given: :data:`BOUND_SHARE` of the space's ``points``, at
-    least :data:`BOUND_MIN_TRIALS`.
+    least :data:`BOUND_MIN_TRIALS` and at most :data:`BOUND_MAX_TRIALS`.
 
-    >>> bound_trial_cap(27_240), bound_trial_cap(104_328)
-    (2000, 5217)
+    >>> bound_trial_cap(27_240), bound_trial_cap(64_000), bound_trial_cap(1_000_000)
+    (2000, 3200, 5000)
     """
-    return max(BOUND_MIN_TRIALS, math.ceil(points * BOUND_SHARE))
+    return min(BOUND_MAX_TRIALS, max(BOUND_MIN_TRIALS, math.ceil(points * BOUND_SHARE)))
 
 
 def problem_key(evaluator: Evaluator, space: SearchSpace) -> str:

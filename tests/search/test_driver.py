@@ -229,7 +229,7 @@ def test_the_bound_search_caps_its_trials_by_the_space_and_names_a_timeout():
     space, evaluator = make(devices=4, batch=8, samples=2, recompute=(False, True), max_microbatches=8)
     result = run_search(space, evaluator, storage=None, n_trials=None, sampler="bound", progress=False, tolerance=0.01)
     assert result.trial_cap == bound_trial_cap(result.space_size) == BOUND_MIN_TRIALS and not result.timed_out
-    assert bound_trial_cap(10**6) == 50_000
+    assert bound_trial_cap(64_000) == 3_200 and bound_trial_cap(10**6) == 5_000
     stopped = run_search(space, Evaluator(evaluator.problem), storage=None, n_trials=None, sampler="bound",
                          progress=False, timeout_s=0.0)
     assert stopped.ending == "budget" and stopped.timed_out and stopped.num_trials == 0
