@@ -307,7 +307,8 @@ def write_dataset(folder: Path, form: str, data) -> str:
 
 @settings(FAST, max_examples=60 * SCALE)
 @given(data=st.data(), form=st.sampled_from(["conversations", "conversations-jsonl", "csv", "parquet", "manifest-jsonl"]),
-       command=st.sampled_from(["workload", "predict"]), content=st.sampled_from(["valid", "mutated", "mutated", "bytes"]),
+       command=st.sampled_from(["workload", "predict", "workload", "predict", "plan"]),
+       content=st.sampled_from(["valid", "mutated", "mutated", "bytes"]),
        images=st.sampled_from(["all", "one missing", "one damaged", "folder missing"]),
        tokenizer=st.sampled_from([None, None, "valid", "mutated", "bytes", "missing"]),
        seq_len=st.sampled_from([None, 0, -4, 64, 4096, 10**12]), chars=st.sampled_from([None, 0.0, 3.5, -1.0, 1e300]),
@@ -330,7 +331,15 @@ def test_dataset_workloads_take_any_file(data, form, command, content, images, t
             dataset = {"text_tokens": [100, 300], "image_tokens": [64, 256]} if content == "valid" else data.draw(manifests())
         path = write_dataset(folder, form, dataset)
         inputs = {p.name for p in folder.iterdir()}
-        args = [command, path] if command == "workload" else [command, "--workload", path, "--pp", "2", "--json"]
+        if command == "workload":
+            args = [command, path]
+        elif command == "predict":
+            args = [command, "--workload", path, "--pp", "2", "--json"]
+        else:  # a one-trial plan on the dataset: its study may stay, as a search that ran leaves it
+            args = [command, "--workload", path, "--devices", "2", "--global-batch", "4", "--samples", "1", "--trials",
+                    "1", "--no-progress", "--storage", f"sqlite:///{folder / 'study.db'}", "--out",
+                    str(folder / "plan.json")]
+            inputs.add("study.db")
         args += ["--model", "qwen2vl-vit-qwen2-7b"]
         if images == "folder missing":
             args += ["--image-folder", str(folder / "nowhere")]
