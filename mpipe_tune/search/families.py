@@ -14,8 +14,9 @@ That is a few dozen to a few hundred candidates, so a family is searched exhaust
 with the search's own bounds (see :mod:`mpipe_tune.search.driver`): candidates are visited in
 increasing step-time lower bound (refined lazily: :class:`~mpipe_tune.search.bounds.BoundOrder`), one
 whose static memory alone is over capacity is skipped, the visit stops at the first bound above the
-fastest plan that fits, and memory is estimated only for plans faster than that one. Ties in step time
-go to the candidate listed first.
+fastest plan that fits, and memory is estimated only for plans faster than that one (until one fits, every
+plan is predicted with its memory at once: the step time alone would be predicted twice). Ties in step
+time go to the candidate listed first.
 """
 
 from __future__ import annotations
@@ -91,10 +92,11 @@ def search_family(name: str, space: SearchSpace, evaluator: Evaluator) -> OwnBes
         if static is not None and static > capacity:
             continue
         evaluated += 1
-        e = evaluator.evaluate(c, memory=False)
-        if best is not None and (e.mean_s, i) >= best[:2]:
-            continue
-        e = evaluator.evaluate(c)
+        if best is not None:  # its step time first: memory only for a plan that could win
+            e = evaluator.evaluate(c, memory=False)
+            if (e.mean_s, i) >= best[:2]:
+                continue
+        e = evaluator.evaluate(c)  # with none that fits yet, any plan could: step time and memory in one pass
         if e.fits:
             best = (e.mean_s, i, e)
     return OwnBest(name, None if best is None else best[2], len(candidates), evaluated, len(candidates) - evaluated)
