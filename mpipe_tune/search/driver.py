@@ -70,7 +70,7 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.interrupt import StopRequest, stop_requests
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
-from mpipe_tune.search.grouped import GroupOrder
+from mpipe_tune.search.grouped import GroupOrder, StagedWorkBound
 from mpipe_tune.search.space import SearchSpace
 from mpipe_tune.search.store import (check_file, check_study_size, check_trial_budget, claim_study, fault_of,
                                      names_storage_faults, payload_digest)
@@ -595,10 +595,11 @@ class _Run:
         top, so the owners of points that lose are never computed."""
         ev, capacity = self.evaluator, self.evaluator.problem.profile.memory_capacity_bytes
         if self.prune:
-            order = GroupOrder(self.space, ev.static_floor_bytes, capacity, lambda c: ev.bound_at(c, 0),
-                               ev.bound_levels, ev.bound_at, self.tried)
+            work = StagedWorkBound(ev)
+            order = GroupOrder(self.space, ev.static_floor_bytes, capacity, work, work.levels, ev.bound_levels,
+                               ev.bound_at, self.tried)
         else:
-            order = GroupOrder(self.space, lambda c: 0.0, capacity, lambda c: 0.0, lambda c: (0, 0),
+            order = GroupOrder(self.space, lambda c: 0.0, capacity, lambda c, level: 0.0, 1, lambda c: (0, 0),
                                lambda c, level: 0.0, self.tried)
         self.open_bar(order.left, "plan (exhaustive)" if n_trials is None else "plan (bound order)")
         self.start_writing(order.left)

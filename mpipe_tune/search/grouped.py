@@ -10,9 +10,12 @@ layer tables, so one bound holds for all its points:
   (infinite bound, read off a one-sequence table; the group is never opened);
 - all its work over the ``P`` ranks (:meth:`Evaluator.bound_at` level 0: from the tables of its setting
   without recomputation, plus what full recomputation adds at least): no schedule or cut does better.
+  The objective is the mean over the sampled steps, so the work of the first ``j`` steps over all of them
+  bounds it too: the work bound comes in levels of one sampled step's layer table each
+  (:class:`StagedWorkBound`), and a group that loses on its first steps never builds the tables of the rest.
 
-:class:`GroupOrder` keeps one heap of groups and points. A group enters unbounded (0) and gets its work
-bound when it comes on top; with that bound on top it is opened: its points enter at the group's bound
+:class:`GroupOrder` keeps one heap of groups and points. A group enters unbounded (0) and gets its next
+level of bound whenever it comes on top; with its final bound on top it is opened: its points enter at the group's bound
 and are refined by their own levels (:class:`~mpipe_tune.search.bounds.BoundOrder`'s) when they come on
 top in turn. Every entry's bound is a lower bound on every point it stands for, and a point is taken only
 once its bound is final, so points come out in increasing order of their final bounds (ties: tree order,
@@ -26,9 +29,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Container
+from dataclasses import replace
 from typing import Any
 
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.search.evaluate import Evaluator
 from mpipe_tune.search.space import Group, SearchSpace
 
 Point = tuple[dict[str, Any], Candidate]
@@ -37,13 +42,15 @@ Point = tuple[dict[str, Any], Candidate]
 class GroupOrder:
     """The points of ``space`` in increasing order of their final bound, opening groups on demand (see
     the module docstring). ``floor_bytes(c)``: the static memory floor of the group of ``c`` (its first
-    point), which cannot fit over ``capacity_bytes``; ``group_bound(c)``: the bound for every point of the
-    group of ``c``; ``levels`` and ``bound_at``: a point's levels, as :class:`BoundOrder` takes them.
+    point), which cannot fit over ``capacity_bytes``; ``group_bound(c, level)``: the bound for every point of
+    the group of ``c`` at ``level`` (1 to ``group_levels``, each at least the one before, the last the tightest);
+    ``levels`` and ``bound_at``: a point's levels, as :class:`BoundOrder` takes them.
     ``skip``: points not to put in the order (those tried already)."""
 
     def __init__(self, space: SearchSpace, floor_bytes: Callable[[Candidate], float], capacity_bytes: float,
-                 group_bound: Callable[[Candidate], float], levels: Callable[[Candidate], tuple[int, int]],
-                 bound_at: Callable[[Candidate, int], float], skip: Container[Candidate] = ()) -> None:
+                 group_bound: Callable[[Candidate, int], float], group_levels: int,
+                 levels: Callable[[Candidate], tuple[int, int]], bound_at: Callable[[Candidate, int], float],
+                 skip: Container[Candidate] = ()) -> None:
         self.space, self.group_bound, self.levels, self.bound_at, self.skip = space, group_bound, levels, bound_at, skip
         self.heap: list = []
         self.size = 0
@@ -55,9 +62,9 @@ class GroupOrder:
             self.size += group.size
             self.left += group.size
             if floor_bytes(first) > capacity_bytes:  # final: no point of it fits (opened only if nothing fits)
-                self.heap.append((math.inf, key, 1, 1, (group, first)))
+                self.heap.append((math.inf, key, group_levels, group_levels, (group, first)))
             else:
-                self.heap.append((0.0, key, 0, 1, (group, first)))
+                self.heap.append((0.0, key, 0, group_levels, (group, first)))
         heapq.heapify(self.heap)
 
     def __len__(self) -> int:
@@ -74,7 +81,7 @@ class GroupOrder:
         if isinstance(item[0], Group):
             group, first = item
             if level < last:
-                heapq.heapreplace(self.heap, (max(low, self.group_bound(first)), key, level + 1, last, item))
+                heapq.heapreplace(self.heap, (max(low, self.group_bound(first, level + 1)), key, level + 1, last, item))
                 return None
             heapq.heappop(self.heap)
             self._open(group, low)
@@ -95,3 +102,29 @@ class GroupOrder:
                 continue
             _, last = self.levels(candidate)
             heapq.heappush(self.heap, (bound, key, 0, last, (params, candidate)))
+
+
+class StagedWorkBound:
+    """A group's work bound (:meth:`Evaluator.bound_at` level 0) in levels of one sampled step each: at
+    level ``j`` below the number of steps, the work of the first ``j`` steps' layer tables (its setting
+    without recomputation) over all the steps and the ``P`` ranks, a lower bound on the mean of them all
+    (every step's work is >= 0); at the last level, :meth:`Evaluator.bound_at` level 0 itself."""
+
+    def __init__(self, evaluator: Evaluator) -> None:
+        self.evaluator = evaluator
+        self.levels = evaluator.problem.samples
+        self._work: dict[tuple, float] = {}
+
+    def __call__(self, c: Candidate, level: int) -> float:
+        if level >= self.levels:
+            return self.evaluator.bound_at(c, 0)
+        plain = replace(c, recompute=False)
+        return sum(self._step_work(plain, k) for k in range(level)) / (self.levels * c.pp)
+
+    def _step_work(self, plain: Candidate, sample: int) -> float:
+        key = (plain.tp, plain.dp, plain.num_microbatches, plain.ep, plain.cp, plain.sequence_parallel,
+               plain.encoder_tp, sample)
+        if key not in self._work:
+            table = self.evaluator.table(sample, plain)[1]
+            self._work[key] = float(table.fwd_s.sum() + table.backward_s(self.evaluator.problem.model).sum())
+        return self._work[key]

@@ -4,7 +4,7 @@ import pytest
 
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 from mpipe_tune.search.bounds import BoundOrder
-from mpipe_tune.search.grouped import GroupOrder
+from mpipe_tune.search.grouped import GroupOrder, StagedWorkBound
 from mpipe_tune.inputs.specs import load_model, load_profile
 
 SPACES = {
@@ -59,8 +59,9 @@ def test_the_grouped_order_is_the_whole_space_bound_order():
         low, index = whole.peek()
         whole.pop()
         expected.append((low, everything[index]))
-    order = GroupOrder(space, evaluator.static_floor_bytes, capacity, lambda c: evaluator.bound_at(c, 0),
-                       evaluator.bound_levels, evaluator.bound_at)
+    work = StagedWorkBound(evaluator)
+    order = GroupOrder(space, evaluator.static_floor_bytes, capacity, work, work.levels, evaluator.bound_levels,
+                       evaluator.bound_at)
     got = []
     while order:
         low = order.low()
@@ -105,3 +106,14 @@ def test_a_space_over_the_old_enumeration_limit_is_searched_by_bound():
     assert result.mode == "bound" and result.space_size == size and result.ending == "bound"
     assert 0 < result.gap <= 0.01 and result.num_evaluated + result.num_bounded <= size
     assert len(built) < size / 20
+
+
+def test_a_group_bound_rises_by_sampled_step_and_bounds_every_point_of_the_group():
+    space, evaluator = make("example, memory knobs", samples=3)
+    work = StagedWorkBound(evaluator)
+    assert work.levels == 3
+    for group in space.groups():
+        points = [c for _, _, c in space.group_points(group)]
+        bounds = [work(points[0], level) for level in range(1, work.levels + 1)]
+        assert 0 < bounds[0] <= bounds[1] <= bounds[2] == evaluator.bound_at(points[0], 0)
+        assert all(bounds[-1] <= evaluator.evaluate(c).mean_s * (1 + 1e-12) for c in points)
