@@ -616,6 +616,10 @@ class _Run:
             if self.storage is not None and time.perf_counter() - last_sync > self.sync_every_s:
                 last_sync = time.perf_counter()  # another worker may have stored this point meanwhile
                 self.absorb_others()
+            if low == math.inf and self.incumbent is None:  # nothing fits: find the plan of least static memory
+                self.bounded += order.left
+                self.least_static(order.unfit())
+                break
             if self.prune and self.incumbent is not None and low * (1 + tolerance) > self.incumbent * (1 + _PRUNE_MARGIN):
                 self.bounded += order.left  # the least bound of the rest loses too (or by < tolerance)
                 self.gap = max(0.0, 1 - low / self.incumbent)
@@ -635,6 +639,18 @@ class _Run:
                 user_attrs={ATTR: info}, system_attrs=system,
             ))
         return order.size
+
+    def least_static(self, groups: Sequence[tuple[float, Sequence[tuple[dict, Candidate]]]]) -> None:
+        """Where no point fits: the static memory of the points of ``groups`` (least floor first), until the
+        next group's floor is above the least static memory found (no point of it can be below)."""
+        for floor, points in groups:
+            if self.least is not None and floor >= self.least.peak_bytes:
+                return
+            for _, c in points:
+                if self.must_stop():
+                    return
+                self.evaluate(c)
+                self.bounded -= 1  # counted already
 
     def converged(self, budget: int) -> None:
         """The sampler converged with ``budget`` trials left: enumerate the untried rest of the space

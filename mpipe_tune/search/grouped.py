@@ -57,11 +57,15 @@ class GroupOrder:
         """Points in the space."""
         self.left = 0
         """Points still in the order (a group not yet opened counts with all its points)."""
+        self.unfit_floors: dict[Group, float] = {}
+        """The static memory floor of each group that cannot fit."""
         for group in space.groups():
             key, params, first = next(space.group_points(group))
             self.size += group.size
             self.left += group.size
-            if floor_bytes(first) > capacity_bytes:  # final: no point of it fits (opened only if nothing fits)
+            floor = floor_bytes(first)
+            if floor > capacity_bytes:  # final: no point of it fits (see :meth:`unfit`)
+                self.unfit_floors[group] = floor
                 self.heap.append((math.inf, key, group_levels, group_levels, (group, first)))
             else:
                 self.heap.append((0.0, key, 0, group_levels, (group, first)))
@@ -92,6 +96,14 @@ class GroupOrder:
         heapq.heappop(self.heap)
         self.left -= 1
         return item
+
+    def unfit(self) -> list[tuple[float, list[Point]]]:
+        """Once the least bound is infinite (every point left cannot fit): the groups left, least static
+        memory floor first, as (floor, their points not skipped); the order is then empty."""
+        groups = sorted((self.unfit_floors[item[0]], key, item[0]) for _, key, _, _, item in self.heap)
+        self.heap, self.left = [], 0
+        return [(floor, [(params, c) for _, params, c in self.space.group_points(group) if c not in self.skip])
+                for floor, _, group in groups]
 
     def _open(self, group: Group, bound: float) -> None:
         """Put ``group``'s points in the order at the group's ``bound``, each at its level 0 (a plan with
