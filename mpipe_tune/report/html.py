@@ -83,7 +83,7 @@ def render(report: Report) -> str:
             parts.append(f'<tr class="{"best" if name == "best" else "plan"}" data-plan="{e(name)}">' + "".join(
                 f'<td{" class=num" if right else ""}>{e(text)}</td>' for text, right in cells) + "</tr>")
         parts.append("</table><p class=note>step ms: the mean predicted step time over the sampled steps, p90 its "
-                     "90th percentile; best over: the best plan's speedup over the row; !: over memory capacity.</p>")
+                     "90th percentile; best over: the best plan's speedup over the row, - where the row does not fit memory; !: over memory capacity.</p>")
     names = ", ".join(p.name for p in report.plans)
     parts.append(f'<h2 id="timelines">Timelines</h2><p class=note>Each stored plan\'s first sampled step, '
                  f'predicted, on one time axis: {e(names)}.</p>')

@@ -159,7 +159,8 @@ def _times(key: str) -> Cell:
 
 
 def _best_over(r: pd.Series) -> str:
-    return MISSING if r["plan"] == "best" else _times("best_speedup")(r)
+    """The best plan's speedup over a row that could run instead (none over itself or a plan that does not fit)."""
+    return MISSING if r["plan"] == "best" or not r["fits_memory"] else _times("best_speedup")(r)
 
 
 def _peak(r: pd.Series) -> str:
@@ -218,7 +219,7 @@ def format_comparison(search: dict[str, Any]) -> str:
     notes = [
         *step,
         f"speedup    the row's speedup over {REFERENCE} at the best plan's degrees",
-        "best over  the best plan's speedup over the row",
+        "best over  the best plan's speedup over the row (- where the row does not fit memory: it cannot run)",
         "rows       <baseline>: at the best plan's degrees, M and recomputation; <baseline>@own: at its own best",
         "           layout, the fastest (degrees, M, recomputation, VPP chunks) of the same space that fits memory"
         + ("" if search.get("current") is None else ";\n           current: the current layout given"),

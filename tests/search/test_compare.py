@@ -73,3 +73,14 @@ def test_the_table_explains_its_step_time_and_the_over_capacity_marker(compared)
     assert "\n!          after peak GiB: the plan's peak is over the device's memory capacity" in text
     assert "!          after peak GiB" not in format_comparison({"comparison": rows, "samples": 2})
     assert "the predicted step time of the one step" in format_comparison({"comparison": rows, "samples": 1})
+
+
+def test_best_over_is_shown_only_for_rows_that_could_run_instead(compared):
+    """A row over memory may be faster than the best plan (no recomputation, say); it is no alternative, so its
+    `best over` cell is empty rather than a speedup below 1.00x."""
+    _best, _baselines, rows = compared
+    faster = {**rows[1], "fits_memory": False, "step_s": rows[0]["step_s"] / 2, "best_speedup": 0.5}
+    header, _, lines = _table(format_comparison({"comparison": [rows[0], faster, *rows[2:]], "samples": 2}))
+    column = slice(header.index("best over"), header.index("best over") + len("best over"))
+    assert lines[1][column].strip() == "-" and "0.500x" not in lines[1]
+    assert lines[2][column].strip() == f"{rows[2]['best_speedup']:.3f}x"
