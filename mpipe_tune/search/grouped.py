@@ -52,6 +52,7 @@ class GroupOrder:
                  levels: Callable[[Candidate], tuple[int, int]], bound_at: Callable[[Candidate, int], float],
                  skip: Container[Candidate] = ()) -> None:
         self.space, self.group_bound, self.levels, self.bound_at, self.skip = space, group_bound, levels, bound_at, skip
+        self.floor_bytes = floor_bytes
         self.heap: list = []
         self.size = 0
         """Points in the space."""
@@ -98,12 +99,22 @@ class GroupOrder:
         return item
 
     def unfit(self) -> list[tuple[float, list[Point]]]:
-        """Once the least bound is infinite (every point left cannot fit): the groups left, least static
-        memory floor first, as (floor, their points not skipped); the order is then empty."""
-        groups = sorted((self.unfit_floors[item[0]], key, item[0]) for _, key, _, _, item in self.heap)
+        """Once the least bound is infinite (every point left cannot fit): what is left, least static memory
+        floor first, as (floor, points not skipped): a group not opened with all its points, or one point of
+        an opened group that its own memory floor put out of reach; the order is then empty."""
+        entries = []
+        for _, key, _, _, item in self.heap:
+            if isinstance(item[0], Group):  # not opened: its points, at its static floor
+                group, first = item
+                floor = self.unfit_floors.get(group)
+                entries.append((self.floor_bytes(first) if floor is None else floor, key, group, None))
+            else:  # a point of an opened group whose own bound is infinite (its memory floor cannot fit)
+                entries.append((self.floor_bytes(item[1]), key, None, item))
+        entries.sort(key=lambda e: e[:2])
         self.heap, self.left = [], 0
-        return [(floor, [(params, c) for _, params, c in self.space.group_points(group) if c not in self.skip])
-                for floor, _, group in groups]
+        return [(floor, [point] if group is None else
+                 [(params, c) for _, params, c in self.space.group_points(group) if c not in self.skip])
+                for floor, _, group, point in entries]
 
     def _open(self, group: Group, bound: float) -> None:
         """Put ``group``'s points in the order at the group's ``bound``, each at its level 0 (a plan with

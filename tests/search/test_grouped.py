@@ -117,3 +117,33 @@ def test_a_group_bound_rises_by_sampled_step_and_bounds_every_point_of_the_group
         bounds = [work(points[0], level) for level in range(1, work.levels + 1)]
         assert 0 < bounds[0] <= bounds[1] <= bounds[2] == evaluator.bound_at(points[0], 0)
         assert all(bounds[-1] <= evaluator.evaluate(c).mean_s * (1 + 1e-12) for c in points)
+
+
+def test_when_nothing_fits_the_rest_comes_out_least_floor_first_opened_groups_included():
+    """Nothing fits: groups still closed (static floor over capacity) and points of opened groups (their own
+    memory floor out of reach) both come back, each point once, least floor first (the default 512-device
+    DeepSeek-V3 plan reached this with both kinds left)."""
+    space, _ = make("example, memory knobs")
+    groups = list(space.groups())
+    closed = {g.layout + (g.num_microbatches,) + tuple(map(str, g.setting)) for g in groups[::2]}
+
+    def tag(c):
+        encoder_tp = c.tp if c.encoder_tp is None else c.encoder_tp
+        return (c.pp, c.tp, c.dp, c.cp, c.num_microbatches, *map(str, (c.recompute, c.ep, c.zero_stage,
+                                                                        c.sequence_parallel, encoder_tp)))
+
+    def floor(c):
+        return 2.0 + c.pp if tag(c) in closed else 1.0
+
+    order = GroupOrder(space, floor, 1.5, lambda c, level: 0.0, 1, lambda c: (0, 1),
+                       lambda c, level: float("inf"))
+    taken = []
+    while order.low() < float("inf"):
+        taken.append(order.step())
+    assert all(t is None for t in taken) and len(closed) < len(groups)
+    rest = order.unfit()
+    floors = [f for f, _ in rest]
+    assert floors == sorted(floors) and floors[0] == 1.0
+    points = [c for _, pts in rest for _, c in pts]
+    assert sorted(map(repr, points)) == sorted(repr(c) for _, c in space.enumerate())
+    assert not order and order.left == 0
