@@ -250,3 +250,12 @@ def test_nothing_imports_upward():
             if here in rank and there in rank and rank[there] > rank[here]:
                 upward.append(f"{name} ({here}) -> {target} ({there})")
     assert not upward, upward
+
+
+def test_a_regular_install_ships_every_package_of_the_tree():
+    """`pip install .` (the quick start's, not editable) copies only the packages pyproject.toml lists: each
+    folder of the package with an __init__.py must be listed, or the installed command fails to import it."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(("mpipe_tune", *p.parent.relative_to(PACKAGE).parts)) for p in PACKAGE.rglob("__init__.py")}
+    assert on_disk <= listed, sorted(on_disk - listed)
