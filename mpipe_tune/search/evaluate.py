@@ -139,12 +139,13 @@ class Evaluator:
         return self._table(sample, c)[:2]
 
     def _table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable, TableSums]:
-        key = (sample, *_table_setting(c))
+        setting = _table_setting(c)
+        key = (sample, *setting)
         if key not in self._tables:  # every sampled step's table of the setting, in one pass
             p = self.problem
             workloads = [p.replica_workload(k, c.dp, c.num_microbatches) for k in range(p.samples)]
             for k, workload, table in zip(range(p.samples), workloads, self.predictor.tables(self._own(c), workloads)):
-                self._tables[(k, *_table_setting(c))] = (workload, table, table_sums(table, p.model))
+                self._tables[(k, *setting)] = (workload, table, table_sums(table, p.model))
         return self._tables[key]
 
     def expected_layer_weights(self, c: Candidate) -> tuple[float, ...]:
