@@ -10,7 +10,8 @@ MindSpeed-MM (Ascend/MindSpeed-MM, ``pretrain_vlm.py``) takes a VLM's pipeline l
 ``P`` counts per list, ``P x v`` counts in all with VPP, and counts summing to the module's
 ``num_layers`` (its last stage is the one whose layers end at ``num_layers``). The vision tower's
 layers are the encoder's transformer blocks (its patch embedding runs in the first vision stage, the
-projector, ``vision_projector``, after the last one); the text decoder's embedding runs in its first
+projector, ``vision_projector``, after the last one: a Qwen2-VL patch merger is that projector, as in
+``examples/qwen2.5vl/model_7b.json``'s 32 vision layers); the text decoder's embedding runs in its first
 stage with layers and its output layer in its last.
 
 The writer gives two files: the model.json keys to merge into the model's own model.json
@@ -48,9 +49,10 @@ from mpipe_tune.search.baselines import REFERENCE
 MINDSPEED_COMMIT = "57069cd5"
 """The Ascend/MindSpeed-MM commit whose model.json layout and checks the export follows."""
 ENCODER_BLOCK = "encoder"
-VISION_OUTSIDE_KINDS = ("patch_embed",)
+VISION_OUTSIDE_KINDS = ("patch_embed", "merger")
 """Encoder-block layer kinds that are not a vision transformer layer (MindSpeed-MM runs the patch
-embedding in the first vision stage)."""
+embedding in the first vision stage and a patch merger as its ``vision_projector``)."""
+MERGER_KIND = "merger"
 FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 
 
@@ -69,8 +71,10 @@ def mindspeed_layout(plan: ExportPlan) -> dict[str, Any]:
     stages = wavefront_stages(plan)
     vision = [sum(1 for i in s.vision if _is_vit_layer(plan, i)) for s in stages]
     decoders = [len(s.decoders) for s in stages]
-    frozen_vision = {b: not any(u.trainable for u in plan.layers if u.block == b)
-                     for b in (ENCODER_BLOCK, PROJECTOR_BLOCK) if any(u.block == b for u in plan.layers)}
+    projector = [_is_projector(plan, i) for i in range(len(plan.layers))]
+    parts = {ENCODER_BLOCK: [u for u, p in zip(plan.layers, projector) if u.block == ENCODER_BLOCK and not p],
+             PROJECTOR_BLOCK: [u for u, p in zip(plan.layers, projector) if p]}
+    frozen_vision = {b: not any(u.trainable for u in layers) for b, layers in parts.items() if layers}
     encoder: dict[str, Any] = {"num_layers": sum(vision), "pipeline_num_layers": _per_stage(vision, P, v),
                                "freeze": frozen_vision.get(ENCODER_BLOCK, True)}
     decoder: dict[str, Any] = {"num_layers": sum(decoders), "pipeline_num_layers": _per_stage(decoders, P, v)}
@@ -142,6 +146,12 @@ def _is_vit_layer(plan: ExportPlan, index: int) -> bool:
     return layer.block == ENCODER_BLOCK and layer.kind not in VISION_OUTSIDE_KINDS
 
 
+def _is_projector(plan: ExportPlan, index: int) -> bool:
+    """MindSpeed-MM's ``vision_projector``: the projector block, and a patch merger of the encoder."""
+    layer = plan.layers[index]
+    return layer.block == PROJECTOR_BLOCK or (layer.block == ENCODER_BLOCK and layer.kind == MERGER_KIND)
+
+
 def _per_stage(counts: list[int], num_ranks: int, num_chunks: int) -> list[int] | list[list[int]]:
     """Counts per global stage as MindSpeed-MM lists them: flat for one chunk, else chunk-major rows of P.
 
@@ -160,7 +170,7 @@ def _notes(plan: ExportPlan, stages: tuple[Stage, ...]) -> list[str]:
 
     notes = []
     vit = [i for i in range(len(plan.layers)) if _is_vit_layer(plan, i)]
-    projector = [i for i, u in enumerate(plan.layers) if u.block == PROJECTOR_BLOCK]
+    projector = [i for i in range(len(plan.layers)) if _is_projector(plan, i)]
     if vit and projector and stage_of(projector[0]) != stage_of(vit[-1]):
         notes.append(f"# MindSpeed-MM runs the projector after the last vision layer, in stage {stage_of(vit[-1])}; "
                      f"the plan has it in stage {stage_of(projector[0])}")

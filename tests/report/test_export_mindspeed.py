@@ -124,3 +124,24 @@ def test_cli_writes_both_files_and_the_round_trip_reads_them_back_as_the_current
     exported = read_export_plan(tmp_path / "plan.json", "vpp")
     assert current["schedule"] == "1f1b,1f1b" and current["microbatches"] == 8
     assert current["slabs"] == [[stop - start for start, stop in r.slabs] for r in exported.sharded]
+
+
+def test_a_qwen2_vl_merger_is_the_vision_projector_not_a_vision_layer():
+    """MindSpeed-MM's Qwen2-VL / Qwen2.5-VL model.json (examples/qwen2.5vl/model_7b.json at 57069cd5) lists
+    ``vision_encoder.num_layers`` 32, the ViT blocks, and the patch merger as ``vision_projector``: a
+    count of 33 would build a tower one block deeper than the checkpoint."""
+    model = "qwen2vl-vit-qwen2-7b"  # patch_embed, 32 ViT blocks, merger (block encoder), embed, 28 decoders, head
+    plan = export_plan("1f1b", (), 2, 4, model_name=model, slabs=((43, 21),))
+    config = mindspeed_layout(plan)
+    assert config["image_encoder"]["vision_encoder"]["num_layers"] == 32
+    assert config["image_encoder"]["vision_encoder"]["pipeline_num_layers"] == [32, 0]
+    assert config["text_decoder"]["pipeline_num_layers"] == [8, 20]
+    assert config["image_encoder"]["vision_projector"] == {"freeze": False}
+    assert layout_errors(config, 2, None) == []
+    frozen = mindspeed_layout(export_plan("1f1b", (), 2, 4, model_name=model, slabs=((43, 21),), frozen=("encoder",)))
+    assert frozen["image_encoder"]["vision_encoder"]["freeze"] and frozen["image_encoder"]["vision_projector"]["freeze"]
+    # the merger in the stage after the last ViT block: MindSpeed-MM runs it with that block, and says so
+    split = export_plan("1f1b", (), 2, 4, model_name=model, slabs=((33, 31),))
+    assert mindspeed_layout(split)["image_encoder"]["vision_encoder"]["pipeline_num_layers"] == [32, 0]
+    assert "runs the projector after the last vision layer, in stage 0; the plan has it in stage 1" in \
+        mindspeed_arguments(split, "model.json")
