@@ -26,7 +26,10 @@ __all__ = ["builtin_models", "builtin_profiles", "load_model", "load_profile", "
 
 
 def _models_dir() -> Path:
-    return Path(str(resources.files("mpipe_tune.models")))
+    try:
+        return Path(str(resources.files("mpipe_tune.models")))
+    except ModuleNotFoundError:  # a source checkout on the path without an editable install: models/ beside it
+        return Path(__file__).resolve().parents[2] / "models"
 
 
 def builtin_models() -> list[str]:

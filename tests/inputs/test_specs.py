@@ -34,3 +34,23 @@ def test_a_missing_composed_file_names_where_it_was_looked_up(tmp_path):
     path.write_text("name: m\ncompose: [parts/nothing.yaml]\n")
     with pytest.raises(MpipeError, match="folder of the file that composes it"):
         load_model(path)
+
+
+def test_built_in_models_load_from_a_source_checkout_on_the_path():
+    """A checkout put first on sys.path (``PYTHONPATH=.``, or a benchmark script that adds its checkout)
+    beside a regular, non-editable install: ``mpipe_tune`` comes from the checkout, which has no
+    ``mpipe_tune/models`` package (the built-ins live in ``models/``), as the profiles' lookup knows."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = (  # no editable finder: mpipe_tune.models resolves only through the checkout's own folders
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in repr(f)]; "
+        f"sys.path.insert(0, {str(root)!r}); "
+        "from mpipe_tune.inputs.specs import builtin_models, load_model; "
+        "print(len(builtin_models()), load_model('example-mllm').num_layers)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-800:]
+    count, layers = done.stdout.split()
+    assert int(count) == len(list((root / "models").glob("*.yaml"))) and int(layers) == 25
