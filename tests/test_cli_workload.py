@@ -65,3 +65,26 @@ def test_predict_draws_its_microbatches_from_a_packed_manifest(tmp_path, capsys)
     assert main(["predict", "--workload", str(manifest), "--seq-len", "2048", "--microbatches", "8", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["workload"].startswith("m.parquet@seed0")
+
+
+def test_zero_characters_per_token_is_refused_not_read_as_the_default(capsys):
+    assert main(["workload", str(LLAVA), "--model", "qwen2vl-vit-qwen2-7b", "--chars-per-token", "0"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "characters per token (--chars-per-token) 0.0: must be" in err
+
+
+def test_dataset_options_with_a_mix_or_a_workload_file_are_refused_in_one_line(tmp_path, capsys):
+    """--seq-len and the other dataset options change nothing for a named mix or a workload file: a
+    user who gives one expects packed sequences, so the command says so instead of ignoring it."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--seq-len", "2048", "--no-progress", "--storage", f"sqlite:///{tmp_path / 's.db'}",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and not out.exists() and not (tmp_path / "s.db").exists()
+    assert "packing length (--seq-len) given, but workload 'balanced' is not a dataset" in err
+    workload = tmp_path / "w.yaml"
+    workload.write_text("microbatches: [{image_tokens: 0, text_tokens: 64}]\n")
+    assert main(["predict", "--workload", str(workload), "--chars-per-token", "3", "--image-folder", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "characters per token (--chars-per-token) and image folder (--image-folder) given" in err
+    assert main(["predict", "--workload", str(LLAVA), "--seq-len", "2048", "--json"]) == 0  # a dataset takes them

@@ -104,8 +104,9 @@ def load_candidate(args: argparse.Namespace):
     from mpipe_tune.inputs.workload import DEFAULT_NUM_MICROBATCHES
     from mpipe_tune.inputs.specs import load_model, load_profile, load_workload
 
-    from mpipe_tune.inputs.workload_spec import is_dataset, load_dataset_workload
+    from mpipe_tune.inputs.workload_spec import is_dataset, load_dataset_workload, validate_dataset_options
 
+    validate_dataset_options(args.workload, dataset_options(args))
     model = load_model(args.model)
     profile = load_profile(args.profile)
     if is_dataset(args.workload):

@@ -45,6 +45,7 @@ FLAGS = {
     "workload": "plan --workload",
     "tokenizer": "plan --tokenizer",
     "characters per token": "plan --chars-per-token",
+    "packing length": "plan --seq-len",
     "image folder": "plan --image-folder",
     "output file": "plan --out",
     "timeline picture": "plan --gantt",

@@ -26,8 +26,9 @@ def _problem(args: argparse.Namespace):
     from mpipe_tune.inputs.workload import MIXES
     from mpipe_tune.search.planner import build_problem
     from mpipe_tune.inputs.specs import load_model, load_profile, load_workload
-    from mpipe_tune.inputs.workload_spec import is_dataset, load_dataset
+    from mpipe_tune.inputs.workload_spec import is_dataset, load_dataset, validate_dataset_options
 
+    validate_dataset_options(args.workload, dataset_options(args))
     model = load_model(args.model)
     frozen = tuple(b.strip() for b in args.frozen.split(",") if b.strip())
     if frozen:

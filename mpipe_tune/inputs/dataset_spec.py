@@ -136,7 +136,8 @@ class TextRule:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.chars_per_token) and 0.5 <= self.chars_per_token <= 100):
             raise MpipeError(f"characters per token {self.chars_per_token!r}: must be a number from 0.5 to 100; "
-                             f"give the tokenizer's average (about 4 for English BPE vocabularies)")
+                             f"give the tokenizer's average (about 4 for English BPE vocabularies)",
+                             quantities=("characters per token",))
 
     def describe(self) -> str:
         if self.tokenizer_path:
@@ -222,7 +223,7 @@ class DatasetSpec:
     def __post_init__(self) -> None:
         if self.seq_len is not None and (isinstance(self.seq_len, bool) or not 1 <= self.seq_len <= MAX_SEQ_LEN):
             raise MpipeError(f"packing length {self.seq_len!r}: must be an integer from 1 to {MAX_SEQ_LEN} tokens; "
-                             f"give the trainer's sequence length")
+                             f"give the trainer's sequence length", quantities=("packing length",))
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "image_rule": self.image_rule.to_dict(), "text_rule": self.text_rule.to_dict(),

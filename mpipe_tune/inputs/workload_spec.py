@@ -34,6 +34,23 @@ class DatasetOptions:
     image_folder: str | None = None
     """Where a conversation file's image paths start (None: the file's folder)."""
 
+    def given(self) -> tuple[str, ...]:
+        """The quantities set, as errors name them."""
+        return tuple(name for name, value in (("packing length", self.seq_len), ("tokenizer", self.tokenizer),
+                                              ("characters per token", self.chars_per_token),
+                                              ("image folder", self.image_folder)) if value is not None)
+
+
+def validate_dataset_options(workload: str, options: DatasetOptions) -> None:
+    """Raises where ``options`` are set but ``workload`` is a mix or a workload file: only a dataset reads them,
+    so they would change nothing."""
+    given = options.given()
+    if given and not is_dataset(workload):
+        raise MpipeError(f"{' and '.join(given)} given, but workload '{workload}' is not a dataset, so "
+                         f"{'they' if len(given) > 1 else 'it'} would change nothing; give a dataset (a LLaVA/ShareGPT "
+                         f".json/.jsonl, a .csv/.parquet/.jsonl manifest) or leave {'them' if len(given) > 1 else 'it'} "
+                         f"out", quantities=given)
+
 
 def is_dataset(spec: str) -> bool:
     """Whether ``spec`` names a dataset rather than a mix or a workload file: a manifest table, a
@@ -81,7 +98,8 @@ def dataset_spec(path: str, model_spec: str, model: Model, options: DatasetOptio
             raise MpipeError(f"tokenizer {tokenizer} is not a file; give a Hugging Face tokenizer.json")
         text_rule = TextRule(str(Path(tokenizer).resolve()))
     else:
-        text_rule = TextRule(None, options.chars_per_token or DEFAULT_CHARS_PER_TOKEN)
+        text_rule = TextRule(None, DEFAULT_CHARS_PER_TOKEN if options.chars_per_token is None
+                             else options.chars_per_token)
         if options.chars_per_token is None:
             notes.append(f"no tokenizer.json beside model {model.name}: text is counted at {DEFAULT_CHARS_PER_TOKEN:g} "
                          f"characters per token (give a tokenizer or the characters per token to change it)")
