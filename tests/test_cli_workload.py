@@ -36,6 +36,9 @@ def test_workload_refuses_what_is_not_a_dataset(tmp_path, capsys):
     assert main(["workload", "balanced"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "is not a dataset" in err
+    assert main(["workload", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "missing.json is not a file" in err
     bad = tmp_path / "m.csv"
     bad.write_text("text_tokens,image_tokens\n1,-1\n")
     assert main(["workload", str(bad)]) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from mpipe_tune.cli.arguments import add_dataset_arguments, dataset_options, print_notes
 from mpipe_tune.cli.command import Command
@@ -32,6 +33,9 @@ class Workload(Command):
             from mpipe_tune.report.gantt import validate_picture_path
 
             validate_picture_path(args.plot, label="--plot")
+        if Path(args.data).suffix and not Path(args.data).exists():
+            raise MpipeError(f"dataset {args.data} is not a file; give a LLaVA/ShareGPT .json/.jsonl or a "
+                             f".csv/.parquet/.jsonl manifest")
         if not is_dataset(args.data):
             raise MpipeError(f"{args.data} is not a dataset: give a LLaVA/ShareGPT .json list or .jsonl, or a "
                              f".csv/.parquet/.jsonl manifest")
