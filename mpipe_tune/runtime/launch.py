@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.util
 import os
 import pickle
 import signal
@@ -372,16 +373,22 @@ def _child_main(rank, world_size, port, device_kind, timeout_s, scratch, fn, arg
         dist.destroy_process_group()
     except MpipeError as exc:  # bad input found at run time: its one line, no traceback
         (Path(scratch) / f"rank{rank}.err").write_text(f"{time.time()}\nuser\nrank {rank}: {_first_line(exc)}\n")
-        sys.stderr.flush()
-        os._exit(1)
+        _exit(1)
     except BaseException as exc:
         message = f"rank {rank} failed: {type(exc).__name__}: {_first_line(exc)}"
         (Path(scratch) / f"rank{rank}.err").write_text(f"{time.time()}\nerror\n{message}\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        os._exit(1)
+        _exit(1)
+    _exit(0)
+
+
+def _exit(code: int) -> None:
+    """End a rank process at once (no interpreter shutdown, which can wait on the backend's threads), after
+    multiprocessing's exit finalizers: they release the semaphores the rank made (tqdm's write lock, when
+    it read a dataset), which the resource tracker otherwise reports as leaked when the run ends."""
+    multiprocessing.util._run_finalizers(0)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _first_line(exc: BaseException) -> str:

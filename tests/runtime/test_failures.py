@@ -256,3 +256,33 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+RANK_WITH_A_LOCK = '''
+import multiprocessing, sys
+
+
+def make_a_lock(ctx):
+    """What tqdm does in a rank that reads a dataset (its write lock is a multiprocessing RLock)."""
+    global LOCK
+    LOCK = multiprocessing.RLock()
+    return ctx.rank
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, sys.argv[1])
+    from mpipe_tune.runtime.launch import launch_local
+    import rank_with_a_lock
+    print(launch_local(rank_with_a_lock.make_a_lock, (), 2))
+'''
+
+
+def test_a_rank_that_made_a_semaphore_leaves_none_behind(tmp_path):
+    """Ranks end with os._exit: multiprocessing's exit handlers, which release a rank's semaphores, must
+    run first, or the resource tracker warns of 'leaked semaphore objects' when a run ends (a run of a plan
+    sampled from a dataset did)."""
+    (tmp_path / "rank_with_a_lock.py").write_text(RANK_WITH_A_LOCK)
+    done = subprocess.run([sys.executable, str(tmp_path / "rank_with_a_lock.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr[-800:]
+    assert "leaked" not in done.stderr, done.stderr[-800:]
