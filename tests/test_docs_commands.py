@@ -1,0 +1,56 @@
+"""Every ``mpipe-tune`` command in README.md's and docs/'s code blocks parses with the CLI as written:
+its subcommand, flags and choices exist (running them all is the stranger's check in benchmarks/README.md)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from mpipe_tune.cli import build_parser
+
+ROOT = Path(__file__).parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def commands(page: Path) -> list[str]:
+    """The mpipe-tune command lines of ``page``'s fenced code blocks (continuations joined, comments,
+    other commands of a chain and printed errors left out; ``-m mpipe_tune.cli`` under torchrun counts)."""
+    found = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                words = shlex.split(part, comments=True)
+                if "mpipe_tune.cli" in words:
+                    words = ["mpipe-tune", *words[words.index("mpipe_tune.cli") + 1:]]
+                if words[:1] == ["mpipe-tune"] and not words[1].endswith(":"):  # not an error line shown
+                    found.append(shlex.join(words))
+    return found
+
+
+CASES = [(page.relative_to(ROOT).as_posix(), command) for page in PAGES for command in commands(page)]
+
+
+def test_the_pages_have_commands():
+    assert len(CASES) > 30 and {page for page, _ in CASES} >= {"README.md", "docs/planning.md", "docs/exports.md"}
+
+
+@pytest.mark.parametrize("page,command", CASES)
+def test_a_documented_command_parses(page, command, capsys):
+    try:
+        build_parser().parse_args(shlex.split(command)[1:])
+    except SystemExit:
+        pytest.fail(f"{page}: '{command}' does not parse: {capsys.readouterr().err.strip().splitlines()[-1]}")
+
+
+def test_the_export_guide_runs_as_written_on_the_example_plan(tmp_path, monkeypatch, capsys):
+    """docs/exports.md's commands, run in order on the plan of the README's example (``plan.json``)."""
+    from mpipe_tune.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--no-progress", "--out", "plan.json"]) == 0
+    for command in commands(ROOT / "docs" / "exports.md"):
+        capsys.readouterr()
+        assert main(shlex.split(command)[1:]) == 0, f"'{command}': {capsys.readouterr().err.strip()}"
