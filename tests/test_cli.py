@@ -201,3 +201,18 @@ def test_predict_takes_plans_recompute_words_too(capsys):
                      "--json"]) == 0
         steps[word] = json.loads(capsys.readouterr().out)["makespan_s"]
     assert steps["off"] == steps["none"] and steps["on"] == steps["full"] and steps["full"] > steps["none"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["run", "plan.json", "--device", "tpu"], "mpipe-tune run: error: argument --device: invalid choice: 'tpu'"),
+    (["profile", "--device", "cpu"], "mpipe-tune profile: error: the following arguments are required: --out"),
+    (["plan", "--devices", "four"], "mpipe-tune plan: error: argument --devices: invalid int value: 'four'"),
+    (["plan", "--no-such-flag"], "mpipe-tune plan: error: unrecognized arguments: --no-such-flag"),
+    ([], "mpipe-tune: error: the following arguments are required: COMMAND"),
+])
+def test_a_flag_the_parser_refuses_is_one_line_too(args, words):
+    """argparse's own errors (an unknown flag or choice, a missing one) end as the domain's do: one line,
+    exit 2, pointing to --help rather than printing the usage block above it."""
+    code, stdout, stderr = run_cli(*args)
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and words in lines[0] and "--help" in lines[0], stderr

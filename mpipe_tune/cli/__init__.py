@@ -35,21 +35,35 @@ COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(),
                          Workload(), Report()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mpipe-tune", description="Plan, predict and run pipeline-parallel MLLM training.")
+class Parser(argparse.ArgumentParser):
+    """argparse whose own errors (an unknown flag or choice, a missing one) are one line, as the domain's:
+    what is wrong and where to read on, exit code 2."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="mpipe-tune", description="Plan, predict and run pipeline-parallel MLLM training.")
     parser.add_argument("--version", action="version", version=f"mpipe-tune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    parser.commands = {}
     for command in COMMANDS:
         p = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(p)
         p.set_defaults(handler=command, cli_flags=frozenset(p._option_string_actions))
+        parser.commands[command.name] = p
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command they were given to
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     stop = None
     try:
         with command_interrupts(args.command) as stop:
