@@ -216,3 +216,12 @@ def test_a_flag_the_parser_refuses_is_one_line_too(args, words):
     code, stdout, stderr = run_cli(*args)
     lines = stderr.strip().splitlines()
     assert code == 2 and len(lines) == 1 and words in lines[0] and "--help" in lines[0], stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "predict", "derive", "workload"])
+def test_the_help_of_every_command_that_reads_a_model_names_hugging_face_configs(command, capsys):
+    """docs/inputs.md: a model is a built-in name, a YAML spec or a Hugging Face config.json (or its folder)."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Hugging Face" in text.split("--model MODEL built-in model", 1)[1][:100]

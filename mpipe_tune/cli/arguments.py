@@ -25,7 +25,8 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
 
 def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     """The inputs of one planning candidate, shared by ``predict`` and ``derive``."""
-    parser.add_argument("--model", default="example-mllm", help="built-in model name or YAML file (default: example-mllm)")
+    parser.add_argument("--model", default="example-mllm",
+                        help="built-in model name, YAML file, or Hugging Face config.json or its folder (default: example-mllm)")
     parser.add_argument("--profile", default="ideal", help="built-in hardware profile name or JSON file (default: ideal)")
     parser.add_argument("--workload", default="balanced",
                         help="workload YAML/JSON file, a built-in mix name or a dataset (LLaVA/ShareGPT JSON/JSONL, "

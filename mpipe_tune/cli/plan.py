@@ -102,7 +102,8 @@ class Plan(Command):
 
     def add_arguments(self, parser):
         g = parser.add_argument_group("problem")
-        g.add_argument("--model", default="example-mllm", help="built-in model name or YAML file (default: example-mllm)")
+        g.add_argument("--model", default="example-mllm",
+                       help="built-in model name, YAML file, or Hugging Face config.json or its folder (default: example-mllm)")
         g.add_argument("--profile", default="ideal", help="built-in hardware profile or JSON file (default: ideal)")
         g.add_argument("--workload", default="balanced",
                        help="built-in mix name or a dataset (LLaVA/ShareGPT JSON/JSONL, CSV/Parquet/JSONL manifest), "
