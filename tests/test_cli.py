@@ -225,3 +225,11 @@ def test_the_help_of_every_command_that_reads_a_model_names_hugging_face_configs
         main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "Hugging Face" in text.split("--model MODEL built-in model", 1)[1][:100]
+
+
+def test_profile_help_suggests_an_out_path_that_profile_flags_read_back(capsys):
+    """'profiles/NAME.json' in the working folder is no built-in: --profile NAME would not find it there."""
+    with pytest.raises(SystemExit):
+        main(["profile", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "profiles/NAME.json" not in text and "--profile my-host.json" in text

@@ -36,7 +36,9 @@ class Profile(Command):
                             help="across nodes (the command run by torchrun on every node): the single-node profile "
                                  "(built-in name or JSON file) whose compute figures the measured intra- and "
                                  "inter-node links are merged into")
-        parser.add_argument("--out", required=True, help="profile file to write, e.g. profiles/NAME.json")
+        parser.add_argument("--out", required=True,
+                            help="profile file to write, e.g. my-host.json (plan, predict and run read it with "
+                                 "--profile my-host.json)")
         parser.add_argument("--name", default=None, help="profile name (default: the --out file's stem)")
 
     def take_action(self, args: argparse.Namespace) -> int:
