@@ -233,3 +233,16 @@ def test_profile_help_suggests_an_out_path_that_profile_flags_read_back(capsys):
         main(["profile", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "profiles/NAME.json" not in text and "--profile my-host.json" in text
+
+
+def test_every_flag_with_a_default_says_it_in_its_help():
+    """A user compares commands by their --help: each flag that has a default value names it."""
+    import argparse
+
+    from mpipe_tune.cli import build_parser
+
+    silent = [f"{name} {action.option_strings[0]}" for name, command in build_parser().commands.items()
+              for action in command._actions
+              if action.option_strings and not action.required and action.default not in (None, False, "", argparse.SUPPRESS)
+              and "default" not in (action.help or "")]
+    assert not silent, silent

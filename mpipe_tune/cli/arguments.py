@@ -41,7 +41,8 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="interior boundaries in layers, e.g. 32 or 32,48 (default for two regions: before the first backbone layer)")
     parser.add_argument("--slabs", default=None, help="layer count of each slab, P per Sharded region, in layer order "
                                                         "(rank 0's first; zbv's second region: rank P-1's first)")
-    parser.add_argument("--owner", default="round-robin", help="'round-robin' or the rank of microbatch 0, 1, ... (0-based)")
+    parser.add_argument("--owner", default="round-robin",
+                        help="'round-robin' (default) or the rank of microbatch 0, 1, ... (0-based)")
     parser.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder")
     parser.add_argument("--encoder-backward", default="cooldown", choices=("cooldown", "earliest", "optimised", "search"),
                         help="where each rank runs the trainable encoder's backwards it owns: cooldown (default, after "

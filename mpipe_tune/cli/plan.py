@@ -152,7 +152,8 @@ class Plan(Command):
         s.add_argument("--interior-transpose", action="store_true",
                        help="also search schedules that transpose the projector between a Sharded encoder and a "
                             "Sharded backbone (1f1b,transpose,1f1b and the like; off by default)")
-        s.add_argument("--owners", default="round-robin,greedy,optimal", help="owner policies to search")
+        s.add_argument("--owners", default="round-robin,greedy,optimal",
+                       help="owner policies to search, of round-robin, greedy, optimal (default: all three)")
         s.add_argument("--encoder-backward", default="cooldown", choices=("cooldown", "earliest", "optimised", "search"),
                        help="where ranks run the trainable transposed encoder's backwards: cooldown (default), "
                             "earliest, optimised, or search (try all three)")
