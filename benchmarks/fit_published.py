@@ -139,9 +139,11 @@ PROFILE_NOTES = {
                    "are timed on the node's full mesh (links mesh_links 7, datasheet topology, not fitted); the peak "
                    "(320e12 bf16), memory bandwidth and links stay datasheet figures and assumptions: the runs' 910B "
                    "SKU is not stated (SKUs range ~280-414e12), so the fitted efficiencies absorb a peak that differs "
-                   "from 320e12; the tensor-parallel overlap share fits at its bound 0 because the two Llama 3/3.1 "
-                   "8B runs at tp 8 (22-24% slower per FLOP than the model gives them, not explained by any setting "
-                   "in their script) pull it there; Atlas 800T A2 (MindFormers measured one configuration 15% slower "
+                   "from 320e12; the loss runs as Megatron core_r0.6.0's fp32 vocab-parallel cross-entropy "
+                   "(its passes over the logits counted from megatron/core/tensor_parallel/cross_entropy.py at "
+                   "core_v0.6.0 and timed at the memory roofline, not fitted); the tensor-parallel overlap share "
+                   "fits at its bound 0 because the two Llama 3/3.1 8B runs at tp 8 (17-24% slower than the model "
+                   "gives them left out, not explained by any setting in their script) pull it there; Atlas 800T A2 (MindFormers measured one configuration 15% slower "
                    "on it), Legacy model code, MindSpeed's --swap-attention and MoE on Megatron core_r0.6.0's "
                    "dispatcher are outside this profile",
 }

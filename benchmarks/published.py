@@ -71,6 +71,9 @@ class PublishedRun:
     optimizer_bytes_per_param: float = 12.0
     """Optimizer state per parameter beyond the parameter itself: Adam's fp32 master copy and two moments (12)
     unless the framework's optimizer keeps fewer (MindFormers' fp32-state AdamW on fp16 parameters: 8)."""
+    loss_fusion: bool = False
+    """The run's trainer fuses its loss kernels (Megatron-Core's ``cross_entropy_loss_fusion``; off unless the
+    run's configuration sets it): :attr:`~mpipe_tune.cost.layers.CostOptions.fused_loss`."""
     excluded: str = ""
     """Why the run is outside what its profile describes (another code path or machine, a setting the cost model
     cannot express): shown with its prediction, counted in no fit and no held-out figure. Empty: in scope."""
@@ -155,7 +158,7 @@ def run_options(run: PublishedRun) -> CostOptions:
                        optimizer_bytes_per_param=run.optimizer_bytes_per_param, dtype=run.dtype,
                        degrees=Degrees(run.pp, tp=run.tp, dp=run.dp, cp=run.cp, ep=run.ep),
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
-                       recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype)
+                       recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion)
 
 
 def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] | None = None

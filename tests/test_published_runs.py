@@ -89,6 +89,20 @@ def test_a_run_records_its_frameworks_optimizer_state(published):
     assert fits < capacity < max(published.predict_run(as_megatron).memory.peak_bytes)
 
 
+def test_a_run_that_fuses_its_loss_is_predicted_with_the_fused_kernels(published):
+    """NeMo's Llama 3.1 configs set cross_entropy_loss_fusion (fewer fp32 passes over the logits); MindSpeed-LLM
+    1.0.RC3 runs Megatron core_r0.6.0, which has no fused loss."""
+    from dataclasses import replace
+
+    runs = {run.name: run for run in published.load_runs()}
+    nemo, mindspeed = runs["dgxc-llama31-8b@8"], runs["mindspeed-llama3-8b@8"]
+    assert published.run_options(nemo).fused_loss and not published.run_options(mindspeed).fused_loss
+    assert all(run.loss_fusion for run in runs.values() if run.suite.startswith("dgxc-llama31"))
+    assert not any(run.loss_fusion for run in runs.values() if not run.suite.startswith("dgxc-llama31"))
+    fused = published.predict_run(nemo).timeline.makespan_s
+    assert published.predict_run(replace(nemo, loss_fusion=False)).timeline.makespan_s > fused
+
+
 def test_a_runs_uneven_layer_list_is_its_layout(published):
     """Megatron's --num-layer-list (MindSpeed-LLM's Llama 3/3.1 70B scripts: 17,20,22,21) sets the decoder layers
     per stage; the embedding joins the first stage and the head the last."""

@@ -40,6 +40,28 @@ _SWIGLU_FLOPS_PER_ELEM = 4.0  # sigmoid, two products
 _GELU_FLOPS_PER_ELEM = 8.0  # tanh or sigmoid approximation
 _SOFTMAX_FLOPS_PER_ELEM = 5.0  # max, subtract, exp, sum, divide
 _CROSS_ENTROPY_REDUCTIONS = 3  # per-token max, sum of exponentials, target logit (vocab-parallel loss)
+LOSS_BYTES = 4
+"""Width of the loss's tensors: Megatron-LM casts the logits to fp32 for its vocab-parallel
+cross-entropy whatever the step's dtype (:func:`vocab_parallel_loss`)."""
+LOSS_FWD_PASSES = (1, 2, 2, 1, 2)
+"""fp32 elements per logit the loss's forward kernels read and write after the cast, in Megatron-LM
+core_r0.6.0's ``_VocabParallelCrossEntropy.forward`` (megatron/core/tensor_parallel/cross_entropy.py at
+tag core_v0.6.0, cac60ce4, lines 19, 24, 57, 58, 69; MindSpeed 1.0.RC3's patch of it, which
+MindSpeed-LLM 1.0.RC3 applies, mindspeed/core/tensor_parallel/cross_entropy.py at e2f87dc9 lines 14, 19,
+52, 53, 61, runs the same kernels): the max over the vocabulary (read), the subtraction of the max
+(read, write a new tensor), the exponential in place (read, write), its sum (read) and the division
+by it in place (read, write), which leaves the softmax the backward keeps."""
+LOSS_BWD_PASSES = (2,)
+"""fp32 elements per logit the unfused loss's backward reads and writes before the cast back (lines
+105-124 there): the one-hot subtraction touches one element per token, the multiplication by the
+output gradient in place (line 124) reads and writes every logit."""
+FUSED_LOSS_FWD_PASSES = (2, 2)
+"""The same for Megatron-LM's fused loss (``cross_entropy_loss_fusion``, core_v0.9.0, 1afee592,
+megatron/core/fusions/fused_cross_entropy.py), each ``jit_fuser`` function one kernel: after the cast
+(fused with the max, lines 17-24), the subtraction, exponential and sum (read, write, lines 27-44) and
+the division (read, write, lines 47-59)."""
+FUSED_LOSS_BWD_PASSES = (1,)
+"""Its backward (lines 62-80): one kernel reads the softmax and writes the gradient in the dtype."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +85,15 @@ class LayerDegrees:
         return self.tp_degree if self.sequence_parallel else 1
 
 
-def build_layer(kind: str, dims: Mapping[str, Any], mb: Microbatch, tp_degree: int | LayerDegrees) -> Layer:
+def build_layer(kind: str, dims: Mapping[str, Any], mb: Microbatch, tp_degree: int | LayerDegrees, *,
+                dtype_bytes: int = 2, fused_loss: bool = False) -> Layer:
     """The kernels of one layer of ``kind`` on microbatch ``mb``; ``dims`` have their defaults filled in.
-    ``tp_degree``: the tensor-parallel degree, or all of a layer's degrees."""
+    ``tp_degree``: the tensor-parallel degree, or all of a layer's degrees. Only the loss reads the
+    last two: ``dtype_bytes``, the step's element width (the loss runs in fp32 whatever the dtype), and
+    ``fused_loss``, the trainer's fused loss kernels (:func:`vocab_parallel_loss`)."""
     degrees = tp_degree if isinstance(tp_degree, LayerDegrees) else LayerDegrees(tp_degree)
+    if kind == "lm_head":  # the one kind whose kernels depend on the dtype and the trainer's loss
+        return _lm_head(dims, mb, degrees, dtype_bytes, fused_loss)
     return _BUILDERS[kind](dims, mb, degrees)
 
 
@@ -325,17 +352,54 @@ def _embedding(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -
     return Layer(tuple(pieces), boundary_elems=tokens * hidden / degrees.sequence_shards)
 
 
-def _lm_head(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
-    """Final norm, vocab-parallel logits and cross-entropy; the loss goes nowhere, so no boundary."""
+def vocab_parallel_loss(tokens: float, logits_elems: float, *, dtype_bytes: int, tp_degree: int,
+                        fused: bool = False) -> list[Piece]:
+    """Megatron-LM's vocab-parallel cross-entropy over a rank's ``logits_elems`` logits of ``tokens``
+    tokens, in the step's elements (``dtype_bytes`` wide) as every piece counts them; ``fused``: its
+    fused form (``cross_entropy_loss_fusion``).
+
+    The logits are cast to fp32 first (``logits.float()``, language_module.py line 36 at core_v0.6.0;
+    no kernel for an fp32 step) and the loss runs in fp32: its passes over every logit are
+    :data:`LOSS_FWD_PASSES` and :data:`LOSS_BWD_PASSES` (fused: :data:`FUSED_LOSS_FWD_PASSES`,
+    :data:`FUSED_LOSS_BWD_PASSES`), and the gradient goes back to the dtype. It keeps the fp32 softmax
+    for the backward, and its three per-token all-reduces (the max, the target logit, the sum of
+    exponentials) move fp32. Per logit of a bf16 step: 38 bytes forward and 14 backward, fused 22 and 6.
+
+    >>> [p.fwd_elems for p in vocab_parallel_loss(0, 1, dtype_bytes=2, tp_degree=1)][:1]
+    [19.0]
+    """
+    cast_bytes = 0 if dtype_bytes == LOSS_BYTES else dtype_bytes + LOSS_BYTES  # read one width, write the other
+    fwd_passes, bwd_passes = (FUSED_LOSS_FWD_PASSES, FUSED_LOSS_BWD_PASSES) if fused else (
+        LOSS_FWD_PASSES, LOSS_BWD_PASSES)
+    if fused:  # the cast and the max are one kernel (an fp32 step: the max reads); the backward writes the dtype
+        fwd_bytes = (cast_bytes or LOSS_BYTES) + LOSS_BYTES * sum(fwd_passes)
+        bwd_bytes = LOSS_BYTES * sum(bwd_passes) + dtype_bytes
+    else:
+        fwd_bytes = cast_bytes + LOSS_BYTES * sum(fwd_passes)
+        bwd_bytes = LOSS_BYTES * sum(bwd_passes) + cast_bytes
+    wide = LOSS_BYTES / dtype_bytes  # one fp32 element, in the dtype's elements
+    return [
+        Piece(
+            fwd_flops=_SOFTMAX_FLOPS_PER_ELEM * logits_elems,
+            fwd_elems=logits_elems * fwd_bytes / dtype_bytes + tokens * wide,  # and the per-token loss
+            dgrad_flops=logits_elems,
+            dgrad_elems=logits_elems * bwd_bytes / dtype_bytes + tokens * wide,
+            saved=(("softmax", logits_elems * wide),),
+        ),
+        all_reduce(_CROSS_ENTROPY_REDUCTIONS * tokens * wide, tp_degree=tp_degree),
+    ]
+
+
+def _lm_head(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, dtype_bytes: int,
+             fused_loss: bool) -> Layer:
+    """Final norm, vocab-parallel logits and the fp32 cross-entropy; the loss goes nowhere, so no boundary."""
     tp_degree = degrees.tp_degree
     tokens, hidden, vocab = _local_text_tokens(mb, degrees), dims["hidden"], dims["vocab"]
-    logits_elems = tokens * vocab / tp_degree
     pieces = [
         _norm("x", tokens, hidden, layernorm=False, shards=degrees.sequence_shards),
         matmul("x_norm", tokens, hidden, vocab, split="column", tp_degree=tp_degree),
-        pointwise(logits_elems, tokens, _SOFTMAX_FLOPS_PER_ELEM * logits_elems,
-                  saved=(("softmax", logits_elems),)),
-        all_reduce(_CROSS_ENTROPY_REDUCTIONS * tokens, tp_degree=tp_degree),
+        *vocab_parallel_loss(tokens, tokens * vocab / tp_degree, dtype_bytes=dtype_bytes, tp_degree=tp_degree,
+                             fused=fused_loss),
     ]
     return Layer(tuple(pieces), boundary_elems=0.0)
 
@@ -344,7 +408,6 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees], Lay
     "embedding": _embedding,
     "dense_block": _dense_block,
     "moe_block": _moe_block,
-    "lm_head": _lm_head,
     "vit_block": _vit_block,
     "patch_embed": _patch_embed,
     "merger": _merger,

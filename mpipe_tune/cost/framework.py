@@ -43,6 +43,8 @@ class Framework:
     """Optimizer state per parameter (Adam with fp32 master weights and two moments)."""
     grad_bytes_per_param: float = 4.0
     """Gradient bytes per parameter (fp32 accumulation)."""
+    fused_loss: bool = False
+    """Fused loss kernels (Megatron-LM's ``cross_entropy_loss_fusion``; its default, off)."""
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any]) -> Framework:
@@ -73,4 +75,5 @@ class Framework:
             dtype=dtype, degrees=degrees, moe_imbalance=self.moe_imbalance, sequence_parallel=sequence_parallel,
             optimizer_bytes_per_param=self.optimizer_bytes_per_param, grad_bytes_per_param=self.grad_bytes_per_param,
             shard_optimizer=zero_stage >= 1, grad_reduce_dtype=self.grad_reduce_dtype,
-            overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute)
+            overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute,
+            fused_loss=self.fused_loss)

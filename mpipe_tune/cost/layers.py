@@ -103,6 +103,10 @@ class CostOptions:
     serialises each whole reduce after the rank's last backward."""
     dp_bucket_params: float = 40e6
     """Parameters per data-parallel communication bucket (Megatron-LM's default bucket, 40M elements)."""
+    fused_loss: bool = False
+    """The trainer's fused loss kernels (Megatron-LM's ``cross_entropy_loss_fusion``, off by default there;
+    NeMo's Llama 3.1 configs turn it on): fewer passes over the fp32 logits
+    (:func:`~mpipe_tune.cost.arch_layers.vocab_parallel_loss`)."""
     recompute: bool | str = False
     """Activation recomputation: ``False`` (none), ``"selective"`` (the attention core) or ``True``
     (full: each layer keeps only its input for the backward, which first re-runs the layer's
@@ -424,7 +428,7 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     work = arch.estimate_arch_work(
         cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
         ep_degree=options.degrees.ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
-        sequence_parallel=options.sequence_parallel,
+        sequence_parallel=options.sequence_parallel, fused_loss=options.fused_loss,
     )
     *_, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(work, cost.kind, profile, options.dtype)
     bandwidth = profile.memory_bytes_per_s

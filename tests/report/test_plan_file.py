@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra.plan import BWD, FWD
 from mpipe_tune.cli import main
 from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.update import estimate_update_s, update_charges
@@ -121,12 +122,19 @@ def test_a_version_1_plan_file_loads_as_version_2_and_re_predicts_every_plan(cap
         assert c.slab_counts == tuple(map(tuple, stored["candidate"]["slabs"])) and c.frozen == ()
         again = predict(c, model, workload_of(selected), profile)
         # Every event's duration is the stored one, but for the optimizer update the cost model has charged
-        # since the file was written (issue 14: on each rank's last event): the same plan, re-predicted.
+        # since the file was written (issue 14: on each rank's last event) and the head's fp32 loss (issue 28:
+        # longer forwards and backwards on the head's rank): the same plan, re-predicted.
         update_s = estimate_update_s(again.plan, c.model_of(model), again.table, profile, again.options)
         events, seconds = update_charges(again.plan, update_s)
         durations = np.array(again.timeline.durations_s)
         durations[events] -= seconds
-        assert seconds.min() > 0 and durations == pytest.approx(selected["predicted"]["durations_s"], rel=1e-12), name
+        stored_s = np.array(selected["predicted"]["durations_s"])
+        columns = again.plan.order.columns
+        head = next(p.region for p in again.plan.placement if p.layers[1] == model.num_layers)
+        loss = (columns.region == head) & np.isin(columns.kind, (FWD, BWD))
+        assert seconds.min() > 0 and durations[~loss] == pytest.approx(stored_s[~loss], rel=1e-12), name
+        longer = durations[loss] > stored_s[loss] * (1 + 1e-12)  # the head's rank's; its region's others alike
+        assert longer.any() and durations[loss][~longer] == pytest.approx(stored_s[loss][~longer], rel=1e-12), name
     assert main(["show", str(OLD_PLAN)]) == 0  # re-derived: the stored orders are derive's
     assert "re-predicted" in capsys.readouterr().out
     assert read_plan_file(str(OLD_PLAN), plan_name="megatron").num_ranks == old["candidate"]["pp"]
