@@ -54,3 +54,22 @@ def test_the_export_guide_runs_as_written_on_the_example_plan(tmp_path, monkeypa
     for command in commands(ROOT / "docs" / "exports.md"):
         capsys.readouterr()
         assert main(shlex.split(command)[1:]) == 0, f"'{command}': {capsys.readouterr().err.strip()}"
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives ``page``'s headings: lower case, punctuation dropped, spaces as hyphens."""
+    return {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in page.read_text(encoding="utf-8").splitlines() if line.startswith("#")}
+
+
+def test_every_link_between_the_pages_resolves():
+    broken = []
+    for page in [*PAGES, ROOT / "benchmarks" / "README.md"]:
+        for link in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if link.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path) if path else page
+            if not target.exists() or (anchor and target.suffix == ".md" and anchor not in anchors(target)):
+                broken.append(f"{page.relative_to(ROOT)}: {link}")
+    assert not broken, broken
