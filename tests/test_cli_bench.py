@@ -76,6 +76,14 @@ def test_selected_plans_table_progress_and_measured_timelines(plan_file, tmp_pat
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.iterdir())
 
 
+def test_no_progress_leaves_stderr_quiet_as_run_s_does(plan_file, capsys):
+    """bench takes run's --no-progress: the table on stdout, no line per finished run on stderr."""
+    assert main(["bench", str(plan_file), "--compute", "emulated", "--rounds", "1", "--steps", "1",
+                 "--plans", "best", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "speedup meas" in captured.out
+
+
 @pytest.fixture
 def no_launch(monkeypatch):
     """Bad input must be refused before any rank starts."""

@@ -44,6 +44,7 @@ class Bench(Command):
         parser.add_argument("--gantt", default=None, metavar="DIR",
                             help="draw each plan's measured timeline (its last step) to DIR/<plan>.png")
         parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+        parser.add_argument("--no-progress", action="store_true", help="no line on stderr as each run finishes")
 
     def take_action(self, args: argparse.Namespace) -> int:
         from mpipe_tune.report.bench import bench_plans, bench_record, format_bench, progress_line, round_robin, validate_rounds
@@ -72,7 +73,7 @@ class Bench(Command):
         jobs = [replace(template, plan_name=name, trace=bool(args.gantt) and k == last) for name, k in runs]
 
         def on_result(index: int, result: dict) -> None:
-            if not args.json:
+            if not args.json and not args.no_progress:
                 name, k = runs[index]
                 print(progress_line(name, k, args.rounds, result["summary"]), file=sys.stderr, flush=True)
 
