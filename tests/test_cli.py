@@ -190,7 +190,9 @@ def test_export_checks_its_outputs_and_writes_all_of_them_or_none(tmp_path, caps
         assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
     (tmp_path / "job.csv").mkdir()  # the CSV beside the TOML cannot be written: neither file is
     code = main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan", "--out", str(tmp_path / "job.toml")])
-    assert code == 2 and "the file beside --out" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and f"the file beside --out, {tmp_path / 'job.csv'}, is a folder" in err  # not "a path in it"
+    assert "move it aside or give --out another name" in err and "job.csv/NAME" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.csv", "plan.json"]
 
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from mpipe_tune.cli.command import Command
+from mpipe_tune.errors import MpipeError
 
 
 class Export(Command):
@@ -46,7 +47,11 @@ class Export(Command):
         outputs = export_outputs(plan, args.to, Path(args.out) if args.out else None)
         files = [o for o in outputs if o.path is not None]
         for output in files:
-            validate_out_path(output.path, label="--out" if str(output.path) == args.out else "the file beside --out")
+            beside = str(output.path) != args.out
+            if beside and output.path.is_dir():  # its name follows --out's: no path "in it" to give
+                raise MpipeError(f"the file beside --out, {output.path}, is a folder; move it aside or give --out "
+                                 f"another name")
+            validate_out_path(output.path, label="the file beside --out" if beside else "--out")
         write_together([(o.path, lambda tmp, text=o.text: tmp.write_text(text, encoding="utf-8")) for o in files])
         for output in outputs:
             if output.path is None:
