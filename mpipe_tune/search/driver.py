@@ -597,7 +597,7 @@ class _Run:
         if self.prune:
             work = StagedWorkBound(ev)
             order = GroupOrder(self.space, ev.static_floor_bytes, capacity, work, work.levels, ev.bound_levels,
-                               ev.bound_at, self.tried)
+                               ev.bound_at, self.tried, expect=work.expect)
         else:
             order = GroupOrder(self.space, lambda c: 0.0, capacity, lambda c, level: 0.0, 1, lambda c: (0, 0),
                                lambda c, level: 0.0, self.tried)

@@ -20,6 +20,7 @@ revisits the same pieces many times.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -101,6 +102,9 @@ class Evaluator:
                                    max_cached_orders=max_cached_orders)
         self._dtype = problem.dtype
         self._tables: dict[tuple, tuple[Workload, LayerTable, TableSums]] = {}
+        self._expected: dict[tuple, set[tuple]] = {}
+        """Per kernel setting (:func:`_kernel_setting`), the table settings :meth:`expect` was told of and
+        not yet built."""
         self._weights: dict[tuple, tuple[float, ...]] = {}
         self._steps: dict[tuple, StepResult] = {}
         self._slots: dict[tuple, EncoderBackward | None] = {}
@@ -111,7 +115,8 @@ class Evaluator:
         self._sums: dict[tuple, BoundSums] = {}
         self._slab_index: dict[tuple, SlabIndex] = {}
         self._owned: dict[tuple, np.ndarray] = {}
-        self._slabs: dict[tuple, tuple[tuple[int, ...], ...]] = {}
+        self._slabs: dict[tuple, tuple] = {}
+        """Per plan shape and setting its slab counts, and per Sharded region and setting its balanced partition."""
 
     @property
     def num_evaluated(self) -> int:
@@ -138,14 +143,31 @@ class Evaluator:
         """Step ``sample``'s replica workload for ``c`` and its layer table."""
         return self._table(sample, c)[:2]
 
+    def expect(self, candidates: Iterable[Candidate], *, plain: bool = False) -> None:
+        """Say that the layer tables of ``candidates``' settings (``plain``: those settings without
+        recomputation) will be asked for: the first of them asked for is built in one pass with those of the
+        others that differ from it only in the data-parallel degree and the microbatch count (the kernels'
+        options are the same; only the microbatches differ), about a third of the time of building them one
+        setting at a time. The tables are the same either way."""
+        for c in candidates:
+            setting = _table_setting(c, recompute=False) if plain else _table_setting(c)
+            if (0, *setting) not in self._tables:
+                self._expected.setdefault(_kernel_setting(setting), set()).add(setting)
+
     def _table(self, sample: int, c: Candidate) -> tuple[Workload, LayerTable, TableSums]:
         setting = _table_setting(c)
         key = (sample, *setting)
         if key not in self._tables:  # every sampled step's table of the setting, in one pass
             p = self.problem
-            workloads = [p.replica_workload(k, c.dp, c.num_microbatches) for k in range(p.samples)]
-            for k, workload, table in zip(range(p.samples), workloads, self.predictor.tables(self._own(c), workloads)):
-                self._tables[(k, *setting)] = (workload, table, table_sums(table, p.model))
+            expected = self._expected.pop(_kernel_setting(setting), set())
+            expected.discard(setting)
+            batch = [setting, *sorted(s for s in expected if (0, *s) not in self._tables)]
+            workloads = [p.replica_workload(k, dp, m) for _, dp, m, *_ in batch for k in range(p.samples)]
+            tables = iter(zip(workloads, self.predictor.tables(self._own(c), workloads)))
+            for built in batch:
+                for k in range(p.samples):
+                    workload, table = next(tables)
+                    self._tables[(k, *built)] = (workload, table, table_sums(table, p.model))
         return self._tables[key]
 
     def expected_layer_weights(self, c: Candidate) -> tuple[float, ...]:
@@ -160,15 +182,22 @@ class Evaluator:
         """The candidate's slabs: given, or the balanced partition of each Sharded region."""
         if c.slab_counts is not None:
             return c.slab_counts
-        key = (c.schedule, c.cut, c.pp, _table_setting(c))
+        setting = _table_setting(c)
+        key = (c.schedule, c.cut, c.pp, setting)
         if key not in self._slabs:
             cut, schedule = c.parsed()
-            weights = self.expected_layer_weights(c)
             regions = cut.regions(self.problem.model.num_layers)
-            self._slabs[key] = tuple(
-                balanced_counts(weights[start:stop], c.pp)
-                for (start, stop), layout in zip(regions, schedule.layouts()) if layout is Layout.SHARDED
-            )
+            self._slabs[key] = tuple(self._balanced(start, stop, c, setting)
+                                     for (start, stop), layout in zip(regions, schedule.layouts())
+                                     if layout is Layout.SHARDED)
+        return self._slabs[key]
+
+    def _balanced(self, start: int, stop: int, c: Candidate, setting: tuple) -> tuple[int, ...]:
+        """The balanced partition of layers ``[start, stop)`` over ``c``'s ranks by its setting's expected
+        weights: kept per region, as schedules that differ only in their skeletons share their regions."""
+        key = ("region", start, stop, c.pp, setting)
+        if key not in self._slabs:
+            self._slabs[key] = balanced_counts(self.expected_layer_weights(c)[start:stop], c.pp)
         return self._slabs[key]
 
     # ------------------------------------------------------------------------- evaluation
@@ -325,7 +354,10 @@ class Evaluator:
         key = ("static floor", c.pp, c.tp, c.dp, c.ep, c.cp, c.zero_stage, c.sequence_parallel, c.encoder_tp)
         if key not in self._bounds:
             p = self.problem
-            table = self.predictor.table(self._own(c), Workload(p.sequences(0, 1), "static"))
+            table_key = ("static table", _kernel_setting(_table_setting(c)))  # what the table's kernels read
+            if table_key not in self._bounds:
+                self._bounds[table_key] = self.predictor.table(self._own(c), Workload(p.sequences(0, 1), "static"))
+            table = self._bounds[table_key]
             layers = ((0, p.model.num_layers),)
             self._bounds[key] = sum(static_bytes_of((layers,), p.model, table, self.options(c))) / c.pp
         return self._bounds[key]
@@ -470,6 +502,12 @@ def _table_setting(c: Candidate, **recompute: bool | str) -> tuple:
     table reads (``recompute=``: with that recomputation in place of ``c``'s)."""
     return (c.tp, c.dp, c.num_microbatches, recompute.get("recompute", c.recompute), c.ep, c.cp, c.sequence_parallel,
             c.encoder_tp)
+
+
+def _kernel_setting(setting: tuple) -> tuple:
+    """Of a :func:`_table_setting`, what the cost kernels' options read: all but the data-parallel degree and
+    the microbatch count, which only change the microbatches (the tables are built at dp = 1)."""
+    return setting[:1] + setting[3:]
 
 
 def _bound_key(c: Candidate) -> tuple:

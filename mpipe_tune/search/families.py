@@ -10,17 +10,28 @@ choices it leaves free, drawn from the same :class:`SearchSpace` the search walk
   parallelism (:meth:`~mpipe_tune.search.space.SearchSpace.memory_settings`);
 - for ``vpp``, the chunk count: 2 up to the space's ``max_chunks`` (at least 2).
 
-That is a few dozen to a few hundred candidates, so a family is searched exhaustively and exactly,
-with the search's own bounds (see :mod:`mpipe_tune.search.driver`): candidates are visited in
-increasing step-time lower bound (refined lazily: :class:`~mpipe_tune.search.bounds.BoundOrder`), one
-whose static memory alone is over capacity is skipped, the visit stops at the first bound above the
-fastest plan that fits, and memory is estimated only for plans faster than that one (until one fits, every
-plan is predicted with its memory at once: the step time alone would be predicted twice). Ties in step
-time go to the candidate listed first.
+That is a few dozen candidates on a few devices and tens of thousands at 512 (every layout, microbatch
+count and memory setting), so a family is searched exhaustively and exactly, with the search's own bounds
+(see :mod:`mpipe_tune.search.driver`): candidates are visited in increasing step-time lower bound, refined
+lazily (:class:`~mpipe_tune.search.bounds.BoundOrder`) and staged as the search's groups are
+(:mod:`mpipe_tune.search.grouped`), so that a candidate costs nothing until its bound comes on top:
+
+- level 0: infinite where the static memory floor of its degrees and memory knobs cannot fit
+  (:meth:`Evaluator.static_floor_bytes`, no layer table), else 0;
+- levels 1 to ``S`` (the sampled steps): the work bound of its setting one sampled step's layer tables at
+  a time (:class:`~mpipe_tune.search.grouped.StagedWorkBound`, shared by the candidates of a setting);
+- then its own levels (:meth:`Evaluator.bound_at` 1 to 3: its slabs', its memory floors', its owners').
+
+Only the candidates whose bound comes on top before the family's best is found build layer tables; the
+visit stops at the first bound above the fastest plan that fits (or once every candidate left is out of
+memory by its floors), one whose static memory alone is over capacity is skipped, and memory is estimated
+only for plans faster than that one (until one fits, every plan is predicted with its memory at once: the
+step time alone would be predicted twice). Ties in step time go to the candidate listed first.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from mpipe_tune.interrupt import mark
@@ -28,6 +39,7 @@ from mpipe_tune.search.baselines import BASELINES, baseline, schedule_of
 from mpipe_tune.search.bounds import BoundOrder
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
+from mpipe_tune.search.grouped import StagedWorkBound
 from mpipe_tune.search.space import SearchSpace
 
 OWN = "@own"
@@ -75,15 +87,41 @@ def family_candidates(name: str, space: SearchSpace) -> list[Candidate]:
     return out
 
 
-def search_family(name: str, space: SearchSpace, evaluator: Evaluator) -> OwnBest:
-    """The fastest plan of ``name``'s family that fits memory (exact; see the module docstring)."""
+class StagedBound:
+    """A family candidate's bound levels (see the module docstring): ``levels`` and ``bound_at`` as
+    :class:`~mpipe_tune.search.bounds.BoundOrder` takes them. Each level's bound is a lower bound on the
+    candidate's step time (infinite: it cannot fit), so the order's final bounds are the evaluator's."""
+
+    def __init__(self, evaluator: Evaluator, work: StagedWorkBound | None = None) -> None:
+        self.evaluator = evaluator
+        self.work = StagedWorkBound(evaluator) if work is None else work
+        self.capacity_bytes = evaluator.problem.profile.memory_capacity_bytes
+
+    def levels(self, c: Candidate) -> tuple[int, int]:
+        return 0, self.work.levels + self.evaluator.bound_levels(c)[1]
+
+    def bound_at(self, c: Candidate, level: int) -> float:
+        if self.evaluator.static_floor_bytes(c) > self.capacity_bytes:
+            return math.inf
+        if level <= self.work.levels:  # 0 at level 0; at the last, the evaluator's level 0
+            return self.work(c, level)
+        return self.evaluator.bound_at(c, level - self.work.levels)
+
+
+def search_family(name: str, space: SearchSpace, evaluator: Evaluator, work: StagedWorkBound | None = None) -> OwnBest:
+    """The fastest plan of ``name``'s family that fits memory (exact; see the module docstring). ``work``:
+    the staged work bounds to share with other searches of ``evaluator`` (None: a new one)."""
     candidates = family_candidates(name, space)
-    capacity = evaluator.problem.profile.memory_capacity_bytes
-    order = BoundOrder(candidates, evaluator.bound_levels, evaluator.bound_at)
+    staged = StagedBound(evaluator, work)
+    staged.work.expect(c for c in candidates if evaluator.static_floor_bytes(c) <= staged.capacity_bytes)
+    order = BoundOrder(candidates, staged.levels, staged.bound_at)
+    capacity = staged.capacity_bytes
     best: tuple[float, int, Evaluation] | None = None
     evaluated = 0
     while order:
         low, i = order.peek()
+        if low == math.inf:
+            break  # every candidate left is out of memory by its floors
         if best is not None and low > best[0] * (1 + _PRUNE_MARGIN):
             break  # in bound order: every later candidate loses too
         order.pop()
@@ -102,11 +140,13 @@ def search_family(name: str, space: SearchSpace, evaluator: Evaluator) -> OwnBes
     return OwnBest(name, None if best is None else best[2], len(candidates), evaluated, len(candidates) - evaluated)
 
 
-def search_families(space: SearchSpace, evaluator: Evaluator) -> list[OwnBest]:
-    """:func:`search_family` for every baseline, in :data:`BASELINES` order (each a named point ``family``
-    of the Ctrl-C tests: a Ctrl-C here stops the plan at its next safe point, before the search)."""
+def search_families(space: SearchSpace, evaluator: Evaluator, work: StagedWorkBound | None = None) -> list[OwnBest]:
+    """:func:`search_family` for every baseline, in :data:`BASELINES` order, sharing ``work`` (each a named
+    point ``family`` of the Ctrl-C tests: a Ctrl-C here stops the plan at its next safe point, before the
+    search)."""
+    work = StagedWorkBound(evaluator) if work is None else work
     found = []
     for name in BASELINES:
         mark("family")
-        found.append(search_family(name, space, evaluator))
+        found.append(search_family(name, space, evaluator, work))
     return found

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -45,12 +45,13 @@ class GroupOrder:
     point), which cannot fit over ``capacity_bytes``; ``group_bound(c, level)``: the bound for every point of
     the group of ``c`` at ``level`` (1 to ``group_levels``, each at least the one before, the last the tightest);
     ``levels`` and ``bound_at``: a point's levels, as :class:`BoundOrder` takes them.
-    ``skip``: points not to put in the order (those tried already)."""
+    ``skip``: points not to put in the order (those tried already). ``expect``: told the first point of every
+    group that can fit, once (each of them gets its first level of bound before the order can end)."""
 
     def __init__(self, space: SearchSpace, floor_bytes: Callable[[Candidate], float], capacity_bytes: float,
                  group_bound: Callable[[Candidate, int], float], group_levels: int,
                  levels: Callable[[Candidate], tuple[int, int]], bound_at: Callable[[Candidate, int], float],
-                 skip: Container[Candidate] = ()) -> None:
+                 skip: Container[Candidate] = (), expect: Callable[[list[Candidate]], None] | None = None) -> None:
         self.space, self.group_bound, self.levels, self.bound_at, self.skip = space, group_bound, levels, bound_at, skip
         self.floor_bytes = floor_bytes
         self.heap: list = []
@@ -60,6 +61,7 @@ class GroupOrder:
         """Points still in the order (a group not yet opened counts with all its points)."""
         self.unfit_floors: dict[Group, float] = {}
         """The static memory floor of each group that cannot fit."""
+        fitting = []
         for group in space.groups():
             key, params, first = next(space.group_points(group))
             self.size += group.size
@@ -70,7 +72,10 @@ class GroupOrder:
                 self.heap.append((math.inf, key, group_levels, group_levels, (group, first)))
             else:
                 self.heap.append((0.0, key, 0, group_levels, (group, first)))
+                fitting.append(first)
         heapq.heapify(self.heap)
+        if expect is not None:
+            expect(fitting)
 
     def __len__(self) -> int:
         return len(self.heap)
@@ -137,6 +142,11 @@ class StagedWorkBound:
         self.evaluator = evaluator
         self.levels = evaluator.problem.samples
         self._work: dict[tuple, float] = {}
+
+    def expect(self, candidates: Iterable[Candidate]) -> None:
+        """The groups of ``candidates`` will be bounded: the layer tables of their settings without
+        recomputation are built together (:meth:`Evaluator.expect`)."""
+        self.evaluator.expect(candidates, plain=True)
 
     def __call__(self, c: Candidate, level: int) -> float:
         if level >= self.levels:

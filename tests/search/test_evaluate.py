@@ -246,3 +246,34 @@ def test_the_peak_floor_and_step_bounds_hold_on_random_moe_points(seed):
                    and squeezed.bound_at(c, level) == float("inf")]
         assert settled
         assert all(not squeezed.evaluate(c).fits for c in settled)
+
+
+def test_tables_expected_together_are_built_in_one_pass_and_equal_those_built_alone(monkeypatch):
+    """Settings that differ only in dp and M share the kernels' options: the first asked for is built with the
+    others expected, in one call, and every table is the one a fresh evaluator builds for that setting alone."""
+    from mpipe_tune.cost.predictor import Predictor
+
+    problem = Problem(load_model("tiny-vit-llm"), load_profile("h100-sxm"), 8, 16, mix="image-heavy", num_samples=2,
+                      seed=4)
+    base = Candidate("1f1b", (), pp=2, tp=2, dp=2, num_microbatches=4, sequence_parallel=True)
+    settings = [replace(base, dp=dp, pp=8 // (2 * dp), num_microbatches=m) for dp in (1, 2, 4) for m in (2, 4)]
+    other = replace(base, tp=1, sequence_parallel=False)  # other kernel options: not in the pass
+    evaluator = Evaluator(problem)
+    calls = []
+    tables = Predictor.tables
+    monkeypatch.setattr(Predictor, "tables", lambda self, c, workloads: calls.append(len(workloads)) or tables(
+        self, c, workloads))
+    evaluator.expect([*settings, other])
+    evaluator.expect([replace(base, recompute=True)], plain=True)  # its setting without recomputation: base's
+    for c in reversed(settings):
+        for sample in range(2):
+            workload, table = evaluator.table(sample, c)
+            alone_workload, alone = Evaluator(problem).table(sample, c)
+            assert workload.microbatches == alone_workload.microbatches and len(workload) == c.num_microbatches
+            for field in ("fwd_s", "dgrad_s", "wgrad_s", "saved_bytes", "boundary_bytes", "param_count"):
+                assert np.array_equal(getattr(table, field), getattr(alone, field)), field
+    assert calls[0] == 2 * len(settings)  # one pass, every sampled step of every setting expected
+    n = len(calls)
+    evaluator.table(0, other)
+    assert calls[n] == 2  # alone
+    assert evaluator.table(1, base)[1] is evaluator.table(1, replace(base, pp=4, zero_stage=0))[1]  # no table reads them

@@ -122,3 +122,43 @@ def test_the_table_puts_each_own_row_after_its_baseline_and_says_when_none_fits(
     assert f"disttrain@own none of its {count} layouts in the space fits memory" in text
     megatron = next(r for r in summary["own_best"] if r["plan"] == "megatron@own")
     assert megatron["best_speedup"] == megatron["step_s"] / best.mean_s
+
+
+@pytest.mark.parametrize("squeeze", [False, True])
+def test_the_staged_family_order_finds_the_family_s_optimum_with_every_knob(squeeze):
+    """With every memory knob (recomputation, ZeRO, sequence and context parallelism, the encoder's own tp),
+    and a capacity that leaves part of each family out by its static memory alone (``squeeze``): each family's
+    own best is the fastest plan that fits of all its candidates, each predicted in full by a fresh evaluator;
+    and every level of the staged bound is at most the next and at most the candidate's step time (infinite
+    only for a plan that does not fit)."""
+    from mpipe_tune.search.families import StagedBound
+
+    tiny = load_model("tiny-vit-llm")
+    problem = Problem(tiny, load_profile("h100-sxm"), 8, 16, mix="image-heavy", num_samples=2, seed=2)
+    options = SpaceOptions(recompute=(False, True), zero=(0, 1), sequence_parallel=(False, True), cp=(1, 2),
+                           encoder_tp=True, max_microbatches=8)
+    if squeeze:
+        evaluator = Evaluator(problem)
+        space = SearchSpace(problem, evaluator.reference_weights(), options)
+        floors = sorted({evaluator.static_floor_bytes(c) for c in family_candidates("megatron", space)})
+        problem = replace(problem, profile=replace(problem.profile, memory_capacity_bytes=floors[len(floors) // 2]))
+    evaluator = Evaluator(problem)
+    space = SearchSpace(problem, evaluator.reference_weights(), options)
+    staged = StagedBound(Evaluator(problem))
+    left_out = 0
+    for name in BASELINES:
+        candidates = family_candidates(name, space)
+        exact = Evaluator(problem)
+        evaluations = [exact.evaluate(c) for c in candidates]
+        fitting = [e.mean_s for e in evaluations if e.fits]
+        found = search_family(name, space, evaluator)
+        assert (found.best is None) == (not fitting)
+        if fitting:
+            assert found.best.mean_s == min(fitting) and found.best.fits
+        for c, e in list(zip(candidates, evaluations))[::5]:
+            first, last = staged.levels(c)
+            bounds = [staged.bound_at(c, level) for level in range(first, last + 1)]
+            assert all(a <= b for a, b in zip(bounds, bounds[1:])), c
+            assert bounds[-1] <= e.mean_s * (1 + 1e-12) or (bounds[-1] == float("inf") and not e.fits), c
+            left_out += bounds[0] == float("inf")
+    assert (left_out > 0) == squeeze
