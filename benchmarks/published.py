@@ -22,6 +22,7 @@ from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.candidate import DTYPE_BYTES, Candidate
 from mpipe_tune.algebra.schedule import Cut
 from mpipe_tune.cost.layers import CostOptions
+from mpipe_tune.cost.arch_layers import ROPE_FORMS
 from mpipe_tune.cost.predict import Prediction, predict
 from mpipe_tune.cost.profile import HardwareProfile
 from mpipe_tune.inputs.workload import Microbatch, Workload
@@ -74,6 +75,10 @@ class PublishedRun:
     loss_fusion: bool = False
     """The run's trainer fuses its loss kernels (Megatron-Core's ``cross_entropy_loss_fusion``; off unless the
     run's configuration sets it): :attr:`~mpipe_tune.cost.layers.CostOptions.fused_loss`."""
+    rope: str = "fused"
+    """How the run's trainer applies RoPE (:attr:`~mpipe_tune.cost.layers.CostOptions.rope`): ``fused``
+    (Megatron-LM's ``apply_rope_fusion``, on by default in its training arguments and in NeMo's Llama
+    configs), ``unfused`` (MindSpeed without ``--use-fused-rotary-pos-emb``) or ``mindspeed_fused`` (with it)."""
     excluded: str = ""
     """Why the run is outside what its profile describes (another code path or machine, a setting the cost model
     cannot express): shown with its prediction, counted in no fit and no held-out figure. Empty: in scope."""
@@ -125,6 +130,8 @@ def load_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
 
 
 def _validate(run: PublishedRun, path: Path) -> None:
+    if run.rope not in ROPE_FORMS:
+        raise MpipeError(f"{path}: run {run.name} has rope {run.rope!r}; use one of {', '.join(ROPE_FORMS)}")
     if run.split not in SPLITS:
         raise MpipeError(f"{path}: run {run.name} has split {run.split!r}; use one of {', '.join(SPLITS)}")
     if run.micro_batch != 1 and run.pp != 1:
@@ -158,7 +165,8 @@ def run_options(run: PublishedRun) -> CostOptions:
                        optimizer_bytes_per_param=run.optimizer_bytes_per_param, dtype=run.dtype,
                        degrees=Degrees(run.pp, tp=run.tp, dp=run.dp, cp=run.cp, ep=run.ep),
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
-                       recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion)
+                       recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
+                       rope=run.rope)
 
 
 def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] | None = None

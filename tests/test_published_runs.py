@@ -103,6 +103,21 @@ def test_a_run_that_fuses_its_loss_is_predicted_with_the_fused_kernels(published
     assert published.predict_run(replace(nemo, loss_fusion=False)).timeline.makespan_s > fused
 
 
+def test_each_run_applies_rope_as_its_script_says(published):
+    """MindSpeed-LLM's Llama 3.1 8B/70B scripts lack --use-fused-rotary-pos-emb (separate kernels) where Llama 3's
+    pass it; NeMo's Llama 3.1 config sets apply_rope_fusion; the unfused form is the slower prediction."""
+    from dataclasses import replace
+
+    runs = {run.name: run for run in published.load_runs()}
+    assert published.run_options(runs["mindspeed-llama31-8b@8"]).rope == "unfused"
+    assert published.run_options(runs["mindspeed-llama3-8b@8"]).rope == "mindspeed_fused"
+    assert published.run_options(runs["dgxc-llama31-8b@8"]).rope == "fused"
+    run = runs["mindspeed-llama3-8b@8"]
+    seconds = [published.predict_run(replace(run, rope=form)).timeline.makespan_s
+               for form in ("unfused", "mindspeed_fused", "fused")]
+    assert seconds[0] > seconds[1] > seconds[2]
+
+
 def test_a_runs_uneven_layer_list_is_its_layout(published):
     """Megatron's --num-layer-list (MindSpeed-LLM's Llama 3/3.1 70B scripts: 17,20,22,21) sets the decoder layers
     per stage; the embedding joins the first stage and the head the last."""

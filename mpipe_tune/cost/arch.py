@@ -21,7 +21,8 @@ Assumptions (details in :mod:`~mpipe_tune.cost.arch_pieces` and :mod:`~mpipe_tun
   fp8 peak, as Transformer Engine does; the attention core's FLOPs are counted apart too.
 - Tensor parallelism is Megatron-LM's column/row split of matmuls and attention heads, one
   all-reduce after each row-split output (two per transformer block) and a vocab-parallel embedding
-  and loss. The loss runs in fp32 whatever the step's dtype, in the passes over the logits that
+  and loss. RoPE rotates q and k in every decoder block, as separate kernels or one fused kernel
+  (:func:`~mpipe_tune.cost.arch_layers.rotary_embedding`). The loss runs in fp32 whatever the step's dtype, in the passes over the logits that
   Megatron-LM's ``vocab_parallel_cross_entropy`` makes (:func:`~mpipe_tune.cost.arch_layers.vocab_parallel_loss`).
 - Expert parallelism divides a MoE layer's routed experts over ``ep`` ranks and adds a dispatch and a
   combine all-to-all per forward (and per backward), each of ``tokens * top_k * hidden`` elements per
@@ -200,13 +201,14 @@ _ONE_TOKEN = Microbatch(image_tokens=1, text_tokens=1)
 def estimate_arch_work(
     kind: str, dims: Mapping[str, object], mb: Microbatch | MicrobatchArray, *, dtype_bytes: int, tp_degree: int = 1,
     ep_degree: int = 1, moe_imbalance: float = 1.0, cp_degree: int = 1, sequence_parallel: bool = False,
-    fused_loss: bool = False,
+    fused_loss: bool = False, rope: str = "fused",
 ) -> ArchWork:
     """The work of one layer of ``kind`` with ``dims`` on microbatch ``mb`` (``dims`` validated already),
     on one rank of ``tp_degree`` tensor-parallel, ``ep_degree`` expert-parallel and ``cp_degree``
     context-parallel ranks (``moe_imbalance``, ``sequence_parallel``: see
     :class:`~mpipe_tune.cost.arch_layers.LayerDegrees`; ``fused_loss``: the trainer's fused loss kernels,
-    :func:`~mpipe_tune.cost.arch_layers.vocab_parallel_loss`).
+    :func:`~mpipe_tune.cost.arch_layers.vocab_parallel_loss`; ``rope``: how it runs RoPE,
+    :func:`~mpipe_tune.cost.arch_layers.rotary_embedding`).
 
     >>> work = estimate_arch_work("dense_block", {"hidden": 64, "heads": 4, "ffn": 128},
     ...                           Microbatch(image_tokens=0, text_tokens=16), dtype_bytes=2)
@@ -217,7 +219,7 @@ def estimate_arch_work(
     if not vector and stream_tokens(kind, mb) == 0:
         return _NO_WORK
     layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel),
-                   dtype_bytes, fused_loss)
+                   dtype_bytes, fused_loss, rope)
     saved_elems: dict[str, float] = {}
     selective_elems: dict[str, float] = {}
     for piece in layer.pieces:
@@ -276,7 +278,7 @@ def estimate_parallel_traffic(
     if not isinstance(mb, MicrobatchArray) and stream_tokens(kind, mb) == 0:
         return _NO_TRAFFIC
     layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel),
-                   dtype_bytes, False)  # the loss has no expert- or context-parallel traffic
+                   dtype_bytes, False, "fused")  # the loss and RoPE have no expert- or context-parallel traffic
     rings = [p for p in layer.pieces if p.ring_steps > 0]
     return ParallelTraffic(
         all_to_all_bytes=tuple(dtype_bytes * p.all_to_all_elems for p in layer.pieces
@@ -287,8 +289,9 @@ def estimate_parallel_traffic(
 
 
 def _build(kind: str, dims: Mapping[str, object], mb: Microbatch | MicrobatchArray, degrees: LayerDegrees,
-           dtype_bytes: int, fused_loss: bool):
-    return build_layer(kind, resolve_dims(kind, dims), mb, degrees, dtype_bytes=dtype_bytes, fused_loss=fused_loss)
+           dtype_bytes: int, fused_loss: bool, rope: str):
+    return build_layer(kind, resolve_dims(kind, dims), mb, degrees, dtype_bytes=dtype_bytes, fused_loss=fused_loss,
+                       rope=rope)
 
 
 def param_count(kind: str, dims: Mapping[str, object]) -> int:

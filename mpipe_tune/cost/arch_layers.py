@@ -6,7 +6,7 @@ One builder per kind turns resolved dimensions, a microbatch and a tensor-parall
 - Decoder kinds see one sequence of ``text_tokens`` with causal attention; image-stream kinds see
   ``image_tokens * merge_factor`` ViT patches, with full attention inside each image only.
 - Norms, residual adds and routing run whole on every rank (no sequence parallelism), so their
-  tensors count in full per rank; RoPE is taken as fused into the attention kernel.
+  tensors count in full per rank. RoPE runs as its own kernels on q and k (:func:`rotary_embedding`).
 - Key/value heads are split over the ranks while there are enough; with fewer key/value heads than
   ranks each rank keeps one (Megatron-LM's replication).
 - MLA's down-projections (to the q and kv latents) are replicated, its up-projections column-split.
@@ -62,6 +62,36 @@ megatron/core/fusions/fused_cross_entropy.py), each ``jit_fuser`` function one k
 the division (read, write, lines 47-59)."""
 FUSED_LOSS_BWD_PASSES = (1,)
 """Its backward (lines 62-80): one kernel reads the softmax and writes the gradient in the dtype."""
+ROPE_FWD_PASSES = (2, 1, 2, 2, 3)
+"""Elements of the rotated part of q or k each unfused RoPE forward kernel reads and writes, per element, in
+Megatron-LM core_v0.6.0's ``apply_rotary_pos_emb_bshd`` (megatron/core/models/common/embeddings/
+rotary_pos_embedding.py at tag core_v0.6.0, cac60ce4, lines 164-165 and 195; MindSpeed's patch of it at
+e2f87dc9, mindspeed/core/models/common/embeddings/rotary_pos_embedding.py line 73, runs the same
+kernels): ``t * cos`` (read, write), the negation of one half (half read, half written), ``cat`` of the
+halves (read, write), ``* sin`` (read, write) and the sum (two read, one written). Then ``cat`` with the
+unrotated part (line 196 there; line 75 in MindSpeed) reads and writes every element of the head."""
+ROPE_BWD_PASSES = (2, 1, 2, 2, 3)
+"""The same for its backward as autograd runs it (checked with torch's profiler): the gradient times
+``sin`` (read, write), the negation's backward (half, half), the ``chunk``'s backward concatenating the
+halves (read, write), the gradient times ``cos`` (read, write) and the sum of the two gradients (two
+read, one written). Besides: the unrotated slice's backward writes a zero tensor of the whole head and
+its gradient is added to the rest (two read, one written); with part of each head rotated, the rotated
+slice's too (zeros, and a copy of the rotated part)."""
+FUSED_ROPE_PASSES = (2,)
+"""A fused RoPE kernel reads the rotated part and writes it, forward and backward alike: MindSpeed's
+``npu_rotary_position_embedding`` (``--use-fused-rotary-pos-emb``, line 71 at e2f87dc9), which runs inside
+the unfused function's slicing, concatenation and tables, and Transformer Engine's
+``fused_apply_rotary_pos_emb`` in Megatron-LM (``apply_rope_fusion``, line 242 at core_v0.6.0), which
+Megatron calls instead of that function, on the whole head (the unrotated part copied through) with its
+angles computed from ``freqs`` inside the kernel."""
+ROPE_FORMS = ("unfused", "fused", "mindspeed_fused")
+"""How a trainer runs RoPE (:func:`rotary_embedding`): Megatron-LM's (or MindSpeed's) separate kernels,
+Megatron-LM's fused Transformer Engine kernel, or MindSpeed's fused NPU kernel."""
+ROPE_TABLE_BYTES = 16
+"""fp32 bytes per token and rotated dimension MindSpeed moves making ``cos`` and ``sin`` in each call (one
+for q, one for k), before the cast to the step's dtype: ``torch.cos(freqs)`` (read, write) and its
+``* _mscale`` (read, write), and the same for ``sin`` (lines 66-67 at e2f87dc9; Megatron-LM's lines
+192-193 skip the multiply). They are kept, in the dtype, for the backward."""
 
 
 @dataclass(frozen=True)
@@ -86,14 +116,17 @@ class LayerDegrees:
 
 
 def build_layer(kind: str, dims: Mapping[str, Any], mb: Microbatch, tp_degree: int | LayerDegrees, *,
-                dtype_bytes: int = 2, fused_loss: bool = False) -> Layer:
+                dtype_bytes: int = 2, fused_loss: bool = False, rope: str = "fused") -> Layer:
     """The kernels of one layer of ``kind`` on microbatch ``mb``; ``dims`` have their defaults filled in.
-    ``tp_degree``: the tensor-parallel degree, or all of a layer's degrees. Only the loss reads the
-    last two: ``dtype_bytes``, the step's element width (the loss runs in fp32 whatever the dtype), and
-    ``fused_loss``, the trainer's fused loss kernels (:func:`vocab_parallel_loss`)."""
+    ``tp_degree``: the tensor-parallel degree, or all of a layer's degrees. Only the loss and the decoder
+    blocks read the last three: ``dtype_bytes``, the step's element width (the loss runs in fp32
+    whatever the dtype), ``fused_loss``, the trainer's fused loss kernels (:func:`vocab_parallel_loss`),
+    and ``rope``, how it runs RoPE (:data:`ROPE_FORMS`, :func:`rotary_embedding`)."""
     degrees = tp_degree if isinstance(tp_degree, LayerDegrees) else LayerDegrees(tp_degree)
-    if kind == "lm_head":  # the one kind whose kernels depend on the dtype and the trainer's loss
+    if kind == "lm_head":  # the kinds whose kernels depend on the dtype and the trainer's fusions
         return _lm_head(dims, mb, degrees, dtype_bytes, fused_loss)
+    if kind in _DECODER_BUILDERS:
+        return _DECODER_BUILDERS[kind](dims, mb, degrees, _Rope(dtype_bytes, rope))
     return _BUILDERS[kind](dims, mb, degrees)
 
 
@@ -155,14 +188,68 @@ def _mlp(
     return [*up, act, linear(f"{prefix}act", ffn, out_width, "row")]
 
 
+@dataclass(frozen=True)
+class _Rope:
+    """What a decoder block's RoPE kernels depend on beyond its dimensions."""
+
+    dtype_bytes: int
+    form: str
+
+
+def rotary_embedding(tokens: float, heads: float, head_dim: int, rope_dim: int, *, dtype_bytes: int,
+                     form: str) -> Piece:
+    """RoPE applied to ``heads`` heads (a rank's q heads and k heads together) of ``tokens`` tokens, the
+    first ``rope_dim`` of each head's ``head_dim`` dimensions rotated, forward and backward, in the step's
+    elements (``dtype_bytes`` wide), run in ``form`` (:data:`ROPE_FORMS`).
+
+    ``unfused``: the separate kernels of :data:`ROPE_FWD_PASSES` and :data:`ROPE_BWD_PASSES`;
+    ``mindspeed_fused``: one kernel (:data:`FUSED_ROPE_PASSES`) in their place. Both then concatenate the
+    rotated part with the rest (a copy of every element; its backward: a zero tensor and a sum, and with
+    part of the head rotated the rotated slice's too), and make ``cos`` and ``sin`` twice
+    (:data:`ROPE_TABLE_BYTES`), which they keep. ``fused``: Transformer Engine's kernel alone, over the
+    whole head, reading the fp32 angles. Per element of a fully rotated bf16 head: 24 bytes forward and 28
+    backward unfused, 8 and 12 in MindSpeed's fused form, 4 and 4 fused (each besides its per-token tables).
+
+    >>> rotary_embedding(1, 1, 128, 128, dtype_bytes=2, form="unfused").fwd_elems
+    7168.0
+    """
+    if rope_dim == 0:
+        return Piece()
+    rotated = tokens * heads * rope_dim
+    whole = tokens * heads * head_dim
+    angles = 2 * tokens * rope_dim * 4 / dtype_bytes  # fp32 freqs, read once per call (q, k)
+    if form == "fused":
+        return Piece(fwd_flops=3.0 * rotated, fwd_elems=sum(FUSED_ROPE_PASSES) * whole + angles,
+                     dgrad_flops=3.0 * rotated, dgrad_elems=sum(FUSED_ROPE_PASSES) * whole + angles)
+    fwd, bwd = (ROPE_FWD_PASSES, ROPE_BWD_PASSES) if form == "unfused" else (FUSED_ROPE_PASSES, FUSED_ROPE_PASSES)
+    cat_back = 4.0 * whole  # the unrotated slice's zeros (write) and the sum of the two gradients (read 2, write 1)
+    if rope_dim < head_dim:  # the rotated slice is a real slice too: its zeros, and the copy of its gradient
+        cat_back += whole + 2.0 * (whole - rotated) + 2.0 * rotated
+    cast_bytes = 0 if dtype_bytes == 4 else 4 + dtype_bytes  # the tables cast to the dtype
+    tables = 2 * 2 * tokens * rope_dim  # cos and sin, for q and for k
+    return Piece(
+        fwd_flops=3.0 * rotated,
+        fwd_elems=sum(fwd) * rotated + 2.0 * whole + tables * (ROPE_TABLE_BYTES + cast_bytes) / dtype_bytes,
+        dgrad_flops=4.0 * rotated,
+        dgrad_elems=sum(bwd) * rotated + cat_back + tables,
+        saved=(("rope_cos_sin", tables),),
+    )
+
+
 def _gqa(
     dims: Mapping[str, Any], tokens: float, seq_lens: list[int], degrees: LayerDegrees, *, qkv_bias: bool,
-    out_bias: bool,
+    out_bias: bool, rope: _Rope | None = None,
 ) -> list[Piece]:
-    """q, k, v projections, attention core and output projection (grouped-query or multi-head)."""
+    """q, k, v projections, RoPE on q and k (with ``rope``), attention core and output projection
+    (grouped-query or multi-head)."""
     hidden, heads, kv_heads, head_dim = dims["hidden"], dims["heads"], dims["kv_heads"], dims["head_dim"]
     tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
     kv_degree = min(tp_degree, kv_heads)  # fewer kv heads than ranks: each rank keeps one
+    rotary = []
+    if rope is not None:
+        rope_dim = head_dim if dims.get("rope_dim") is None else min(dims["rope_dim"], head_dim)
+        rotary = [rotary_embedding(tokens, heads / tp_degree + kv_heads / kv_degree, head_dim, rope_dim,
+                                   dtype_bytes=rope.dtype_bytes, form=rope.form)]
     return [
         matmul("x_norm1", tokens, hidden, heads * head_dim, split="column", tp_degree=tp_degree, bias=qkv_bias,
                input_shards=shards),
@@ -170,6 +257,7 @@ def _gqa(
                input_shards=shards),
         matmul("x_norm1", tokens, hidden, kv_heads * head_dim, split="column", tp_degree=kv_degree, bias=qkv_bias,
                input_shards=shards),
+        *rotary,
         attention(
             seq_lens,
             heads=heads / tp_degree,
@@ -182,8 +270,11 @@ def _gqa(
     ]
 
 
-def _mla(dims: Mapping[str, Any], tokens: float, seq_lens: list[int], degrees: LayerDegrees) -> list[Piece]:
-    """DeepSeek's multi-head latent attention: low-rank q and kv, decoupled RoPE key shared by heads."""
+def _mla(dims: Mapping[str, Any], tokens: float, seq_lens: list[int], degrees: LayerDegrees,
+         rope_kernels: _Rope) -> list[Piece]:
+    """DeepSeek's multi-head latent attention: low-rank q and kv, decoupled RoPE key shared by heads
+    (RoPE rotates each q head's and the shared key's ``qk_rope_head_dim`` part, counted as
+    :func:`rotary_embedding` on heads of that width)."""
     hidden, heads = dims["hidden"], dims["heads"]
     q_lora, kv_lora = dims["q_lora_rank"], dims["kv_lora_rank"]
     nope, rope, v_dim = dims["qk_nope_head_dim"], dims["qk_rope_head_dim"], dims["v_head_dim"]
@@ -208,18 +299,20 @@ def _mla(dims: Mapping[str, Any], tokens: float, seq_lens: list[int], degrees: L
         context_degree=degrees.cp_degree,
     )
     out = matmul("attn_out", tokens, heads * v_dim, hidden, split="row", **split)
-    return [*q, *kv, core, out]
+    rotary = rotary_embedding(tokens, heads / tp_degree + 1, rope, rope, dtype_bytes=rope_kernels.dtype_bytes,
+                              form=rope_kernels.form)
+    return [*q, *kv, rotary, core, out]
 
 
-def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> list[Piece]:
+def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, rope: _Rope) -> list[Piece]:
     """Pre-norm attention sub-block with its all-reduce and residual add."""
     tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
     seq_lens = [mb.text_tokens]
     if dims["attention"] == "mla":
-        core = _mla(dims, tokens, seq_lens, degrees)
+        core = _mla(dims, tokens, seq_lens, degrees, rope)
     else:
-        core = _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False)
+        core = _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False, rope=rope)
     return [
         _norm("x", tokens, hidden, layernorm=False, shards=shards),
         *core,
@@ -228,13 +321,13 @@ def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDe
     ]
 
 
-def _dense_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
+def _dense_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, rope: _Rope) -> Layer:
     tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
     tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     mlp = _mlp("", "x_norm2", tokens, hidden, dims["ffn"], hidden, activation=dims["activation"], bias=False,
                tp_degree=tp_degree, input_shards=shards)
     pieces = [
-        *_decoder_attention(dims, mb, degrees),
+        *_decoder_attention(dims, mb, degrees, rope),
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
         *mlp,
         all_reduce(tokens * hidden, tp_degree=tp_degree),
@@ -243,7 +336,7 @@ def _dense_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees)
     return Layer(tuple(pieces), boundary_elems=tokens * hidden / shards)
 
 
-def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
+def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, rope: _Rope) -> Layer:
     tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     experts, top_k, moe_ffn = dims["experts"], dims["top_k"], dims["moe_ffn"]
     tp_degree, ep, shards = degrees.tp_degree, degrees.ep_degree, degrees.sequence_shards
@@ -263,7 +356,7 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -
                       input_shards=shards, **common)
     exchange = expert_rows * hidden  # each rank's dispatch (and combine) buffer
     pieces = [
-        *_decoder_attention(dims, mb, degrees),
+        *_decoder_attention(dims, mb, degrees, rope),
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
         matmul("x_norm2", tokens, hidden, experts, split="replicated", tp_degree=tp_degree, input_shards=shards),
         pointwise(tokens * experts, 2.0 * routed_tokens, _SOFTMAX_FLOPS_PER_ELEM * tokens * experts,
@@ -406,10 +499,12 @@ def _lm_head(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, dty
 
 _BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees], Layer]] = {
     "embedding": _embedding,
-    "dense_block": _dense_block,
-    "moe_block": _moe_block,
     "vit_block": _vit_block,
     "patch_embed": _patch_embed,
     "merger": _merger,
     "projector": _projector,
+}
+_DECODER_BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees, _Rope], Layer]] = {
+    "dense_block": _dense_block,
+    "moe_block": _moe_block,
 }

@@ -45,6 +45,8 @@ class Framework:
     """Gradient bytes per parameter (fp32 accumulation)."""
     fused_loss: bool = False
     """Fused loss kernels (Megatron-LM's ``cross_entropy_loss_fusion``; its default, off)."""
+    rope: str = "fused"
+    """How RoPE runs (Megatron-LM's ``apply_rope_fusion``, its training default: one fused kernel)."""
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any]) -> Framework:
@@ -76,4 +78,4 @@ class Framework:
             optimizer_bytes_per_param=self.optimizer_bytes_per_param, grad_bytes_per_param=self.grad_bytes_per_param,
             shard_optimizer=zero_stage >= 1, grad_reduce_dtype=self.grad_reduce_dtype,
             overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute,
-            fused_loss=self.fused_loss)
+            fused_loss=self.fused_loss, rope=self.rope)

@@ -55,6 +55,7 @@ from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.model import ENCODER_BLOCK, ArchCost, ExplicitCost, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.arch_pieces import maximum
+from mpipe_tune.cost.arch_layers import ROPE_FORMS
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
@@ -107,6 +108,12 @@ class CostOptions:
     """The trainer's fused loss kernels (Megatron-LM's ``cross_entropy_loss_fusion``, off by default there;
     NeMo's Llama 3.1 configs turn it on): fewer passes over the fp32 logits
     (:func:`~mpipe_tune.cost.arch_layers.vocab_parallel_loss`)."""
+    rope: str = "fused"
+    """How the trainer runs RoPE (:data:`~mpipe_tune.cost.arch_layers.ROPE_FORMS`): ``fused``, Megatron-LM's
+    Transformer Engine kernel (``apply_rope_fusion``, on by default in its training arguments:
+    ``--no-rope-fusion`` turns it off); ``unfused``, separate elementwise kernels (MindSpeed's default);
+    ``mindspeed_fused``, MindSpeed's NPU kernel (``--use-fused-rotary-pos-emb``)
+    (:func:`~mpipe_tune.cost.arch_layers.rotary_embedding`)."""
     recompute: bool | str = False
     """Activation recomputation: ``False`` (none), ``"selective"`` (the attention core) or ``True``
     (full: each layer keeps only its input for the backward, which first re-runs the layer's
@@ -114,6 +121,8 @@ class CostOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
+        if self.rope not in ROPE_FORMS:
+            raise ValueError(f"rope {self.rope!r}: use one of {', '.join(ROPE_FORMS)}")
 
     def framework(self) -> dict[str, Any]:
         """How the trainer runs what the candidate does not say (:data:`FRAMEWORK_OPTIONS`): the MoE load
@@ -428,7 +437,7 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     work = arch.estimate_arch_work(
         cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
         ep_degree=options.degrees.ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
-        sequence_parallel=options.sequence_parallel, fused_loss=options.fused_loss,
+        sequence_parallel=options.sequence_parallel, fused_loss=options.fused_loss, rope=options.rope,
     )
     *_, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(work, cost.kind, profile, options.dtype)
     bandwidth = profile.memory_bytes_per_s

@@ -38,6 +38,7 @@ _DECODER_ATTENTION: dict[str, object] = {
     "kv_heads": None,  # gqa: key/value heads; None means heads (plain multi-head attention)
     "head_dim": None,  # gqa: None means hidden // heads
     "qkv_bias": False,  # biases on the q, k and v projections (Qwen2)
+    "rope_dim": None,  # gqa: dimensions of each q/k head RoPE rotates; None means head_dim, 0 no RoPE (GPT-3)
     "q_lora_rank": None,  # mla: None means q is projected straight from the hidden state
     "kv_lora_rank": None,
     "qk_nope_head_dim": None,
@@ -57,7 +58,7 @@ OPTIONAL_DIMS: dict[str, dict[str, object]] = {
 }
 """Kind -> optional dimension field -> its default."""
 
-_COUNT_FIELDS = frozenset({"shared_experts", "positions"})  # integers >= 0; every other number is > 0
+_COUNT_FIELDS = frozenset({"shared_experts", "positions", "rope_dim"})  # integers >= 0; every other number is > 0
 _FLAG_FIELDS = frozenset({"qkv_bias", "bias"})
 _CHOICE_FIELDS: dict[str, tuple[str, ...]] = {
     "attention": ("gqa", "mla"),

@@ -254,7 +254,8 @@ def test_saved_activations_of_a_dense_block():
 
 
 def test_bytes_scale_with_dtype_and_flops_do_not():
-    dims = {"hidden": 512, "heads": 8, "ffn": 1536}
+    dims = {"hidden": 512, "heads": 8, "ffn": 1536, "rope_dim": 0}  # RoPE's angles are fp32 whatever the dtype
+    # (tests/cost/test_rope.py)
     half = estimate_arch_work("dense_block", dims, text(300), dtype_bytes=2)
     full = estimate_arch_work("dense_block", dims, text(300), dtype_bytes=4)
     assert full.fwd_flops == half.fwd_flops

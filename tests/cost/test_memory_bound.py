@@ -34,7 +34,7 @@ def profile(memory_bound=None, backward=None):
 def test_the_memory_bound_kernels_are_every_kernel_but_the_matmuls_and_the_core():
     layer = build_layer("dense_block", resolve_dims("dense_block", DIMS), MB, 1)
     streamed = [p for p in layer.pieces if not (p.linear or p.attention_core) and p.fwd_elems > 0]
-    assert len(streamed) == 5  # two norms, two residual adds, the SwiGLU
+    assert len(streamed) == 6  # two norms, two residual adds, the SwiGLU, RoPE
     work = estimate_arch_work("dense_block", DIMS, MB, dtype_bytes=2)
     assert work.memory_bound_fwd_bytes == pytest.approx(2 * sum(p.fwd_elems for p in streamed), rel=1e-12)
     assert work.memory_bound_dgrad_bytes == pytest.approx(2 * sum(p.dgrad_elems for p in streamed), rel=1e-12)

@@ -122,18 +122,20 @@ def test_a_version_1_plan_file_loads_as_version_2_and_re_predicts_every_plan(cap
         assert c.slab_counts == tuple(map(tuple, stored["candidate"]["slabs"])) and c.frozen == ()
         again = predict(c, model, workload_of(selected), profile)
         # Every event's duration is the stored one, but for the optimizer update the cost model has charged
-        # since the file was written (issue 14: on each rank's last event) and the head's fp32 loss (issue 28:
-        # longer forwards and backwards on the head's rank): the same plan, re-predicted.
+        # since the file was written (issue 14: on each rank's last event), the head's fp32 loss and RoPE in the
+        # decoder blocks (issue 28: longer forwards and backwards on the ranks holding the head or decoder blocks):
+        # the same plan, re-predicted.
         update_s = estimate_update_s(again.plan, c.model_of(model), again.table, profile, again.options)
         events, seconds = update_charges(again.plan, update_s)
         durations = np.array(again.timeline.durations_s)
         durations[events] -= seconds
         stored_s = np.array(selected["predicted"]["durations_s"])
         columns = again.plan.order.columns
-        head = next(p.region for p in again.plan.placement if p.layers[1] == model.num_layers)
-        loss = (columns.region == head) & np.isin(columns.kind, (FWD, BWD))
+        charged = {p.region for p in again.plan.placement if p.layers[1] == model.num_layers
+                   or any(model.layers[i].cost.kind == "dense_block" for i in range(*p.layers))}
+        loss = np.isin(columns.region, sorted(charged)) & np.isin(columns.kind, (FWD, BWD))
         assert seconds.min() > 0 and durations[~loss] == pytest.approx(stored_s[~loss], rel=1e-12), name
-        longer = durations[loss] > stored_s[loss] * (1 + 1e-12)  # the head's rank's; its region's others alike
+        longer = durations[loss] > stored_s[loss] * (1 + 1e-12)  # those ranks'; their regions' others alike
         assert longer.any() and durations[loss][~longer] == pytest.approx(stored_s[loss][~longer], rel=1e-12), name
     assert main(["show", str(OLD_PLAN)]) == 0  # re-derived: the stored orders are derive's
     assert "re-predicted" in capsys.readouterr().out
