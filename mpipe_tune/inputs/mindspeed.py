@@ -35,6 +35,12 @@ FLAGS = {
     "--recompute-granularity": "recompute",
 }
 """The launch arguments read, and the field each sets."""
+VISION_OUTSIDE_KINDS = ("patch_embed", "merger")
+"""Vision-encoder layer kinds that MindSpeed-MM does not count in ``vision_encoder.num_layers``: the patch
+embedding runs in the first vision stage, a patch merger (Qwen2-VL's) is its ``vision_projector`` after the
+last (``examples/qwen2.5vl/model_7b.json`` at 57069cd5: 32 vision layers)."""
+DECODER_OUTSIDE_KINDS = ("embedding", "lm_head")
+"""Text-decoder layer kinds not counted in ``text_decoder.num_layers``: its embedding and output layer."""
 
 
 @dataclass(frozen=True)

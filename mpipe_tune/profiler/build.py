@@ -85,6 +85,9 @@ class Measurements:
     """The calibration model itself (its layers' costs price the split points against the cost model)."""
 
 
+COPIED_INTER_NODE = "The inter-node links are a copy of the intra-node ones."
+"""A single-node profile's note on its inter-node class (one node cannot measure it)."""
+
 def count_steps(dtypes: tuple[str, ...], settings: SweepSettings, calibration: Model | None = None,
                 calibration_tokens: tuple[int, ...] | None = None) -> int:
     """Progress steps of a run: one per matrix size and dtype, one for the copy, one per calibration
@@ -192,7 +195,7 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
                  f"{' --quick' if m.quick else ''} with torch {m.torch_version} on {date}. "
                  + (f"Efficiencies fitted to the runtime's layers of model {m.calibration_model!r} in "
                     f"{m.calibration_dtype}. " if m.layer_points else "Efficiencies are not calibrated (default 1.0). ")
-                 + "The inter-node links are a copy of the intra-node ones.",
+                 + COPIED_INTER_NODE,
         "peak_flops_per_s": peaks,
         "memory_bytes_per_s": memory,
         "memory_capacity_bytes": capacity,
@@ -261,7 +264,10 @@ def merge_link_classes(compute: Mapping[str, Any], sweeps: Mapping[str, Mapping[
     profile["name"] = name
     profile["devices_per_node"] = layout.devices_per_node
     profile["device"] = f"{compute['device']}; links across {layout.num_nodes} nodes x {layout.devices_per_node}"
-    profile["notes"] = (f"{compute.get('notes', '').strip()} Links measured by mpipe-tune profile --device {device} under "
+    notes = compute.get("notes", "")
+    if "inter_node" in sweeps:  # the single-node profile's copy is replaced: its note would say otherwise
+        notes = notes.replace(COPIED_INTER_NODE, "")
+    profile["notes"] = (f"{notes.strip()} Links measured by mpipe-tune profile --device {device} under "
                         f"torchrun across {layout.num_nodes} nodes ({nodes}) with torch {torch_version} on {date}: "
                         f"measured classes {', '.join(sweeps)}"
                         + (f"; {', '.join(kept)} kept from the compute profile '{compute['name']}'" if kept else "")

@@ -40,6 +40,7 @@ from typing import Any
 from mpipe_tune.algebra.order import num_rounds
 from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs.mindspeed import VISION_OUTSIDE_KINDS
 from mpipe_tune.report.export_plan import (
     EMBEDDING_KIND, LM_HEAD_KIND, PROJECTOR_BLOCK, ExportPlan, Output, Stage, stored_hint, validate_all_sharded,
     wavefront_stages,
@@ -49,9 +50,6 @@ from mpipe_tune.search.baselines import REFERENCE
 MINDSPEED_COMMIT = "57069cd5"
 """The Ascend/MindSpeed-MM commit whose model.json layout and checks the export follows."""
 ENCODER_BLOCK = "encoder"
-VISION_OUTSIDE_KINDS = ("patch_embed", "merger")
-"""Encoder-block layer kinds that are not a vision transformer layer (MindSpeed-MM runs the patch
-embedding in the first vision stage and a patch merger as its ``vision_projector``)."""
 MERGER_KIND = "merger"
 FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 

@@ -2,8 +2,8 @@
 
 MindSpeed-MM places a model's layers by its per-stage counts
 (:class:`~mpipe_tune.inputs.mindspeed.MindSpeedLayout`): the vision transformer layers by the vision
-encoder's counts, its patch embedding with the first of them and its projector (and merger) with the
-last; the text decoder's layers by its counts, its embedding in the first stage with decoder layers
+encoder's counts, its patch embedding with the first of them and its projector (a Qwen2-VL patch merger is one)
+with the last; the text decoder's layers by its counts, its embedding in the first stage with decoder layers
 and its output layer in the last. That gives each global stage a slab of the model's layers: the
 candidate is ``1f1b`` (``v`` woven ``1f1b`` regions with VPP), cut between chunks, with those slabs.
 """
@@ -15,12 +15,13 @@ from dataclasses import replace
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.mindspeed import MindSpeedLayout, read_mindspeed_layout
+from mpipe_tune.inputs.mindspeed import (DECODER_OUTSIDE_KINDS, VISION_OUTSIDE_KINDS, MindSpeedLayout,
+                                        read_mindspeed_layout)
 from mpipe_tune.search.layout_keys import parse_layout_keys
 from mpipe_tune.search.space import SearchSpace
 
 ENCODER_BLOCK = "encoder"
-OUTSIDE_KINDS = {"patch_embed": "vision", "embedding": "decoder", "lm_head": "decoder"}
+OUTSIDE_KINDS = VISION_OUTSIDE_KINDS + DECODER_OUTSIDE_KINDS
 """Layer kinds that MindSpeed-MM does not count in a module's num_layers."""
 
 

@@ -15,7 +15,7 @@ import pytest
 from mpipe_tune.cli import main
 from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.profiler.build import merge_link_classes
+from mpipe_tune.profiler.build import COPIED_INTER_NODE, merge_link_classes
 from mpipe_tune.profiler.links import LINK_COLLECTIVES, LinkSweep
 from mpipe_tune.profiler.nodes import NodeLayout, NodePlace, is_under_torchrun, place_from_env
 
@@ -55,6 +55,7 @@ def _sweeps(scale: float) -> dict[str, LinkSweep]:
 
 def test_the_merge_keeps_the_compute_figures_and_replaces_the_measured_classes():
     compute = load_profile("h100-sxm").to_dict()
+    compute["notes"] = "measured on one node. " + COPIED_INTER_NODE  # as a single-node profile says
     layout = NodeLayout.from_places([NodePlace(r, 4, r % 2, 2, r // 2) for r in range(4)])
     merged = merge_link_classes(compute, {"intra_node": _sweeps(1.0), "inter_node": _sweeps(10.0)}, layout,
                                 device="cpu", name="cluster", quick=False, torch_version="x", date="2026-12-03")
@@ -66,10 +67,14 @@ def test_the_merge_keeps_the_compute_figures_and_replaces_the_measured_classes()
         assert inter.beta_s_per_byte == pytest.approx(10 * intra.beta_s_per_byte, rel=1e-6)
         assert profile.provenance[f"links.inter_node.{collective}"]["source"] == "measured"
     assert "measured classes intra_node, inter_node" in merged["notes"]
+    assert "copy of the intra-node" not in merged["notes"] and merged["notes"].startswith("measured on one node.")
     only_inter = merge_link_classes(compute, {"inter_node": _sweeps(10.0)}, layout, device="cpu", name="c",
                                     quick=False, torch_version="x")
     assert only_inter["links"]["intra_node"] == compute["links"]["intra_node"]
     assert "intra_node kept from the compute profile 'h100-sxm'" in only_inter["notes"]
+    only_intra = merge_link_classes(compute, {"intra_node": _sweeps(1.0)}, layout, device="cpu", name="c",
+                                    quick=False, torch_version="x")
+    assert COPIED_INTER_NODE in only_intra["notes"]  # still a copy: nothing measured it
 
 
 def load_profile_dict(data):

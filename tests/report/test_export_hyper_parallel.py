@@ -162,7 +162,8 @@ def test_every_degree_mix_passes_the_start_up_checks(pp, tp, dp, dtype, recomput
         assert config["train"]["mixed_precision"] == {"enabled": True, "param_dtype": "bfloat16"}
 
 
-def test_the_built_in_examples_plans_pass_the_start_up_checks(tmp_path):
+def test_the_built_in_examples_plans_pass_the_start_up_checks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default study store is the working folder's
     out = tmp_path / "plan.json"
     assert main(["plan", "--devices", "4", "--trials", "30", "--no-progress", "--out", str(out)]) == 0
     written = 0

@@ -102,7 +102,8 @@ def test_what_mindspeed_cannot_run_is_one_line_naming_the_closest_plan():
     assert "M >= P" in one_line_error(lambda: mindspeed_layout(export_plan("1f1b,1f1b", (17,), 4, 2)))
 
 
-def test_cli_writes_both_files_and_the_round_trip_reads_them_back_as_the_current_row(tmp_path, capsys):
+def test_cli_writes_both_files_and_the_round_trip_reads_them_back_as_the_current_row(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default study store is the working folder's
     record, _ = make_record("1f1b", (), 2, 8, baselines={"megatron": ("1f1b", ()), "vpp": ("1f1b,1f1b", (17,))},
                             dp=2)
     dump_plan(record, tmp_path / "plan.json")

@@ -84,7 +84,7 @@ def test_the_layers_go_where_mindspeed_runs_them():
     """Patch embedding with the first vision layers, projector with the last, embedding with the first
     decoder layers, output layer with the last."""
     model = load_model("qwen2vl-vit-llama3-8b")  # patch_embed, 32 ViT blocks, merger, projector, embed, 32, head
-    vit = sum(1 for u in model.layers if u.block == "encoder") - 1
+    vit = sum(1 for u in model.layers if u.block == "encoder") - 2  # the merger is MindSpeed-MM's projector
     layout = MindSpeedLayout(pp=4, num_chunks=1, vision_layers=(vit, 0, 0, 0), decoder_layers=(0, 10, 12, 10))
     counts = stage_layer_counts(layout, model, "test")
     assert counts == [model.backbone_start, 11, 12, 11] and sum(counts) == model.num_layers
@@ -94,7 +94,8 @@ def test_the_layers_go_where_mindspeed_runs_them():
         stage_layer_counts(MindSpeedLayout(4, 1, (vit, 0, 0, 0), (1, 10, 10, 7)), model, "test")
 
 
-def test_plan_shows_the_run_as_its_current_row(tmp_path, capsys):
+def test_plan_shows_the_run_as_its_current_row(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default study store is the working folder's
     model = load_model("example-mllm")  # 8 ViT layers, a projector, 16 decoder layers
     path = model_json(tmp_path, [8, 0], [4, 12], vit_layers=8, llm_layers=16)
     assert main(["plan", "--devices", "4", "--global-batch", "16", "--pp", "2", "--trials", "4", "--no-progress",
@@ -109,3 +110,22 @@ def test_plan_shows_the_run_as_its_current_row(tmp_path, capsys):
                  "--current", str(path), "--current-args", "--global-batch-size 64"]) == 2
     err = capsys.readouterr().err
     assert "global batch (--global-batch) of 16 sequences; plan with global batch 64" in err
+
+
+def test_an_exported_qwen2vl_layout_reads_back_as_the_current_row(tmp_path, capsys, monkeypatch):
+    """A Qwen2-VL model's patch merger is MindSpeed-MM's vision_projector on both sides: the layout
+    ``export --to mindspeed-mm`` writes (32 vision layers for a 32-block tower) is read back by
+    ``plan --current`` as the same layout (it said the tower had 33 layers)."""
+    monkeypatch.chdir(tmp_path)
+    common = ["--model", "qwen2vl-vit-qwen2-7b", "--profile", "ascend-910b", "--devices", "8", "--global-batch", "16",
+              "--pp", "2", "--trials", "4", "--no-progress", "--json"]
+    assert main(["plan", *common, "--out", "p.json"]) == 0
+    megatron = next(r for r in json.loads(capsys.readouterr().out)["comparison"] if r["plan"] == "megatron")
+    assert main(["export", "p.json", "--to", "mindspeed-mm", "--plan", "megatron", "--out", "m.json"]) == 0
+    vision = json.loads((tmp_path / "m.json").read_text())["image_encoder"]["vision_encoder"]
+    assert vision["num_layers"] == 32 and sum(vision["pipeline_num_layers"]) == 32
+    capsys.readouterr()
+    assert main(["plan", *common, "--out", "q.json", "--current", "m.json", "--current-args", "m.sh"]) == 0
+    current = json.loads(capsys.readouterr().out)["current"]
+    assert {k: current[k] for k in ("slabs", "pp", "tp", "dp", "microbatches")} == {
+        k: megatron[k] for k in ("slabs", "pp", "tp", "dp", "microbatches")}
