@@ -84,9 +84,10 @@ the unfused function's slicing, concatenation and tables, and Transformer Engine
 ``fused_apply_rotary_pos_emb`` in Megatron-LM (``apply_rope_fusion``, line 242 at core_v0.6.0), which
 Megatron calls instead of that function, on the whole head (the unrotated part copied through) with its
 angles computed from ``freqs`` inside the kernel."""
-ROPE_FORMS = ("unfused", "fused", "mindspeed_fused")
+ROPE_FORMS = ("unfused", "fused", "mindspeed_fused", "none")
 """How a trainer runs RoPE (:func:`rotary_embedding`): Megatron-LM's (or MindSpeed's) separate kernels,
-Megatron-LM's fused Transformer Engine kernel, or MindSpeed's fused NPU kernel."""
+Megatron-LM's fused Transformer Engine kernel, MindSpeed's fused NPU kernel, or not at all (the tool's own
+runtime, whose decoder blocks apply none: what ``mpipe-tune profile`` times)."""
 ROPE_TABLE_BYTES = 16
 """fp32 bytes per token and rotated dimension MindSpeed moves making ``cos`` and ``sin`` in each call (one
 for q, one for k), before the cast to the step's dtype: ``torch.cos(freqs)`` (read, write) and its
@@ -213,7 +214,7 @@ def rotary_embedding(tokens: float, heads: float, head_dim: int, rope_dim: int, 
     >>> rotary_embedding(1, 1, 128, 128, dtype_bytes=2, form="unfused").fwd_elems
     7168.0
     """
-    if rope_dim == 0:
+    if rope_dim == 0 or form == "none":
         return Piece()
     rotated = tokens * heads * rope_dim
     whole = tokens * heads * head_dim

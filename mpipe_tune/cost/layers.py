@@ -112,7 +112,8 @@ class CostOptions:
     """How the trainer runs RoPE (:data:`~mpipe_tune.cost.arch_layers.ROPE_FORMS`): ``fused``, Megatron-LM's
     Transformer Engine kernel (``apply_rope_fusion``, on by default in its training arguments:
     ``--no-rope-fusion`` turns it off); ``unfused``, separate elementwise kernels (MindSpeed's default);
-    ``mindspeed_fused``, MindSpeed's NPU kernel (``--use-fused-rotary-pos-emb``)
+    ``mindspeed_fused``, MindSpeed's NPU kernel (``--use-fused-rotary-pos-emb``); ``none``, the tool's own
+    runtime (what ``mpipe-tune profile`` times)
     (:func:`~mpipe_tune.cost.arch_layers.rotary_embedding`)."""
     recompute: bool | str = False
     """Activation recomputation: ``False`` (none), ``"selective"`` (the attention core) or ``True``

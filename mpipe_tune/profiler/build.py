@@ -391,7 +391,7 @@ def tp_overhead_entries(profile: dict[str, Any], points: Sequence[LayerPoint], m
     pairs: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
     evidence: dict[tuple[str, int], list[tuple[LayerPoint, float]]] = {}
     for point in points:
-        options = CostOptions(dtype=dtype, degrees=Degrees(1, tp=point.tp))
+        options = CostOptions(dtype=dtype, degrees=Degrees(1, tp=point.tp), rope="none")  # the runtime applies none
         fwd, dgrad, wgrad, bwd_call = layer_seconds(layers[point.layer_name].cost, layers[point.layer_name].block,
                                                     calibration_microbatch(model, point.tokens), priced, options)
         predicted = fwd if point.phase == "fwd" else wgrad + bwd_call + (dgrad if point.input_grad else 0.0)

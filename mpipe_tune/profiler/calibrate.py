@@ -153,7 +153,7 @@ def _layer_samples(torch, device, model, dtype, settings, progress, agreement, s
             if kinds is not None and kind not in kinds:
                 continue
             work = arch.estimate_arch_work(kind, layer.cost.dims_dict(), mb, dtype_bytes=DTYPE_BYTES[dtype],
-                                           tp_degree=tp)
+                                           tp_degree=tp, rope="none")  # the runtime applies no RoPE
             bwd_flops = work.wgrad_flops + (work.dgrad_flops if fed[k] else 0.0)
             bwd_bytes = work.wgrad_bytes + (work.dgrad_bytes if fed[k] else 0.0)
             count = images if kind in arch.IMAGE_STREAM_KINDS else 1

@@ -50,12 +50,13 @@ def test_the_fused_forms_make_fewer_passes():
                                      for form in ("unfused", "mindspeed_fused", "fused"))
         assert unfused > mindspeed > fused
     profile = load_profile("ascend-910b")
-    seconds = {form: pass_seconds(block_work(form), "dense_block", profile, "bf16") for form in ROPE_FORMS}
+    seconds = {form: pass_seconds(block_work(form), "dense_block", profile, "bf16")
+               for form in ("unfused", "mindspeed_fused", "fused")}
     for phase in (0, 1):  # forward, input gradient
         assert seconds["unfused"][phase] > seconds["mindspeed_fused"][phase] > seconds["fused"][phase]
 
 
-@pytest.mark.parametrize("rope", ROPE_FORMS)
+@pytest.mark.parametrize("rope", ["unfused", "fused", "mindspeed_fused"])
 def test_rope_grows_with_the_tokens_and_the_heads(rope):
     by_tokens = [rope_bytes(rope, "memory_bound_fwd_bytes", tokens=t) for t in (1024, 4096, 8192)]
     by_heads = [rope_bytes(rope, "memory_bound_dgrad_bytes", dims={"heads": h, "kv_heads": 8}) for h in (8, 16, 32)]
@@ -85,7 +86,9 @@ def test_partial_rotation_copies_the_unrotated_part():
 def test_a_model_without_rope_pays_nothing_for_it_whatever_the_form():
     # GPT-3's learned absolute positions: rope_dim 0
     works = [block_work(form, dims={"rope_dim": 0}) for form in ROPE_FORMS]
-    assert works[0] == works[1] == works[2]
+    assert all(work == works[0] for work in works)
+    # the tool's own runtime applies none (what the profiler times and fits)
+    assert block_work("none") == works[0] != block_work("fused")
 
 
 def test_rope_keeps_its_tables_for_the_backward_unless_fused():
