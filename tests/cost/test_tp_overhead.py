@@ -19,6 +19,8 @@ from mpipe_tune.profiler.stats import summarize
 from mpipe_tune.inputs.specs import load_model
 
 MODEL = load_model("tiny-vit-llm")
+RUNTIME = CostOptions(dtype="fp32", degrees=Degrees(1, tp=2), rope="none")
+"""How the profiler prices the layers the runtime timed (it applies no RoPE) at tp 2."""
 FWD_S, BWD_S = 4e-4, 9e-4
 
 
@@ -78,7 +80,7 @@ def test_fitted_overheads_make_the_cost_model_reproduce_the_timed_split_layers()
         layer = next(u for u in MODEL.layers if u.name == names[kind])
         for tokens in (64, 256, 512):
             fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, tokens),
-                                                    priced, CostOptions(dtype="fp32", degrees=Degrees(1, tp=2)))
+                                                    priced, RUNTIME)
             bwd = dgrad + wgrad + call
             points.append(LayerPoint(layer.name, kind, tokens, "fwd", 0.0, 0.0,
                                      summarize([fwd * (1 + fwd_c) + fwd_a]), tp=2))
@@ -99,7 +101,7 @@ def test_fitted_overheads_make_the_cost_model_reproduce_the_timed_split_layers()
             continue
         layer = next(u for u in MODEL.layers if u.name == point.layer_name)
         fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, point.tokens),
-                                                fitted, CostOptions(dtype="fp32", degrees=Degrees(1, tp=2)))
+                                                fitted, RUNTIME)
         assert (fwd if point.phase == "fwd" else dgrad + wgrad + call) == pytest.approx(point.seconds.median, rel=1e-9)
     evidence = fitted.provenance["efficiency.dense_block"]["tp_calibration"]["2"]
     assert len(evidence["median_s"]) == len(evidence["predicted_s"]) == 6
@@ -134,7 +136,7 @@ def test_split_calls_are_fitted_to_their_mean_time():
     points = []
     for tokens in (64, 256, 512):
         fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, tokens),
-                                                priced, CostOptions(dtype="fp32", degrees=Degrees(1, tp=2)))
+                                                priced, RUNTIME)
         for phase, price in (("fwd", fwd), ("bwd", dgrad + wgrad + call)):
             samples = [price] * 3 + [price + 4e-3]  # median the price, mean 1 ms over it
             points.append(LayerPoint(layer.name, "dense_block", tokens, phase, 0.0, 0.0, summarize(samples), tp=2,
