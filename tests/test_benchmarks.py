@@ -210,10 +210,17 @@ def test_quality_measures_the_plan_against_a_cached_exhaustive_optimum(bench_sea
 
 
 def test_scale_sets_the_plan_beside_each_baseline_and_a_long_tpe_run(bench_search, capsys):
-    args = SimpleNamespace(devices="4", model="tiny-vit-llm", profile="ideal", tpe_trials=20, seed=1)
+    args = SimpleNamespace(devices="4", model="tiny-vit-llm", profile="ideal", tpe_trials=20, tpe_cpu_s=600.0, seed=1)
     [(devices, rows)] = bench_search.scale(args).items()
     steps = dict(rows)
-    assert devices == 4 and any(m.startswith("TPE, 20 trials") for m in steps)
+    assert devices == 4 and any(m.startswith("TPE, ") and "cap 20)" in m for m in steps)
     winner = next(s for m, s in rows if m.startswith("plan's winner"))
     assert all(s is None or winner <= s for m, s in rows if m.endswith("@own"))  # no baseline row beats it
     assert "| 4 | " in capsys.readouterr().out
+
+
+def test_scale_s_tpe_run_stops_at_its_cpu_budget(bench_search):
+    args = SimpleNamespace(devices="4", model="tiny-vit-llm", profile="ideal", tpe_trials=2000, tpe_cpu_s=0.0, seed=1)
+    [(_, rows)] = bench_search.scale(args).items()
+    tpe = next(m for m, _ in rows if m.startswith("TPE, "))
+    assert tpe.endswith("(the 0 s CPU budget)") and int(tpe.split()[1]) < 2000

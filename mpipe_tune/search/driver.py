@@ -232,6 +232,7 @@ def run_search(
     on_trial: Callable[[Evaluation], None] | None = None,
     seeds: Sequence[Evaluation] = (),
     tolerance: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> SearchResult:
     """Run (or continue) the study until it holds ``n_trials`` finished trials, ``timeout_s`` passes
     or Ctrl-C (``n_trials=None``: with sampler ``bound``, :func:`bound_trial_cap` of the space's points,
@@ -240,7 +241,9 @@ def run_search(
     ``refine`` and ``prune`` switch the hill-climbing and the bounds described above. ``seeds``: plans
     already evaluated (each baseline's own best, the current layout): the fastest that fits is the
     incumbent the bounds prune against from the start (they are not trials of the study). ``tolerance``:
-    with sampler ``bound``, stop once no unvisited point can beat the best by more than this share."""
+    with sampler ``bound``, stop once no unvisited point can beat the best by more than this share.
+    ``clock``: what ``timeout_s`` is read on (``time.process_time``: this process's CPU seconds, a budget that
+    does not shrink on a shared machine)."""
     if n_trials is not None and n_trials < 1:
         raise MpipeError(f"trial budget is {n_trials}, but at least one trial is needed", quantities=("trial budget",))
     if n_trials is not None:
@@ -263,6 +266,7 @@ def run_search(
         exhaustive = _count_up_to(space, n_trials + 1) <= n_trials
     with stop_requests() as stop:
         run = _Run(space, evaluator, study, storage, timeout_s, start, progress, prune, on_trial, stop)
+        run.clock, run.start = clock, clock() - (time.perf_counter() - start)
         run.sync_every_s = sync_every_s
         run.seed_incumbent(seeds)
         try:
@@ -432,6 +436,8 @@ class _Run:
         self.space, self.evaluator, self.study, self.storage, self.stop = space, evaluator, study, storage, stop
         self.writer: TrialWriter | None = None
         self.timeout_s, self.start, self.progress, self.prune, self.on_trial = timeout_s, start, progress, prune, on_trial
+        self.clock: Callable[[], float] = time.perf_counter
+        """What :attr:`timeout_s` is read on, from :attr:`start`."""
         self.stored = _stored(study)
         self.tried = {Candidate.from_dict(_info(t)["candidate"]) for t in self.stored}
         self.lost: set[Candidate] = set()
@@ -462,7 +468,7 @@ class _Run:
 
     def must_stop(self) -> bool:
         """Ctrl-C asked to stop, or the time budget is spent (:attr:`timed_out`): checked between two trials."""
-        if self.timeout_s is not None and time.perf_counter() - self.start > self.timeout_s:
+        if self.timeout_s is not None and self.clock() - self.start > self.timeout_s:
             self.timed_out = True
         return self.stop.requested or self.timed_out
 
