@@ -131,19 +131,24 @@ class TrialWriter:
         second Ctrl-C, whose queue may have been cut mid-put and lost its end marker), wait at most that
         long: the child goes on writing what reached it and exits when the queue runs dry (this
         process's exit waits for it, as for any child it started)."""
-        if self.process.is_alive():
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        while self.process.is_alive():  # a child that died with the queue full takes no end marker
+            poll = _PUT_POLL_S if deadline is None else min(_PUT_POLL_S, max(0.0, deadline - time.monotonic()))
             try:
-                self.queue.put(None, timeout=wait_s)
+                self.queue.put(None, timeout=poll)
+                break
             except queue_module.Full:
-                pass
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
         self.process.join(wait_s)
         if self.process.is_alive():
             self.abandoned.set()
             self.queue.cancel_join_thread()  # nor for a feeder thread the cut put may have left stuck
             return
-        self.queue.close()
         if self.process.exitcode != 0:
+            self.queue.cancel_join_thread()  # what it left unread cannot reach a pipe nobody reads
             raise self._stopped()
+        self.queue.close()
 
 
 def _write_trials(storage: str, study_name: str, n_trials: int | None, queue, full, refused, abandoned,

@@ -1,6 +1,9 @@
 """The trial writer's child process: what it was handed reaches the study, and a search that stopped
 waiting for it (a second Ctrl-C) does not leave it running when its end marker was lost."""
 
+import subprocess
+import sys
+
 import optuna
 from optuna.distributions import CategoricalDistribution
 
@@ -32,3 +35,39 @@ def test_a_closed_writer_has_written_every_trial(tmp_path):
         writer.put(finished_trial(float(value)))
     writer.close()
     assert not writer.process.is_alive() and len(study.get_trials()) == 40
+
+
+
+DIED = """
+import os, signal, sys
+import optuna
+from optuna.distributions import CategoricalDistribution
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.search.writer import TrialWriter
+
+if __name__ == "__main__":
+    storage = "sqlite:///" + sys.argv[1]
+    optuna.create_study(storage=storage, study_name="s")
+    writer = TrialWriter(storage, "s")
+    os.kill(writer.process.pid, signal.SIGKILL)  # killed (out of memory, say) ...
+    writer.process.join()
+    trial = optuna.trial.create_trial(params={"x": 0}, distributions={"x": CategoricalDistribution([0])}, value=1.0,
+                                      user_attrs={"mpipe": "x" * 4096})
+    for _ in range(writer.queue._maxsize):  # ... with more handed over than the pipe holds
+        writer.queue.put_nowait(trial)
+    try:
+        writer.close()
+    except MpipeError as exc:
+        print(exc)
+"""
+
+
+def test_a_search_whose_writer_died_with_trials_queued_exits_with_its_error(tmp_path):
+    """What the feeder thread could not pass on to the dead child is dropped: the process ends (it waited
+    for that thread forever) and says why the writer stopped."""
+    script = tmp_path / "died.py"
+    script.write_text(DIED)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "study.db")], capture_output=True, text=True,
+                          timeout=300)  # a hang guard, far above a loaded machine
+    assert proc.returncode == 0, proc.stderr
+    assert "the trial writer stopped (exit code -9)" in proc.stdout
