@@ -484,5 +484,7 @@ def test_two_workers_on_one_study_stop_at_the_requested_total(tmp_path):
                 w.wait()
     assert [w.returncode for w in workers] == [0, 0], [err for _, err in outputs]
     records = [json.loads(out) for out, _ in outputs]
-    assert len(complete_trials(db)) == 80 and all(r["trials"] == 80 and r["mode"] == "optuna" for r in records)
+    # the study holds exactly the total; each worker reports the trials it saw stored when it finished, which
+    # leaves out a trial the other was still writing at that moment (79 under load), never one past the total
+    assert len(complete_trials(db)) == 80 and all(r["trials"] <= 80 and r["mode"] == "optuna" for r in records)
     assert sum(r["new_trials"] for r in records) == 80
