@@ -124,10 +124,8 @@ def build_layer(kind: str, dims: Mapping[str, Any], mb: Microbatch, tp_degree: i
     whatever the dtype), ``fused_loss``, the trainer's fused loss kernels (:func:`vocab_parallel_loss`),
     and ``rope``, how it runs RoPE (:data:`ROPE_FORMS`, :func:`rotary_embedding`)."""
     degrees = tp_degree if isinstance(tp_degree, LayerDegrees) else LayerDegrees(tp_degree)
-    if kind == "lm_head":  # the kinds whose kernels depend on the dtype and the trainer's fusions
-        return _lm_head(dims, mb, degrees, dtype_bytes, fused_loss)
-    if kind in _DECODER_BUILDERS:
-        return _DECODER_BUILDERS[kind](dims, mb, degrees, _Rope(dtype_bytes, rope))
+    if kind in _TRAINER_BUILDERS:
+        return _TRAINER_BUILDERS[kind](dims, mb, degrees, _Trainer(dtype_bytes, fused_loss, rope))
     return _BUILDERS[kind](dims, mb, degrees)
 
 
@@ -190,11 +188,13 @@ def _mlp(
 
 
 @dataclass(frozen=True)
-class _Rope:
-    """What a decoder block's RoPE kernels depend on beyond its dimensions."""
+class _Trainer:
+    """What the kinds of :data:`_TRAINER_BUILDERS` read beyond their dimensions: the step's element width and
+    how the trainer runs the loss (``fused_loss``) and RoPE (``rope``, :data:`ROPE_FORMS`)."""
 
     dtype_bytes: int
-    form: str
+    fused_loss: bool
+    rope: str
 
 
 def rotary_embedding(tokens: float, heads: float, head_dim: int, rope_dim: int, *, dtype_bytes: int,
@@ -239,18 +239,18 @@ def rotary_embedding(tokens: float, heads: float, head_dim: int, rope_dim: int, 
 
 def _gqa(
     dims: Mapping[str, Any], tokens: float, seq_lens: list[int], degrees: LayerDegrees, *, qkv_bias: bool,
-    out_bias: bool, rope: _Rope | None = None,
+    out_bias: bool, trainer: _Trainer | None = None,
 ) -> list[Piece]:
-    """q, k, v projections, RoPE on q and k (with ``rope``), attention core and output projection
-    (grouped-query or multi-head)."""
+    """q, k, v projections, RoPE on q and k (with ``trainer``: a decoder's), attention core and output
+    projection (grouped-query or multi-head)."""
     hidden, heads, kv_heads, head_dim = dims["hidden"], dims["heads"], dims["kv_heads"], dims["head_dim"]
     tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
     kv_degree = min(tp_degree, kv_heads)  # fewer kv heads than ranks: each rank keeps one
     rotary = []
-    if rope is not None:
+    if trainer is not None:
         rope_dim = head_dim if dims.get("rope_dim") is None else min(dims["rope_dim"], head_dim)
         rotary = [rotary_embedding(tokens, heads / tp_degree + kv_heads / kv_degree, head_dim, rope_dim,
-                                   dtype_bytes=rope.dtype_bytes, form=rope.form)]
+                                   dtype_bytes=trainer.dtype_bytes, form=trainer.rope)]
     return [
         matmul("x_norm1", tokens, hidden, heads * head_dim, split="column", tp_degree=tp_degree, bias=qkv_bias,
                input_shards=shards),
@@ -272,7 +272,7 @@ def _gqa(
 
 
 def _mla(dims: Mapping[str, Any], tokens: float, seq_lens: list[int], degrees: LayerDegrees,
-         rope_kernels: _Rope) -> list[Piece]:
+         trainer: _Trainer) -> list[Piece]:
     """DeepSeek's multi-head latent attention: low-rank q and kv, decoupled RoPE key shared by heads
     (RoPE rotates each q head's and the shared key's ``qk_rope_head_dim`` part, counted as
     :func:`rotary_embedding` on heads of that width)."""
@@ -300,20 +300,21 @@ def _mla(dims: Mapping[str, Any], tokens: float, seq_lens: list[int], degrees: L
         context_degree=degrees.cp_degree,
     )
     out = matmul("attn_out", tokens, heads * v_dim, hidden, split="row", **split)
-    rotary = rotary_embedding(tokens, heads / tp_degree + 1, rope, rope, dtype_bytes=rope_kernels.dtype_bytes,
-                              form=rope_kernels.form)
+    rotary = rotary_embedding(tokens, heads / tp_degree + 1, rope, rope, dtype_bytes=trainer.dtype_bytes,
+                              form=trainer.rope)
     return [*q, *kv, rotary, core, out]
 
 
-def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, rope: _Rope) -> list[Piece]:
+def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees,
+                       trainer: _Trainer) -> list[Piece]:
     """Pre-norm attention sub-block with its all-reduce and residual add."""
     tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
     seq_lens = [mb.text_tokens]
     if dims["attention"] == "mla":
-        core = _mla(dims, tokens, seq_lens, degrees, rope)
+        core = _mla(dims, tokens, seq_lens, degrees, trainer)
     else:
-        core = _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False, rope=rope)
+        core = _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False, trainer=trainer)
     return [
         _norm("x", tokens, hidden, layernorm=False, shards=shards),
         *core,
@@ -322,13 +323,13 @@ def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDe
     ]
 
 
-def _dense_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, rope: _Rope) -> Layer:
+def _dense_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, trainer: _Trainer) -> Layer:
     tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
     tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     mlp = _mlp("", "x_norm2", tokens, hidden, dims["ffn"], hidden, activation=dims["activation"], bias=False,
                tp_degree=tp_degree, input_shards=shards)
     pieces = [
-        *_decoder_attention(dims, mb, degrees, rope),
+        *_decoder_attention(dims, mb, degrees, trainer),
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
         *mlp,
         all_reduce(tokens * hidden, tp_degree=tp_degree),
@@ -337,7 +338,7 @@ def _dense_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees,
     return Layer(tuple(pieces), boundary_elems=tokens * hidden / shards)
 
 
-def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, rope: _Rope) -> Layer:
+def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, trainer: _Trainer) -> Layer:
     tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     experts, top_k, moe_ffn = dims["experts"], dims["top_k"], dims["moe_ffn"]
     tp_degree, ep, shards = degrees.tp_degree, degrees.ep_degree, degrees.sequence_shards
@@ -357,7 +358,7 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, r
                       input_shards=shards, **common)
     exchange = expert_rows * hidden  # each rank's dispatch (and combine) buffer
     pieces = [
-        *_decoder_attention(dims, mb, degrees, rope),
+        *_decoder_attention(dims, mb, degrees, trainer),
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
         matmul("x_norm2", tokens, hidden, experts, split="replicated", tp_degree=tp_degree, input_shards=shards),
         pointwise(tokens * experts, 2.0 * routed_tokens, _SOFTMAX_FLOPS_PER_ELEM * tokens * experts,
@@ -484,16 +485,15 @@ def vocab_parallel_loss(tokens: float, logits_elems: float, *, dtype_bytes: int,
     ]
 
 
-def _lm_head(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, dtype_bytes: int,
-             fused_loss: bool) -> Layer:
+def _lm_head(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, trainer: _Trainer) -> Layer:
     """Final norm, vocab-parallel logits and the fp32 cross-entropy; the loss goes nowhere, so no boundary."""
     tp_degree = degrees.tp_degree
     tokens, hidden, vocab = _local_text_tokens(mb, degrees), dims["hidden"], dims["vocab"]
     pieces = [
         _norm("x", tokens, hidden, layernorm=False, shards=degrees.sequence_shards),
         matmul("x_norm", tokens, hidden, vocab, split="column", tp_degree=tp_degree),
-        *vocab_parallel_loss(tokens, tokens * vocab / tp_degree, dtype_bytes=dtype_bytes, tp_degree=tp_degree,
-                             fused=fused_loss),
+        *vocab_parallel_loss(tokens, tokens * vocab / tp_degree, dtype_bytes=trainer.dtype_bytes, tp_degree=tp_degree,
+                             fused=trainer.fused_loss),
     ]
     return Layer(tuple(pieces), boundary_elems=0.0)
 
@@ -505,7 +505,9 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees], Lay
     "merger": _merger,
     "projector": _projector,
 }
-_DECODER_BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees, _Rope], Layer]] = {
+_TRAINER_BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees, _Trainer], Layer]] = {
     "dense_block": _dense_block,
     "moe_block": _moe_block,
+    "lm_head": _lm_head,
 }
+"""The kinds whose kernels depend on the step's dtype and the trainer's fusions (RoPE, the loss)."""

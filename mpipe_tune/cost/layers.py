@@ -32,7 +32,7 @@ the layer's parameter count.
 The encoder's own tensor-parallel degree (``Degrees.encoder_tp``, a divisor of ``tp``):
 the encoder block's layers are timed at ``encoder_tp`` on the busiest of ``tp / encoder_tp`` shares of
 the microbatch's images (:func:`encoder_split`), and its last layer also pays the all-gather of the
-features over those shares (:func:`estimate_feature_gather_s`), forward and, as a reduce-scatter,
+features over those shares (:func:`feature_gather_s`), forward and, as a reduce-scatter,
 backward. Explicit-cost layers, which model no degree, are unchanged.
 
 Recomputation (``CostOptions.recompute``): ``full`` keeps only each layer's input and re-runs its
@@ -288,7 +288,8 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
                                       row):
                 column[at] = values
         last = int(np.flatnonzero(encoder)[-1])  # the features are gathered after the encoder's last layer
-        gather[last] = _feature_gather_columns(model.layers[last].cost, microbatches, profile, options)  # forward; backward, its gradient: a reduce-scatter of the same bytes
+        # forward; backward, its gradient: a reduce-scatter of the same bytes
+        gather[last] = feature_gather_s(model.layers[last].cost, microbatches, profile, options)
     granularity = options.recompute_granularity
     experts = np.array([_expert_param_count(layer.cost) for layer in model.layers], dtype=float)
     kept = {"full": boundary, "selective": selective_saved, "none": saved}[granularity]
@@ -354,22 +355,13 @@ def _encoder_row(cost: ArchCost, microbatches, profile, encoder_options: CostOpt
     return tuple(values[i] for i in (0, 1, 2, 4, 5, 6, 7, 8))
 
 
-def estimate_feature_gather_s(cost: ArchCost, mb: Microbatch, profile: HardwareProfile,
-                              options: CostOptions) -> float:
-    """The all-gather of the encoder's output features over the ``tp / encoder_tp`` encoder groups:
-    the whole output (the encoder's last layer's, at one rank's degree) as the gathered buffer, on the
-    intra-node link unless the tensor-parallel group spans more than a node; nothing without images."""
-    if mb.image_tokens == 0:
-        return 0.0
-    full = arch.estimate_arch_work(cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes()).boundary_bytes
-    link = profile.link("all_gather", inter_node=options.degrees.tp > profile.devices_per_node)
-    return estimate_collective_s(link, "all_gather", full, options.encoder_replicas)
-
-
 @lru_cache(maxsize=1024)
-def _feature_gather_columns(cost: ArchCost, microbatches: tuple[Microbatch, ...], profile: HardwareProfile,
-                            options: CostOptions) -> np.ndarray:
-    """:func:`estimate_feature_gather_s` of each of ``microbatches``, in one pass."""
+def feature_gather_s(cost: ArchCost, microbatches: tuple[Microbatch, ...], profile: HardwareProfile,
+                     options: CostOptions) -> np.ndarray:
+    """Per microbatch of ``microbatches``, in one pass, the all-gather of the encoder's output features over
+    the ``tp / encoder_tp`` encoder groups: the whole output (the encoder's last layer's, at one rank's
+    degree) as the gathered buffer, on the intra-node link unless the tensor-parallel group spans more than
+    a node; nothing without images."""
     batch = arch.MicrobatchArray.of(microbatches)
     full = arch.estimate_arch_work(cost.kind, cost.dims_dict(), batch, dtype_bytes=options.dtype_bytes()).boundary_bytes
     link = profile.link("all_gather", inter_node=options.degrees.tp > profile.devices_per_node)

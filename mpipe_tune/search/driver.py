@@ -170,7 +170,6 @@ class SearchResult:
             return f"sampler {sampler} converged: {self.num_settled} settled proposals, stopped before the budget"
         return f"sampler {sampler}"
 
-
     def budget_text(self) -> str:
         """Which budget stopped the run: the time budget, or the trial cap (and how many trials)."""
         if self.timed_out:

@@ -150,7 +150,7 @@ class Evaluator:
         options are the same; only the microbatches differ), about a third of the time of building them one
         setting at a time. The tables are the same either way."""
         for c in candidates:
-            setting = _table_setting(c, recompute=False) if plain else _table_setting(c)
+            setting = _table_setting(c, False if plain else None)
             if (0, *setting) not in self._tables:
                 self._expected.setdefault(_kernel_setting(setting), set()).add(setting)
 
@@ -497,11 +497,11 @@ class Evaluator:
         return result
 
 
-def _table_setting(c: Candidate, **recompute: bool | str) -> tuple:
+def _table_setting(c: Candidate, recompute: bool | str | None = None) -> tuple:
     """What ``c``'s layer tables depend on besides the step: its setting but the ZeRO stage, which no
-    table reads (``recompute=``: with that recomputation in place of ``c``'s)."""
-    return (c.tp, c.dp, c.num_microbatches, recompute.get("recompute", c.recompute), c.ep, c.cp, c.sequence_parallel,
-            c.encoder_tp)
+    table reads (``recompute``: with that recomputation in place of ``c``'s)."""
+    return (c.tp, c.dp, c.num_microbatches, c.recompute if recompute is None else recompute, c.ep, c.cp,
+            c.sequence_parallel, c.encoder_tp)
 
 
 def _kernel_setting(setting: tuple) -> tuple:
