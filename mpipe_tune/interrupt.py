@@ -167,7 +167,16 @@ def mark(name: str) -> None:
     for point in wanted.split(","):
         target, _, count = point.partition(":")
         if target == name and _marks[name] == int(count or 1):
-            os.kill(os.getpid(), signal.SIGINT)
+            interrupt_self()
+
+
+def interrupt_self() -> None:
+    """SIGINT to this process, as a terminal's Ctrl-C, but addressed to its main thread (where Python runs
+    the handler). One addressed to the whole process while the main thread blocks it (:func:`sigint_blocked`)
+    goes to whichever other thread the kernel picks (torch's, tqdm's), and Python sees it only when that thread
+    next runs, maybe after the block's handler is gone; one addressed to the main thread waits for the block's
+    end and is handled there, as a test of that block needs."""
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
 def phase(name: str) -> None:

@@ -16,11 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ctrl_c_after, process_stats
-from mpipe_tune.interrupt import held, stop_requests
-
-
-def ctrl_c():
-    os.kill(os.getpid(), signal.SIGINT)
+from mpipe_tune.interrupt import held, interrupt_self as ctrl_c, stop_requests
 
 
 def test_the_first_ctrl_c_is_a_request_and_the_second_raises():
