@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from mpipe_tune.cli import main
 from mpipe_tune.plan_file import load_plan
 
@@ -28,6 +30,20 @@ def test_predict_shows_the_degrees_and_memory_policy(capsys):
     assert main(full) == 0
     record = json.loads(capsys.readouterr().out)
     assert (record["ep"], record["cp"], record["recompute"]) == (1, 2, True)
+
+
+def test_predict_zero_3_shards_the_weights_and_zero_2_is_refused(capsys):
+    peaks = {}
+    for stage in ("1", "3"):
+        assert main(["predict", "--model", MOE, "--schedule", "1f1b", "--pp", "2", "--dp", "4", "--zero", stage,
+                     "--json"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert record["zero_stage"] == int(stage)
+        peaks[stage] = max(r["memory"]["static_bytes"] for r in record["ranks"])
+    assert peaks["3"] < peaks["1"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["predict", "--model", MOE, "--schedule", "1f1b", "--pp", "2", "--zero", "2"])
+    one_line_error(capsys, exit_.value.code, "invalid choice: 2 (choose from 0, 1, 3)")
 
 
 def test_predict_refuses_an_expert_degree_that_does_not_divide_dp(capsys):

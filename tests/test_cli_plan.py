@@ -419,6 +419,7 @@ def _reorder(record):
     (lambda r: r["candidate"].update(pp="2"), "candidate field 'pp' = '2' must be an integer"),
     (lambda r: r["candidate"].update(owners=[0] * 3), "candidate field 'owners' lists 3 entries"),
     (lambda r: r["candidate"].update(dtype="fp7"), "candidate field 'dtype' = 'fp7' must be one of"),
+    (lambda r: r["candidate"].update(zero_stage=2), "candidate field 'zero_stage' = 2 must be one of 0, 1, 3"),
     (lambda r: r["predicted"].update(makespan_s="fast"), "field 'makespan_s' must be a number, got 'fast'"),
     (lambda r: r["predicted"].update(makespan_s=-1.0), "field 'makespan_s' = -1.0 must be >= 0"),
     (lambda r: r["predicted"]["durations_s"].__setitem__(0, float("inf")), "must be a finite number"),
@@ -488,3 +489,16 @@ def test_two_workers_on_one_study_stop_at_the_requested_total(tmp_path):
     # leaves out a trial the other was still writing at that moment (79 under load), never one past the total
     assert len(complete_trials(db)) == 80 and all(r["trials"] <= 80 and r["mode"] == "optuna" for r in records)
     assert sum(r["new_trials"] for r in records) == 80
+
+
+def test_plan_zero_3_writes_a_fully_sharded_plan_that_show_re_predicts(tmp_path, capsys):
+    assert plan(tmp_path, "--devices", "4", "--global-batch", "8", "--samples", "1", "--no-progress", "--zero", "3") == 0
+    out = capsys.readouterr().out
+    record = json.loads((tmp_path / "plan.json").read_text())
+    assert record["candidate"]["zero_stage"] == 3 and record["candidate"]["dp"] * record["candidate"]["pp"] == 4
+    assert {row["zero_stage"] for row in record["search"]["comparison"]} == {3}  # the baselines too
+    assert "zero3" in out
+    assert main(["show", str(tmp_path / "plan.json")]) == 0
+    recorded, repredicted = re.search(r"recorded step time ([\d.]+) ms; re-predicted ([\d.]+) ms",
+                                      capsys.readouterr().out).groups()
+    assert recorded == repredicted

@@ -39,13 +39,25 @@ from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
 
-__all__ = ["DTYPE_BYTES", "GRAD_REDUCE_DTYPES", "MAX_DEVICES", "RECOMPUTE_GRANULARITIES", "ROUND_ROBIN", "Candidate",
-           "Degrees", "default_cut", "normalize_recompute", "recompute_granularity"]
+__all__ = ["DTYPE_BYTES", "GRAD_REDUCE_DTYPES", "MAX_DEVICES", "RECOMPUTE_GRANULARITIES", "ROUND_ROBIN", "ZERO_STAGES",
+           "Candidate", "Degrees", "default_cut", "normalize_recompute", "recompute_granularity", "validate_zero_stage"]
 MAX_DEVICES = 1 << 16
 """The most devices a problem or a candidate may have (65536): more than any pipeline-parallel training job spans."""
 ROUND_ROBIN = "round-robin"
 """The static owner policy: microbatch m on rank m mod P."""
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
+
+ZERO_STAGES = (0, 1, 3)
+"""The ZeRO stages a candidate takes: 0 (none), 1 (optimizer state sharded over the data-parallel ranks) and 3
+(weights and gradients too, torch FSDP2's full sharding per layer); stage 2 is not offered."""
+
+
+def validate_zero_stage(value: object, where: str = "the ZeRO stage") -> int:
+    """``value`` as a ZeRO stage of :data:`ZERO_STAGES`, or one line naming the allowed values."""
+    if isinstance(value, bool) or value not in ZERO_STAGES:
+        raise MpipeError(f"{where} is {value!r}, but it must be one of {', '.join(map(str, ZERO_STAGES))} "
+                         f"(stage 2 is not offered: use 1, or 3 to shard the weights too)")
+    return int(value)
 """The dtypes frameworks reduce data-parallel gradients in (``CostOptions.grad_reduce_dtype``)."""
 
 
@@ -91,7 +103,9 @@ class Candidate:
     label: str = ""
     """A baseline's name (``megatron``, ...); empty for searched candidates."""
     zero_stage: int = 1
-    """1: distributed optimizer (ZeRO-1, optimizer state sharded over the data-parallel ranks); 0: none."""
+    """1: distributed optimizer (ZeRO-1, optimizer state sharded over the data-parallel ranks); 3: weights and
+    gradients sharded too (torch FSDP2's ``fully_shard`` per layer, :mod:`mpipe_tune.cost.fsdp`); 0: none
+    (:data:`ZERO_STAGES`)."""
     sequence_parallel: bool = False
     """Sequence parallelism with tp (Megatron-LM's)."""
     owner_map: tuple[int, ...] | None = None
@@ -174,6 +188,7 @@ class Candidate:
             raise MpipeError(f"the microbatch count M is {value!r}, but M must be an integer >= 1")
         if self.dtype not in DTYPE_BYTES:
             raise MpipeError(f"dtype {self.dtype!r} is not a known dtype; use one of {', '.join(DTYPE_BYTES)}")
+        validate_zero_stage(self.zero_stage)
         if self.owner_map is not None and not self.has_transpose:
             raise MpipeError(f"the owner map {','.join(map(str, self.owner_map))} is given, but schedule "
                              f"<{self.schedule}> has no transpose region, so no microbatch has an owner; drop the "

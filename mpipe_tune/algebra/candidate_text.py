@@ -12,7 +12,7 @@ out at their defaults (a parse gives a left-out piece the candidate's default):
 ``owner map 0,1,2,3``                 explicit owner map
 ``slabs 4-4/2-2``                     slab counts per Sharded region (``slabs -``: no Sharded region)
 ``recompute`` / ``recompute selective``  full or selective recomputation (none: left out)
-``zero0``, ``sp``                     no distributed optimizer; sequence parallelism
+``zero0``, ``zero3``, ``sp``          ZeRO stage 0 or 3 (1: left out); sequence parallelism
 ``fp32``                              the dtype (bf16: left out)
 ``frozen encoder``                    frozen blocks
 ``encoder backward optimised``        the placement (cooldown: left out), with ``(K on other ranks)``
@@ -97,7 +97,7 @@ def format_candidate(c) -> str:
     granularity = recompute_granularity(c.recompute)
     if granularity != "none":
         pieces.append("recompute" if granularity == "full" else f"recompute {granularity}")
-    pieces += ["zero0"] * (c.zero_stage == 0) + ["sp"] * c.sequence_parallel + [c.dtype] * (c.dtype != "bf16")
+    pieces += [f"zero{c.zero_stage}"] * (c.zero_stage != 1) + ["sp"] * c.sequence_parallel + [c.dtype] * (c.dtype != "bf16")
     if c.frozen:
         pieces.append(f"frozen {_list(c.frozen)}")
     if c.encoder_backward != COOLDOWN:
@@ -137,7 +137,7 @@ def parse_candidate_fields(text: str) -> dict[str, Any]:
             name = {"owners": "owner_policy", "owner map": "owner_map", "slabs": "slab_counts", "frozen": "frozen",
                     "encoder backward": "encoder_backward", "backward slots": "encoder_backward_slots",
                     "backward ranks": "encoder_backward_ranks", "label": "label", "recompute": "recompute",
-                    "zero0": "zero_stage", "sp": "sequence_parallel"}.get(key, "dtype" if key in DTYPE_BYTES else None)
+                    "zero0": "zero_stage", "zero3": "zero_stage", "sp": "sequence_parallel"}.get(key, "dtype" if key in DTYPE_BYTES else None)
             if name is None:
                 raise ValueError(f"'{piece}' is not a piece of the form")
             if name in fields:
@@ -154,7 +154,7 @@ def parse_candidate_fields(text: str) -> dict[str, Any]:
             elif name == "encoder_backward":
                 fields[name] = value.split(" (")[0]
             elif name in ("zero_stage", "sequence_parallel"):
-                fields[name] = 0 if name == "zero_stage" else True
+                fields[name] = int(key[4:]) if name == "zero_stage" else True
             elif name == "dtype":
                 fields[name] = key
             elif not value:

@@ -57,8 +57,9 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoder-tp", type=int, default=None, metavar="T",
                         help="the encoder block's own tensor-parallel degree, a divisor of --tp (the other tp/T "
                              "ranks of each group encode other images; default: --tp)")
-    parser.add_argument("--zero", type=int, default=1, choices=(0, 1),
-                        help="ZeRO stage: 1 shards the optimizer state over the data-parallel ranks (default), 0 does not")
+    parser.add_argument("--zero", type=int, default=1, choices=(0, 1, 3),
+                        help="ZeRO stage: 1 shards the optimizer state over the data-parallel ranks (default), 3 the "
+                             "weights and gradients too (FSDP), 0 nothing")
     parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism with --tp")
     add_framework_arguments(parser)
     parser.add_argument("--recompute", nargs="?", const="full", default="none",

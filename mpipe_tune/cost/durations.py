@@ -17,6 +17,10 @@
   ranks, after the rest. A distributed
   optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the parameters instead: the same
   bytes over the same ring, half of them each. Gradients travel in ``grad_reduce_dtype``.
+- ZeRO-3 (``shard_parameters``): the reduces keep ZeRO-1's timing (the last microbatch's
+  reduce-scatters, the first microbatch's gathers), and every ``Fwd`` and ``Bwd`` then adds its
+  per-microbatch gather and reduce-scatter waits (:mod:`~mpipe_tune.cost.fsdp`), after the overlap has
+  read the compute.
 - ``Loss`` and ``StepBarrier`` cost nothing (the LM head layer carries the loss's work).
 - The optimizer update of each rank is added to its last event before the barrier
   (:mod:`mpipe_tune.cost.update`).
@@ -33,6 +37,7 @@ over the table's prefix sums (:func:`table_sums`, computed once per table), with
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -44,10 +49,11 @@ from mpipe_tune.algebra.events import Comm, DpReduce, Group
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost import kernels
 from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, REDUCE, WGRAD, EventArrays
+from mpipe_tune.cost.fsdp import FsdpSums, fsdp_sums
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.memory import prefix_sums
 from mpipe_tune.cost.overlap import compile_overlap
-from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
+from mpipe_tune.cost.profile import HardwareProfile, hierarchical_all_reduce_s
 from mpipe_tune.cost.update import estimate_update_s, update_charges
 
 _LINK_OF_COMM = {Comm.SEND: "p2p", Comm.RECV_GRAD: "p2p", Comm.GATHER: "gather", Comm.SCATTER: "scatter"}
@@ -158,6 +164,10 @@ class DurationModel:
             out[self.wgrad_bwd] = np.maximum(out[self.wgrad_bwd] - weights, 0.0)
         if self._overlap is not None:  # reads the compute events' durations only
             out[self.reduce_idx] = self._overlap.exposed(out, self._reduce_s)
+        if self.options.shard_parameters:  # ZeRO-3's per-microbatch waits, after the overlap read the compute
+            waits = _fsdp_sums(sums, self.model, self.profile, self.options)
+            out[self.fwd_idx] += waits.forward_s(self.fwd_hi, self.fwd_lo)
+            out[self.bwd_idx] += waits.backward_s(self.bwd_hi, self.bwd_lo)
         if self._update is None:  # the ranks' last events move with their orders (a re-timed plan's)
             plan = self.order_plan()
             self._update = update_charges(plan, estimate_update_s(plan, self.model, sums.table, self.profile,
@@ -176,6 +186,19 @@ class DurationModel:
             if self._reduce_s[data].any():
                 self._overlap = compile_overlap(self.order_plan(), self._reduces, self.model, table, self.options)
         return self._reduce_s
+
+
+_FSDP_SUMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fsdp_sums(sums: TableSums, model: Model, profile: HardwareProfile, options: CostOptions) -> FsdpSums:
+    """:func:`~mpipe_tune.cost.fsdp.fsdp_sums` of ``sums``' table, kept with it (every plan of a search
+    that reads the table reads the same waits)."""
+    kept = _FSDP_SUMS.setdefault(sums, {})
+    key = (model.trainable_bits(), profile, options)
+    if key not in kept:
+        kept[key] = fsdp_sums(sums.table, model, profile, options)
+    return kept[key]
 
 
 def estimate_durations(
@@ -242,29 +265,3 @@ def _all_reduce_s(profile: HardwareProfile, size_bytes: float, group_size: int, 
     """An all-reduce over ``group_size`` ranks whose devices span ``span_devices`` (one every
     ``span_devices / group_size`` devices): :func:`hierarchical_all_reduce_s`."""
     return hierarchical_all_reduce_s(profile, size_bytes, group_size, span_devices // group_size)
-
-
-def hierarchical_all_reduce_s(profile: HardwareProfile, size_bytes: float, group_size: int, stride: int) -> float:
-    """An all-reduce over ``group_size`` ranks placed one every ``stride`` devices, as NCCL runs it
-    across nodes: with ``k`` members on each node (``devices_per_node / stride``, at most the group),
-    a ring reduce-scatter inside each node, a ring all-reduce of each rank's ``1/k`` share across the
-    nodes over the rank's own inter-node link, and a ring all-gather inside the node. One node: the
-    intra-node ring all-reduce; one member per node: the inter-node ring all-reduce of everything.
-
-    >>> from mpipe_tune.inputs.specs import load_profile
-    >>> h100 = load_profile("h100-sxm")
-    >>> flat = hierarchical_all_reduce_s(h100, 8e9, 16, 8)  # tp8: one member per node
-    >>> split = hierarchical_all_reduce_s(h100, 8e9, 16, 1)  # two full nodes: 8 NICs share the bytes
-    >>> round(flat / split, 1)
-    5.9
-    """
-    if group_size == 1:
-        return 0.0
-    per_node = max(1, min(group_size, profile.devices_per_node // stride)) if stride <= profile.devices_per_node else 1
-    nodes = -(-group_size // per_node)
-    intra = profile.link("all_reduce", inter_node=False)
-    if nodes == 1:
-        return estimate_collective_s(intra, "all_reduce", size_bytes, group_size)
-    inter = profile.link("all_reduce", inter_node=True)
-    return (estimate_collective_s(intra, "all_reduce", size_bytes, per_node)
-            + estimate_collective_s(inter, "all_reduce", size_bytes / per_node, nodes))

@@ -76,6 +76,6 @@ class Framework:
         return CostOptions(
             dtype=dtype, degrees=degrees, moe_imbalance=self.moe_imbalance, sequence_parallel=sequence_parallel,
             optimizer_bytes_per_param=self.optimizer_bytes_per_param, grad_bytes_per_param=self.grad_bytes_per_param,
-            shard_optimizer=zero_stage >= 1, grad_reduce_dtype=self.grad_reduce_dtype,
+            shard_optimizer=zero_stage >= 1, shard_parameters=zero_stage == 3, grad_reduce_dtype=self.grad_reduce_dtype,
             overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute,
             fused_loss=self.fused_loss, rope=self.rope)

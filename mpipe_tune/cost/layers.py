@@ -93,6 +93,11 @@ class CostOptions:
     """Optimizer state sharded over the data-parallel group (a distributed optimizer, ZeRO-1; the
     experts' state over their own data-parallel group, ``dp / ep`` ranks). Its gradient
     reduce-scatter and parameter all-gather move the bytes of the ring all-reduce charged without it."""
+    shard_parameters: bool = False
+    """ZeRO stage 3 (torch FSDP2's ``fully_shard`` per layer; needs :attr:`shard_optimizer`): the weights
+    and gradients are sharded too, over the same ranks as the optimizer state, and each layer's weights
+    are all-gathered before its forward and again before its backward, its gradient reduce-scattered
+    after each backward (:mod:`mpipe_tune.cost.fsdp`)."""
     grad_reduce_dtype: str = "fp32"
     """Dtype the data-parallel gradient reduce moves: ``fp32`` (Megatron-LM's default for bf16 training,
     gradients accumulated and reduced in fp32) or ``bf16`` (NeMo's ``grad_sync_dtype=bf16``, torchtitan's
@@ -122,6 +127,8 @@ class CostOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
+        if self.shard_parameters and not self.shard_optimizer:
+            raise ValueError("shard_parameters (ZeRO-3) shards the optimizer state too: set shard_optimizer")
         if self.rope not in ROPE_FORMS:
             raise ValueError(f"rope {self.rope!r}: use one of {', '.join(ROPE_FORMS)}")
 
@@ -153,8 +160,9 @@ class CostOptions:
 
     @property
     def zero_stage(self) -> int:
-        """1 with a distributed optimizer (:attr:`shard_optimizer`), else 0."""
-        return 1 if self.shard_optimizer else 0
+        """3 with sharded parameters (:attr:`shard_parameters`), 1 with a distributed optimizer alone
+        (:attr:`shard_optimizer`), else 0."""
+        return 3 if self.shard_parameters else 1 if self.shard_optimizer else 0
 
     def validate_degrees(self) -> None:
         """One-line :class:`MpipeError` unless the degrees can be laid out: each >= 1 and the
@@ -245,18 +253,18 @@ class LayerTable:
         """Backward seconds under the footprint: a layer computes its input gradient iff some layer
         before it is trainable, and its weight gradient iff it is trainable; it runs a backward (and
         pays its per-call overhead and any recomputation) iff it does either."""
-        needs_dgrad, trainable, runs = _footprint_masks(model.trainable_bits())
+        needs_dgrad, trainable, runs = footprint_masks(model.trainable_bits())
         return self.dgrad_s * needs_dgrad + self.wgrad_s * trainable + (self.recompute_s + self.bwd_overhead_s) * runs
 
     def weight_grad_s(self, model: Model) -> np.ndarray:
         """Of :meth:`backward_s`, the weight-gradient seconds (trainable layers only): what a split
         backward's ``Wgrad`` event runs; its ``Bwd`` runs the rest (input gradients, the per-call
         overhead and any recomputation)."""
-        return self.wgrad_s * _footprint_masks(model.trainable_bits())[1]
+        return self.wgrad_s * footprint_masks(model.trainable_bits())[1]
 
 
 @lru_cache(maxsize=256)
-def _footprint_masks(trainable_bits: tuple[bool, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def footprint_masks(trainable_bits: tuple[bool, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-layer column masks: computes its input gradient, its weight gradient, runs a backward."""
     trainable = np.array(trainable_bits, dtype=bool)
     needs_dgrad = np.concatenate(([False], np.cumsum(trainable)[:-1] > 0))
@@ -373,7 +381,7 @@ def _arch_options(options: CostOptions) -> CostOptions:
     """``options`` with the fields :func:`arch_seconds` does not read (recomputation, ZeRO, pipeline, data and
     encoder parallelism) at one value, so that its cache serves every setting of them (the layer table's
     recomputation columns are chosen after, from ``options`` itself)."""
-    return replace(options, recompute=False, shard_optimizer=True,
+    return replace(options, recompute=False, shard_optimizer=True, shard_parameters=False,
                    degrees=replace(options.degrees, pp=1, dp=1, encoder_tp=None))
 
 

@@ -6,8 +6,14 @@ Static memory of rank ``r``: the parameters of its slabs and of every region the
 for every layer, plus gradients and optimizer state for trainable layers. With ``shard_optimizer``
 (ZeRO-1) the optimizer state is sharded over the data- and context-parallel ranks (``dp * cp``,
 Megatron-LM's distributed optimizer group), the experts' over their own data-parallel group of
-``dp * cp / ep`` ranks, so a rank holds ``1 / (tp * dp * cp)`` of every layer's state. Context-parallel
-ranks hold the same weights; their activations are of ``1/cp`` of each sequence (the layer table's).
+``dp * cp / ep`` ranks, so a rank holds ``1 / (tp * dp * cp)`` of every layer's state. With
+``shard_parameters`` (ZeRO-3, FSDP) the weights (frozen layers' too) and the gradients are sharded over
+those same ranks, and the rank also holds a working set while it computes: the largest of its layers'
+full weights twice (the layer computing and the next one prefetched, at the compute dtype) and the
+largest of its trainable layers' full gradient before its reduce-scatter (at the gradient's bytes per
+parameter); full means gathered over the data-parallel shards, still split over tp (and ep).
+Context-parallel ranks hold the same weights; their activations are of ``1/cp`` of each sequence (the
+layer table's).
 
 Activations: a tensor is live from the start of the event that produces it to the finish of its
 last consumer on the predicted timeline:
@@ -100,9 +106,21 @@ def static_bytes_of(layers: tuple[tuple[tuple[int, int], ...], ...], model: Mode
     shards, expert_shards = (ranks, ranks // ep) if options.shard_optimizer else (1, 1)
     optimizer = options.optimizer_bytes_per_param / shards
     expert_optimizer = options.optimizer_bytes_per_param / expert_shards
+    if options.shard_parameters:  # ZeRO-3: weights, gradients and state all sharded
+        state = options.dtype_bytes() + trainable * (options.grad_bytes_per_param + options.optimizer_bytes_per_param)
+        per_layer = (params - experts) * state / shards + experts * state / expert_shards
+        gathered = per_rank_max(layers, 2.0 * params * options.dtype_bytes())
+        gradient = per_rank_max(layers, params * trainable * options.grad_bytes_per_param)
+        return tuple(s + g + d for s, g, d in zip(per_rank_sum(layers, per_layer), gathered, gradient))
     per_layer = (params * options.dtype_bytes() + params * trainable * (options.grad_bytes_per_param + optimizer)
                  + experts * trainable * (expert_optimizer - optimizer))  # 0 unless ep > 1 with ZeRO-1
     return per_rank_sum(layers, per_layer)
+
+
+def per_rank_max(layers: tuple[tuple[tuple[int, int], ...], ...], per_layer: np.ndarray) -> tuple[float, ...]:
+    """Per rank, the largest of ``per_layer`` over the layer ranges it holds (0 for none)."""
+    return tuple(max((float(per_layer[start:stop].max()) for start, stop in ranges if stop > start), default=0.0)
+                 for ranges in layers)
 
 
 class MemoryLayout:

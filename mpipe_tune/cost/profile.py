@@ -637,3 +637,29 @@ def dump_profile(profile_dict: Mapping | HardwareProfile, path: str | os.PathLik
     data = profile_dict.to_dict() if isinstance(profile_dict, HardwareProfile) else dict(profile_dict)
     parse_profile(data, where=os.fspath(path))
     write_together([(path, lambda tmp: tmp.write_text(_to_json(data) + "\n", encoding="utf-8"))])
+
+
+def hierarchical_all_reduce_s(profile: HardwareProfile, size_bytes: float, group_size: int, stride: int) -> float:
+    """An all-reduce over ``group_size`` ranks placed one every ``stride`` devices, as NCCL runs it
+    across nodes: with ``k`` members on each node (``devices_per_node / stride``, at most the group),
+    a ring reduce-scatter inside each node, a ring all-reduce of each rank's ``1/k`` share across the
+    nodes over the rank's own inter-node link, and a ring all-gather inside the node. One node: the
+    intra-node ring all-reduce; one member per node: the inter-node ring all-reduce of everything.
+
+    >>> from mpipe_tune.inputs.specs import load_profile
+    >>> h100 = load_profile("h100-sxm")
+    >>> flat = hierarchical_all_reduce_s(h100, 8e9, 16, 8)  # tp8: one member per node
+    >>> split = hierarchical_all_reduce_s(h100, 8e9, 16, 1)  # two full nodes: 8 NICs share the bytes
+    >>> round(flat / split, 1)
+    5.9
+    """
+    if group_size == 1:
+        return 0.0
+    per_node = max(1, min(group_size, profile.devices_per_node // stride)) if stride <= profile.devices_per_node else 1
+    nodes = -(-group_size // per_node)
+    intra = profile.link("all_reduce", inter_node=False)
+    if nodes == 1:
+        return estimate_collective_s(intra, "all_reduce", size_bytes, group_size)
+    inter = profile.link("all_reduce", inter_node=True)
+    return (estimate_collective_s(intra, "all_reduce", size_bytes, per_node)
+            + estimate_collective_s(inter, "all_reduce", size_bytes / per_node, nodes))

@@ -10,8 +10,8 @@ profiler's measurement of the runtime's own update, else the memory bandwidth):
 
 with a rank's parameters split over its tensor-parallel group (the encoder's over ``encoder_tp``) and
 a MoE layer's routed experts over the expert-parallel group, and, with a distributed optimizer
-(ZeRO-1), ``1 / (dp * cp)`` of them updated per rank (each rank updates its shard; the all-gather of
-the weights is charged with the reduce). Plain SGD (the runtime's) has no state:
+(ZeRO-1, and ZeRO-3), ``1 / (dp * cp)`` of them updated per rank (each rank updates its shard; the
+all-gather of the weights is charged with the reduce). Plain SGD (the runtime's) has no state:
 ``optimizer_bytes_per_param = 0`` gives its 3 reads and writes per weight in fp32.
 
 The update runs after the rank's last event of the step, so it is charged there: the event before

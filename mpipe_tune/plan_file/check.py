@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from mpipe_tune.algebra.candidate import DTYPE_BYTES, MAX_DEVICES, RECOMPUTE_GRANULARITIES, Candidate
+from mpipe_tune.algebra.candidate import DTYPE_BYTES, MAX_DEVICES, RECOMPUTE_GRANULARITIES, ZERO_STAGES, Candidate
 from mpipe_tune.algebra.encoder_backward import COOLDOWN, PLACEMENTS
 from mpipe_tune.algebra.schedule import parse_schedule
 from mpipe_tune.errors import MpipeError, PlanFileError
@@ -206,8 +206,9 @@ def read_candidate(c: Any, *, where: str) -> Candidate:
     for key in ("ep", "cp", "encoder_tp"):  # optional degrees (1 when absent)
         if key in c:
             _count(c, key, where=where, upper=MAX_DEVICES)
-    if "zero_stage" in c:
-        _count(c, "zero_stage", where=where, lower=0, upper=3)
+    if "zero_stage" in c and (isinstance(c["zero_stage"], bool) or c["zero_stage"] not in ZERO_STAGES):
+        raise damaged(where, f"candidate field 'zero_stage' = {_short(c['zero_stage'])} must be one of "
+                             f"{', '.join(map(str, ZERO_STAGES))} (stage 2 is not offered)")
     for key in ("owner_policy", "label"):
         if c.get(key) is not None and not isinstance(c[key], str):
             raise damaged(where, f"candidate field {key!r} = {_short(c[key])} must be text or null")

@@ -23,7 +23,7 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
 6. ``recompute``: the recomputation granularity (none, selective, full), when several are searched;
 7. ``ep``: the expert-parallel degree, when several are searched: those that divide ``dp * cp``, are
    multiples of ``cp`` and divide every MoE layer's experts (:meth:`CostOptions.validate_degrees`);
-8. ``zero``: the ZeRO stage (0 or 1), and ``sequence_parallel`` (with ``tp > 1``), when searched;
+8. ``zero``: the ZeRO stage (0, 1 or 3), and ``sequence_parallel`` (with ``tp > 1``), when searched;
 9. ``encoder_tp[4|2|1]``: the encoder's own tensor-parallel degree, a divisor of ``tp``, when searched
    and ``tp > 1`` (a space without it, or with ``tp = 1`` only, has the parameter names it had before);
 10. ``encoder_backward``: where the owned encoder backwards run (``cooldown``, ``earliest``,

@@ -28,7 +28,7 @@ def candidates(draw):
         owner_map=tuple(draw(st.integers(0, pp - 1)) for _ in range(M)) if transpose and draw(st.booleans()) else None,
         slab_counts=((6 // pp,) * pp,) if draw(st.booleans()) else None,
         recompute=draw(st.sampled_from([False, True, "selective"])), label=draw(st.sampled_from(["", "megatron"])),
-        ep=draw(st.sampled_from([1, 2])), zero_stage=draw(st.sampled_from([0, 1])),
+        ep=draw(st.sampled_from([1, 2])), zero_stage=draw(st.sampled_from([0, 1, 3])),
         sequence_parallel=draw(st.booleans()), encoder_tp=draw(st.sampled_from([None, 1])),
         dtype=draw(st.sampled_from(["bf16", "fp32"])), frozen=draw(st.sampled_from([(), ("encoder",)])),
     )
