@@ -47,6 +47,7 @@ from mpipe_tune.inputs.arch_dims import IMAGE_STREAM_KINDS
 from mpipe_tune.runtime import encoder_groups
 from mpipe_tune.runtime.blueprint import output_shape
 from mpipe_tune.runtime.data import MicrobatchInputs
+from mpipe_tune.runtime.full_shard import is_fully_sharded, unsharded_parameters
 from mpipe_tune.runtime.mesh import RankMesh, all_reduce_bucketed, local_tensor
 from mpipe_tune.runtime.mllm import LayerStack
 from mpipe_tune.runtime.plan_view import PlanView
@@ -69,6 +70,9 @@ class RealCompute:
         """The first layer that is not image-stream (the encoder's layers come first)."""
         self._encoder_end = view.model.encoder_end
         """The first layer after the encoder block (the projector): encoder groups gather before it."""
+        self.fully_sharded = is_fully_sharded(view.candidate.zero_stage, mesh)
+        """ZeRO-3: the layers are FSDP units (:mod:`~mpipe_tune.runtime.full_shard`), which reduce-scatter
+        the data-parallel gradients themselves."""
         self.begin_step(view)
 
     def begin_step(self, view: PlanView | None = None) -> None:
@@ -170,7 +174,11 @@ class RealCompute:
         y, grad = self._pending.pop((event.region, event.mb))
         if not y.requires_grad:
             return
-        parameters = list(self.stack.trainable_parameters(range(*self.view.slab(event.region, event.rank))))
+        layers = range(*self.view.slab(event.region, event.rank))
+        if self.fully_sharded:  # the graph holds the whole (all-gathered) parameters, freed since its Bwd
+            parameters = unsharded_parameters(self.stack.modules[i] for i in layers if i in self.stack.modules)
+        else:
+            parameters = list(self.stack.trainable_parameters(layers))
         with tp_context(self.mesh.tp_mesh):
             torch.autograd.backward(y, grad, inputs=parameters)
 
@@ -178,13 +186,18 @@ class RealCompute:
     def reduce(self, index: int, event: DpReduce) -> None:
         """Sum the gradients of the event's layers over its group; a sharded routed expert's over its
         own data-parallel group (the ranks holding the same experts) instead. Sequence-parallel norms'
-        gradients are first summed over the tensor-parallel group (each rank's is its rows' share)."""
+        gradients are first summed over the tensor-parallel group (each rank's is its rows' share).
+
+        Fully sharded (ZeRO-3), FSDP2 has already summed every microbatch's gradients over the data-parallel
+        (and the experts' data-parallel) group into this rank's shards: a DataGroup reduce sums nothing
+        more, and a ReplicaGroup reduce (the replicated encoder, sharded alike on every pipeline rank)
+        sums the shards over the pipeline dimension only."""
         layers = range(*self.view.reduce_layers(event, self.rank))
         for part, mesh in ((range(layers.start, min(layers.stop, self._encoder_end)), self.mesh.encoder_tp_mesh),
                            (range(max(layers.start, self._encoder_end), layers.stop), self.mesh.tp_mesh)):
             own_rows = self.stack.sequence_parallel_parameters(part)
             if own_rows:  # sequence-parallel norms: each tp rank holds its rows' share (Megatron-LM's all-reduce)
-                all_reduce_bucketed([p.grad for p in own_rows], mesh.get_group())
+                all_reduce_bucketed([local_tensor(p.grad) for p in own_rows], mesh.get_group())
         encoders = self.mesh.encoder_replica_group
         if encoders is not None:  # each encoder group holds its own images' gradient of the encoder
             own = [local_tensor(p.grad) for p in self.stack.trainable_parameters(
@@ -192,6 +205,11 @@ class RealCompute:
             if own:
                 all_reduce_bucketed(own, encoders)
         group = self.mesh.reduce_group(event.group)
+        if self.fully_sharded:
+            group = self.mesh.pp_group if event.group is Group.REPLICA else None
+            if group is not None:
+                all_reduce_bucketed([local_tensor(p.grad) for p in self.stack.trainable_parameters(layers)], group)
+            return
         if group is None:
             return  # a group of one member (a DataGroup at dp = 1): nothing to reduce
         rest, experts = self.stack.split_routed_experts(layers)
@@ -202,9 +220,10 @@ class RealCompute:
 
     def update(self) -> None:
         """Plain SGD; with ZeRO-1 (the plan's ``zero_stage``) each rank updates its shard of the weights
-        it shares with its data-parallel group and all-gathers the rest (:func:`sharded_sgd_update`)."""
+        it shares with its data-parallel group and all-gathers the rest (:func:`sharded_sgd_update`); with
+        ZeRO-3 each rank holds only its shards and updates them."""
         data_group = self.mesh.reduce_group(Group.DATA)
-        if self.view.candidate.zero_stage < 1 or data_group is None:
+        if self.view.candidate.zero_stage < 1 or data_group is None or self.fully_sharded:
             sgd_update(self.stack.trainable_parameters(), self.lr)
             return
         rest, experts = self.stack.split_routed_experts(self.stack.modules)

@@ -40,6 +40,9 @@ class RunJob:
     """Return the Chrome trace with rank 0's result."""
     grads_dir: str | None = None
     """Checks: each rank saves its first step's gradients and losses (before the update) here."""
+    weights_dir: str | None = None
+    """Checks: each rank saves its weights after the last step here, whole (gathered over their shards),
+    with the element count it holds of each (:meth:`~mpipe_tune.runtime.mllm.LayerStack.held_weights`)."""
     owners: str | None = None
     """``per-step`` (each step's owner map from the plan's policy on that step's metadata) or
     ``fixed`` (the stored map every step); None: the plan's default (:mod:`mpipe_tune.runtime.steps`)."""

@@ -301,7 +301,7 @@ class MoE(nn.Module):
         self.top_k = d["top_k"]
         self.num_experts = d["experts"]
         self.router = nn.Linear(hidden, d["experts"], bias=False)
-        self.experts = nn.ModuleDict(
+        self.experts = RoutedExperts(
             {str(e): MLP(hidden, ffn, hidden, activation=d["activation"], bias=False) for e in range(d["experts"])}
         )
         shared = d["shared_experts"]
@@ -317,11 +317,20 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, chosen = torch.softmax(self.router(x), dim=-1).topk(self.top_k, dim=-1)
-        if self.shard is None:
-            out = route_local(x, weights, chosen, self.experts)
-        else:
-            out = route_parallel(x, weights, chosen, self.experts, self.num_experts, self.shard)
+        out = self.experts(x, weights, chosen, self.num_experts, self.shard)
         return out if self.shared is None else out + self.shared(x)
+
+
+class RoutedExperts(nn.ModuleDict):
+    """A MoE layer's routed experts, keyed by expert number; called with the router's choices it runs
+    them (:mod:`~mpipe_tune.runtime.experts`). One module call per layer call, so that the experts can
+    be one FSDP unit of their own (:mod:`~mpipe_tune.runtime.full_shard`)."""
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, num_experts: int,
+                shard: ExpertShard | None) -> torch.Tensor:
+        if shard is None:
+            return route_local(x, weights, chosen, self)
+        return route_parallel(x, weights, chosen, self, num_experts, shard)
 
 
 class LMHead(nn.Module):

@@ -83,6 +83,11 @@ class RankMesh:
         return self.mesh["tp"] if self.layout.tp > 1 else None
 
     @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        """The pipeline ranks of this rank's (dp, cp, tp) coordinate; ``None`` when pp = 1."""
+        return self.mesh["pp"].get_group() if self.layout.pp > 1 else None
+
+    @property
     def cp_rank(self) -> int:
         return self.layout.cp_rank(self.rank)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.runtime.blueprint import LayerSpec
@@ -85,6 +86,14 @@ class LayerStack:
         parameters' are gathered (:func:`full_gradient`): every rank of a tensor-parallel group must call it."""
         return {f"{i}.{name}": full_gradient(p).detach().cpu().clone()
                 for i, m in self.modules.items() for name, p in m.named_parameters() if p.requires_grad}
+
+    def held_weights(self) -> dict[str, dict[str, torch.Tensor | tuple[int, ...]]]:
+        """Every parameter, by ``"<layer index>.<parameter name>"``: its whole value (``"weight"``, a
+        split or sharded one's gathered: every rank of its mesh must call it) and the shape of what this
+        rank holds of it (``"held_shape"``)."""
+        return {f"{i}.{name}": {"weight": (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone(),
+                                "held_shape": tuple((p.to_local() if isinstance(p, DTensor) else p).shape)}
+                for i, m in self.modules.items() for name, p in m.named_parameters()}
 
     def zero_grads(self) -> None:
         """Every trainable parameter gets a zero gradient (not None), so reduces see fixed shapes even

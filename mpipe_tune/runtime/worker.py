@@ -25,6 +25,7 @@ from mpipe_tune.runtime.blueprint import blueprint, output_shape, validate_workl
 from mpipe_tune.runtime.compute import EmulatedCompute, RealCompute
 from mpipe_tune.runtime.executor import Executor
 from mpipe_tune.runtime.experts import ExpertShard
+from mpipe_tune.runtime.full_shard import is_fully_sharded, shard_layers
 from mpipe_tune.runtime.job import RunJob
 from mpipe_tune.runtime.launch import RankContext
 from mpipe_tune.runtime.measure import chrome_trace, summary
@@ -65,6 +66,8 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
         stack = LayerStack.build(specs, planner.held_layers(rank), seed=job.seed, dtype=dtype, device=device,
                                  tp_mesh=mesh.tp_mesh, expert_shard=shard, encoder_tp_mesh=mesh.encoder_tp_mesh,
                                  encoder_end=view.model.encoder_end, ring=ring, sequence_parallel=sequence_parallel)
+        if is_fully_sharded(view.candidate.zero_stage, mesh):
+            shard_layers(stack.modules, mesh)
         compute = RealCompute(view, mesh, stack, seed=job.seed, dtype=dtype, device=device, lr=job.lr)
         context = None if ring is None else ring.split
         transport = Transport(view, rank, dtype=dtype, device=device, peer=mesh.peer, pairs=planner.rank_pairs(),
@@ -101,6 +104,8 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
                           f"{step_plan.view.predicted_step_s * 1e3:.1f} ms), {time.perf_counter() - started:.1f} s in",
                           file=sys.stderr, flush=True)
     cpu_s = time.process_time() - cpu_started  # this rank's CPU seconds over its steps (every thread)
+    if job.weights_dir and job.compute == "real":
+        torch.save(compute.stack.held_weights(), Path(job.weights_dir) / f"rank{ctx.rank}.pt")
     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
     dist.gather_object((records, cpu_s), gathered, dst=0)
     if ctx.rank != 0:

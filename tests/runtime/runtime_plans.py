@@ -6,6 +6,7 @@ rank processes that unpickle the test's worker functions.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from mpipe_tune.algebra.degrees import Degrees
@@ -48,6 +49,10 @@ def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int,
             + ("-sp" if sequence_parallel else "") + ("-frozen" if frozen else "") + f"-zero{zero_stage}.json")
     path = Path(folder) / name
     dump_plan(plan_record(prediction, model, workload, hw, PlanInputs(model_spec, frozen, profile)), path)
+    if zero_stage >= 2:  # predicted as ZeRO-1 (the flag above shards the optimizer only), run at its own stage
+        record = json.loads(path.read_text())
+        record["candidate"]["zero_stage"] = zero_stage
+        path.write_text(json.dumps(record))
     return path
 
 

@@ -1,0 +1,90 @@
+"""ZeRO stage 3 (full sharding) of a rank's layers with torch FSDP2's ``fully_shard``.
+
+At a plan's ``zero_stage`` 3 every layer module a rank holds is ``fully_shard``-ed on the data-parallel
+dimension of its mesh (:attr:`~mpipe_tune.runtime.mesh.RankMesh.data_mesh`, dp x cp flattened; FSDP2
+composes it with the tensor-parallel dimension of a split layer's DTensor parameters into a 2-D
+sharding), with FSDP2's defaults: each layer's parameters are all-gathered before its forward and freed
+after it (reshard after forward), all-gathered again for its backward, and its gradients are
+reduce-scattered after every microbatch's backward into the rank's shard (summed, not averaged: the
+runtime's gradients are those of the summed loss). The routed experts of an expert-parallel MoE layer
+are their own unit on the experts' data-parallel group (``edp``, the ranks that hold the same
+experts), as torchtitan shards them; with one rank in that group they stay whole, outside the layer's
+unit. Frozen layers are sharded too and have no gradient. The replicated encoder (a transpose plan)
+is sharded the same way on every pipeline rank, so its replicas' shards line up and the replica reduce
+sums the shards over the pipeline dimension only (:attr:`~mpipe_tune.runtime.mesh.RankMesh.pp_group`).
+
+Between steps a rank holds only its shard: a parameter is a DTensor sharded on the data dimension
+(``Shard(0)``, with the tensor-parallel placement beside it), its ``.grad`` the same, and the update
+(plain SGD) applies to the local shards. What the runtime does itself at stage 3
+(:class:`~mpipe_tune.runtime.compute.RealCompute`): no data-parallel all-reduce (FSDP's reduce-scatter
+did it), the tensor-parallel sum of the sequence-parallel norms' gradients, the encoder groups' sum and
+the replica sum over pipeline ranks on the local shards.
+
+A split backward (the zero-bubble skeletons) computes the input gradient first (FSDP2's post-backward
+then reduce-scatters nothing and reshards) and the weight gradients later: :func:`unsharded_parameters`
+all-gathers the slab's units again and returns their whole parameters, the ones the kept autograd graph
+uses, as the ``inputs`` of that second pass; FSDP2's end-of-backward callback reduce-scatters them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from mpipe_tune.runtime.mesh import RankMesh
+
+
+def is_fully_sharded(zero_stage: int, mesh: RankMesh) -> bool:
+    """Whether a rank's layers are FSDP units: stage 3 with more than one data-parallel rank
+    (with one, stage 3 is the unsharded stage 0)."""
+    return zero_stage >= 3 and mesh.layout.dp * mesh.layout.cp > 1
+
+
+def shard_layers(modules: dict[int, nn.Module], mesh: RankMesh) -> None:
+    """``fully_shard`` every module of ``modules`` in place (its routed experts first, as their own unit
+    on their data-parallel group, or left out of the layer's unit when that group has one rank)."""
+    for module in modules.values():
+        sequence_parallel = {name for name, p in module.named_parameters() if getattr(p, "sequence_parallel", False)}
+        ignored: set[nn.Parameter] = set()
+        experts = _routed_experts(module)
+        if experts is not None:
+            if mesh.expert_data_group is not None:
+                _shard(experts, mesh.expert_mesh["edp"])
+            else:
+                ignored = set(experts.parameters())
+        _shard(module, mesh.data_mesh, ignored)
+        for name, p in module.named_parameters():  # the sharded parameters are new objects: keep the mark
+            if name in sequence_parallel:
+                p.sequence_parallel = True
+
+
+def _shard(module: nn.Module, mesh, ignored: set[nn.Parameter] | None = None) -> None:
+    # each layer is an FSDP root (the runtime calls layers, not a model), and FSDP2 keeps a root's
+    # parameters whole after its forward unless told: every layer reshards, as inner units do by default
+    fully_shard(module, mesh=mesh, reshard_after_forward=True, ignored_params=ignored or None)
+    module.set_gradient_divide_factor(1.0)  # the sum over the group (FSDP2 averages by default)
+    # a plain SUM reduce-scatter: for fp32 and bf16 FSDP2 would scale inside the collective (PREMUL_SUM),
+    # which gloo lacks
+    module.set_force_sum_reduction_for_comms(True)
+    # a unit whose parameters one rank did not use (an expert no token of its microbatch chose) still
+    # joins its group's reduce-scatter, with zeros
+    module.set_reduce_scatter_unused_params(True)
+
+
+def _routed_experts(module: nn.Module) -> nn.Module | None:
+    """A MoE layer's routed experts when they are sharded over an expert-parallel group."""
+    mlp = getattr(module, "mlp", None)
+    return mlp.experts if getattr(mlp, "shard", None) is not None else None
+
+
+def unsharded_parameters(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
+    """The trainable whole parameters of ``modules``' FSDP units, all-gathered now (every rank of each
+    unit's group must call it, in the same order): the tensors a kept autograd graph differentiates."""
+    modules = list(modules)
+    for module in modules:
+        for unit in module.modules():
+            if isinstance(unit, FSDPModule):
+                unit.unshard()
+    return [p for module in modules for p in module.parameters() if p.requires_grad]
