@@ -6,7 +6,6 @@ rank processes that unpickle the test's worker functions.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mpipe_tune.algebra.degrees import Degrees
@@ -41,7 +40,8 @@ def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int,
         model = model.with_frozen(frozen)
     hw = load_profile(profile)
     options = CostOptions(dtype=dtype, degrees=Degrees(1, tp=tp, dp=dp, ep=ep, cp=cp, encoder_tp=encoder_tp),
-                          sequence_parallel=sequence_parallel, shard_optimizer=zero_stage >= 1)
+                          sequence_parallel=sequence_parallel, shard_optimizer=zero_stage >= 1,
+                          shard_parameters=zero_stage >= 3)
     prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, workload, hw, num_ranks, options=options)
     degrees = "".join(f"-{k}{v}" for k, v in (("ep", ep), ("cp", cp)) if v > 1) + (
         f"-etp{encoder_tp}" if encoder_tp is not None else "")
@@ -49,10 +49,6 @@ def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int,
             + ("-sp" if sequence_parallel else "") + ("-frozen" if frozen else "") + f"-zero{zero_stage}.json")
     path = Path(folder) / name
     dump_plan(plan_record(prediction, model, workload, hw, PlanInputs(model_spec, frozen, profile)), path)
-    if zero_stage >= 2:  # predicted as ZeRO-1 (the flag above shards the optimizer only), run at its own stage
-        record = json.loads(path.read_text())
-        record["candidate"]["zero_stage"] = zero_stage
-        path.write_text(json.dumps(record))
     return path
 
 
