@@ -157,6 +157,7 @@ def _titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
         notes.append(f"torchtitan has no setting that freezes modules: freeze {', '.join(frozen)} in the model code")
     if plan.selective_recompute:
         notes.append("the plan recomputes the attention core; torchtitan's selective mode is its op-level policy")
+    notes += plan.data_sharding_note("torchtitan")
     parallelism: dict[str, Any] = {
         "pipeline_parallel_degree": plan.pp,
         "tensor_parallel_degree": plan.tp,
@@ -164,6 +165,9 @@ def _titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
         "expert_parallel_degree": plan.ep,
         "data_parallel_shard_degree": plan.dp,
         "data_parallel_replicate_degree": 1,
+        # ZeRO-3 as the plan has it: every layer frees its gathered weights after its forward (torchtitan's
+        # "default" keeps them under PP)
+        **({"fsdp_reshard_after_forward": "always"} if plan.zero_stage >= 3 else {}),
         "pipeline_parallel_schedule": _titan_schedule(plan),
         "pipeline_parallel_schedule_csv": csv_path,
         "pipeline_parallel_microbatch_size": 1,
@@ -281,6 +285,7 @@ def to_megatron(plan: ExportPlan) -> str:
                          f"parallelism)", quantities=("encoder tensor parallelism",))
     stages = wavefront_stages(plan)
     validate_vision_first(plan, stages, "Megatron-LM")
+    fsdp = _megatron_fsdp(plan)
     v, P, M = plan.num_chunks, plan.pp, plan.num_microbatches
     group = M // num_rounds(P, M)
     if v > 1 and group < P:
@@ -297,13 +302,18 @@ def to_megatron(plan: ExportPlan) -> str:
         f"# Megatron-LM arguments for mpipe-tune {plan.describe()}",
         f"# launch on {plan.num_devices} GPUs: the data-parallel size {plan.dp} is what the world size leaves",
         *([f"# export CUDA_DEVICE_MAX_CONNECTIONS=1 before launch: Megatron-LM's tensor- and context-parallel "
-           f"layers rely on it to order their communication before Blackwell"] if plan.tp > 1 or plan.cp > 1 else []),
+           f"layers rely on it to order their communication before Blackwell"]
+          if (plan.tp > 1 or plan.cp > 1) and not fsdp else []),
+        *(["# leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1: --use-torch-fsdp2 refuses 1 (Megatron-LM then "
+           "only warns about tp or cp > 1)", "# --untie-embeddings-and-output-weights: --use-torch-fsdp2 requires "
+           "it; tie them in the model code if your model does"] if fsdp else []),
         f"--tensor-model-parallel-size {plan.tp}",
         f"--pipeline-model-parallel-size {P}",
         *([f"--context-parallel-size {plan.cp}"] if plan.cp > 1 else []),
         *(["--sequence-parallel"] if plan.sequence_parallel and plan.tp > 1 else []),
         *_megatron_moe(plan),
-        *(["--use-distributed-optimizer"] if plan.zero_stage >= 1 else []),
+        *(["--use-distributed-optimizer"] if plan.zero_stage in (1, 2) else []),
+        *fsdp,
         f"--num-layers {num_decoders}",
         f"--pipeline-model-parallel-layout {shlex.quote(layout)}",
         *([f"--microbatch-group-size-per-virtual-pipeline-stage {group}"] if v > 1 and group != P else []),
@@ -317,6 +327,28 @@ def to_megatron(plan: ExportPlan) -> str:
         *_megatron_freeze(plan),
     ]
     return "\n".join(args) + "\n"
+
+
+MEGATRON_FSDP_FLAGS = ("--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist",
+                       "--untie-embeddings-and-output-weights")
+"""Megatron-LM's torch FSDP2 (ZeRO-3) and what ``validate_args`` asserts beside it (arguments.py at d98e8a6,
+lines 1031-1049): no distributed optimizer, no gradient-accumulation fusion, a torch_dist or torch_dcp
+checkpoint, untied embedding and output weights, no fp16, CUDA_DEVICE_MAX_CONNECTIONS not 1."""
+
+
+def _megatron_fsdp(plan: ExportPlan) -> list[str]:
+    """The ZeRO-3 flags of a stage-3 plan, or one line naming the closest plan where Megatron-LM's torch
+    FSDP2 cannot run it (pipeline or expert parallelism, fp16: arguments.py at d98e8a6, 1034-1047)."""
+    if plan.zero_stage < 3:
+        return []
+    without = [what for what, on in (("pipeline parallelism", plan.pp > 1), ("expert parallelism", plan.ep > 1),
+                                     ("fp16", plan.dtype == "fp16")) if on]
+    if without:
+        raise MpipeError(f"Megatron-LM cannot express {plan.describe()} at ZeRO stage 3: its torch FSDP2 "
+                         f"(--use-torch-fsdp2) is not supported with {' or '.join(without)}; the closest plan it can "
+                         f"express: the same plan at ZeRO stage 1 (--use-distributed-optimizer)",
+                         quantities=("ZeRO stage",))
+    return list(MEGATRON_FSDP_FLAGS)
 
 
 def _megatron_moe(plan: ExportPlan) -> list[str]:

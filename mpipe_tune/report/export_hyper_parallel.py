@@ -115,7 +115,7 @@ def to_hyper_parallel(plan: ExportPlan) -> str:
         f"(dp_shard), as in the torchtitan export",
         f"# fill in: model.name and model.weights_path (your VL model; '{VL_MODEL}' with random weights as written) "
         f"and the data section (synthetic vl_dummy samples as written)",
-        *notes, *precision_note,
+        *notes, *precision_note, *(f"# {n}" for n in plan.data_sharding_note("hyper-parallel")),
     ]
     others = [b for b in frozen_blocks(plan) if not (tower_frozen and any(u.block == b for u in vision))]
     if others:

@@ -88,6 +88,7 @@ def mindspeed_layout(plan: ExportPlan) -> dict[str, Any]:
 def mindspeed_arguments(plan: ExportPlan, model_json: str) -> str:
     """The launch script's parallel arguments, as a shell fragment that sets ``MPIPE_ARGS``."""
     mindspeed_layout(plan)  # the same checks
+    fsdp = _fsdp2_flags(plan, Path(model_json).with_suffix(FSDP2_SUFFIX).name)
     P, M, v = plan.pp, plan.num_microbatches, plan.num_chunks
     stages = wavefront_stages(plan)
     group = M // num_rounds(P, M)
@@ -103,6 +104,8 @@ def mindspeed_arguments(plan: ExportPlan, model_json: str) -> str:
         f"--seq-length {max(plan.text_tokens)}",
         *({"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(plan.dtype, [])),
         *(["--enable-dummy-optimizer"] if frozen else []),
+        *(["--use-distributed-optimizer"] if plan.zero_stage in (1, 2) else []),
+        *fsdp,
     ]
     lines = [
         f"# MindSpeed-MM launch arguments for mpipe-tune {plan.describe()}",
@@ -112,6 +115,9 @@ def mindspeed_arguments(plan: ExportPlan, model_json: str) -> str:
         *([f"# stage(s) {', '.join(map(str, frozen))} hold only frozen parameters: --enable-dummy-optimizer"]
           if frozen else []),
         *_notes(plan, stages),
+        *(["# FSDP2 (ZeRO-3) as MindSpeed-MM's UserGuide/features/fsdp2.rst launches it; leave "
+           "CUDA_DEVICE_MAX_CONNECTIONS above 1 (its examples export 2), and untie the embedding and output "
+           "weights in the model if they are tied"] if fsdp else []),
         *([f"export VP_SIZE={v}"] if v > 1 else []),
         'MPIPE_ARGS="',
         *(f"    {a} \\" for a in args),
@@ -131,7 +137,41 @@ def mindspeed_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
                          f"arguments go beside it, as {out.with_suffix('.sh').name}); e.g. "
                          f"{out.stem or 'model'}.json")
     layout = _compact_lists(json.dumps(mindspeed_layout(plan), indent=4)) + "\n"
-    return Output(out, layout), Output(out.with_suffix(".sh"), mindspeed_arguments(plan, out.name))
+    outputs = (Output(out, layout), Output(out.with_suffix(".sh"), mindspeed_arguments(plan, out.name)))
+    if plan.zero_stage >= 3:
+        outputs += (Output(out.with_suffix(FSDP2_SUFFIX), FSDP2_CONFIG),)
+    return outputs
+
+
+FSDP2_SUFFIX = ".fsdp2.yaml"
+FSDP2_CONFIG = (
+    "# MindSpeed-MM FSDP2 config (--fsdp2-config-path; fields of Fsdp2Config in\n"
+    f"# mindspeed_mm/models/transformers/base_model.py at {MINDSPEED_COMMIT}): shard over the whole data-parallel\n"
+    "# group, every wrapped module freeing its gathered weights after its forward (ZeRO-3 as planned)\n"
+    "sharding_size: auto\n"
+    "reshard_after_forward: true\n"
+)
+"""The FSDP2 config a stage-3 plan's launch arguments name: ``sharding_size: auto`` is the data-parallel
+group's size (``_create_device_mesh``), ``reshard_after_forward`` FSDP2's own setting."""
+
+
+def _fsdp2_flags(plan: ExportPlan, config_name: str) -> list[str]:
+    """The FSDP2 flags of a stage-3 plan (``UserGuide/features/fsdp2.rst``), or one line naming the closest
+    plan where MindSpeed-MM cannot run it: its FSDP2 runs inside Megatron core 0.12.1's training
+    (README.md's version table), whose ``validate_args`` refuses ``--use-torch-fsdp2`` with pipeline or
+    expert parallelism and fp16 (megatron/training/arguments.py at core_v0.12.1, lines 510-528; every
+    FSDP2 example of MindSpeed-MM runs PP=1)."""
+    if plan.zero_stage < 3:
+        return []
+    without = [what for what, on in (("pipeline parallelism", plan.pp > 1), ("expert parallelism", plan.ep > 1),
+                                     ("fp16", plan.dtype == "fp16")) if on]
+    if without:
+        raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()} at ZeRO stage 3: its FSDP2 "
+                         f"(--use-torch-fsdp2, under Megatron core 0.12.1) is not supported with "
+                         f"{' or '.join(without)}; the closest plan it can express: the same plan at ZeRO stage 1 "
+                         f"(--use-distributed-optimizer)", quantities=("ZeRO stage",))
+    return ["--use-torch-fsdp2", f"--fsdp2-config-path {config_name}", "--ckpt-format torch_dcp",
+            "--untie-embeddings-and-output-weights", "--no-gradient-accumulation-fusion"]
 
 
 def _compact_lists(text: str) -> str:

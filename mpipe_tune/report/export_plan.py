@@ -94,7 +94,8 @@ class ExportPlan:
     selective_recompute: bool = False
     """Recomputation of the attention core only (Megatron-LM's selective granularity)."""
     zero_stage: int = 0
-    """1: the optimizer state sharded over the data-parallel ranks (a distributed optimizer)."""
+    """1: the optimizer state sharded over the data-parallel ranks (a distributed optimizer); 3: the
+    weights and gradients too (FSDP's full sharding)."""
     encoder_tp: int | None = None
     """The encoder's own tensor-parallel degree below ``tp``; None: ``tp``."""
     moe_layers: tuple[tuple[int, int], ...] = ()
@@ -131,6 +132,15 @@ class ExportPlan:
         """The stage's position in the wavefront: rank + (j - 1) x P for ``region`` the j-th Sharded
         region, 2P - 1 - rank for ``zbv``'s second."""
         return self.stage_order.index((region, rank))
+
+    def data_sharding_note(self, trainer: str) -> tuple[str, ...]:
+        """The header line for a trainer that runs the data axis FSDP-sharded (ZeRO-3) where the plan
+        was predicted at a lower ZeRO stage (nothing at stage 3, or without data parallelism)."""
+        if self.zero_stage >= 3 or self.dp * self.cp < 2:
+            return ()
+        return (f"{trainer} runs the data axis sharded (FSDP, ZeRO-3: weights, gradients and optimizer state over "
+                f"{self.dp * self.cp} ranks) while the plan was predicted at ZeRO-{self.zero_stage}; re-plan with "
+                f"--zero 3 for a matching prediction",)
 
     def describe(self) -> str:
         extra = "".join(f" {k}{v}" for k, v in (("cp", self.cp), ("ep", self.ep)) if v > 1)

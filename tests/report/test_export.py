@@ -39,7 +39,7 @@ def workload(num_microbatches):
 
 
 def predicted(schedule, cut, pp, num_microbatches, *, frozen=(), owners=None, slabs=None, tp=1, dp=1, recompute=False,
-              model_name=MODEL, sequence_parallel=False, **degrees):
+              model_name=MODEL, sequence_parallel=False, zero_stage=1, **degrees):
     """(prediction, model, workload, profile, options) of one candidate of the example model (or
     ``model_name``); ``degrees``: more of its degrees (``ep``, ``cp``, ``encoder_tp``)."""
     model = load_model(model_name)
@@ -47,7 +47,8 @@ def predicted(schedule, cut, pp, num_microbatches, *, frozen=(), owners=None, sl
         model = model.with_frozen(frozen)
     hw, wl = load_profile("ideal"), workload(num_microbatches)
     options = CostOptions(dtype="bf16", recompute=recompute, sequence_parallel=sequence_parallel,
-                          degrees=Degrees(1, tp=tp, dp=dp, **degrees))
+                          degrees=Degrees(1, tp=tp, dp=dp, **degrees), shard_optimizer=zero_stage >= 1,
+                          shard_parameters=zero_stage >= 3)
     prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, wl, hw, pp, microbatch_owners=owners,
                          slab_counts=slabs, options=options)
     return prediction, model, wl, hw, options
@@ -333,7 +334,7 @@ def titan_parse(args_path, cwd):
         " 'sp': p.enable_sequence_parallel, 'schedule': p.pipeline_parallel_schedule,"
         " 'csv': p.pipeline_parallel_schedule_csv, 'parts': p.module_fqns_per_model_part,"
         " 'local_batch': t.local_batch_size, 'global_batch': t.global_batch_size, 'seq_len': t.seq_len,"
-        " 'ac': type(c.activation_checkpoint).__qualname__}))\n"
+        " 'ac': type(c.activation_checkpoint).__qualname__, 'reshard': p.fsdp_reshard_after_forward}))\n"
     )
     done = subprocess.run([sys.executable, "-c", code, str(args_path)], cwd=cwd, capture_output=True, text=True,
                           timeout=600)
@@ -341,12 +342,14 @@ def titan_parse(args_path, cwd):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", ["zbv", "5d"])
+@pytest.mark.parametrize("case", ["zbv", "5d", "zero3"])
 def test_torchtitan_0_3_config_manager_accepts_the_arguments(tmp_path, capsys, case):
     pytest.importorskip("torchtitan.config.manager")
     pytest.importorskip("triton")  # torchtitan 0.3's model registries import it, on CPU too
     if case == "zbv":
         record, _ = make_record("zbv,zbv", (17,), 2, 4, tp=2, dp=2)
+    elif case == "zero3":
+        record, _ = make_record("1f1b", (), 2, 4, tp=2, dp=2, zero_stage=3)
     else:
         record, _ = make_record("1f1b", (), 2, 4, tp=2, dp=2, recompute="selective", model_name=TINY_MOE,
                                 ep=2, cp=2, sequence_parallel=True)
@@ -360,8 +363,12 @@ def test_torchtitan_0_3_config_manager_accepts_the_arguments(tmp_path, capsys, c
     assert config["csv"] == str(tmp_path / "job.csv") and config["local_batch"] == 4 and config["global_batch"] == 8
     assert config["parts"] == [[m.strip('"') for m in p] for p in tomllib.loads(
         to_torchtitan(plan, "x.csv"))["parallelism"]["module_fqns_per_model_part"]]
+    # ZeRO-3: every layer reshards after its forward, which torchtitan's default does not under PP
+    assert config["reshard"] == ("always" if case == "zero3" else "default")
     if case == "zbv":  # the V: torchtitan places stages r and 2P-1-r on rank r for this schedule name
         assert config["schedule"] == "ZBVZeroBubble" and config["ac"] == "NoneType" and config["sp"] is False
         assert len(config["parts"]) == 4 and config["parts"][-1][-2:] == ["norm", "output"]
+    elif case == "zero3":
+        assert config["schedule"] == "PipelineScheduleSingle" and config["sp"] is False
     else:
         assert config["sp"] is True and config["ac"] == "SelectiveAC.Config" and config["seq_len"] % 4 == 0
