@@ -163,8 +163,7 @@ def _fsdp2_flags(plan: ExportPlan, config_name: str) -> list[str]:
     FSDP2 example of MindSpeed-MM runs PP=1)."""
     if plan.zero_stage < 3:
         return []
-    without = [what for what, on in (("pipeline parallelism", plan.pp > 1), ("expert parallelism", plan.ep > 1),
-                                     ("fp16", plan.dtype == "fp16")) if on]
+    without = plan.torch_fsdp2_blockers
     if without:
         raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()} at ZeRO stage 3: its FSDP2 "
                          f"(--use-torch-fsdp2, under Megatron core 0.12.1) is not supported with "

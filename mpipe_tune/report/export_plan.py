@@ -142,6 +142,14 @@ class ExportPlan:
                 f"{self.dp * self.cp} ranks) while the plan was predicted at ZeRO-{self.zero_stage}; re-plan with "
                 f"--zero 3 for a matching prediction",)
 
+    @property
+    def torch_fsdp2_blockers(self) -> tuple[str, ...]:
+        """What in the plan Megatron-LM's ``validate_args`` refuses beside ``--use-torch-fsdp2`` (pipeline and
+        expert parallelism, fp16: megatron/training/arguments.py lines 1034-1047 at d98e8a6, 513-526 at
+        core_v0.12.1, which MindSpeed-MM runs on); empty when its ZeRO-3 can run the plan."""
+        return tuple(what for what, on in (("pipeline parallelism", self.pp > 1), ("expert parallelism", self.ep > 1),
+                                           ("fp16", self.dtype == "fp16")) if on)
+
     def describe(self) -> str:
         extra = "".join(f" {k}{v}" for k, v in (("cp", self.cp), ("ep", self.ep)) if v > 1)
         return (f"plan '{self.name}' <{self.schedule}> pp{self.pp} tp{self.tp} dp{self.dp}{extra} "
