@@ -110,7 +110,12 @@ def _read_manifest(path: Path, spec: DatasetSpec, progress: bool) -> Records:
 
 
 def _check_columns(path: Path, present: list[str], header: list[str]) -> None:
-    has_size = "image_tokens" in present or {"image_width", "image_height"} <= set(present)
+    sides = [c for c in ("image_width", "image_height") if c in present]
+    if "image_tokens" not in present and len(sides) == 1:
+        other = "image_height" if sides == ["image_width"] else "image_width"
+        raise MpipeError(f"manifest {path}: it has {sides[0]} but no {other}; give both sides in pixels, or each "
+                         f"image's image_tokens")
+    has_size = "image_tokens" in present or len(sides) == 2
     if "text_tokens" not in present or (("num_images" in present) and not has_size):
         shown = ", ".join(map(str, header[:8])) + (", ..." if len(header) > 8 else "")
         raise MpipeError(f"manifest {path}: columns [{shown}] lack "
@@ -128,7 +133,8 @@ def _column(path: Path, table, name: str, *, allow_missing: bool) -> np.ndarray:
     bad |= np.isfinite(values) & ((values < 0) | (values != np.floor(values)) | (values > 2**40))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise MpipeError(f"manifest {path}: row {row} column {name} = {raw[row]!r}: must be an integer >= 0; fix the row")
+        value = raw[row].item() if isinstance(raw[row], np.generic) else raw[row]  # -3, not np.int64(-3)
+        raise MpipeError(f"manifest {path}: row {row} column {name} = {value!r}: must be an integer >= 0; fix the row")
     return values
 
 

@@ -162,10 +162,12 @@ def test_manifests_with_pixel_sizes_or_token_counts(tmp_path, suffix):
 @pytest.mark.parametrize("text,message", [
     ("tokens\n3\n", "lack text_tokens"),
     ("text_tokens,num_images\n3,1\n", "lack the image sizes"),
-    ("text_tokens,image_tokens\n-3,4\n", "row 0 column text_tokens"),
+    ("text_tokens,image_tokens\n-3,4\n", "row 0 column text_tokens = -3: must be"),  # the value, not numpy's repr
     ("text_tokens,image_tokens\n3,4.5\n", "row 0 column image_tokens"),
     ("text_tokens,num_images,image_tokens\n3,1,\n", "row 0 has 1 images but no image size"),
     ("text_tokens,image_width,image_height\n3,1,900\n", "aspect ratio"),
+    ("text_tokens,image_width\n10,100\n", "image_width but no image_height"),
+    ("text_tokens,num_images,image_height\n10,1,100\n", "image_height but no image_width"),
 ])
 def test_bad_manifests_are_one_line(tmp_path, text, message):
     path = tmp_path / "m.csv"
