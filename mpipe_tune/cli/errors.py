@@ -57,6 +57,7 @@ FLAGS = {
     "trace file": "run --trace",
     "device kind": "run --device",
     "process count": "profile --nproc",
+    "calibration model": "profile --calibrate",
     "export format": "export --to",
     "stored plan": "export --plan",
     "HTML report": "report --html",

@@ -55,6 +55,7 @@ import numpy as np
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.cost import arch
 from mpipe_tune.algebra.candidate import DTYPE_BYTES
+from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.profiler.device import Timer
 from mpipe_tune.profiler.roofline import TORCH_DTYPES
@@ -103,10 +104,16 @@ class Agreement:
 def calibration_layers(model: Model) -> list[int]:
     """Indices of the layers to time: the first of each distinct (kind, dimensions) (no torch needed).
 
-    A model the runtime cannot build is a one-line MpipeError from its blueprint.
+    A model the runtime cannot build is a one-line MpipeError: a layer of explicit per-token costs here (the
+    blueprint's own message would offer an emulated run, which has no layer to time), the others from its blueprint.
     """
     from mpipe_tune.runtime.blueprint import blueprint
 
+    for index, layer in enumerate(model.layers):
+        if not isinstance(layer.cost, ArchCost):
+            raise MpipeError(f"model '{model.name}' layer {index} ('{layer.name}') has explicit per-token costs, so "
+                             f"there is no runtime layer to time; give as calibration model one whose layers give an "
+                             f"architecture kind, e.g. small-vit-llm", quantities=("calibration model",))
     specs = blueprint(model)
     first: dict[tuple, int] = {}
     for spec in specs:

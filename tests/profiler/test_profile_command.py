@@ -151,7 +151,9 @@ HAS_TORCH_NPU = importlib.util.find_spec("torch_npu") is not None
     (["--device", "cpu", "--dtypes", "tf32"], "CUDA matmul mode"),
     (["--device", "cpu", "--dtypes", ","], "--dtypes is empty"),
     (["--device", "cpu", "--calibrate", "nope"], "nope"),
-    (["--device", "cpu", "--calibrate", "example-mllm"], "explicit per-token costs"),
+    # profile's --compute is not run's compute mode: the line offers another calibration model, not an emulated run
+    (["--device", "cpu", "--calibrate", "example-mllm"], "no runtime layer to time; give as calibration model "
+                                                          "(--calibrate) one whose layers give an architecture kind"),
     pytest.param(["--device", "cuda"], "no CUDA device is visible",
                  marks=pytest.mark.skipif(HAS_CUDA, reason="this host has a CUDA GPU")),
     pytest.param(["--device", "npu"], "needs torch_npu",
