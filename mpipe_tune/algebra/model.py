@@ -173,6 +173,9 @@ def parse_model(
     ``where`` names the file in messages. ``resolve(name)`` returns the parsed data of another model
     for ``compose`` entries. Architecture dimensions are checked by the cost model, not here.
     """
+    if data is None:  # YAML reads an empty file as null
+        raise MpipeError(f"{where}: the file is empty; a model file is a mapping with 'name' and 'layers' "
+                         f"(docs/inputs.md, Model)")
     if not isinstance(data, Mapping):
         raise MpipeError(f"{where}: a model file must be a mapping with 'name' and 'layers', got {type(data).__name__}")
     name = data.get("name")

@@ -138,6 +138,9 @@ def parse_workload(data: Mapping, *, where: str) -> Workload:
             fail(path, value, f"must be an integer >= {low}", "write a whole number of tokens")
         return value
 
+    if data is None:  # YAML reads an empty file as null
+        raise MpipeError(f"{where}: the file is empty; write `microbatches: [{{image_tokens: ..., text_tokens: ...}}, "
+                         f"...]`")
     if not isinstance(data, Mapping):
         fail("<top level>", data, "must be a mapping with a 'microbatches' list",
              "write `microbatches: [{image_tokens: ..., text_tokens: ...}, ...]`")

@@ -226,6 +226,7 @@ GOOD = {"image_tokens": 256, "text_tokens": 1024}
     ("data", "message"),
     [
         ([GOOD], r"<top level> = \[\{.*\}\]: must be a mapping with a 'microbatches' list"),
+        (None, r"the file is empty; write `microbatches: "),  # YAML's reading of an empty file, not '= None'
         ({}, "microbatches is missing and must be a non-empty list"),
         ({"microbatches": []}, r"microbatches = \[\]: must be a non-empty list"),
         ({"microbatches": [GOOD], "seed": 1}, "seed = 1: is not a workload field"),

@@ -54,3 +54,10 @@ def test_built_in_models_load_from_a_source_checkout_on_the_path():
     assert done.returncode == 0, done.stderr[-800:]
     count, layers = done.stdout.split()
     assert int(count) == len(list((root / "models").glob("*.yaml"))) and int(layers) == 25
+
+
+def test_an_empty_model_file_says_it_is_empty(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("")
+    with pytest.raises(MpipeError, match=r"m\.yaml: the file is empty; a model file is a mapping with 'name'"):
+        load_model(path)  # it said '... got NoneType', YAML's reading of an empty file
