@@ -178,6 +178,9 @@ def _read_args(launch_args: str) -> dict[str, Any]:
                 raise MpipeError(f"{where}: {token} is '{value}', but it must be an integer >= 1 (a shell variable "
                                  f"this reader could not resolve? give the flags themselves)")
             values[field] = int(value)
+    if not any(token in FLAGS for token in tokens):
+        raise MpipeError(f"{where}: none of {', '.join(FLAGS)} is in it; give the script that launches the run "
+                         f"(its GPT_ARGS), or those flags in quotes")
     return values
 
 

@@ -72,6 +72,7 @@ def test_virtual_stages_are_chunk_major(tmp_path):
     ([32, 0, 0, 0], [1, 10, 10, 7], {}, "--pipeline-model-parallel-size 2", "make them agree"),
     ([32, 0, 0, 0], [1, 10, 10, 7], {}, "--tensor-model-parallel-size $TP", "integer >= 1"),
     ([32, 0, 0, 0], [1, 10, 10, 7], {}, "no-such-script.sh", "neither a launch script"),
+    ([32, 0, 0, 0], [1, 10, 10, 7], {}, "--seq-length 1024", "none of --tensor-model-parallel-size, "),
 ])
 def test_bad_input_is_one_line(tmp_path, vision, decoders, extra, args, message):
     path = model_json(tmp_path, vision, decoders, **extra)
@@ -129,3 +130,12 @@ def test_an_exported_qwen2vl_layout_reads_back_as_the_current_row(tmp_path, caps
     current = json.loads(capsys.readouterr().out)["current"]
     assert {k: current[k] for k in ("slabs", "pp", "tp", "dp", "microbatches")} == {
         k: megatron[k] for k in ("slabs", "pp", "tp", "dp", "microbatches")}
+
+
+def test_a_launch_script_that_sets_none_of_the_flags_is_refused(tmp_path):
+    """An empty script (or one that sources its flags from elsewhere) read as all defaults would price tp 1."""
+    (tmp_path / "run.sh").write_text("#!/bin/bash\nsource ./common.sh\n")
+    path = model_json(tmp_path, [32, 0, 0, 0], [1, 10, 10, 7])
+    with pytest.raises(MpipeError, match=r"launch script .*run\.sh: none of --tensor-model-parallel-size, .*give the "
+                                         r"script that launches the run"):
+        read_mindspeed_layout(path, str(tmp_path / "run.sh"))
