@@ -96,7 +96,7 @@ def no_launch(monkeypatch):
 @pytest.mark.parametrize("args,words", [
     (["--plans", "best,zigzag"], "holds no plan named 'zigzag'; it holds best, megatron, disttrain, vpp, gpipe, mpipe-rr"),
     (["--plans", ","], "the list of plans to run is empty; name one or more of best, megatron"),
-    (["--rounds", "0"], "round count is 0"),
+    (["--rounds", "0"], "round count (--rounds) is 0"),
     (["--steps", "0"], "step count (--steps) is 0"),
     (["--compute", "emulated", "--gantt", "/no/such/folder"], "--gantt /no/such/folder: no such folder"),
 ])

@@ -70,3 +70,8 @@ def test_a_missing_storage_file_or_bad_csv_path_is_one_line_and_writes_nothing(s
     one_line_error(capsys, main(["trials", "--storage", f"sqlite:///{missing}"]), "no such file")
     assert not missing.exists()
     one_line_error(capsys, main(["trials", "--storage", url, "--csv", str(tmp_path / "no" / "t.csv")]), "--csv")
+
+
+def test_a_row_count_below_one_names_its_flag(study, capsys):
+    url, _, _ = study
+    one_line_error(capsys, main(["trials", "--storage", url, "--rows", "0"]), "row count (--rows) is 0, but it must be")

@@ -54,6 +54,7 @@ FLAGS = {
     "data mode": "run --data",
     "compute mode": "run --compute",
     "step count": "run --steps",
+    "round count": "bench --rounds",
     "trace file": "run --trace",
     "device kind": "run --device",
     "process count": "profile --nproc",

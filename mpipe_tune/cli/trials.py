@@ -38,7 +38,7 @@ class Trials(Command):
         from mpipe_tune.search.trials import format_trials, load_trials_study, summary_line, trials_frame
 
         if args.rows < 1:
-            raise MpipeError(f"row count is {args.rows}, but it must be an integer >= 1")
+            raise MpipeError(f"row count (--rows) is {args.rows}, but it must be an integer >= 1")
         validate_csv_path(args)
         storage = args.storage or DEFAULT_STORAGE
         study = load_trials_study(storage, args.study)

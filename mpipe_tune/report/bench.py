@@ -29,7 +29,8 @@ from mpipe_tune.search.baselines import REFERENCE
 
 def validate_rounds(num_rounds: int) -> None:
     if num_rounds < 1:
-        raise MpipeError(f"round count is {num_rounds}, but a bench runs every plan at least once: give 1 or more")
+        raise MpipeError(f"round count is {num_rounds}, but a bench runs every plan at least once: give 1 or more",
+                         quantities=("round count",))
 
 
 def bench_plans(file: PlanFile, names: Sequence[str] | None) -> tuple[str, ...]:
