@@ -10,6 +10,8 @@ layers calibrated (``--profile``, or measured first with ``mpipe-tune profile --
   cp ranks by point-to-point); with sequence parallelism (rows all-gathered into and reduce-scattered
   out of each tensor-parallel region); and with the encoder at tp 1 under tp 2 (encoder groups):
   measured beside the prediction that charges those all-to-alls, ring steps, collectives and gathers;
+- ZeRO stages 1 and 3 of the same plans (``zero1``/``zero3``): the sharded update and all-gather, and
+  FSDP2's per-layer gathers and reduce-scatters, against the cost model's charges for them;
 - emulated compute: the same plans: every compute event sleeps its predicted seconds, so this
   measures the executor's realisation of the predicted schedule (transfers, waits, reduces).
 
@@ -66,6 +68,9 @@ class Case:
     cp: int = 1
     sequence_parallel: bool = False
     encoder_tp: int | None = None
+    zero_stage: int = 0
+    """0: every replica updates all its weights; 1: each its shard, then all-gathers (ZeRO-1); 3: FSDP2's
+    full sharding (weights gathered per layer before forward and backward, gradients reduce-scattered)."""
 
 FIRST_LLM = 5
 CASES = (
@@ -83,6 +88,10 @@ CASES = (
     Case("tp2 dp2 sp", "1f1b", (), 1, tp=2, dp=2, sequence_parallel=True),
     Case("tp2 cp2 sp", "1f1b", (), 1, tp=2, cp=2, sequence_parallel=True),
     Case("pp2 tp2 encoder tp1", "transpose,1f1b", (FIRST_LLM,), 2, tp=2, encoder_tp=1),
+    Case("pp2 dp2 zero1", "1f1b", (), 2, dp=2, zero_stage=1),
+    Case("pp2 dp2 zero3", "1f1b", (), 2, dp=2, zero_stage=3),
+    Case("dp4 ep2 zero1", "1f1b", (), 1, dp=4, ep=2, zero_stage=1),
+    Case("dp4 ep2 zero3", "1f1b", (), 1, dp=4, ep=2, zero_stage=3),
 )
 
 
@@ -91,8 +100,9 @@ def make_plan(case: Case, profile_path: Path, folder: Path) -> Path:
     candidate = Candidate(case.schedule, case.cut, pp=case.pp, tp=case.tp, dp=case.dp, num_microbatches=len(WORKLOAD),
                           owner_policy="round-robin" if "transpose" in case.schedule else None, dtype="fp32",
                           ep=case.ep, cp=case.cp, sequence_parallel=case.sequence_parallel, encoder_tp=case.encoder_tp,
-                          zero_stage=0)
-    prediction = predict(candidate, model, WORKLOAD, profile, replace(OPTIONS))
+                          zero_stage=case.zero_stage)
+    options = replace(OPTIONS, shard_optimizer=case.zero_stage >= 1, shard_parameters=case.zero_stage >= 3)
+    prediction = predict(candidate, model, WORKLOAD, profile, options)
     path = folder / (case.label.replace(" ", "-") + ".json")
     dump_plan(plan_record(prediction, model, WORKLOAD, profile, PlanInputs(str(MODEL_PATH), (), str(profile_path))),
               path)
