@@ -165,6 +165,7 @@ def test_the_parallel_fidelity_plans_are_plan_files_the_executor_takes(tmp_path)
             path = module.make_plan(case, profile, tmp_path)
             view = preflight(RunJob(str(path), compute="real"), 4)
             assert (view.layout.ep, view.layout.cp, view.layout.world_size) == (case.ep, case.cp, 4), case.label
+            assert view.candidate.zero_stage == case.zero_stage, case.label
     finally:
         del sys.modules[spec.name]
 
