@@ -6,8 +6,9 @@ holds only its shard of every parameter (float64, 4 gloo ranks, one launch for e
 Cases cover what a stage-3 plan can hold: pipeline x data parallelism, the replicated encoder of a
 transpose plan (its shards summed over pipeline ranks), tensor parallelism (2-D shards) with and
 without sequence parallelism and the encoder's own tp, frozen layers, expert parallelism with the
-experts' own data-parallel group and without one, context parallelism, and a zero-bubble plan's split
-backward (the weight gradients computed on parameters all-gathered again).
+experts' own data-parallel group and without one, context parallelism, a zero-bubble plan's split
+backward (the weight gradients computed on parameters all-gathered again), and encoder backwards moved
+off their owners (a no-grad encode on the owner, the encode again with autograd on the other rank).
 """
 
 from __future__ import annotations
@@ -20,8 +21,17 @@ from runtime_plans import (  # noqa: E402
     FIRST_LLM, MLA_MOE_MODEL, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of,
 )
 
+from mpipe_tune.algebra.candidate import Candidate  # noqa: E402
+from mpipe_tune.algebra.degrees import Degrees  # noqa: E402
+from mpipe_tune.algebra.events import Bwd  # noqa: E402
+from mpipe_tune.cost.compiled import CompiledPlan  # noqa: E402
+from mpipe_tune.cost.layers import CostOptions  # noqa: E402
+from mpipe_tune.cost.predict import predict  # noqa: E402
+from mpipe_tune.inputs.specs import load_model, load_profile  # noqa: E402
+from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record  # noqa: E402
 from mpipe_tune.runtime.job import RunJob  # noqa: E402
 from mpipe_tune.runtime.launch import launch_local  # noqa: E402
+from mpipe_tune.runtime.plan_view import read_plan_file  # noqa: E402
 from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
 
 RANKS = 4
@@ -37,7 +47,31 @@ CASES = {  # name -> make_plan's arguments
     "dp4, ep2 (MLA, MoE)": dict(schedule="1f1b", cut=(), num_ranks=1, dp=4, ep=2, model_spec=MLA_MOE_MODEL),
     "tp2 x dp2, ep2 (MLA, MoE)": dict(schedule="1f1b", cut=(), num_ranks=1, tp=2, dp=2, ep=2,
                                       model_spec=MLA_MOE_MODEL),
+    "pp2 x dp2, transpose,1f1b, encoder backwards moved": dict(num_ranks=2, dp=2, moved=True),
 }
+
+
+def moved_encoder_backward_plan(folder, zero_stage: int):
+    """A transpose plan whose encoder backwards run on the rank after their owner, in its cooldown (full
+    recomputation: the owner's encode keeps no autograd, the other rank encodes again), at dp 2."""
+    model, profile = load_model(TEST_MODEL), load_profile("ideal")
+    options = CostOptions(dtype="fp32", degrees=Degrees(1, dp=2), shard_parameters=zero_stage >= 3)
+
+    def candidate(slots=None, ranks=None):
+        return Candidate("transpose,1f1b", (FIRST_LLM,), pp=2, tp=1, dp=2, num_microbatches=len(WORKLOAD),
+                         owner_policy="round-robin", dtype="fp32", recompute="full", zero_stage=zero_stage,
+                         encoder_backward="cooldown" if slots is None else "optimised", encoder_backward_slots=slots,
+                         encoder_backward_ranks=ranks)
+
+    cooldown = predict(candidate(), model, WORKLOAD, profile, options)
+    compiled = CompiledPlan(cooldown.plan, model, profile, cooldown.options)
+    ranks = tuple((owner + 1) % 2 for owner in compiled.owners)
+    moved = predict(candidate(compiled.backbone_steps.cooldown_slots(ranks), ranks), model, WORKLOAD, profile, options)
+    path = folder / f"moved-zero{zero_stage}.json"
+    dump_plan(plan_record(moved, model, WORKLOAD, profile, PlanInputs(TEST_MODEL, (), "ideal")), path)
+    view = read_plan_file(str(path))
+    assert all(view.plan.index[Bwd(1, r, m)] in view.nodes[r] for m, r in enumerate(ranks))  # moved, as stored
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +83,9 @@ def runs(tmp_path_factory):
             where = folder / f"case{len(jobs)}"
             (where / "grads").mkdir(parents=True)
             (where / "weights").mkdir()
-            jobs[(name, zero)] = RunJob(str(make_plan(where, zero_stage=zero, **case)), steps=1, dtype="fp64",
+            path = (moved_encoder_backward_plan(where, zero) if case.get("moved")
+                    else make_plan(where, zero_stage=zero, **case))
+            jobs[(name, zero)] = RunJob(str(path), steps=1, dtype="fp64",
                                         lr=0.05, grads_dir=str(where / "grads"), weights_dir=str(where / "weights"))
     results = launch_local(run_jobs, (list(jobs.values()),), RANKS, timeout_s=300, deadline_s=240)
     return jobs, dict(zip(jobs, results))
