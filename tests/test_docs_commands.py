@@ -73,3 +73,14 @@ def test_every_link_between_the_pages_resolves():
             if not target.exists() or (anchor and target.suffix == ".md" and anchor not in anchors(target)):
                 broken.append(f"{page.relative_to(ROOT)}: {link}")
     assert not broken, broken
+
+
+def test_the_readme_s_command_table_lists_every_command_in_the_order_of_help(capsys):
+    """README.md's table and ``mpipe-tune --help`` name the same commands in the same order."""
+    table = re.search(r"## Commands\n(.*?)\n\n", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S).group(1)
+    in_table = [name for cell in re.findall(r"^\| (`mpipe-tune [^|]*?)\s*\|", table, flags=re.M)
+                for name in re.findall(r"`mpipe-tune ([a-z]+)", cell)]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    listed = re.findall(r"^    ([a-z]+) ", capsys.readouterr().out, flags=re.M)
+    assert in_table == listed

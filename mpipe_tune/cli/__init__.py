@@ -31,8 +31,9 @@ from mpipe_tune.cli.workload import Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.interrupt import command_interrupts
 
-COMMANDS: list[Command] = [Predict(), Derive(), Models(), Profiles(), Profile(), Run(), Bench(), Plan(), Show(), Export(), Trials(),
-                         Workload(), Report()]
+COMMANDS: list[Command] = [Plan(), Show(), Trials(), Run(), Bench(), Export(), Predict(), Derive(), Profile(), Report(),
+                           Workload(), Models(), Profiles()]
+"""In the order of README.md's command table, which ``mpipe-tune --help`` lists them in: the plan's chain first."""
 
 
 class Parser(argparse.ArgumentParser):
