@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -220,7 +221,7 @@ def test_a_flag_the_parser_refuses_is_one_line_too(args, words):
     assert code == 2 and len(lines) == 1 and words in lines[0] and "--help" in lines[0], stderr
 
 
-@pytest.mark.parametrize("command", ["plan", "predict", "derive", "workload"])
+@pytest.mark.parametrize("command", ["plan", "predict", "derive", "workload", "run", "bench"])
 def test_the_help_of_every_command_that_reads_a_model_names_hugging_face_configs(command, capsys):
     """docs/inputs.md: a model is a built-in name, a YAML spec or a Hugging Face config.json (or its folder)."""
     with pytest.raises(SystemExit):
@@ -248,3 +249,24 @@ def test_every_flag_with_a_default_says_it_in_its_help():
               if action.option_strings and not action.required and action.default not in (None, False, "", argparse.SUPPRESS)
               and "default" not in (action.help or "")]
     assert not silent, silent
+
+
+def test_every_flag_s_stated_default_is_its_value():
+    """The value a flag's help states as its default is the one the flag takes (1 for 1.0; 'all' where the default
+    is every policy), so that two commands' helps compare."""
+    import argparse
+
+    from mpipe_tune.cli import build_parser
+
+    wrong = []
+    for name, command in build_parser().commands.items():
+        for action in command._actions:
+            value = action.default
+            if not action.option_strings or action.required or value in (None, False, "", argparse.SUPPRESS):
+                continue
+            forms = {str(value)} | ({f"{value:g}"} if isinstance(value, float) else set())
+            text = (action.help or "").replace("%%", "%")
+            if not any(re.search(r"(?<![\w.])" + re.escape(form) + r"(?!\w)", text) for form in forms) \
+                    and not ("," in str(value) and "all " in text):
+                wrong.append(f"{name} {action.option_strings[0]}: {value!r} not in {text!r}")
+    assert not wrong, wrong

@@ -15,7 +15,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mpipe_tune.cli.command import Command
+from mpipe_tune.cli.command import MODEL_HELP, Command
 from mpipe_tune.errors import MpipeError
 
 
@@ -28,7 +28,7 @@ class Bench(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("plan", help="plan.json written by 'mpipe-tune plan' (it stores the baselines)")
         parser.add_argument("--model", default=None,
-                            help="built-in model name or YAML file (default: the one the plan names; for a moved file)")
+                            help=f"{MODEL_HELP} (default: the one the plan names; for a moved file)")
         parser.add_argument("--plans", default=None,
                             help="comma-separated plans to run, e.g. best,megatron (default: every plan in the file)")
         parser.add_argument("--compute", default="real", choices=("real", "emulated"),

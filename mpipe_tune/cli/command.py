@@ -22,3 +22,7 @@ class Command(ABC):
     @abstractmethod
     def take_action(self, args: argparse.Namespace) -> int:
         """Carry the subcommand out; return the exit code."""
+
+
+MODEL_HELP = "built-in model name, YAML file, or Hugging Face config.json or its folder"
+"""What ``--model`` takes, in every command's help."""

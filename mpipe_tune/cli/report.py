@@ -16,8 +16,8 @@ class Report(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("plan", help="plan.json written by 'mpipe-tune plan'")
         parser.add_argument("--html", required=True, metavar="FILE", help="the page to write (.html)")
-        parser.add_argument("--model", default=None, help="the plan's model file, where it moved since planning")
-        parser.add_argument("--profile", default=None, help="the plan's profile file, where it moved since planning")
+        parser.add_argument("--model", default=None, help="the plan's model file, where it moved since planning (default: the path the plan names)")
+        parser.add_argument("--profile", default=None, help="the plan's profile file, where it moved since planning (default: the path the plan names)")
         parser.add_argument("--storage", default=None,
                             help="the study's Optuna RDB URL (default: the one the plan records)")
 

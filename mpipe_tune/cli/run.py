@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from mpipe_tune.cli.command import Command
+from mpipe_tune.cli.command import MODEL_HELP, Command
 
 
 class Run(Command):
@@ -23,7 +23,7 @@ class Run(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("plan", help="plan.json written by the planner")
-        parser.add_argument("--model", default=None, help="built-in model name or YAML file (default: the one the plan names)")
+        parser.add_argument("--model", default=None, help=f"{MODEL_HELP} (default: the one the plan names; for a moved file)")
         parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "npu"),
                             help="cpu (gloo), cuda (NCCL) or npu (HCCL via torch_npu); default cpu")
         parser.add_argument("--steps", type=int, default=3, help="training steps to run (default 3)")
@@ -38,11 +38,12 @@ class Run(Command):
                                  "microbatches; fixed: the plan's stored map every step (default: per-step when the "
                                  "plan's policy is greedy or optimal, else fixed)")
         parser.add_argument("--data", default=None, choices=("sampled", "stored"),
-                            help="sampled: step k draws its microbatches from the plan's workload mix (seed + k; step 0 "
+                            help="sampled: step k draws its microbatches from the plan's workload mix or dataset (seed + k; step 0 "
                                  "is the stored workload); stored: the plan's microbatches every step (default: sampled "
                                  "with per-step owners when the plan records its mix, else stored)")
         parser.add_argument("--profile", default=None,
-                            help="the plan's hardware profile, where it moved (read to predict steps at run time)")
+                            help="the plan's hardware profile, where it moved (read to predict steps at run time; default: the "
+                                 "path the plan names)")
         parser.add_argument("--trace", default=None, help="write the measured per-event Chrome/Perfetto trace to this JSON file")
         parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         parser.add_argument("--no-progress", action="store_true", help="no line on stderr as each step finishes")
