@@ -355,7 +355,8 @@ def fit_layer_timing(flops: Sequence[float], bytes_moved: Sequence[float], times
 
     For each efficiency on a logarithmic grid from 1e-6 to 1 (0.1% steps) the best overheads have a
     closed form (relative least squares, each clipped at 0); the triple with the smallest error wins.
-    With fewer than :data:`MIN_SIZES_FOR_OVERHEAD` distinct FLOP counts the overheads are 0.
+    With fewer than :data:`MIN_SIZES_FOR_OVERHEAD` distinct work sizes (FLOPs and bytes: an embedding's forward has
+    no FLOPs at any size) the overheads are 0. Where no point has FLOPs the efficiency changes nothing and is 1.
 
     >>> f = fit_layer_timing([1e9, 2e9, 4e9], [0, 0, 0], [0.011, 0.021, 0.041],
     ...                      peak_flops_per_s=1e11, bytes_per_s=1e10)
@@ -375,11 +376,12 @@ def fit_layer_timing(flops: Sequence[float], bytes_moved: Sequence[float], times
                       np.asarray(bytes_moved, dtype=float)[None, :] / bytes_per_s)
     overhead = np.zeros(len(grid))
     per_image = np.zeros(len(grid))
-    if len(np.unique(w)) >= MIN_SIZES_FOR_OVERHEAD:
+    sizes = {(f, d) for f, d in zip(w.tolist(), np.asarray(bytes_moved, dtype=float).tolist())}
+    if len(sizes) >= MIN_SIZES_FOR_OVERHEAD:
         overhead, per_image = _overheads(t, roof, c if len(np.unique(c)) > 1 else None)
     predicted = roof + overhead[:, None] + per_image[:, None] * c[None, :]
     errors = np.sqrt(np.mean(((predicted - t) / t) ** 2, axis=1))
-    best = int(np.argmin(errors))
+    best = int(np.argmin(errors)) if w.any() else len(grid) - 1  # no FLOPs: every efficiency fits alike
     return LayerFit(float(grid[best]), float(overhead[best]), float(errors[best]),
                     tuple(float(x) for x in predicted[best]), float(per_image[best]))
 

@@ -56,6 +56,17 @@ def test_overhead_stays_zero_below_the_minimum_number_of_sizes_and_never_goes_ne
     assert fit.overhead_s == 0.0 and 0 < fit.efficiency <= 1
 
 
+def test_a_phase_without_flops_fits_its_overhead_over_its_byte_sizes():
+    """An embedding's forward is a lookup: no FLOPs at any size, only bytes. Three sizes are three work sizes, so its
+    fixed seconds per call are fitted (a CPU calibration fitted 0 and predicted 6-99 us for 0.23-0.55 ms, rms error
+    64%), and the efficiency, which no point depends on, is reported as 1 (it was the grid's floor, 1e-06)."""
+    flops, bytes_moved = [0.0, 0.0, 0.0], [131072.0, 524288.0, 2097152.0]
+    times = timings(flops, bytes_moved, 1.0, 2.5e-4)
+    fit = fit_layer_timing(flops, bytes_moved, times, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH)
+    assert fit.overhead_s == pytest.approx(2.5e-4, rel=1e-6) and fit.rms_relative_error < 1e-9
+    assert fit.efficiency == 1.0
+
+
 def test_memory_bound_points_follow_the_bandwidth_plus_overhead():
     flops, bytes_moved = [1e3, 2e3, 4e3], [1e6, 1e7, 1e8]
     fit = fit_layer_timing(flops, bytes_moved, timings(flops, bytes_moved, 0.5, 5e-4), peak_flops_per_s=PEAK,
