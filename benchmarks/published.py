@@ -79,6 +79,12 @@ class PublishedRun:
     """How the run's trainer applies RoPE (:attr:`~mpipe_tune.cost.layers.CostOptions.rope`): ``fused``
     (Megatron-LM's ``apply_rope_fusion``, on by default in its training arguments and in NeMo's Llama
     configs), ``unfused`` (MindSpeed without ``--use-fused-rotary-pos-emb``) or ``mindspeed_fused`` (with it)."""
+    zero_stage: int | None = None
+    """The ZeRO stage where the run states more than :attr:`distributed_optimizer` says: 3 where its framework
+    keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.fsdp`); None: 1 with a
+    distributed optimizer, else 0. A stage given needs :attr:`zero_source`."""
+    zero_source: str = ""
+    """Where the run's configuration and its framework's documentation say so (file and line, pinned)."""
     excluded: str = ""
     """Why the run is outside what its profile describes (another code path or machine, a setting the cost model
     cannot express): shown with its prediction, counted in no fit and no held-out figure. Empty: in scope."""
@@ -130,6 +136,10 @@ def load_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
 
 
 def _validate(run: PublishedRun, path: Path) -> None:
+    if run.zero_stage is not None and (run.zero_stage not in (0, 1, 3) or not run.zero_source
+                                       or (run.zero_stage >= 1) != run.distributed_optimizer):
+        raise MpipeError(f"{path}: run {run.name} has zero_stage {run.zero_stage!r}: give 0, 1 or 3, agreeing with "
+                         f"distributed_optimizer, and cite the setting in zero_source")
     if run.rope not in ROPE_FORMS:
         raise MpipeError(f"{path}: run {run.name} has rope {run.rope!r}; use one of {', '.join(ROPE_FORMS)}")
     if run.split not in SPLITS:
@@ -165,6 +175,7 @@ def run_options(run: PublishedRun) -> CostOptions:
                        optimizer_bytes_per_param=run.optimizer_bytes_per_param, dtype=run.dtype,
                        degrees=Degrees(run.pp, tp=run.tp, dp=run.dp, cp=run.cp, ep=run.ep),
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
+                       shard_parameters=run.zero_stage == 3,
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
                        rope=run.rope)
 

@@ -46,6 +46,7 @@ import numpy as np
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost.layers import CostOptions, LayerTable, footprint_masks
+from mpipe_tune.cost.memory import prefix_sums
 from mpipe_tune.cost.profile import HardwareProfile, hierarchical_all_reduce_s
 
 
@@ -124,10 +125,4 @@ def fsdp_sums(table: LayerTable, model: Model, profile: HardwareProfile, options
         bwd_tail = np.concatenate((r, zero_row))
     else:
         fwd, bwd, bwd_tail = g, gb + r, np.zeros((layers + 1, M))
-    return FsdpSums(_prefix(fwd), fwd_head.ravel(), _prefix(bwd), bwd_head.ravel(), bwd_tail.ravel())
-
-
-def _prefix(per_layer: np.ndarray) -> np.ndarray:
-    out = np.zeros((per_layer.shape[0] + 1, per_layer.shape[1]))
-    np.cumsum(per_layer, axis=0, out=out[1:])
-    return out.ravel()
+    return FsdpSums(prefix_sums(fwd), fwd_head.ravel(), prefix_sums(bwd), bwd_head.ravel(), bwd_tail.ravel())

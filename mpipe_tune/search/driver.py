@@ -71,7 +71,7 @@ from mpipe_tune.interrupt import StopRequest, stop_requests
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.grouped import GroupOrder, StagedWorkBound
-from mpipe_tune.search.space import SearchSpace
+from mpipe_tune.search.space import SearchSpace, twin_bounds
 from mpipe_tune.search.store import (check_file, check_study_size, check_trial_budget, claim_study, fault_of,
                                      names_storage_faults, payload_digest)
 from mpipe_tune.search.writer import TrialWriter, store_trial
@@ -250,6 +250,7 @@ def run_search(
     if sampler not in SAMPLERS:
         raise MpipeError(f"sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}", quantities=("sampler",))
     start = time.perf_counter()
+    evaluator.twin_bounds = twin_bounds(space)
     study_name = study_name or default_study_name(evaluator, space)
     study = _open_study(storage, study_name, problem_payload(evaluator, space))
     if not 0 <= tolerance < 1:
@@ -534,13 +535,19 @@ class _Run:
         return others
 
     def settled_by_bounds(self, c: Candidate) -> bool:
-        """Its static memory alone is over capacity, or its step-time bound loses to the best fitting plan."""
+        """Its static memory alone is over capacity, or its step-time bound (for a ZeRO-3 plan, also its stage-1
+        twin's step where that is predicted already: :meth:`Evaluator.twin_s`) loses to the best fitting plan."""
         if not self.prune:
             return False
         static = self.evaluator.static_peak_bytes(c)
         if static is not None and static > self.evaluator.problem.profile.memory_capacity_bytes:
             return True
-        return self.incumbent is not None and self.evaluator.lower_bound(c) > self.incumbent * (1 + _PRUNE_MARGIN)
+        if self.incumbent is None:
+            return False
+        twin = self.evaluator.twin_s(c, predict=False)  # a ZeRO-3 plan's twin's step, where it is known
+        if twin > 0 and twin >= self.incumbent:  # it can at best tie the twin, or a plan as fast that fits
+            return True
+        return self.evaluator.lower_bound(c) > self.incumbent * (1 + _PRUNE_MARGIN)
 
     def hopeless(self, c: Candidate) -> bool:
         """Tried already, or settled by its bounds: not worth a trial."""

@@ -117,6 +117,10 @@ class Evaluator:
         self._owned: dict[tuple, np.ndarray] = {}
         self._slabs: dict[tuple, tuple] = {}
         """Per plan shape and setting its slab counts, and per Sharded region and setting its balanced partition."""
+        self.twin_bounds = False
+        """Bound a ZeRO-3 plan by its stage-1 twin's predicted step (:meth:`twin_s`) at its last level: on
+        where the space searches both stages, so that a stage-3 plan is predicted only where its twin,
+        predicted anyway, does not fit (or is not known to fit)."""
 
     @property
     def num_evaluated(self) -> int:
@@ -304,8 +308,9 @@ class Evaluator:
         return float(np.mean(self.owner_bounds(c)))
 
     def bound_levels(self, c: Candidate) -> tuple[int, int]:
-        """The first and last level of :meth:`bound_at` that apply to ``c``."""
-        return 0 if c.recompute is not False else 1, 3 if chooses_owners(c) and c.owner_map is None else 2
+        """The first and last level of :meth:`bound_at` that apply to ``c`` (one more, the twin's, for a
+        ZeRO-3 plan where :attr:`twin_bounds` is on)."""
+        return 0 if c.recompute is not False else 1, _last_level(c) + (c.zero_stage == 3 and self.twin_bounds)
 
     def bound_at(self, c: Candidate, level: int) -> float:
         """``c``'s step-time bound at ``level`` (:class:`~mpipe_tune.search.bounds.BoundOrder`): 0, for a
@@ -320,7 +325,26 @@ class Evaluator:
         if self.static_floor_bytes(c) > capacity or (level >= 1 and self.peak_floor_bytes(c) > capacity) or (
                 level >= 2 and self.order_floor_bytes(c) > capacity):
             return math.inf
+        if level > _last_level(c):  # a ZeRO-3 plan's last level: its stage-1 twin's predicted step
+            return max(self.bound_at(c, _last_level(c)), self.twin_s(c))
         return (self.recompute_bound, self.lower_bound, self.lower_bound, self.owner_bound)[level](c)
+
+    def twin_s(self, c: Candidate, *, predict: bool = True) -> float:
+        """A lower bound on ZeRO-3 plan ``c``'s step time from its stage-1 twin (the same plan at ZeRO-1):
+        the twin's predicted step (:mod:`mpipe_tune.cost.fsdp`: a stage-3 plan's events last as long as its
+        twin's plus the collectives' waits, its owners and encoder backwards are the twin's, so its step is
+        never shorter), predicted here unless ``predict`` is off (then only where it is known already); 0
+        where it is not known, or where the twin's memory floors say it cannot fit (it would never be
+        predicted for itself: its prediction would be spent on this bound alone)."""
+        if c.zero_stage != 3:
+            return 0.0
+        twin = replace(c, zero_stage=1, label="")
+        known = self._results.get(twin)
+        if known is not None:
+            return known.mean_s
+        if not predict or self.bound_at(twin, _last_level(twin)) == math.inf:
+            return 0.0
+        return self.evaluate(twin, memory=False).mean_s
 
     def order_floor_bytes(self, c: Candidate) -> float:
         """A lower bound on ``c``'s peak memory from its order (derive's, with its default owners) and
@@ -412,6 +436,7 @@ class Evaluator:
         return None if choice is None else choice.owners
 
     def _owner_choice(self, c: Candidate, sample: int) -> OwnerChoice | None:
+        c = _decided_as(c)
         _, table, sums = self._table(sample, c)
         slack = self.slack_s(c, sample) if chooses_owners(c) else None
         return self.predictor.owners(self._own(c), sums, slack_s=slack)
@@ -465,7 +490,8 @@ class Evaluator:
     def _encoder_backward(self, c: Candidate, slabs, owners: tuple[int, ...] | None,
                           sample: int) -> EncoderBackward | None:
         """Where ``c``'s encoder backwards run on step ``sample`` with ``slabs`` and the owner map
-        ``owners`` (:meth:`Predictor.encoder_backward`), kept per step."""
+        ``owners`` (:meth:`Predictor.encoder_backward`), kept per step (a ZeRO-3 plan's: its twin's, :func:`_decided_as`)."""
+        c = _decided_as(c)
         key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, c.encoder_backward_slots,
                c.encoder_backward_ranks, sample)
         if key not in self._slots:
@@ -495,6 +521,19 @@ class Evaluator:
         )
         self._steps[key] = result
         return result
+
+
+def _last_level(c: Candidate) -> int:
+    """The last of :meth:`Evaluator.bound_at`'s levels before the twin's: 3 where a per-step policy chooses
+    the owners (their bound), else 2."""
+    return 3 if chooses_owners(c) and c.owner_map is None else 2
+
+
+def _decided_as(c: Candidate) -> Candidate:
+    """The candidate whose timeline decides ``c``'s per-step choices (owners, encoder backward slots): its
+    stage-1 twin for a ZeRO-3 plan (the ZeRO-3 waits are left out of the choice, which keeps the twin's
+    step a lower bound on its own, :meth:`Evaluator.twin_s`), else ``c`` itself."""
+    return replace(c, zero_stage=1) if c.zero_stage == 3 else c
 
 
 def _table_setting(c: Candidate, recompute: bool | str | None = None) -> tuple:

@@ -40,7 +40,7 @@ from mpipe_tune.search.bounds import BoundOrder
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.grouped import StagedWorkBound
-from mpipe_tune.search.space import SearchSpace
+from mpipe_tune.search.space import SearchSpace, twin_bounds
 
 OWN = "@own"
 """Suffix of a baseline's own-best plan: ``megatron@own``."""
@@ -129,6 +129,8 @@ def search_family(name: str, space: SearchSpace, evaluator: Evaluator, work: Sta
         static = evaluator.static_peak_bytes(c)
         if static is not None and static > capacity:
             continue
+        if best is not None and 0 < evaluator.twin_s(c, predict=False) and (evaluator.twin_s(c, predict=False), i) >= best[:2]:
+            continue  # a ZeRO-3 plan is never faster than its stage-1 twin, known to lose (or tie) already
         evaluated += 1
         if best is not None:  # its step time first: memory only for a plan that could win
             e = evaluator.evaluate(c, memory=False)
@@ -145,6 +147,7 @@ def search_families(space: SearchSpace, evaluator: Evaluator, work: StagedWorkBo
     point ``family`` of the Ctrl-C tests: a Ctrl-C here stops the plan at its next safe point, before the
     search)."""
     work = StagedWorkBound(evaluator) if work is None else work
+    evaluator.twin_bounds = twin_bounds(space)
     found = []
     for name in BASELINES:
         mark("family")

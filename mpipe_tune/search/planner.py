@@ -39,7 +39,7 @@ DEFAULT_BATCH_PER_DEVICE = 4
 """A sampled mix's default global batch: this many sequences per device."""
 RECOMPUTE = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), "selective": ("selective",),
              "search": (False, True), "all": (False, "selective", True)}
-ZERO = {"0": (0,), "1": (1,), "3": (3,), "search": (0, 1)}
+ZERO = {"0": (0,), "1": (1,), "3": (3,), "search": (0, 1, 3)}
 SEQUENCE_PARALLEL = {"off": (False,), "on": (True,), "search": (False, True)}
 WIDENABLE = {"recompute": "all", "zero": "search", "sequence_parallel": "search"}
 """The memory knobs widened when nothing fits, and what each is widened to (a setting's text). Expert

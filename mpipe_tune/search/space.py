@@ -518,3 +518,10 @@ def _nearest(value: Any, options: list[Any]) -> Any:
     if isinstance(value, int) and all(isinstance(o, int) for o in options):
         return min(options, key=lambda o: (abs(o - value), o))
     return options[0]
+
+
+def twin_bounds(space: SearchSpace) -> bool:
+    """Whether ``space`` searches ZeRO-1 beside ZeRO-3: then a stage-3 plan's stage-1 twin is a point of it,
+    predicted where its own bound lets it, and its step bounds the stage-3 plan's
+    (:attr:`~mpipe_tune.search.evaluate.Evaluator.twin_bounds`)."""
+    return {1, 3} <= set(space.options.zero)
