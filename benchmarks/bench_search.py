@@ -116,7 +116,7 @@ def sampler(args) -> None:
             sys.stdout.flush()
 
 
-EVERY_KNOB = dict(recompute="all", zero="search", sequence_parallel="search", encoder_tp="search", cp="1,2")
+EVERY_KNOB = dict(recompute="all", zero="all", sequence_parallel="search", encoder_tp="search", cp="1,2")
 QUALITY = {
     "llama3-8b-16dev-balanced": ("qwen2vl-vit-llama3-8b", "h100-sxm", 16, 64, "balanced",
                                  dict(recompute="search", zero="search", sequence_parallel="search", cp="1,2",
@@ -257,7 +257,7 @@ def quality(args) -> list[dict]:
     return rows
 
 
-SCALE_KNOBS = dict(EVERY_KNOB, recompute="search", ep="search")
+SCALE_KNOBS = dict(EVERY_KNOB, recompute="search", zero="search", ep="search")
 """The every-knob set of ``deepseek --every-knob`` (:data:`EVERY_KNOB_FLAGS`)."""
 
 

@@ -137,9 +137,9 @@ class Plan(Command):
                        help="allowed expert-parallel degrees, e.g. 1,8, or 'search': every degree that divides dp "
                             "and the MoE layers' experts (default: search for a MoE model, else 1)")
         s.add_argument("--cp", default="1", help="allowed context-parallel degrees, e.g. 1,2 (default 1)")
-        s.add_argument("--zero", default=None, choices=("0", "1", "3", "search"),
+        s.add_argument("--zero", default=None, choices=("0", "1", "3", "search", "all"),
                        help="ZeRO stage: 1 (default, optimizer state sharded over the data-parallel ranks), 3 (weights "
-                            "and gradients too, FSDP), 0, or search (every stage)")
+                            "and gradients too, FSDP), 0, search (0 and 1) or all (0, 1 and 3)")
         s.add_argument("--sequence-parallel", default=None, choices=("off", "on", "search"),
                        help="sequence parallelism with tp > 1: off (default), on, or search")
         s.add_argument("--encoder-tp", default="off", choices=("off", "search"),

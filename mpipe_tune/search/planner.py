@@ -39,9 +39,12 @@ DEFAULT_BATCH_PER_DEVICE = 4
 """A sampled mix's default global batch: this many sequences per device."""
 RECOMPUTE = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), "selective": ("selective",),
              "search": (False, True), "all": (False, "selective", True)}
-ZERO = {"0": (0,), "1": (1,), "3": (3,), "search": (0, 1, 3)}
+ZERO = {"0": (0,), "1": (1,), "3": (3,), "search": (0, 1), "all": (0, 1, 3)}
+"""``search`` keeps to stages 0 and 1: with stage 3 in it the issue-27 DeepSeek-V3 command with every knob took
+twice the CPU (94 s against 44 s at 512 devices, benchmarks/README.md), over its 60 s target; ``all`` adds
+stage 3 (as ``--recompute all`` adds selective), and the widening when nothing fits uses it."""
 SEQUENCE_PARALLEL = {"off": (False,), "on": (True,), "search": (False, True)}
-WIDENABLE = {"recompute": "all", "zero": "search", "sequence_parallel": "search"}
+WIDENABLE = {"recompute": "all", "zero": "all", "sequence_parallel": "search"}
 """The memory knobs widened when nothing fits, and what each is widened to (a setting's text). Expert
 parallelism is not among them: a MoE model searches it unless its degrees are given, and a dense one has none."""
 KNOBS = {"recompute": "recomputation", "zero": "ZeRO stage", "sequence_parallel": "sequence parallelism"}

@@ -56,6 +56,9 @@ def test_widening_touches_only_the_knobs_not_given():
     assert (wider.recompute, wider.zero, wider.sequence_parallel, wider.ep) == ("off", "1", "search", "1")
     _, knobs = SpaceRequest().widened()
     assert knobs == ("recompute", "zero", "sequence_parallel")
+    wider, _ = SpaceRequest().widened()
+    assert space_options(wider, load_model("tiny-vit-llm")).zero == (0, 1, 3)  # the widening reaches ZeRO-3
+    assert space_options(SpaceRequest(zero="search"), load_model("tiny-vit-llm")).zero == (0, 1)
 
 
 def _capacity_between(p):
@@ -80,7 +83,7 @@ def test_when_nothing_fits_the_open_memory_knobs_are_widened_and_a_given_one_is_
     outcome = plan(problem(small, 2, 4, tiny), SpaceRequest(max_microbatches=8), SearchOptions(trials=20, progress=False))
     assert outcome.best is not None and outcome.best.fits
     assert outcome.widened == ("recompute", "zero", "sequence_parallel")
-    assert outcome.widened_line.endswith("recomputation all, ZeRO stage search, sequence parallelism search")
+    assert outcome.widened_line.endswith("recomputation all, ZeRO stage all, sequence parallelism search")
     refused = plan(problem(small, 2, 4, tiny), SpaceRequest(max_microbatches=8, recompute="off", zero="1",
                                                 sequence_parallel="off"),
                    SearchOptions(trials=20, progress=False))
