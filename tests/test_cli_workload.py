@@ -91,3 +91,18 @@ def test_dataset_options_with_a_mix_or_a_workload_file_are_refused_in_one_line(t
     err = capsys.readouterr().err
     assert "characters per token (--chars-per-token) and image folder (--image-folder) given" in err
     assert main(["predict", "--workload", str(LLAVA), "--seq-len", "2048", "--json"]) == 0  # a dataset takes them
+
+
+def test_a_manifest_counts_its_own_text_so_no_tokenizer_note_and_no_text_options(tmp_path, capsys):
+    """A manifest's rows give text_tokens: the workload table says so and no note claims that text is counted at 4
+    characters per token; --tokenizer, --chars-per-token and --image-folder would change nothing and are refused."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("text_tokens,num_images,image_width,image_height\n120,1,224,224\n40,0,,\n")
+    assert main(["workload", str(manifest), "--model", "small-vit-llm"]) == 0
+    out, err = capsys.readouterr()
+    assert "text: the manifest's text_tokens" in out and "characters per token" not in out + err
+    for flags in (["--tokenizer", str(tmp_path / "t.json")], ["--chars-per-token", "3"], ["--image-folder", "x"]):
+        assert main(["workload", str(manifest), *flags]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and f"({flags[0]}) given, but dataset {manifest} is a manifest" in err
+    assert main(["predict", "--workload", str(manifest), "--seq-len", "256", "--json"]) == 0  # packing still applies

@@ -38,12 +38,19 @@ def read_records(spec: DatasetSpec, *, progress: bool) -> tuple[str, Records]:
         raise MpipeError(f"dataset {path} is not a file; give a LLaVA/ShareGPT .json/.jsonl or a .csv/.parquet/.jsonl "
                          f"manifest")
     suffix = path.suffix.lower()
-    if suffix in MANIFEST_SUFFIXES or (suffix == ".jsonl" and _first_line_has(path, "text_tokens")):
+    if is_manifest(path):
         return "manifest", _read_manifest(path, spec, progress)
     if suffix in CONVERSATION_SUFFIXES:
         return "conversations", _read_conversations(path, spec, progress)
     raise MpipeError(f"dataset {path}: unknown suffix {path.suffix!r}; give a .json/.jsonl conversation file or a "
                      f".csv/.parquet/.jsonl manifest")
+
+
+def is_manifest(path: Path) -> bool:
+    """Whether the dataset at ``path`` is a manifest (rows of token counts) rather than a conversation file: a CSV or
+    Parquet table, or a ``.jsonl`` file whose first record has ``text_tokens``."""
+    suffix = path.suffix.lower()
+    return suffix in MANIFEST_SUFFIXES or (suffix == ".jsonl" and path.is_file() and _first_line_has(path, "text_tokens"))
 
 
 def _first_line_has(path: Path, key: str) -> bool:

@@ -17,7 +17,7 @@ from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.dataset import Dataset, read_dataset
 from mpipe_tune.inputs.dataset_spec import DEFAULT_CHARS_PER_TOKEN, DatasetSpec, TextRule, image_rule_from_dims
-from mpipe_tune.inputs.dataset_readers import CONVERSATION_SUFFIXES, MANIFEST_SUFFIXES
+from mpipe_tune.inputs.dataset_readers import CONVERSATION_SUFFIXES, MANIFEST_SUFFIXES, is_manifest
 from mpipe_tune.inputs.workload import Workload
 
 
@@ -77,6 +77,11 @@ def dataset_spec(path: str, model_spec: str, model: Model, options: DatasetOptio
     """The dataset's spec for ``model`` (``model_spec`` the name or path it was loaded from), and notes
     on the rules chosen where the model did not say (printed by the caller)."""
     notes = []
+    unread = tuple(q for q in options.given() if q != "packing length")
+    if unread and is_manifest(Path(path)):
+        raise MpipeError(f"{' and '.join(unread)} given, but dataset {path} is a manifest, whose rows give their "
+                         f"text_tokens and image sizes, so {'they' if len(unread) > 1 else 'it'} would change nothing; "
+                         f"leave {'them' if len(unread) > 1 else 'it'} out", quantities=unread)
     folder = _model_folder(model_spec)
     patch = next((dict(layer.cost.dims) for layer in model.layers
                   if isinstance(layer.cost, ArchCost) and layer.cost.kind == "patch_embed"), None)
@@ -95,12 +100,13 @@ def dataset_spec(path: str, model_spec: str, model: Model, options: DatasetOptio
         tokenizer = str(folder / "tokenizer.json")
     if tokenizer is not None:
         if not Path(tokenizer).is_file():
-            raise MpipeError(f"tokenizer {tokenizer} is not a file; give a Hugging Face tokenizer.json")
+            raise MpipeError(f"tokenizer {tokenizer} is not a file; give a Hugging Face tokenizer.json",
+                             quantities=("tokenizer",))
         text_rule = TextRule(str(Path(tokenizer).resolve()))
     else:
         text_rule = TextRule(None, DEFAULT_CHARS_PER_TOKEN if options.chars_per_token is None
                              else options.chars_per_token)
-        if options.chars_per_token is None:
+        if options.chars_per_token is None and not is_manifest(Path(path)):  # a manifest's rows count their text
             notes.append(f"no tokenizer.json beside model {model.name}: text is counted at {DEFAULT_CHARS_PER_TOKEN:g} "
                          f"characters per token (give a tokenizer or the characters per token to change it)")
     image_folder = str(Path(options.image_folder).resolve()) if options.image_folder else None

@@ -33,7 +33,8 @@ def distribution_record(dataset: Dataset) -> dict[str, Any]:
         quantities[name] = {**stats, "mean": float(values.mean()) if len(values) else 0.0}
     return {"dataset": spec.path, "kind": dataset.kind, "records": len(dataset.records),
             "images": int(len(dataset.records.image_tokens)), "image_rule": spec.image_rule.describe(),
-            "text_rule": spec.text_rule.describe(), "quantities": quantities}
+            "text_rule": "the manifest's text_tokens" if dataset.kind == "manifest" else spec.text_rule.describe(),
+            "quantities": quantities}
 
 
 def print_distribution(record: dict[str, Any]) -> None:
