@@ -24,3 +24,15 @@ def test_the_printed_table_marks_and_explains_a_rank_over_capacity(capsys):
     assert out[header + 1].endswith("  OVER") and out[header + 1].split()[0] == "0"
     assert out[header].index("peak GiB") + len("peak GiB") == len(out[header + 1]) - len("  OVER")
     assert "does NOT fit" in out[-1] and "(OVER: the rank's peak is over it)" in out[-1]
+
+
+def test_the_printed_header_names_the_memory_and_parallel_settings(capsys):
+    """predict and show say the settings the step was predicted with (a ZeRO-3 plan's show did not say zero3)."""
+    assert main(["predict", "--model", "tiny-vit-llm", "--pp", "2", "--tp", "2", "--dp", "2", "--zero", "3",
+                 "--recompute", "selective", "--sequence-parallel"]) == 0
+    header = capsys.readouterr().out.splitlines()[1]
+    assert header.endswith("dtype bf16  recompute selective  zero3  sp"), header
+    assert main(["predict", "--model", "tiny-vit-llm", "--pp", "2", "--recompute"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("dtype bf16  recompute")
+    assert main(["predict", "--model", "tiny-vit-llm", "--pp", "2"]) == 0  # the defaults add nothing
+    assert capsys.readouterr().out.splitlines()[1].endswith("dtype bf16")
