@@ -48,6 +48,7 @@ def summary(view: PlanView, per_rank: Sequence[Sequence[Any]], *, views: Sequenc
         "cp": view.layout.cp,
         "ep": view.layout.ep,
         "sequence_parallel": view.candidate.sequence_parallel,
+        "zero_stage": view.candidate.zero_stage,
         "microbatches": view.num_microbatches,
         **about,
         "steps": len(times),

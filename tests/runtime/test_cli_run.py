@@ -78,3 +78,16 @@ def test_a_tensor_and_data_parallel_plan_runs_from_the_cli(tmp_path, capsys):
     record = json.loads(capsys.readouterr().out)
     assert (record["pp"], record["tp"], record["dp"], record["world_size"]) == (1, 2, 2, 4)
     assert record["dtype"] == "fp32" and record["loss_sums"][0] > 0
+
+
+def test_a_zero_3_plan_runs_from_the_cli_and_trains_as_stage_1(tmp_path, capsys):
+    """pp 2 x dp 2 transpose,1f1b at ZeRO stage 3 (FSDP2 per layer), in the plan's fp32: the same summed
+    losses over two steps as the stage-1 plan's, so the sharded update moved every weight as stage 1's."""
+    losses = {}
+    for zero in (1, 3):
+        plan = make_plan(tmp_path, "transpose,1f1b", (FIRST_LLM,), 2, dp=2, zero_stage=zero)
+        assert main(["run", str(plan), "--steps", "2", "--json", "--no-progress"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert record["zero_stage"] == zero and (record["pp"], record["dp"], record["world_size"]) == (2, 2, 4)
+        losses[zero] = record["loss_sums"]
+    assert losses[3] == pytest.approx(losses[1], rel=1e-5) and losses[3][1] != losses[3][0]
