@@ -35,7 +35,7 @@ half there is timed at the gradient reduce dtype, as ZeRO-1's is: an over-count 
 narrower). The collectives' waits computed here are added after that overlap is read off the compute
 (the link is busy while a rank waits on it, so the wait hides no reduce): with the order and owners
 held, a stage-3 plan's durations are its stage-1 twin's plus these non-negative terms, and its step
-time is never below the twin's (the search's dominance, :mod:`mpipe_tune.search.space`).
+time is never below the twin's (the search's dominance, :meth:`mpipe_tune.search.evaluate.Evaluator.twin_s`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class FsdpSums:
         return self.bwd_prefix[hi] - self.bwd_prefix[lo] + self.bwd_head[hi] + self.bwd_tail[lo]
 
 
-def layer_collectives_s(table: LayerTable, profile: HardwareProfile, options: CostOptions) -> tuple[np.ndarray, np.ndarray]:
+def layer_collectives_s(table: LayerTable, profile: HardwareProfile,
+                        options: CostOptions) -> tuple[np.ndarray, np.ndarray]:
     """Per layer, (all-gather, reduce-scatter) seconds of one microbatch's collective of its weights and
     its gradient (every layer's, trainable or not: the caller masks)."""
     ranks = options.degrees.dp * options.degrees.cp

@@ -490,7 +490,8 @@ class Evaluator:
     def _encoder_backward(self, c: Candidate, slabs, owners: tuple[int, ...] | None,
                           sample: int) -> EncoderBackward | None:
         """Where ``c``'s encoder backwards run on step ``sample`` with ``slabs`` and the owner map
-        ``owners`` (:meth:`Predictor.encoder_backward`), kept per step (a ZeRO-3 plan's: its twin's, :func:`_decided_as`)."""
+        ``owners`` (:meth:`Predictor.encoder_backward`), kept per step (a ZeRO-3 plan's: its twin's,
+        :func:`_decided_as`)."""
         c = _decided_as(c)
         key = (c.schedule, c.cut, c.pp, *c.setting, slabs, owners, c.encoder_backward, c.encoder_backward_slots,
                c.encoder_backward_ranks, sample)

@@ -129,7 +129,8 @@ def search_family(name: str, space: SearchSpace, evaluator: Evaluator, work: Sta
         static = evaluator.static_peak_bytes(c)
         if static is not None and static > capacity:
             continue
-        if best is not None and 0 < evaluator.twin_s(c, predict=False) and (evaluator.twin_s(c, predict=False), i) >= best[:2]:
+        twin = evaluator.twin_s(c, predict=False)
+        if best is not None and twin > 0 and (twin, i) >= best[:2]:
             continue  # a ZeRO-3 plan is never faster than its stage-1 twin, known to lose (or tie) already
         evaluated += 1
         if best is not None:  # its step time first: memory only for a plan that could win
