@@ -19,6 +19,7 @@ Rank 0 gets both classes' sweeps (it is a member of both).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -70,8 +71,11 @@ def place_from_env(env: Mapping[str, str] | None = None) -> NodePlace:
     if not (0 <= place.rank < place.world_size <= _MAX_WORLD and 0 <= place.local_rank < place.local_world_size
             <= place.world_size and 0 <= place.node_rank < place.world_size):
         raise MpipeError(f"torchrun's environment is inconsistent ({place}); start the command with torchrun")
-    address, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
-    if not address or not (port.isdigit() and 1 <= int(port) <= 65535):
+    # as env:// reads them, unstripped: an address with a space or a control character (a NEL, U+0085, that
+    # str.strip() removes) is no host name, and a port of other digits than 0-9 ('²') no port
+    address, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+    if (not address or not address.isprintable() or any(c.isspace() for c in address)
+            or not (re.fullmatch(r"[0-9]{1,5}", port) and 1 <= int(port) <= 65535)):
         raise MpipeError(f"torchrun's environment gives MASTER_ADDR={env.get('MASTER_ADDR')!r} and "
                          f"MASTER_PORT={env.get('MASTER_PORT')!r}; the ranks meet at a host name or address and a port "
                          f"1-65535: start the command with torchrun (--rdzv-endpoint HOST:PORT)")

@@ -34,6 +34,12 @@ def test_the_place_is_torchrun_s():
         place_from_env({**ENV, "LOCAL_RANK": "2"})
     with pytest.raises(MpipeError, match="MASTER_PORT='x'; the ranks meet at"):  # env:// would raise a traceback
         place_from_env({**ENV, "MASTER_PORT": "x"})
+    # values the check once stripped or read as digits, while env:// reads them as they are (the fuzz test's
+    # MASTER_ADDR '0\x85' passed as '0'; '²' is a digit to str.isdigit and no integer to int())
+    for name, value in (("MASTER_ADDR", "0\x85"), ("MASTER_ADDR", "node0 "), ("MASTER_PORT", " 29500"),
+                        ("MASTER_PORT", "\u00b2")):
+        with pytest.raises(MpipeError, match="the ranks meet at a host name or address and a port"):
+            place_from_env({**ENV, name: value})
 
 
 def test_the_layout_groups_one_node_and_one_rank_per_node():
