@@ -88,6 +88,7 @@ def print_run(record: dict) -> None:
     what = f"compute {record['compute']}" + (f" {record['dtype']}" if record.get("dtype") else "")
     extra = "".join(f" {k}{record[k]}" for k in ("cp", "ep") if record.get(k, 1) > 1)
     extra += " sp" if record.get("sequence_parallel") else ""
+    extra += f" zero{record['zero_stage']}" if record.get("zero_stage", 1) != 1 else ""  # as plan's best line writes it
     print(f"plan {record['plan']}: <{record['schedule']}> pp{record['pp']} tp{record['tp']} dp{record['dp']}{extra} "
           f"M={record['microbatches']} on {record['world_size']} {record['device']} rank(s) ({record['backend']}), {what}")
     print(f"owners {record['owners']}, data {record['data']}")
