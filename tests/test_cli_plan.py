@@ -168,6 +168,19 @@ def test_impossible_or_malformed_requests_exit_2_with_one_line(tmp_path, capsys,
     one_line_error(capsys, plan(tmp_path, *SMALL, *args), words)
 
 
+@pytest.mark.parametrize("args,words", [
+    (["--tolerance", "-0.1"], "tolerance (--tolerance) is -0.1, but it must be a share >= 0 and < 1"),
+    (["--tolerance", "nan"], "tolerance (--tolerance) is nan"),
+    (["--timeout", "-5"], "search time limit (--timeout) is -5.0 s, but it must be a positive number of seconds"),
+    (["--timeout", "0"], "search time limit (--timeout) is 0.0 s"),
+    (["--ep", "2"], "expert-parallel degrees (--ep) 2: model 'example-mllm' has no MoE layers, so only 1 applies"),
+])
+def test_a_bad_search_setting_exits_2_before_the_study_is_opened(tmp_path, capsys, args, words):
+    """Nothing is left behind: the study's SQLite file is created only once the settings are good."""
+    one_line_error(capsys, plan(tmp_path, *SMALL, *args), words)
+    assert not (tmp_path / "study.db").exists() and not (tmp_path / "plan.json").exists()
+
+
 def test_zero_bubble_skeletons_are_planned_on_request_and_export_as_split_backwards(tmp_path, capsys):
     assert plan(tmp_path, *SMALL, "--skeletons", "zb1p,zbv") == 0
     best = json.loads((tmp_path / "plan.json").read_text())["candidate"]["schedule"]

@@ -43,7 +43,7 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
                                                         "(rank 0's first; zbv's second region: rank P-1's first)")
     parser.add_argument("--owner", default="round-robin",
                         help="'round-robin' (default) or the rank of microbatch 0, 1, ... (0-based)")
-    parser.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder")
+    parser.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder (default: none, every block trains)")
     parser.add_argument("--encoder-backward", default="cooldown", choices=("cooldown", "earliest", "optimised", "search"),
                         help="where each rank runs the trainable encoder's backwards it owns: cooldown (default, after "
                              "its last backbone event), earliest (first idle step after the gradient arrives), "

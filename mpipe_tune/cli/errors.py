@@ -19,6 +19,7 @@ FLAGS = {
     "trial budget": "plan --trials",
     "sampler": "plan --sampler",
     "tolerance": "plan --tolerance",
+    "search time limit": "plan --timeout",
     "study storage": "plan --storage",
     "study name": "plan --study",
     "owner policies": "plan --owners",

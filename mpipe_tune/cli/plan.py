@@ -27,12 +27,19 @@ def _problem(args: argparse.Namespace):
     from mpipe_tune.search.planner import build_problem
     from mpipe_tune.inputs.specs import load_model, load_profile, load_workload
     from mpipe_tune.inputs.workload_spec import is_dataset, load_dataset, validate_dataset_options
+    from mpipe_tune.inputs.mindspeed import is_model_json, read_mindspeed_layout
 
     validate_dataset_options(args.workload, dataset_options(args))
     model = load_model(args.model)
     frozen = tuple(b.strip() for b in args.frozen.split(",") if b.strip())
     if frozen:
         model = model.with_frozen(frozen)
+    elif args.current is not None and is_model_json(args.current):
+        frozen_modules = read_mindspeed_layout(args.current, args.current_args).frozen_modules
+        if frozen_modules:
+            print(f"mpipe-tune plan: note: --current {args.current} freezes {', '.join(frozen_modules)}, and --frozen is "
+                  f"not given, so the plan and every row train all of model '{model.name}'; give --frozen with its "
+                  f"blocks to freeze ({', '.join(model.blocks())}) to plan the run as it trains", file=sys.stderr)
     profile = load_profile(args.profile)
     options = framework_options(args, dtype=args.dtype)
     options.validate_degrees()
@@ -115,7 +122,7 @@ class Plan(Command):
                             "4 x devices, or the file's length)")
         g.add_argument("--samples", type=int, default=4, help="sampled steps the objective averages over (default 4)")
         g.add_argument("--seed", type=int, default=0, help="seed of the sampled steps and of the sampler (default 0)")
-        g.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder")
+        g.add_argument("--frozen", default="", help="comma-separated blocks to freeze, e.g. encoder (default: none, every block trains)")
         g.add_argument("--dtype", default="bf16", help="compute dtype (default bf16)")
         g.add_argument("--recompute", default=None, choices=("off", "none", "on", "full", "selective", "search", "all"),
                        help="activation recomputation: off (default; or none), on (full recomputation; or full), selective (the "
@@ -164,7 +171,8 @@ class Plan(Command):
                        help="finished trials the study should hold; a rerun continues up to it (default: 5%% of the "
                             "space's points, from 2000 to 5000, for the bound search, which stops earlier once --tolerance "
                             "is met; 100 for a sampler)")
-        d.add_argument("--timeout", type=float, default=None, help="stop searching after this many seconds")
+        d.add_argument("--timeout", type=float, default=None,
+                       help="stop searching after this many seconds (default: no limit)")
         d.add_argument("--tolerance", type=float, default=0.01,
                        help="bound search: stop once no plan left can beat the best by more than this share of its "
                             "step time (default 0.01: within 1%%)")
@@ -194,6 +202,9 @@ class Plan(Command):
 
         validate_csv_path(args)
         _validate_outputs(args)
+        if args.timeout is not None and not args.timeout > 0:
+            raise MpipeError(f"search time limit is {args.timeout} s, but it must be a positive number of seconds, "
+                             f"e.g. 60", quantities=("search time limit",))
         if args.current_args is not None and args.current is None:
             raise MpipeError("--current-args gives the launch arguments of a --current MindSpeed-MM model.json; give "
                              "--current model.json with it")

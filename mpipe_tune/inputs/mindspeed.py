@@ -61,6 +61,8 @@ class MindSpeedLayout:
     """Sequences per step over all replicas; None: not given."""
     recompute: bool | str = False
     """``True`` (full), ``"selective"`` or ``False``: the launch arguments', else the text decoder's model.json."""
+    frozen_modules: tuple[str, ...] = ()
+    """The model.json's modules with ``"freeze": true`` (``image_encoder.vision_encoder``, ...), in file order."""
 
 
 def read_mindspeed_layout(model_json: str | Path, launch_args: str | None = None) -> MindSpeedLayout:
@@ -84,7 +86,8 @@ def read_mindspeed_layout(model_json: str | Path, launch_args: str | None = None
                                  f"shape (one count per pipeline stage)")
         _check_sum(encoder, vision, where, "image_encoder.vision_encoder")
     _check_sum(text, decoders, where, "text_decoder")
-    values: dict[str, Any] = {"recompute": _recompute(text.get("recompute_granularity"))}
+    values: dict[str, Any] = {"recompute": _recompute(text.get("recompute_granularity")),
+                              "frozen_modules": _frozen_modules(config)}
     if launch_args is not None:
         values.update(_read_args(launch_args))
     if values.get("pp", pp) != pp:
@@ -96,6 +99,17 @@ def read_mindspeed_layout(model_json: str | Path, launch_args: str | None = None
     values.pop("pp", None)
     values.pop("vpp", None)
     return MindSpeedLayout(pp=pp, num_chunks=chunks, vision_layers=vision, decoder_layers=decoders, **values)
+
+
+def _frozen_modules(config: dict[str, Any]) -> tuple[str, ...]:
+    """The dotted names of the model.json's modules that set ``"freeze": true`` (MindSpeed-MM freezes their
+    parameters), one level below the top and the top level's own."""
+    out = []
+    for name, module in config.items():
+        if isinstance(module, dict):
+            out += [name] * (module.get("freeze") is True)
+            out += [f"{name}.{sub}" for sub, part in module.items() if isinstance(part, dict) and part.get("freeze") is True]
+    return tuple(out)
 
 
 def is_model_json(text: str) -> bool:

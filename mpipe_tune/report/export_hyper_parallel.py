@@ -45,7 +45,7 @@ import yaml
 from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.report.export_plan import (
-    MPIPE_RR, ExportPlan, ExportRegion, closest_plan, frozen_blocks, stored_hint, validate_pp_tp_dp,
+    MPIPE_RR, ExportPlan, ExportRegion, frozen_blocks, stored_hint, validate_pp_tp_dp,
     validate_vision_first, wavefront_stages,
 )
 
@@ -164,12 +164,13 @@ def _mpipe_fields(plan: ExportPlan, region: ExportRegion) -> dict[str, Any]:
                          quantities=("stored plan",))
     mode = next((m for m in OVERFLOW_MODES if mpipe_owners(m, plan.pp, plan.num_microbatches) == region.owners), None)
     if mode is None:
-        closest = closest_plan(plan, MPIPE_RR, "re-plan it with round-robin owners")
+        stored = (f"; or export the file's stored plan '{MPIPE_RR}' (<transpose,1f1b> with round-robin owners, at its "
+                  f"own cut and degrees)" if MPIPE_RR in plan.names and plan.name != MPIPE_RR else "")
         raise MpipeError(f"hyper-parallel cannot express {plan.describe()}: its owner map {list(region.owners)} is "
                          f"neither of hyper-parallel's (overflow 'full': microbatch m on rank m mod "
                          f"{min(plan.pp, plan.num_microbatches)}; 'min': the first on their own ranks, the rest on "
-                         f"rank 0); the closest plan it can express: the same schedule with round-robin owners, "
-                         f"{closest}")
+                         f"rank 0); the closest plan it can express: the same schedule with round-robin owners "
+                         f"(re-plan with owner policy round-robin){stored}", quantities=("owner policy",))
     trainable = any(u.trainable for u in plan.layers[region.layers[0]:stop])
     return {
         "pp_mpipe_transpose_layers": VISUAL_MODULE if stop == vision else stop,

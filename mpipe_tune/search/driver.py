@@ -247,15 +247,15 @@ def run_search(
         raise MpipeError(f"trial budget is {n_trials}, but at least one trial is needed", quantities=("trial budget",))
     if n_trials is not None:
         check_trial_budget(n_trials)
+    if not 0 <= tolerance < 1:  # checked before the study's storage is opened (a file is created then)
+        raise MpipeError(f"tolerance is {tolerance}, but it must be a share >= 0 and < 1, e.g. 0.01 for 1%",
+                         quantities=("tolerance",))
     if sampler not in SAMPLERS:
         raise MpipeError(f"sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}", quantities=("sampler",))
     start = time.perf_counter()
     evaluator.twin_bounds = twin_bounds(space)
     study_name = study_name or default_study_name(evaluator, space)
     study = _open_study(storage, study_name, problem_payload(evaluator, space))
-    if not 0 <= tolerance < 1:
-        raise MpipeError(f"tolerance is {tolerance}, but it must be a share >= 0 and < 1, e.g. 0.01 for 1%",
-                         quantities=("tolerance",))
     size = None
     bound = sampler == "bound" and not exhaustive
     if n_trials is None:  # bound: a share of the space's points (counted by group, no point built)

@@ -100,7 +100,7 @@ class SpaceRequest:
     ep: str | None = None
     """Degrees such as ``1,8``, or ``search``; default: ``search`` for a MoE model, else ``1``."""
     zero: str | None = None
-    """0, 1 (default) or search."""
+    """0, 1 (default), 3, search (stages 0 and 1) or all (0, 1 and 3); see :data:`ZERO`."""
     sequence_parallel: str | None = None
     """off (default), on or search."""
 
@@ -127,6 +127,9 @@ def space_options(request: SpaceRequest, model: Model) -> SpaceOptions:
             raise MpipeError(f"{name} is {value}, but it must be an integer >= 1", quantities=(name,))
     pins = {k: int_list(getattr(request, k), DEGREES[k]) if getattr(request, k) else None for k in ("pp", "tp", "dp")}
     ep_text = request.ep if request.ep is not None else ("search" if has_experts(model) else "1")
+    if ep_text != "search" and not has_experts(model) and any(e > 1 for e in int_list(ep_text, DEGREES["ep"])):
+        raise MpipeError(f"expert-parallel degrees {ep_text}: model '{model.name}' has no MoE layers, so only 1 applies; "
+                         f"leave the degrees out (or give 1)", quantities=("expert-parallel degrees",))
     return SpaceOptions(
         skeletons=skeletons, max_chunks=request.max_chunks, cut_window=request.cut_window,
         interior_transpose=request.interior_transpose, owner_policies=owners,

@@ -177,3 +177,14 @@ def test_the_built_in_examples_plans_pass_the_start_up_checks(tmp_path, monkeypa
         assert startup_errors(yaml.safe_load(text), text) == [], name
         written += 1
     assert written >= 3  # megatron, vpp, mpipe-rr at least
+
+
+def test_an_owner_map_it_cannot_express_names_the_stored_round_robin_plan_as_what_it_is():
+    """The file's stored 'mpipe-rr' is <transpose,1f1b> at its own cut and degrees, not the refused plan's
+    schedule with other owners: the error offers it as such, after re-planning with round-robin owners."""
+    odd = export_plan("transpose,1f1b", (VISION,), 2, 4, owners=(1, 1, 0, 0))
+    stored = dataclasses.replace(odd, name="best", names=("best", "megatron", "mpipe-rr"))
+    line = one_line_error(lambda: to_hyper_parallel(stored))
+    assert "re-plan with owner policy round-robin" in line
+    assert "or export the file's stored plan 'mpipe-rr' (<transpose,1f1b> with round-robin owners, at its own cut" in line
+    assert "stored plan 'mpipe-rr'" not in one_line_error(lambda: to_hyper_parallel(odd))

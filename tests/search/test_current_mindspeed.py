@@ -53,7 +53,8 @@ def test_a_launch_script_resolves_its_variables(tmp_path):
     path = model_json(tmp_path, [32, 0, 0, 0], [1, 10, 10, 7], vit_layers=32, llm_layers=28)
     layout = read_mindspeed_layout(path, str(tmp_path / "run.sh"))
     assert layout == MindSpeedLayout(pp=4, num_chunks=1, vision_layers=(32, 0, 0, 0), decoder_layers=(1, 10, 10, 7),
-                                     tp=2, cp=1, micro_batch_size=1, global_batch_size=8, recompute=True)
+                                     tp=2, cp=1, micro_batch_size=1, global_batch_size=8, recompute=True,
+                                     frozen_modules=("image_encoder.vision_encoder",))
     flags = read_mindspeed_layout(path, "--tensor-model-parallel-size 4 --micro-batch-size 2")
     assert (flags.tp, flags.micro_batch_size, flags.global_batch_size, flags.recompute) == (4, 2, None, False)
 
@@ -102,8 +103,16 @@ def test_plan_shows_the_run_as_its_current_row(tmp_path, capsys, monkeypatch):
     assert main(["plan", "--devices", "4", "--global-batch", "16", "--pp", "2", "--trials", "4", "--no-progress",
                  "--json", "--out", str(tmp_path / "p.json"), "--current", str(path),
                  "--current-args", "--tensor-model-parallel-size 1 --global-batch-size 16"]) == 0
-    current = json.loads(capsys.readouterr().out)["current"]
+    out, err = capsys.readouterr()
+    current = json.loads(out)["current"]
     assert current["slabs"] == [[model.backbone_start + 4, 12]] and current["dp"] == 2 and current["microbatches"] == 8
+    # the model.json freezes the vision encoder and --frozen is not given: said, with the model's blocks to name
+    assert (f"--current {path} freezes image_encoder.vision_encoder, and --frozen is not given, so the plan and every "
+            f"row train all of model 'example-mllm'; give --frozen with its blocks to freeze (") in err, err
+    assert main(["plan", "--devices", "4", "--global-batch", "16", "--pp", "2", "--trials", "4", "--no-progress",
+                 "--json", "--out", str(tmp_path / "p.json"), "--current", str(path), "--frozen", "encoder",
+                 "--current-args", "--tensor-model-parallel-size 1 --global-batch-size 16"]) == 0
+    assert "freezes" not in capsys.readouterr().err
     assert main(["plan", "--devices", "4", "--trials", "4", "--no-progress", "--out", str(tmp_path / "p.json"),
                  "--current-args", "--tensor-model-parallel-size 1"]) == 2
     assert "give --current model.json" in capsys.readouterr().err
