@@ -341,12 +341,7 @@ def _megatron_fsdp(plan: ExportPlan) -> list[str]:
     FSDP2 cannot run it (pipeline or expert parallelism, fp16: arguments.py at d98e8a6, 1034-1047)."""
     if plan.zero_stage < 3:
         return []
-    without = plan.torch_fsdp2_blockers
-    if without:
-        raise MpipeError(f"Megatron-LM cannot express {plan.describe()} at ZeRO stage 3: its torch FSDP2 "
-                         f"(--use-torch-fsdp2) is not supported with {' or '.join(without)}; the closest plan it can "
-                         f"express: the same plan at ZeRO stage 1 (--use-distributed-optimizer)",
-                         quantities=("ZeRO stage",))
+    plan.validate_torch_fsdp2("Megatron-LM", "torch FSDP2 (--use-torch-fsdp2)")
     return list(MEGATRON_FSDP_FLAGS)
 
 

@@ -163,12 +163,7 @@ def _fsdp2_flags(plan: ExportPlan, config_name: str) -> list[str]:
     FSDP2 example of MindSpeed-MM runs PP=1)."""
     if plan.zero_stage < 3:
         return []
-    without = plan.torch_fsdp2_blockers
-    if without:
-        raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()} at ZeRO stage 3: its FSDP2 "
-                         f"(--use-torch-fsdp2, under Megatron core 0.12.1) is not supported with "
-                         f"{' or '.join(without)}; the closest plan it can express: the same plan at ZeRO stage 1 "
-                         f"(--use-distributed-optimizer)", quantities=("ZeRO stage",))
+    plan.validate_torch_fsdp2("MindSpeed-MM", "FSDP2 (--use-torch-fsdp2, under Megatron core 0.12.1)")
     return ["--use-torch-fsdp2", f"--fsdp2-config-path {config_name}", "--ckpt-format torch_dcp",
             "--untie-embeddings-and-output-weights", "--no-gradient-accumulation-fusion"]
 

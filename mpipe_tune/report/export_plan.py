@@ -150,6 +150,15 @@ class ExportPlan:
         return tuple(what for what, on in (("pipeline parallelism", self.pp > 1), ("expert parallelism", self.ep > 1),
                                            ("fp16", self.dtype == "fp16")) if on)
 
+    def validate_torch_fsdp2(self, trainer: str, fsdp2: str) -> None:
+        """One line naming the closest plan (the same at ZeRO stage 1) where ``trainer``'s FSDP2 (``fsdp2``:
+        how it names it) cannot run this stage-3 plan (:attr:`torch_fsdp2_blockers`)."""
+        without = self.torch_fsdp2_blockers
+        if without:
+            raise MpipeError(f"{trainer} cannot express {self.describe()} at ZeRO stage 3: its {fsdp2} is not "
+                             f"supported with {' or '.join(without)}; the closest plan it can express: the same plan "
+                             f"at ZeRO stage 1 (--use-distributed-optimizer)", quantities=("ZeRO stage",))
+
     def describe(self) -> str:
         extra = "".join(f" {k}{v}" for k, v in (("cp", self.cp), ("ep", self.ep)) if v > 1)
         return (f"plan '{self.name}' <{self.schedule}> pp{self.pp} tp{self.tp} dp{self.dp}{extra} "
