@@ -46,6 +46,7 @@ MAX_DEVICES = 1 << 16
 ROUND_ROBIN = "round-robin"
 """The static owner policy: microbatch m on rank m mod P."""
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
+"""The dtypes frameworks reduce data-parallel gradients in (``CostOptions.grad_reduce_dtype``)."""
 
 ZERO_STAGES = (0, 1, 3)
 """The ZeRO stages a candidate takes: 0 (none), 1 (optimizer state sharded over the data-parallel ranks) and 3
@@ -58,7 +59,6 @@ def validate_zero_stage(value: object, where: str = "the ZeRO stage") -> int:
         raise MpipeError(f"{where} is {value!r}, but it must be one of {', '.join(map(str, ZERO_STAGES))} "
                          f"(stage 2 is not offered: use 1, or 3 to shard the weights too)")
     return int(value)
-"""The dtypes frameworks reduce data-parallel gradients in (``CostOptions.grad_reduce_dtype``)."""
 
 
 def default_cut(model: Model, num_regions: int) -> Cut:

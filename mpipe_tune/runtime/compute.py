@@ -204,12 +204,12 @@ class RealCompute:
                 range(layers.start, min(layers.stop, self._encoder_end)))]
             if own:
                 all_reduce_bucketed(own, encoders)
-        group = self.mesh.reduce_group(event.group)
         if self.fully_sharded:
             group = self.mesh.pp_group if event.group is Group.REPLICA else None
             if group is not None:
                 all_reduce_bucketed([local_tensor(p.grad) for p in self.stack.trainable_parameters(layers)], group)
             return
+        group = self.mesh.reduce_group(event.group)
         if group is None:
             return  # a group of one member (a DataGroup at dp = 1): nothing to reduce
         rest, experts = self.stack.split_routed_experts(layers)
