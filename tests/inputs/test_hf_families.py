@@ -129,3 +129,9 @@ def test_unknown_layer_type_is_one_line(tmp_path):
                            "1f1b"], capture_output=True, text=True, timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "text_config.layer_types" in lines[0], proc.stderr
+
+
+def test_the_built_in_qwen3_5_27b_is_its_published_configuration():
+    """models/qwen3.5-27b.yaml (the Qwen3.5-based MLLM of the paper's Experiment B) plans the layers of its config.json."""
+    ours, published = load_model("qwen3.5-27b"), load_model(HF / "Qwen3.5-27B")
+    assert [(u.block, u.cost) for u in ours.layers] == [(u.block, u.cost) for u in published.layers]
