@@ -67,7 +67,10 @@ OPTIONAL_DIMS: dict[str, dict[str, object]] = {
                   "window": None,  # attention inside windows of this many patches (Qwen2.5-VL); None: the whole image
                   "layer_scale": False,  # a learned per-channel scale on each residual branch (InternViT)
                   "deepstack_out": None},  # its output also feeds a DeepStack merger to this width (Qwen3-VL)
-    "patch_embed": {"in_channels": 3, "temporal_patch": 1, "bias": False, "positions": 0},
+    "patch_embed": {"in_channels": 3, "temporal_patch": 1, "bias": False, "positions": 0,
+                    # the processor's image rule (dataset workloads): a dynamic resolution's pixel bounds, or
+                    # InternVL's tiles of the position table's square (docs/workloads.md)
+                    "min_pixels": None, "max_pixels": None, "max_tiles": None},
     "merger": {},
     "projector": {"depth": 2, "ffn": None, "norm": False,  # norm: a LayerNorm before it (InternVL's)
                   "activation": "gelu"},

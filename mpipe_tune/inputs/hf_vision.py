@@ -8,6 +8,18 @@ from collections.abc import Callable
 from mpipe_tune.inputs.hf_backbones import BACKBONES, decoder_backbone, gqa_backbone, runs
 from mpipe_tune.inputs.hf_section import GELU_ACTS, Section
 
+PROCESSOR_PIXELS: dict[str, tuple[int, int]] = {
+    "qwen2_5_vl": (56 * 56, 28 * 28 * 16384),
+    "qwen3_vl": (256 * 256, 4096 * 4096),
+    "glm4v": (112 * 112, 28 * 28 * 15000),
+}
+"""Family -> (min, max) pixels its image processor resizes an image to, when the model's folder has no
+preprocessor_config.json to say: Qwen2.5-VL's released ``min_pixels``/``max_pixels`` (3,136 and 12,845,056),
+Qwen3-VL's and Qwen3.5's ``size`` (``shortest_edge`` 65,536, ``longest_edge`` 16,777,216) and transformers'
+``Glm4vImageProcessor`` default ``size``. Datasets read them (:func:`~mpipe_tune.inputs.dataset_spec.image_rule_from_dims`)."""
+INTERNVL_MAX_TILES = 12
+"""InternVL's ``max_dynamic_patch`` (and its Hugging Face processor's ``max_patches``): tiles an image may take."""
+
 
 def _qwen_vit(vision: Section, *, width: int, ffn: int, activation: str, out_hidden: int) -> list[dict]:
     """Qwen2-VL's and Qwen2.5-VL's ViT: 3D patch embedding, blocks, PatchMerger (all block ``encoder``)."""
@@ -131,6 +143,7 @@ def _qwen2_5_vl(config: Section) -> list[dict]:
         raise vision.unsupported("window_size", f"a window must hold whole merged tokens of {merge} x {merge} patches")
     full = vision.data.get("fullatt_block_indexes") or []
     patch_embed, vit, merger = _qwen2_5_vl_encoder(vision)
+    patch_embed = {**patch_embed, **_pixels("qwen2_5_vl")}
     blocks = runs([{**{k: v for k, v in vit.items() if k != "repeat"}, "name": "vit_full"} if i in full
                    else {**{k: v for k, v in vit.items() if k != "repeat"}, "name": "vit_window",
                          "window": window_side * window_side} for i in range(vit["repeat"])])
@@ -159,7 +172,8 @@ def _qwen3_vit(vision: Section, taps: list[int]) -> list[dict]:
                    "patch_size": vision.count("patch_size", "pixels per patch side"),
                    "temporal_patch": vision.count("temporal_patch_size", "frames per patch"),
                    "in_channels": vision.count("in_channels", "image channels", 3),
-                   "positions": vision.count("num_position_embeddings", "learned positions", 0, lowest=0)}
+                   "positions": vision.count("num_position_embeddings", "learned positions", 0, lowest=0),
+                   **_pixels("qwen3_vl")}
     merger = {"name": "merger", **common, "kind": "merger", "out_hidden": out}
     if taps:
         merger["side_width"] = len(taps) * out
@@ -210,7 +224,8 @@ def _internvl(config: Section) -> list[dict]:
     hidden = backbone[0]["hidden"]
     return [
         {"name": "patch_embed", **common, "kind": "patch_embed", "patch_size": patch, "bias": True,
-         "in_channels": vision.count("num_channels", "image channels", 3), "positions": (size // patch) ** 2 + 1},
+         "in_channels": vision.count("num_channels", "image channels", 3), "positions": (size // patch) ** 2 + 1,
+         "max_tiles": INTERNVL_MAX_TILES},
         {"name": "vit", **common, "kind": "vit_block", "repeat": num_blocks, "activation": "gelu",
          "heads": vision.count("num_attention_heads", "ViT attention heads"),
          "ffn": vision.count("intermediate_size", "ViT MLP width"), "bias": vision.flag("attention_bias", True),
@@ -220,6 +235,11 @@ def _internvl(config: Section) -> list[dict]:
          "norm": True},
         *backbone,
     ]
+
+
+def _pixels(family: str) -> dict[str, int]:
+    low, high = PROCESSOR_PIXELS[family]
+    return {"min_pixels": low, "max_pixels": high}
 
 
 def _side(section: Section, name: str) -> int:
@@ -262,7 +282,7 @@ def _glm4v(config: Section) -> list[dict]:
         {"name": "patch_embed", **common, "kind": "patch_embed", "patch_size": patch, "bias": True,
          "temporal_patch": vision.count("temporal_patch_size", "frames per patch"),
          "in_channels": vision.count("in_channels", "image channels", 3),
-         "positions": (_side(vision, "image_size") // patch) ** 2},
+         "positions": (_side(vision, "image_size") // patch) ** 2, **_pixels("glm4v")},
         {"name": "vit", **common, "kind": "vit_block", "repeat": vision.count("depth", "ViT block count"),
          "heads": vision.count("num_heads", "ViT attention heads"), "ffn": out, "activation": "swiglu",
          "bias": vision.flag("attention_bias", False)},
