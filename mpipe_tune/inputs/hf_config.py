@@ -20,7 +20,7 @@ Families it maps, by ``model_type``:
 - ``qwen3_5``, ``qwen3_5_moe`` (and their ``_text`` backbones): ``layer_types`` of Gated DeltaNet linear
   attention and gated full attention, dense or MoE, after Qwen3-VL's ViT (:mod:`mpipe_tune.inputs.hf_vision`);
 - ``qwen3_vl``, ``qwen3_vl_moe``: Qwen3-VL's ViT with its DeepStack taps feeding the first decoder layers;
-- ``internvl``: InternViT, pixel shuffle, InternVL's projector and the ``text_config`` backbone;
+- ``internvl_chat``, ``internvl``: InternViT, pixel shuffle, InternVL's projector and the backbone;
 - ``gemma3``: SigLIP, the pooled projector and the Gemma 3 backbone; ``glm4v``: GLM-4.1V's ViT and GLM-4 backbone.
 
 The multi-token-prediction layers some of these checkpoints carry (Qwen3.5's ``mtp_num_hidden_layers``) are

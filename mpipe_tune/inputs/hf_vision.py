@@ -207,32 +207,59 @@ def _qwen3_vl(config: Section) -> list[dict]:
 
 
 def _internvl(config: Section) -> list[dict]:
-    """InternVL 2.5/3 (transformers' ``internvl``): InternViT (class token, layer scale), pixel shuffle by
-    ``downsample_ratio``, LayerNorm + two-layer GELU projector, the ``text_config`` backbone."""
+    """InternVL 2.5/3 in transformers' ``internvl`` format: the ``vision_config`` tower, ``vision_feature_layer``,
+    the ``text_config`` backbone; tiles as its processor's default ``max_patches``."""
     vision = config.section("vision_config", "the vision tower")
     if vision.flag("use_qk_norm", False):
         raise vision.unsupported("use_qk_norm", "the reader maps InternViT towers without q/k norms (300M)")
+    num_blocks, _ = _feature_layers(config, vision.count("num_hidden_layers", "vision tower layers"))
+    return _intern_vl(config, vision, num_blocks, bias=vision.flag("attention_bias", True),
+                      layer_scale=bool(vision.data.get("layer_scale_init_value", 0.1)),
+                      max_tiles=INTERNVL_MAX_TILES, backbone=_text_of(config)[1])
+
+
+def _internvl_chat(config: Section) -> list[dict]:
+    """InternVL 2.5/3 as OpenGVLab publishes it (``internvl_chat``): the ``intern_vit_6b`` tower (layer scale on
+    every block), ``select_layer``, ``max_dynamic_patch`` tiles and the ``llm_config`` backbone."""
+    vision = config.section("vision_config", "the vision tower")
+    if vision.flag("qk_normalization", False) or vision.text("norm_type", "layer_norm") != "layer_norm":
+        raise vision.unsupported("qk_normalization" if vision.flag("qk_normalization", False) else "norm_type",
+                                 "the reader maps the LayerNorm InternViT-300M towers, without q/k norms")
+    layers = vision.count("num_hidden_layers", "vision tower layers")
+    select = config.data.get("select_layer", -1)
+    if not isinstance(select, int) or isinstance(select, bool) or not 1 <= (select if select > 0 else layers + 1 + select) <= layers:
+        raise config.unsupported("select_layer", f"give a block index of the {layers}-block tower")
+    text = config.section("llm_config", "the backbone")
+    text_type = text.text("model_type", "")
+    if text_type not in BACKBONES:
+        raise text.unsupported("model_type", f"the reader maps backbones {', '.join(BACKBONES)}")
+    return _intern_vl(config, vision, select if select > 0 else layers + 1 + select, bias=vision.flag("qkv_bias", True),
+                      layer_scale=True, max_tiles=config.count("max_dynamic_patch", "tiles an image may take",
+                                                               INTERNVL_MAX_TILES),
+                      backbone=BACKBONES[text_type](text))
+
+
+def _intern_vl(config: Section, vision: Section, num_blocks: int, *, bias: bool, layer_scale: bool, max_tiles: int,
+               backbone: list[dict]) -> list[dict]:
+    """InternViT (class token, learned positions), pixel shuffle by ``downsample_ratio``, LayerNorm + two-layer GELU
+    projector, the backbone."""
     width = vision.count("hidden_size", "ViT width")
     size, patch = (_side(vision, name) for name in ("image_size", "patch_size"))
     ratio = config.number("downsample_ratio", "pixel shuffle scale")
     merge = round(1 / ratio) ** 2
     if merge * ratio * ratio != 1:
         raise config.unsupported("downsample_ratio", "it must be 1/n for a whole n")
-    num_blocks, _ = _feature_layers(config, vision.count("num_hidden_layers", "vision tower layers"))
     common = {"block": "encoder", "hidden": width, "merge_factor": merge}
-    text, backbone = _text_of(config)
-    hidden = backbone[0]["hidden"]
     return [
         {"name": "patch_embed", **common, "kind": "patch_embed", "patch_size": patch, "bias": True,
          "in_channels": vision.count("num_channels", "image channels", 3), "positions": (size // patch) ** 2 + 1,
-         "max_tiles": INTERNVL_MAX_TILES},
+         "max_tiles": max_tiles},
         {"name": "vit", **common, "kind": "vit_block", "repeat": num_blocks, "activation": "gelu",
          "heads": vision.count("num_attention_heads", "ViT attention heads"),
-         "ffn": vision.count("intermediate_size", "ViT MLP width"), "bias": vision.flag("attention_bias", True),
-         "layer_scale": bool(vision.data.get("layer_scale_init_value", 0.1))},
+         "ffn": vision.count("intermediate_size", "ViT MLP width"), "bias": bias, "layer_scale": layer_scale},
         {"name": "pixel_shuffle", **common, "kind": "pixel_shuffle"},
-        {"name": "projector", "block": "projector", "kind": "projector", "in_hidden": width * merge, "hidden": hidden,
-         "norm": True},
+        {"name": "projector", "block": "projector", "kind": "projector", "in_hidden": width * merge,
+         "hidden": backbone[0]["hidden"], "norm": True},
         *backbone,
     ]
 
@@ -303,6 +330,7 @@ MULTIMODAL_FAMILIES: dict[str, Callable[[Section], list[dict]]] = {
     "llava": _llava,
     "llava_next": _llava,
     "internvl": _internvl,
+    "internvl_chat": _internvl_chat,
     "gemma3": _gemma3,
     "glm4v": _glm4v,
 }

@@ -41,12 +41,13 @@ class MLP(nn.Module):
         super().__init__()
         self.up = nn.Linear(width, ffn, bias=bias)
         self.gate = nn.Linear(width, ffn, bias=bias) if activation in ("swiglu", "geglu") else None
-        self.gate_act = F.silu if activation == "swiglu" else lambda g: F.gelu(g, approximate="tanh")
+        self.activation = activation
         self.down = nn.Linear(ffn, out, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
-            return self.down(self.gate_act(self.gate(x)) * self.up(x))
+            gate = F.silu(self.gate(x)) if self.activation == "swiglu" else F.gelu(self.gate(x), approximate="tanh")
+            return self.down(gate * self.up(x))
         return self.down(F.gelu(self.up(x)))
 
 

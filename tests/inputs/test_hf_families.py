@@ -135,3 +135,22 @@ def test_the_built_in_qwen3_5_27b_is_its_published_configuration():
     """models/qwen3.5-27b.yaml (the Qwen3.5-based MLLM of the paper's Experiment B) plans the layers of its config.json."""
     ours, published = load_model("qwen3.5-27b"), load_model(HF / "Qwen3.5-27B")
     assert [(u.block, u.cost) for u in ours.layers] == [(u.block, u.cost) for u in published.layers]
+
+
+def test_internvl_chat_format_reads_as_the_transformers_format():
+    """OpenGVLab's own internvl_chat configuration (InternVL3-1B) maps to the layers of the same InternViT-300M tower,
+    pixel shuffle and projector as transformers' internvl format (InternVL3-8B-hf), and its max_dynamic_patch tiles."""
+    chat, hf = (from_hf_config(HF / name)["layers"] for name in ("InternVL3-1B", "InternVL3-8B-hf"))
+    assert [e["kind"] for e in chat[:4]] == [e["kind"] for e in hf[:4]]
+    assert chat[:3] == hf[:3]  # the same tower: patch embedding, 24 blocks with layer scale, pixel shuffle
+    assert (chat[3]["in_hidden"], chat[3]["hidden"], chat[3]["norm"]) == (4096, 896, True)
+
+
+def test_an_internvit_6b_tower_is_one_line(tmp_path):
+    data = json.loads((HF / "InternVL3-1B" / "config.json").read_text())
+    data["vision_config"].update(qk_normalization=True, norm_type="rms_norm")
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", "predict", "--model", str(tmp_path), "--schedule",
+                           "1f1b"], capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "vision_config.qk_normalization" in lines[0], proc.stderr
