@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mpipe_tune.algebra.model import ArchCost
-from mpipe_tune.cost.arch import activated_param_count, model_param_count
+from mpipe_tune.cost.arch import activated_param_count, model_param_count, param_count
 from mpipe_tune.inputs.hf_config import from_hf_config
 from mpipe_tune.inputs.specs import load_model
 
@@ -103,6 +103,7 @@ def test_internvl_and_gemma3_and_glm4v_map_their_towers():
 @pytest.mark.parametrize("folder, args", [
     ("Qwen3.5-27B", ["--schedule", "transpose,1f1b"]),
     ("Qwen3-VL-8B-Instruct", ["--schedule", "1f1b,1f1b"]),
+    ("Qwen3-VL-30B-A3B-Instruct", ["--schedule", "transpose,1f1b"]),
     ("InternVL3-8B-hf", ["--schedule", "transpose,1f1b"]),
     ("gemma-3-4b-it", ["--schedule", "transpose,1f1b"]),
     ("GLM-4.1V-9B-Thinking", ["--schedule", "transpose,1f1b"]),
@@ -154,3 +155,19 @@ def test_an_internvit_6b_tower_is_one_line(tmp_path):
                            "1f1b"], capture_output=True, text=True, timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "vision_config.qk_normalization" in lines[0], proc.stderr
+
+
+def test_qwen3_vl_moe_is_qwen3_30b_a3b_behind_the_qwen3_vl_tower():
+    """Qwen3-VL-30B-A3B: its backbone has Qwen3-30B-A3B's published 30.5B parameters (the DeepStack injections add
+    none), its ViT the same blocks as Qwen3-VL-8B's, the merger and DeepStack mergers projecting to 2,048."""
+    def by_block(folder):
+        model = load_model(HF / folder)
+        return {block: sum(param_count(u.cost.kind, u.cost.dims_dict()) for u in model.layers if u.block == block)
+                for block in model.blocks()}
+
+    moe, dense = by_block("Qwen3-VL-30B-A3B-Instruct"), by_block("Qwen3-VL-8B-Instruct")
+    assert moe["llm"] == pytest.approx(30.5e9, rel=0.01)
+    assert moe["llm"] == model_param_count(load_model(HF / "Qwen3-30B-A3B"))
+    merged = 4 * 1152
+    narrower = 4 * (merged * (4096 - 2048) + (4096 - 2048))  # the merger and 3 DeepStack mergers' second linear
+    assert dense["encoder"] - moe["encoder"] == narrower
