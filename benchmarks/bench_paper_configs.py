@@ -86,8 +86,7 @@ class Experiment:
         return ["--workload", str(self.dataset), "--seq-len", str(self.seq_len)]
 
     def layout(self) -> str:
-        return (f"pp={self.pp},tp={self.tp},dp={self.dp}{f',ep={self.ep}' if self.ep > 1 else ''},schedule=1f1b,"
-                f"M={self.microbatches},recompute=on")
+        return f"pp={self.pp},tp={self.tp},dp={self.dp},schedule=1f1b,M={self.microbatches},recompute=on"
 
 
 EXPERIMENTS = (
@@ -177,7 +176,7 @@ def plan_argv(e: Experiment, *, pinned: bool = False) -> list[str]:
             str(e.global_batch), *e.workload_args(), "--recompute", "search"]
     if pinned:
         return [*argv, "--pp", str(e.pp), "--tp", str(e.tp), "--dp", str(e.dp)]
-    return [*argv, "--current", e.layout()]
+    return [*argv, "--current", e.layout()] if e.ep == 1 else argv  # --current's grammar has no ep
 
 
 def _cli(argv: list[str], folder: str) -> tuple[dict, float]:
@@ -191,7 +190,8 @@ def _cli(argv: list[str], folder: str) -> tuple[dict, float]:
 
 def _layout(r: dict) -> str:
     cut = ",".join(map(str, r["cut"]))
-    return (f"`<{r['schedule']}>`{' cut ' + cut if cut else ''} pp{r['pp']} tp{r['tp']} dp{r['dp']} "
+    ep = f" ep{r['ep']}" if r.get("ep", 1) > 1 else ""
+    return (f"`<{r['schedule']}>`{' cut ' + cut if cut else ''} pp{r['pp']} tp{r['tp']} dp{r['dp']}{ep} "
             f"M={r['microbatches']}{' rc' if r['recompute'] else ''}")
 
 
@@ -209,9 +209,11 @@ def own_best() -> None:
             if r is not None:
                 print(f"- {name} at its own best, {_layout(r)}: {r['step_s']:.2f} s, best's speedup "
                       f"{r['best_speedup']:.2f}x")
-        current = out["current"]
-        print(f"- the fixed layout as --current: {current['step_s']:.2f} s, best's speedup "
-              f"{current['best_speedup']:.2f}x\n")
+        current = out.get("current")
+        if current is not None:
+            print(f"- the fixed layout as --current: {current['step_s']:.2f} s, best's speedup "
+                  f"{current['best_speedup']:.2f}x")
+        print()
         sys.stdout.flush()
 
 
