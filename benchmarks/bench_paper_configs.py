@@ -47,6 +47,7 @@ from mpipe_tune.search.evaluate import Evaluator
 from mpipe_tune.search.problem import Problem
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 CAPSFUSION = HERE / "data" / "capsfusion-shaped.csv"
 DIE = "ascend-910c-cm384-die"
 
@@ -83,7 +84,7 @@ class Experiment:
     def workload_args(self) -> list[str]:
         if self.dataset is None:
             return ["--workload", self.mix]
-        return ["--workload", str(self.dataset), "--seq-len", str(self.seq_len)]
+        return ["--workload", str(self.dataset.relative_to(ROOT)), "--seq-len", str(self.seq_len)]
 
     def layout(self) -> str:
         return f"pp={self.pp},tp={self.tp},dp={self.dp},schedule=1f1b,M={self.microbatches},recompute=on"
@@ -183,7 +184,7 @@ def _cli(argv: list[str], folder: str) -> tuple[dict, float]:
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *argv, "--json", "--no-progress",
                            "--storage", f"sqlite:///{folder}/study.db", "--out", f"{folder}/plan.json"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), time.perf_counter() - start
 
@@ -224,7 +225,7 @@ def emulated() -> None:
         argv = ["bench", f"{folder}/plan.json", "--compute", "emulated", "--plans", f"best,{e.baseline}", "--json",
                 "--no-progress"]
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *argv], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *argv], capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr
     print(f"`mpipe-tune {' '.join(plan_argv(e, pinned=True))}` then `mpipe-tune {' '.join(argv)}` "
           f"({time.perf_counter() - start:.0f} s wall)")
