@@ -348,7 +348,7 @@ def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDe
     if dims["attention"] == "mla":
         core = _mla(dims, tokens, seq_lens, degrees, trainer)
     elif dims["attention"] == "gated_deltanet":
-        core = gated_deltanet(dims, tokens, seq_lens, tp_degree, input_shards=shards)
+        core = gated_deltanet(dims, tokens, [tokens], tp_degree, input_shards=shards)  # a cp rank's share
     else:
         core = attention_variants(dims, _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False,
                                              trainer=trainer), tokens, seq_lens, tp_degree, norm=_norm,

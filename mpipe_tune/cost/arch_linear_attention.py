@@ -21,8 +21,9 @@ The backward (flash-linear-attention's ``chunk_gated_delta_rule_bwd``) recompute
 states, then runs the gradients of the output, the states, q/k/w/g and the WY factors: twice the forward's
 products plus the recomputation. It keeps q, k, v, g, beta and the chunk-local inverse ``A`` (``chunk`` values a
 token and head), and one recurrent state per sequence and value head. The core kernels count as the attention
-core (fused tensor-core kernels, what selective recomputation re-runs). No context parallelism: the recurrence
-runs over the whole sequence on one rank.
+core (fused tensor-core kernels, what selective recomputation re-runs). With context parallelism each rank runs
+the recurrence over its share of the sequence; the hand-off of one state per value head from rank to rank is not
+charged (it is ``heads * dk * dv`` elements, against the share's activations), and the executor refuses it.
 """
 
 from __future__ import annotations
