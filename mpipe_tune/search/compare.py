@@ -23,11 +23,11 @@ import pandas as pd
 
 from mpipe_tune.interrupt import mark
 from mpipe_tune.outputs.frames import MISSING, Cell, Column, TextTable, format_frame, gib, is_missing, ms, text
-from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline
+from mpipe_tune.search.baselines import baseline
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
-from mpipe_tune.search.families import OWN, OwnBest
+from mpipe_tune.search.families import OwnBest
 from mpipe_tune.search.space import SearchSpace
-from mpipe_tune.plan_file.names import CURRENT
+from mpipe_tune.plan_file.names import BASELINES, CURRENT, OWN, REFERENCE
 
 
 
