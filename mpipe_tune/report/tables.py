@@ -58,8 +58,8 @@ RANK_COLUMNS = (
     Column("encoder ms", ms("encoder_s"), ">", 10),
     Column("slack ms", ms("warmup_slack_s"), ">", 10),
     Column("spill ms", ms("spill_s"), ">", 10),
+    Column("bound by", text("bound_by"), ">", 16),
     Column("peak GiB", gib("peak_bytes"), ">", 9),
-    Column("bound by", text("bound_by"), "<", 18),
 )
 """The printed per-rank table: milliseconds and GiB from the frame's seconds and bytes."""
 OVER = "OVER"
