@@ -17,10 +17,9 @@ from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.dataset import draw_from_dict
 from mpipe_tune.inputs.workload import Workload, parse_workload, workload_to_dict
+from mpipe_tune.plan_file.names import BEST
 from mpipe_tune.plan_file.check import damaged, read_record, read_value, spec, write_value
 
-BEST = "best"
-"""The name that selects the file's top-level plan (the search's winner)."""
 
 
 # ------------------------------------------------------------------------------------------- inputs

@@ -12,7 +12,7 @@ from typing import Any
 
 from mpipe_tune.cost.bound_by import bound_text, rank_bounds
 from mpipe_tune.plan_file import PlanInputs, plan_record, plan_section
-from mpipe_tune.search.compare import CURRENT
+from mpipe_tune.plan_file import CURRENT
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.planner import PlanOutcome
 
