@@ -57,9 +57,11 @@ class Profile(Command):
         from mpipe_tune.interrupt import phase
         from mpipe_tune.profiler.build import assemble_profile, count_steps, profile_device
         from mpipe_tune.profiler.settings import sweep_settings
+        from mpipe_tune.profiler.shapes import kernel_sweep_settings
 
         begin = time.monotonic()
-        total = count_steps(dtypes, sweep_settings(device, quick=args.quick), calibration)
+        kernels = kernel_sweep_settings(device, quick=args.quick)
+        total = count_steps(dtypes, sweep_settings(device, quick=args.quick), calibration, kernel_settings=kernels)
         with tqdm(total=total, desc=f"profile {device}", unit="pt", file=sys.stderr, disable=None,
                   dynamic_ncols=True) as bar:
             def progress(label: str) -> None:
@@ -68,9 +70,11 @@ class Profile(Command):
                 phase("measure")  # a safe point: a first Ctrl-C during the roofline stops here
 
             measurements = profile_device(device, args.nproc, dtypes, quick=args.quick, progress=progress,
-                                          calibration=calibration)
-        dump_profile(assemble_profile(measurements, name=name), out)
+                                          calibration=calibration, kernel_settings=kernels)
+        data = assemble_profile(measurements, name=name)
+        dump_profile(data, out)
         print_summary(load_profile(out), out, time.monotonic() - begin)
+        print_kernel_summary(measurements)
         return 0
 
 
@@ -164,6 +168,23 @@ def validate_request(args: argparse.Namespace):
         calibration = load_model(args.calibrate)
         calibration_layers(calibration)  # a model the runtime cannot build fails here, in one line
     return device, dtypes, out, name, calibration
+
+
+def print_kernel_summary(measurements) -> None:
+    """The host's dispatch and sync cost and the kernel curves fitted to the sweeps."""
+    from mpipe_tune.profiler.build import kernel_tables
+
+    tables = kernel_tables(measurements)
+    host = tables.get("host")
+    if host:
+        print(f"  host dispatch {host['dispatch_s']['value'] * 1e6:.3g} us per operator, sync "
+              f"{host['sync_s']['value'] * 1e6:.3g} us (R^2 log t {host['dispatch_s']['fit_r2']:.4f})")
+    shown = {"gemm": "half_dim", "attention": "half_seq", "memory": "half_bytes"}
+    for family, entry in tables.get("kernel_efficiency", {}).items():
+        extra = (f", tiles {entry['tile_m']}x{entry['tile_n']} over {entry['units']} units" if family == "gemm" else "")
+        print(f"  kernel {family:9s} max {entry['max']:.3g}, {shown[family]} {entry[shown[family]]:.4g}{extra} "
+              f"(R^2 log t {entry['fit_r2']:.4f}, log eff {entry['fit_r2_efficiency']:.3f}, rms "
+              f"{entry['rms_relative_error']:.0%}, {len(entry['median_s'])} points)")
 
 
 def print_summary(profile, out: Path, elapsed_s: float) -> None:
