@@ -12,8 +12,10 @@ shapes and fits the forms' parameters here. Pure numpy; no torch.
 - Memory-bound kernel moving ``b`` bytes: ``eff = max * b / (b + half_bytes)``.
 
 The fits minimise the squared error of ``log(eff)`` (equivalently of ``log(time)``: every point weighs
-by its relative error, a 16-token GEMM as much as a 4,096-token one). For a fixed half-size the best
-``log(max)`` is the mean residual (closed form), so only the half-size is searched (a logarithmic grid,
+by its relative error, a 16-token GEMM as much as a 4,096-token one), with ``max <= 1`` as the profile
+schema requires (a copy that fits in a CPU cache runs above the memory bandwidth, which no curve of this
+form with ``max <= 1`` follows: its fit says so). For a fixed half-size the best ``log(max)`` is the mean
+residual, clamped at 0 (closed form), so only the half-size is searched (a logarithmic grid,
 then finer ones around its best), and for GEMM each ``(tile_m, tile_n)`` of a candidate list, and
 ``units`` where the device does not say it. ``fit_r2`` is the R^2 of ``log(time)``, as the links'
 entries state theirs; ``fit_r2_efficiency`` the stricter R^2 of ``log(eff)``.
@@ -141,13 +143,14 @@ def _checked(x: np.ndarray, efficiencies: Sequence[float]) -> np.ndarray:
 
 
 def _fit_half(log_eff: np.ndarray, log_shape: Callable[[np.ndarray], np.ndarray]) -> tuple[float, float]:
-    """``(log_max, half)`` minimising ``sum((log_eff - log_max - log_shape(half))^2)``: the half-size on a
-    logarithmic grid, refined three times around the best; ``log_max`` the mean residual for it. ``log_shape``
-    takes a column of half-sizes and gives one row of the points' log-shape per half-size."""
+    """``(log_max, half)`` minimising ``sum((log_eff - log_max - log_shape(half))^2)`` with ``log_max <= 0``:
+    the half-size on a logarithmic grid, refined three times around the best; ``log_max`` the mean residual
+    for it, or 0 where that is above (the error is a parabola in ``log_max``: its clamp is the constrained
+    optimum). ``log_shape`` takes a column of half-sizes and gives one row of the points' log-shape per one."""
     grid = _HALF_GRID
     for _ in range(4):
         residual = log_eff[None, :] - log_shape(grid[:, None])
-        log_max = residual.mean(axis=1)
+        log_max = np.minimum(residual.mean(axis=1), 0.0)
         errors = np.sum((residual - log_max[:, None]) ** 2, axis=1)
         best = int(np.argmin(errors))
         refined = np.geomspace(grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)], 41)

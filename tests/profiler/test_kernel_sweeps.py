@@ -68,6 +68,8 @@ def test_a_noisy_sweep_is_fitted_with_its_fit_quality_stated():
     fit = fit_saturation(lengths, noisy)
     assert fit.curve.max == pytest.approx(0.6, rel=0.15) and fit.curve.half == pytest.approx(512, rel=0.4)
     assert 0.5 < fit.fit_r2_efficiency < 1 and 0 < fit.rms_relative_error < 0.2
+    cached = fit_saturation([2**16, 2**20, 2**24], [3.0, 1.5, 0.9])  # in-cache copies above the bandwidth
+    assert cached.curve.max == 1.0 and cached.rms_relative_error > 0.3  # max <= 1, as the schema requires
     flat = fit_gemm([(256, 256, 256), (512, 512, 512)], [0.5, 0.5], units=1)  # one thread: the tiles do not matter
     assert flat.curve.units == 1 and flat.rms_relative_error < 1e-4  # no roll-off: half_dim at the grid's floor
 
