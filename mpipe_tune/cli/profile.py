@@ -71,10 +71,8 @@ class Profile(Command):
 
             measurements = profile_device(device, args.nproc, dtypes, quick=args.quick, progress=progress,
                                           calibration=calibration, kernel_settings=kernels)
-        data = assemble_profile(measurements, name=name)
-        dump_profile(data, out)
+        dump_profile(assemble_profile(measurements, name=name), out)
         print_summary(load_profile(out), out, time.monotonic() - begin)
-        print_kernel_summary(measurements)
         return 0
 
 
@@ -170,21 +168,18 @@ def validate_request(args: argparse.Namespace):
     return device, dtypes, out, name, calibration
 
 
-def print_kernel_summary(measurements) -> None:
-    """The host's dispatch and sync cost and the kernel curves fitted to the sweeps."""
-    from mpipe_tune.profiler.build import kernel_tables
+def print_curves(profile) -> None:
+    """The kernel-efficiency curves of ``profile`` with their fit quality, one line a family."""
+    from dataclasses import asdict
 
-    tables = kernel_tables(measurements)
-    host = tables.get("host")
-    if host:
-        print(f"  host dispatch {host['dispatch_s']['value'] * 1e6:.3g} us per operator, sync "
-              f"{host['sync_s']['value'] * 1e6:.3g} us (R^2 log t {host['dispatch_s']['fit_r2']:.4f})")
-    shown = {"gemm": "half_dim", "attention": "half_seq", "memory": "half_bytes"}
-    for family, entry in tables.get("kernel_efficiency", {}).items():
-        extra = (f", tiles {entry['tile_m']}x{entry['tile_n']} over {entry['units']} units" if family == "gemm" else "")
-        print(f"  kernel {family:9s} max {entry['max']:.3g}, {shown[family]} {entry[shown[family]]:.4g}{extra} "
-              f"(R^2 log t {entry['fit_r2']:.4f}, log eff {entry['fit_r2_efficiency']:.3f}, rms "
-              f"{entry['rms_relative_error']:.0%}, {len(entry['median_s'])} points)")
+    for family, curve in asdict(profile.kernel_efficiency).items() if profile.kernel_efficiency else ():
+        if curve is None:
+            continue
+        origin = profile.provenance[f"kernel_efficiency.{family}"]
+        numbers = ", ".join(f"{k} {v:.4g}" for k, v in curve.items())
+        fit = (f" (R^2 log t {origin['fit_r2']:.4f}, log eff {origin['fit_r2_efficiency']:.3f}, rms "
+               f"{origin['rms_relative_error']:.0%}, {len(origin['median_s'])} points)" if "fit_r2" in origin else "")
+        print(f"  kernel {family:9s} {numbers}{fit}")
 
 
 def print_summary(profile, out: Path, elapsed_s: float) -> None:
@@ -198,6 +193,10 @@ def print_summary(profile, out: Path, elapsed_s: float) -> None:
     if profile.optimizer_update_bytes_per_s is not None:
         print(f"  optimizer update {profile.optimizer_update_bytes_per_s / 1e9:9.4g} GB/s (the runtime's update, "
               f"timed by every rank at once)")
+    if profile.host is not None:
+        print(f"  host dispatch {profile.host.dispatch_s * 1e6:.3g} us per operator, sync {profile.host.sync_s * 1e6:.3g} us "
+              f"(R^2 log t {profile.provenance['host.dispatch_s'].get('fit_r2', float('nan')):.4f})")
+    print_curves(profile)
     for kind, value in profile.efficiency.items():
         origin = profile.provenance[f"efficiency.{kind}"]
         fit = f"  (rms relative error {origin['rms_relative_error']:.0%})" if "rms_relative_error" in origin else ""

@@ -229,7 +229,7 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
         "efficiency": _efficiencies(m, measured, how),
         "links": {"intra_node": intra, "inter_node": inter},
         **extra,
-        **_accepted(kernel_tables(m, date)),
+        **_kernel_tables(m, date),
     }
     split = [p for p in m.layer_points if p.tp > 1]
     if split and m.calibration is not None:
@@ -303,7 +303,7 @@ def merge_link_classes(compute: Mapping[str, Any], sweeps: Mapping[str, Mapping[
     return profile
 
 
-def kernel_tables(m: Measurements, date: str | None = None) -> dict[str, Any]:
+def _kernel_tables(m: Measurements, date: str | None = None) -> dict[str, Any]:
     """The ``host`` and ``kernel_efficiency`` tables of what was measured (none without the sweeps)."""
     if m.host is None or m.kernels is None:
         return {}
@@ -317,13 +317,6 @@ def kernel_tables(m: Measurements, date: str | None = None) -> dict[str, Any]:
             bytes_per_s=m.memory.best.rate.median, dispatch_s=m.host.dispatch_s, device=m.device,
             measured=measured, how=how),
     }
-
-
-def _accepted(tables: dict[str, Any]) -> dict[str, Any]:
-    """Until the cost model reads the kernel tables (issue 37, items 1-3), its schema refuses them."""
-    from mpipe_tune.cost import profile as schema
-
-    return {key: table for key, table in tables.items() if key in schema._TOP_KEYS}
 
 
 def _efficiencies(m: Measurements, measured: Mapping[str, str], how: str) -> dict[str, Any]:

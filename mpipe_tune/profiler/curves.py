@@ -1,13 +1,11 @@
-"""Efficiency curves by kernel shape, and their least-squares fits to measured efficiencies.
+"""Least-squares fits of the cost model's efficiency curves by kernel shape to measured efficiencies.
 
-The cost model evaluates fixed forms (the profile's ``kernel_efficiency`` table, issue 37); the
-profiler measures efficiencies (achieved FLOP/s or bytes/s over the profile's roofline) on a sweep of
-shapes and fits the forms' parameters here. Pure numpy; no torch.
+The cost model evaluates fixed forms (the profile's ``kernel_efficiency`` table,
+:mod:`mpipe_tune.cost.kernel_model`); the profiler measures efficiencies (achieved FLOP/s or bytes/s
+over the profile's roofline) on a sweep of shapes and fits the forms' parameters here. Pure numpy; no torch.
 
 - GEMM ``(m, n, k)``: ``eff = max * wave(m, n) * s(m) * s(n) * s(k)`` with ``s(x) = x / (x + half_dim)``,
-  ``wave = tiles / (ceil(tiles / units) * units)`` and ``tiles = ceil(m / tile_m) * ceil(n / tile_n)``:
-  the output is cut into tiles that ``units`` compute units (SMs, AI cores, CPU threads) take a wave at
-  a time, so a last partial wave idles some of them, and every dimension's roll-off below ``half_dim``.
+  ``wave = tiles / (ceil(tiles / units) * units)`` and ``tiles = ceil(m / tile_m) * ceil(n / tile_n)``.
 - Attention core of ``L`` tokens: ``eff = max * L / (L + half_seq)``.
 - Memory-bound kernel moving ``b`` bytes: ``eff = max * b / (b + half_bytes)``.
 
@@ -28,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpipe_tune.cost.kernel_model import AttentionCurve, GemmCurve, MemoryCurve
+
 TILE_CANDIDATES = (16, 32, 64, 128, 256)
 """Output tile sides a GEMM fit tries for ``tile_m`` and ``tile_n``."""
 UNIT_CANDIDATES = (1, 2, 4, 8, 16, 20, 24, 30, 32, 48, 64, 80, 96, 108, 114, 120, 128, 132, 144, 160, 192, 256)
@@ -36,53 +36,28 @@ _HALF_GRID = np.geomspace(1e-3, 1e9, 1201)
 
 
 def saturation(x, half):
-    """``x / (x + half)`` (element-wise): the share of its plateau a kernel of size ``x`` reaches."""
+    """``x / (x + half)`` (element-wise, ``half`` may be a column of candidates): the fits' roll-off."""
     x = np.asarray(x, dtype=float)
     return x / (x + half)
 
 
 def wave_quantisation(m, n, *, tile_m: int, tile_n: int, units: int):
-    """The share of ``units`` busy on average over the waves of an ``m x n`` output cut into tiles.
+    """The share of ``units`` busy on average over the waves of an ``m x n`` output cut into tiles: the
+    GEMM curve without its roll-off.
 
     >>> float(wave_quantisation(256, 256, tile_m=128, tile_n=128, units=4))  # 4 tiles, one full wave
     1.0
     >>> float(wave_quantisation(128 * 133, 128, tile_m=128, tile_n=128, units=132))  # 133 tiles: 2 waves
     0.5037878787878788
     """
-    tiles = np.ceil(np.asarray(m, dtype=float) / tile_m) * np.ceil(np.asarray(n, dtype=float) / tile_n)
-    return tiles / (np.ceil(tiles / units) * units)
-
-
-@dataclass(frozen=True)
-class GemmCurve:
-    max: float
-    half_dim: float
-    tile_m: int
-    tile_n: int
-    units: int
-
-    def efficiency(self, m, n, k):
-        """The curve's efficiency of ``(m, n, k)`` GEMMs (element-wise on arrays)."""
-        return (self.max * wave_quantisation(m, n, tile_m=self.tile_m, tile_n=self.tile_n, units=self.units)
-                * saturation(m, self.half_dim) * saturation(n, self.half_dim) * saturation(k, self.half_dim))
-
-
-@dataclass(frozen=True)
-class SaturationCurve:
-    """``max * x / (x + half)``: the attention core by sequence length, memory-bound kernels by bytes."""
-
-    max: float
-    half: float
-
-    def efficiency(self, x):
-        return self.max * saturation(x, self.half)
+    return GemmCurve(1.0, 0.0, tile_m, tile_n, units).efficiency(m, n, 1)
 
 
 @dataclass(frozen=True)
 class CurveFit:
     """A fitted curve and how well it follows the points it was fitted to."""
 
-    curve: GemmCurve | SaturationCurve
+    curve: GemmCurve | AttentionCurve | MemoryCurve
     fit_r2: float
     """R^2 of ``log(time)`` (the links' measure)."""
     fit_r2_efficiency: float
@@ -93,20 +68,21 @@ class CurveFit:
     """The curve's efficiency at each point."""
 
 
-def fit_saturation(sizes: Sequence[float], efficiencies: Sequence[float],
-                   work: Sequence[float] | None = None) -> CurveFit:
-    """``max * x / (x + half)`` fitted to measured efficiencies at ``sizes`` (log least squares);
-    ``work`` is each point's FLOPs or bytes (default: the size) for the R^2 of ``log(time)``.
+def fit_saturation(curve_type: type[AttentionCurve] | type[MemoryCurve], sizes: Sequence[float],
+                   efficiencies: Sequence[float], work: Sequence[float] | None = None) -> CurveFit:
+    """``max * x / (x + half)`` (an :class:`AttentionCurve` by sequence length or a :class:`MemoryCurve` by
+    bytes) fitted to measured efficiencies at ``sizes`` (log least squares); ``work`` is each point's FLOPs
+    or bytes (default: the size) for the R^2 of ``log(time)``.
 
-    >>> f = fit_saturation([64, 256, 1024, 4096], [0.6 * x / (x + 512) for x in (64, 256, 1024, 4096)])
-    >>> round(f.curve.max, 4), round(f.curve.half, 2), round(f.rms_relative_error, 6)
+    >>> f = fit_saturation(AttentionCurve, [64, 256, 1024, 4096], [0.6 * x / (x + 512) for x in (64, 256, 1024, 4096)])
+    >>> round(f.curve.max, 4), round(f.curve.half_seq, 2), round(f.rms_relative_error, 6)
     (0.6, 512.0, 0.0)
     """
     x = np.asarray(sizes, dtype=float)
     eff = _checked(x, efficiencies)
     log_max, half = _fit_half(np.log(eff), lambda h: np.log(saturation(x, h)))
-    curve = SaturationCurve(float(np.exp(log_max)), half)
-    return _result(curve, eff, curve.efficiency(x), x if work is None else np.asarray(work, dtype=float))
+    curve = curve_type(float(np.exp(log_max)), half)
+    return _result(curve, eff, np.asarray(curve.efficiency(x)), x if work is None else np.asarray(work, dtype=float))
 
 
 def fit_gemm(shapes: Sequence[tuple[int, int, int]], efficiencies: Sequence[float], *,

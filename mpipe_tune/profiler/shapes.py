@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from mpipe_tune.cost.kernel_model import AttentionCurve, MemoryCurve
 from mpipe_tune.profiler.curves import CurveFit, fit_gemm, fit_saturation
 from mpipe_tune.profiler.device import Timer, time_repeats
 from mpipe_tune.profiler.roofline import TORCH_DTYPES
@@ -244,9 +245,10 @@ def kernel_efficiency_entries(sweeps: KernelSweeps, *, peak_flops_per_s: float, 
     att_kept, att_eff = rates(sweeps.attention, lambda p: 3.0 * flops(p), peak_flops_per_s,
                               seconds=lambda p: p.backward.median)
     if len(att_kept) >= 2:
-        fit = fit_saturation([p.size[0] for p in att_kept], att_eff, work=[3.0 * flops(p) for p in att_kept])
+        fit = fit_saturation(AttentionCurve, [p.size[0] for p in att_kept], att_eff,
+                             work=[3.0 * flops(p) for p in att_kept])
         entries["attention"] = {
-            "max": fit.curve.max, "half_seq": fit.curve.half, **measured, **_fit_fields(fit),
+            "max": fit.curve.max, "half_seq": fit.curve.half_seq, **measured, **_fit_fields(fit),
             "ref": f"scaled_dot_product_attention, causal as the runtime's decoder attention runs, batch 1, "
                    f"{heads} heads of {d}, in {sweeps.dtype} {where}; efficiency of forward plus backward: 3 x "
                    f"4 L^2 d heads FLOPs (the cost model's count, the full square) over their seconds / the "
@@ -261,9 +263,9 @@ def kernel_efficiency_entries(sweeps: KernelSweeps, *, peak_flops_per_s: float, 
 
     mem_kept, mem_eff = rates(sweeps.memory, lambda p: 2.0 * p.size[0], bytes_per_s)
     if len(mem_kept) >= 2:
-        fit = fit_saturation([2 * p.size[0] for p in mem_kept], mem_eff)
+        fit = fit_saturation(MemoryCurve, [2 * p.size[0] for p in mem_kept], mem_eff)
         entries["memory"] = {
-            "max": fit.curve.max, "half_bytes": fit.curve.half, **measured, **_fit_fields(fit),
+            "max": fit.curve.max, "half_bytes": fit.curve.half_bytes, **measured, **_fit_fields(fit),
             "ref": f"dst.copy_(src) of fp32 tensors {where}; bytes moved (read plus written) per second over "
                    f"the profile's memory bandwidth; max and half_bytes fitted (log least squares); a size "
                    f"that fits in a cache can run above that bandwidth; {left_out}{how}",

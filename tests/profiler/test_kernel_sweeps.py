@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from mpipe_tune.cost.profile import parse_profile
-from mpipe_tune.profiler.build import assemble_profile, kernel_tables
-from mpipe_tune.profiler.curves import GemmCurve, SaturationCurve, fit_gemm, fit_saturation
+from mpipe_tune.profiler.build import assemble_profile
+from mpipe_tune.cost.kernel_model import AttentionCurve, GemmCurve, MemoryCurve
+from mpipe_tune.profiler.curves import fit_gemm, fit_saturation
 from mpipe_tune.profiler.dispatch import ChainSweep, HostSweep, host_entries
 from mpipe_tune.profiler.shapes import (
     KernelSweeps,
@@ -23,8 +24,8 @@ from mpipe_tune.profiler.stats import summarize
 
 PEAK, BANDWIDTH, DISPATCH = 2e12, 1e11, 5e-6
 GEMM = GemmCurve(max=0.8, half_dim=96.0, tile_m=64, tile_n=128, units=8)
-ATTENTION = SaturationCurve(max=0.6, half=512.0)
-MEMORY = SaturationCurve(max=0.85, half=1e6)
+ATTENTION = AttentionCurve(max=0.6, half_seq=512.0)
+MEMORY = MemoryCurve(max=0.85, half_bytes=1e6)
 SHAPES = tuple((m, n, k) for m in (16, 64, 200, 600, 1000, 2700) for n in (64, 192, 320, 1024) for k in (64, 512, 4096))
 
 
@@ -65,10 +66,10 @@ def test_a_noisy_sweep_is_fitted_with_its_fit_quality_stated():
     rng = np.random.default_rng(0)
     lengths = np.array([64, 128, 256, 512, 1024, 2048, 4096])
     noisy = ATTENTION.efficiency(lengths) * np.exp(rng.normal(0, 0.05, len(lengths)))
-    fit = fit_saturation(lengths, noisy)
-    assert fit.curve.max == pytest.approx(0.6, rel=0.15) and fit.curve.half == pytest.approx(512, rel=0.4)
+    fit = fit_saturation(AttentionCurve, lengths, noisy)
+    assert fit.curve.max == pytest.approx(0.6, rel=0.15) and fit.curve.half_seq == pytest.approx(512, rel=0.4)
     assert 0.5 < fit.fit_r2_efficiency < 1 and 0 < fit.rms_relative_error < 0.2
-    cached = fit_saturation([2**16, 2**20, 2**24], [3.0, 1.5, 0.9])  # in-cache copies above the bandwidth
+    cached = fit_saturation(MemoryCurve, [2**16, 2**20, 2**24], [3.0, 1.5, 0.9])  # in-cache copies above the bandwidth
     assert cached.curve.max == 1.0 and cached.rms_relative_error > 0.3  # max <= 1, as the schema requires
     flat = fit_gemm([(256, 256, 256), (512, 512, 512)], [0.5, 0.5], units=1)  # one thread: the tiles do not matter
     assert flat.curve.units == 1 and flat.rms_relative_error < 1e-4  # no roll-off: half_dim at the grid's floor
@@ -103,22 +104,23 @@ def measurements_with_tables():
     return replace(_measurements(), host=host, kernels=replace(synthetic_sweeps("cpu", None), dtype="fp32"))
 
 
-def test_the_assembled_profile_with_kernel_tables_parses_and_round_trips():
+def test_the_assembled_profile_carries_the_kernel_tables_and_round_trips():
     m = measurements_with_tables()
     data = json.loads(json.dumps(assemble_profile(m, name="t", date="2026-12-07")))
-    parse_profile(data, where="test")
-    tables = kernel_tables(m, date="2026-12-07")
-    assert tables["host"]["dispatch_s"]["value"] == pytest.approx(2e-6)
-    assert set(tables["kernel_efficiency"]) == {"gemm", "attention", "memory"}
-    assert json.loads(json.dumps(tables)) == tables  # plain JSON: floats, ints, strings and lists
-
-
-@pytest.mark.xfail(strict=True, reason="the cost model's schema reads the kernel tables once issue 37 items 1-3 land")
-def test_the_assembled_profile_carries_the_kernel_tables():
-    m = measurements_with_tables()
-    data = assemble_profile(m, name="t", date="2026-12-07")
-    assert data["host"] == kernel_tables(m, date="2026-12-07")["host"]
-    assert set(data["kernel_efficiency"]) == {"gemm", "attention", "memory"}
+    profile = parse_profile(data, where="test")
+    assert profile.host.dispatch_s == pytest.approx(2e-6) and profile.host.sync_s == pytest.approx(1e-6)
+    # fitted against the measurements' own roofline: fp32 peak 3e10 FLOP/s, bandwidth 1.1e10 B/s
+    expected = kernel_efficiency_entries(m.kernels, peak_flops_per_s=3e10, bytes_per_s=1.1e10, dispatch_s=2e-6,
+                                         device="cpu", measured={"source": "measured"})
+    curves = profile.kernel_efficiency
+    for family, names in (("gemm", ("max", "half_dim", "tile_m", "tile_n", "units")), ("attention", ("max", "half_seq")),
+                          ("memory", ("max", "half_bytes"))):
+        assert [getattr(getattr(curves, family), n) for n in names] == pytest.approx([expected[family][n] for n in names])
+    for key in ("host.dispatch_s", "host.sync_s", "kernel_efficiency.gemm", "kernel_efficiency.memory"):
+        origin = profile.provenance[key]
+        assert origin["source"] == "measured" and origin["date"] == "2026-12-07" and origin["ref"] and "fit_r2" in origin
+    again = parse_profile(json.loads(json.dumps(profile.to_dict())), where="test again")  # the profile's own form
+    assert again.host == profile.host and again.kernel_efficiency == profile.kernel_efficiency
 
 
 def test_a_tiny_measured_sweep_on_this_cpu_has_plausible_figures():
