@@ -160,3 +160,16 @@ def test_ctrl_c_in_the_kernel_sweeps_stops_at_the_next_point_with_no_profile_wri
     code, err, written = profile_interrupted_at(tmp_path, "measure:14")  # a --quick GEMM point (7 roofline steps)
     assert code == 130 and not written and "stopping at the next safe point" in err, err
     assert err.strip().splitlines()[-1].startswith("mpipe-tune profile: interrupted; no profile written"), err
+
+
+@pytest.mark.parametrize("properties, units", [({"multi_processor_count": 132}, 132),  # CUDA: SMs
+                                               ({"cube_core_num": 24}, 24),  # torch_npu where it says its cube cores
+                                               ({"name": "an npu that does not say"}, None)])  # fitted then
+def test_compute_units_come_from_the_accelerator_s_properties(properties, units):
+    from types import SimpleNamespace
+
+    from mpipe_tune.profiler.shapes import compute_units
+
+    module = SimpleNamespace(get_device_properties=lambda index: SimpleNamespace(**properties))
+    assert compute_units(SimpleNamespace(npu=module, cuda=module), "npu") == units
+    assert compute_units(SimpleNamespace(npu=module, cuda=module), "cuda") == units
