@@ -39,7 +39,7 @@ from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
 
-__all__ = ["DTYPE_BYTES", "GRAD_REDUCE_DTYPES", "MAX_DEVICES", "RECOMPUTE_GRANULARITIES", "ROUND_ROBIN", "ZERO_STAGES",
+__all__ = ["DTYPE_BYTES", "GRAD_REDUCE_DTYPES", "MAX_DEVICES", "RECOMPUTE_GRANULARITIES", "ROUND_ROBIN", "ZERO_SETTINGS", "ZERO_STAGES",
            "Candidate", "Degrees", "default_cut", "default_reshard_after_forward", "normalize_recompute",
            "recompute_granularity", "validate_zero_stage"]
 MAX_DEVICES = 1 << 16
@@ -60,6 +60,11 @@ def validate_zero_stage(value: object, where: str = "the ZeRO stage") -> int:
     if isinstance(value, bool) or value not in ZERO_STAGES:
         raise MpipeError(f"{where} is {value!r}, but it must be one of {', '.join(map(str, ZERO_STAGES))}")
     return int(value)
+
+
+ZERO_SETTINGS = {"0": (0, None), "1": (1, None), "2": (2, None), "3": (3, None), "3-reshard": (3, True),
+                 "3-keep": (3, False)}
+"""The words of a ZeRO setting on the command line: (stage, :attr:`Candidate.reshard_after_forward`)."""
 
 
 def default_reshard_after_forward(pp: int) -> bool:
