@@ -91,20 +91,23 @@ def _measure(torch, dist, where: str, rank: int, nproc: int, device: str, settin
         timer.synchronize()
         return slowest(timer.seconds_per_call(fn))
 
+    def sized(fn: Callable[[], Any]) -> float:  # what the sizes are chosen by: a median, steadier on a busy host
+        return statistics.median(timed(fn) for _ in range(3))
+
     size = _SIZES[0]
     for size in _SIZES:  # the first product that lasts the target (every rank agrees: the slowest's time)
         a = torch.randn(size, size, device=where)
         product = _product(torch, a)
         product()
-        if timed(product) >= TARGET_S:
+        if sized(product) >= TARGET_S:
             break
-    gemm_s = timed(product)
+    gemm_s = sized(product)
     nominal = [n for n in settings.message_sizes_bytes if n >= nproc * 4] or [nproc * 4]
     chosen = nominal[0]
     for n in nominal:  # the largest all-gather that does not outlast the product
         gather = _all_gather(torch, dist, where, *payload_elements("all_gather", n, nproc))
         gather()
-        if timed(gather) > gemm_s:
+        if sized(gather) > gemm_s:
             break
         chosen = n
     elements, message_bytes = payload_elements("all_gather", chosen, nproc)
