@@ -42,6 +42,7 @@ def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluatio
         candidate = baseline(name, evaluator.problem.model, c.pp, c.tp, c.dp, c.num_microbatches, vpp_counts)
         if candidate is not None:
             candidate = replace(candidate, recompute=c.recompute, ep=c.ep, cp=c.cp, zero_stage=c.zero_stage,
+                                reshard_after_forward=c.reshard_after_forward,
                                 sequence_parallel=c.sequence_parallel,
                                 encoder_tp=c.encoder_tp)  # the best plan's degrees and memory policy
         out.append((name, None if candidate is None else evaluator.evaluate(candidate)))
