@@ -316,6 +316,12 @@ def param_count(kind: str, dims: Mapping[str, object]) -> int:
     return sum(p.params for p in layer.pieces)
 
 
+def param_tensor_count(kind: str, dims: Mapping[str, object]) -> int:
+    """Parameter tensors of one full layer (every expert's): what a per-tensor optimizer step launches over."""
+    layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
+    return int(sum(p.param_tensors for p in layer.pieces))
+
+
 def model_param_count(model: Model) -> int:
     """Parameters of ``model``'s architecture layers, each counted once: their :func:`param_count`, less the table
     of a tied ``lm_head``, which is the embedding's (a stage holding the head alone keeps a copy of it, as
@@ -328,12 +334,6 @@ def model_param_count(model: Model) -> int:
             if layer.cost.kind == "lm_head" and dims["tied"]:
                 total -= dims["hidden"] * dims["vocab"]
     return total
-
-
-def param_tensor_count(kind: str, dims: Mapping[str, object]) -> int:
-    """Parameter tensors of one full layer (every expert's): what a per-tensor optimizer step launches over."""
-    layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
-    return int(sum(p.param_tensors for p in layer.pieces))
 
 
 def expert_param_count(kind: str, dims: Mapping[str, object]) -> int:

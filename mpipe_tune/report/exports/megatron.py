@@ -82,6 +82,7 @@ def _arguments(plan: ExportPlan) -> str:
         *(["# leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1: --use-torch-fsdp2 refuses 1 (Megatron-LM then "
            "only warns about tp or cp > 1)", "# --untie-embeddings-and-output-weights: --use-torch-fsdp2 requires "
            "it; tie them in the model code if your model does"] if fsdp else []),
+        *plan.distributed_optimizer_note(),
         f"--tensor-model-parallel-size {plan.tp}",
         f"--pipeline-model-parallel-size {P}",
         *([f"--context-parallel-size {plan.cp}"] if plan.cp > 1 else []),

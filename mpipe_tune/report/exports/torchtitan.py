@@ -76,9 +76,11 @@ def titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
         "expert_parallel_degree": plan.ep,
         "data_parallel_shard_degree": plan.dp,
         "data_parallel_replicate_degree": 1,
-        # ZeRO-3 as the plan has it: every layer frees its gathered weights after its forward (torchtitan's
-        # "default" keeps them under PP)
-        **({"fsdp_reshard_after_forward": "always"} if plan.zero_stage >= 3 else {}),
+        # the reshard policy as the plan has it (job_config.py's Parallelism.fsdp_reshard_after_forward:
+        # "default" keeps the gathered weights under PP and frees them at pp 1; "always", "never"): stated
+        # whatever the degree; ZeRO-2 keeps them, its closest
+        **({"fsdp_reshard_after_forward": "always" if plan.zero_stage >= 3 and plan.reshard_after_forward else "never"}
+           if plan.zero_stage >= 2 else {}),
         "pipeline_parallel_schedule": _titan_schedule(plan),
         "pipeline_parallel_schedule_csv": csv_path,
         "pipeline_parallel_microbatch_size": 1,
