@@ -30,10 +30,8 @@ from collections.abc import Sequence
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.plan_file.names import BASELINES, REFERENCE
 
-BASELINES = ("megatron", "disttrain", "vpp", "gpipe", "mpipe-rr")
-REFERENCE = "megatron"
-"""The baseline speedups are measured against."""
 UNPIPELINED = {
     "disttrain": "needs pp >= 2: the encoder's own stage and the backbone's",
     "vpp": "needs pp >= 2: at pp 1 there is no pipeline to interleave",
