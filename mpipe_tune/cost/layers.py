@@ -390,11 +390,11 @@ def feature_gather_s(cost: ArchCost, microbatches: tuple[Microbatch, ...], profi
                      options: CostOptions) -> np.ndarray:
     """Per microbatch of ``microbatches``, in one pass, the all-gather of the encoder's output features over
     the ``tp / encoder_tp`` encoder groups: the whole output (the encoder's last layer's, at one rank's
-    degree) as the gathered buffer, on the intra-node link unless the tensor-parallel group spans more than
-    a node; nothing without images."""
+    degree) as the gathered buffer, on the link class the tensor-parallel group spans (one package, one node, or
+    more than a node); nothing without images."""
     batch = arch.MicrobatchArray.of(microbatches)
     full = arch.estimate_arch_work(cost.kind, cost.dims_dict(), batch, dtype_bytes=options.dtype_bytes()).boundary_bytes
-    link = profile.link("all_gather", inter_node=options.degrees.tp > profile.devices_per_node)
+    link = profile.link_spanning("all_gather", options.degrees.tp)
     gather_s = estimate_collective_s(link, "all_gather", full, options.encoder_replicas)
     return np.where(batch.image_tokens > 0, gather_s, 0.0)
 
@@ -480,7 +480,7 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     bandwidth = profile.memory_bytes_per_s
     comm_s = 0.0
     if options.degrees.tp > 1 and np.any(work.tp_comm_bytes > 0):
-        link = profile.link("all_reduce", inter_node=options.degrees.tp > profile.devices_per_node)
+        link = profile.link_spanning("all_reduce", options.degrees.tp)
         comm_s = (estimate_collective_s(link, "all_reduce", work.tp_comm_bytes, options.degrees.tp)
                   * profile.tp_comm_exposed)
         if vector:
@@ -493,10 +493,10 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
             ep_degree=ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
             sequence_parallel=options.sequence_parallel)
         if traffic.all_to_all_bytes:  # expert parallelism: dispatch and combine, again for their gradients
-            link = profile.link("all_to_all", inter_node=options.degrees.tp * ep > profile.devices_per_node)
+            link = profile.link_spanning("all_to_all", options.degrees.tp * ep)
             comm_s += sum(estimate_collective_s(link, "all_to_all", n, ep) for n in traffic.all_to_all_bytes)
         if traffic.ring_steps:
-            link = profile.link("p2p", inter_node=options.degrees.tp * options.degrees.cp > profile.devices_per_node)
+            link = profile.link_spanning("p2p", options.degrees.tp * options.degrees.cp)
             core_fwd_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth)
             core_bwd_s = maximum(core_bwd_compute_s, work.attention_core_dgrad_bytes / bandwidth)
             ring_fwd_s = exposed_ring_s(link, traffic.ring_step_bytes, traffic.ring_steps, core_fwd_s)
