@@ -87,6 +87,23 @@ class Piece:
     wgrad_grad_elems: float = 0.0
     """Elements of the output gradient the weight-gradient pass reads: what a split backward keeps from
     its input-gradient event until its weight-gradient event."""
+    group_collectives: tuple["Collective", ...] = ()
+    """Collectives of the forward over groups other than the tensor-parallel all-reduce's and the
+    expert-parallel all-to-all's (a MoE dispatcher's gathers, :mod:`mpipe_tune.cost.moe`); the backward runs
+    each one's mirror on the gradients, at the same cost."""
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a forward: ``kind`` (a :data:`~mpipe_tune.cost.profile.COLLECTIVES` name) over
+    ``group`` ranks lying within ``span`` consecutive devices, on ``elems`` elements as
+    :func:`~mpipe_tune.cost.profile.estimate_collective_s` takes its size (the gathered buffer of an
+    all-gather; a reduce-scatter costs the same on the same buffer, and is written as one)."""
+
+    kind: str
+    group: int
+    span: int
+    elems: float
 
 
 def matmul(

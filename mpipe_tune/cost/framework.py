@@ -3,7 +3,7 @@ and that record become the cost model's options.
 
 A :class:`~mpipe_tune.algebra.candidate.Candidate` fixes the degrees, the memory policy
 (recomputation, ZeRO stage, sequence parallelism) and the dtype; the :class:`Framework` fixes the rest
-of what a step costs: the MoE load imbalance, the dtype of the data-parallel gradient reduce, whether
+of what a step costs: the MoE load imbalance and token dispatch, the dtype of the data-parallel gradient reduce, whether
 that reduce overlaps the backward, its bucket size and the optimizer's and gradients' bytes per
 parameter. :meth:`Framework.from_inputs` builds one from the inputs a user gives (the flags of
 ``predict`` and ``plan``, plan.json's ``inputs``); :meth:`Framework.options` joins it with a
@@ -47,6 +47,13 @@ class Framework:
     """Fused loss kernels (Megatron-LM's ``cross_entropy_loss_fusion``; its default, off)."""
     rope: str = "fused"
     """How RoPE runs (Megatron-LM's ``apply_rope_fusion``, its training default: one fused kernel)."""
+    moe_dispatcher: str = "alltoall"
+    """The MoE token dispatcher (:data:`~mpipe_tune.cost.moe.DISPATCHERS`; Megatron-Core's
+    ``--moe-token-dispatcher-type``, whose default before core 0.8 was ``allgather``)."""
+    moe_capacity_factor: float | None = None
+    """Expert capacity over the balanced share (``--moe-expert-capacity-factor``); None: dropless."""
+    moe_pad_to_capacity: bool = False
+    """Every expert runs its full capacity (``--moe-pad-expert-input-to-capacity``)."""
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any]) -> Framework:
@@ -78,4 +85,5 @@ class Framework:
             optimizer_bytes_per_param=self.optimizer_bytes_per_param, grad_bytes_per_param=self.grad_bytes_per_param,
             shard_optimizer=zero_stage >= 1, shard_parameters=zero_stage == 3, grad_reduce_dtype=self.grad_reduce_dtype,
             overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute,
-            fused_loss=self.fused_loss, rope=self.rope)
+            fused_loss=self.fused_loss, rope=self.rope, moe_dispatcher=self.moe_dispatcher,
+            moe_capacity_factor=self.moe_capacity_factor, moe_pad_to_capacity=self.moe_pad_to_capacity)

@@ -56,11 +56,13 @@ from mpipe_tune.algebra.model import ENCODER_BLOCK, ArchCost, ExplicitCost, Mode
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.arch_pieces import maximum
 from mpipe_tune.cost.arch_layers import ROPE_FORMS
+from mpipe_tune.cost.moe import MoeSettings
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
-FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm")
+FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm", "moe_dispatcher", "moe_capacity_factor",
+                     "moe_pad_to_capacity")
 """The framework fields a plan's inputs record beside its candidate (:class:`~mpipe_tune.cost.framework.Framework`)."""
 
 
@@ -82,6 +84,13 @@ class CostOptions:
     moe_imbalance: float = 1.0
     """Load imbalance of expert parallelism: routed rows on the busiest rank over the mean (>= 1;
     1 means perfectly balanced routing). Scales that rank's expert work and all-to-all buffers."""
+    moe_dispatcher: str = "alltoall"
+    """The trainer's MoE token dispatcher (:data:`~mpipe_tune.cost.moe.DISPATCHERS`, Megatron-Core's
+    ``--moe-token-dispatcher-type``): what moves the routed rows to their experts (:mod:`mpipe_tune.cost.moe`)."""
+    moe_capacity_factor: float | None = None
+    """Expert capacity over the balanced share (``--moe-expert-capacity-factor``); None: dropless routing."""
+    moe_pad_to_capacity: bool = False
+    """Every expert runs its full capacity (``--moe-pad-expert-input-to-capacity``)."""
     sequence_parallel: bool = False
     """Sequence parallelism with tp: norms, residual adds and the layers' inputs and outputs hold
     ``1/tp`` of the tokens per rank (nothing changes with ``tp == 1``)."""
@@ -191,6 +200,11 @@ class CostOptions:
         if not self.moe_imbalance >= 1.0 or self.moe_imbalance == float("inf"):
             raise MpipeError(f"MoE load imbalance {self.moe_imbalance!r} must be a finite number >= 1 (the busiest "
                              f"expert-parallel rank's routed tokens over the mean; 1 is balanced)")
+        self.moe_settings()
+
+    def moe_settings(self) -> MoeSettings:
+        """The MoE dispatch settings (validated: one line naming what is wrong)."""
+        return MoeSettings(self.moe_dispatcher, self.moe_capacity_factor, self.moe_pad_to_capacity)
 
     def dtype_bytes(self) -> int:
         """Bytes per element of the weights, activations and gradients a step keeps and moves: the dtype's,
@@ -439,6 +453,7 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
         ep_degree=options.degrees.ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
         sequence_parallel=options.sequence_parallel, fused_loss=options.fused_loss, rope=options.rope,
+        moe=options.moe_settings(),
     )
     *_, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(work, cost.kind, profile, options.dtype)
     bandwidth = profile.memory_bytes_per_s
@@ -450,15 +465,17 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         if vector:
             comm_s = np.where(work.tp_comm_bytes > 0, comm_s, 0.0)
     ring_fwd_s = ring_bwd_s = 0.0
-    if options.degrees.ep > 1 or options.degrees.cp > 1:
+    if options.degrees.ep > 1 or options.degrees.cp > 1 or options.degrees.tp > 1:
         ep = options.degrees.ep
         traffic = arch.estimate_parallel_traffic(
             cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
             ep_degree=ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
-            sequence_parallel=options.sequence_parallel)
+            sequence_parallel=options.sequence_parallel, moe=options.moe_settings())
         if traffic.all_to_all_bytes:  # expert parallelism: dispatch and combine, again for their gradients
             link = profile.link_spanning("all_to_all", options.degrees.tp * ep)
             comm_s += sum(estimate_collective_s(link, "all_to_all", n, ep) for n in traffic.all_to_all_bytes)
+        for c in traffic.group_collectives:  # a MoE dispatcher's gathers, their mirrors in the backward
+            comm_s += estimate_collective_s(profile.link_spanning(c.kind, c.span), c.kind, c.elems, c.group)
         if traffic.ring_steps:
             link = profile.link_spanning("p2p", options.degrees.tp * options.degrees.cp)
             core_fwd_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth)
