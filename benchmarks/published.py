@@ -85,6 +85,15 @@ class PublishedRun:
     distributed optimizer, else 0. A stage given needs :attr:`zero_source`."""
     zero_source: str = ""
     """Where the run's configuration and its framework's documentation say so (file and line, pinned)."""
+    moe_dispatcher: str = "alltoall"
+    """The MoE token dispatcher (Megatron-Core's ``--moe-token-dispatcher-type``; :mod:`mpipe_tune.cost.moe`)."""
+    moe_capacity_factor: float | None = None
+    """The expert capacity factor (``--moe-expert-capacity-factor``); None: dropless."""
+    moe_pad_to_capacity: bool = False
+    """Every expert padded to its capacity (``--moe-pad-expert-input-to-capacity``)."""
+    moe_grouped_gemm: bool = True
+    """The experts' GEMMs grouped (``--moe-grouped-gemm``); False: one after another (recorded, not modelled
+    apart from the kernel mode)."""
     excluded: str = ""
     """Why the run is outside what its profile describes (another code path or machine, a setting the cost model
     cannot express): shown with its prediction, counted in no fit and no held-out figure. Empty: in scope."""
@@ -177,7 +186,8 @@ def run_options(run: PublishedRun) -> CostOptions:
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
                        shard_parameters=run.zero_stage == 3,
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
-                       rope=run.rope)
+                       rope=run.rope, moe_dispatcher=run.moe_dispatcher, moe_capacity_factor=run.moe_capacity_factor,
+                       moe_pad_to_capacity=run.moe_pad_to_capacity)
 
 
 def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] | None = None

@@ -40,7 +40,8 @@ from mpipe_tune.algebra.schedule import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
 
 __all__ = ["DTYPE_BYTES", "GRAD_REDUCE_DTYPES", "MAX_DEVICES", "MOE_DISPATCHERS", "RECOMPUTE_GRANULARITIES", "ROUND_ROBIN",
-           "ZERO_STAGES", "Candidate", "Degrees", "default_cut", "normalize_recompute", "recompute_granularity", "validate_zero_stage"]
+           "ZERO_STAGES", "Candidate", "Degrees", "default_cut", "normalize_recompute", "recompute_granularity",
+           "validate_zero_stage"]
 MAX_DEVICES = 1 << 16
 """The most devices a problem or a candidate may have (65536): more than any pipeline-parallel training job spans."""
 ROUND_ROBIN = "round-robin"
@@ -50,6 +51,10 @@ GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 MOE_DISPATCHERS = ("alltoall", "allgather")
 """Megatron-Core's MoE token dispatchers the cost model runs (``CostOptions.moe_dispatcher``, :mod:`mpipe_tune.cost.moe`),
 its default first."""
+KERNEL_MODES = ("eager", "fused", "compiled", "graphs")
+"""How a trainer launches its kernels (``CostOptions.kernel_mode``, :mod:`mpipe_tune.cost.kernel_model`)."""
+DEFAULT_KERNEL_MODE = "fused"
+"""Megatron-LM's: Transformer Engine's fused kernels, issued one by one from Python."""
 
 ZERO_STAGES = (0, 1, 3)
 """The ZeRO stages a candidate takes: 0 (none), 1 (optimizer state sharded over the data-parallel ranks) and 3

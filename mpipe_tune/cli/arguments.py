@@ -150,6 +150,12 @@ def add_framework_arguments(parser) -> None:
     parser.add_argument("--moe-pad-to-capacity", action="store_true",
                         help="every expert runs its full capacity (--moe-pad-expert-input-to-capacity; needs "
                              "--moe-capacity-factor)")
+    from mpipe_tune.cost.kernel_model import DEFAULT_KERNEL_MODE, KERNEL_MODES
+
+    parser.add_argument("--kernel-mode", default=DEFAULT_KERNEL_MODE, choices=KERNEL_MODES,
+                        help="how the trainer launches kernels, where the profile gives host costs: eager (one per "
+                             "operator), fused (default, Megatron-LM with Transformer Engine), compiled (a compiler "
+                             "fuses the elementwise kernels), graphs (CUDA graphs: one host launch per layer pass)")
 
 
 def framework_options(args: argparse.Namespace, **fields):
@@ -158,8 +164,8 @@ def framework_options(args: argparse.Namespace, **fields):
     from mpipe_tune.cost.framework import Framework
 
     framework = Framework.from_inputs({"moe_imbalance": args.moe_imbalance, "grad_reduce_dtype": args.grad_reduce_dtype,
-                                       "overlap_dp_comm": args.dp_overlap == "on", "moe_dispatcher": args.moe_dispatcher,
-                                       "moe_capacity_factor": args.moe_capacity_factor,
+                                       "overlap_dp_comm": args.dp_overlap == "on", "kernel_mode": args.kernel_mode,
+                                       "moe_dispatcher": args.moe_dispatcher, "moe_capacity_factor": args.moe_capacity_factor,
                                        "moe_pad_to_capacity": args.moe_pad_to_capacity})
     return framework.cost_options(**fields)
 

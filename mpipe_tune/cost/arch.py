@@ -63,7 +63,7 @@ from mpipe_tune.inputs.arch_dims import (
     validate_arch,
 )
 from mpipe_tune.cost.arch_layers import LayerDegrees, build_layer
-from mpipe_tune.cost.arch_pieces import Collective
+from mpipe_tune.cost.arch_pieces import Collective, Layer
 from mpipe_tune.cost.moe import MoeSettings
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError
@@ -81,7 +81,9 @@ __all__ = [
     "expert_param_count",
     "expert_parallel_fits",
     "validate_expert_parallel_degree",
+    "estimate_layer",
     "param_count",
+    "param_tensor_count",
     "tensor_parallel_fits",
     "validate_tensor_parallel_degree",
     "validate_arch",
@@ -220,9 +222,21 @@ def estimate_arch_work(
     >>> work.wgrad_flops == 2 * 16 * (4 * 64 * 64 + 3 * 64 * 128)
     True
     """
+    return estimate_layer(kind, dims, mb, dtype_bytes=dtype_bytes, tp_degree=tp_degree, ep_degree=ep_degree,
+                          moe_imbalance=moe_imbalance, cp_degree=cp_degree, sequence_parallel=sequence_parallel,
+                          fused_loss=fused_loss, rope=rope, moe=moe)[0]
+
+
+def estimate_layer(
+    kind: str, dims: Mapping[str, object], mb: Microbatch | MicrobatchArray, *, dtype_bytes: int, tp_degree: int = 1,
+    ep_degree: int = 1, moe_imbalance: float = 1.0, cp_degree: int = 1, sequence_parallel: bool = False,
+    fused_loss: bool = False, rope: str = "fused", moe: MoeSettings = MoeSettings(),
+) -> tuple[ArchWork, Layer | None]:
+    """:func:`estimate_arch_work` and the layer's kernels it sums (None for one microbatch without tokens of
+    the layer's stream; an array's entries without them are zeroed in the work, not in the kernels)."""
     vector = isinstance(mb, MicrobatchArray)
     if not vector and stream_tokens(kind, mb) == 0:
-        return _NO_WORK
+        return _NO_WORK, None
     layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel, moe),
                    dtype_bytes, fused_loss, rope)
     saved_elems: dict[str, float] = {}
@@ -254,9 +268,9 @@ def estimate_arch_work(
         **{f"memory_bound_{name}": value for name, value in streamed.items()},
     )
     if not vector:
-        return work
+        return work, layer
     has_tokens = stream_tokens(kind, mb) > 0  # an entry without tokens does no work, as one microbatch
-    return ArchWork(**{f.name: np.where(has_tokens, getattr(work, f.name), 0.0) for f in fields(ArchWork)})
+    return ArchWork(**{f.name: np.where(has_tokens, getattr(work, f.name), 0.0) for f in fields(ArchWork)}), layer
 
 
 def _passes(pieces, dtype_bytes: int) -> dict[str, float]:
@@ -306,6 +320,12 @@ def param_count(kind: str, dims: Mapping[str, object]) -> int:
     """Parameters of one full layer (not split by tensor parallelism; every MoE expert counted)."""
     layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
     return sum(p.params for p in layer.pieces)
+
+
+def param_tensor_count(kind: str, dims: Mapping[str, object]) -> int:
+    """Parameter tensors of one full layer (every expert's): what a per-tensor optimizer step launches over."""
+    layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
+    return int(sum(p.param_tensors for p in layer.pieces))
 
 
 def expert_param_count(kind: str, dims: Mapping[str, object]) -> int:

@@ -41,6 +41,32 @@ _SWIGLU_FLOPS_PER_ELEM = 4.0  # sigmoid, two products
 _GELU_FLOPS_PER_ELEM = 8.0  # tanh or sigmoid approximation
 _SOFTMAX_FLOPS_PER_ELEM = 5.0  # max, subtract, exp, sum, divide
 _CROSS_ENTROPY_REDUCTIONS = 3  # per-token max, sum of exponentials, target logit (vocab-parallel loss)
+RMSNORM_KERNELS = (8.0, 10.0, 0.0)
+"""An eager RMSNorm's kernels (a Hugging Face ``LlamaRMSNorm``: the cast to fp32, the square, the mean, the
+epsilon, the reciprocal square root, the scaling, the cast back and the gain; its backward as autograd runs
+those, with the gain's gradient reduction). Fused (Transformer Engine, Apex): :data:`FUSED_NORM_KERNELS`."""
+LAYERNORM_KERNELS = (1.0, 2.0, 0.0)
+"""A LayerNorm's kernels, eager (torch's native ``layer_norm``: one forward; the input gradient and the gain
+and bias gradients) and fused alike."""
+FUSED_NORM_KERNELS = (1.0, 2.0, 0.0)
+SWIGLU_KERNELS = (2.0, 3.0, 0.0)
+"""Eager SwiGLU (``silu(gate) * up``; backward: two products and ``silu``'s backward); fused: one each."""
+ROUTER_KERNELS = (4.0, 4.0, 0.0)
+"""An eager router after its GEMM: softmax, top-k, the gather of the chosen scores and their normalisation
+(their backwards); fused (Megatron-Core's fused top-k softmax): one each."""
+AUX_LOSS_KERNELS = (5.0, 4.0, 0.0)
+"""The auxiliary load-balancing loss over the router's scores, eager and fused alike (Megatron-Core's
+``switch_load_balancing_loss_func``: the scores summed over tokens, the tokens per expert, their product, its sum
+and the scaling; their backwards)."""
+PERMUTE_KERNELS = (3.0, 2.0, 0.0)
+"""Eager token permutation into expert order (argsort of the expert ids, the index, the gather); fused: one."""
+UNPERMUTE_KERNELS = (3.0, 3.0, 0.0)
+"""Eager weighted sum back into token order (the scaling by the router's weights, the scatter-add, the
+reshape's copy; their backwards); fused: one."""
+ONE_EACH = (1.0, 1.0, 0.0)
+ROPE_TABLE_KERNELS = 6.0
+"""Kernels making RoPE's tables in each call of the unfused forms: ``cos``, ``sin``, the two scalings and the two
+casts to the dtype (:data:`ROPE_TABLE_BYTES`)."""
 LOSS_BYTES = 4
 """Width of the loss's tensors: Megatron-LM casts the logits to fp32 for its vocab-parallel
 cross-entropy whatever the step's dtype (:func:`vocab_parallel_loss`)."""
@@ -143,7 +169,9 @@ def _norm(name: str, tokens: float, width: int, *, layernorm: bool, shards: int 
     sequence parallelism's divisor of its tokens."""
     elems = tokens * width / shards
     return pointwise(
-        elems, elems, _NORM_FLOPS_PER_ELEM * elems, saved=((name, elems),), params=(2 if layernorm else 1) * width
+        elems, elems, _NORM_FLOPS_PER_ELEM * elems, saved=((name, elems),), params=(2 if layernorm else 1) * width,
+        kernels=LAYERNORM_KERNELS if layernorm else RMSNORM_KERNELS, fused_kernels=FUSED_NORM_KERNELS,
+        param_tensors=2 if layernorm else 1,
     )
 
 
@@ -182,7 +210,8 @@ def _mlp(
         up = [linear(input_name, in_width, ffn, "column", input_shards),
               linear(input_name, in_width, ffn, "column", input_shards)]
         saved = ((f"{prefix}gate", ffn_elems), (f"{prefix}up", ffn_elems))
-        act = pointwise(2.0 * ffn_elems, ffn_elems, _SWIGLU_FLOPS_PER_ELEM * ffn_elems, saved=saved)
+        act = pointwise(2.0 * ffn_elems, ffn_elems, _SWIGLU_FLOPS_PER_ELEM * ffn_elems, saved=saved,
+                        kernels=SWIGLU_KERNELS, fused_kernels=ONE_EACH)
     else:
         up = [linear(input_name, in_width, ffn, "column", input_shards)]
         saved = ((f"{prefix}up", ffn_elems),)
@@ -222,21 +251,25 @@ def rotary_embedding(tokens: float, heads: float, head_dim: int, rope_dim: int, 
     rotated = tokens * heads * rope_dim
     whole = tokens * heads * head_dim
     angles = 2 * tokens * rope_dim * 4 / dtype_bytes  # fp32 freqs, read once per call (q, k)
-    if form == "fused":
+    if form == "fused":  # one kernel for q, one for k
         return Piece(fwd_flops=3.0 * rotated, fwd_elems=sum(FUSED_ROPE_PASSES) * whole + angles,
-                     dgrad_flops=3.0 * rotated, dgrad_elems=sum(FUSED_ROPE_PASSES) * whole + angles)
+                     dgrad_flops=3.0 * rotated, dgrad_elems=sum(FUSED_ROPE_PASSES) * whole + angles,
+                     kernels=(2.0, 2.0, 0.0))
     fwd, bwd = (ROPE_FWD_PASSES, ROPE_BWD_PASSES) if form == "unfused" else (FUSED_ROPE_PASSES, FUSED_ROPE_PASSES)
     cat_back = 4.0 * whole  # the unrotated slice's zeros (write) and the sum of the two gradients (read 2, write 1)
     if rope_dim < head_dim:  # the rotated slice is a real slice too: its zeros, and the copy of its gradient
         cat_back += whole + 2.0 * (whole - rotated) + 2.0 * rotated
     cast_bytes = 0 if dtype_bytes == 4 else 4 + dtype_bytes  # the tables cast to the dtype
     tables = 2 * 2 * tokens * rope_dim  # cos and sin, for q and for k
+    slices = 2.0 if rope_dim < head_dim else 0.0  # the rotated slice's zeros and copy
+    per_tensor = (len(fwd) + 1.0, len(bwd) + 2.0 + slices)  # with the concatenation (its backward: zeros and a sum)
     return Piece(
         fwd_flops=3.0 * rotated,
         fwd_elems=sum(fwd) * rotated + 2.0 * whole + tables * (ROPE_TABLE_BYTES + cast_bytes) / dtype_bytes,
         dgrad_flops=4.0 * rotated,
         dgrad_elems=sum(bwd) * rotated + cat_back + tables,
         saved=(("rope_cos_sin", tables),),
+        kernels=(2.0 * per_tensor[0] + 2.0 * ROPE_TABLE_KERNELS, 2.0 * per_tensor[1], 0.0),  # q and k, each call
     )
 
 
@@ -368,16 +401,18 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, t
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
         matmul("x_norm2", tokens, hidden, experts, split="replicated", tp_degree=tp_degree, input_shards=shards),
         pointwise(scores, 2.0 * routed_tokens / shards, _SOFTMAX_FLOPS_PER_ELEM * scores,  # scores and top-k
-                  saved=(("router_scores", scores),)),
-        pointwise(scores, experts, 2.0 * scores),  # the auxiliary load-balancing loss over the scores
-        pointwise(tokens * hidden / shards, routed_tokens * hidden / shards, 0.0),  # permute into expert order
+                  saved=(("router_scores", scores),), kernels=ROUTER_KERNELS, fused_kernels=ONE_EACH),
+        pointwise(scores, experts, 2.0 * scores, kernels=AUX_LOSS_KERNELS),  # the load-balancing loss
+        pointwise(tokens * hidden / shards, routed_tokens * hidden / shards, 0.0,  # permute into expert order
+                  kernels=PERMUTE_KERNELS, fused_kernels=ONE_EACH),
         all_to_all(exchange, ep_degree=ep),  # dispatch
         Piece(group_collectives=gathers),  # the dispatcher's gathers (and the combine's reduce-scatters)
         *routed,
         all_to_all(exchange, ep_degree=ep),  # combine
         pointwise(routed_tokens * (hidden + 1) / shards, tokens * hidden / shards,
                   2.0 * routed_tokens * hidden / shards,
-                  saved=(("expert_out", routed_tokens * hidden / shards),)),  # weighted sum back into token order
+                  saved=(("expert_out", routed_tokens * hidden / shards),),  # weighted sum back into token order
+                  kernels=UNPERMUTE_KERNELS, fused_kernels=ONE_EACH),
         *shared,
         _residual_add(tokens, hidden, shards=shards),
     ]
@@ -419,7 +454,7 @@ def _patch_embed(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees)
                      bias=dims["bias"])]
     if dims["positions"] > 0:  # learned absolute position table, added to every patch
         pieces.append(pointwise(2.0 * patches * hidden, patches * hidden, patches * hidden,
-                                params=dims["positions"] * hidden))
+                                params=dims["positions"] * hidden, param_tensors=1))
     return Layer(tuple(pieces), boundary_elems=patches * hidden)
 
 
@@ -481,6 +516,12 @@ def vocab_parallel_loss(tokens: float, logits_elems: float, *, dtype_bytes: int,
         fwd_bytes = cast_bytes + LOSS_BYTES * sum(fwd_passes)
         bwd_bytes = LOSS_BYTES * sum(bwd_passes) + cast_bytes
     wide = LOSS_BYTES / dtype_bytes  # one fp32 element, in the dtype's elements
+    cast = 0.0 if dtype_bytes == LOSS_BYTES else 1.0
+    target = 2.0  # the target logit's gather and the per-token loss
+    if fused:  # the cast runs inside the first kernel; the backward writes the dtype
+        kernels = (len(fwd_passes) + target, len(bwd_passes) + 1.0, 0.0)
+    else:  # the one-hot subtraction, then the cast back
+        kernels = (cast + len(fwd_passes) + target, len(bwd_passes) + 1.0 + cast, 0.0)
     return [
         Piece(
             fwd_flops=_SOFTMAX_FLOPS_PER_ELEM * logits_elems,
@@ -488,6 +529,7 @@ def vocab_parallel_loss(tokens: float, logits_elems: float, *, dtype_bytes: int,
             dgrad_flops=logits_elems,
             dgrad_elems=logits_elems * bwd_bytes / dtype_bytes + tokens * wide,
             saved=(("softmax", logits_elems * wide),),
+            kernels=kernels,
         ),
         all_reduce(_CROSS_ENTROPY_REDUCTIONS * tokens * wide, tp_degree=tp_degree),
     ]

@@ -40,6 +40,10 @@ runtime's own update; a profile without it updates at ``memory_bytes_per_s``.
 An optional ``tp_comm_overlap`` entry (a number with provenance) states the fraction of the
 tensor-parallel collectives' time hidden behind compute; absent, they are fully exposed.
 
+Optional ``host`` (the host's ``dispatch_s`` per kernel and ``sync_s`` per sync) and ``kernel_efficiency``
+(efficiency curves by kernel shape for the ``gemm``, ``attention`` and ``memory`` families) are read by
+:mod:`mpipe_tune.cost.kernel_model`, which states their forms.
+
 All numbers are SI base units given as plain JSON numbers: bytes, seconds, bytes per second, FLOP/s.
 Built-in profiles live in ``profiles/`` (package data ``mpipe_tune.profiles``); :func:`load_profile`
 takes their file stem or a path.
@@ -62,6 +66,9 @@ from typing import Any
 
 import numpy as np
 
+from mpipe_tune.cost.kernel_model import (
+    HostCosts, KernelEfficiency, host_dict, kernel_efficiency_dict, parse_host, parse_kernel_efficiency,
+)
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
 
@@ -83,9 +90,10 @@ COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_a
 _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "tp_comm_overlap",
-    "optimizer_update_bytes_per_s", "devices_per_package",
+    "optimizer_update_bytes_per_s", "host", "kernel_efficiency", "devices_per_package",
 }
-_OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s", "devices_per_package"}
+_OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s", "host", "kernel_efficiency",
+                      "devices_per_package"}
 ATTENTION_CORE = "attention_core"
 """Efficiency entry of the attention core (scores and values, one fused kernel) inside any layer kind: where
 the profile has it, the core's FLOPs are timed at it and the rest of the layer at the kind's entry; where
@@ -163,6 +171,10 @@ class HardwareProfile:
     """Fraction in [0, 1] of the tensor-parallel all-reduce (reduce-scatter / all-gather) time hidden behind
     the layer's GEMMs (Transformer Engine's comm-GEMM overlap); None (absent from the file): 0, every
     tensor-parallel collective exposed."""
+    host: HostCosts | None = None
+    """The host's seconds per kernel issued and per sync (:mod:`~mpipe_tune.cost.kernel_model`); None: free."""
+    kernel_efficiency: KernelEfficiency | None = None
+    """Efficiency curves by kernel shape (:mod:`~mpipe_tune.cost.kernel_model`); None: per-kind efficiencies."""
 
     @property
     def tp_comm_exposed(self) -> float:
@@ -321,6 +333,10 @@ class HardwareProfile:
                                                           self.optimizer_update_bytes_per_s)
         if self.tp_comm_overlap is not None:
             data["tp_comm_overlap"] = number("tp_comm_overlap", self.tp_comm_overlap)
+        if self.host is not None:
+            data["host"] = host_dict(self.host, self.provenance, _thaw)
+        if self.kernel_efficiency is not None:
+            data["kernel_efficiency"] = kernel_efficiency_dict(self.kernel_efficiency, self.provenance, _thaw)
         if self.notes:
             data["notes"] = self.notes
         return data
@@ -472,6 +488,8 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         if tp_overlap > 1:
             v.fail("tp_comm_overlap.value", tp_overlap, "must lie in [0, 1]",
                    "give the fraction of the tensor-parallel collective time hidden behind compute")
+    host = parse_host(v, data["host"]) if "host" in data else None
+    curves = parse_kernel_efficiency(v, data["kernel_efficiency"]) if "kernel_efficiency" in data else None
     classes = v.table("links", data["links"], allowed=(*LINK_CLASSES, PACKAGE_LINK_CLASS))
     if (PACKAGE_LINK_CLASS in classes) != (per_package > 1):
         v.fail(f"links.{PACKAGE_LINK_CLASS}", classes.get(PACKAGE_LINK_CLASS, _MISSING),
@@ -498,12 +516,14 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         call_overhead_s=MappingProxyType(call_overhead), image_overhead_s=MappingProxyType(image_overhead),
         tp_overhead_s=MappingProxyType(tp_tables["tp_overhead_s"]),
         tp_slowdown=MappingProxyType(tp_tables["tp_slowdown"]), optimizer_update_bytes_per_s=update_bps,
-        tp_comm_overlap=tp_overlap,
+        tp_comm_overlap=tp_overlap, host=host, kernel_efficiency=curves,
     )
 
 
 class _Validator:
     """Checks one profile's fields, collecting provenance; every failure is one MpipeError line."""
+
+    missing = _MISSING
 
     def __init__(self, where: str) -> None:
         self.where = where

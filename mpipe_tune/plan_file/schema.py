@@ -11,16 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from mpipe_tune.algebra.candidate import GRAD_REDUCE_DTYPES, MOE_DISPATCHERS, Candidate
+from mpipe_tune.algebra.candidate import DEFAULT_KERNEL_MODE, GRAD_REDUCE_DTYPES, KERNEL_MODES, MOE_DISPATCHERS, Candidate
 from mpipe_tune.algebra.events import Comm, EdgeKind, Group, parse_event
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.dataset import draw_from_dict
 from mpipe_tune.inputs.workload import Workload, parse_workload, workload_to_dict
+from mpipe_tune.plan_file.names import BEST
 from mpipe_tune.plan_file.check import damaged, read_record, read_value, spec, write_value
 
-BEST = "best"
-"""The name that selects the file's top-level plan (the search's winner)."""
 
 
 # ------------------------------------------------------------------------------------------- inputs
@@ -87,16 +86,19 @@ class Inputs:
     imbalance, the gradient reduce's dtype, whether data-parallel communication overlaps compute."""
     grad_reduce_dtype: str = spec(choices=GRAD_REDUCE_DTYPES, default="fp32")
     overlap_dp_comm: bool = True
+    kernel_mode: str = spec(choices=KERNEL_MODES, default=DEFAULT_KERNEL_MODE)
+    """How the trainer launches kernels (``Framework.kernel_mode``; absent from older files: the default)."""
     moe_dispatcher: str = spec(choices=MOE_DISPATCHERS, default="alltoall")
     """The MoE token dispatcher (:mod:`mpipe_tune.cost.moe`); absent from files written before it: alltoall."""
-    moe_capacity_factor: float | None = spec(omit_none=True, default=None)
+    moe_capacity_factor: float | None = spec(lower=0.0, default=None)
     moe_pad_to_capacity: bool = False
 
     def framework(self) -> dict[str, Any]:
         """The framework options as ``Framework.from_inputs`` reads them."""
         return {"moe_imbalance": self.moe_imbalance, "grad_reduce_dtype": self.grad_reduce_dtype,
-                "overlap_dp_comm": self.overlap_dp_comm, "moe_dispatcher": self.moe_dispatcher,
-                "moe_capacity_factor": self.moe_capacity_factor, "moe_pad_to_capacity": self.moe_pad_to_capacity}
+                "overlap_dp_comm": self.overlap_dp_comm, "kernel_mode": self.kernel_mode,
+                "moe_dispatcher": self.moe_dispatcher, "moe_capacity_factor": self.moe_capacity_factor,
+                "moe_pad_to_capacity": self.moe_pad_to_capacity}
 
 
 # ------------------------------------------------------------------------------------- a plan's fields

@@ -71,6 +71,7 @@ def place_from_env(env: Mapping[str, str] | None = None) -> NodePlace:
     if not (0 <= place.rank < place.world_size <= _MAX_WORLD and 0 <= place.local_rank < place.local_world_size
             <= place.world_size and 0 <= place.node_rank < place.world_size):
         raise MpipeError(f"torchrun's environment is inconsistent ({place}); start the command with torchrun")
+    _check_node(place, env)
     # as env:// reads them, unstripped: an address with a space or a control character (a NEL, U+0085, that
     # str.strip() removes) is no host name, and a port of other digits than 0-9 ('²') no port
     address, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
@@ -80,6 +81,40 @@ def place_from_env(env: Mapping[str, str] | None = None) -> NodePlace:
                          f"MASTER_PORT={env.get('MASTER_PORT')!r}; the ranks meet at a host name or address and a port "
                          f"1-65535: start the command with torchrun (--rdzv-endpoint HOST:PORT)")
     return place
+
+
+def _check_node(place: NodePlace, env: Mapping[str, str]) -> None:
+    """The node's block of ranks against the world, before any rendezvous: torchrun numbers ranks node by node
+    (node ``g``'s first rank is the sum of the earlier nodes' process counts), so every earlier node holds one
+    rank at least, every later one too, and ``GROUP_WORLD_SIZE`` (where set) counts the nodes. An environment
+    that breaks this would wait for a peer that cannot exist."""
+    first = place.rank - place.local_rank
+    nodes = env.get("GROUP_WORLD_SIZE")
+    if nodes is not None and not re.fullmatch(r"[0-9]{1,7}", nodes):
+        raise MpipeError(f"torchrun's environment gives GROUP_WORLD_SIZE={nodes[:20]!r}, not a node count; start the "
+                         f"command with torchrun")
+    after = place.world_size - first - place.local_world_size  # ranks on the nodes after this one
+    later = None if nodes is None else int(nodes) - 1 - place.node_rank  # nodes after this one
+    if after < 0 or place.node_rank > first or (later is not None and not 0 <= later <= after):
+        counted = f"{nodes} nodes" if nodes is not None else f"nodes of {place.local_world_size} processes"
+        raise MpipeError(f"torchrun's environment is inconsistent: node {place.node_rank} of {counted} holds ranks "
+                         f"{first}..{first + place.local_world_size - 1} of a world of {place.world_size}, which leaves "
+                         f"{first} ranks for the {place.node_rank} nodes before it and {after} for those after it; "
+                         f"start every node with the same torchrun --nnodes and --nproc-per-node, and --node-rank 0..N-1")
+
+
+def join_env_world(dist, backend: str, place: NodePlace, timeout_s: float, **kwargs) -> None:
+    """``dist.init_process_group`` through torchrun's ``env://`` rendezvous, bounded by ``timeout_s``: peers that
+    never come are one line (torch's own C++ log of a client's retries may come before it)."""
+    try:
+        dist.init_process_group(backend, init_method="env://", rank=place.rank, world_size=place.world_size,
+                                timeout=timedelta(seconds=timeout_s), **kwargs)
+    except dist.DistError as exc:
+        at = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        detail = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        raise MpipeError(f"rank {place.rank}: the {place.world_size} ranks did not all meet at {at} within "
+                         f"{timeout_s:g} s ({detail}); start the same torchrun command on every node, rank 0's "
+                         f"--rdzv-endpoint reachable from each") from None
 
 
 @dataclass(frozen=True)
@@ -145,8 +180,7 @@ def measure_link_classes(device: str, place: NodePlace, settings: SweepSettings,
         getattr(torch, device).set_device(place.local_rank)
         where = f"{device}:{place.local_rank}"
     bound = {} if device == "cpu" else {"device_id": torch.device(where)}
-    dist.init_process_group(BACKENDS[device], init_method="env://", rank=place.rank, world_size=place.world_size,
-                            timeout=timedelta(seconds=_DIST_TIMEOUT_S), **bound)
+    join_env_world(dist, BACKENDS[device], place, _DIST_TIMEOUT_S, **bound)
     try:
         places: list = [None] * place.world_size
         dist.all_gather_object(places, place)

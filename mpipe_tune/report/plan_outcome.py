@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpipe_tune.plan_file import PlanInputs, plan_record, plan_section
-from mpipe_tune.search.compare import CURRENT
+from mpipe_tune.plan_file import CURRENT
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.planner import PlanOutcome
 

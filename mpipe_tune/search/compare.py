@@ -27,9 +27,8 @@ from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.families import OWN, OwnBest
 from mpipe_tune.search.space import SearchSpace
+from mpipe_tune.plan_file.names import CURRENT
 
-CURRENT = "current"
-"""The name of the user's current layout, in the table and in plan.json."""
 
 
 def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluation) -> list[tuple[str, Evaluation | None]]:

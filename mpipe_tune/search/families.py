@@ -41,9 +41,8 @@ from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.grouped import StagedWorkBound
 from mpipe_tune.search.space import SearchSpace, twin_bounds
+from mpipe_tune.plan_file.names import OWN
 
-OWN = "@own"
-"""Suffix of a baseline's own-best plan: ``megatron@own``."""
 _PRUNE_MARGIN = 1e-9
 
 
