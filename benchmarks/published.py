@@ -79,6 +79,10 @@ class PublishedRun:
     """How the run's trainer applies RoPE (:attr:`~mpipe_tune.cost.layers.CostOptions.rope`): ``fused``
     (Megatron-LM's ``apply_rope_fusion``, on by default in its training arguments and in NeMo's Llama
     configs), ``unfused`` (MindSpeed without ``--use-fused-rotary-pos-emb``) or ``mindspeed_fused`` (with it)."""
+    kernel_mode: str = "fused"
+    """How the run's trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): ``fused``
+    (Megatron-LM and MindSpeed with their fused kernels, the default), ``eager`` (torchtitan without
+    ``torch.compile``), ``compiled`` (with it)."""
     zero_stage: int | None = None
     """The ZeRO stage where the run states more than :attr:`distributed_optimizer` says: 3 where its framework
     keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.fsdp`); None: 1 with a
@@ -186,8 +190,8 @@ def run_options(run: PublishedRun) -> CostOptions:
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
                        shard_parameters=run.zero_stage == 3,
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
-                       rope=run.rope, moe_dispatcher=run.moe_dispatcher, moe_capacity_factor=run.moe_capacity_factor,
-                       moe_pad_to_capacity=run.moe_pad_to_capacity)
+                       rope=run.rope, kernel_mode=run.kernel_mode, moe_dispatcher=run.moe_dispatcher,
+                       moe_capacity_factor=run.moe_capacity_factor, moe_pad_to_capacity=run.moe_pad_to_capacity)
 
 
 def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] | None = None

@@ -80,6 +80,7 @@ __all__ = [
     "estimate_parallel_traffic",
     "expert_param_count",
     "expert_parallel_fits",
+    "model_param_count",
     "validate_expert_parallel_degree",
     "estimate_layer",
     "param_count",
@@ -326,6 +327,20 @@ def param_tensor_count(kind: str, dims: Mapping[str, object]) -> int:
     """Parameter tensors of one full layer (every expert's): what a per-tensor optimizer step launches over."""
     layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
     return int(sum(p.param_tensors for p in layer.pieces))
+
+
+def model_param_count(model: Model) -> int:
+    """Parameters of ``model``'s architecture layers, each counted once: their :func:`param_count`, less the table
+    of a tied ``lm_head``, which is the embedding's (a stage holding the head alone keeps a copy of it, as
+    Megatron-LM's pipeline does, so the per-layer counts that memory reads keep it)."""
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer.cost, ArchCost):
+            dims = resolve_dims(layer.cost.kind, layer.cost.dims_dict())
+            total += param_count(layer.cost.kind, dims)
+            if layer.cost.kind == "lm_head" and dims["tied"]:
+                total -= dims["hidden"] * dims["vocab"]
+    return total
 
 
 def expert_param_count(kind: str, dims: Mapping[str, object]) -> int:

@@ -31,9 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipe_tune.cost import moe
+from mpipe_tune.cost.arch_attention_variants import attention_variants, block_variants
+from mpipe_tune.cost.arch_linear_attention import gated_deltanet
 from mpipe_tune.cost.arch_pieces import (
     Layer, Piece, Split, all_reduce, all_to_all, attention, lookup, matmul, pointwise,
 )
+from mpipe_tune.cost.arch_vision import pixel_shuffle, projector_norm, vit_variants, with_side_features
 from mpipe_tune.inputs.workload import Microbatch
 
 _NORM_FLOPS_PER_ELEM = 4.0  # mean/variance, scale, gain
@@ -154,8 +157,10 @@ def build_layer(kind: str, dims: Mapping[str, Any], mb: Microbatch, tp_degree: i
     and ``rope``, how it runs RoPE (:data:`ROPE_FORMS`, :func:`rotary_embedding`)."""
     degrees = tp_degree if isinstance(tp_degree, LayerDegrees) else LayerDegrees(tp_degree)
     if kind in _TRAINER_BUILDERS:
-        return _TRAINER_BUILDERS[kind](dims, mb, degrees, _Trainer(dtype_bytes, fused_loss, rope))
-    return _BUILDERS[kind](dims, mb, degrees)
+        layer = _TRAINER_BUILDERS[kind](dims, mb, degrees, _Trainer(dtype_bytes, fused_loss, rope))
+    else:
+        layer = _BUILDERS[kind](dims, mb, degrees)
+    return with_side_features(layer, dims, mb)
 
 
 def _local_text_tokens(mb: Microbatch, degrees: LayerDegrees) -> float:
@@ -206,7 +211,7 @@ def _mlp(
                       input_shards=shards, **experts)
 
     ffn_elems = tokens * ffn / tp_degree
-    if activation == "swiglu":
+    if activation in ("swiglu", "geglu"):  # gated: SiLU (SwiGLU) or GELU (GeGLU, Gemma's) of the gate
         up = [linear(input_name, in_width, ffn, "column", input_shards),
               linear(input_name, in_width, ffn, "column", input_shards)]
         saved = ((f"{prefix}gate", ffn_elems), (f"{prefix}up", ffn_elems))
@@ -349,12 +354,16 @@ def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDe
     seq_lens = [mb.text_tokens]
     if dims["attention"] == "mla":
         core = _mla(dims, tokens, seq_lens, degrees, trainer)
+    elif dims["attention"] == "gated_deltanet":
+        core = gated_deltanet(dims, tokens, seq_lens, tp_degree, input_shards=shards)
     else:
-        core = _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False, trainer=trainer)
+        core = attention_variants(dims, _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False,
+                                             trainer=trainer), tokens, seq_lens, tp_degree, input_shards=shards)
     return [
         _norm("x", tokens, hidden, layernorm=False, shards=shards),
         *core,
         all_reduce(tokens * hidden, tp_degree=tp_degree),
+        *block_variants(dims, mb, tokens, shards=shards)[0],
         _residual_add(tokens, hidden, shards=shards),
     ]
 
@@ -369,9 +378,15 @@ def _dense_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees,
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
         *mlp,
         all_reduce(tokens * hidden, tp_degree=tp_degree),
-        _residual_add(tokens, hidden, shards=shards),
+        *_after_mlp(dims, mb, tokens, shards),
     ]
     return Layer(tuple(pieces), boundary_elems=tokens * hidden / shards)
+
+
+def _after_mlp(dims: Mapping[str, Any], mb: Microbatch, tokens: float, shards: int) -> list[Piece]:
+    """A decoder block's post-MLP norm (if any), residual add and DeepStack injection (if any)."""
+    _, post_norm, injected = block_variants(dims, mb, tokens, shards=shards)
+    return [*post_norm, _residual_add(tokens, dims["hidden"], shards=shards), *injected]
 
 
 def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, trainer: _Trainer) -> Layer:
@@ -414,7 +429,7 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, t
                   saved=(("expert_out", routed_tokens * hidden / shards),),  # weighted sum back into token order
                   kernels=UNPERMUTE_KERNELS, fused_kernels=ONE_EACH),
         *shared,
-        _residual_add(tokens, hidden, shards=shards),
+        *_after_mlp(dims, mb, tokens, shards),
     ]
     return Layer(tuple(pieces), boundary_elems=tokens * hidden / shards)
 
@@ -430,7 +445,8 @@ def _vit_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -
     patches = _patches(dims, mb)
     seq_lens = [tokens * dims["merge_factor"] for tokens in mb.image_sizes()]
     bias = dims["bias"]
-    attn = _gqa({**dims, "kv_heads": heads}, patches, seq_lens, encoder, qkv_bias=bias, out_bias=bias)
+    attn = vit_variants(dims, _gqa({**dims, "kv_heads": heads}, patches, seq_lens, encoder, qkv_bias=bias,
+                                   out_bias=bias), mb, seq_lens, tp_degree)
     mlp = _mlp("", "x_norm2", patches, hidden, dims["ffn"], hidden, activation=dims["activation"], bias=bias,
                tp_degree=tp_degree, input_shards=shards)
     pieces = [
@@ -473,11 +489,13 @@ def _merger(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> L
 def _projector(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
     tp_degree = degrees.tp_degree
     tokens, in_hidden, hidden = mb.image_tokens, dims["in_hidden"], dims["hidden"]
+    norm = projector_norm(dims, mb)
     if dims["depth"] == 1:
-        pieces = [matmul("x", tokens, in_hidden, hidden, split="replicated", tp_degree=tp_degree, bias=True)]
+        pieces = [*norm, matmul("x", tokens, in_hidden, hidden, split="replicated", tp_degree=tp_degree, bias=True)]
     else:
         ffn = dims["ffn"] or hidden
-        pieces = [*_mlp("", "x", tokens, in_hidden, ffn, hidden, activation="gelu", bias=True, tp_degree=tp_degree),
+        pieces = [*norm, *_mlp("", "x", tokens, in_hidden, ffn, hidden, activation=dims["activation"], bias=True,
+                               tp_degree=tp_degree),
                   all_reduce(tokens * hidden, tp_degree=tp_degree)]
     return Layer(tuple(pieces), boundary_elems=tokens * hidden)
 
@@ -554,6 +572,7 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees], Lay
     "patch_embed": _patch_embed,
     "merger": _merger,
     "projector": _projector,
+    "pixel_shuffle": pixel_shuffle,
 }
 _TRAINER_BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees, _Trainer], Layer]] = {
     "dense_block": _dense_block,

@@ -292,6 +292,8 @@ class ComparisonRow:
     spill_s: float
     peak_bytes: float
     fits_memory: bool
+    bound_by: str | None = spec(omit_none=True, default=None)
+    """What bounds each rank of the plan (``r0 compute 80%, r1 host 60%``); absent from older files."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.plan_file.names import BASELINES, REFERENCE
+from mpipe_tune.plan_file.names import BASELINES
 
 _SCHEDULES = {"megatron": "1f1b", "disttrain": "1f1b", "gpipe": "gpipe", "mpipe-rr": "transpose,1f1b"}
 
