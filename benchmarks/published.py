@@ -93,6 +93,15 @@ class PublishedRun:
     ``reshard_after_forward``) or keeps them through the step; None: the default for its pipeline degree."""
     zero_source: str = ""
     """Where the run's configuration and its framework's documentation say so (file and line, pinned)."""
+    moe_dispatcher: str = "alltoall"
+    """The MoE token dispatcher (Megatron-Core's ``--moe-token-dispatcher-type``; :mod:`mpipe_tune.cost.moe`)."""
+    moe_capacity_factor: float | None = None
+    """The expert capacity factor (``--moe-expert-capacity-factor``); None: dropless."""
+    moe_pad_to_capacity: bool = False
+    """Every expert padded to its capacity (``--moe-pad-expert-input-to-capacity``)."""
+    moe_grouped_gemm: bool = True
+    """The experts' GEMMs grouped (``--moe-grouped-gemm``); False: one after another (recorded, not modelled
+    apart from the kernel mode)."""
     excluded: str = ""
     """Why the run is outside what its profile describes (another code path or machine, a setting the cost model
     cannot express): shown with its prediction, counted in no fit and no held-out figure. Empty: in scope."""
@@ -190,7 +199,8 @@ def run_options(run: PublishedRun) -> CostOptions:
                        shard_gradients=run.zero_stage == 2, shard_parameters=run.zero_stage == 3,
                        reshard_after_forward=run_candidate_reshards(run),
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
-                       rope=run.rope, kernel_mode=run.kernel_mode)
+                       rope=run.rope, kernel_mode=run.kernel_mode, moe_dispatcher=run.moe_dispatcher,
+                       moe_capacity_factor=run.moe_capacity_factor, moe_pad_to_capacity=run.moe_pad_to_capacity)
 
 
 def run_candidate_reshards(run: PublishedRun) -> bool:

@@ -39,15 +39,18 @@ from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
 
-__all__ = ["DTYPE_BYTES", "GRAD_REDUCE_DTYPES", "MAX_DEVICES", "RECOMPUTE_GRANULARITIES", "ROUND_ROBIN", "ZERO_SETTINGS", "ZERO_STAGES",
-           "Candidate", "Degrees", "default_cut", "default_reshard_after_forward", "normalize_recompute",
-           "recompute_granularity", "validate_zero_stage"]
+__all__ = ["DTYPE_BYTES", "GRAD_REDUCE_DTYPES", "MAX_DEVICES", "MOE_DISPATCHERS", "RECOMPUTE_GRANULARITIES", "ROUND_ROBIN",
+           "ZERO_SETTINGS", "ZERO_STAGES", "Candidate", "Degrees", "default_cut", "default_reshard_after_forward",
+           "normalize_recompute", "recompute_granularity", "validate_zero_stage"]
 MAX_DEVICES = 1 << 16
 """The most devices a problem or a candidate may have (65536): more than any pipeline-parallel training job spans."""
 ROUND_ROBIN = "round-robin"
 """The static owner policy: microbatch m on rank m mod P."""
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 """The dtypes frameworks reduce data-parallel gradients in (``CostOptions.grad_reduce_dtype``)."""
+MOE_DISPATCHERS = ("alltoall", "allgather")
+"""Megatron-Core's MoE token dispatchers the cost model runs (``CostOptions.moe_dispatcher``, :mod:`mpipe_tune.cost.moe`),
+its default first."""
 KERNEL_MODES = ("eager", "fused", "compiled", "graphs")
 """How a trainer launches its kernels (``CostOptions.kernel_mode``, :mod:`mpipe_tune.cost.kernel_model`)."""
 DEFAULT_KERNEL_MODE = "fused"

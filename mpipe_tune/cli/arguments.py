@@ -144,6 +144,17 @@ def add_framework_arguments(parser) -> None:
                         help="data-parallel reduce (and ZeRO-1 all-gather) overlapped with the backward (forward) "
                              "in buckets: on (default, as Megatron-LM and torchtitan run it) or off (after the "
                              "last backward)")
+    from mpipe_tune.algebra.candidate import MOE_DISPATCHERS
+
+    parser.add_argument("--moe-dispatcher", default=MOE_DISPATCHERS[0], choices=MOE_DISPATCHERS,
+                        help="MoE token dispatcher, Megatron-Core's --moe-token-dispatcher-type: alltoall (default) "
+                             "or allgather (Megatron-Core's default before 0.8)")
+    parser.add_argument("--moe-capacity-factor", type=float, default=None, metavar="C",
+                        help="MoE expert capacity over the balanced share (--moe-expert-capacity-factor; default: "
+                             "none, dropless routing)")
+    parser.add_argument("--moe-pad-to-capacity", action="store_true",
+                        help="every expert runs its full capacity (--moe-pad-expert-input-to-capacity; needs "
+                             "--moe-capacity-factor)")
     from mpipe_tune.cost.kernel_model import DEFAULT_KERNEL_MODE, KERNEL_MODES
 
     parser.add_argument("--kernel-mode", default=DEFAULT_KERNEL_MODE, choices=KERNEL_MODES,
@@ -158,7 +169,9 @@ def framework_options(args: argparse.Namespace, **fields):
     from mpipe_tune.cost.framework import Framework
 
     framework = Framework.from_inputs({"moe_imbalance": args.moe_imbalance, "grad_reduce_dtype": args.grad_reduce_dtype,
-                                       "overlap_dp_comm": args.dp_overlap == "on", "kernel_mode": args.kernel_mode})
+                                       "overlap_dp_comm": args.dp_overlap == "on", "kernel_mode": args.kernel_mode,
+                                       "moe_dispatcher": args.moe_dispatcher, "moe_capacity_factor": args.moe_capacity_factor,
+                                       "moe_pad_to_capacity": args.moe_pad_to_capacity})
     return framework.cost_options(**fields)
 
 

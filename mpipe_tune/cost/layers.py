@@ -58,11 +58,14 @@ from mpipe_tune.cost.arch_pieces import maximum
 from mpipe_tune.cost.arch_layers import ROPE_FORMS
 from mpipe_tune.cost.kernel_model import DEFAULT_KERNEL_MODE, KERNEL_MODES
 from mpipe_tune.cost.kernel_passes import host_pass_seconds, shaped_pass_seconds
+from mpipe_tune.cost import moe
+from mpipe_tune.cost.moe import MoeSettings
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
-FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm", "kernel_mode")
+FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm", "kernel_mode", "moe_dispatcher",
+                     "moe_capacity_factor", "moe_pad_to_capacity")
 """The framework fields a plan's inputs record beside its candidate (:class:`~mpipe_tune.cost.framework.Framework`)."""
 
 
@@ -84,6 +87,13 @@ class CostOptions:
     moe_imbalance: float = 1.0
     """Load imbalance of expert parallelism: routed rows on the busiest rank over the mean (>= 1;
     1 means perfectly balanced routing). Scales that rank's expert work and all-to-all buffers."""
+    moe_dispatcher: str = "alltoall"
+    """The trainer's MoE token dispatcher (:data:`~mpipe_tune.cost.moe.DISPATCHERS`, Megatron-Core's
+    ``--moe-token-dispatcher-type``): what moves the routed rows to their experts (:mod:`mpipe_tune.cost.moe`)."""
+    moe_capacity_factor: float | None = None
+    """Expert capacity over the balanced share (``--moe-expert-capacity-factor``); None: dropless routing."""
+    moe_pad_to_capacity: bool = False
+    """Every expert runs its full capacity (``--moe-pad-expert-input-to-capacity``)."""
     sequence_parallel: bool = False
     """Sequence parallelism with tp: norms, residual adds and the layers' inputs and outputs hold
     ``1/tp`` of the tokens per rank (nothing changes with ``tp == 1``)."""
@@ -221,6 +231,11 @@ class CostOptions:
         if not self.moe_imbalance >= 1.0 or self.moe_imbalance == float("inf"):
             raise MpipeError(f"MoE load imbalance {self.moe_imbalance!r} must be a finite number >= 1 (the busiest "
                              f"expert-parallel rank's routed tokens over the mean; 1 is balanced)")
+        self.moe_settings()
+
+    def moe_settings(self) -> MoeSettings:
+        """The MoE dispatch settings (validated: one line naming what is wrong)."""
+        return MoeSettings(self.moe_dispatcher, self.moe_capacity_factor, self.moe_pad_to_capacity)
 
     def dtype_bytes(self) -> int:
         """Bytes per element of the weights, activations and gradients a step keeps and moves: the dtype's,
@@ -490,13 +505,15 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     efficiencies (:func:`~mpipe_tune.cost.kernel_passes.shaped_pass_seconds`), else by the per-kind roofline
     (:func:`pass_seconds`). With its ``host`` costs each pass takes at least the host's time to issue its
     kernels under the framework's kernel mode (the third roof: the device runs behind an asynchronous queue, so
-    the host's issue time bounds the pass rather than adding to it), and a MoE layer with expert parallelism
-    pays a sync per forward (the token counts per expert read back before the dispatch)."""
+    the host's issue time bounds the pass rather than adding to it), and a MoE layer's forward adds its syncs
+    (the token counts per expert read back before the dispatch: the queue drains, so the device waits for the
+    host's round trip whatever bounds the pass; :mod:`mpipe_tune.cost.moe`)."""
     vector = isinstance(mb, arch.MicrobatchArray)
     work, layer = arch.estimate_layer(
         cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
         ep_degree=options.degrees.ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
         sequence_parallel=options.sequence_parallel, fused_loss=options.fused_loss, rope=options.rope,
+        moe=options.moe_settings(),
     )
     *_, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(work, cost.kind, profile, options.dtype)
     bandwidth = profile.memory_bytes_per_s
@@ -508,15 +525,17 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         if vector:
             comm_s = np.where(work.tp_comm_bytes > 0, comm_s, 0.0)
     ring_fwd_s = ring_bwd_s = 0.0
-    if options.degrees.ep > 1 or options.degrees.cp > 1:
+    if options.degrees.ep > 1 or options.degrees.cp > 1 or options.degrees.tp > 1:
         ep = options.degrees.ep
         traffic = arch.estimate_parallel_traffic(
             cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
             ep_degree=ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
-            sequence_parallel=options.sequence_parallel)
+            sequence_parallel=options.sequence_parallel, moe=options.moe_settings())
         if traffic.all_to_all_bytes:  # expert parallelism: dispatch and combine, again for their gradients
             link = profile.link_spanning("all_to_all", options.degrees.tp * ep)
             comm_s += sum(estimate_collective_s(link, "all_to_all", n, ep) for n in traffic.all_to_all_bytes)
+        for c in traffic.group_collectives:  # a MoE dispatcher's gathers, their mirrors in the backward
+            comm_s += estimate_collective_s(profile.link_spanning(c.kind, c.span), c.kind, c.elems, c.group)
         if traffic.ring_steps:
             link = profile.link_spanning("p2p", options.degrees.tp * options.degrees.cp)
             core_fwd_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth)
@@ -534,12 +553,16 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         compute = _compute_bound(work, cost.kind, profile, options.dtype, device)
     comm = (comm_s + ring_fwd_s, comm_s + ring_bwd_s, 0.0)
     host = (0.0, 0.0, 0.0)
+    syncs_s = 0.0
     if profile.host is not None and layer is not None:
         host = host_pass_seconds(layer.pieces, options.kernel_mode, profile.host.dispatch_s)
-        if cost.kind == "moe_block" and options.degrees.ep > 1:  # the token counts read back: the queue drains
-            host = (host[0] + profile.host.sync_s, *host[1:])
+        if cost.kind == "moe_block":  # the token counts read back: the device's queue drains, whatever bounds the pass
+            syncs_s = moe.host_syncs_per_forward(cost.dims_dict()["experts"]) * profile.host.sync_s
     passes = tuple(maximum(d + c, h) for d, c, h in zip(device, comm, host))
     bound = _bound_split(device, compute, comm, host, passes)
+    if syncs_s:  # the host's round trips, after whatever bounds the forward
+        passes = (passes[0] + syncs_s, *passes[1:])
+        bound = (bound[0], bound[1], bound[2] + syncs_s, bound[3])
     fwd, dgrad, wgrad = fwd_call_s + passes[0], passes[1], passes[2]
     if options.degrees.tp > 1 and has_tokens:  # what the profile measured of split calls beyond all that
         fwd_tp_s, bwd_tp_s = profile.tp_overhead_for(cost.kind, options.degrees.tp)

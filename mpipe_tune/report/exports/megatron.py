@@ -91,7 +91,7 @@ def _arguments(plan: ExportPlan) -> str:
         *(["--use-distributed-optimizer"] if plan.zero_stage in (1, 2) else []),
         *fsdp,
         f"--num-layers {num_decoders}",
-        f"--pipeline-model-parallel-layout {shlex.quote(layout)}",
+        *([f"--pipeline-model-parallel-layout {shlex.quote(layout)}"] if P > 1 else []),  # pp 1: the one stage
         *([f"--microbatch-group-size-per-virtual-pipeline-stage {group}"] if v > 1 and group != P else []),
         "--micro-batch-size 1",
         f"--global-batch-size {M * plan.dp}",
