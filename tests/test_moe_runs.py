@@ -1,23 +1,16 @@
 """The published MoE runs bench_moe.py predicts: each with its citation, layout and stated MoE settings, and those
 settings reaching the prediction."""
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import bench_moe as module
-        yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    yield from benchmark_module("bench_moe")
 
 
 def test_every_moe_run_is_cited_laid_out_and_split(bench) -> None:
