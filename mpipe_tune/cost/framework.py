@@ -78,16 +78,18 @@ class Framework:
         """The cost options of ``candidate`` under this framework: its dtype, degrees and memory policy."""
         c = candidate
         return self.cost_options(c.degrees, dtype=c.dtype, recompute=c.recompute, zero_stage=c.zero_stage,
-                                 sequence_parallel=c.sequence_parallel)
+                                 sequence_parallel=c.sequence_parallel, reshard_after_forward=c.reshards_after_forward)
 
     def cost_options(self, degrees: Degrees = Degrees(1), *, dtype: str = "bf16", recompute: bool | str = False,
-                     zero_stage: int = 1, sequence_parallel: bool = False) -> CostOptions:
+                     zero_stage: int = 1, sequence_parallel: bool = False,
+                     reshard_after_forward: bool = True) -> CostOptions:
         """The cost options of these degrees and memory policy under this framework (what
         :meth:`options` reads off a candidate; the defaults: one device, no recomputation)."""
         return CostOptions(
             dtype=dtype, degrees=degrees, moe_imbalance=self.moe_imbalance, sequence_parallel=sequence_parallel,
             optimizer_bytes_per_param=self.optimizer_bytes_per_param, grad_bytes_per_param=self.grad_bytes_per_param,
-            shard_optimizer=zero_stage >= 1, shard_parameters=zero_stage == 3, grad_reduce_dtype=self.grad_reduce_dtype,
+            shard_optimizer=zero_stage >= 1, shard_gradients=zero_stage == 2, shard_parameters=zero_stage == 3,
+            reshard_after_forward=reshard_after_forward, grad_reduce_dtype=self.grad_reduce_dtype,
             overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute,
             fused_loss=self.fused_loss, rope=self.rope, kernel_mode=self.kernel_mode,
             moe_dispatcher=self.moe_dispatcher, moe_capacity_factor=self.moe_capacity_factor,

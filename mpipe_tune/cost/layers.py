@@ -110,6 +110,15 @@ class CostOptions:
     and gradients are sharded too, over the same ranks as the optimizer state, and each layer's weights
     are all-gathered before its forward and again before its backward, its gradient reduce-scattered
     after each backward (:mod:`mpipe_tune.cost.fsdp`)."""
+    shard_gradients: bool = False
+    """ZeRO stage 2 (needs :attr:`shard_optimizer`; implied by :attr:`shard_parameters`): the gradients are
+    sharded too, reduce-scattered after every microbatch's backward, while the weights stay whole through
+    the step (gathered once, after the update) (:mod:`mpipe_tune.cost.fsdp`)."""
+    reshard_after_forward: bool = True
+    """With :attr:`shard_parameters`, FSDP2's reshard policy: True gathers each layer's weights before every
+    forward and backward and reduce-scatters its gradient after every backward; False gathers a stage's
+    weights once a step and reduce-scatters its gradients once, after its last backward (the timing and
+    peak memory of ZeRO-1; the weights are sharded between steps only)."""
     grad_reduce_dtype: str = "fp32"
     """Dtype the data-parallel gradient reduce moves: ``fp32`` (Megatron-LM's default for bf16 training,
     gradients accumulated and reduced in fp32) or ``bf16`` (NeMo's ``grad_sync_dtype=bf16``, torchtitan's
@@ -142,8 +151,9 @@ class CostOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
-        if self.shard_parameters and not self.shard_optimizer:
-            raise ValueError("shard_parameters (ZeRO-3) shards the optimizer state too: set shard_optimizer")
+        if (self.shard_parameters or self.shard_gradients) and not self.shard_optimizer:
+            raise ValueError("shard_parameters (ZeRO-3) and shard_gradients (ZeRO-2) shard the optimizer state too: "
+                             "set shard_optimizer")
         if self.rope not in ROPE_FORMS:
             raise ValueError(f"rope {self.rope!r}: use one of {', '.join(ROPE_FORMS)}")
         if self.kernel_mode not in KERNEL_MODES:
@@ -178,9 +188,21 @@ class CostOptions:
 
     @property
     def zero_stage(self) -> int:
-        """3 with sharded parameters (:attr:`shard_parameters`), 1 with a distributed optimizer alone
-        (:attr:`shard_optimizer`), else 0."""
-        return 3 if self.shard_parameters else 1 if self.shard_optimizer else 0
+        """3 with sharded parameters (:attr:`shard_parameters`), 2 with sharded gradients
+        (:attr:`shard_gradients`), 1 with a distributed optimizer alone (:attr:`shard_optimizer`), else 0."""
+        return 3 if self.shard_parameters else 2 if self.shard_gradients else 1 if self.shard_optimizer else 0
+
+    @property
+    def gathers_per_microbatch(self) -> bool:
+        """Whether the weights are gathered and the gradients reduce-scattered per microbatch (ZeRO-3 that
+        reshards after forward): the stage-3 timing of :mod:`mpipe_tune.cost.fsdp`."""
+        return self.shard_parameters and self.reshard_after_forward
+
+    @property
+    def scatters_per_microbatch(self) -> bool:
+        """Whether the gradients are reduce-scattered after every microbatch's backward (ZeRO-2, and ZeRO-3
+        that reshards after forward)."""
+        return self.shard_gradients or self.gathers_per_microbatch
 
     def validate_degrees(self) -> None:
         """One-line :class:`MpipeError` unless the degrees can be laid out: each >= 1 and the
