@@ -303,13 +303,15 @@ class SearchSpace:
                         out.append((pp, tp, dp, cp))
         if not out:
             pinned = (("pp", o.pp), ("tp", o.tp), ("dp", o.dp), ("cp", o.cp if o.cp != (1,) else None), ("ep", o.ep))
-            pins = "".join(f", {k} pinned to {','.join(map(str, v))}" for k, v in pinned if v)
+            given = [f"{k} pinned to {','.join(map(str, v))}" for k, v in pinned if v]
+            pins = f" ({', '.join(given)})" if given else ""
+            lowest = f">= {o.min_pp} and " if o.min_pp > 1 else ""
+            single = "" if self.unpipelined() else " (pp 1 also needs a one-region skeleton: 1f1b, gpipe or zb1p)"
             raise MpipeError(
-                f"no (pp, tp, dp) with pp*tp*dp = {N} devices gives a plan: pp must be "
-                f"{f'>= {o.min_pp} ' if o.min_pp > 1 else ''}at most the layer count (model '{self.problem.model.name}' has {self.num_layers} layers), tp must "
-                f"divide the {per_node} devices per node of profile '{self.problem.profile.name}' and the model's "
-                f"heads and split widths, dp must divide "
-                f"the global batch {G}{pins}; change the device count or the global batch"
+                f"no (pp, tp, dp) with pp*tp*dp = {N} devices gives a plan{pins}: pp must be {lowest}at most the layer "
+                f"count (model '{self.problem.model.name}' has {self.num_layers} layers){single}, tp must divide the "
+                f"{per_node} devices per node of profile '{self.problem.profile.name}' and the model's heads and split "
+                f"widths, dp must divide the global batch {G}; change the device count or the global batch"
             )
         return sorted(out, key=lambda layout: (layout[3], layout[:3]))  # cp = 1 first, as before cp existed
 
