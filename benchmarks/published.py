@@ -79,6 +79,10 @@ class PublishedRun:
     """How the run's trainer applies RoPE (:attr:`~mpipe_tune.cost.layers.CostOptions.rope`): ``fused``
     (Megatron-LM's ``apply_rope_fusion``, on by default in its training arguments and in NeMo's Llama
     configs), ``unfused`` (MindSpeed without ``--use-fused-rotary-pos-emb``) or ``mindspeed_fused`` (with it)."""
+    kernel_mode: str = "fused"
+    """How the run's trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): ``fused``
+    (Megatron-LM and MindSpeed with their fused kernels, the default), ``eager`` (torchtitan without
+    ``torch.compile``), ``compiled`` (with it)."""
     zero_stage: int | None = None
     """The ZeRO stage where the run states more than :attr:`distributed_optimizer` says: 3 where its framework
     keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.fsdp`); None: 1 with a
@@ -177,7 +181,7 @@ def run_options(run: PublishedRun) -> CostOptions:
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
                        shard_parameters=run.zero_stage == 3,
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
-                       rope=run.rope)
+                       rope=run.rope, kernel_mode=run.kernel_mode)
 
 
 def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] | None = None

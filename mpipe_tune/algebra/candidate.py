@@ -47,6 +47,10 @@ ROUND_ROBIN = "round-robin"
 """The static owner policy: microbatch m on rank m mod P."""
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 """The dtypes frameworks reduce data-parallel gradients in (``CostOptions.grad_reduce_dtype``)."""
+KERNEL_MODES = ("eager", "fused", "compiled", "graphs")
+"""How a trainer launches its kernels (``CostOptions.kernel_mode``, :mod:`mpipe_tune.cost.kernel_model`)."""
+DEFAULT_KERNEL_MODE = "fused"
+"""Megatron-LM's: Transformer Engine's fused kernels, issued one by one from Python."""
 
 ZERO_STAGES = (0, 1, 3)
 """The ZeRO stages a candidate takes: 0 (none), 1 (optimizer state sharded over the data-parallel ranks) and 3

@@ -139,6 +139,12 @@ def add_framework_arguments(parser) -> None:
                         help="data-parallel reduce (and ZeRO-1 all-gather) overlapped with the backward (forward) "
                              "in buckets: on (default, as Megatron-LM and torchtitan run it) or off (after the "
                              "last backward)")
+    from mpipe_tune.cost.kernel_model import DEFAULT_KERNEL_MODE, KERNEL_MODES
+
+    parser.add_argument("--kernel-mode", default=DEFAULT_KERNEL_MODE, choices=KERNEL_MODES,
+                        help="how the trainer launches kernels, where the profile gives host costs: eager (one per "
+                             "operator), fused (default, Megatron-LM with Transformer Engine), compiled (a compiler "
+                             "fuses the elementwise kernels), graphs (CUDA graphs: one host launch per layer pass)")
 
 
 def framework_options(args: argparse.Namespace, **fields):
@@ -147,7 +153,7 @@ def framework_options(args: argparse.Namespace, **fields):
     from mpipe_tune.cost.framework import Framework
 
     framework = Framework.from_inputs({"moe_imbalance": args.moe_imbalance, "grad_reduce_dtype": args.grad_reduce_dtype,
-                                       "overlap_dp_comm": args.dp_overlap == "on"})
+                                       "overlap_dp_comm": args.dp_overlap == "on", "kernel_mode": args.kernel_mode})
     return framework.cost_options(**fields)
 
 

@@ -1,6 +1,6 @@
 """``mpipe-tune export``: write one plan of a plan file in another trainer's format.
 
-The formats and what each can express are :mod:`mpipe_tune.report.export`'s; this command parses the
+The targets and what each can express are :mod:`mpipe_tune.report.exports`'; this command parses the
 flags, prints single-file formats to standard output unless ``--out`` is given, and writes its files
 together and atomically (all of them or none) after checking every output path.
 """
@@ -23,7 +23,7 @@ class Export(Command):
     help = "write a plan in torch pipelining CSV, torchtitan TOML, Megatron-LM, hyper-parallel or MindSpeed-MM form"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        # the format table is report.export's; it is imported only when the command runs, to keep startup light
+        # the targets are report.exports'; it is imported only when the command runs, to keep startup light
         parser.add_argument("plan", help="plan.json written by 'mpipe-tune plan'")
         parser.add_argument("--to", required=True, metavar="FORMAT",
                             help="torch-csv (torch.distributed.pipelining schedule CSV), torchtitan (0.2.x TOML job "
@@ -37,8 +37,7 @@ class Export(Command):
                             help="a plan stored in the file (megatron, vpp, mpipe-rr, ...; default: the best)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from mpipe_tune.report.export import export_outputs
-        from mpipe_tune.report.export_plan import read_export_plan
+        from mpipe_tune.report.exports import export_outputs, read_export_plan
         from mpipe_tune.outputs.files import validate_out_path, write_together
 
         if args.out:

@@ -63,6 +63,7 @@ from mpipe_tune.inputs.arch_dims import (
     validate_arch,
 )
 from mpipe_tune.cost.arch_layers import LayerDegrees, build_layer
+from mpipe_tune.cost.arch_pieces import Layer
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError
 
@@ -78,8 +79,11 @@ __all__ = [
     "estimate_parallel_traffic",
     "expert_param_count",
     "expert_parallel_fits",
+    "model_param_count",
     "validate_expert_parallel_degree",
+    "estimate_layer",
     "param_count",
+    "param_tensor_count",
     "tensor_parallel_fits",
     "validate_tensor_parallel_degree",
     "validate_arch",
@@ -215,9 +219,21 @@ def estimate_arch_work(
     >>> work.wgrad_flops == 2 * 16 * (4 * 64 * 64 + 3 * 64 * 128)
     True
     """
+    return estimate_layer(kind, dims, mb, dtype_bytes=dtype_bytes, tp_degree=tp_degree, ep_degree=ep_degree,
+                          moe_imbalance=moe_imbalance, cp_degree=cp_degree, sequence_parallel=sequence_parallel,
+                          fused_loss=fused_loss, rope=rope)[0]
+
+
+def estimate_layer(
+    kind: str, dims: Mapping[str, object], mb: Microbatch | MicrobatchArray, *, dtype_bytes: int, tp_degree: int = 1,
+    ep_degree: int = 1, moe_imbalance: float = 1.0, cp_degree: int = 1, sequence_parallel: bool = False,
+    fused_loss: bool = False, rope: str = "fused",
+) -> tuple[ArchWork, Layer | None]:
+    """:func:`estimate_arch_work` and the layer's kernels it sums (None for one microbatch without tokens of
+    the layer's stream; an array's entries without them are zeroed in the work, not in the kernels)."""
     vector = isinstance(mb, MicrobatchArray)
     if not vector and stream_tokens(kind, mb) == 0:
-        return _NO_WORK
+        return _NO_WORK, None
     layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel),
                    dtype_bytes, fused_loss, rope)
     saved_elems: dict[str, float] = {}
@@ -249,9 +265,9 @@ def estimate_arch_work(
         **{f"memory_bound_{name}": value for name, value in streamed.items()},
     )
     if not vector:
-        return work
+        return work, layer
     has_tokens = stream_tokens(kind, mb) > 0  # an entry without tokens does no work, as one microbatch
-    return ArchWork(**{f.name: np.where(has_tokens, getattr(work, f.name), 0.0) for f in fields(ArchWork)})
+    return ArchWork(**{f.name: np.where(has_tokens, getattr(work, f.name), 0.0) for f in fields(ArchWork)}), layer
 
 
 def _passes(pieces, dtype_bytes: int) -> dict[str, float]:
@@ -298,6 +314,26 @@ def param_count(kind: str, dims: Mapping[str, object]) -> int:
     """Parameters of one full layer (not split by tensor parallelism; every MoE expert counted)."""
     layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
     return sum(p.params for p in layer.pieces)
+
+
+def param_tensor_count(kind: str, dims: Mapping[str, object]) -> int:
+    """Parameter tensors of one full layer (every expert's): what a per-tensor optimizer step launches over."""
+    layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
+    return int(sum(p.param_tensors for p in layer.pieces))
+
+
+def model_param_count(model: Model) -> int:
+    """Parameters of ``model``'s architecture layers, each counted once: their :func:`param_count`, less the table
+    of a tied ``lm_head``, which is the embedding's (a stage holding the head alone keeps a copy of it, as
+    Megatron-LM's pipeline does, so the per-layer counts that memory reads keep it)."""
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer.cost, ArchCost):
+            dims = resolve_dims(layer.cost.kind, layer.cost.dims_dict())
+            total += param_count(layer.cost.kind, dims)
+            if layer.cost.kind == "lm_head" and dims["tied"]:
+                total -= dims["hidden"] * dims["vocab"]
+    return total
 
 
 def expert_param_count(kind: str, dims: Mapping[str, object]) -> int:

@@ -5,7 +5,7 @@ A :class:`~mpipe_tune.algebra.candidate.Candidate` fixes the degrees, the memory
 (recomputation, ZeRO stage, sequence parallelism) and the dtype; the :class:`Framework` fixes the rest
 of what a step costs: the MoE load imbalance, the dtype of the data-parallel gradient reduce, whether
 that reduce overlaps the backward, its bucket size and the optimizer's and gradients' bytes per
-parameter. :meth:`Framework.from_inputs` builds one from the inputs a user gives (the flags of
+parameter, and how it launches kernels. :meth:`Framework.from_inputs` builds one from the inputs a user gives (the flags of
 ``predict`` and ``plan``, plan.json's ``inputs``); :meth:`Framework.options` joins it with a
 candidate into the :class:`~mpipe_tune.cost.layers.CostOptions` the cost kernels read.
 
@@ -24,6 +24,7 @@ from typing import Any
 
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.degrees import Degrees
+from mpipe_tune.cost.kernel_model import DEFAULT_KERNEL_MODE
 from mpipe_tune.cost.layers import FRAMEWORK_OPTIONS, CostOptions
 
 
@@ -47,6 +48,9 @@ class Framework:
     """Fused loss kernels (Megatron-LM's ``cross_entropy_loss_fusion``; its default, off)."""
     rope: str = "fused"
     """How RoPE runs (Megatron-LM's ``apply_rope_fusion``, its training default: one fused kernel)."""
+    kernel_mode: str = DEFAULT_KERNEL_MODE
+    """How kernels are launched (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`: ``eager``, ``fused``,
+    ``compiled``, ``graphs``): the kernels each pass runs and what the host pays to issue them."""
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any]) -> Framework:
@@ -78,4 +82,4 @@ class Framework:
             optimizer_bytes_per_param=self.optimizer_bytes_per_param, grad_bytes_per_param=self.grad_bytes_per_param,
             shard_optimizer=zero_stage >= 1, shard_parameters=zero_stage == 3, grad_reduce_dtype=self.grad_reduce_dtype,
             overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute,
-            fused_loss=self.fused_loss, rope=self.rope)
+            fused_loss=self.fused_loss, rope=self.rope, kernel_mode=self.kernel_mode)

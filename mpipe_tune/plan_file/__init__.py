@@ -6,6 +6,7 @@ This package is the one owner of the file, below ``report`` and ``runtime``:
   :class:`~mpipe_tune.algebra.candidate.Candidate`, placement, collectives, order, prediction and
   workload; the search summary), none with a ``dict`` field; :mod:`.check` reads them from JSON,
   checking every field by its type and range.
+- :mod:`.names`: the names that mark stored plans (``best``, the baselines, ``@own``, ``current``).
 - :mod:`.read`: :func:`read_plan` loads, upgrades (version 1) and checks a file into a
   :class:`PlanFile`; :func:`load_plan` gives the same file's checked record in its stored form.
 - :mod:`.write`: :func:`plan_record` and :func:`dump_plan` (atomic).
@@ -62,13 +63,14 @@ from mpipe_tune.plan_file.read import (
     upgrade_v1,
 )
 from mpipe_tune.plan_file.resolve import ResolvedPlan, load_plan_model, load_plan_profile, resolve, validate_input
-from mpipe_tune.plan_file.schema import BEST, Inputs, SearchSummary, Section
+from mpipe_tune.plan_file.names import BASELINES, BEST, CURRENT, MPIPE_RR, OWN, REFERENCE
+from mpipe_tune.plan_file.schema import Inputs, SearchSummary, Section
 from mpipe_tune.plan_file.write import PlanInputs, dump_plan, plan_record, plan_section, predicted_record
 
 SECTION_KEYS = Section.FIELDS
 
 __all__ = [
-    "ALTERNATIVES", "BEST", "SCHEMA", "SCHEMA_VERSION", "SECTION_KEYS", "Inputs", "PlanFile", "PlanInputs",
+    "ALTERNATIVES", "BASELINES", "BEST", "CURRENT", "MPIPE_RR", "OWN", "REFERENCE", "SCHEMA", "SCHEMA_VERSION", "SECTION_KEYS", "Inputs", "PlanFile", "PlanInputs",
     "ResolvedPlan", "SearchSummary", "Section", "all_plan_names", "derivation_record", "dump_plan", "load_plan",
     "load_plan_model", "load_plan_profile", "placement_record", "plan_names", "plan_record", "plan_section",
     "predicted_record", "read_plan", "resolve", "select_plan", "upgrade_v1", "validate_derivation", "validate_input",

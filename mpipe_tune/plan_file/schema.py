@@ -11,16 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from mpipe_tune.algebra.candidate import GRAD_REDUCE_DTYPES, Candidate
+from mpipe_tune.algebra.candidate import DEFAULT_KERNEL_MODE, GRAD_REDUCE_DTYPES, KERNEL_MODES, Candidate
 from mpipe_tune.algebra.events import Comm, EdgeKind, Group, parse_event
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.dataset import draw_from_dict
 from mpipe_tune.inputs.workload import Workload, parse_workload, workload_to_dict
+from mpipe_tune.plan_file.names import BEST
 from mpipe_tune.plan_file.check import damaged, read_record, read_value, spec, write_value
 
-BEST = "best"
-"""The name that selects the file's top-level plan (the search's winner)."""
 
 
 # ------------------------------------------------------------------------------------------- inputs
@@ -87,11 +86,13 @@ class Inputs:
     imbalance, the gradient reduce's dtype, whether data-parallel communication overlaps compute."""
     grad_reduce_dtype: str = spec(choices=GRAD_REDUCE_DTYPES, default="fp32")
     overlap_dp_comm: bool = True
+    kernel_mode: str = spec(choices=KERNEL_MODES, default=DEFAULT_KERNEL_MODE)
+    """How the trainer launches kernels (``Framework.kernel_mode``; absent from older files: the default)."""
 
     def framework(self) -> dict[str, Any]:
         """The framework options as ``Framework.from_inputs`` reads them."""
         return {"moe_imbalance": self.moe_imbalance, "grad_reduce_dtype": self.grad_reduce_dtype,
-                "overlap_dp_comm": self.overlap_dp_comm}
+                "overlap_dp_comm": self.overlap_dp_comm, "kernel_mode": self.kernel_mode}
 
 
 # ------------------------------------------------------------------------------------- a plan's fields
@@ -285,6 +286,8 @@ class ComparisonRow:
     spill_s: float
     peak_bytes: float
     fits_memory: bool
+    bound_by: str | None = spec(omit_none=True, default=None)
+    """What bounds each rank of the plan (``r0 compute 80%, r1 host 60%``); absent from older files."""
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ import pandas as pd
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.outputs.frames import Column, format_frame, ms, text
-from mpipe_tune.plan_file import PlanFile
-from mpipe_tune.search.baselines import REFERENCE
+from mpipe_tune.plan_file import REFERENCE, PlanFile
 
 
 def validate_rounds(num_rounds: int) -> None:

@@ -111,10 +111,10 @@ def check_device(device_kind: str, local_ranks: int) -> None:
 
 
 def torchrun_place():
-    """This process's place under torchrun (a :class:`~mpipe_tune.profiler.nodes.NodePlace`), checked for
+    """This process's place under torchrun (a :class:`~mpipe_tune.runtime.torchrun_env.NodePlace`), checked for
     consistency before any rendezvous. A plain ``env://`` launch that sets only ``RANK``, ``WORLD_SIZE`` and the
     master's address is one node holding the whole world."""
-    from mpipe_tune.profiler.nodes import place_from_env
+    from mpipe_tune.runtime.torchrun_env import place_from_env
 
     env = dict(os.environ)
     env.setdefault("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])
@@ -216,7 +216,7 @@ def _init_rank(rank: int, world_size: int, local_rank: int, device_kind: str, ti
         torch.cuda.set_device(local_rank)
     backend = BACKENDS[device_kind]
     if place is not None:  # torchrun's env:// rendezvous, bounded, one line when peers never come
-        from mpipe_tune.profiler.nodes import join_env_world
+        from mpipe_tune.runtime.torchrun_env import join_env_world
 
         join_env_world(dist, backend, place, timeout_s)
     else:

@@ -26,10 +26,8 @@ from collections.abc import Sequence
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.plan_file.names import BASELINES
 
-BASELINES = ("megatron", "disttrain", "vpp", "gpipe", "mpipe-rr")
-REFERENCE = "megatron"
-"""The baseline speedups are measured against."""
 _SCHEDULES = {"megatron": "1f1b", "disttrain": "1f1b", "gpipe": "gpipe", "mpipe-rr": "transpose,1f1b"}
 
 

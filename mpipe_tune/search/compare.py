@@ -23,13 +23,12 @@ import pandas as pd
 
 from mpipe_tune.interrupt import mark
 from mpipe_tune.outputs.frames import MISSING, Cell, Column, TextTable, format_frame, gib, is_missing, ms, text
-from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline
+from mpipe_tune.search.baselines import baseline
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
-from mpipe_tune.search.families import OWN, OwnBest
+from mpipe_tune.search.families import OwnBest
 from mpipe_tune.search.space import SearchSpace
+from mpipe_tune.plan_file.names import BASELINES, CURRENT, OWN, REFERENCE
 
-CURRENT = "current"
-"""The name of the user's current layout, in the table and in plan.json."""
 
 
 def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluation) -> list[tuple[str, Evaluation | None]]:
@@ -130,7 +129,7 @@ def faster_than_best(families: list[OwnBest], best: Evaluation) -> list[OwnBest]
 ROW_COLUMNS = ("plan", "schedule", "cut", "owners", "slabs", "pp", "tp", "dp", "ep", "cp", "encoder_tp",
                "encoder_dp", "microbatches", "recompute", "zero_stage", "sequence_parallel",
                "step_s", "p90_s", "step_samples_s", "speedup", "best_speedup", "bubble_share", "spill_s",
-               "peak_bytes", "fits_memory")
+               "peak_bytes", "fits_memory", "bound_by")
 """The columns of a comparison frame: the keys of :func:`row`, values in SI units (seconds, bytes)."""
 OVER = "!"
 """Marks a peak over the device's memory capacity in the printed table."""
@@ -183,6 +182,7 @@ COLUMNS = (
     Column("bubble", text("bubble_share", ".1%"), ">", 7),
     Column("peak GiB", _peak, ">", 9),
     Column("recomp", lambda r: "yes" if r["recompute"] else "no", ">", 6),
+    Column("bound by", lambda r: MISSING if is_missing(r["bound_by"]) else str(r["bound_by"]), min_width=8),
 )
 """The printed comparison table: milliseconds and GiB from the frame's seconds and bytes."""
 

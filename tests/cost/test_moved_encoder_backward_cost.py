@@ -25,8 +25,8 @@ from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.workload import load_workload
 from mpipe_tune.plan_file.check import read_candidate as validate_candidate
-from mpipe_tune.report.export_plan import plan_from_record
-from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
+from mpipe_tune.report.exports import TARGETS
+from mpipe_tune.report.exports.plan import plan_from_record
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.inputs.specs import load_model
 
@@ -119,7 +119,7 @@ def test_plan_json_keeps_the_ranks_show_re_derives_them_and_exports_refuse_them(
     shown = json.loads(capsys.readouterr().out)
     assert shown["makespan_s"] == pytest.approx(shown["recorded_makespan_s"], rel=1e-12)
     with pytest.raises(MpipeError, match=r"runs 2 encoder backward\(s\) on other ranks than their owners"):
-        to_hyper_parallel(plan_from_record(record, model))
+        TARGETS["hyper-parallel"].export(plan_from_record(record, model), None)
     bad = dict(stored, encoder_backward_ranks=[0] * 7)
     with pytest.raises(MpipeError, match="'encoder_backward_ranks' lists 7 entries, but the candidate needs 8"):
         validate_candidate(bad, where="plan.json")

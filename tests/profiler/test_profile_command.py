@@ -66,6 +66,7 @@ def test_quick_cpu_sweep_writes_a_profile_that_loads(tmp_path):
     assert profile.update_bytes_per_s == pytest.approx(update["size_bytes"] / update["median_s"])
     assert update["repeats"] % 2 == 0  # both local ranks timed it at once: their repeats are pooled
     assert "wrote" in stdout and "p2p" in stdout and "optimizer update" in stdout
+    assert "host dispatch" in stdout and "kernel gemm" in stdout and "kernel attention" in stdout
     assert [p.name for p in tmp_path.iterdir()] == ["quick.json"]  # no scratch or temporary files left
 
 

@@ -21,9 +21,8 @@ from mpipe_tune.cli import main
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.export import to_megatron, to_torch_csv, to_torchtitan
-from mpipe_tune.report.export_plan import plan_from_record, read_export_plan
-from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
+from mpipe_tune.report.exports.plan import plan_from_record, read_export_plan
+from export_writers import to_hyper_parallel, to_megatron, to_torch_csv, to_torchtitan
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record, plan_section
 from mpipe_tune.plan_file import select_plan
 from mpipe_tune.inputs.specs import load_model, load_profile
@@ -251,7 +250,7 @@ def test_a_baseline_section_exports_with_its_own_microbatches(tmp_path):
 
 
 def test_cli_names_every_format_and_refuses_an_unknown_one(tmp_path, capsys):
-    from mpipe_tune.report.export import FORMATS
+    from mpipe_tune.report.exports import TARGETS as FORMATS
 
     with pytest.raises(SystemExit):
         main(["export", "--help"])
@@ -264,7 +263,7 @@ def test_cli_names_every_format_and_refuses_an_unknown_one(tmp_path, capsys):
 
 
 def test_the_export_module_imports_without_torch():
-    code = "import sys; sys.modules['torch'] = None; import mpipe_tune.report.export, mpipe_tune.cli.export"
+    code = "import sys; sys.modules['torch'] = None; import mpipe_tune.report.exports, mpipe_tune.cli.export"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 

@@ -20,7 +20,7 @@ schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 
 from torch.distributed.pipelining import PipelineStage  # noqa: E402
 
-from mpipe_tune.report.export import to_torch_csv  # noqa: E402
+from export_writers import to_torch_csv  # noqa: E402
 
 from test_export import export_plan  # noqa: E402
 

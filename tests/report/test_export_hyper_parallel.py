@@ -15,8 +15,9 @@ import yaml
 from mpipe_tune.cli import main
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.plan_file import all_plan_names, load_plan
-from mpipe_tune.report.export_plan import read_export_plan
-from mpipe_tune.report.export_hyper_parallel import mpipe_owners, to_hyper_parallel
+from mpipe_tune.report.exports import read_export_plan
+from mpipe_tune.report.exports.hyper_parallel import mpipe_owners
+from export_writers import to_hyper_parallel
 from test_export import NUM_DECODERS, VISION, export_plan, one_line_error
 
 # hyper_parallel/trainer/config.py @51e4a86b: the dataclass fields of each section the export writes

@@ -7,9 +7,8 @@ from mpipe_tune.algebra.schedule import Cut, parse_schedule
 from mpipe_tune.cli import main
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.report.export import to_megatron, to_torch_csv, to_torchtitan
-from mpipe_tune.report.export_plan import plan_from_record
-from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
+from mpipe_tune.report.exports.plan import plan_from_record
+from export_writers import to_hyper_parallel, to_megatron, to_torch_csv, to_torchtitan
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.inputs.specs import load_model, load_profile
 

@@ -29,9 +29,8 @@ import yaml
 
 from mpipe_tune.cli import main
 from mpipe_tune.plan_file import dump_plan
-from mpipe_tune.report.export import MEGATRON_FSDP_FLAGS, to_megatron, to_torchtitan, to_torchtitan_args
-from mpipe_tune.report.export_hyper_parallel import to_hyper_parallel
-from mpipe_tune.report.export_mindspeed import mindspeed_arguments
+from mpipe_tune.report.exports.megatron import MEGATRON_FSDP_FLAGS
+from export_writers import mindspeed_arguments, to_hyper_parallel, to_megatron, to_torchtitan, to_torchtitan_args
 from test_export import export_plan, make_record, megatron_args, one_line_error
 from test_export_mindspeed import launch_values
 

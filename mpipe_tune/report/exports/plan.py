@@ -1,11 +1,6 @@
-"""The plan an export writes, as every format's writer reads it: :class:`ExportPlan` (a stored plan
-with its derivation, read once by :func:`read_export_plan`), its pipeline stages
-(:func:`wavefront_stages`), the checks and hints the writers share (the closest plan a format can
-express), and :class:`Output`, one file of an export.
-
-Below :mod:`mpipe_tune.report.export` (the format table, torch-csv, torchtitan, Megatron-LM) and the
-writers in their own modules (:mod:`~mpipe_tune.report.export_hyper_parallel`,
-:mod:`~mpipe_tune.report.export_mindspeed`), which all import it.
+"""The plan an export writes, as every target reads it: :class:`ExportPlan` (a stored plan with its
+derivation, read once by :func:`read_export_plan`), its pipeline stages (:func:`wavefront_stages`), and
+:class:`Output`, one file of an export. Below :mod:`.refusals`, :mod:`.target` and every target's module.
 """
 
 from __future__ import annotations
@@ -23,14 +18,11 @@ from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch
 from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import Layout, Skeleton
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.plan_file import BEST, PlanFile, Section, resolve
-from mpipe_tune.search.baselines import REFERENCE
+from mpipe_tune.plan_file import BEST, MPIPE_RR, PlanFile, Section, resolve
 
 EMBEDDING_KIND = "embedding"
 LM_HEAD_KIND = "lm_head"
 PROJECTOR_BLOCK = "projector"
-MPIPE_RR = "mpipe-rr"
-"""The stored baseline of ``<transpose,1f1b>`` with round-robin owners."""
 
 
 @dataclass(frozen=True)
@@ -217,24 +209,6 @@ def export_plan(section: Section, plan: Plan, model: Model, *, name: str = BEST,
     )
 
 
-def validate_pp_tp_dp(plan: ExportPlan, target: str) -> None:
-    """For a format that writes pp x dp x tp plans only: one line naming the degrees beyond them."""
-    beyond = [f"{key} {value}" for key, value in (("ep", plan.ep), ("cp", plan.cp)) if value > 1]
-    beyond += ["sequence parallelism"] * plan.sequence_parallel + ["selective recomputation"] * (
-        plan.selective_recompute) + [f"encoder tp {plan.encoder_tp}"] * (plan.encoder_tp is not None)
-    split = sorted({r.skeleton.value for r in plan.sharded if r.skeleton.splits_backward})
-    if split:
-        beyond.append(f"the zero-bubble skeleton(s) {', '.join(split)}")
-    if beyond:
-        raise MpipeError(f"{target} cannot express {plan.describe()}: it uses {', '.join(beyond)}; {target} writes "
-                         f"pp x dp x tp plans of 1f1b/gpipe/transpose with no or full recomputation and the encoder "
-                         f"at the plan's tp; re-plan with expert-parallel degree 1, context-parallel degree 1, no "
-                         f"sequence parallelism, no encoder tensor parallelism and recomputation off or on, or export "
-                         f"this one in export format torch-csv or torchtitan",
-                         quantities=("expert-parallel degree", "context-parallel degree", "sequence parallelism",
-                                     "encoder tensor parallelism", "recomputation", "export format"))
-
-
 # ---- the stages of an all-Sharded wavefront ------------------------------------------------------
 
 
@@ -264,45 +238,6 @@ def wavefront_stages(plan: ExportPlan) -> tuple[Stage, ...]:
                                 tuple(range(start, min(stop, vision_stop))),
                                 tuple(decoder_number[i] for i in range(start, stop) if i in decoder_number)))
     return tuple(sorted(stages, key=lambda s: s.index))
-
-
-def closest_plan(plan: ExportPlan, name: str, otherwise: str) -> str:
-    """How to get the stored plan ``name`` when the file holds it, else ``otherwise``."""
-    if name in plan.names and name != plan.name:
-        return f"export the file's stored plan '{name}'"
-    return otherwise
-
-
-def stored_hint(plan: ExportPlan, name: str) -> str:
-    """``, which the file holds as stored plan 'NAME'`` when it does."""
-    return f", which the file holds as stored plan '{name}'" if name in plan.names and name != plan.name else ""
-
-
-def _encoder_first(plan: ExportPlan) -> str:
-    """The closest all-Sharded plan: the encoder inside the first stage (Megatron-LM style)."""
-    stored = closest_plan(plan, REFERENCE, f"<1f1b> with no cut, stored by 'mpipe-tune plan' as baseline '{REFERENCE}' "
-                                       f"(or 'mpipe-tune predict --schedule 1f1b --cut \"\"')")
-    return f"the same model with the encoder inside the first stage: {stored}"
-
-
-def validate_all_sharded(plan: ExportPlan, target: str, why: str) -> None:
-    """Every region Sharded; ``why`` says why ``target`` cannot run a transpose."""
-    for region in plan.regions:
-        if not region.is_sharded:
-            raise MpipeError(
-                f"{target} cannot express {plan.describe()}: region {region.index} is a transpose (its layers on "
-                f"every rank, each microbatch run by its owner), {why}; the closest plan it can express: "
-                f"{_encoder_first(plan)}", quantities=("stored plan",))
-
-
-def validate_vision_first(plan: ExportPlan, stages: tuple[Stage, ...], target: str) -> None:
-    """The vision tower in the first stage, as Megatron-LM's LLaVA and torchtitan's VLM build it."""
-    spread = [s.index for s in stages[1:] if s.vision]
-    if spread:
-        raise MpipeError(
-            f"{target} builds the vision encoder inside the first pipeline stage, but {plan.describe()} puts encoder "
-            f"layers in stage(s) {', '.join(map(str, spread))} too; the closest plan it can express: "
-            f"{_encoder_first(plan)}", quantities=("stored plan",))
 
 
 def frozen_blocks(plan: ExportPlan) -> tuple[str, ...]:

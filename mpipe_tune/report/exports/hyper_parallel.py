@@ -38,17 +38,19 @@ their model, weights and dataset, as the header says.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.export_plan import (
-    MPIPE_RR, ExportPlan, ExportRegion, frozen_blocks, stored_hint, validate_pp_tp_dp,
-    validate_vision_first, wavefront_stages,
-)
+from mpipe_tune.plan_file import MPIPE_RR
+from mpipe_tune.report.exports.plan import ExportPlan, ExportRegion, Output, frozen_blocks, wavefront_stages
+from mpipe_tune.report.exports.refusals import stored_hint, validate_pp_tp_dp, validate_vision_first
+from mpipe_tune.report.exports.target import ExportTarget
 
+TRAINER = "hyper-parallel"
 HYPER_PARALLEL_COMMIT = "51e4a86b"
 """The mindspore-ai/hyper-parallel commit whose schema and start-up checks the YAML follows."""
 VL_MODEL = "qwen3_vl_moe"
@@ -57,9 +59,9 @@ OVERFLOW_MODES = ("full", "min")
 _HYPER_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-def to_hyper_parallel(plan: ExportPlan) -> str:
-    """A hyper-parallel trainer YAML (its ``model``/``data``/``train`` schema) with a header of comments."""
-    validate_pp_tp_dp(plan, "hyper-parallel")
+def _validate(plan: ExportPlan) -> None:
+    """What hyper-parallel's trainer cannot run, in one line each."""
+    validate_pp_tp_dp(plan, TRAINER)
     first = plan.regions[0]
     for region in plan.regions[1:]:
         if not region.is_sharded:
@@ -72,9 +74,17 @@ def to_hyper_parallel(plan: ExportPlan) -> str:
         raise MpipeError(f"hyper-parallel cannot express {plan.describe()}: its Mpipe and virtual-stage schedules are "
                          f"interleaved 1F1B; the closest plan it can express: the same cut with 1f1b for every "
                          f"Sharded region")
-    stages = wavefront_stages(plan)
-    validate_vision_first(plan, stages, "hyper-parallel")
-    split = [len(s.decoders) for s in stages]
+    validate_vision_first(plan, wavefront_stages(plan), TRAINER)
+    if transpose:
+        _mpipe_fields(plan, first)
+
+
+def _trainer_yaml(plan: ExportPlan) -> str:
+    """The trainer YAML (its ``model``/``data``/``train`` schema) with a header of comments, of a plan
+    :func:`_validate` accepted."""
+    first = plan.regions[0]
+    transpose = not first.is_sharded
+    split = [len(s.decoders) for s in wavefront_stages(plan)]
     accelerator: dict[str, Any] = {
         "pp": plan.pp, "pp_vpp": plan.num_chunks, "pp_micro_batch_num": plan.num_microbatches,
         "pp_schedule": "mpipe" if transpose else plan.sharded[0].skeleton.value, "pp_layer_split": split,
@@ -177,3 +187,17 @@ def _mpipe_fields(plan: ExportPlan, region: ExportRegion) -> dict[str, Any]:
         "pp_mpipe_transpose_overflow": mode,
         "pp_mpipe_owner_backward": trainable,
     }
+
+
+class HyperParallel(ExportTarget):
+    name = "hyper-parallel"
+    trainer = TRAINER
+    help = "hyper-parallel trainer YAML (Mpipe transpose schedule arguments)"
+    client = (f"hyper-parallel's trainer start-up checks (hyper_parallel/trainer/base.py at {HYPER_PARALLEL_COMMIT}), "
+              f"mirrored with citations in tests/report/test_export_hyper_parallel.py (it needs MindSpore or a GPU)")
+
+    def validate(self, plan: ExportPlan) -> None:
+        _validate(plan)
+
+    def write(self, plan: ExportPlan, paths: tuple[Path | None, ...]) -> tuple[Output, ...]:
+        return (Output(paths[0], _trainer_yaml(plan)),)

@@ -41,12 +41,14 @@ from mpipe_tune.algebra.order import num_rounds
 from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.mindspeed import VISION_OUTSIDE_KINDS
-from mpipe_tune.report.export_plan import (
-    EMBEDDING_KIND, LM_HEAD_KIND, PROJECTOR_BLOCK, ExportPlan, Output, Stage, stored_hint, validate_all_sharded,
-    wavefront_stages,
+from mpipe_tune.plan_file import REFERENCE
+from mpipe_tune.report.exports.plan import (
+    EMBEDDING_KIND, LM_HEAD_KIND, PROJECTOR_BLOCK, ExportPlan, Output, Stage, wavefront_stages,
 )
-from mpipe_tune.search.baselines import REFERENCE
+from mpipe_tune.report.exports.refusals import stored_hint, validate_all_sharded, validate_one_tensor_parallel_degree
+from mpipe_tune.report.exports.target import ExportTarget, TwoFiles
 
+TRAINER = "MindSpeed-MM"
 MINDSPEED_COMMIT = "57069cd5"
 """The Ascend/MindSpeed-MM commit whose model.json layout and checks the export follows."""
 ENCODER_BLOCK = "encoder"
@@ -54,18 +56,26 @@ MERGER_KIND = "merger"
 FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 
 
-def mindspeed_layout(plan: ExportPlan) -> dict[str, Any]:
-    """The model.json keys of ``plan``: the vision encoder's and text decoder's layer counts per stage."""
-    validate_all_sharded(plan, "MindSpeed-MM", "and its pipeline stages each hold a slab of layers (the vision "
-                                               "encoder's pipeline_num_layers)")
+def _validate(plan: ExportPlan) -> None:
+    """What MindSpeed-MM cannot run, in one line each."""
+    validate_all_sharded(plan, TRAINER, "and its pipeline stages each hold a slab of layers (the vision "
+                                        "encoder's pipeline_num_layers)")
     if any(r.skeleton is not Skeleton.ONE_F_ONE_B for r in plan.sharded):
         raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()}: it runs Megatron's 1F1B schedules, not "
                          f"GPipe; the closest plan it can express: the same cut and slabs under 1f1b"
                          f"{stored_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}", quantities=("stored plan",))
+    validate_one_tensor_parallel_degree(plan, TRAINER)
     P, M, v = plan.pp, plan.num_microbatches, plan.num_chunks
     if v > 1 and M < P:
         raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()}: Megatron's interleaved schedule runs only "
                          f"M >= P microbatches (M={M}, P={P}); the closest plan it can express: the same plan at M={P}")
+    if plan.zero_stage >= 3:
+        plan.validate_torch_fsdp2(TRAINER, "FSDP2 (--use-torch-fsdp2, under Megatron core 0.12.1)")
+
+
+def _layout(plan: ExportPlan) -> dict[str, Any]:
+    """The model.json keys of ``plan``: the vision encoder's and text decoder's layer counts per stage."""
+    P, v = plan.pp, plan.num_chunks
     stages = wavefront_stages(plan)
     vision = [sum(1 for i in s.vision if _is_vit_layer(plan, i)) for s in stages]
     decoders = [len(s.decoders) for s in stages]
@@ -85,9 +95,8 @@ def mindspeed_layout(plan: ExportPlan) -> dict[str, Any]:
     return {"image_encoder": image, "text_decoder": decoder}
 
 
-def mindspeed_arguments(plan: ExportPlan, model_json: str) -> str:
+def _arguments(plan: ExportPlan, model_json: str) -> str:
     """The launch script's parallel arguments, as a shell fragment that sets ``MPIPE_ARGS``."""
-    mindspeed_layout(plan)  # the same checks
     fsdp = _fsdp2_flags(plan, Path(model_json).with_suffix(FSDP2_SUFFIX).name)
     P, M, v = plan.pp, plan.num_microbatches, plan.num_chunks
     stages = wavefront_stages(plan)
@@ -126,23 +135,6 @@ def mindspeed_arguments(plan: ExportPlan, model_json: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def mindspeed_outputs(plan: ExportPlan, out: Path | None) -> tuple[Output, ...]:
-    """The model.json keys at ``out`` (a .json path) and the launch arguments beside it (.sh)."""
-    if out is None:
-        raise MpipeError("the mindspeed-mm export is two files, the model.json keys and the launch arguments; give "
-                         "the JSON's path as the output file, e.g. model.json (the arguments go beside it, model.sh)",
-                         quantities=("output file",))
-    if out.suffix.lower() != ".json":
-        raise MpipeError(f"the mindspeed-mm model.json keys {out} must go to a file ending in .json (the launch "
-                         f"arguments go beside it, as {out.with_suffix('.sh').name}); e.g. "
-                         f"{out.stem or 'model'}.json")
-    layout = _compact_lists(json.dumps(mindspeed_layout(plan), indent=4)) + "\n"
-    outputs = (Output(out, layout), Output(out.with_suffix(".sh"), mindspeed_arguments(plan, out.name)))
-    if plan.zero_stage >= 3:
-        outputs += (Output(out.with_suffix(FSDP2_SUFFIX), FSDP2_CONFIG),)
-    return outputs
-
-
 FSDP2_SUFFIX = ".fsdp2.yaml"
 FSDP2_CONFIG = (
     "# MindSpeed-MM FSDP2 config (--fsdp2-config-path; fields of Fsdp2Config in\n"
@@ -156,14 +148,13 @@ group's size (``_create_device_mesh``), ``reshard_after_forward`` FSDP2's own se
 
 
 def _fsdp2_flags(plan: ExportPlan, config_name: str) -> list[str]:
-    """The FSDP2 flags of a stage-3 plan (``UserGuide/features/fsdp2.rst``), or one line naming the closest
-    plan where MindSpeed-MM cannot run it: its FSDP2 runs inside Megatron core 0.12.1's training
+    """The FSDP2 flags of a stage-3 plan (``UserGuide/features/fsdp2.rst``); :func:`_validate` refuses in one
+    line, naming the closest plan, what MindSpeed-MM cannot run: its FSDP2 runs inside Megatron core 0.12.1's training
     (README.md's version table), whose ``validate_args`` refuses ``--use-torch-fsdp2`` with pipeline or
     expert parallelism and fp16 (megatron/training/arguments.py at core_v0.12.1, lines 510-528; every
     FSDP2 example of MindSpeed-MM runs PP=1)."""
     if plan.zero_stage < 3:
         return []
-    plan.validate_torch_fsdp2("MindSpeed-MM", "FSDP2 (--use-torch-fsdp2, under Megatron core 0.12.1)")
     return ["--use-torch-fsdp2", f"--fsdp2-config-path {config_name}", "--ckpt-format torch_dcp",
             "--untie-embeddings-and-output-weights", "--no-gradient-accumulation-fusion"]
 
@@ -218,3 +209,25 @@ def _notes(plan: ExportPlan, stages: tuple[Stage, ...]) -> list[str]:
         notes.append("# the plan freezes the text decoder, which pretrain_vlm.py does not (it freezes only the "
                      "vision encoder and projector from model.json): freeze it in the model code")
     return notes
+
+
+class MindSpeedMM(ExportTarget):
+    name = "mindspeed-mm"
+    trainer = TRAINER
+    help = "MindSpeed-MM model.json layout and launch arguments (needs --out)"
+    client = (f"MindSpeed-MM's layout checks (mindspeed_mm/models/vlm_model.py at {MINDSPEED_COMMIT}) and Megatron "
+              f"core 0.12.1's validate_args, mirrored with citations in tests/report/test_export_mindspeed.py (they need "
+              f"torch_npu to import)")
+    files = TwoFiles("the model.json keys", "JSON's", "the launch arguments", "shell fragment", ".json", ".sh",
+                     "model.json")
+
+    def validate(self, plan: ExportPlan) -> None:
+        _validate(plan)
+
+    def write(self, plan: ExportPlan, paths: tuple[Path | None, ...]) -> tuple[Output, ...]:
+        out, sh = paths
+        outputs = (Output(out, _compact_lists(json.dumps(_layout(plan), indent=4)) + "\n"),
+                   Output(sh, _arguments(plan, out.name)))
+        if plan.zero_stage >= 3:
+            outputs += (Output(out.with_suffix(FSDP2_SUFFIX), FSDP2_CONFIG),)
+        return outputs
