@@ -125,6 +125,21 @@ def test_held_defers_ctrl_c_to_the_end_of_the_block():
     assert done == ["renamed"]
 
 
+def test_inside_a_command_a_second_ctrl_c_in_held_waits_for_the_end_of_the_block():
+    """What renames a command's files into place (found by the planted-fault pass: only held() outside a command
+    had a test)."""
+    from mpipe_tune.interrupt import command_interrupts
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with command_interrupts("test") as stop:
+            ctrl_c()  # the first: a request for the next safe point
+            with held():
+                ctrl_c()  # the second: at once, but after the block
+                done.append("renamed")
+    assert done == ["renamed"] and stop.forced
+
+
 def test_sigint_blocked_hands_a_ctrl_c_that_came_inside_to_the_handler_after_the_block():
     from mpipe_tune.interrupt import sigint_blocked
 
