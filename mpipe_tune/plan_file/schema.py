@@ -87,11 +87,6 @@ class Inputs:
     grad_reduce_dtype: str = spec(choices=GRAD_REDUCE_DTYPES, default="fp32")
     overlap_dp_comm: bool = True
 
-    def framework(self) -> dict[str, Any]:
-        """The framework options as ``Framework.from_inputs`` reads them."""
-        return {"moe_imbalance": self.moe_imbalance, "grad_reduce_dtype": self.grad_reduce_dtype,
-                "overlap_dp_comm": self.overlap_dp_comm}
-
 
 # ------------------------------------------------------------------------------------- a plan's fields
 
