@@ -95,3 +95,9 @@ def test_the_input_guide_lists_every_architecture_kind_and_the_fields_it_needs()
     assert set(rows) == set(ARCH_KINDS)
     for kind, needed in ARCH_KINDS.items():
         assert re.findall(r"`(\w+)`", rows[kind]) == list(needed), kind
+
+
+def test_the_benchmarks_page_stays_a_page_of_latest_results():
+    """benchmarks/README.md shows each benchmark's latest result, not its history (HISTORY.md keeps that)."""
+    lines = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 400, f"benchmarks/README.md has {lines} lines: move earlier readings to benchmarks/HISTORY.md"

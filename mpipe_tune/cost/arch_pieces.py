@@ -25,6 +25,13 @@ a ``row`` matmul its input features (its output is a partial sum that an all-red
 
 - all-to-all (expert parallelism's token exchange): no FLOPs; the buffer each rank sends from, of
   which ``(ep-1)/ep`` leaves the rank (see :func:`all_to_all`).
+
+Each piece also says how many kernels each pass launches (``kernels``: forward, input gradient, weight
+gradient, as an eager framework runs them; ``fused_kernels`` where fused kernels launch fewer), its family
+(:attr:`Piece.family`: ``gemm``, ``attention``, ``memory`` or ``comm``) and its shape: a matmul's
+``gemm_shape`` (rows, output features, input features per rank and per GEMM), the attention core's
+``seq_lens``; a memory-bound kernel's size is its bytes over its kernels. The host issues every kernel
+(:mod:`mpipe_tune.cost.kernel_passes` counts and times them).
 """
 
 from __future__ import annotations
@@ -87,6 +94,49 @@ class Piece:
     wgrad_grad_elems: float = 0.0
     """Elements of the output gradient the weight-gradient pass reads: what a split backward keeps from
     its input-gradient event until its weight-gradient event."""
+    kernels: tuple = (0.0, 0.0, 0.0)
+    """Kernels the (forward, input-gradient, weight-gradient) passes launch in an eager framework."""
+    fused_kernels: tuple | None = None
+    """The same with fused kernels (fused norms and activations, grouped expert GEMMs); None: as ``kernels``."""
+    gemm_shape: tuple | None = None
+    """A matmul's forward GEMM (rows, output features, input features) per rank and per weight copy."""
+    seq_lens: tuple = ()
+    """The attention core's sequence lengths (per rank's share of the queries), whose FLOPs go as their squares."""
+    param_tensors: float = 0.0
+    """Parameter tensors this piece owns in the full layer (what a per-tensor optimizer step launches per)."""
+    group_collectives: tuple["Collective", ...] = ()
+    """Collectives of the forward over groups other than the tensor-parallel all-reduce's and the
+    expert-parallel all-to-all's (a MoE dispatcher's gathers, :mod:`mpipe_tune.cost.moe`); the backward runs
+    each one's mirror on the gradients, at the same cost."""
+
+
+    @property
+    def family(self) -> str:
+        """The kernel family whose efficiency curve times it: ``gemm``, ``attention``, ``comm`` or ``memory``."""
+        if self.linear:
+            return "gemm"
+        if self.attention_core:
+            return "attention"
+        if np.any(self.comm_elems) or np.any(self.all_to_all_elems) or self.group_collectives:
+            return "comm"
+        return "memory"
+
+    def kernels_of(self, fused: bool) -> tuple:
+        """Kernels per pass, fused or eager."""
+        return self.fused_kernels if fused and self.fused_kernels is not None else self.kernels
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a forward: ``kind`` (a :data:`~mpipe_tune.cost.profile.COLLECTIVES` name) over
+    ``group`` ranks lying within ``span`` consecutive devices, on ``elems`` elements as
+    :func:`~mpipe_tune.cost.profile.estimate_collective_s` takes its size (the gathered buffer of an
+    all-gather; a reduce-scatter costs the same on the same buffer, and is written as one)."""
+
+    kind: str
+    group: int
+    span: int
+    elems: float
 
 
 def matmul(
@@ -123,6 +173,9 @@ def matmul(
     flops = 2.0 * tokens * in_rank * out_rank
     input_elems = tokens * in_rank
     output_elems = tokens * out_rank
+    gemms = copies_read  # one GEMM per weight copy its tokens hit (eager); a grouped GEMM when fused
+    bias_grads = gemms if bias else 0.0  # the bias gradient's reduction
+    accumulate = gemms  # eager: the weight gradient added into the accumulated one (fused into the GEMM when fused)
     return Piece(
         fwd_flops=flops,
         fwd_elems=weight_rank_elems + input_elems + output_elems,
@@ -136,6 +189,10 @@ def matmul(
         expert_params=copies * weights_per_copy if routed else 0,
         linear=True,
         wgrad_grad_elems=output_elems,
+        kernels=(gemms, gemms, gemms + bias_grads + accumulate),
+        fused_kernels=(1.0, 1.0, 2.0 if bias else 1.0),
+        gemm_shape=(tokens / maximum(copies_read, 1e-9), out_rank, in_rank),
+        param_tensors=copies * (2 if bias else 1),
     )
 
 
@@ -182,7 +239,14 @@ def attention(
         outputs=(out_name,),
         ring_step_elems=step_elems,
         ring_steps=c - 1,
+        kernels=(1.0, ATTENTION_BWD_KERNELS, 0.0),
+        seq_lens=tuple(s / c for s in seq_lens),
     )
+
+
+ATTENTION_BWD_KERNELS = 3.0
+"""Kernels of a flash-attention backward: the preprocessing of ``rowsum(dO * O)``, the main kernel and the
+conversion of the accumulated dQ (FlashAttention-2's ``_flash_attn_backward``)."""
 
 
 def ring_exchange_elems(seq_lens: Sequence[int], *, kv_heads: float, qk_head_dim: int, v_head_dim: int,
@@ -204,8 +268,12 @@ def pointwise(
     *,
     saved: tuple[tuple[str, float], ...] = (),
     params: int = 0,
+    kernels: tuple = (1.0, 1.0, 0.0),
+    fused_kernels: tuple | None = None,
+    param_tensors: float = 0.0,
 ) -> Piece:
-    """An elementwise or row-wise kernel (its few weights, e.g. a norm's gain, are in ``params``)."""
+    """An elementwise or row-wise kernel (its few weights, e.g. a norm's gain, are in ``params``):
+    ``kernels`` per pass eager, ``fused_kernels`` fused (None: the same)."""
     saved_elems = sum(elems for _, elems in saved)
     return Piece(
         fwd_flops=flops,
@@ -215,6 +283,9 @@ def pointwise(
         saved=saved,
         params=params,
         active_params=params,
+        kernels=kernels,
+        fused_kernels=fused_kernels,
+        param_tensors=param_tensors,
     )
 
 
@@ -229,18 +300,28 @@ def lookup(tokens: float, rows: int, width: int, *, tp_degree: int) -> Piece:
         params=rows * width,
         active_params=rows * width,
         wgrad_grad_elems=output_elems,
+        kernels=(1.0 + (VOCAB_MASK_KERNELS if tp_degree > 1 else 0.0), 0.0, EMBEDDING_BWD_KERNELS),
+        param_tensors=1,
     )
+
+
+VOCAB_MASK_KERNELS = 5.0
+"""A vocab-parallel lookup's masking of the token ids outside the rank's rows (Megatron-LM's
+``VocabParallelEmbedding.forward``: two comparisons, their ``or``, the shift and the zeroing of those rows)."""
+EMBEDDING_BWD_KERNELS = 3.0
+"""Kernels of an embedding's weight gradient (torch's ``embedding_dense_backward``: sort the ids, count, scatter-add)."""
 
 
 def all_reduce(elems: float, *, tp_degree: int) -> Piece:
     """A tensor-parallel all-reduce of ``elems`` elements (nothing when there is one rank)."""
-    return Piece(comm_elems=elems if tp_degree > 1 else 0.0)
+    return Piece(comm_elems=elems if tp_degree > 1 else 0.0, kernels=(1.0, 1.0, 0.0) if tp_degree > 1 else (0.0,) * 3)
 
 
 def all_to_all(elems: float, *, ep_degree: int) -> Piece:
     """An expert-parallel all-to-all of a ``elems``-element buffer per rank (nothing with one rank):
     ``(ep-1)/ep`` of it leaves the rank, ``1/ep`` to each other rank of the group."""
-    return Piece(all_to_all_elems=elems if ep_degree > 1 else 0.0)
+    return Piece(all_to_all_elems=elems if ep_degree > 1 else 0.0,
+                 kernels=(1.0, 1.0, 0.0) if ep_degree > 1 else (0.0,) * 3)
 
 
 @dataclass(frozen=True)

@@ -56,11 +56,16 @@ from mpipe_tune.algebra.model import ENCODER_BLOCK, ArchCost, ExplicitCost, Mode
 from mpipe_tune.cost import arch
 from mpipe_tune.cost.arch_pieces import maximum
 from mpipe_tune.cost.arch_layers import ROPE_FORMS
+from mpipe_tune.cost.kernel_model import DEFAULT_KERNEL_MODE, KERNEL_MODES
+from mpipe_tune.cost.kernel_passes import host_pass_seconds, shaped_pass_seconds
+from mpipe_tune.cost import moe
+from mpipe_tune.cost.moe import MoeSettings
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
-FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm")
+FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm", "kernel_mode", "moe_dispatcher",
+                     "moe_capacity_factor", "moe_pad_to_capacity")
 """The framework fields a plan's inputs record beside its candidate (:class:`~mpipe_tune.cost.framework.Framework`)."""
 
 
@@ -82,6 +87,13 @@ class CostOptions:
     moe_imbalance: float = 1.0
     """Load imbalance of expert parallelism: routed rows on the busiest rank over the mean (>= 1;
     1 means perfectly balanced routing). Scales that rank's expert work and all-to-all buffers."""
+    moe_dispatcher: str = "alltoall"
+    """The trainer's MoE token dispatcher (:data:`~mpipe_tune.cost.moe.DISPATCHERS`, Megatron-Core's
+    ``--moe-token-dispatcher-type``): what moves the routed rows to their experts (:mod:`mpipe_tune.cost.moe`)."""
+    moe_capacity_factor: float | None = None
+    """Expert capacity over the balanced share (``--moe-expert-capacity-factor``); None: dropless routing."""
+    moe_pad_to_capacity: bool = False
+    """Every expert runs its full capacity (``--moe-pad-expert-input-to-capacity``)."""
     sequence_parallel: bool = False
     """Sequence parallelism with tp: norms, residual adds and the layers' inputs and outputs hold
     ``1/tp`` of the tokens per rank (nothing changes with ``tp == 1``)."""
@@ -98,6 +110,15 @@ class CostOptions:
     and gradients are sharded too, over the same ranks as the optimizer state, and each layer's weights
     are all-gathered before its forward and again before its backward, its gradient reduce-scattered
     after each backward (:mod:`mpipe_tune.cost.fsdp`)."""
+    shard_gradients: bool = False
+    """ZeRO stage 2 (needs :attr:`shard_optimizer`; implied by :attr:`shard_parameters`): the gradients are
+    sharded too, reduce-scattered after every microbatch's backward, while the weights stay whole through
+    the step (gathered once, after the update) (:mod:`mpipe_tune.cost.fsdp`)."""
+    reshard_after_forward: bool = True
+    """With :attr:`shard_parameters`, FSDP2's reshard policy: True gathers each layer's weights before every
+    forward and backward and reduce-scatters its gradient after every backward; False gathers a stage's
+    weights once a step and reduce-scatters its gradients once, after its last backward (the timing and
+    peak memory of ZeRO-1; the weights are sharded between steps only)."""
     grad_reduce_dtype: str = "fp32"
     """Dtype the data-parallel gradient reduce moves: ``fp32`` (Megatron-LM's default for bf16 training,
     gradients accumulated and reduced in fp32) or ``bf16`` (NeMo's ``grad_sync_dtype=bf16``, torchtitan's
@@ -120,6 +141,9 @@ class CostOptions:
     ``mindspeed_fused``, MindSpeed's NPU kernel (``--use-fused-rotary-pos-emb``); ``none``, the tool's own
     runtime (what ``mpipe-tune profile`` times)
     (:func:`~mpipe_tune.cost.arch_layers.rotary_embedding`)."""
+    kernel_mode: str = DEFAULT_KERNEL_MODE
+    """How the trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): which kernels run
+    and what the host pays to issue them, where the profile has ``host`` costs."""
     recompute: bool | str = False
     """Activation recomputation: ``False`` (none), ``"selective"`` (the attention core) or ``True``
     (full: each layer keeps only its input for the backward, which first re-runs the layer's
@@ -127,10 +151,14 @@ class CostOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
-        if self.shard_parameters and not self.shard_optimizer:
-            raise ValueError("shard_parameters (ZeRO-3) shards the optimizer state too: set shard_optimizer")
+        if (self.shard_parameters or self.shard_gradients) and not self.shard_optimizer:
+            raise ValueError("shard_parameters (ZeRO-3) and shard_gradients (ZeRO-2) shard the optimizer state too: "
+                             "set shard_optimizer")
         if self.rope not in ROPE_FORMS:
             raise ValueError(f"rope {self.rope!r}: use one of {', '.join(ROPE_FORMS)}")
+        if self.kernel_mode not in KERNEL_MODES:
+            raise MpipeError(f"kernel mode {self.kernel_mode!r} is not one the cost model knows; use one of "
+                             f"{', '.join(KERNEL_MODES)}")
 
     def framework(self) -> dict[str, Any]:
         """How the trainer runs what the candidate does not say (:data:`FRAMEWORK_OPTIONS`): the MoE load
@@ -160,9 +188,21 @@ class CostOptions:
 
     @property
     def zero_stage(self) -> int:
-        """3 with sharded parameters (:attr:`shard_parameters`), 1 with a distributed optimizer alone
-        (:attr:`shard_optimizer`), else 0."""
-        return 3 if self.shard_parameters else 1 if self.shard_optimizer else 0
+        """3 with sharded parameters (:attr:`shard_parameters`), 2 with sharded gradients
+        (:attr:`shard_gradients`), 1 with a distributed optimizer alone (:attr:`shard_optimizer`), else 0."""
+        return 3 if self.shard_parameters else 2 if self.shard_gradients else 1 if self.shard_optimizer else 0
+
+    @property
+    def gathers_per_microbatch(self) -> bool:
+        """Whether the weights are gathered and the gradients reduce-scattered per microbatch (ZeRO-3 that
+        reshards after forward): the stage-3 timing of :mod:`mpipe_tune.cost.fsdp`."""
+        return self.shard_parameters and self.reshard_after_forward
+
+    @property
+    def scatters_per_microbatch(self) -> bool:
+        """Whether the gradients are reduce-scattered after every microbatch's backward (ZeRO-2, and ZeRO-3
+        that reshards after forward)."""
+        return self.shard_gradients or self.gathers_per_microbatch
 
     def validate_degrees(self) -> None:
         """One-line :class:`MpipeError` unless the degrees can be laid out: each >= 1 and the
@@ -191,6 +231,11 @@ class CostOptions:
         if not self.moe_imbalance >= 1.0 or self.moe_imbalance == float("inf"):
             raise MpipeError(f"MoE load imbalance {self.moe_imbalance!r} must be a finite number >= 1 (the busiest "
                              f"expert-parallel rank's routed tokens over the mean; 1 is balanced)")
+        self.moe_settings()
+
+    def moe_settings(self) -> MoeSettings:
+        """The MoE dispatch settings (validated: one line naming what is wrong)."""
+        return MoeSettings(self.moe_dispatcher, self.moe_capacity_factor, self.moe_pad_to_capacity)
 
     def dtype_bytes(self) -> int:
         """Bytes per element of the weights, activations and gradients a step keeps and moves: the dtype's,
@@ -238,6 +283,14 @@ class LayerTable:
     weight-gradient event beyond the saved activations: the output gradients its weight GEMMs read and,
     under recomputation, the activations the backward re-created (an upper bound: the weight GEMMs read
     only their inputs among them). None means zeros (explicit-cost layers model no memory)."""
+    param_tensor_count: np.ndarray | None = None
+    """Shape (num_layers,): parameter tensors of each full layer (what the optimizer step launches kernels
+    over); None means none counted."""
+    bound_s: tuple[np.ndarray, ...] | None = None
+    """What bounds each layer's passes on each microbatch: its forward, input- and weight-gradient seconds
+    split into (compute, memory traffic, host issue, communication) seconds, four arrays of the per-microbatch
+    shape (a pass the host's issue bounds counts whole as host; :mod:`mpipe_tune.cost.bound_by` reads them).
+    None: not known (explicit-cost layers)."""
 
     def tp_degrees(self, options: CostOptions) -> np.ndarray:
         """Per layer, the tensor-parallel degree its weights are split over."""
@@ -280,20 +333,20 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         if key not in unique:
             unique[key] = _layer_row(layer.cost, layer.block, microbatches, profile, arch_options)
     rows = [unique[(layer.cost, layer.block)] for layer in model.layers]
-    fwd, dgrad, wgrad, boundary, saved, bwd_overhead, core_s, selective_saved, wgrad_grad = (
+    fwd, dgrad, wgrad, boundary, saved, bwd_overhead, core_s, selective_saved, wgrad_grad, *bound = (
         np.array(column) for column in zip(*rows))
     replicas = options.encoder_replicas
     gather = np.zeros_like(fwd)
     encoder = np.array([layer.block == ENCODER_BLOCK and isinstance(layer.cost, ArchCost) for layer in model.layers])
     if replicas > 1 and encoder.any():
-        fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad = (
-            a.copy() for a in (fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad))
+        fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad, *bound = (
+            a.copy() for a in (fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad, *bound))
         encoder_options = replace(arch_options, degrees=replace(arch_options.degrees, tp=options.encoder_tp))
         for key in {(u.cost, u.block) for u, e in zip(model.layers, encoder) if e}:
             at = [i for i, u in enumerate(model.layers) if (u.cost, u.block) == key]
             row = _encoder_row(key[0], microbatches, profile, encoder_options, replicas)
-            for column, values in zip((fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad),
-                                      row):
+            for column, values in zip((fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad,
+                                       *bound), row):
                 column[at] = values
         last = int(np.flatnonzero(encoder)[-1])  # the features are gathered after the encoder's last layer
         # forward; backward, its gradient: a reduce-scatter of the same bytes
@@ -315,11 +368,15 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
                          if replicas > 1 and encoder.any() else None),
         layer_replicas=np.where(encoder, float(replicas), 1.0) if replicas > 1 and encoder.any() else None,
         wgrad_kept_bytes=wgrad_grad + np.maximum(saved - kept, 0.0),
+        bound_s=tuple(bound),
+        param_tensor_count=np.array([_param_tensor_count(layer.cost) for layer in model.layers], dtype=float),
     )
 
 
 _PER_MICROBATCH = ("fwd_s", "dgrad_s", "wgrad_s", "boundary_bytes", "saved_bytes", "recompute_s", "bwd_overhead_s",
                    "wgrad_kept_bytes")
+_COLUMNS = 13
+"""Columns of :func:`arch_seconds`: nine, then the four bound-by columns (:attr:`LayerTable.bound_s`)."""
 """The :class:`LayerTable` fields with a column per microbatch."""
 
 
@@ -331,7 +388,9 @@ def build_layer_tables(model: Model, workloads: Sequence[Workload], profile: Har
                                profile, options)
     ends = np.cumsum([len(w.microbatches) for w in workloads])[:-1]
     columns = {name: np.split(getattr(joined, name), ends, axis=1) for name in _PER_MICROBATCH}
-    return [replace(joined, **{name: np.ascontiguousarray(parts[index]) for name, parts in columns.items()})
+    bound = [np.split(column, ends, axis=1) for column in joined.bound_s]
+    return [replace(joined, bound_s=tuple(np.ascontiguousarray(parts[index]) for parts in bound),
+                    **{name: np.ascontiguousarray(parts[index]) for name, parts in columns.items()})
             for index in range(len(workloads))]
 
 
@@ -360,7 +419,7 @@ def _encoder_row(cost: ArchCost, microbatches, profile, encoder_options: CostOpt
     """An encoder layer's columns (all but the boundary) at the encoder's own tensor-parallel degree, on
     the busiest share of each microbatch's images."""
     values = arch_columns(cost, tuple(_encoder_split(mb, replicas) for mb in microbatches), profile, encoder_options)
-    return tuple(values[i] for i in (0, 1, 2, 4, 5, 6, 7, 8))
+    return tuple(values[i] for i in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12))
 
 
 @lru_cache(maxsize=1024)
@@ -368,11 +427,11 @@ def feature_gather_s(cost: ArchCost, microbatches: tuple[Microbatch, ...], profi
                      options: CostOptions) -> np.ndarray:
     """Per microbatch of ``microbatches``, in one pass, the all-gather of the encoder's output features over
     the ``tp / encoder_tp`` encoder groups: the whole output (the encoder's last layer's, at one rank's
-    degree) as the gathered buffer, on the intra-node link unless the tensor-parallel group spans more than
-    a node; nothing without images."""
+    degree) as the gathered buffer, on the link class the tensor-parallel group spans (one package, one node, or
+    more than a node); nothing without images."""
     batch = arch.MicrobatchArray.of(microbatches)
     full = arch.estimate_arch_work(cost.kind, cost.dims_dict(), batch, dtype_bytes=options.dtype_bytes()).boundary_bytes
-    link = profile.link("all_gather", inter_node=options.degrees.tp > profile.devices_per_node)
+    link = profile.link_spanning("all_gather", options.degrees.tp)
     gather_s = estimate_collective_s(link, "all_gather", full, options.encoder_replicas)
     return np.where(batch.image_tokens > 0, gather_s, 0.0)
 
@@ -391,6 +450,11 @@ def _param_count(cost) -> int:
 
 
 @lru_cache(maxsize=4096)
+def _param_tensor_count(cost) -> int:
+    return arch.param_tensor_count(cost.kind, cost.dims_dict()) if isinstance(cost, ArchCost) else 0
+
+
+@lru_cache(maxsize=4096)
 def _expert_param_count(cost) -> int:
     return arch.expert_param_count(cost.kind, cost.dims_dict()) if isinstance(cost, ArchCost) else 0
 
@@ -401,8 +465,9 @@ def _layer_row(cost, block: str, microbatches, profile, options):
         tokens = np.array([mb.image_tokens if image else mb.text_tokens for mb in microbatches], dtype=float)
         bwd = cost.bwd_s_per_token * tokens
         zeros = np.zeros_like(tokens)
-        return (cost.fwd_s_per_token * tokens, bwd / 2, bwd / 2, cost.boundary_bytes_per_token * tokens, zeros, zeros,
-                zeros, zeros, zeros)
+        fwd = cost.fwd_s_per_token * tokens
+        return (fwd, bwd / 2, bwd / 2, cost.boundary_bytes_per_token * tokens, zeros, zeros,
+                zeros, zeros, zeros, fwd + bwd, zeros, zeros, zeros)  # an explicit cost: counted as compute
     return tuple(arch_columns(cost, tuple(microbatches), profile, options))
 
 
@@ -425,42 +490,54 @@ def arch_columns(cost: ArchCost, microbatches: tuple[Microbatch, ...], profile: 
     batch = arch.MicrobatchArray.of(microbatches)
     has_tokens = arch.stream_tokens(cost.kind, batch) > 0  # one microbatch without them costs nothing
     return np.array([np.where(has_tokens, value, 0.0) for value in arch_seconds(cost, batch, profile, options)],
-                    dtype=float).reshape(9, len(microbatches))
+                    dtype=float).reshape(_COLUMNS, len(microbatches))
 
 
 def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile: HardwareProfile,
                  options: CostOptions) -> tuple:
     """An architecture layer's (forward, dgrad, wgrad, boundary bytes, saved bytes, backward per-call seconds,
-    attention-core seconds, selective saved bytes, weight-gradient kept bytes) on ``mb``: one
-    microbatch, or each entry of a :class:`~mpipe_tune.cost.arch.MicrobatchArray` (those without tokens
-    of the layer's stream are left to the caller to zero, see :func:`arch_columns`)."""
+    attention-core seconds, selective saved bytes, weight-gradient kept bytes, then the (compute, memory, host,
+    communication) split of its passes' seconds, :attr:`LayerTable.bound_s`) on ``mb``: one microbatch, or each
+    entry of a :class:`~mpipe_tune.cost.arch.MicrobatchArray` (those without tokens of the layer's stream are
+    left to the caller to zero, see :func:`arch_columns`).
+
+    With the profile's ``kernel_efficiency`` the passes are timed kernel by kernel at their shapes'
+    efficiencies (:func:`~mpipe_tune.cost.kernel_passes.shaped_pass_seconds`), else by the per-kind roofline
+    (:func:`pass_seconds`). With its ``host`` costs each pass takes at least the host's time to issue its
+    kernels under the framework's kernel mode (the third roof: the device runs behind an asynchronous queue, so
+    the host's issue time bounds the pass rather than adding to it), and a MoE layer's forward adds its syncs
+    (the token counts per expert read back before the dispatch: the queue drains, so the device waits for the
+    host's round trip whatever bounds the pass; :mod:`mpipe_tune.cost.moe`)."""
     vector = isinstance(mb, arch.MicrobatchArray)
-    work = arch.estimate_arch_work(
+    work, layer = arch.estimate_layer(
         cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
         ep_degree=options.degrees.ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
         sequence_parallel=options.sequence_parallel, fused_loss=options.fused_loss, rope=options.rope,
+        moe=options.moe_settings(),
     )
     *_, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(work, cost.kind, profile, options.dtype)
     bandwidth = profile.memory_bytes_per_s
     comm_s = 0.0
     if options.degrees.tp > 1 and np.any(work.tp_comm_bytes > 0):
-        link = profile.link("all_reduce", inter_node=options.degrees.tp > profile.devices_per_node)
+        link = profile.link_spanning("all_reduce", options.degrees.tp)
         comm_s = (estimate_collective_s(link, "all_reduce", work.tp_comm_bytes, options.degrees.tp)
                   * profile.tp_comm_exposed)
         if vector:
             comm_s = np.where(work.tp_comm_bytes > 0, comm_s, 0.0)
     ring_fwd_s = ring_bwd_s = 0.0
-    if options.degrees.ep > 1 or options.degrees.cp > 1:
+    if options.degrees.ep > 1 or options.degrees.cp > 1 or options.degrees.tp > 1:
         ep = options.degrees.ep
         traffic = arch.estimate_parallel_traffic(
             cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
             ep_degree=ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
-            sequence_parallel=options.sequence_parallel)
+            sequence_parallel=options.sequence_parallel, moe=options.moe_settings())
         if traffic.all_to_all_bytes:  # expert parallelism: dispatch and combine, again for their gradients
-            link = profile.link("all_to_all", inter_node=options.degrees.tp * ep > profile.devices_per_node)
+            link = profile.link_spanning("all_to_all", options.degrees.tp * ep)
             comm_s += sum(estimate_collective_s(link, "all_to_all", n, ep) for n in traffic.all_to_all_bytes)
+        for c in traffic.group_collectives:  # a MoE dispatcher's gathers, their mirrors in the backward
+            comm_s += estimate_collective_s(profile.link_spanning(c.kind, c.span), c.kind, c.elems, c.group)
         if traffic.ring_steps:
-            link = profile.link("p2p", inter_node=options.degrees.tp * options.degrees.cp > profile.devices_per_node)
+            link = profile.link_spanning("p2p", options.degrees.tp * options.degrees.cp)
             core_fwd_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth)
             core_bwd_s = maximum(core_bwd_compute_s, work.attention_core_dgrad_bytes / bandwidth)
             ring_fwd_s = exposed_ring_s(link, traffic.ring_step_bytes, traffic.ring_steps, core_fwd_s)
@@ -469,10 +546,24 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if has_tokens else (0.0, 0.0)
     fwd_images_s, bwd_images_s = estimate_image_calls_s(profile, cost.kind, mb)
     fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s, bwd_call_s + bwd_images_s
-    fwd_s, dgrad_s, wgrad_s = pass_seconds(work, cost.kind, profile, options.dtype)
-    fwd = fwd_call_s + fwd_s + comm_s + ring_fwd_s
-    dgrad = dgrad_s + comm_s + ring_bwd_s
-    wgrad = wgrad_s
+    if profile.kernel_efficiency is not None and layer is not None:
+        device, compute = shaped_pass_seconds(layer.pieces, cost.kind, profile, options.dtype, options.dtype_bytes())
+    else:
+        device = pass_seconds(work, cost.kind, profile, options.dtype)
+        compute = _compute_bound(work, cost.kind, profile, options.dtype, device)
+    comm = (comm_s + ring_fwd_s, comm_s + ring_bwd_s, 0.0)
+    host = (0.0, 0.0, 0.0)
+    syncs_s = 0.0
+    if profile.host is not None and layer is not None:
+        host = host_pass_seconds(layer.pieces, options.kernel_mode, profile.host.dispatch_s)
+        if cost.kind == "moe_block":  # the token counts read back: the device's queue drains, whatever bounds the pass
+            syncs_s = moe.host_syncs_per_forward(cost.dims_dict()["experts"]) * profile.host.sync_s
+    passes = tuple(maximum(d + c, h) for d, c, h in zip(device, comm, host))
+    bound = _bound_split(device, compute, comm, host, passes)
+    if syncs_s:  # the host's round trips, after whatever bounds the forward
+        passes = (passes[0] + syncs_s, *passes[1:])
+        bound = (bound[0], bound[1], bound[2] + syncs_s, bound[3])
+    fwd, dgrad, wgrad = fwd_call_s + passes[0], passes[1], passes[2]
     if options.degrees.tp > 1 and has_tokens:  # what the profile measured of split calls beyond all that
         fwd_tp_s, bwd_tp_s = profile.tp_overhead_for(cost.kind, options.degrees.tp)
         fwd_slow, bwd_slow = profile.tp_slowdown_for(cost.kind, options.degrees.tp)
@@ -481,7 +572,28 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         bwd_call_s = bwd_call_s * (1.0 + bwd_slow) + bwd_tp_s
     core_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
     return (fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s, core_s,
-            work.selective_saved_activation_bytes, work.wgrad_grad_bytes)
+            work.selective_saved_activation_bytes, work.wgrad_grad_bytes, *bound)
+
+
+def _compute_bound(work: arch.ArchWork, kind: str, profile: HardwareProfile, dtype: str, device: tuple) -> tuple:
+    """Of each pass's roofline seconds ``device``, the part its compute roof sets (the whole pass where its
+    compute time reaches its memory time, else none)."""
+    compute = compute_seconds(work, kind, profile, dtype)[:3]
+    moved = (work.fwd_bytes, work.dgrad_bytes, work.wgrad_bytes)
+    return tuple(np.where(c >= b / profile.memory_bytes_per_s, d, 0.0) for c, b, d in zip(compute, moved, device))
+
+
+def _bound_split(device, compute, comm, host, passes) -> tuple:
+    """Each pass's charged seconds split into (compute, memory, host, communication) summed over the passes: a
+    pass whose host issue time exceeds its device and collective time counts whole as host-bound."""
+    out = [0.0, 0.0, 0.0, 0.0]
+    for d, c, m, h, total in zip(device, compute, comm, host, passes):
+        host_bound = h > d + m
+        out[0] = out[0] + np.where(host_bound, 0.0, c)
+        out[1] = out[1] + np.where(host_bound, 0.0, d - c)
+        out[2] = out[2] + np.where(host_bound, total, 0.0)
+        out[3] = out[3] + np.where(host_bound, 0.0, m)
+    return tuple(out)
 
 
 def estimate_image_calls_s(profile: HardwareProfile, kind: str, mb: Microbatch) -> tuple[float, float]:

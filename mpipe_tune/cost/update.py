@@ -14,6 +14,12 @@ a MoE layer's routed experts over the expert-parallel group, and, with a distrib
 all-gather of the weights is charged with the reduce). Plain SGD (the runtime's) has no state:
 ``optimizer_bytes_per_param = 0`` gives its 3 reads and writes per weight in fp32.
 
+Where the profile has host costs (:mod:`~mpipe_tune.cost.kernel_model`) the update also takes at least the
+host's time to issue its kernels (:func:`~mpipe_tune.cost.kernel_model.optimizer_kernels` over the rank's
+trainable parameter tensors, under the framework's kernel mode: torch's ``foreach`` AdamW when eager, a fused
+Adam otherwise), and each rank pays one host sync per step (``sync_s``: the gradient-norm check reads the
+norm back, which drains the queue).
+
 The update runs after the rank's last event of the step, so it is charged there: the event before
 the step barrier in ``nodes(r)``. When that event is shared by several ranks (a ReplicaGroup reduce
 of a transposed encoder whose backbone is frozen), it is charged the largest of their updates, which
@@ -26,6 +32,7 @@ import numpy as np
 
 from mpipe_tune.algebra.plan import BARRIER, Plan
 from mpipe_tune.algebra.model import Model
+from mpipe_tune.cost.kernel_model import optimizer_kernels
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.memory import local_params, per_rank_sum, rank_layers
 from mpipe_tune.cost.profile import HardwareProfile
@@ -47,7 +54,13 @@ def estimate_update_s(plan: Plan, model: Model, table: LayerTable, profile: Hard
     trainable = np.array(model.trainable_bits(), dtype=bool)
     shards = options.degrees.dp * options.degrees.cp if options.shard_optimizer else 1
     per_layer = local_params(table, options) * trainable * update_bytes_per_param(options) / shards
-    return np.array(per_rank_sum(rank_layers(plan), per_layer)) / profile.update_bytes_per_s
+    layers = rank_layers(plan)
+    update_s = np.array(per_rank_sum(layers, per_layer)) / profile.update_bytes_per_s
+    if profile.host is None or table.param_tensor_count is None:
+        return update_s
+    tensors = per_rank_sum(layers, table.param_tensor_count * trainable)
+    issue_s = np.array([optimizer_kernels(t, options.kernel_mode) for t in tensors]) * profile.host.dispatch_s
+    return np.maximum(update_s, issue_s) + profile.host.sync_s
 
 
 def update_charges(plan: Plan, update_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

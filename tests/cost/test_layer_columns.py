@@ -32,7 +32,7 @@ def test_a_layer_on_all_microbatches_at_once_costs_what_each_costs_alone(model_n
     options = CostOptions(dtype=dtype, degrees=degrees, sequence_parallel=sequence_parallel)
     for cost in {u.cost for u in model.layers if isinstance(u.cost, ArchCost)}:
         columns = arch_columns(cost, MICROBATCHES, profile, options)
-        assert columns.shape == (9, len(MICROBATCHES))
+        assert columns.shape == (13, len(MICROBATCHES))
         for m, mb in enumerate(MICROBATCHES):
             alone = np.array(arch_seconds(cost, mb, profile, options), dtype=float)
             np.testing.assert_allclose(columns[:, m], alone, rtol=1e-12, atol=0.0, err_msg=f"{cost.kind} {mb}")
