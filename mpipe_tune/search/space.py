@@ -51,6 +51,7 @@ from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.cost.arch import expert_parallel_fits, tensor_parallel_fits
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.search.owners import POLICIES
 from mpipe_tune.search.problem import Problem
 
@@ -519,9 +520,10 @@ class Group:
 
 
 def layout_name(layout: tuple[int, int, int, int]) -> str:
-    """A layout as the ``degrees`` choice names it: ``pp4-tp2-dp2``, with ``-cp2`` where ``cp > 1``."""
+    """A layout as the ``degrees`` choice names it: the degrees' text form with hyphens for spaces (an Optuna
+    parameter value: ``pp4-tp2-dp2``, with ``-cp2`` where ``cp > 1``)."""
     pp, tp, dp, cp = layout
-    return f"pp{pp}-tp{tp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "")
+    return str(Degrees(pp, tp, dp, cp=cp)).replace(" ", "-")
 
 
 class _NoLeaf(Exception):
