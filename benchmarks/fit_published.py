@@ -24,7 +24,7 @@ stay in the roofline; ``--transfer ascend-910c-cm384`` from ``ascend-910b``: see
 
     python benchmarks/fit_published.py            # fit and print, write nothing
     python benchmarks/fit_published.py --write --profile h100-sxm --transfer h200
-    python benchmarks/fit_published.py --write --profile ascend-910b --transfer ascend-910c-cm384
+    python benchmarks/fit_published.py --write --profile ascend-910b --transfer ascend-910c-cm384 ascend-910c-cm384-die
     python benchmarks/fit_published.py --diagnose     # the length pairs and per-run GEMM efficiency (ascend-910b)
     python benchmarks/fit_published.py --cross-validate --profile ascend-910b   # leave-one-out over the fit runs
     python benchmarks/fit_published.py --profile ascend-910b --drop mindspeed-llama3-8b@8 mindspeed-llama31-8b@8
@@ -119,7 +119,7 @@ def with_parameters(base: dict, values: dict[str, float], provenance: dict[str, 
     return data
 
 
-TRANSFER_UNITS = {"ascend-910c-cm384": 40}
+TRANSFER_UNITS = {"ascend-910c-cm384": 40, "ascend-910c-cm384-die": 20}
 """Compute units of a profile that takes another's curves where its own differ (the 910C package: two dies of
 the 910B's 20 AI cores assumed there)."""
 
@@ -192,6 +192,11 @@ TRANSFER_REASONS = {
                          "910C's datasheet 376e12 per die: if the measured 910B SKU's own peak was higher than 320e12, "
                          "this overstates the 910C by that ratio; no published 910C run with its full configuration "
                          "was collected to check it",
+    "ascend-910c-cm384-die": "one 910C die is a die of the 910B's Da Vinci generation on the same CANN stack; the "
+                             "910B fit is an achieved fraction of the 910B's assumed 320e12 bf16 peak, applied here to "
+                             "the 910C die's datasheet 376e12: if the measured 910B SKU's own peak was higher than "
+                             "320e12, this overstates the 910C by that ratio; no published 910C run with its full "
+                             "configuration was collected to check it",
 }
 """Why a profile takes another's fit as an assumption (``--transfer``)."""
 PROFILE_NOTES = {

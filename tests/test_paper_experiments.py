@@ -39,8 +39,9 @@ def test_capsfusion_shaped_samples_are_one_image_and_a_short_caption(paper) -> N
     from mpipe_tune.inputs.specs import load_model
     from mpipe_tune.inputs.workload_spec import DatasetOptions, load_dataset
 
-    model = load_model("qwen2vl-vit-llama3-8b")
-    dataset, _ = load_dataset(str(paper.CAPSFUSION), "qwen2vl-vit-llama3-8b", model, DatasetOptions())
+    b = next(e for e in paper.EXPERIMENTS if e.key == "B")
+    model = load_model(b.model)
+    dataset, _ = load_dataset(str(paper.CAPSFUSION), b.model, model, DatasetOptions())
     step = dataset.workload(64, seed=0)  # unpacked: one sample a sequence
     assert all(len(mb.images) == 1 for mb in step.microbatches)
     text = np.array([mb.text_tokens - mb.image_tokens for mb in step.microbatches])
