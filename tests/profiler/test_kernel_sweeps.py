@@ -184,3 +184,64 @@ def test_compute_units_come_from_the_accelerator_s_properties(properties, units)
     module = SimpleNamespace(get_device_properties=lambda index: SimpleNamespace(**properties))
     assert compute_units(SimpleNamespace(npu=module, cuda=module), "npu") == units
     assert compute_units(SimpleNamespace(npu=module, cuda=module), "cuda") == units
+
+
+class StandInDevice:
+    """torch with an ``npu`` that is the CPU underneath: synchronize and timing events counted, tensors made on
+    the CPU. The accelerator code path runs up to the device boundary, which this machine does not have."""
+
+    def __init__(self, torch):
+        import time
+        from types import SimpleNamespace
+
+        self._torch, self.syncs, self.events = torch, 0, 0
+        outer = self
+
+        class Event:
+            def __init__(self, enable_timing):
+                assert enable_timing
+                outer.events += 1
+
+            def record(self):
+                self.at = time.perf_counter()
+
+            def synchronize(self):
+                outer.syncs += 1
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1e3  # milliseconds, as torch's events give it
+
+        def synchronize():
+            outer.syncs += 1
+
+        self.npu = SimpleNamespace(Event=Event, synchronize=synchronize,
+                                   get_device_properties=lambda index: SimpleNamespace(cube_core_num=20))
+
+    def __getattr__(self, name):
+        value = getattr(self._torch, name)
+        if name in ("zeros", "ones", "randn", "empty"):
+            return lambda *args, device=None, **kw: value(*args, **kw)
+        return value
+
+
+def test_the_accelerator_path_runs_up_to_the_device_boundary():
+    torch = pytest.importorskip("torch")
+    from mpipe_tune.profiler.dispatch import measure_host
+    from mpipe_tune.profiler.shapes import measure_kernels
+
+    settings = KernelSweepSettings(
+        dispatch_lengths=(8, 32), dispatch_repeats=2, gemm_shapes=((64, 64, 64), (128, 128, 128)), max_call_s=1.0,
+        attention_lengths=(32, 64), attention_heads=1, head_dim=16, attention_max_call_s=1.0,
+        memory_sizes_bytes=(2**16, 2**18), repeats=2, min_repeat_s=1e-4)
+    device = StandInDevice(torch)
+    host = measure_host(device, "npu", settings.dispatch_lengths, settings.dispatch_repeats, lambda _: None)
+    syncs = device.syncs
+    assert syncs >= 2 * 2 * 2 * 2  # both chains, every length and repeat: the queue emptied before and after
+    sweeps = measure_kernels(device, "npu", "fp32", settings, peak_flops_per_s=1e11, progress=lambda _: None)
+    assert device.events > 0 and device.syncs > syncs  # timed by device events, read after they synchronize
+    assert sweeps.units == 20 and len(sweeps.gemm) == 2 and len(sweeps.memory) == 2
+    entries = kernel_efficiency_entries(sweeps, peak_flops_per_s=1e11, bytes_per_s=1e10, dispatch_s=host.dispatch_s,
+                                        device="npu", measured={"source": "measured"})
+    assert entries and all("device-event seconds" in e["ref"] for e in entries.values())
+    for family, entry in entries.items():  # each point fitted or set aside as timed at the host's rate
+        assert len(entry["efficiency"]) + len(entry["host_bound"]) == 2, family
