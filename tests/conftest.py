@@ -93,7 +93,8 @@ def candidate(cut, schedule, num_ranks: int, num_microbatches: int, *, slab_coun
     return Candidate(str(schedule), tuple(cut.boundaries), pp=num_ranks, tp=o.degrees.tp, dp=o.degrees.dp,
                      num_microbatches=num_microbatches, slab_counts=slab_counts, owner_map=owners,
                      recompute=o.recompute, ep=o.degrees.ep, cp=o.degrees.cp, zero_stage=o.zero_stage,
-                     sequence_parallel=o.sequence_parallel, encoder_tp=o.degrees.encoder_tp, dtype=o.dtype)
+                     sequence_parallel=o.sequence_parallel, encoder_tp=o.degrees.encoder_tp, dtype=o.dtype,
+                     reshard_after_forward=o.reshard_after_forward if o.zero_stage == 3 else None)
 
 
 def predict_plan(cut, schedule, model, workload, profile, num_ranks: int, *, num_microbatches=None, slab_counts=None,

@@ -29,7 +29,7 @@ from functools import cached_property
 from typing import Any, Union
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs import check_finite
+from mpipe_tune.inputs import check_finite, shown
 
 ENCODER_BLOCK = "encoder"
 BACKBONE_BLOCK = "llm"
@@ -192,6 +192,16 @@ def parse_model(
     return Model(name=name, layers=tuple(layers), source=str(data.get("source", "")))
 
 
+MAX_LAYERS = 4096
+"""The most layers a model may have after ``repeat`` and ``compose`` are expanded: dozens of times any model's."""
+
+
+def _check_layer_count(count: int, where: str) -> None:
+    if count > MAX_LAYERS:
+        raise MpipeError(f"{where}: the model has more than {MAX_LAYERS} layers ({count} so far, repeats expanded); "
+                         f"a model has at most {MAX_LAYERS}: fix the layer counts or 'repeat'")
+
+
 _COMPOSING: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("composing", default=())
 """The model names being composed, outermost first: a name seen twice is a cycle."""
 
@@ -211,12 +221,14 @@ def _parse_compose(entries: Any, *, where: str, resolve: Callable[[str], Any] | 
             token = _COMPOSING.set((*chain, entry))
             try:
                 layers.extend(parse_model(resolve(entry), where=entry, resolve=resolve).layers)
+                _check_layer_count(len(layers), where)
             finally:
                 _COMPOSING.reset(token)
         elif isinstance(entry, Mapping) and "layers" in entry:
             layers.extend(_parse_layer_list(entry["layers"], where=f"{where} compose[{index}]"))
+            _check_layer_count(len(layers), where)
         else:
-            raise MpipeError(f"{where}: compose[{index}] must be a model name or a mapping with 'layers', got {entry!r}")
+            raise MpipeError(f"{where}: compose[{index}] must be a model name or a mapping with 'layers', got {shown(entry)}")
     return layers
 
 
@@ -226,12 +238,13 @@ def _parse_layer_list(entries: Any, *, where: str) -> list[Layer]:
     layers: list[Layer] = []
     for index, entry in enumerate(entries):
         layers.extend(_parse_layer(entry, where=f"{where} layers[{index}]"))
+        _check_layer_count(len(layers), where)
     return layers
 
 
 def _parse_layer(entry: Any, *, where: str) -> list[Layer]:
     if not isinstance(entry, Mapping):
-        raise MpipeError(f"{where}: a layer must be a mapping with name, block and costs, got {entry!r}")
+        raise MpipeError(f"{where}: a layer must be a mapping with name, block and costs, got {shown(entry)}")
     name = entry.get("name")
     if not isinstance(name, str) or not name:
         raise MpipeError(f"{where}: field 'name' must be a non-empty string")
@@ -241,10 +254,10 @@ def _parse_layer(entry: Any, *, where: str) -> list[Layer]:
         raise MpipeError(f"{where}: field 'block' must be a block name such as 'encoder', 'projector' or 'llm'")
     trainable = entry.get("trainable", True)
     if not isinstance(trainable, bool):
-        raise MpipeError(f"{where}: field 'trainable' must be true or false, got {trainable!r}")
+        raise MpipeError(f"{where}: field 'trainable' must be true or false, got {shown(trainable)}")
     repeat = entry.get("repeat", 1)
-    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
-        raise MpipeError(f"{where}: field 'repeat' must be an integer >= 1, got {repeat!r}")
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or not 1 <= repeat <= MAX_LAYERS:
+        raise MpipeError(f"{where}: field 'repeat' must be an integer from 1 to {MAX_LAYERS}, got {shown(repeat)}")
     cost = _parse_cost(entry, where=where)
     if repeat == 1:
         return [Layer(name, block, trainable, cost)]
@@ -258,7 +271,7 @@ def _parse_cost(entry: Mapping, *, where: str) -> CostDescriptor:
             raise MpipeError(f"{where}: give either 'kind' with dimensions or explicit costs ({', '.join(explicit)}), not both")
         kind = entry["kind"]
         if not isinstance(kind, str):
-            raise MpipeError(f"{where}: field 'kind' must be an architecture kind name, got {kind!r}")
+            raise MpipeError(f"{where}: field 'kind' must be an architecture kind name, got {shown(kind)}")
         dims = tuple(sorted((k, v) for k, v in entry.items() if k not in _STRUCTURAL_KEYS))
         return ArchCost(kind=kind, dims=dims)
     if "fwd_s_per_token" not in entry or "bwd_s_per_token" not in entry:

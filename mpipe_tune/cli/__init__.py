@@ -1,87 +1,38 @@
 """The ``mpipe-tune`` command: one module per subcommand, user errors exit with one line.
 
 Each command module holds one :class:`~mpipe_tune.cli.command.Command`: it parses its flags, calls one
-domain function and prints; the flags several commands share are :mod:`.arguments`'s groups. This
-package is the tool's only face: nothing in ``mpipe_tune`` imports it. An error ends a command with
-its class's exit code (:mod:`mpipe_tune.errors`: 2 for bad input, a plan that does not fit, a damaged
-or stale plan file; 1 for a failed run; 130 after Ctrl-C).
+domain function and prints; the flags several commands share are :mod:`.arguments`'s groups; the parser
+and the run of a command are :mod:`.parser`'s. This package is the tool's only face: nothing in
+``mpipe_tune`` imports it.
+
+It imports nothing at first: :func:`main` imports the commands inside its handling of Ctrl-C, so that a
+Ctrl-C from the first line of the entry point on (the imports take most of a second) exits 130 with one
+line, not a traceback (the interpreter's own start-up, before this package, is Python's).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-
-from mpipe_tune import __version__
-from mpipe_tune.cli.bench import Bench
-from mpipe_tune.cli.command import Command
-from mpipe_tune.cli.derive import Derive
-from mpipe_tune.cli.errors import error_line
-from mpipe_tune.cli.export import Export
-from mpipe_tune.cli.models import Models
-from mpipe_tune.cli.plan import Plan
-from mpipe_tune.cli.predict import Predict
-from mpipe_tune.cli.profile import Profile
-from mpipe_tune.cli.profiles import Profiles
-from mpipe_tune.cli.report import Report
-from mpipe_tune.cli.run import Run
-from mpipe_tune.cli.show import Show
-from mpipe_tune.cli.trials import Trials
-from mpipe_tune.cli.workload import Workload
-from mpipe_tune.errors import MpipeError
-from mpipe_tune.interrupt import command_interrupts
-
-COMMANDS: list[Command] = [Plan(), Show(), Trials(), Run(), Bench(), Export(), Predict(), Derive(), Profile(), Report(),
-                           Workload(), Models(), Profiles()]
-"""In the order of README.md's command table, which ``mpipe-tune --help`` lists them in: the plan's chain first."""
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose own errors (an unknown flag or choice, a missing one) are one line, as the domain's:
-    what is wrong and where to read on, exit code 2."""
-
-    commands: dict[str, argparse.ArgumentParser]
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
-
-
-def build_parser() -> Parser:
-    parser = Parser(prog="mpipe-tune", description="Plan, predict and run pipeline-parallel MLLM training.")
-    parser.add_argument("--version", action="version", version=f"mpipe-tune {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    parser.commands = {}
-    for command in COMMANDS:
-        p = sub.add_parser(command.name, help=command.help, description=command.help)
-        command.add_arguments(p)
-        p.set_defaults(handler=command, cli_flags=frozenset(p._option_string_actions))
-        parser.commands[command.name] = p
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # named by the command they were given to
-        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-    stop = None
+    """Run the command line ``argv`` (default: the process's arguments); the exit code."""
     try:
-        with command_interrupts(args.command) as stop:
-            code = args.handler.take_action(args)
-        if stop.requested and not stop.consumed and code != 130:  # after the command's last safe point (130: it said so)
-            print(f"mpipe-tune {args.command}: interrupted too late to stop: the command finished"
-                  + "".join(f"; {kept}" for kept in stop.kept), file=sys.stderr)
-            return 130
-        return code
-    except MpipeError as exc:
-        print(f"mpipe-tune {args.command}: error: {error_line(exc, args.command, args.cli_flags)}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        said = "; ".join(stop.kept) if stop is not None and stop.kept else args.handler.after_interrupt
-        print(f"mpipe-tune {args.command}: interrupted" + (f"; {said}" if said else ""), file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # output piped into `head` and the like
-        sys.stderr.close()
-        return 0
+        from mpipe_tune.interrupt import mark
 
+        mark("entry")
+        from mpipe_tune.cli.parser import run_command
+
+        return run_command(argv)
+    except KeyboardInterrupt:  # before a command started (while importing or parsing): nothing was done
+        print("mpipe-tune: interrupted before the command started; nothing was written", file=sys.stderr)
+        return 130
+
+
+def __getattr__(name: str):
+    """``build_parser``, ``COMMANDS`` and ``Parser``, imported when first asked for (see the module docstring)."""
+    if name in ("build_parser", "COMMANDS", "Parser"):
+        from mpipe_tune.cli import parser
+
+        return getattr(parser, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,7 +42,7 @@ class Profile(Command):
         parser.add_argument("--name", default=None, help="profile name (default: the --out file's stem)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from mpipe_tune.profiler.nodes import is_under_torchrun
+        from mpipe_tune.runtime.torchrun_env import is_under_torchrun
 
         if is_under_torchrun():
             return profile_across_nodes(args)
@@ -86,7 +86,8 @@ def profile_across_nodes(args: argparse.Namespace) -> int:
     from mpipe_tune.profiler.build import merge_link_classes
     from mpipe_tune.profiler.device import import_torch
     from mpipe_tune.profiler.links import LINK_COLLECTIVES
-    from mpipe_tune.profiler.nodes import measure_link_classes, place_from_env
+    from mpipe_tune.profiler.nodes import measure_link_classes
+    from mpipe_tune.runtime.torchrun_env import place_from_env
     from mpipe_tune.profiler.settings import sweep_settings
     from mpipe_tune.outputs.files import validate_out_path
 

@@ -17,17 +17,19 @@
   ranks, after the rest. A distributed
   optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the parameters instead: the same
   bytes over the same ring, half of them each. Gradients travel in ``grad_reduce_dtype``.
-- ZeRO-3 (``shard_parameters``): the reduces keep ZeRO-1's timing (the last microbatch's
+- ZeRO-2 and ZeRO-3 resharding after forward: the reduces keep ZeRO-1's timing (the last microbatch's
   reduce-scatters, the first microbatch's gathers), and every ``Fwd`` and ``Bwd`` then adds its
   per-microbatch gather and reduce-scatter waits (:mod:`~mpipe_tune.cost.fsdp`), after the overlap has
-  read the compute.
+  read the compute; ZeRO-3 keeping its weights through the step is ZeRO-1's timing.
+- The reduces' overlap with compute is scaled by the profile's ``comm_compute_overlap`` ``phi``:
+  ``phi * exposed + (1 - phi) * whole`` (1, the default: the bucketed overlap as it is).
 - ``Loss`` and ``StepBarrier`` cost nothing (the LM head layer carries the loss's work).
 - The optimizer update of each rank is added to its last event before the barrier
   (:mod:`mpipe_tune.cost.update`).
 
 Ranks are laid out with tensor parallelism innermost, then context, data and pipeline, so pipeline
-rank ``r`` starts at device ``r * tp * cp * dp`` and ``devices_per_node`` decides which links are
-inter-node.
+rank ``r`` starts at device ``r * tp * cp * dp``, and ``devices_per_package`` and ``devices_per_node`` decide
+which link class a transfer between two ranks takes.
 
 :class:`DurationModel` compiles a plan once into index arrays, so that durations for a new layer
 table (another workload) are one compiled pass (:func:`mpipe_tune.cost.kernels.event_durations`)
@@ -53,10 +55,12 @@ from mpipe_tune.cost.fsdp import FsdpSums, fsdp_sums
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.memory import prefix_sums
 from mpipe_tune.cost.overlap import compile_overlap
-from mpipe_tune.cost.profile import HardwareProfile, hierarchical_all_reduce_s
+from mpipe_tune.cost.profile import PACKAGE_LINK_CLASS, HardwareProfile, hierarchical_all_reduce_s
 from mpipe_tune.cost.update import estimate_update_s, update_charges
 
 _LINK_OF_COMM = {Comm.SEND: "p2p", Comm.RECV_GRAD: "p2p", Comm.GATHER: "gather", Comm.SCATTER: "scatter"}
+_LINK_CLASSES = (PACKAGE_LINK_CLASS, "intra_node", "inter_node")
+"""A transfer's link class by its code in :meth:`DurationModel.links`."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,17 +121,19 @@ class DurationModel:
 
     def links(self, comm: np.ndarray, src_rank: np.ndarray, dst_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per transfer (codes of :data:`~mpipe_tune.cost.event_arrays.COMMS`, pipeline ranks),
-        ``alpha_s`` and ``beta_s_per_byte``: the intra- or inter-node link by where the two ranks sit;
-        (0, 0) on one rank."""
-        per_node = self.profile.devices_per_node
-        inter = (src_rank * self.devices_per_rank) // per_node != (dst_rank * self.devices_per_rank) // per_node
+        ``alpha_s`` and ``beta_s_per_byte``: the link class of the two ranks' first devices (inside one package,
+        one node, or across nodes); (0, 0) on one rank."""
+        per_node, per_package = self.profile.devices_per_node, self.profile.devices_per_package
+        src, dst = src_rank * self.devices_per_rank, dst_rank * self.devices_per_rank
+        link_class = np.where(src // per_node != dst // per_node, 2, np.where(
+            (per_package > 1) & (src // per_package == dst // per_package), 0, 1))
         cross = src_rank != dst_rank
-        pair = 2 * comm + inter  # (transfer kind, inter-node) as one code
-        alpha, beta = np.zeros(2 * len(COMMS) + 1), np.zeros(2 * len(COMMS) + 1)  # the last entry: on one rank
-        for code in np.flatnonzero(np.bincount(pair[cross], minlength=2 * len(COMMS))).tolist():
-            link = self.profile.link(_LINK_OF_COMM[COMMS[code // 2]], inter_node=bool(code % 2))
+        pair = 3 * comm + link_class  # (transfer kind, link class) as one code
+        alpha, beta = np.zeros(3 * len(COMMS) + 1), np.zeros(3 * len(COMMS) + 1)  # the last entry: on one rank
+        for code in np.flatnonzero(np.bincount(pair[cross], minlength=3 * len(COMMS))).tolist():
+            link = self.profile.link(_LINK_OF_COMM[COMMS[code // 3]], link_class=_LINK_CLASSES[code % 3])
             alpha[code], beta[code] = link.alpha_s, link.beta_s_per_byte  # a point-to-point transfer: alpha + beta * n
-        pair = np.where(cross, pair, 2 * len(COMMS))
+        pair = np.where(cross, pair, 3 * len(COMMS))
         return alpha[pair], beta[pair]
 
     def with_links(self, positions: np.ndarray, alpha: np.ndarray, beta: np.ndarray,
@@ -162,9 +168,10 @@ class DurationModel:
             weights = sums.wgrad_prefix[self.wgrad_hi] - sums.wgrad_prefix[self.wgrad_lo]
             out[self.wgrad_idx] = weights
             out[self.wgrad_bwd] = np.maximum(out[self.wgrad_bwd] - weights, 0.0)
-        if self._overlap is not None:  # reads the compute events' durations only
-            out[self.reduce_idx] = self._overlap.exposed(out, self._reduce_s)
-        if self.options.shard_parameters:  # ZeRO-3's per-microbatch waits, after the overlap read the compute
+        if self._overlap is not None:  # reads the compute events' durations only; phi: the share compute hides
+            phi = self.profile.overlap_share
+            out[self.reduce_idx] = phi * self._overlap.exposed(out, self._reduce_s) + (1.0 - phi) * self._reduce_s
+        if self.options.scatters_per_microbatch:  # ZeRO-2/3's per-microbatch waits, after the overlap read the compute
             waits = _fsdp_sums(sums, self.model, self.profile, self.options)
             out[self.fwd_idx] += waits.forward_s(self.fwd_hi, self.fwd_lo)
             out[self.bwd_idx] += waits.backward_s(self.bwd_hi, self.bwd_lo)

@@ -28,12 +28,21 @@ the cost model charges for it (its roofline, call overheads and all-reduces at t
 split call costs ``(1 + slowdown) * charged + overhead``. The profiler fits both for degree 2 when it
 calibrates with an even number of ranks (:mod:`mpipe_tune.profiler.build`).
 
+Optional top-level ``devices_per_package`` (default 1): the devices of one package, where the runtime counts each
+die of a multi-die chip as a device (a 910C: two dies, 16 a server); above 1 the profile adds the link class
+``intra_package`` (the die-to-die link), which a group inside one package uses
+(:meth:`HardwareProfile.link_class_spanning`).
+
 Optional top-level ``optimizer_update_bytes_per_s``: the rate of the optimizer update (bytes of
 weights, gradients and optimizer state read and written per second), measured by the profiler on the
 runtime's own update; a profile without it updates at ``memory_bytes_per_s``.
 
 An optional ``tp_comm_overlap`` entry (a number with provenance) states the fraction of the
-tensor-parallel collectives' time hidden behind compute; absent, they are fully exposed.
+tensor-parallel collectives' time hidden behind compute; absent, they are fully exposed. An optional
+``comm_compute_overlap`` entry states how much of a data-parallel or sharding collective (a gradient
+reduce, a ZeRO gather or reduce-scatter on its own stream) the compute beside it hides: 1 where the two
+run side by side at full speed, 0 where they take turns (:mod:`mpipe_tune.profiler.overlap` measures
+it); absent, 1.
 
 Optional ``host`` (the host's ``dispatch_s`` per kernel and ``sync_s`` per sync) and ``kernel_efficiency``
 (efficiency curves by kernel shape for the ``gemm``, ``attention`` and ``memory`` families) are read by
@@ -76,13 +85,22 @@ DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 _TRAINING_DTYPES = ("fp32", "tf32", "bf16", "fp16")
 """Dtypes a whole training step commonly runs in: what :meth:`HardwareProfile.slow_dtype_note` compares."""
 LINK_CLASSES = ("intra_node", "inter_node")
+"""The link classes every profile has."""
+PACKAGE_LINK_CLASS = "intra_package"
+"""The optional link class between the devices of one package (a multi-die chip whose dies the runtime counts
+as devices: the 910C's two dies and the link between them); a profile has it exactly when its
+``devices_per_package`` is above 1."""
 COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_all")
 _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "tp_comm_overlap",
-    "optimizer_update_bytes_per_s", "host", "kernel_efficiency",
+    "optimizer_update_bytes_per_s", "host", "kernel_efficiency", "devices_per_package", "comm_compute_overlap",
 }
-_OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s", "host", "kernel_efficiency"}
+_OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s", "host", "kernel_efficiency",
+                      "devices_per_package", "comm_compute_overlap"}
+_OVERLAP_FIXES = {"tp_comm_overlap": "give the fraction of the tensor-parallel collective time hidden behind compute",
+                  "comm_compute_overlap": "give the share of a collective's time the compute beside it hides "
+                                          "(1: fully, 0: they take turns)"}
 ATTENTION_CORE = "attention_core"
 """Efficiency entry of the attention core (scores and values, one fused kernel) inside any layer kind: where
 the profile has it, the core's FLOPs are timed at it and the rest of the layer at the kind's entry; where
@@ -153,6 +171,9 @@ class HardwareProfile:
     second the cost model charges for it, for the entries that give them."""
     optimizer_update_bytes_per_s: float | None = None
     """Measured rate of the optimizer update; None: it runs at :attr:`memory_bytes_per_s`."""
+    devices_per_package: int = 1
+    """Devices of one package joined by the :data:`PACKAGE_LINK_CLASS` link (2 on a 910C counted by die); 1:
+    every device its own package, the link classes are intra- and inter-node only."""
     tp_comm_overlap: float | None = None
     """Fraction in [0, 1] of the tensor-parallel all-reduce (reduce-scatter / all-gather) time hidden behind
     the layer's GEMMs (Transformer Engine's comm-GEMM overlap); None (absent from the file): 0, every
@@ -161,6 +182,16 @@ class HardwareProfile:
     """The host's seconds per kernel issued and per sync (:mod:`~mpipe_tune.cost.kernel_model`); None: free."""
     kernel_efficiency: KernelEfficiency | None = None
     """Efficiency curves by kernel shape (:mod:`~mpipe_tune.cost.kernel_model`); None: per-kind efficiencies."""
+
+    comm_compute_overlap: float | None = None
+    """Share in [0, 1] of a data-parallel or sharding collective's time that the compute running beside it
+    hides (1: the two run side by side at full speed; 0: they take turns); None (absent from the file): 1,
+    full overlap (:mod:`mpipe_tune.profiler.overlap` measures it)."""
+
+    @property
+    def overlap_share(self) -> float:
+        """:attr:`comm_compute_overlap`, 1 where the profile does not give it."""
+        return 1.0 if self.comm_compute_overlap is None else self.comm_compute_overlap
 
     @property
     def tp_comm_exposed(self) -> float:
@@ -249,12 +280,41 @@ class HardwareProfile:
         """Bytes per second of the optimizer update: the measured rate, else the memory bandwidth."""
         return self.optimizer_update_bytes_per_s or self.memory_bytes_per_s
 
-    def link(self, collective: str, *, inter_node: bool = False) -> LinkCost:
-        """Cost of ``collective`` on the intra- or inter-node link class, falling back to its ``p2p``."""
+    def link(self, collective: str, *, inter_node: bool = False, link_class: str | None = None) -> LinkCost:
+        """Cost of ``collective`` on the intra- or inter-node link class (or on ``link_class`` when given),
+        falling back to the class's ``p2p``."""
         if collective not in COLLECTIVES:
             raise MpipeError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-        link_class = "inter_node" if inter_node else "intra_node"
+        link_class = link_class or ("inter_node" if inter_node else "intra_node")
         return self.links.get((link_class, collective), self.links[(link_class, "p2p")])
+
+    def link_class_spanning(self, span_devices: int) -> str:
+        """The link class of a group whose members lie within ``span_devices`` consecutive devices from a
+        package's (and node's) first: :data:`PACKAGE_LINK_CLASS` within one package, ``intra_node`` within
+        one node, else ``inter_node``.
+
+        >>> from mpipe_tune.inputs.specs import load_profile
+        >>> die = load_profile("ascend-910c-cm384-die")
+        >>> [die.link_class_spanning(n) for n in (2, 16, 32)]
+        ['intra_package', 'intra_node', 'inter_node']
+        """
+        if span_devices <= self.devices_per_package > 1:
+            return PACKAGE_LINK_CLASS
+        return "intra_node" if span_devices <= self.devices_per_node else "inter_node"
+
+    def link_spanning(self, collective: str, span_devices: int) -> LinkCost:
+        """Cost of ``collective`` over a group spanning ``span_devices`` consecutive devices
+        (:meth:`link_class_spanning`)."""
+        return self.link(collective, link_class=self.link_class_spanning(span_devices))
+
+    def link_class_between(self, first_device: int, second_device: int) -> str:
+        """The link class between two devices by their global indices (packages and nodes hold consecutive
+        devices)."""
+        if self.devices_per_package > 1 and \
+                first_device // self.devices_per_package == second_device // self.devices_per_package:
+            return PACKAGE_LINK_CLASS
+        same_node = first_device // self.devices_per_node == second_device // self.devices_per_node
+        return "intra_node" if same_node else "inter_node"
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as its JSON form (schema version 1); ``parse_profile(p.to_dict())`` equals ``p``."""
@@ -276,6 +336,7 @@ class HardwareProfile:
             "name": self.name,
             "device": self.device,
             "devices_per_node": self.devices_per_node,
+            **({} if self.devices_per_package == 1 else {"devices_per_package": self.devices_per_package}),
             "peak_flops_per_s": {
                 d: number(f"peak_flops_per_s.{d}", v) for d, v in self.peak_flops_per_s.items()
             },
@@ -287,8 +348,9 @@ class HardwareProfile:
         if self.optimizer_update_bytes_per_s is not None:
             data["optimizer_update_bytes_per_s"] = number("optimizer_update_bytes_per_s",
                                                           self.optimizer_update_bytes_per_s)
-        if self.tp_comm_overlap is not None:
-            data["tp_comm_overlap"] = number("tp_comm_overlap", self.tp_comm_overlap)
+        for key in _OVERLAP_FIXES:
+            if getattr(self, key) is not None:
+                data[key] = number(key, getattr(self, key))
         if self.host is not None:
             data["host"] = host_dict(self.host, self.provenance, _thaw)
         if self.kernel_efficiency is not None:
@@ -402,6 +464,10 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
     dpn = data["devices_per_node"]
     if not isinstance(dpn, int) or isinstance(dpn, bool) or dpn < 1:
         v.fail("devices_per_node", dpn, "must be an integer >= 1", "give the devices in one node")
+    per_package = data.get("devices_per_package", 1)
+    if not isinstance(per_package, int) or isinstance(per_package, bool) or per_package < 1 or dpn % per_package:
+        v.fail("devices_per_package", per_package, f"must be an integer >= 1 that divides devices_per_node ({dpn})",
+               "give the devices (dies) of one package, 2 for a 910C counted by die")
 
     peaks = v.table("peak_flops_per_s", data["peak_flops_per_s"], allowed=DTYPES)
     peak_flops = {d: v.number(f"peak_flops_per_s.{d}", e, positive=True) for d, e in peaks.items()}
@@ -434,17 +500,21 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
             if key in entry:
                 tp_tables[key].update({(kind, tp): pair for tp, pair in v.tp_table(f"{path}.{key}", entry[key]).items()})
 
-    tp_overlap = None
-    if "tp_comm_overlap" in data:
-        tp_overlap = v.number("tp_comm_overlap", data["tp_comm_overlap"], positive=False)
-        if tp_overlap > 1:
-            v.fail("tp_comm_overlap.value", tp_overlap, "must lie in [0, 1]",
-                   "give the fraction of the tensor-parallel collective time hidden behind compute")
+    overlaps = {}
+    for key, fix in _OVERLAP_FIXES.items():
+        if key in data:
+            overlaps[key] = v.number(key, data[key], positive=False)
+            if overlaps[key] > 1:
+                v.fail(f"{key}.value", overlaps[key], "must lie in [0, 1]", fix)
     host = parse_host(v, data["host"]) if "host" in data else None
     curves = parse_kernel_efficiency(v, data["kernel_efficiency"]) if "kernel_efficiency" in data else None
-    classes = v.table("links", data["links"], allowed=LINK_CLASSES)
+    classes = v.table("links", data["links"], allowed=(*LINK_CLASSES, PACKAGE_LINK_CLASS))
+    if (PACKAGE_LINK_CLASS in classes) != (per_package > 1):
+        v.fail(f"links.{PACKAGE_LINK_CLASS}", classes.get(PACKAGE_LINK_CLASS, _MISSING),
+               f"must be given exactly when devices_per_package ({per_package}) is above 1",
+               "give both (the dies of a package and the link between them) or neither")
     links = {}
-    for link_class in LINK_CLASSES:
+    for link_class in (*LINK_CLASSES, *([PACKAGE_LINK_CLASS] if per_package > 1 else [])):
         if link_class not in classes:
             v.fail(f"links.{link_class}", _MISSING, "is required",
                    "add the link class with at least a p2p entry")
@@ -456,7 +526,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
             links[(link_class, collective)] = v.link(f"links.{link_class}.{collective}", entry)
 
     return HardwareProfile(
-        name=name, device=device, devices_per_node=dpn,
+        name=name, device=device, devices_per_node=dpn, devices_per_package=per_package,
         peak_flops_per_s=MappingProxyType(peak_flops), memory_bytes_per_s=memory_bps,
         memory_capacity_bytes=capacity, efficiency=MappingProxyType(efficiency),
         links=MappingProxyType(links), provenance=MappingProxyType(v.provenance),
@@ -464,7 +534,8 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         call_overhead_s=MappingProxyType(call_overhead), image_overhead_s=MappingProxyType(image_overhead),
         tp_overhead_s=MappingProxyType(tp_tables["tp_overhead_s"]),
         tp_slowdown=MappingProxyType(tp_tables["tp_slowdown"]), optimizer_update_bytes_per_s=update_bps,
-        tp_comm_overlap=tp_overlap, host=host, kernel_efficiency=curves,
+        tp_comm_overlap=overlaps.get("tp_comm_overlap"), comm_compute_overlap=overlaps.get("comm_compute_overlap"),
+        host=host, kernel_efficiency=curves,
     )
 
 

@@ -16,8 +16,12 @@ The input types that both the cost model and the runtime read live beside it, be
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import reprlib
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +29,60 @@ from mpipe_tune.errors import MpipeError
 
 JSON_SUFFIXES = (".json",)
 YAML_SUFFIXES = (".yaml", ".yml")
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlist, _SHOWN.maxdict = 3, 40, 40, 4, 4
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` bounded in depth, items and length, for an error line: a value read from a file may
+    nest a thousand levels deep or hold a million items.
+
+    >>> shown(list(range(100000)))
+    '[0, 1, 2, 3, ...] (100000 items)'
+    """
+    text = repr(value[:limit]) if isinstance(value, str) else _SHOWN.repr(value)
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    if isinstance(value, (list, tuple, dict)) and len(value) > _SHOWN.maxlist:
+        text += f" ({len(value)} items)"
+    return text
+
+
+def shown_path(path: str | Path, limit: int = 120) -> str:
+    """A path for an error line: as it is when printable and short, else its repr, cut at ``limit``."""
+    text = str(path)
+    if not text.isprintable():
+        text = repr(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def path_problem(path: str | Path, *, folder: bool = False) -> str | None:
+    """None when ``path`` names a regular file (a folder with ``folder``), symlinks followed; else what it is
+    instead, as an error says it (``"missing"``, ``"a folder"``, ``"a FIFO"``...). Nothing is opened: a FIFO
+    would block the reader until a writer came."""
+    try:
+        mode = os.stat(path).st_mode
+    except ValueError:  # os.stat's refusal of a NUL byte
+        return "a path with a NUL byte"
+    except OSError as exc:
+        return {errno.ENOENT: "missing", errno.ELOOP: "a symlink loop", errno.ENOTDIR: "missing",
+                errno.ENAMETOOLONG: "a name too long"}.get(exc.errno, f"unreadable ({exc.strerror or exc})")
+    if stat.S_ISDIR(mode):
+        return None if folder else "a folder"
+    if stat.S_ISREG(mode):
+        return "a file" if folder else None
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
 
 
 def read_text(path: str | Path, what: str) -> str:
     """The UTF-8 text of ``path``; ``what`` names the kind of file (``"model"``, ``"plan"``...)."""
     path = Path(path)
-    if path.is_dir():
+    problem = path_problem(path)
+    if problem == "a folder":
         raise MpipeError(f"{what} file {path} is a folder; give the path of a {what} file")
+    if problem is not None and problem != "missing":
+        raise MpipeError(f"{what} file {shown_path(path)} is {problem}; give the path of a regular {what} file")
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -48,14 +99,7 @@ def read_text(path: str | Path, what: str) -> str:
 def parse_text(text: str, path: str | Path, what: str, *, as_json: bool) -> Any:
     """``text`` parsed as JSON (``as_json``) or YAML, with the line of a syntax error."""
     if as_json:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise MpipeError(
-                f"{what} file {path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); fix the syntax"
-            ) from None
-        except RecursionError:
-            raise MpipeError(f"{what} file {path} nests too deeply to be a {what}; fix the file") from None
+        return parse_json(text, f"{what} file {path}", what)
     import yaml  # here, so that the algebra can use check_finite without loading yaml
 
     try:  # libyaml's parser where PyYAML has it: about 5x faster on a large file, the same safe types
@@ -67,6 +111,19 @@ def parse_text(text: str, path: str | Path, what: str, *, as_json: bool) -> Any:
         raise MpipeError(f"{what} file {path}: not valid YAML{at}: {problem}; fix the syntax") from None
     except RecursionError:
         raise MpipeError(f"{what} file {path} nests too deeply to be a {what}; fix the file") from None
+
+
+def parse_json(text: str | bytes, where: str, what: str) -> Any:
+    """``text`` parsed as JSON; a syntax error or a nesting beyond the parser's depth limit (about 1,000
+    levels) is one line naming ``where``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MpipeError(f"{where}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); fix the "
+                         f"syntax") from None
+    except RecursionError:
+        raise MpipeError(f"{where} nests deeper than the JSON parser allows (about 1,000 levels), too deep to be a "
+                         f"{what}; fix the file") from None
 
 
 def load_data_file(path: str | Path, what: str, *, as_json: bool | None = None) -> Any:

@@ -31,7 +31,7 @@ import numpy as np
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.dataset_readers import read_records
 from mpipe_tune.inputs.dataset_spec import DatasetSpec, Records
-from mpipe_tune.inputs.workload import Microbatch, MixDraw, Workload, pack
+from mpipe_tune.inputs.workload import Microbatch, MixDraw, Workload, pack, validate_num_microbatches
 
 DRAW_BLOCK = 256
 """Record indices drawn per call of the generator (a fixed block, so that a draw's prefix is stable)."""
@@ -117,6 +117,7 @@ class DatasetDraw:
 
     def step(self, step: int, num_microbatches: int, *, dataset: Dataset | None = None) -> Workload:
         """Step ``step``'s microbatches; the dataset is read again from its spec unless given."""
+        validate_num_microbatches(num_microbatches)
         dataset = dataset or read_dataset(self.spec)
         s = self.sequences_per_microbatch
         sequences = dataset.sequences(num_microbatches * s, self.seed + step)

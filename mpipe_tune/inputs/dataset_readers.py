@@ -23,20 +23,29 @@ from typing import Any
 import numpy as np
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs import read_text
+from mpipe_tune.inputs import parse_json, path_problem, read_text, shown, shown_path
 from mpipe_tune.inputs.dataset_spec import DatasetSpec, Records
+from mpipe_tune.inputs.workload import MAX_IMAGES_PER_RECORD, MAX_TOKENS
 
 MANIFEST_SUFFIXES = (".csv", ".parquet", ".pq")
 CONVERSATION_SUFFIXES = (".json", ".jsonl")
 _CHUNK_ROWS = 250_000
+MAX_IMAGES = 1 << 26
+"""The most images a dataset may hold in all (67,108,864): its per-image token array stays within 512 MiB."""
+MAX_SIDE_PX = 2**31 - 1
+"""The largest image side a header or a manifest may give: PNG's limit, beyond any camera."""
+_BOUNDS = {"text_tokens": MAX_TOKENS, "image_tokens": MAX_TOKENS, "num_images": MAX_IMAGES_PER_RECORD,
+           "image_width": MAX_SIDE_PX, "image_height": MAX_SIDE_PX}
+"""Each manifest column's largest value."""
 
 
 def read_records(spec: DatasetSpec, *, progress: bool) -> tuple[str, Records]:
     """(kind, records) of the dataset ``spec`` names: ``conversations`` or ``manifest``."""
     path = Path(spec.path)
-    if not path.is_file():
-        raise MpipeError(f"dataset {path} is not a file; give a LLaVA/ShareGPT .json/.jsonl or a .csv/.parquet/.jsonl "
-                         f"manifest")
+    problem = path_problem(path)
+    if problem is not None:
+        raise MpipeError(f"dataset {shown_path(path)} is {problem}, not a file; give a LLaVA/ShareGPT .json/.jsonl "
+                         f"or a .csv/.parquet/.jsonl manifest")
     suffix = path.suffix.lower()
     if is_manifest(path):
         return "manifest", _read_manifest(path, spec, progress)
@@ -54,14 +63,21 @@ def is_manifest(path: Path) -> bool:
 
 
 def _first_line_has(path: Path, key: str) -> bool:
+    first = _first_record(path)
+    return isinstance(first, list) and key in dict(first)
+
+
+def _first_record(path: Path) -> list[tuple[str, Any]] | None:
+    """The key-value pairs of a ``.jsonl`` file's first record, duplicates kept (None: not a JSON object)."""
     with open(path, "rb") as f:
         for line in f:
             if line.strip():
                 try:
-                    return key in json.loads(line)
-                except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
-                    return False
-    return False
+                    pairs = json.loads(line, object_pairs_hook=list)
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                    return None
+                return pairs if isinstance(pairs, list) and all(isinstance(p, tuple) for p in pairs) else None
+    return None
 
 
 def _bar(progress: bool, **kwargs):
@@ -85,6 +101,7 @@ def _read_manifest(path: Path, spec: DatasetSpec, progress: bool) -> Records:
             import pyarrow.parquet as pq
 
             file = pq.ParquetFile(path)
+            _check_unique(path, file.schema_arrow.names)
             columns = [c for c in wanted if c in file.schema_arrow.names]
             _check_columns(path, columns, file.schema_arrow.names)
             with _bar(progress, total=file.metadata.num_rows, unit="rows", desc=path.name) as bar:
@@ -93,10 +110,12 @@ def _read_manifest(path: Path, spec: DatasetSpec, progress: bool) -> Records:
                     bar.update(batch.num_rows)
         else:
             if suffix == ".csv":
-                header = pd.read_csv(path, nrows=0).columns.tolist()
+                header = _csv_header(path)
+                _check_unique(path, header)
                 _check_columns(path, [c for c in wanted if c in header], header)
                 chunks = pd.read_csv(path, usecols=[c for c in wanted if c in header], chunksize=_CHUNK_ROWS)
             else:
+                _check_unique(path, [key for key, _ in _first_record(path) or []])
                 chunks = pd.read_json(path, lines=True, chunksize=_CHUNK_ROWS)
             with _bar(progress, unit="rows", desc=path.name) as bar:
                 for chunk in chunks:
@@ -116,6 +135,21 @@ def _read_manifest(path: Path, spec: DatasetSpec, progress: bool) -> Records:
     return _manifest_records(path, table, spec)
 
 
+def _csv_header(path: Path) -> list[str]:
+    """A CSV file's column names as written (pandas would rename a repeated one ``name.1``)."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return next(csv.reader(f), [])
+
+
+def _check_unique(path: Path, header: list[str]) -> None:
+    repeated = sorted({str(c) for c in header if header.count(c) > 1})
+    if repeated:
+        raise MpipeError(f"manifest {path}: column {shown(repeated[0])} appears more than once; give each column "
+                         f"once (which of them holds the counts is not for a reader to guess)")
+
+
 def _check_columns(path: Path, present: list[str], header: list[str]) -> None:
     sides = [c for c in ("image_width", "image_height") if c in present]
     if "image_tokens" not in present and len(sides) == 1:
@@ -124,8 +158,8 @@ def _check_columns(path: Path, present: list[str], header: list[str]) -> None:
                          f"image's image_tokens")
     has_size = "image_tokens" in present or len(sides) == 2
     if "text_tokens" not in present or (("num_images" in present) and not has_size):
-        shown = ", ".join(map(str, header[:8])) + (", ..." if len(header) > 8 else "")
-        raise MpipeError(f"manifest {path}: columns [{shown}] lack "
+        names = ", ".join(shown_path(c, 30) for c in header[:8]) + (f", ... ({len(header)} columns)" if len(header) > 8 else "")
+        raise MpipeError(f"manifest {path}: columns [{names}] lack "
                          f"{'text_tokens' if 'text_tokens' not in present else 'the image sizes'}; a manifest has "
                          f"text_tokens, optionally num_images, and image_tokens or image_width and image_height")
 
@@ -137,11 +171,12 @@ def _column(path: Path, table, name: str, *, allow_missing: bool) -> np.ndarray:
     values = pd.to_numeric(table[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     raw = table[name].to_numpy()
     bad = ~np.isfinite(values) & (~pd.isna(raw) | (not allow_missing))
-    bad |= np.isfinite(values) & ((values < 0) | (values != np.floor(values)) | (values > 2**40))
+    bad |= np.isfinite(values) & ((values < 0) | (values != np.floor(values)) | (values > _BOUNDS[name]))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         value = raw[row].item() if isinstance(raw[row], np.generic) else raw[row]  # -3, not np.int64(-3)
-        raise MpipeError(f"manifest {path}: row {row} column {name} = {value!r}: must be an integer >= 0; fix the row")
+        raise MpipeError(f"manifest {path}: row {row} column {name} = {shown(value)}: must be an integer from 0 to "
+                         f"{_BOUNDS[name]}; fix the row")
     return values
 
 
@@ -167,6 +202,7 @@ def _manifest_records(path: Path, table, spec: DatasetSpec) -> Records:
                              f"image_tokens (or image_width and image_height), or num_images 0")
     else:
         counts = has_size.astype(np.int64)
+    _check_image_total(path, int(counts.sum()))
     rows = np.flatnonzero(counts > 0)
     tokens = np.zeros(len(text), dtype=np.int64)
     tokens[rows] = sized(rows)
@@ -176,6 +212,12 @@ def _manifest_records(path: Path, table, spec: DatasetSpec) -> Records:
 # --------------------------------------------------------------------------- conversation files
 
 
+def _check_image_total(path: Path, total: int) -> None:
+    if total > MAX_IMAGES:
+        raise MpipeError(f"dataset {path} holds {total} images, more than the {MAX_IMAGES} a dataset may have; plan "
+                         f"with a sample of it (the draw of a step reads a few thousand records)")
+
+
 def _read_conversations(path: Path, spec: DatasetSpec, progress: bool) -> Records:
     text = read_text(path, "dataset")
     where = f"dataset {path}"
@@ -183,20 +225,17 @@ def _read_conversations(path: Path, spec: DatasetSpec, progress: bool) -> Record
         entries = []
         for number, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                try:
-                    entries.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise MpipeError(f"{where}: line {number} is not valid JSON ({exc.msg}); fix the line") from None
+                entries.append(parse_json(line, f"{where}: line {number}", "record"))
     else:
-        try:
-            entries = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise MpipeError(f"{where}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); fix the "
-                             f"syntax") from None
+        entries = parse_json(text, where, "dataset")
         if not isinstance(entries, list):
             raise MpipeError(f"{where}: the top level must be a list of records (LLaVA/ShareGPT format), got "
                              f"{type(entries).__name__}; give a list of {{'image': ..., 'conversations': [...]}}")
     folder = Path(spec.image_folder) if spec.image_folder else path.parent
+    problem = path_problem(folder, folder=True)
+    if problem is not None:
+        raise MpipeError(f"{where}: image folder {shown_path(folder)} is {problem}, not a folder; give the folder "
+                         f"the image paths start from", quantities=("image folder",))
     texts: list[str] = []
     image_paths: list[list[str]] = []
     for index, entry in enumerate(entries):
@@ -208,11 +247,19 @@ def _read_conversations(path: Path, spec: DatasetSpec, progress: bool) -> Record
         image_paths.append(_record_images(entry, at))
     sizes = _image_sizes(folder, image_paths, where, progress)
     counts = np.array([len(p) for p in image_paths], dtype=np.int64)
+    _check_image_total(path, int(counts.sum()))
     flat = [sizes[p] for paths in image_paths for p in paths]
     heights = np.array([h for h, _ in flat], dtype=np.int64)
     widths = np.array([w for _, w in flat], dtype=np.int64)
     image_tokens = spec.image_rule.tokens(heights, widths) if flat else np.zeros(0, dtype=np.int64)
-    return Records.from_counts(spec.text_rule.count(texts), counts, image_tokens)
+    text_tokens = spec.text_rule.count(texts)
+    for name, values in (("text", text_tokens), ("image", Records.from_counts(text_tokens, counts, image_tokens)
+                                                  .image_tokens_per_record)):
+        if len(values) and values.max() > MAX_TOKENS:
+            index = int(values.argmax())
+            raise MpipeError(f"{where}: record {index} holds {int(values[index])} {name} tokens, more than the "
+                             f"{MAX_TOKENS} a record may have; split or drop the record")
+    return Records.from_counts(text_tokens, counts, image_tokens)
 
 
 def _record_text(entry: dict[str, Any], at: str) -> str:
@@ -223,40 +270,70 @@ def _record_text(entry: dict[str, Any], at: str) -> str:
     for number, turn in enumerate(turns):
         content = turn.get("value", turn.get("content")) if isinstance(turn, dict) else None
         if isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image"}]
-            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            content = "\n".join(_part_text(p, f"{at} turn {number}") for p in content
+                                if isinstance(p, dict) and p.get("type") == "text")
         if not isinstance(content, str):
-            raise MpipeError(f"{at} turn {number}: {str(turn)[:60]!r} has no text 'value' or 'content'; write "
+            raise MpipeError(f"{at} turn {number}: {shown(turn)} has no text 'value' or 'content'; write "
                              f"{{'from': 'human', 'value': '...'}}")
         parts.append(content.replace("<image>", "").strip())
     return "\n".join(parts)
+
+
+def _part_text(part: dict[str, Any], at: str) -> str:
+    text = part.get("text", "")
+    if not isinstance(text, str):
+        raise MpipeError(f"{at}: text part {shown(part)} has text that is {type(text).__name__}, not a string; write "
+                         f"{{'type': 'text', 'text': '...'}}")
+    return text
 
 
 def _record_images(entry: dict[str, Any], at: str) -> list[str]:
     images = entry.get("image", entry.get("images", []))
     images = [images] if isinstance(images, str) else images
     if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
-        raise MpipeError(f"{at}: images {str(images)[:60]!r} must be a path or a list of paths; fix the record")
+        raise MpipeError(f"{at}: images {shown(images)} must be a path or a list of paths; fix the record")
+    if len(images) > MAX_IMAGES_PER_RECORD:
+        raise MpipeError(f"{at}: it lists {len(images)} images, more than the {MAX_IMAGES_PER_RECORD} a record may "
+                         f"have; split the record")
     return images
 
 
 def _image_sizes(folder: Path, image_paths: list[list[str]], where: str, progress: bool) -> dict[str, tuple[int, int]]:
     """(height, width) of every image named, read from its header (each file opened once)."""
-    from PIL import Image, UnidentifiedImageError
-
     unique = list(dict.fromkeys(p for paths in image_paths for p in paths))
     sizes = {}
     with _bar(progress, total=len(unique), unit="images", desc="image headers") as bar:
         for name in unique:
             file = folder / name
-            try:
-                with Image.open(file) as image:  # lazy: reads the header, decodes no pixel
-                    width, height = image.size
-            except FileNotFoundError:
-                raise MpipeError(f"{where}: image {name} is not in {folder}; give the image folder the image paths "
-                                 f"start from", quantities=("image folder",)) from None
-            except (UnidentifiedImageError, OSError) as exc:
-                raise MpipeError(f"{where}: image {file} cannot be read as an image ({exc}); fix or drop the "
-                                 f"record") from None
-            sizes[name] = (height, width)
+            problem = path_problem(file)
+            if problem == "missing":
+                raise MpipeError(f"{where}: image {shown_path(name)} is not in {shown_path(folder)}; give the image "
+                                 f"folder the image paths start from", quantities=("image folder",))
+            if problem is not None:
+                raise MpipeError(f"{where}: image {shown_path(file)} is {problem}, not an image file; fix or drop "
+                                 f"the record")
+            sizes[name] = _header_size(file, where)
             bar.update(1)
     return sizes
+
+
+def _header_size(file: Path, where: str) -> tuple[int, int]:
+    """(height, width) from an image file's header. Pillow's decompression-bomb guard is off while it reads:
+    no pixel is decoded, and the model's resize rule plans an image of any size."""
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    guard = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(file) as image:  # lazy: reads the header, decodes no pixel
+                width, height = image.size
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:  # a damaged header: any of these
+        raise MpipeError(f"{where}: image {shown_path(file)} cannot be read as an image "
+                         f"({shown_path(exc, 100)}); fix or drop the record") from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = guard
+    return height, width

@@ -16,7 +16,6 @@ script, whose simple variable assignments (``TP=2``, ``DP=$(($WORLD_SIZE/$TP/$PP
 from __future__ import annotations
 
 import ast
-import json
 import operator
 import re
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs import parse_json, path_problem, read_text, shown
 
 FLAGS = {
     "--tensor-model-parallel-size": "tp",
@@ -35,6 +35,10 @@ FLAGS = {
     "--recompute-granularity": "recompute",
 }
 """The launch arguments read, and the field each sets."""
+MAX_STAGES = 4096
+"""The most pipeline stages (chunks x ranks) a ``pipeline_num_layers`` may list."""
+MAX_EXPRESSION_CHARS = 256
+"""The longest ``$((...))`` expression a launch script's variable is evaluated from."""
 VISION_OUTSIDE_KINDS = ("patch_embed", "merger")
 """Vision-encoder layer kinds that MindSpeed-MM does not count in ``vision_encoder.num_layers``: the patch
 embedding runs in the first vision stage, a patch merger (Qwen2-VL's) is its ``vision_projector`` after the
@@ -118,16 +122,7 @@ def is_model_json(text: str) -> bool:
 
 
 def _load_json(path: str | Path, where: str) -> dict[str, Any]:
-    try:
-        config = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise MpipeError(f"{where} cannot be read ({exc.strerror or exc}); give the model.json of your "
-                         f"MindSpeed-MM run") from None
-    except json.JSONDecodeError as exc:
-        raise MpipeError(f"{where} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except UnicodeDecodeError as exc:
-        raise MpipeError(f"{where} is not UTF-8 text (byte {exc.start}); give the model.json of your MindSpeed-MM "
-                         f"run") from None
+    config = parse_json(read_text(path, "MindSpeed-MM model.json"), where, "model.json")
     if not isinstance(config, dict):
         raise MpipeError(f"{where} holds no JSON object; a MindSpeed-MM model.json is one object")
     return config
@@ -138,18 +133,22 @@ def _counts(value: Any, where: str, key: str) -> tuple[tuple[int, ...], int, int
     def is_count(x: Any) -> bool:
         return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
+    if isinstance(value, list) and (len(value) > MAX_STAGES or sum(len(r) for r in value if isinstance(r, list)) > MAX_STAGES):
+        raise MpipeError(f"{where}: {key}.pipeline_num_layers lists more than {MAX_STAGES} stages "
+                         f"({shown(value)}); give one count per pipeline stage")
     if isinstance(value, list) and value and all(is_count(x) for x in value):
         return tuple(value), len(value), 1
     if (isinstance(value, list) and value and all(isinstance(row, list) and row for row in value)
             and len({len(row) for row in value}) == 1 and all(is_count(x) for row in value for x in row)):
         return tuple(x for row in value for x in row), len(value[0]), len(value)
-    raise MpipeError(f"{where}: {key}.pipeline_num_layers is {json.dumps(value)}, but it must be a list of layer counts "
-                     f"per pipeline stage ([1, 10, 10, 7]) or, with virtual stages, equal-length lists of them "
-                     f"([[0, 0, 0, 1], [4, 4, 4, 4]])")
+    raise MpipeError(f"{where}: {key}.pipeline_num_layers is {shown(value)}; give layer counts >= 0 per stage "
+                     f"([1, 10, 10, 7]) or, with virtual stages, equal-length lists of them ([[0, 0, 1], [4, 4, 4]])")
 
 
 def _check_sum(module: dict[str, Any], counts: tuple[int, ...], where: str, key: str) -> None:
     num_layers = module.get("num_layers")
+    if num_layers is not None and (isinstance(num_layers, bool) or not isinstance(num_layers, int)):
+        raise MpipeError(f"{where}: {key}.num_layers is {shown(num_layers)}, but it must be an integer; fix the file")
     if num_layers is not None and sum(counts) != num_layers:
         raise MpipeError(f"{where}: {key}.pipeline_num_layers sums to {sum(counts)}, but {key}.num_layers is "
                          f"{num_layers}; MindSpeed-MM's last stage is the one whose layers end at num_layers, so "
@@ -177,6 +176,8 @@ def _read_args(launch_args: str) -> dict[str, Any]:
     if not is_file and not launch_args.lstrip().startswith("-"):
         raise MpipeError(f"{where}: neither a launch script that exists nor Megatron flags; give the script's path "
                          f"or the flags, e.g. '--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4'")
+    if is_file and path_problem(path) is not None:
+        raise MpipeError(f"{where} is {path_problem(path)}; give the launch script's path")
     text = path.read_text(encoding="utf-8", errors="replace") if is_file else launch_args
     text = _substitute(text)
     tokens = re.findall(r"[^\s\\\"']+", text)
@@ -188,9 +189,9 @@ def _read_args(launch_args: str) -> dict[str, Any]:
             if field == "recompute":
                 values[field] = _recompute(value)
                 continue
-            if not value.isdigit() or int(value) < 1:
-                raise MpipeError(f"{where}: {token} is '{value}', but it must be an integer >= 1 (a shell variable "
-                                 f"this reader could not resolve? give the flags themselves)")
+            if not re.fullmatch(r"[0-9]{1,9}", value) or int(value) < 1:
+                raise MpipeError(f"{where}: {token} is {shown(value)}, but it must be an integer >= 1 of at most 9 digits "
+                                 f"(a shell variable this reader could not resolve? give the flags themselves)")
             values[field] = int(value)
     if not any(token in FLAGS for token in tokens):
         raise MpipeError(f"{where}: none of {', '.join(FLAGS)} is in it; give the script that launches the run "
@@ -216,22 +217,27 @@ def _substitute(text: str) -> str:
 def _evaluate(expression: str) -> int | None:
     """An integer expression of + - * / on integers, or None.
 
-    >>> _evaluate("8*2/2/1"), _evaluate("$X*2")
-    (8, None)
+    >>> _evaluate("8*2/2/1"), _evaluate("$X*2"), _evaluate("*".join(["99999999"] * 500))
+    (8, None, None)
     """
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        return None
     try:
         tree = ast.parse(expression, mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError):
         return None
 
     def walk(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and -2**63 <= node.value < 2**63:
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
             right = walk(node.right)
             if isinstance(node.op, (ast.Div, ast.FloorDiv)) and right == 0:
                 raise ValueError("division by zero")
-            return _OPERATORS[type(node.op)](walk(node.left), right)
+            value = _OPERATORS[type(node.op)](walk(node.left), right)
+            if not -2**63 <= value < 2**63:
+                raise ValueError("out of range")
+            return value
         raise ValueError("not an integer expression")
 
     try:

@@ -21,9 +21,14 @@ import numpy as np
 import yaml
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs import load_data_file
+from mpipe_tune.inputs import load_data_file, shown
 
 _MISSING = object()
+MAX_IMAGES_PER_RECORD = 1 << 14
+"""The most images one microbatch or one dataset record may hold (16,384: a long video's frames)."""
+MAX_TOKENS = 1 << 24
+"""The most text tokens, and the most image tokens, one microbatch or one dataset record may hold (16,777,216):
+far above any trained context, small enough that a step's prediction stays in range."""
 
 
 @dataclass(frozen=True)
@@ -129,13 +134,12 @@ def parse_workload(data: Mapping, *, where: str) -> Workload:
     """
 
     def fail(path: str, value: Any, must: str, fix: str) -> NoReturn:
-        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        got = "is missing and" if value is _MISSING else f"= {shown}:"
+        got = "is missing and" if value is _MISSING else f"= {shown(value)}:"
         raise MpipeError(f"{where}: {path} {got} {must}; {fix}")
 
     def count(path: str, value: Any, low: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            fail(path, value, f"must be an integer >= {low}", "write a whole number of tokens")
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_TOKENS:
+            fail(path, value, f"must be an integer from {low} to {MAX_TOKENS}", "write a whole number of tokens")
         return value
 
     if data is None:  # YAML reads an empty file as null
@@ -150,6 +154,9 @@ def parse_workload(data: Mapping, *, where: str) -> Workload:
     entries = data.get("microbatches", _MISSING)
     if not isinstance(entries, list) or not entries:
         fail("microbatches", entries, "must be a non-empty list", "list one entry per microbatch")
+    if len(entries) > MAX_MICROBATCHES:
+        raise MpipeError(f"{where}: microbatches lists {len(entries)} entries, more than the {MAX_MICROBATCHES} a "
+                         f"workload may have; give at most {MAX_MICROBATCHES}")
     name = data.get("name", Path(where).stem or "workload")
     if not isinstance(name, str) or not name:
         fail("name", name, "must be a non-empty string", "quote it")
@@ -171,6 +178,8 @@ def parse_workload(data: Mapping, *, where: str) -> Workload:
         if not isinstance(images, list):
             fail(f"{at}.images", images, "must be a list of per-image token counts", "write [256, 1024]")
         images = tuple(count(f"{at}.images[{i}]", x, 1) for i, x in enumerate(images))
+        if len(images) > MAX_IMAGES_PER_RECORD:
+            fail(f"{at}.images", images, f"must list at most {MAX_IMAGES_PER_RECORD} images", "split the microbatch")
         if images and sum(images) != image_tokens:
             fail(f"{at}.images", list(images), f"must sum to image_tokens = {image_tokens}",
                  "fix the per-image counts or image_tokens")
@@ -220,11 +229,8 @@ def load_workload(
     A file fixes the microbatch count: ``num_microbatches``, when given, must equal its length. A mix
     draws ``num_microbatches`` (default :data:`DEFAULT_NUM_MICROBATCHES`) microbatches.
     """
-    if num_microbatches is not None and (isinstance(num_microbatches, bool) or num_microbatches < 1):
-        raise MpipeError(f"microbatch count {num_microbatches!r}: must be an integer >= 1; give a positive count")
-    if num_microbatches is not None and num_microbatches > MAX_MICROBATCHES:
-        raise MpipeError(f"microbatch count {num_microbatches} is above {MAX_MICROBATCHES}, more than any training step "
-                         f"pipelines; give a count of at most {MAX_MICROBATCHES}")
+    if num_microbatches is not None:
+        validate_num_microbatches(num_microbatches)
     if isinstance(spec, str) and spec in MIXES:
         return sample_workload(spec, num_microbatches or DEFAULT_NUM_MICROBATCHES, seed)
     path = Path(spec)
@@ -245,6 +251,16 @@ def load_workload(
 
 MAX_MICROBATCHES = 1 << 16
 """The most microbatches a workload may have: far beyond any step, small enough to derive quickly."""
+
+
+def validate_num_microbatches(num_microbatches: int) -> None:
+    """Raises unless ``num_microbatches`` is an integer from 1 to :data:`MAX_MICROBATCHES`: every source of a
+    workload (a mix, a file, a dataset) draws at most that many."""
+    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise MpipeError(f"microbatch count {num_microbatches!r}: must be an integer >= 1; give a positive count")
+    if num_microbatches > MAX_MICROBATCHES:
+        raise MpipeError(f"microbatch count {num_microbatches} is above {MAX_MICROBATCHES}, more than any training step "
+                         f"pipelines; give a count of at most {MAX_MICROBATCHES}")
 
 
 # ---------------------------------------------------------------------------------- named mixes

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs import path_problem, shown_path
 from mpipe_tune.inputs.dataset import Dataset, read_dataset
 from mpipe_tune.inputs.dataset_spec import DEFAULT_CHARS_PER_TOKEN, DatasetSpec, TextRule, image_rule_from_dims
 from mpipe_tune.inputs.dataset_readers import CONVERSATION_SUFFIXES, MANIFEST_SUFFIXES, is_manifest
@@ -99,9 +100,10 @@ def dataset_spec(path: str, model_spec: str, model: Model, options: DatasetOptio
     if tokenizer is None and folder is not None and (folder / "tokenizer.json").is_file():
         tokenizer = str(folder / "tokenizer.json")
     if tokenizer is not None:
-        if not Path(tokenizer).is_file():
-            raise MpipeError(f"tokenizer {tokenizer} is not a file; give a Hugging Face tokenizer.json",
-                             quantities=("tokenizer",))
+        problem = path_problem(tokenizer)
+        if problem is not None:
+            raise MpipeError(f"tokenizer {shown_path(tokenizer)} is {problem}, not a file; give a Hugging Face "
+                             f"tokenizer.json", quantities=("tokenizer",))
         text_rule = TextRule(str(Path(tokenizer).resolve()))
     else:
         text_rule = TextRule(None, DEFAULT_CHARS_PER_TOKEN if options.chars_per_token is None
@@ -109,7 +111,17 @@ def dataset_spec(path: str, model_spec: str, model: Model, options: DatasetOptio
         if options.chars_per_token is None and not is_manifest(Path(path)):  # a manifest's rows count their text
             notes.append(f"no tokenizer.json beside model {model.name}: text is counted at {DEFAULT_CHARS_PER_TOKEN:g} "
                          f"characters per token (give a tokenizer or the characters per token to change it)")
-    image_folder = str(Path(options.image_folder).resolve()) if options.image_folder else None
+    image_folder = None
+    if options.image_folder:
+        problem = path_problem(options.image_folder, folder=True)
+        if problem is not None:
+            raise MpipeError(f"image folder {shown_path(options.image_folder)} is {problem}, not a folder; give the "
+                             f"folder a conversation file's image paths start from", quantities=("image folder",))
+        image_folder = str(Path(options.image_folder).resolve())
+    problem = path_problem(path)
+    if problem is not None:
+        raise MpipeError(f"dataset {shown_path(path)} is {problem}, not a file; give a LLaVA/ShareGPT .json/.jsonl or "
+                         f"a .csv/.parquet/.jsonl manifest", quantities=("workload",))
     return DatasetSpec(str(Path(path).resolve()), image_rule, text_rule, options.seq_len, image_folder), notes
 
 

@@ -18,69 +18,16 @@ Rank 0 gets both classes' sweeps (it is a member of both).
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.profiler.device import BACKENDS, Timer, import_torch, threads_per_process
 from mpipe_tune.profiler.links import LinkSweep, GroupSweep
 from mpipe_tune.profiler.settings import SweepSettings
+from mpipe_tune.runtime.torchrun_env import NodePlace, join_env_world
 
-TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 _DIST_TIMEOUT_S = 300
-_MAX_WORLD = 2**20
-"""More processes than any cluster runs: a larger WORLD_SIZE is a damaged environment."""
-
-
-@dataclass(frozen=True)
-class NodePlace:
-    """Where one process runs, as its torchrun agent says."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    """torchrun's ``GROUP_RANK``: the rank of this process's agent (node) among the agents."""
-
-
-def is_under_torchrun(env: Mapping[str, str] | None = None) -> bool:
-    """Whether this process was started by torchrun (it sets every one of :data:`TORCHRUN_VARIABLES`)."""
-    env = os.environ if env is None else env
-    return all(name in env for name in TORCHRUN_VARIABLES)
-
-
-def place_from_env(env: Mapping[str, str] | None = None) -> NodePlace:
-    """This process's place from torchrun's environment, or one line naming what is missing or wrong."""
-    env = os.environ if env is None else env
-    missing = [name for name in TORCHRUN_VARIABLES if name not in env]
-    if missing:
-        raise MpipeError(f"profiling across nodes runs under torchrun, which sets {', '.join(TORCHRUN_VARIABLES)}; "
-                         f"{', '.join(missing)} not set: start it with torchrun --nnodes N --nproc-per-node K ...")
-    try:
-        values = {name: int(env[name]) for name in TORCHRUN_VARIABLES}
-    except ValueError:
-        shown = {name: env[name] for name in TORCHRUN_VARIABLES}
-        raise MpipeError(f"torchrun's environment {shown} holds a value that is not an integer; start the "
-                         f"command with torchrun") from None
-    place = NodePlace(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"], values["LOCAL_WORLD_SIZE"],
-                      values["GROUP_RANK"])
-    if not (0 <= place.rank < place.world_size <= _MAX_WORLD and 0 <= place.local_rank < place.local_world_size
-            <= place.world_size and 0 <= place.node_rank < place.world_size):
-        raise MpipeError(f"torchrun's environment is inconsistent ({place}); start the command with torchrun")
-    # as env:// reads them, unstripped: an address with a space or a control character (a NEL, U+0085, that
-    # str.strip() removes) is no host name, and a port of other digits than 0-9 ('²') no port
-    address, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
-    if (not address or not address.isprintable() or any(c.isspace() for c in address)
-            or not (re.fullmatch(r"[0-9]{1,5}", port) and 1 <= int(port) <= 65535)):
-        raise MpipeError(f"torchrun's environment gives MASTER_ADDR={env.get('MASTER_ADDR')!r} and "
-                         f"MASTER_PORT={env.get('MASTER_PORT')!r}; the ranks meet at a host name or address and a port "
-                         f"1-65535: start the command with torchrun (--rdzv-endpoint HOST:PORT)")
-    return place
-
 
 @dataclass(frozen=True)
 class NodeLayout:
@@ -145,8 +92,7 @@ def measure_link_classes(device: str, place: NodePlace, settings: SweepSettings,
         getattr(torch, device).set_device(place.local_rank)
         where = f"{device}:{place.local_rank}"
     bound = {} if device == "cpu" else {"device_id": torch.device(where)}
-    dist.init_process_group(BACKENDS[device], init_method="env://", rank=place.rank, world_size=place.world_size,
-                            timeout=timedelta(seconds=_DIST_TIMEOUT_S), **bound)
+    join_env_world(dist, BACKENDS[device], place, _DIST_TIMEOUT_S, **bound)
     try:
         places: list = [None] * place.world_size
         dist.all_gather_object(places, place)

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from mpipe_tune.algebra.encoder_backward import moved_count
+from mpipe_tune.cost.bound_by import rank_bounds
 from mpipe_tune.plan_file import placement_record, predicted_record
 from mpipe_tune.outputs.frames import Column, TextTable, gib, ms, text
 
@@ -30,6 +31,8 @@ def prediction_record(prediction, model, workload, profile) -> dict[str, Any]:
         "memory_capacity_bytes": mem.capacity_bytes,
         "fits_memory": mem.fits,
     }
+    for rank, bound in zip(record["ranks"], rank_bounds(prediction)):  # what bounds each rank (issue 37)
+        rank["bound_by"] = bound.to_dict()
     return record
 
 
@@ -37,9 +40,15 @@ def rank_frame(record: dict[str, Any]) -> pd.DataFrame:
     """The per-rank table of a :func:`prediction_record`, one row per rank, in seconds and bytes."""
     return pd.DataFrame.from_records(
         [{"rank": r["rank"], "busy_s": r["busy_s"], "bubble_s": r["bubble_s"], "encoder_s": r["encoder_s"],
-          "warmup_slack_s": r["warmup_slack_s"], "spill_s": r["spill_s"], **r["memory"]} for r in record["ranks"]],
+          "warmup_slack_s": r["warmup_slack_s"], "spill_s": r["spill_s"], **r["memory"],
+          "bound_by": _bound_cell(r)} for r in record["ranks"]],
         columns=["rank", "busy_s", "bubble_s", "encoder_s", "warmup_slack_s", "spill_s", "static_bytes",
-                 "activation_peak_bytes", "peak_bytes", "over_capacity"])
+                 "activation_peak_bytes", "peak_bytes", "over_capacity", "bound_by"])
+
+
+def _bound_cell(rank: dict[str, Any]) -> str:
+    bound = rank.get("bound_by")
+    return "-" if bound is None else f"{bound['bound']} {bound['share']:.0%}"
 
 
 RANK_COLUMNS = (
@@ -49,6 +58,7 @@ RANK_COLUMNS = (
     Column("encoder ms", ms("encoder_s"), ">", 10),
     Column("slack ms", ms("warmup_slack_s"), ">", 10),
     Column("spill ms", ms("spill_s"), ">", 10),
+    Column("bound by", text("bound_by"), ">", 16),
     Column("peak GiB", gib("peak_bytes"), ">", 9),
 )
 """The printed per-rank table: milliseconds and GiB from the frame's seconds and bytes."""

@@ -85,7 +85,7 @@ def under_torchrun() -> bool:
 
 
 def torchrun_world_size() -> int:
-    return int(os.environ["WORLD_SIZE"])
+    return torchrun_place().world_size
 
 
 def check_device(device_kind: str, local_ranks: int) -> None:
@@ -110,13 +110,27 @@ def check_device(device_kind: str, local_ranks: int) -> None:
                              f"local ranks need one each; check the CANN driver and ASCEND_RT_VISIBLE_DEVICES", quantities=("device kind",))
 
 
+def torchrun_place():
+    """This process's place under torchrun (a :class:`~mpipe_tune.runtime.torchrun_env.NodePlace`), checked for
+    consistency before any rendezvous. A plain ``env://`` launch that sets only ``RANK``, ``WORLD_SIZE`` and the
+    master's address is one node holding the whole world."""
+    from mpipe_tune.runtime.torchrun_env import place_from_env
+
+    env = dict(os.environ)
+    env.setdefault("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])
+    env.setdefault("LOCAL_RANK", env["RANK"])
+    numbers = env["RANK"].isascii() and env["RANK"].isdigit() and env["LOCAL_WORLD_SIZE"].isascii() and env["LOCAL_WORLD_SIZE"].isdigit()
+    env.setdefault("GROUP_RANK", str(int(env["RANK"]) // max(1, int(env["LOCAL_WORLD_SIZE"]))) if numbers else "0")
+    return place_from_env(env)
+
+
 def local_ranks(world_size: int) -> list[int]:
     """Global ranks on this host: all of them for the local spawner, this node's block under torchrun."""
     if not under_torchrun():
         return list(range(world_size))
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    node = int(os.environ.get("GROUP_RANK", int(os.environ["RANK"]) // per_node))
-    return list(range(node * per_node, min(world_size, (node + 1) * per_node)))
+    place = torchrun_place()
+    first = place.rank - place.local_rank
+    return list(range(first, min(world_size, first + place.local_world_size)))
 
 
 def process_bytes() -> float:
@@ -189,7 +203,8 @@ def _import_torch_npu() -> None:
         ) from None
 
 
-def _init_rank(rank: int, world_size: int, local_rank: int, device_kind: str, timeout_s: float, store=None) -> RankContext:
+def _init_rank(rank: int, world_size: int, local_rank: int, device_kind: str, timeout_s: float, store=None,
+               place=None) -> RankContext:
     import torch
     import torch.distributed as dist
 
@@ -200,8 +215,13 @@ def _init_rank(rank: int, world_size: int, local_rank: int, device_kind: str, ti
     elif device_kind == "cuda":
         torch.cuda.set_device(local_rank)
     backend = BACKENDS[device_kind]
-    kwargs = {"store": store} if store is not None else {"init_method": "env://"}
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs)
+    if place is not None:  # torchrun's env:// rendezvous, bounded, one line when peers never come
+        from mpipe_tune.runtime.torchrun_env import join_env_world
+
+        join_env_world(dist, backend, place, timeout_s)
+    else:
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
+                                store=store)
     return RankContext(rank, world_size, local_rank, device_kind, backend)
 
 
@@ -211,8 +231,9 @@ def run_under_torchrun(fn: Callable[..., Any], args: tuple, device_kind: str, *,
 
     import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see _PRELOAD: keep it out of the first step)
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    ctx = _init_rank(rank, world, int(os.environ.get("LOCAL_RANK", rank)), device_kind, timeout_s)
+    place = torchrun_place()
+    rank = place.rank
+    ctx = _init_rank(rank, place.world_size, place.local_rank, device_kind, timeout_s, place=place)
     try:
         return fn(ctx, *args)
     except MpipeError as exc:

@@ -21,6 +21,12 @@ writing them. The child ignores Ctrl-C: the search drains the queue on its way o
 :mod:`mpipe_tune.interrupt`). A storage fault (locked, full, read-only, damaged) stops the child with
 its one-line error (:mod:`mpipe_tune.search.store`), which the search raises at its next hand-over or
 when it closes the writer; every trial written before stays in the study.
+
+**Start-up and shutdown under Ctrl-C.** The child opens the queue's and events' semaphores by name as it
+starts, and this process removes those names when it exits: a child still starting when its parent left
+(a second Ctrl-C) died with a traceback. So Ctrl-C is held back from the start of the child until it says it
+has started (at most :data:`START_WAIT_S`; a Ctrl-C meanwhile, or two, is one request, served after it), and a
+writer interrupted while it starts or closes is told to exit once its queue runs dry.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ study that other workers fill wastes at most this many of this worker's trials."
 UNCAPPED_BACKLOG = 128
 """The same for a writer with no shared total to stop at (the bound search's): a longer queue lets the search
 run on while the writer catches up, and bounds the wait for the queue to drain after Ctrl-C (a few seconds)."""
+START_WAIT_S = 120.0
+"""The longest wait for the child to start (a Python process importing Optuna on a loaded machine: seconds)."""
 _PUT_POLL_S = 1.0
 """While the queue is full, how often a hand-over checks that the child still runs."""
 
@@ -99,14 +107,32 @@ class TrialWriter:
         """Set when the search stopped waiting (see :meth:`close`): the child exits once the queue runs dry."""
         self.fault = context.SimpleQueue()
         """The one-line error of a storage fault that stopped the child (see :mod:`~mpipe_tune.search.store`)."""
+        self.started = context.Event()
+        """Set by the child once it runs: it has opened every semaphore it shares with this process."""
         self.process = context.Process(target=_write_trials,
                                        args=(storage, study_name, n_trials, self.queue, self.full, self.refused,
-                                             self.abandoned, os.getpid(), self.fault),
+                                             self.abandoned, os.getpid(), self.fault, self.started),
                                        name="mpipe-tune trial writer")
         # A blocked SIGINT is inherited through the exec: a terminal's Ctrl-C cannot end the child's start-up,
         # and one that comes meanwhile reaches this process's handler once the child has started.
-        with sigint_blocked():
-            self.process.start()
+        mark("writer")
+        try:
+            with sigint_blocked():
+                self.process.start()
+                mark("writer-starting")
+                self._await_start()
+        except BaseException:  # a Ctrl-C held back while the child started, or a child that never started
+            self.close(wait_s=0.0, raising=False)
+            raise
+
+    def _await_start(self) -> None:
+        deadline = time.monotonic() + START_WAIT_S
+        while not self.started.wait(0.1):
+            if not self.process.is_alive():
+                raise self._stopped()
+            if time.monotonic() > deadline:
+                raise MpipeError(f"the trial writer did not start within {START_WAIT_S:g} s (a machine too loaded to "
+                                 f"start a Python process?); rerun the same command")
 
     def put(self, trial) -> None:
         """Hand ``trial`` over; a writer that stopped (a storage fault) is its one-line error."""
@@ -126,11 +152,22 @@ class TrialWriter:
         return MpipeError(f"the trial writer stopped (exit code {self.process.exitcode}); the trials it wrote stay in "
                           f"the study: rerun the same command to continue it")
 
-    def close(self, wait_s: float | None = None) -> None:
+    def close(self, wait_s: float | None = None, *, raising: bool = True) -> None:
         """Wait until every trial handed over is written. With ``wait_s`` (a search stopped at once by a
         second Ctrl-C, whose queue may have been cut mid-put and lost its end marker), wait at most that
         long: the child goes on writing what reached it and exits when the queue runs dry (this
-        process's exit waits for it, as for any child it started)."""
+        process's exit waits for it, as for any child it started). A Ctrl-C that stops the wait leaves the
+        child so told too. ``raising=False``: a child that stopped on a fault is not this call's error."""
+        try:
+            self._close(wait_s, raising)
+        except BaseException:
+            self.abandoned.set()
+            self.queue.cancel_join_thread()
+            raise
+
+    def _close(self, wait_s: float | None, raising: bool) -> None:
+        if self.process.pid is None:  # never started
+            return
         deadline = None if wait_s is None else time.monotonic() + wait_s
         while self.process.is_alive():  # a child that died with the queue full takes no end marker
             poll = _PUT_POLL_S if deadline is None else min(_PUT_POLL_S, max(0.0, deadline - time.monotonic()))
@@ -147,15 +184,18 @@ class TrialWriter:
             return
         if self.process.exitcode != 0:
             self.queue.cancel_join_thread()  # what it left unread cannot reach a pipe nobody reads
-            raise self._stopped()
+            if raising:
+                raise self._stopped()
+            return
         self.queue.close()
 
 
 def _write_trials(storage: str, study_name: str, n_trials: int | None, queue, full, refused, abandoned,
-                  parent_pid: int, fault) -> None:
+                  parent_pid: int, fault, started) -> None:
     """The child's loop; a storage fault ends it with its one-line error on ``fault`` and exit code 1 (every
     trial it wrote before stays in the study: each is its own transaction)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    started.set()
     try:
         with faults_named(storage):
             _write_queued(storage, study_name, n_trials, queue, full, refused, abandoned, parent_pid)

@@ -17,7 +17,8 @@ from mpipe_tune.cost.profile import load_profile
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.profiler.build import COPIED_INTER_NODE, merge_link_classes
 from mpipe_tune.profiler.links import LINK_COLLECTIVES, LinkSweep
-from mpipe_tune.profiler.nodes import NodeLayout, NodePlace, is_under_torchrun, place_from_env
+from mpipe_tune.profiler.nodes import NodeLayout
+from mpipe_tune.runtime.torchrun_env import NodePlace, is_under_torchrun, place_from_env
 
 pytest.importorskip("torch")
 

@@ -38,7 +38,7 @@ def workload(num_microbatches):
 
 
 def predicted(schedule, cut, pp, num_microbatches, *, frozen=(), owners=None, slabs=None, tp=1, dp=1, recompute=False,
-              model_name=MODEL, sequence_parallel=False, zero_stage=1, **degrees):
+              model_name=MODEL, sequence_parallel=False, zero_stage=1, reshard_after_forward=True, **degrees):
     """(prediction, model, workload, profile, options) of one candidate of the example model (or
     ``model_name``); ``degrees``: more of its degrees (``ep``, ``cp``, ``encoder_tp``)."""
     model = load_model(model_name)
@@ -47,7 +47,8 @@ def predicted(schedule, cut, pp, num_microbatches, *, frozen=(), owners=None, sl
     hw, wl = load_profile("ideal"), workload(num_microbatches)
     options = CostOptions(dtype="bf16", recompute=recompute, sequence_parallel=sequence_parallel,
                           degrees=Degrees(1, tp=tp, dp=dp, **degrees), shard_optimizer=zero_stage >= 1,
-                          shard_parameters=zero_stage >= 3)
+                          shard_gradients=zero_stage == 2, shard_parameters=zero_stage >= 3,
+                          reshard_after_forward=reshard_after_forward)
     prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, wl, hw, pp, microbatch_owners=owners,
                          slab_counts=slabs, options=options)
     return prediction, model, wl, hw, options

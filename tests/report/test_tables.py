@@ -11,7 +11,7 @@ def test_the_rank_frame_holds_the_record_s_seconds_and_bytes(capsys):
     record = json.loads(capsys.readouterr().out)
     frame = rank_frame(record)
     assert list(frame.columns) == ["rank", "busy_s", "bubble_s", "encoder_s", "warmup_slack_s", "spill_s",
-                                   "static_bytes", "activation_peak_bytes", "peak_bytes", "over_capacity"]
+                                   "static_bytes", "activation_peak_bytes", "peak_bytes", "over_capacity", "bound_by"]
     for (_, row), r in zip(frame.iterrows(), record["ranks"]):
         assert (row["busy_s"], row["spill_s"], row["peak_bytes"]) == (r["busy_s"], r["spill_s"], r["memory"]["peak_bytes"])
         assert row["over_capacity"] == r["memory"]["over_capacity"]

@@ -6,12 +6,17 @@ import pytest
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.search import driver
+from mpipe_tune.search.sampling import TPE
 
 MODEL = load_model("example-mllm")
 PROFILE = load_profile("ideal")
 
 
 def make(devices=2, batch=4, samples=1, profile=PROFILE, model=MODEL, **space):
+    """A space of pipelines only unless ``min_pp`` is given: at pp 1 (no bubble on the ideal profile) the bounds
+    settle these small spaces in a trial or two, and the sampler and its refinement are what these tests run."""
+    space.setdefault("min_pp", 2)
     problem = Problem(model, profile, devices, batch, mix="balanced", num_samples=samples, seed=3)
     evaluator = Evaluator(problem)
     return SearchSpace(problem, evaluator.reference_weights(), SpaceOptions(**space)), evaluator
@@ -133,10 +138,15 @@ class _FirstChoiceSampler(optuna.samplers.BaseSampler):
         return param_distribution.choices[0]
 
 
-def _stuck_sampler(monkeypatch):
-    from mpipe_tune.search import driver
+class _Stuck(TPE):
+    """The sampling strategy with that sampler: a new strategy is a subclass and one registration."""
 
-    monkeypatch.setattr(driver, "_make_sampler", lambda name, seed: _FirstChoiceSampler())
+    def make_sampler(self, seed):
+        return _FirstChoiceSampler()
+
+
+def _stuck_sampler(monkeypatch):
+    monkeypatch.setitem(driver.STRATEGIES, "tpe", _Stuck())
 
 
 def test_a_sampler_stuck_on_settled_points_ends_as_converged_without_wasting_trials(tmp_path, monkeypatch):

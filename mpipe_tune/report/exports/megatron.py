@@ -82,6 +82,7 @@ def _arguments(plan: ExportPlan) -> str:
         *(["# leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1: --use-torch-fsdp2 refuses 1 (Megatron-LM then "
            "only warns about tp or cp > 1)", "# --untie-embeddings-and-output-weights: --use-torch-fsdp2 requires "
            "it; tie them in the model code if your model does"] if fsdp else []),
+        *plan.distributed_optimizer_note(),
         f"--tensor-model-parallel-size {plan.tp}",
         f"--pipeline-model-parallel-size {P}",
         *([f"--context-parallel-size {plan.cp}"] if plan.cp > 1 else []),
@@ -90,7 +91,7 @@ def _arguments(plan: ExportPlan) -> str:
         *(["--use-distributed-optimizer"] if plan.zero_stage in (1, 2) else []),
         *fsdp,
         f"--num-layers {num_decoders}",
-        f"--pipeline-model-parallel-layout {shlex.quote(layout)}",
+        *([f"--pipeline-model-parallel-layout {shlex.quote(layout)}"] if P > 1 else []),  # pp 1: the one stage
         *([f"--microbatch-group-size-per-virtual-pipeline-stage {group}"] if v > 1 and group != P else []),
         "--micro-batch-size 1",
         f"--global-batch-size {M * plan.dp}",

@@ -124,6 +124,7 @@ def _arguments(plan: ExportPlan, model_json: str) -> str:
         *([f"# stage(s) {', '.join(map(str, frozen))} hold only frozen parameters: --enable-dummy-optimizer"]
           if frozen else []),
         *_notes(plan, stages),
+        *plan.distributed_optimizer_note(),
         *(["# FSDP2 (ZeRO-3) as MindSpeed-MM's UserGuide/features/fsdp2.rst launches it; leave "
            "CUDA_DEVICE_MAX_CONNECTIONS above 1 (its examples export 2), and untie the embedding and output "
            "weights in the model if they are tied"] if fsdp else []),
@@ -136,15 +137,18 @@ def _arguments(plan: ExportPlan, model_json: str) -> str:
 
 
 FSDP2_SUFFIX = ".fsdp2.yaml"
-FSDP2_CONFIG = (
-    "# MindSpeed-MM FSDP2 config (--fsdp2-config-path; fields of Fsdp2Config in\n"
-    f"# mindspeed_mm/models/transformers/base_model.py at {MINDSPEED_COMMIT}): shard over the whole data-parallel\n"
-    "# group, every wrapped module freeing its gathered weights after its forward (ZeRO-3 as planned)\n"
-    "sharding_size: auto\n"
-    "reshard_after_forward: true\n"
-)
-"""The FSDP2 config a stage-3 plan's launch arguments name: ``sharding_size: auto`` is the data-parallel
-group's size (``_create_device_mesh``), ``reshard_after_forward`` FSDP2's own setting."""
+def fsdp2_config(plan: ExportPlan) -> str:
+    """The FSDP2 config a stage-3 plan's launch arguments name: ``sharding_size: auto`` is the data-parallel
+    group's size (``_create_device_mesh``), ``reshard_after_forward`` FSDP2's own setting, the plan's policy."""
+    policy = plan.reshard_after_forward
+    return ("# MindSpeed-MM FSDP2 config (--fsdp2-config-path; fields of Fsdp2Config in\n"
+            f"# mindspeed_mm/models/transformers/base_model.py at {MINDSPEED_COMMIT}): shard over the whole "
+            "data-parallel\n"
+            + ("# group, every wrapped module freeing its gathered weights after its forward (ZeRO-3 as planned)\n"
+               if policy else "# group, every wrapped module keeping its gathered weights for its backward "
+                              "(ZeRO-3 keeping them, as planned)\n")
+            + "sharding_size: auto\n"
+            + f"reshard_after_forward: {'true' if policy else 'false'}\n")
 
 
 def _fsdp2_flags(plan: ExportPlan, config_name: str) -> list[str]:
@@ -229,5 +233,5 @@ class MindSpeedMM(ExportTarget):
         outputs = (Output(out, _compact_lists(json.dumps(_layout(plan), indent=4)) + "\n"),
                    Output(sh, _arguments(plan, out.name)))
         if plan.zero_stage >= 3:
-            outputs += (Output(out.with_suffix(FSDP2_SUFFIX), FSDP2_CONFIG),)
+            outputs += (Output(out.with_suffix(FSDP2_SUFFIX), fsdp2_config(plan)),)
         return outputs
