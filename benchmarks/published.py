@@ -99,9 +99,6 @@ class PublishedRun:
     """The expert capacity factor (``--moe-expert-capacity-factor``); None: dropless."""
     moe_pad_to_capacity: bool = False
     """Every expert padded to its capacity (``--moe-pad-expert-input-to-capacity``)."""
-    moe_grouped_gemm: bool = True
-    """The experts' GEMMs grouped (``--moe-grouped-gemm``); False: one after another (recorded, not modelled
-    apart from the kernel mode)."""
     excluded: str = ""
     """Why the run is outside what its profile describes (another code path or machine, a setting the cost model
     cannot express): shown with its prediction, counted in no fit and no held-out figure. Empty: in scope."""

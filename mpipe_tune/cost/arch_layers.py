@@ -355,15 +355,16 @@ def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDe
     if dims["attention"] == "mla":
         core = _mla(dims, tokens, seq_lens, degrees, trainer)
     elif dims["attention"] == "gated_deltanet":
-        core = gated_deltanet(dims, tokens, seq_lens, tp_degree, input_shards=shards)
+        core = gated_deltanet(dims, tokens, [tokens], tp_degree, input_shards=shards)  # a cp rank's share
     else:
         core = attention_variants(dims, _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False,
-                                             trainer=trainer), tokens, seq_lens, tp_degree, input_shards=shards)
+                                             trainer=trainer), tokens, seq_lens, tp_degree, norm=_norm,
+                                  input_shards=shards)
     return [
         _norm("x", tokens, hidden, layernorm=False, shards=shards),
         *core,
         all_reduce(tokens * hidden, tp_degree=tp_degree),
-        *block_variants(dims, mb, tokens, shards=shards)[0],
+        *block_variants(dims, mb, tokens, norm=_norm, shards=shards)[0],
         _residual_add(tokens, hidden, shards=shards),
     ]
 
@@ -385,7 +386,7 @@ def _dense_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees,
 
 def _after_mlp(dims: Mapping[str, Any], mb: Microbatch, tokens: float, shards: int) -> list[Piece]:
     """A decoder block's post-MLP norm (if any), residual add and DeepStack injection (if any)."""
-    _, post_norm, injected = block_variants(dims, mb, tokens, shards=shards)
+    _, post_norm, injected = block_variants(dims, mb, tokens, norm=_norm, shards=shards)
     return [*post_norm, _residual_add(tokens, dims["hidden"], shards=shards), *injected]
 
 
@@ -446,7 +447,7 @@ def _vit_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -
     seq_lens = [tokens * dims["merge_factor"] for tokens in mb.image_sizes()]
     bias = dims["bias"]
     attn = vit_variants(dims, _gqa({**dims, "kv_heads": heads}, patches, seq_lens, encoder, qkv_bias=bias,
-                                   out_bias=bias), mb, seq_lens, tp_degree)
+                                   out_bias=bias), mb, seq_lens, tp_degree, norm=_norm)
     mlp = _mlp("", "x_norm2", patches, hidden, dims["ffn"], hidden, activation=dims["activation"], bias=bias,
                tp_degree=tp_degree, input_shards=shards)
     pieces = [
@@ -489,7 +490,7 @@ def _merger(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> L
 def _projector(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
     tp_degree = degrees.tp_degree
     tokens, in_hidden, hidden = mb.image_tokens, dims["in_hidden"], dims["hidden"]
-    norm = projector_norm(dims, mb)
+    norm = projector_norm(dims, mb, norm=_norm)
     if dims["depth"] == 1:
         pieces = [*norm, matmul("x", tokens, in_hidden, hidden, split="replicated", tp_degree=tp_degree, bias=True)]
     else:

@@ -42,12 +42,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Group, Wgrad
+from mpipe_tune.algebra.events import Action, Bwd, DpReduce, Fwd, Group, ReduceGrad, Reshard, Wgrad
 from mpipe_tune.inputs.arch_dims import IMAGE_STREAM_KINDS
 from mpipe_tune.runtime import encoder_groups
 from mpipe_tune.runtime.blueprint import output_shape
 from mpipe_tune.runtime.data import MicrobatchInputs
-from mpipe_tune.runtime.full_shard import is_fully_sharded, reshard, set_last_backward, unsharded_parameters
+from mpipe_tune.runtime.full_shard import is_fully_sharded, reduce_gradients, reshard, unshard, unsharded_parameters
 from mpipe_tune.runtime.mesh import RankMesh, all_reduce_bucketed, local_tensor
 from mpipe_tune.runtime.mllm import LayerStack
 from mpipe_tune.runtime.plan_view import PlanView
@@ -76,7 +76,7 @@ class RealCompute:
         self.keeps_weights = self.fully_sharded and not view.candidate.reshards_after_forward
         """ZeRO-2, and ZeRO-3 keeping the weights: the gathered parameters are kept until the stage's reduce."""
         self.syncs_once = self.keeps_weights and view.candidate.zero_stage == 3
-        """ZeRO-3 keeping the weights: the gradients are reduce-scattered by the stage's last backward only."""
+        """ZeRO-3 keeping the weights: the gradients are reduce-scattered once, by the stage's reduce event."""
         self.begin_step(view)
 
     def begin_step(self, view: PlanView | None = None) -> None:
@@ -91,9 +91,6 @@ class RealCompute:
             self._split = frozenset((e.region, e.mb) for i in view.nodes[self.rank]
                                     if isinstance(e := view.events[i], Wgrad))
             """(region, mb) whose backward is split: its Bwd leaves the weight gradients to a Wgrad."""
-            self._last_gradient = {view.events[i].region: i for i in view.nodes[self.rank]
-                                   if isinstance(view.events[i], (Bwd, Wgrad))}
-            """Per region, this rank's last event of the step that makes its weight gradients."""
         self._inputs: dict[int, MicrobatchInputs] = {}
         self._saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._outputs: dict[int, torch.Tensor] = {}
@@ -168,7 +165,6 @@ class RealCompute:
         if y.requires_grad and not (split and not self.view.needs_input_grad(index)):
             # not when every layer of the slab was skipped (an encoder slab, no images)
             assert grad is not None or index in self.view.loss_fed, f"{event} has no output gradient"
-            self._mark_last_backward(index, event)
             with tp_context(self.mesh.tp_mesh):
                 torch.autograd.backward(y, grad, inputs=[x] if split else None, retain_graph=split)
         if not self.view.needs_input_grad(index):
@@ -183,21 +179,12 @@ class RealCompute:
         if not y.requires_grad:
             return
         layers = range(*self.view.slab(event.region, event.rank))
-        self._mark_last_backward(index, event)
         if self.fully_sharded:  # the graph holds the whole (all-gathered) parameters, freed since its Bwd
             parameters = unsharded_parameters(self.stack.modules[i] for i in layers if i in self.stack.modules)
         else:
             parameters = list(self.stack.trainable_parameters(layers))
         with tp_context(self.mesh.tp_mesh):
             torch.autograd.backward(y, grad, inputs=parameters)
-
-    def _slab_modules(self, region: int, rank: int) -> list[torch.nn.Module]:
-        return [self.stack.modules[i] for i in range(*self.view.slab(region, rank)) if i in self.stack.modules]
-
-    def _mark_last_backward(self, index: int, event: Bwd | Wgrad) -> None:
-        """ZeRO-3 keeping the weights: whether this backward reduce-scatters the stage's gradients."""
-        if self.syncs_once:
-            set_last_backward(self._slab_modules(event.region, event.rank), index == self._last_gradient[event.region])
 
     @torch.no_grad()
     def reduce(self, index: int, event: DpReduce) -> None:
@@ -208,11 +195,9 @@ class RealCompute:
         Fully sharded (ZeRO-3), FSDP2 has already summed every microbatch's gradients over the data-parallel
         (and the experts' data-parallel) group into this rank's shards: a DataGroup reduce sums nothing
         more, and a ReplicaGroup reduce (the replicated encoder, sharded alike on every pipeline rank)
-        sums the shards over the pipeline dimension only. Kept parameters (ZeRO-2, ZeRO-3 keeping the
-        weights) are resharded first: the stage's last backward has run."""
+        sums the shards over the pipeline dimension only (kept weights were reduce-scattered and freed by
+        the stage's sharding actions before: :meth:`act`)."""
         layers = range(*self.view.reduce_layers(event, self.rank))
-        if self.keeps_weights:
-            reshard(self.stack.modules[i] for i in layers if i in self.stack.modules)
         for part, mesh in ((range(layers.start, min(layers.stop, self._encoder_end)), self.mesh.encoder_tp_mesh),
                            (range(max(layers.start, self._encoder_end), layers.stop), self.mesh.tp_mesh)):
             own_rows = self.stack.sequence_parallel_parameters(part)
@@ -238,13 +223,25 @@ class RealCompute:
         if experts and expert_group is not None:
             all_reduce_bucketed([local_tensor(p.grad) for p in experts], expert_group)
 
+    def act(self, action: Action) -> None:
+        """A sharding action of one of the rank's stages (ZeRO-2, ZeRO-3 keeping the weights): gather its
+        layers' weights, reduce-scatter the gradients its backwards accumulated (stage 3), or free them."""
+        if not self.keeps_weights:
+            return  # one data-parallel rank: nothing is sharded
+        modules = [self.stack.modules[i] for i in range(*self.view.slab(action.region, action.rank))
+                   if i in self.stack.modules]
+        if isinstance(action, ReduceGrad):
+            reduce_gradients(modules)
+        elif isinstance(action, Reshard):
+            reshard(modules)
+        else:
+            unshard(modules)
+
     def update(self) -> None:
         """Plain SGD; with ZeRO-1 (the plan's ``zero_stage``) each rank updates its shard of the weights
         it shares with its data-parallel group and all-gathers the rest (:func:`sharded_sgd_update`); with
         ZeRO-2 and 3 each rank holds only its shards and updates them."""
         data_group = self.mesh.reduce_group(Group.DATA)
-        if self.keeps_weights:  # the layers no reduce resharded (frozen ones): each parameter its shard again
-            reshard(self.stack.modules.values())
         if self.view.candidate.zero_stage < 1 or data_group is None or self.fully_sharded:
             sgd_update(self.stack.trainable_parameters(), self.lr)
             return
@@ -323,11 +320,28 @@ class EmulatedCompute:
     def weight_grad(self, index: int, event: Wgrad) -> None:
         self._sleep(index, time.perf_counter())
 
+    def act(self, action) -> None:
+        """Sharding actions take no time of their own here (the emulated collectives are the events')."""
+
     def reduce(self, index: int, event: DpReduce) -> None:
         group = self.mesh.reduce_group(event.group)
         if group is not None:
             dist.all_reduce(torch.zeros(1, device=self.device), group=group)
         self._sleep(index, time.perf_counter())
+
+    def act(self, action: Action) -> None:
+        """A sharding action of one of the rank's stages (ZeRO-2, ZeRO-3 keeping the weights): gather its
+        layers' weights, reduce-scatter the gradients its backwards accumulated (stage 3), or free them."""
+        if not self.keeps_weights:
+            return  # one data-parallel rank: nothing is sharded
+        modules = [self.stack.modules[i] for i in range(*self.view.slab(action.region, action.rank))
+                   if i in self.stack.modules]
+        if isinstance(action, ReduceGrad):
+            reduce_gradients(modules)
+        elif isinstance(action, Reshard):
+            reshard(modules)
+        else:
+            unshard(modules)
 
     def update(self) -> None:
         pass

@@ -14,11 +14,13 @@ sharding). What a step gathers and reduce-scatters follows the plan's stage and 
   ``reshard_after_forward=False`` and ``set_reshard_after_backward(False)``); every backward
   reduce-scatters its gradients;
 - stage 3 keeping the weights (torch pipelining's UNSHARD / RESHARD / REDUCE_GRAD): gathered by the
-  first forward and kept, the gradients accumulated whole (``set_requires_gradient_sync(False)``) until
-  the stage's last backward, which reduce-scatters them and reshards (:func:`set_last_backward`).
+  first forward and kept, the gradients accumulated whole by every backward
+  (``set_requires_gradient_sync(False)``), then reduce-scattered once after the stage's last backward,
+  the plan's ``reducegrad`` action (:func:`reduce_gradients`, what torch's ``perform_reduce_grad`` does).
 
-Kept parameters are resharded by the stage's data-parallel reduce event (after its last backward) and,
-for layers without one (frozen), before the update (:func:`reshard`). Gradients are summed, not
+The plan's program carries the stage's sharding actions (:mod:`mpipe_tune.algebra.sharding`): the
+executor runs :func:`unshard` before the stage's first forward, :func:`reduce_gradients` after its last
+backward (stage 3) and :func:`reshard` after that. Gradients are summed, not
 averaged: the runtime's gradients are those of the summed loss. The routed experts of an expert-parallel MoE layer
 are their own unit on the experts' data-parallel group (``edp``, the ranks that hold the same
 experts), as torchtitan shards them; with one rank in that group they stay whole, outside the layer's
@@ -55,31 +57,36 @@ def is_fully_sharded(zero_stage: int, mesh: RankMesh) -> bool:
     return zero_stage >= 2 and mesh.layout.dp * mesh.layout.cp > 1
 
 
-def shard_layers(modules: dict[int, nn.Module], mesh: RankMesh, *, reshard_after_forward: bool = True) -> None:
+def shard_layers(modules: dict[int, nn.Module], mesh: RankMesh, *, reshard_after_forward: bool = True,
+                 sync_once: bool = False) -> None:
     """``fully_shard`` every module of ``modules`` in place (its routed experts first, as their own unit
     on their data-parallel group, or left out of the layer's unit when that group has one rank); without
-    ``reshard_after_forward`` the gathered parameters are kept through the backward too."""
+    ``reshard_after_forward`` the gathered parameters are kept through the backward too, and with
+    ``sync_once`` the backwards accumulate the gradients whole for :func:`reduce_gradients`."""
     for module in modules.values():
         sequence_parallel = {name for name, p in module.named_parameters() if getattr(p, "sequence_parallel", False)}
         ignored: set[nn.Parameter] = set()
         experts = _routed_experts(module)
         if experts is not None:
             if mesh.expert_data_group is not None:
-                _shard(experts, mesh.expert_mesh["edp"], reshard_after_forward)
+                _shard(experts, mesh.expert_mesh["edp"], reshard_after_forward, sync_once)
             else:
                 ignored = set(experts.parameters())
-        _shard(module, mesh.data_mesh, reshard_after_forward, ignored)
+        _shard(module, mesh.data_mesh, reshard_after_forward, sync_once, ignored)
         for name, p in module.named_parameters():  # the sharded parameters are new objects: keep the mark
             if name in sequence_parallel:
                 p.sequence_parallel = True
 
 
-def _shard(module: nn.Module, mesh, reshard_after_forward: bool, ignored: set[nn.Parameter] | None = None) -> None:
+def _shard(module: nn.Module, mesh, reshard_after_forward: bool, sync_once: bool,
+           ignored: set[nn.Parameter] | None = None) -> None:
     # each layer is an FSDP root (the runtime calls layers, not a model), and FSDP2 keeps a root's
     # parameters whole after its forward unless told: the policy is set on every layer
     fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored or None)
     if not reshard_after_forward:  # kept through the step: resharded by the stage's reduce (:func:`reshard`)
         module.set_reshard_after_backward(False)
+    if sync_once:  # accumulated whole, reduce-scattered by the stage's reduce (:func:`reduce_gradients`)
+        module.set_requires_gradient_sync(False)
     module.set_gradient_divide_factor(1.0)  # the sum over the group (FSDP2 averages by default)
     # a plain SUM reduce-scatter: for fp32 and bf16 FSDP2 would scale inside the collective (PREMUL_SUM),
     # which gloo lacks
@@ -95,13 +102,28 @@ def _routed_experts(module: nn.Module) -> nn.Module | None:
     return mlp.experts if getattr(mlp, "shard", None) is not None else None
 
 
-def set_last_backward(modules: Iterable[nn.Module], last: bool) -> None:
-    """Stage 3 keeping the weights: before a backward of a stage, whether it is the stage's last of the
-    step, which reduce-scatters the gradients the earlier ones accumulated whole and reshards (torch
-    pipelining's REDUCE_GRAD and RESHARD after it); the earlier ones neither."""
+def reduce_gradients(modules: Iterable[nn.Module]) -> None:
+    """Stage 3 keeping the weights, after a stage's last backward (its reduce event, the plan's REDUCE_GRAD):
+    reduce-scatter the gradients its backwards accumulated whole into the shards, as torch pipelining's
+    ``perform_reduce_grad`` does (each FSDP state's post-backward run by hand, then its end-of-backward
+    callback), and leave the units accumulating again for the next step."""
+    for module in modules:  # each layer is an FSDP root; its routed experts, an inner unit, are in its states
+        module.set_requires_gradient_sync(True)
+        root = fully_shard.state(module)
+        for state in root._state_ctx.all_states:
+            for group in state._fsdp_param_groups:
+                group.post_backward()
+        root._root_post_backward_final_callback()
+        module.set_requires_gradient_sync(False)
+
+
+def unshard(modules: Iterable[nn.Module]) -> None:
+    """Gather the parameters of ``modules``' FSDP units now (torch pipelining's UNSHARD; a no-op for a unit
+    already gathered); they stay gathered until :func:`reshard`."""
     for module in modules:
-        module.set_requires_gradient_sync(last)
-        module.set_reshard_after_backward(last)
+        for unit in module.modules():
+            if isinstance(unit, FSDPModule):
+                unit.unshard()
 
 
 def reshard(modules: Iterable[nn.Module]) -> None:
@@ -117,8 +139,5 @@ def unsharded_parameters(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
     """The trainable whole parameters of ``modules``' FSDP units, all-gathered now (every rank of each
     unit's group must call it, in the same order): the tensors a kept autograd graph differentiates."""
     modules = list(modules)
-    for module in modules:
-        for unit in module.modules():
-            if isinstance(unit, FSDPModule):
-                unit.unshard()
+    unshard(modules)
     return [p for module in modules for p in module.parameters() if p.requires_grad]
