@@ -68,8 +68,9 @@ file moved to). ``predicting``
     try:
         plan = section.candidate.derive(model)
     except MpipeError as exc:
-        raise PlanFileError(f"{where}: its stored candidate does not predict: derive refuses it ({exc}); the file is "
-                            f"damaged or was edited: re-create it with 'mpipe-tune plan'") from None
+        # the fix before the cause: a long cause is what the line's cap cuts
+        raise PlanFileError(f"{where}: its stored candidate does not predict (the file is damaged or was edited): "
+                            f"re-create it with 'mpipe-tune plan'; derive refuses it: {exc}") from None
     validate_derivation(section, plan, where=where)
     return ResolvedPlan(file, section, model, plan, loaded)
 

@@ -51,6 +51,7 @@ def repredict(source: str | os.PathLike | PlanFile, name: str | None = None, *, 
         prediction = predict(section.candidate, resolved.model, section.workload, resolved.profile,
                              Framework.from_inputs(resolved.file.inputs))
     except MpipeError as exc:
-        raise PlanFileError(f"{resolved.where}: its stored candidate does not predict ({exc}); the file is damaged "
-                            f"or was edited: re-create it with 'mpipe-tune plan'") from None
+        # the fix before the cause: a long cause is what the line's cap cuts
+        raise PlanFileError(f"{resolved.where}: its stored candidate does not predict (the file is damaged or was "
+                            f"edited): re-create it with 'mpipe-tune plan'; the prediction refuses it: {exc}") from None
     return Repredicted(resolved, prediction)
