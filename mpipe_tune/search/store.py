@@ -197,12 +197,12 @@ def claim_study(study, storage: str | None, payload: dict) -> None:
     fix = (f"give another study name, or delete it: `optuna delete-study --storage {storage} --study-name "
            f"{study.study_name}`")
     if not isinstance(stored_parts, dict):
-        raise MpipeError(f"{place} was made by an earlier mpipe-tune or for another problem (it records no parts to "
-                         f"compare); {fix}", quantities=("study name",))
+        raise MpipeError(f"{place} was made by an earlier mpipe-tune or for another planning problem (no parts "
+                         f"recorded to compare); {fix}", quantities=("study name",))
     differ = [name for name in PROBLEM_PARTS if stored_parts.get(name) != parts.get(name)]
     named = "; ".join(PROBLEM_PARTS[name] for name in differ) or "the problem's digest"
-    raise MpipeError(f"{place} was made for another problem, differing in {named}; rerun with its inputs, or {fix}",
-                     quantities=("study name",))
+    raise MpipeError(f"{place} was made for another planning problem, differing in {named}; rerun with its inputs, "
+                     f"or {fix}", quantities=("study name",))
 
 
 # --------------------------------------------------------------------------------------- size
