@@ -24,7 +24,7 @@ stay in the roofline; ``--transfer ascend-910c-cm384`` from ``ascend-910b``: see
 
     python benchmarks/fit_published.py            # fit and print, write nothing
     python benchmarks/fit_published.py --write --profile h100-sxm --transfer h200
-    python benchmarks/fit_published.py --write --profile ascend-910b --transfer ascend-910c-cm384
+    python benchmarks/fit_published.py --write --profile ascend-910b --transfer ascend-910c-cm384 ascend-910c-cm384-die
     python benchmarks/fit_published.py --diagnose     # the length pairs and per-run GEMM efficiency (ascend-910b)
     python benchmarks/fit_published.py --cross-validate --profile ascend-910b   # leave-one-out over the fit runs
     python benchmarks/fit_published.py --profile ascend-910b --drop mindspeed-llama3-8b@8 mindspeed-llama31-8b@8
@@ -119,7 +119,7 @@ def with_parameters(base: dict, values: dict[str, float], provenance: dict[str, 
     return data
 
 
-TRANSFER_UNITS = {"ascend-910c-cm384": 40}
+TRANSFER_UNITS = {"ascend-910c-cm384": 40, "ascend-910c-cm384-die": 20}
 """Compute units of a profile that takes another's curves where its own differ (the 910C package: two dies of
 the 910B's 20 AI cores assumed there)."""
 
@@ -192,6 +192,11 @@ TRANSFER_REASONS = {
                          "910C's datasheet 376e12 per die: if the measured 910B SKU's own peak was higher than 320e12, "
                          "this overstates the 910C by that ratio; no published 910C run with its full configuration "
                          "was collected to check it",
+    "ascend-910c-cm384-die": "one 910C die is a die of the 910B's Da Vinci generation on the same CANN stack; the "
+                             "910B fit is an achieved fraction of the 910B's assumed 320e12 bf16 peak, applied here to "
+                             "the 910C die's datasheet 376e12: if the measured 910B SKU's own peak was higher than "
+                             "320e12, this overstates the 910C by that ratio; no published 910C run with its full "
+                             "configuration was collected to check it",
 }
 """Why a profile takes another's fit as an assumption (``--transfer``)."""
 PROFILE_NOTES = {
@@ -266,16 +271,23 @@ def diagnose(name: str, runs, attention_core: float) -> None:
         print(f"  {run.name:32s} {run.split:8s} tp{run.tp} cp{run.cp} {run.seq_len:6d} tokens: default {text}")
 
 
+def bf16_names(name: str, base: dict) -> tuple[str, ...]:
+    """What the bf16 fit runs calibrate on profile ``name``: :data:`CURVE_NAMES` where it has curves, else
+    :data:`BF16_NAMES`."""
+    return CURVE_NAMES.get(name, BF16_NAMES) if "kernel_efficiency" in base else BF16_NAMES
+
+
 def cross_validate(name: str, runs) -> list[tuple[str, float]]:
     """Leave-one-out over the bf16 fit runs of profile ``name``: each predicted from the fit on the others.
     Prints and returns (run name, throughput error) per run."""
     base = load_profile(name).to_dict()
     fit_runs = [run for run in runs if run.split == "fit" and run.dtype == "bf16"]
-    everything, _ = fit(base, fit_runs, BF16_NAMES, {})
+    names = bf16_names(name, base)
+    everything, _ = fit(base, fit_runs, names, {})
     print(f"{name}: fit on all {len(fit_runs)}: " + ", ".join(f"{n} = {v:.4f}" for n, v in everything.items()))
     out = []
     for left in fit_runs:
-        values, _ = fit(base, [run for run in fit_runs if run is not left], BF16_NAMES, {}, start=everything)
+        values, _ = fit(base, [run for run in fit_runs if run is not left], names, {}, start=everything)
         error = math.exp(-residuals(base, values, [left])[0]) - 1.0
         out.append((left.name, error))
         print(f"  {left.name:32s} left out: throughput error {error:+7.1%}  ("
@@ -321,8 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         base = load_profile(name).to_dict()
         fitted, notes = {}, {}
-        bf16_names = CURVE_NAMES.get(name, BF16_NAMES) if "kernel_efficiency" in base else BF16_NAMES
-        for dtype, names in (("bf16", bf16_names), ("fp8", FP8_NAMES)):
+        for dtype, names in (("bf16", bf16_names(name, base)), ("fp8", FP8_NAMES)):
             fit_runs = [run for run in runs if run.profile == name and run.split == "fit" and run.dtype == dtype
                         and not run.excluded]
             if not fit_runs:

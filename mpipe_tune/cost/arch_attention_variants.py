@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,8 +23,13 @@ import numpy as np
 
 from mpipe_tune.cost.arch_pieces import Piece, matmul, pointwise
 
-_NORM_FLOPS_PER_ELEM = 4.0
 _SIGMOID_GATE_FLOPS_PER_ELEM = 5.0  # sigmoid and product
+GATE_KERNELS = (2.0, 3.0, 0.0)
+"""The output gate's kernels eager (sigmoid, product; backward: two products and the sigmoid's); fused: one each."""
+
+Norm = Callable[..., Piece]
+"""The decoder's norm builder (``arch_layers._norm``: ``norm(kept tensor, tokens, width, layernorm=..., shards=...)``),
+passed in so that the variants' norms count the same kernels, parameters and saved tensors as the block's own."""
 
 
 def window_pairs(seq_len, window: int):
@@ -41,17 +46,19 @@ def window_pairs(seq_len, window: int):
 
 def scale_core(pieces: Sequence[Piece], seq_lens: Sequence, pairs: Sequence) -> list[Piece]:
     """``pieces`` with the attention core's FLOPs scaled from the full square of each of ``seq_lens`` to
-    ``pairs`` scores (its bytes do not change: every token is still read and written once)."""
+    ``pairs`` scores (its bytes do not change: every token is still read and written once). The core no longer
+    gives its sequence lengths: a profile's attention curve is per whole sequence, so a windowed core runs at the
+    profile's attention-core efficiency."""
     full = sum(np.asarray(s, dtype=float) ** 2 for s in seq_lens)
     kept = sum(np.asarray(p, dtype=float) for p in pairs)
     ratio = np.where(full > 0, kept / np.where(full > 0, full, 1.0), 1.0)
     ratio = ratio.item() if np.ndim(ratio) == 0 else ratio
-    return [replace(p, fwd_flops=p.fwd_flops * ratio, dgrad_flops=p.dgrad_flops * ratio) if p.attention_core else p
-            for p in pieces]
+    return [replace(p, fwd_flops=p.fwd_flops * ratio, dgrad_flops=p.dgrad_flops * ratio, seq_lens=())
+            if p.attention_core else p for p in pieces]
 
 
 def attention_variants(dims: Mapping[str, Any], pieces: list[Piece], tokens, seq_lens: Sequence, tp_degree: int, *,
-                       input_shards: int = 1) -> list[Piece]:
+                       norm: Norm, input_shards: int = 1) -> list[Piece]:
     """A grouped-query attention's ``pieces`` with the variants ``dims`` turns on: q/k norms before the core,
     the sliding window's core, the output gate after it."""
     if dims["attention"] != "gqa":
@@ -62,31 +69,27 @@ def attention_variants(dims: Mapping[str, Any], pieces: list[Piece], tokens, seq
         pieces = scale_core(pieces, seq_lens, [window_pairs(s, dims["sliding_window"]) for s in seq_lens])
     core = next(i for i, p in enumerate(pieces) if p.attention_core)
     before, after = list(pieces[:core]), list(pieces[core:])
-    if dims["qk_norm"]:
-        elems = tokens * (heads / tp_degree + kv_heads / kv_degree) * head_dim
-        before.append(pointwise(elems, elems, _NORM_FLOPS_PER_ELEM * elems, saved=(("qk", elems),),
-                                params=2 * head_dim))
+    if dims["qk_norm"]:  # one RMSNorm of head_dim over the rank's q heads, one over its k heads
+        before += [norm("q", tokens * heads / tp_degree, head_dim, layernorm=False),
+                   norm("k", tokens * kv_heads / kv_degree, head_dim, layernorm=False)]
     if dims["attention_gate"]:
         gated = tokens * heads * head_dim / tp_degree
         before.append(matmul("x_norm1", tokens, dims["hidden"], heads * head_dim, split="column", tp_degree=tp_degree,
                              input_shards=input_shards))
         after.insert(1, pointwise(2.0 * gated, gated, _SIGMOID_GATE_FLOPS_PER_ELEM * gated,
-                                  saved=(("attn_gate", gated),)))
+                                  saved=(("attn_gate", gated),), kernels=GATE_KERNELS, fused_kernels=(1.0, 1.0, 0.0)))
     return before + after
 
 
-def block_variants(dims: Mapping[str, Any], mb, tokens, *, shards: int = 1) -> tuple[list[Piece], list[Piece],
-                                                                                    list[Piece]]:
+def block_variants(dims: Mapping[str, Any], mb, tokens, *, norm: Norm, shards: int = 1) -> tuple[
+        list[Piece], list[Piece], list[Piece]]:
     """Kernels a decoder block adds: after its attention and after its MLP (``post_norms``, each before its
     residual add), and after the block (the DeepStack feature added to the image tokens' rows, ``deepstack_in``)."""
     hidden = dims["hidden"]
     after_attention, after_mlp, injected = [], [], []
     if dims["post_norms"]:
-        elems = tokens * hidden / shards
-        after_attention.append(pointwise(elems, elems, _NORM_FLOPS_PER_ELEM * elems, saved=(("attn_proj", elems),),
-                                         params=hidden))
-        after_mlp.append(pointwise(elems, elems, _NORM_FLOPS_PER_ELEM * elems, saved=(("mlp_out", elems),),
-                                   params=hidden))
+        after_attention.append(norm("attn_proj", tokens, hidden, layernorm=False, shards=shards))
+        after_mlp.append(norm("mlp_out", tokens, hidden, layernorm=False, shards=shards))
     if dims["deepstack_in"]:
         added = mb.image_tokens * hidden
         injected.append(pointwise(2.0 * added, added, added))

@@ -21,8 +21,9 @@ The backward (flash-linear-attention's ``chunk_gated_delta_rule_bwd``) recompute
 states, then runs the gradients of the output, the states, q/k/w/g and the WY factors: twice the forward's
 products plus the recomputation. It keeps q, k, v, g, beta and the chunk-local inverse ``A`` (``chunk`` values a
 token and head), and one recurrent state per sequence and value head. The core kernels count as the attention
-core (fused tensor-core kernels, what selective recomputation re-runs). No context parallelism: the recurrence
-runs over the whole sequence on one rank.
+core (fused tensor-core kernels, what selective recomputation re-runs). With context parallelism each rank runs
+the recurrence over its share of the sequence; the hand-off of one state per value head from rank to rank is not
+charged (it is ``heads * dk * dv`` elements, against the share's activations), and the executor refuses it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ CHUNK_TOKENS = 64
 _SILU_FLOPS_PER_ELEM = 4.0
 _GATE_FLOPS_PER_ELEM = 10.0  # softplus, exp, product (decay); sigmoid (beta)
 _NORM_FLOPS_PER_ELEM = 4.0
+GATES_KERNELS = (6.0, 6.0, 0.0)
+"""The decay and strength eager (``a + dt_bias``, softplus, ``exp(A_log)``, the product, its negation, ``sigmoid(b)``;
+their backwards with the two parameters' reductions); fused (flash-linear-attention's gate kernel): one each."""
+GATED_NORM_KERNELS = (10.0, 12.0, 0.0)
+"""The output's RMSNorm gated by ``silu(z)`` eager (the RMSNorm's kernels, SiLU, the product); fused
+(flash-linear-attention's ``FusedRMSNormGated``): one each."""
 
 
 def _chunks(seq_lens: Sequence) -> Any:
@@ -66,7 +73,7 @@ def delta_rule_core(seq_lens: Sequence, *, heads: float, key_dim: int, value_dim
         (4.0 * t * dk * dv, t * (2 * dk + 2 * dv) + states),  # state recurrence over the chunks
         (2.0 * t * dk * dv + 2.0 * t * c * (dk + dv), t * (2 * dk + 2 * dv) + states),  # output
     ]
-    recompute = {3, 4}  # the backward first recomputes the WY factors and the chunk states
+    recompute = {3, 4}  # the backward first recomputes the WY factors and the chunk states: a second kernel each
     saved = (("gdn_q", t * dk), ("gdn_k", t * dk), ("gdn_v", t * dv), ("gdn_g", t), ("gdn_beta", t),
              ("gdn_inverse", t * c), ("gdn_state", heads * dk * dv * len(seq_lens)), ("gdn_out", t * dv))
     pieces = []
@@ -77,6 +84,7 @@ def delta_rule_core(seq_lens: Sequence, *, heads: float, key_dim: int, value_dim
             dgrad_flops=(3.0 if again else 2.0) * flops, dgrad_elems=(3.0 if again else 2.0) * elems,
             saved=saved if index == len(kernels) - 1 else (), attention_core=True,
             outputs=("gdn_out",) if index == len(kernels) - 1 else (),
+            kernels=(1.0, 2.0 if again else 1.0, 0.0),
         ))
     return pieces
 
@@ -103,12 +111,15 @@ def gated_deltanet(dims: Mapping[str, Any], tokens: float, seq_lens: list, tp_de
         projection(heads * dv, tp_degree),  # v
         projection(heads * dv, tp_degree),  # z, the output gate
         projection(2 * heads, tp_degree),  # b, a
-        pointwise(channels, channels, (2.0 * kernel + _SILU_FLOPS_PER_ELEM) * channels,
-                  saved=(("gdn_qkv_in", channels),), params=(2 * kv_heads * dk + heads * dv) * kernel),
+        pointwise(channels, channels, (2.0 * kernel + _SILU_FLOPS_PER_ELEM) * channels,  # one causal_conv1d kernel
+                  saved=(("gdn_qkv_in", channels),), params=(2 * kv_heads * dk + heads * dv) * kernel,
+                  kernels=(1.0, 2.0, 0.0), param_tensors=1),  # its backward: the input's and the weight's gradients
         pointwise(gate_elems, gate_elems, _GATE_FLOPS_PER_ELEM * gate_elems, saved=(("gdn_ba", gate_elems),),
-                  params=2 * heads),  # A_log and dt_bias
+                  params=2 * heads, kernels=GATES_KERNELS, fused_kernels=(1.0, 1.0, 0.0),
+                  param_tensors=2),  # A_log and dt_bias
         *delta_rule_core(seq_lens, heads=local_heads, key_dim=dk, value_dim=dv),
         pointwise(2.0 * value_elems, value_elems, (_NORM_FLOPS_PER_ELEM + _SILU_FLOPS_PER_ELEM) * value_elems,
-                  saved=(("gdn_out", value_elems), ("gdn_z", value_elems)), params=dv),
+                  saved=(("gdn_out", value_elems), ("gdn_z", value_elems)), params=dv, kernels=GATED_NORM_KERNELS,
+                  fused_kernels=(1.0, 1.0, 0.0), param_tensors=1),
         matmul("gdn_normed", tokens, heads * dv, hidden, split="row", tp_degree=tp_degree),
     ]

@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from mpipe_tune.cost.arch_attention_variants import scale_core
-from mpipe_tune.cost.arch_pieces import Layer, Piece, matmul, pointwise
+from mpipe_tune.cost.arch_attention_variants import Norm, scale_core
+from mpipe_tune.cost.arch_pieces import Layer, Piece, all_reduce, matmul, pointwise
 
-_NORM_FLOPS_PER_ELEM = 4.0
 _GELU_FLOPS_PER_ELEM = 8.0
+LAYER_SCALE_KERNELS = (1.0, 2.0, 0.0)
+"""A layer scale's product, and its backward's product and the scale's gradient reduction."""
 
 
 def windowed_pairs(patches, window: int):
@@ -43,30 +44,32 @@ def windowed_pairs(patches, window: int):
     return pairs.item() if pairs.ndim == 0 else pairs
 
 
-def vit_variants(dims: Mapping[str, Any], pieces: list[Piece], mb, seq_lens: list, tp_degree: int) -> list[Piece]:
+def vit_variants(dims: Mapping[str, Any], pieces: list[Piece], mb, seq_lens: list, tp_degree: int, *,
+                 norm: Norm) -> list[Piece]:
     """A ViT block's ``pieces`` with its windows, layer scale and DeepStack merger."""
     hidden, patches = dims["hidden"], mb.image_tokens * dims["merge_factor"]
     if dims["window"] is not None:
         pieces = scale_core(pieces, seq_lens, [windowed_pairs(s, dims["window"]) for s in seq_lens])
     if dims["layer_scale"]:
         elems = patches * hidden
-        pieces = [*pieces, *(pointwise(elems, elems, elems, params=hidden) for _ in range(2))]
+        pieces = [*pieces, *(pointwise(elems, elems, elems, params=hidden, kernels=LAYER_SCALE_KERNELS, param_tensors=1)
+                             for _ in range(2))]
     if dims["deepstack_out"] is not None:
         pieces = [*pieces, *deepstack_merger(mb.image_tokens, hidden * dims["merge_factor"], dims["deepstack_out"],
-                                             tp_degree)]
+                                             tp_degree, norm=norm)]
     return pieces
 
 
-def deepstack_merger(tokens, merged: int, out: int, tp_degree: int) -> list[Piece]:
+def deepstack_merger(tokens, merged: int, out: int, tp_degree: int, *, norm: Norm) -> list[Piece]:
     """Qwen3-VL's DeepStack merger on ``tokens`` image tokens of ``merged`` concatenated patch features: LayerNorm,
     ``merged -> merged`` GELU ``-> out`` (column, then row split over the ranks; its all-reduce counted)."""
-    elems, inner = tokens * merged, tokens * merged / tp_degree
+    inner = tokens * merged / tp_degree
     return [
-        pointwise(elems, elems, _NORM_FLOPS_PER_ELEM * elems, saved=(("deepstack_in", elems),), params=2 * merged),
+        norm("deepstack", tokens, merged, layernorm=True),
         matmul("deepstack_norm", tokens, merged, merged, split="column", tp_degree=tp_degree, bias=True),
         pointwise(inner, inner, _GELU_FLOPS_PER_ELEM * inner, saved=(("deepstack_up", inner),)),
         matmul("deepstack_act", tokens, merged, out, split="row", tp_degree=tp_degree, bias=True),
-        Piece(comm_elems=tokens * out if tp_degree > 1 else 0.0),
+        all_reduce(tokens * out, tp_degree=tp_degree),
     ]
 
 
@@ -76,13 +79,9 @@ def pixel_shuffle(dims: Mapping[str, Any], mb, degrees) -> Layer:
     return Layer((pointwise(elems, elems, 0.0),), boundary_elems=elems)
 
 
-def projector_norm(dims: Mapping[str, Any], mb) -> list[Piece]:
+def projector_norm(dims: Mapping[str, Any], mb, *, norm: Norm) -> list[Piece]:
     """The LayerNorm before a projector with ``norm`` (none without)."""
-    if not dims["norm"]:
-        return []
-    elems = mb.image_tokens * dims["in_hidden"]
-    return [pointwise(elems, elems, _NORM_FLOPS_PER_ELEM * elems, saved=(("x_pre_norm", elems),),
-                      params=2 * dims["in_hidden"])]
+    return [norm("x_pre_norm", mb.image_tokens, dims["in_hidden"], layernorm=True)] if dims["norm"] else []
 
 
 def with_side_features(layer: Layer, dims: Mapping[str, Any], mb) -> Layer:

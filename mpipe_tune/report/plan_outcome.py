@@ -46,8 +46,9 @@ def outcome_record(outcome: PlanOutcome, inputs: PlanInputs) -> dict[str, Any]:
 
 def draw_evaluation(evaluator: Evaluator, evaluation: Evaluation, path, title: str) -> None:
     """The predicted timeline of one evaluated plan (its first sampled step) as a Gantt picture."""
-    from mpipe_tune.report.gantt import draw_gantt  # matplotlib: only when a picture is asked for
+    from mpipe_tune.report.gantt import draw_gantt, zero_of  # matplotlib: only when a picture is asked for
 
     prediction, _ = evaluator.prediction(evaluation.candidate)
     t = prediction.timeline
-    draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms")
+    draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms",
+               zero=zero_of(prediction.options))

@@ -16,6 +16,10 @@ last ranks, which carry no encoder):
 - ``mpipe-rr``: ``<transpose,1f1b>`` cut before the backbone, slabs balanced by expected cost,
   round-robin owners (the paper's default).
 
+At ``pp = 1`` only ``megatron`` exists: the whole model on every rank, its data-, tensor- or fully-sharded
+(ZeRO-3: FSDP) layout as Megatron-LM, MindSpeed-MM and torchtitan run small models. The others have no
+meaning there (:data:`UNPIPELINED`, the reason each is left out, which the comparison table prints).
+
 >>> even_split(10, 4)
 (2, 2, 3, 3)
 """
@@ -28,6 +32,14 @@ from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.plan_file.names import BASELINES
 
+UNPIPELINED = {
+    "disttrain": "needs pp >= 2: the encoder's own stage and the backbone's",
+    "vpp": "needs pp >= 2: at pp 1 there is no pipeline to interleave",
+    "gpipe": "at pp 1 megatron's step holding every microbatch's activations",
+    "mpipe-rr": "needs pp >= 2: at pp 1 no pipeline bubble for the encoder to fill",
+}
+"""The baselines that do not exist at ``pp = 1``, and why (at one pipeline rank every schedule runs the same
+events in sequence: :meth:`~mpipe_tune.search.space.SearchSpace.unpipelined`)."""
 _SCHEDULES = {"megatron": "1f1b", "disttrain": "1f1b", "gpipe": "gpipe", "mpipe-rr": "transpose,1f1b"}
 
 
@@ -52,11 +64,14 @@ def baseline(
     vpp_microbatches: Sequence[int] = (), num_chunks: int = 2,
 ) -> Candidate | None:
     """The named baseline at the given degrees, or None where it does not exist (too few layers
-    for its stages, no encoder to separate, or no microbatch count that interleaving allows).
+    for its stages, no encoder to separate, no microbatch count that interleaving allows, or
+    ``pp = 1`` for any but ``megatron``: :data:`UNPIPELINED`).
 
     ``vpp_microbatches``: the microbatch counts allowed for interleaving (the space's); the one
     nearest ``num_microbatches`` is used. ``num_chunks``: ``vpp``'s woven regions (>= 2).
     """
+    if pp == 1 and name in UNPIPELINED:
+        return None
     pre = model.backbone_start
     llm = model.num_layers - pre
     schedule = schedule_of(name, num_chunks)
@@ -66,7 +81,7 @@ def baseline(
             return None
         return Candidate(schedule, (), slab_counts=(_with_pre(pre, even_split(llm, pp)),), **common)
     if name == "disttrain":
-        if pre == 0 or pp < 2 or llm < pp - 1:
+        if pre == 0 or llm < pp - 1:
             return None
         return Candidate(schedule, (), slab_counts=((pre, *even_split(llm, pp - 1)),), **common)
     if name == "vpp":

@@ -23,7 +23,7 @@ import pandas as pd
 
 from mpipe_tune.interrupt import mark
 from mpipe_tune.outputs.frames import MISSING, Cell, Column, TextTable, format_frame, gib, is_missing, ms, text
-from mpipe_tune.search.baselines import baseline
+from mpipe_tune.search.baselines import UNPIPELINED, baseline
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.families import OwnBest
 from mpipe_tune.search.space import SearchSpace
@@ -42,6 +42,7 @@ def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluatio
         candidate = baseline(name, evaluator.problem.model, c.pp, c.tp, c.dp, c.num_microbatches, vpp_counts)
         if candidate is not None:
             candidate = replace(candidate, recompute=c.recompute, ep=c.ep, cp=c.cp, zero_stage=c.zero_stage,
+                                reshard_after_forward=c.reshard_after_forward,
                                 sequence_parallel=c.sequence_parallel,
                                 encoder_tp=c.encoder_tp)  # the best plan's degrees and memory policy
         out.append((name, None if candidate is None else evaluator.evaluate(candidate)))
@@ -200,9 +201,12 @@ def format_comparison(search: dict[str, Any]) -> str:
     line = {r["plan"]: table.line(r) for _, r in frame.iterrows()}
     families = search.get("families", {})
     lines = [table.header, table.rule, line["best"]]
+    unpipelined = frame["pp"].iloc[0] == 1  # the best plan's: the baselines' degrees
     for name in BASELINES:
         if name in line:
             lines.append(line[name])
+        elif unpipelined and name in UNPIPELINED:
+            lines.append(f"{table.pad(0, name)} - {UNPIPELINED[name]}")
         if name + OWN in line:
             lines.append(line[name + OWN])
         elif families.get(name, {}).get("candidates"):

@@ -3,12 +3,14 @@
 Choices, each one's options computed from the earlier ones, so that no invalid point exists:
 
 1. ``degrees``: ``(pp, tp, dp)`` with ``pp * tp * dp`` = the device count, ``tp`` dividing the
-   devices of one node, ``dp`` dividing the global batch, ``pp >= 2``; with context parallelism
-   searched, ``(pp, tp, dp, cp)`` with ``pp * tp * cp * dp`` = the device count;
+   devices of one node, ``dp`` dividing the global batch, any ``pp`` (``pp = 1`` is the data-, tensor- and
+   fully-sharded layouts without a pipeline); with context parallelism searched, ``(pp, tp, dp, cp)`` with
+   ``pp * tp * cp * dp`` = the device count;
 2. ``schedule``: a skeleton list in normal form from the grammar ``[transpose,] S{v} [,transpose]``
    with ``S`` one Sharded skeleton and ``v`` woven regions (``v > 1`` is interleaving; ``zbv`` only
    with ``v = 2``, its V), kept only when some cut gives every Sharded region at least ``pp`` layers
-   and some microbatch count fits it; the trailing (sink) transpose only for a model with a head after
+   and some microbatch count fits it (at ``pp = 1`` one schedule only, :meth:`SearchSpace.schedules`: every
+   skeleton list runs the same work in sequence on the one rank); the trailing (sink) transpose only for a model with a head after
    its backbone (a generator head, :attr:`~mpipe_tune.algebra.model.Model.head_start`); with
    :attr:`SpaceOptions.interior_transpose`, also ``S,transpose,S [,transpose]``, an interior transpose
    of the projector between a Sharded encoder and a Sharded backbone (two woven regions);
@@ -49,6 +51,7 @@ from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.cost.arch import expert_parallel_fits, tensor_parallel_fits
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.search.owners import POLICIES
 from mpipe_tune.search.problem import Problem
 
@@ -87,7 +90,10 @@ class SpaceOptions:
     cp: tuple[int, ...] = (1,)
     """Allowed context-parallel degrees."""
     zero: tuple[int, ...] = (1,)
-    """ZeRO stages to try: ``(1,)`` (a distributed optimizer), ``(0,)`` or ``(0, 1)``."""
+    """ZeRO stages to try: ``(1,)`` (a distributed optimizer), ``(0,)``, ``(0, 1)``, ... up to ``(0, 1, 2, 3)``."""
+    reshard_after_forward: bool | None = None
+    """The reshard policy of stage-3 points (:attr:`~mpipe_tune.algebra.candidate.Candidate.reshard_after_forward`;
+    None: the default for each pipeline degree)."""
     sequence_parallel: tuple[bool, ...] = (False,)
     """Sequence-parallel settings to try where ``tp > 1``."""
     encoder_tp: bool = False
@@ -95,7 +101,8 @@ class SpaceOptions:
     ``tp > 1``; see :attr:`~mpipe_tune.cost.layers.CostOptions.encoder_tp`)."""
     encoder_backward: tuple[str, ...] = (COOLDOWN,)
     """Encoder backward placements to try where the transposed region is trainable (the first is used alone)."""
-    min_pp: int = 2
+    min_pp: int = 1
+    """The smallest pipeline degree searched (1: the layouts without a pipeline too)."""
     pp: tuple[int, ...] | None = None
     """Allowed pipeline degrees (None: any)."""
     tp: tuple[int, ...] | None = None
@@ -238,10 +245,13 @@ class SearchSpace:
         return [p for p in self.options.owner_policies if p != "optimal" or small]
 
     def schedules(self, pp: int, dp: int) -> list[str]:
+        """The family's schedules that some cut and microbatch count fit at ``pp`` and ``dp``; at ``pp = 1``
+        only the first of them with one Sharded region and no transpose, ``1f1b`` where the space has it
+        (:meth:`unpipelined`)."""
         key = (pp, dp)
         if key not in self._schedules:
             out = []
-            for schedule in self.family:
+            for schedule in self.unpipelined() if pp == 1 else self.family:
                 transpose, chunks, sink = self.shape(schedule)
                 stop = self.head_start if sink else None
                 if self.interior(schedule):
@@ -254,6 +264,18 @@ class SearchSpace:
                     out.append(schedule)
             self._schedules[key] = out
         return self._schedules[key]
+
+    def unpipelined(self) -> list[str]:
+        """The one schedule searched at ``pp = 1`` (none where the family has no plain one, e.g. ``zbv`` alone).
+
+        On one pipeline rank every skeleton list is gradient accumulation over the microbatches: the same
+        events on one rank, one at a time, with nothing to overlap. ``1f1b`` frees each microbatch's
+        activations before the next forward; ``gpipe`` and a transpose keep every microbatch's until the
+        backwards (as much time, more memory), and interleaving only adds seams (and, at ZeRO 3, gathers).
+        So the others are duplicates of it, or worse, and are not searched.
+        """
+        plain = [s for s in self.family if self.shape(s) == (False, 1, False)]
+        return sorted(plain, key=lambda s: s != "1f1b")[:1]
 
     def expert_choices(self, dp: int, cp: int) -> list[int]:
         """The expert-parallel degrees allowed at ``dp`` and ``cp`` (always 1 among them)."""
@@ -282,13 +304,15 @@ class SearchSpace:
                         out.append((pp, tp, dp, cp))
         if not out:
             pinned = (("pp", o.pp), ("tp", o.tp), ("dp", o.dp), ("cp", o.cp if o.cp != (1,) else None), ("ep", o.ep))
-            pins = "".join(f", {k} pinned to {','.join(map(str, v))}" for k, v in pinned if v)
+            given = [f"{k} pinned to {','.join(map(str, v))}" for k, v in pinned if v]
+            pins = f" ({', '.join(given)})" if given else ""
+            lowest = f">= {o.min_pp} and " if o.min_pp > 1 else ""
+            single = "" if self.unpipelined() else " (pp 1 also needs a one-region skeleton: 1f1b, gpipe or zb1p)"
             raise MpipeError(
-                f"no (pp, tp, dp) with pp*tp*dp = {N} devices gives a plan: pp must be >= {o.min_pp} with at "
-                f"least one layer per stage (model '{self.problem.model.name}' has {self.num_layers} layers), tp must "
-                f"divide the {per_node} devices per node of profile '{self.problem.profile.name}' and the model's "
-                f"heads and split widths, dp must divide "
-                f"the global batch {G}{pins}; change the device count or the global batch"
+                f"no (pp, tp, dp) with pp*tp*dp = {N} devices gives a plan{pins}: pp must be {lowest}at most the layer "
+                f"count (model '{self.problem.model.name}' has {self.num_layers} layers){single}, tp must divide the "
+                f"{per_node} devices per node of profile '{self.problem.profile.name}' and the model's heads and split "
+                f"widths, dp must divide the global batch {G}; change the device count or the global batch"
             )
         return sorted(out, key=lambda layout: (layout[3], layout[:3]))  # cp = 1 first, as before cp existed
 
@@ -331,7 +355,8 @@ class SearchSpace:
         placements = self.encoder_backward_choices(cut[0]) if transpose else [COOLDOWN]
         placement = choose("encoder_backward", placements) if len(placements) > 1 else placements[0]
         return Candidate(schedule, cut, pp, tp, dp, num_microbatches, policy, recompute=recompute, ep=ep, cp=cp,
-                         zero_stage=zero, sequence_parallel=sp, encoder_tp=encoder_tp, encoder_backward=placement)
+                         zero_stage=zero, sequence_parallel=sp, encoder_tp=encoder_tp, encoder_backward=placement,
+                         reshard_after_forward=self.options.reshard_after_forward)
 
     def encoder_backward_choices(self, boundary: int) -> list[str]:
         """The encoder backward placements searched for a transpose of layers ``[0, boundary)``: the
@@ -351,7 +376,8 @@ class SearchSpace:
         """Every combination of the choices after the schedule's at these degrees (recompute, ep, ZeRO
         stage, sequence parallelism), as Candidate fields: what a baseline's family ranges over."""
         sequence = list(self.options.sequence_parallel) if tp > 1 else [False]
-        return [{"recompute": r, "ep": e, "zero_stage": z, "sequence_parallel": sp, "encoder_tp": et}
+        return [{"recompute": r, "ep": e, "zero_stage": z, "sequence_parallel": sp, "encoder_tp": et,
+                 "reshard_after_forward": self.options.reshard_after_forward}
                 for r in self.options.recompute for e in self.expert_choices(dp, cp)
                 for z in self.options.zero for sp in sequence for et in self.encoder_tp_choices(tp)]
 
@@ -494,9 +520,10 @@ class Group:
 
 
 def layout_name(layout: tuple[int, int, int, int]) -> str:
-    """A layout as the ``degrees`` choice names it: ``pp4-tp2-dp2``, with ``-cp2`` where ``cp > 1``."""
+    """A layout as the ``degrees`` choice names it: the degrees' text form with hyphens for spaces (an Optuna
+    parameter value: ``pp4-tp2-dp2``, with ``-cp2`` where ``cp > 1``)."""
     pp, tp, dp, cp = layout
-    return f"pp{pp}-tp{tp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "")
+    return str(Degrees(pp, tp, dp, cp=cp)).replace(" ", "-")
 
 
 class _NoLeaf(Exception):
@@ -521,7 +548,7 @@ def _nearest(value: Any, options: list[Any]) -> Any:
 
 
 def twin_bounds(space: SearchSpace) -> bool:
-    """Whether ``space`` searches ZeRO-1 beside ZeRO-3: then a stage-3 plan's stage-1 twin is a point of it,
-    predicted where its own bound lets it, and its step bounds the stage-3 plan's
+    """Whether ``space`` searches ZeRO-1 beside ZeRO-2 or 3: then a stage-2 or stage-3 plan's stage-1 twin is a
+    point of it, predicted where its own bound lets it, and its step bounds the plan's
     (:attr:`~mpipe_tune.search.evaluate.Evaluator.twin_bounds`)."""
-    return {1, 3} <= set(space.options.zero)
+    return 1 in space.options.zero and any(z >= 2 for z in space.options.zero)

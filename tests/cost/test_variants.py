@@ -81,3 +81,21 @@ def test_tensor_parallel_halves_each_variants_matmuls_and_core(dims):
     assert two.linear_fwd_flops == pytest.approx(one.linear_fwd_flops / 2, rel=1e-9)
     assert two.attention_core_fwd_flops == pytest.approx(one.attention_core_fwd_flops / 2, rel=1e-9)
     assert two.tp_comm_bytes > 0 == one.tp_comm_bytes
+
+
+def test_deltanet_launches_the_chunked_kernels_and_its_norms_count_as_the_block_s():
+    """The delta rule's six forward kernels and eight backward (two recomputed), fused or not; the gates and the
+    gated norm fuse into one kernel each; the q/k norms of gated attention launch an RMSNorm's kernels each."""
+    from mpipe_tune.cost.arch_layers import RMSNORM_KERNELS, build_layer
+    from mpipe_tune.cost.kernel_passes import pass_kernels
+    from mpipe_tune.inputs.arch_dims import resolve_dims
+
+    mb = Microbatch(0, 4 * CHUNK_TOKENS)
+    layer = build_layer("dense_block", resolve_dims("dense_block", DELTANET), mb, 1)
+    core = [p for p in layer.pieces if p.attention_core]
+    assert [sum(p.kernels[i] for p in core) for i in range(3)] == [6.0, 8.0, 0.0]
+    eager, fused = pass_kernels(layer.pieces, "eager"), pass_kernels(layer.pieces, "fused")
+    assert eager[0] - fused[0] >= (6 - 1) + (10 - 1)  # the gates' and the gated norm's eager kernels
+    plain = build_layer("dense_block", resolve_dims("dense_block", GQA), mb, 1)
+    normed = build_layer("dense_block", resolve_dims("dense_block", {**GQA, "qk_norm": True}), mb, 1)
+    assert pass_kernels(normed.pieces, "eager")[0] - pass_kernels(plain.pieces, "eager")[0] == 2 * RMSNORM_KERNELS[0]

@@ -45,12 +45,13 @@ def test_parameter_count_is_within_one_percent_of_the_published_size(folder):
         assert activated(model) == pytest.approx(figure, rel=tolerance)
 
 
-def test_qwen3_5_27b_counts_every_weight_of_its_configuration():
-    """Qwen3.5-27B: the card's "27B" is a rounded figure. The configuration's weights (48 Gated DeltaNet and 16
-    gated-attention layers, untied 248,320-token tables, the 27-block ViT) sum to 27.36B by hand; the published
-    size is met within 1.5%, not 1% (the report states it), and the exact sum is held to 0.1%."""
+def test_qwen3_5_27b_language_model_is_the_published_27b():
+    """Qwen3.5-27B: the card's "27B" is the language model's size: its 48 Gated DeltaNet and 16 gated-attention
+    layers with untied 248,320-token tables sum to 26.90B (within 1%); with the 27-block ViT the configuration holds
+    27.36B (1.3% above the card's figure), which the exact sum by hand checks to 0.1%."""
     model = load_model(HF / "Qwen3.5-27B")
-    assert model_param_count(model) == pytest.approx(27e9, rel=0.015)
+    language = sum(param_count(u.cost.kind, u.cost.dims_dict()) for u in model.layers if u.block == "llm")
+    assert language == pytest.approx(27e9, rel=0.01)
     assert model_param_count(model) == pytest.approx(27.357e9, rel=0.001)
 
 

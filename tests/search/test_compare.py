@@ -17,7 +17,7 @@ def compared():
     problem = Problem(load_model("example-mllm"), load_profile("ideal"), 4, 8, mix="balanced", num_samples=2, seed=1)
     evaluator = Evaluator(problem)
     space = SearchSpace(problem, evaluator.reference_weights(), SpaceOptions(max_microbatches=8))
-    best = evaluator.evaluate(next(space.enumerate())[1])
+    best = evaluator.evaluate(next(c for _, c in space.enumerate() if c.pp > 1))  # every baseline exists there
     baselines = evaluate_baselines(evaluator, space, best)
     return best, baselines, comparison_rows(best, baselines)
 
@@ -84,3 +84,16 @@ def test_best_over_is_shown_only_for_rows_that_could_run_instead(compared):
     column = slice(header.index("best over"), header.index("best over") + len("best over"))
     assert lines[1][column].strip() == "-" and "0.500x" not in lines[1]
     assert lines[2][column].strip() == f"{rows[2]['best_speedup']:.3f}x"
+
+
+def test_at_pp_1_the_table_says_why_each_baseline_but_megatron_is_missing():
+    problem = Problem(load_model("example-mllm"), load_profile("ideal"), 4, 8, mix="balanced", num_samples=1)
+    evaluator = Evaluator(problem)
+    space = SearchSpace(problem, evaluator.reference_weights(), SpaceOptions(pp=(1,), max_microbatches=8))
+    best = evaluator.evaluate(next(space.enumerate())[1])
+    baselines = evaluate_baselines(evaluator, space, best)
+    assert [name for name, e in baselines if e is not None] == ["megatron"]
+    lines = format_comparison({"comparison": comparison_rows(best, baselines), "samples": 1}).splitlines()
+    assert [line.split()[0] for line in lines[2:7]] == ["best", "megatron", "disttrain", "vpp", "gpipe"]
+    assert lines[4].split(maxsplit=1)[1] == "- needs pp >= 2: the encoder's own stage and the backbone's"
+    assert "megatron's step holding every microbatch's activations" in lines[6]

@@ -14,6 +14,9 @@ PROFILE = load_profile("ideal")
 
 
 def make(devices=2, batch=4, samples=1, profile=PROFILE, model=MODEL, **space):
+    """A space of pipelines only unless ``min_pp`` is given: at pp 1 (no bubble on the ideal profile) the bounds
+    settle these small spaces in a trial or two, and the sampler and its refinement are what these tests run."""
+    space.setdefault("min_pp", 2)
     problem = Problem(model, profile, devices, batch, mix="balanced", num_samples=samples, seed=3)
     evaluator = Evaluator(problem)
     return SearchSpace(problem, evaluator.reference_weights(), SpaceOptions(**space)), evaluator

@@ -98,8 +98,8 @@ def test_pins_restrict_the_degrees():
 
 
 @pytest.mark.parametrize("devices,batch,words", [
-    (1, 4, "no (pp, tp, dp) with pp*tp*dp = 1 devices"),
-    (29, 29, "pp must be >= 2 with at least one layer per stage"),  # prime, more than 25 layers
+    (29, 4, "no (pp, tp, dp) with pp*tp*dp = 29 devices"),  # prime: pp 29 over 25 layers, or dp 29 over a batch of 4
+    (29, 4, "pp must be at most the layer count (model 'example-mllm' has 25 layers)"),
 ])
 def test_impossible_device_counts_are_a_user_error(devices, batch, words):
     problem = Problem(load_model("example-mllm"), load_profile("ideal"), devices, batch, mix="balanced", num_samples=1)

@@ -1,9 +1,11 @@
 """``export --to torchtitan-0.3``: the torchtitan job of :mod:`.torchtitan` in torchtitan 0.3's command-line form
 (``torchtitan/config/manager.py``, which reads no TOML), and the schedule CSV it runs beside it.
 
-``--module`` and ``--config`` (a registered config function: torchtitan's smallest llama3 or deepseek_v3 one,
+The last stage's modules name the output layer ``lm_head``, as 0.3's models do. ``--module`` and ``--config``
+(a registered config function: torchtitan's smallest llama3 or deepseek_v3 one,
 to be replaced by the user's), ``--parallelism.*`` and ``--training.*`` overrides (``enable_sequence_parallel``
-as the plan says, ``disable_cuda_graphs`` with PP), the ``activation-checkpoint:MODE`` subcommand last.
+as the plan says, ``disable_cuda_graphs`` with PP), the ``activation-checkpoint:MODE`` subcommand last. At pp 1
+the arguments name no pipeline and no CSV is written (:mod:`.torchtitan`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from pathlib import Path
 
 from mpipe_tune.report.exports.plan import ExportPlan, Output
 from mpipe_tune.report.exports.target import ExportTarget, TwoFiles
-from mpipe_tune.report.exports.torch_csv import schedule_csv
-from mpipe_tune.report.exports.torchtitan import titan_job, validate_titan_job
+from mpipe_tune.report.exports.torchtitan import titan_job, titan_outputs, validate_titan_job
+
+HEAD_MODULE = "lm_head"
+"""The output layer's module in torchtitan 0.3's decoders (``torchtitan/models/common/decoder.py``: ``lm_head``;
+0.2.x named it ``output``): the last stage's ``module_fqns_per_model_part`` must name it, or its stage drops
+the head and the loss reads hidden states."""
 
 
 TITAN_MODULES = {"dense": ("llama3", "llama3_debugmodel"), "moe": ("deepseek_v3", "deepseek_v3_debugmodel")}
@@ -28,16 +34,17 @@ def _job_arguments(plan: ExportPlan, csv_path: str) -> str:
     ``--config`` pick a registered config function, ``--section.field value`` overrides it, the
     activation-checkpoint choice is a ``activation-checkpoint:MODE`` subcommand, last), one argument per
     line after ``#`` comments."""
-    job = titan_job(plan, csv_path)
+    job = titan_job(plan, csv_path, head=HEAD_MODULE)
     module, config = TITAN_MODULES["moe" if plan.moe_layers else "dense"]
     par = dict(job.parallelism)
-    parts = par.pop("module_fqns_per_model_part")
+    parts = par.pop("module_fqns_per_model_part", None)
     args = [f"# torchtitan 0.3 arguments for mpipe-tune {plan.describe()}",
             *(f"# {n}" for n in job.notes),
             f"# --config names torchtitan's smallest {module} config: replace it with your model's config function",
             f"--module {module}", f"--config {config}",
             *(f"--parallelism.{k} {shlex.quote(str(v))}" for k, v in par.items()),
-            "--parallelism.module_fqns_per_model_part " + " ".join(shlex.quote(",".join(p)) for p in parts),
+            *(["--parallelism.module_fqns_per_model_part " + " ".join(shlex.quote(",".join(p)) for p in parts)]
+              if parts else []),
             "--parallelism.enable_sequence_parallel" if plan.sequence_parallel
             else "--parallelism.no-enable-sequence-parallel",
             *(f"--training.{k} {shlex.quote(str(v))}" for k, v in job.training.items()),
@@ -58,5 +65,4 @@ class TorchTitan03(ExportTarget):
         validate_titan_job(plan, self.trainer)
 
     def write(self, plan: ExportPlan, paths: tuple[Path | None, ...]) -> tuple[Output, ...]:
-        args, csv = paths
-        return (Output(args, _job_arguments(plan, str(csv))), Output(csv, schedule_csv(plan)))
+        return titan_outputs(plan, paths, _job_arguments)
