@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -59,6 +60,7 @@ from mpipe_tune.inputs.specs import load_model
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the emulated runs plan as bench_runtime_emulated.py does
 
+import fidelity_small  # noqa: E402
 from quiet import ForeignLoad, wait_for_quiet  # noqa: E402
 
 MODEL_PATH = HERE.parent / "models" / "small-vit-llm.yaml"
@@ -73,9 +75,11 @@ CALIBRATION_TOKENS = (64, 128, 256, 512)
 text tokens per microbatch, 64-1024 ViT patches)."""
 PROBE_TOKENS = 256
 """The speed probe's size (one of the calibration sizes, so the profile holds its value)."""
-OPTIONS = CostOptions(dtype="fp32", optimizer_bytes_per_param=0.0, grad_bytes_per_param=4.0, shard_optimizer=False)
+OPTIONS = CostOptions(dtype="fp32", optimizer_bytes_per_param=0.0, grad_bytes_per_param=4.0, shard_optimizer=False,
+                      kernel_mode="eager")
 """What the runtime does: fp32, plain SGD (no optimizer state, fp32 gradients), every data-parallel
-replica updating all its weights after an all-reduce (no distributed optimizer)."""
+replica updating all its weights after an all-reduce (no distributed optimizer), eager torch (every
+operator its own kernel, each issued at the profile's ``dispatch_s``)."""
 EMULATED_PPS, EMULATED_MICROBATCHES = (8, 16), 32
 EMULATED_BASELINES = ("megatron", "disttrain", "vpp", "gpipe", "mpipe-rr")
 
@@ -127,13 +131,32 @@ class Spec:
     tp: int = 1
     dp: int = 1
     pp: int = P
+    model: str = str(MODEL_PATH)
+    sample_tokens: int | None = None
+    """None: the multimodal global batch of ``samples()``; else the small set's text samples of this
+    many tokens, one a microbatch (:mod:`fidelity_small`)."""
 
     @property
     def world(self) -> int:
         return self.pp * self.tp * self.dp
 
+    @property
+    def group(self) -> str:
+        return "main" if self.sample_tokens is None else "small"
+
+    def workload(self) -> Workload:
+        if self.sample_tokens is None:
+            return packed(self.num_microbatches, self.dp)
+        return fidelity_small.text_workload(self.sample_tokens, self.num_microbatches, self.dp)
+
 
 QUICK = ("1f1b M=4", "transpose,1f1b rr M=4", "dp2 M=2", "tp2 M=4")
+
+
+def small_specs() -> list[Spec]:
+    """The small-model, short-sequence set (:mod:`fidelity_small`)."""
+    return [Spec(label, "1f1b", (), sample_tokens=tokens, model=str(path), **layout)
+            for label, path, tokens, layout in fidelity_small.cases()]
 
 
 def plan_specs(model) -> list[Spec]:
@@ -183,11 +206,20 @@ def candidate_of(spec: Spec) -> Candidate:
                      frozen=("encoder",) if spec.frozen else ())
 
 
-def predict_spec(spec: Spec, profile, base_model):
+@functools.lru_cache(maxsize=None)
+def spec_model(path: str):
+    return load_model(path)
+
+
+def predict_spec(spec: Spec, profile):
     """``spec``'s candidate predicted on ``profile``: (prediction, the model as run, the workload)."""
-    candidate = candidate_of(spec)
-    workload = packed(spec.num_microbatches, spec.dp)
+    candidate, base_model, workload = candidate_of(spec), spec_model(spec.model), spec.workload()
     return predict(candidate, base_model, workload, profile, OPTIONS), candidate.model_of(base_model), workload
+
+
+def roofline_s(spec: Spec, profile) -> float:
+    """What the roofline alone predicts for ``spec`` (:func:`fidelity_small.roofline_profile`)."""
+    return predict_spec(spec, fidelity_small.roofline_profile(profile))[0].timeline.makespan_s
 
 
 def encoder_share(profile) -> float:
@@ -202,17 +234,17 @@ def encoder_share(profile) -> float:
     return sum(weights[:enc]) / sum(weights)
 
 
-def make_plans(folder: Path, specs: list[Spec], profiles: dict[int, Path]) -> list[tuple[Spec, str, dict]]:
-    base = load_model(str(MODEL_PATH))
+def make_plans(folder: Path, specs: list[Spec], profiles: dict[int, Path]) -> list[tuple[Spec, str, dict, float]]:
+    """Each spec's plan file, its record and what the roofline alone predicts for it."""
     out = []
     for index, spec in enumerate(specs):
         profile = load_profile(profiles[spec.world])
-        prediction, model, workload = predict_spec(spec, profile, base)
-        inputs = PlanInputs(str(MODEL_PATH), ("encoder",) if spec.frozen else (), str(profiles[spec.world]))
+        prediction, model, workload = predict_spec(spec, profile)
+        inputs = PlanInputs(spec.model, ("encoder",) if spec.frozen else (), str(profiles[spec.world]))
         record = plan_record(prediction, model, workload, profile, inputs)
         path = folder / f"plan{index:02d}.json"
         dump_plan(record, path)
-        out.append((spec, str(path), record))
+        out.append((spec, str(path), record, roofline_s(spec, profile)))
     return out
 
 
@@ -272,14 +304,34 @@ def corrected_s(plan: dict) -> float:
     return statistics.median(run_predicted_s(plan, run) * run_probe_factor(plan, run) for run in plan["runs"])
 
 
+def plan_roofline_s(plan: dict) -> float:
+    """What the roofline alone predicts for a plan: the median of its runs' (NaN in a record without it)."""
+    values = [run.get("roofline_s", plan.get("roofline_s")) for run in plan["runs"]]
+    return float("nan") if None in values else statistics.median(values)
+
+
+SETS = {"": "main", "small_": "small"}
+"""Figure-key prefix -> the plans' set (a record from before the small set has only the main one)."""
+
+
 def summarize_record(record: dict) -> dict:
-    """Every figure, from the record's raw step times and probes (what ``--replot`` prints)."""
+    """Every figure, from the record's raw step times and probes (what ``--replot`` prints): per set,
+    the profile's prediction (``raw``), probe-corrected, and the roofline alone where the record has it."""
     plans = record["plans"]
     measured = [measured_s(r["runs"]) for r in plans]
     predicted = [predicted_s(r) for r in plans]
     corrected = [corrected_s(r) for r in plans]
-    out = {"measured_s": measured, "predicted_s": predicted, "corrected_s": corrected,
-           "raw": figures(predicted, measured), "probe_corrected": figures(corrected, measured)}
+    roofline = [plan_roofline_s(r) for r in plans]
+    out = {"measured_s": measured, "predicted_s": predicted, "corrected_s": corrected, "roofline_s": roofline}
+    for prefix, name in SETS.items():
+        chosen = [i for i, r in enumerate(plans) if r.get("set", "main") == name]
+        if not chosen:
+            continue
+        pick = lambda values: [values[i] for i in chosen]  # noqa: E731
+        out[f"{prefix}raw"] = figures(pick(predicted), pick(measured))
+        out[f"{prefix}probe_corrected"] = figures(pick(corrected), pick(measured))
+        if not any(np.isnan(pick(roofline))):
+            out[f"{prefix}roofline"] = figures(pick(roofline), pick(measured))
     for pp, rows in record.get("emulated", {}).items():
         out[f"emulated_P{pp}"] = figures([r["predicted_s"] for r in rows], [measured_s(r["runs"]) for r in rows])
     return out
@@ -316,13 +368,16 @@ def trace_breakdown(trace: dict, num_ranks: int) -> dict[str, float]:
 
 
 def measure_profile(path: Path, world: int, quick: bool) -> dict:
-    """Profile this machine for ``world`` local ranks (layers calibrated by all of them at once)."""
+    """Profile this machine for ``world`` local ranks (layers calibrated by all of them at once), with
+    the host's dispatch cost and the kernel sweeps."""
     from mpipe_tune.profiler.build import assemble_profile, profile_device
+    from mpipe_tune.profiler.shapes import kernel_sweep_settings
 
     started = time.perf_counter()
     with ForeignLoad() as load:
         measurements = profile_device("cpu", world, ("fp32",), quick=quick, progress=lambda _: None,
-                                      calibration=load_model(str(MODEL_PATH)), calibration_tokens=CALIBRATION_TOKENS)
+                                      calibration=load_model(str(MODEL_PATH)), calibration_tokens=CALIBRATION_TOKENS,
+                                      kernel_settings=kernel_sweep_settings("cpu", quick=quick))
     dump_profile(assemble_profile(measurements, name=path.stem), path)
     return {"world": world, "wall_s": time.perf_counter() - started, "foreign_cpu_share": load.share}
 
@@ -395,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where measured profiles go (default benchmarks/profiles; a scratch folder with --quick)")
     parser.add_argument("--only", default=None, metavar="WORDS",
                         help="run only the plans whose label contains one of these comma-separated words, e.g. tp2")
+    parser.add_argument("--set", choices=("all", "main", "small"), default="all",
+                        help="the plans of small-vit-llm (main), the small-model short-sequence set (small, "
+                             "benchmarks/fidelity_small.py) or both (default)")
     parser.add_argument("--no-emulated", action="store_true", help="skip the emulated-compute rows")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of every plan (default 3; 1 with --quick)")
     parser.add_argument("--reprofile", action="store_true",
@@ -403,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="steps per plan and round (the first is warm-up)")
     parser.add_argument("--emulated-steps", type=int, default=4)
     parser.add_argument("--quick", action="store_true",
-                        help=f"an end-to-end check: the plans {', '.join(QUICK)}, 1 round of 3 steps, quick "
+                        help=f"an end-to-end check: the plans {', '.join(QUICK + fidelity_small.QUICK)}, 1 round of 3 steps, quick "
                              f"profiles in a scratch folder, emulated P=8 with megatron and mpipe-rr, no waiting")
     parser.add_argument("--quiet-below", type=float, default=0.05,
                         help="keep a measurement (the profile, each plan's run) only when other jobs took less than "
@@ -435,13 +493,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     base = load_model(str(MODEL_PATH))
-    specs = [s for s in plan_specs(base) if not args.quick or s.label in QUICK]
+    every = {"main": plan_specs(base), "small": small_specs()}
+    every["all"] = every["main"] + every["small"]
+    specs = [s for s in every[args.set] if not args.quick or s.label in QUICK + fidelity_small.QUICK]
     if args.only:
         words = [w.strip() for w in args.only.split(",") if w.strip()]
         specs = [s for s in specs if any(w in s.label for w in words)]
         if not specs:
             raise SystemExit(f"--only {args.only!r}: no plan's label contains it; labels: "
-                             f"{', '.join(s.label for s in plan_specs(base))}")
+                             f"{', '.join(s.label for s in every[args.set])}")
     started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
@@ -482,11 +542,12 @@ def main(argv: list[str] | None = None) -> int:
                 loaded_probes = {world: profile_probe_s(p, PROBE_TOKENS) for world, p in loaded.items()}
             order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
             for i in order:
-                spec, path, _ = plans[i]
+                spec, path, _, _ = plans[i]
                 result, tries = quiet_run(path, args.steps, spec.world, args.quiet_below, args.max_wait, args.max_tries)
                 runs[i].append(run_record(result, tries, spec.world))
                 if args.reprofile:
-                    runs[i][-1]["predicted_s"] = predict_spec(spec, loaded[spec.world], base)[0].timeline.makespan_s
+                    runs[i][-1]["predicted_s"] = predict_spec(spec, loaded[spec.world])[0].timeline.makespan_s
+                    runs[i][-1]["roofline_s"] = roofline_s(spec, loaded[spec.world])
                     runs[i][-1]["profile_probe_s"] = loaded_probes[spec.world]
             print(f"round {r} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         conditions["runs_wall_s"] = time.perf_counter() - started
@@ -500,7 +561,8 @@ def main(argv: list[str] | None = None) -> int:
         "dp": spec.dp, "world": spec.world, "frozen_encoder": spec.frozen, "slabs": record["candidate"]["slabs"],
         "owners": record["candidate"]["owners"], "profile": str(profile_files[spec.world]),
         "predicted_s": record["predicted"]["makespan_s"], "profile_probe_s": probes[spec.world], "runs": plan_runs,
-    } for (spec, _path, record), plan_runs in zip(plans, runs)]
+        "set": spec.group, "model": os.path.relpath(spec.model, HERE.parent), "roofline_s": roofline,
+    } for (spec, _path, record, roofline), plan_runs in zip(plans, runs)]
     record = {
         "command": "python benchmarks/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.date.today().isoformat(), "started": started_at,
@@ -511,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         "encoder_share": share,
     }
     record["figures"] = {k: v for k, v in summarize_record(record).items()
-                         if k not in ("measured_s", "predicted_s", "corrected_s")}
+                         if k not in ("measured_s", "predicted_s", "corrected_s", "roofline_s")}
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     if args.plot:
@@ -532,7 +594,9 @@ def plans_frame(record: dict) -> pd.DataFrame:
         "error": p / m - 1, "corrected_s": c, "corrected_error": c / m - 1,
         "run_medians_s": [statistics.median(run["step_times_s"][1:]) for run in r["runs"]],
         "probe_factors": [run_probe_factor(r, run) for run in r["runs"]],
-    } for r, p, m, c in zip(record["plans"], summary["predicted_s"], summary["measured_s"], summary["corrected_s"])])
+        "roofline_s": f, "roofline_error": f / m - 1,
+    } for r, p, m, c, f in zip(record["plans"], summary["predicted_s"], summary["measured_s"], summary["corrected_s"],
+                               summary["roofline_s"])])
 
 
 def figures_frame(record: dict) -> pd.DataFrame:
@@ -540,13 +604,20 @@ def figures_frame(record: dict) -> pd.DataFrame:
     summary = summarize_record(record)
     names = {"raw": "real compute, the profile's prediction",
              "probe_corrected": "real compute, probe-corrected",
+             "roofline": "real compute, the roofline alone",
+             "small_raw": "small set, the profile's prediction",
+             "small_probe_corrected": "small set, probe-corrected",
+             "small_roofline": "small set, the roofline alone",
              **{f"emulated_P{pp}": f"emulated compute, P={pp} baselines" for pp in record.get("emulated", {})}}
     return pd.DataFrame.from_records([{"prediction": name, "plans": _count(record, key), **summary[key]}
-                                      for key, name in names.items()])
+                                      for key, name in names.items() if key in summary])
 
 
 def _count(record: dict, key: str) -> int:
-    return len(record["plans"]) if not key.startswith("emulated") else len(record["emulated"][key.removeprefix("emulated_P")])
+    if key.startswith("emulated"):
+        return len(record["emulated"][key.removeprefix("emulated_P")])
+    group = "small" if key.startswith("small_") else "main"
+    return sum(r.get("set", "main") == group for r in record["plans"])
 
 
 def _list(key: str, fmt):
@@ -564,6 +635,8 @@ PLAN_COLUMNS = (
     Column("corrected error", text("corrected_error", "+.1%"), ">"),
     Column("measured per run ms", _list("run_medians_s", lambda v: f"{v * 1e3:.0f}")),
     Column("probe factor per run", _list("probe_factors", lambda v: f"{v:.3f}")),
+    Column("roofline alone ms", ms("roofline_s", ".1f"), ">"),
+    Column("roofline error", text("roofline_error", "+.1%"), ">"),
 )
 FIGURE_COLUMNS = (
     Column("prediction", text("prediction")),
@@ -615,21 +688,30 @@ def plot(record: dict, path: str) -> None:
 
     summary = summarize_record(record)
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
-    measured = np.array(summary["measured_s"]) * 1e3
-    series = [("the profile's prediction", np.array(summary["predicted_s"]) * 1e3, "o", "C0",
-               summary["raw"]),
-              ("probe-corrected", np.array(summary["corrected_s"]) * 1e3, "s", "C2", summary["probe_corrected"])]
+    measured_all = np.array(summary["measured_s"]) * 1e3
+    sets = np.array([r.get("set", "main") for r in record["plans"]])
+    series = [(f"{name}: {label}", sets == name, np.array(summary[values]) * 1e3, marker, colour, summary[key])
+              for key, name, label, values, marker, colour in (
+                  ("raw", "main", "the profile's prediction", "predicted_s", "o", "C0"),
+                  ("probe_corrected", "main", "probe-corrected", "corrected_s", "s", "C2"),
+                  ("small_raw", "small", "the profile's prediction", "predicted_s", "^", "C1"),
+                  ("small_roofline", "small", "the roofline alone", "roofline_s", "v", "C3"))
+              if key in summary]
     ax = axes[0]
-    everything = np.concatenate([measured, series[0][1], series[1][1]])
+    everything = np.concatenate([measured_all, *(predicted[chosen] for _, chosen, predicted, *_ in series)])
     lo, hi = everything.min() * 0.9, everything.max() * 1.1
     grid = np.array([lo, hi])
     ax.fill_between(grid, grid * 0.95, grid * 1.05, color="0.9", label="±5%")
     ax.plot(grid, grid, color="0.5", lw=1)
-    for label, predicted, marker, colour, f in series:
-        ax.scatter(measured, predicted, marker=marker, color=colour, facecolors="none" if marker == "s" else colour,
+    for label, chosen, predicted, marker, colour, f in series:
+        ax.scatter(measured_all[chosen], predicted[chosen], marker=marker, color=colour,
+                   facecolors="none" if marker == "s" else colour,
                    label=f"{label}: MAPE {f['mape']:.1%}, tau {f['kendall_tau']:.2f}, best gap {f['best_gap']:.1%}")
-    for i, (m, p) in enumerate(zip(measured, series[0][1])):
+    for i, (m, p) in enumerate(zip(measured_all, np.array(summary["predicted_s"]) * 1e3)):
         ax.annotate(str(i), (m, p), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    if len(series) > 2:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured step time (ms)")

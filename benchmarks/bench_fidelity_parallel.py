@@ -10,8 +10,10 @@ layers calibrated (``--profile``, or measured first with ``mpipe-tune profile --
   cp ranks by point-to-point); with sequence parallelism (rows all-gathered into and reduce-scattered
   out of each tensor-parallel region); and with the encoder at tp 1 under tp 2 (encoder groups):
   measured beside the prediction that charges those all-to-alls, ring steps, collectives and gathers;
-- ZeRO stages 1 and 3 of the same plans (``zero1``/``zero3``): the sharded update and all-gather, and
-  FSDP2's per-layer gathers and reduce-scatters, against the cost model's charges for them;
+- ZeRO stages 1, 2 and 3 of the same plans (``zero1``/``zero2``/``zero3``; stage 3 at its default reshard
+  policy, keeping the weights at pp 2 and resharding at pp 1, and at the other one): the sharded update
+  and all-gather, and FSDP2's gathers and reduce-scatters, against the cost model's charges for them,
+  whose overlap with compute the profile's measured ``comm_compute_overlap`` sets;
 - emulated compute: the same plans: every compute event sleeps its predicted seconds, so this
   measures the executor's realisation of the predicted schedule (transfers, waits, reduces).
 
@@ -69,8 +71,10 @@ class Case:
     sequence_parallel: bool = False
     encoder_tp: int | None = None
     zero_stage: int = 0
-    """0: every replica updates all its weights; 1: each its shard, then all-gathers (ZeRO-1); 3: FSDP2's
-    full sharding (weights gathered per layer before forward and backward, gradients reduce-scattered)."""
+    """0: every replica updates all its weights; 1: each its shard, then all-gathers (ZeRO-1); 2: FSDP2 with
+    the weights kept through the step, gradients reduce-scattered every backward; 3: FSDP2's full sharding."""
+    reshard_after_forward: bool | None = None
+    """Stage 3's reshard policy; None: the default for the pipeline degree."""
 
 FIRST_LLM = 5
 CASES = (
@@ -89,9 +93,13 @@ CASES = (
     Case("tp2 cp2 sp", "1f1b", (), 1, tp=2, cp=2, sequence_parallel=True),
     Case("pp2 tp2 encoder tp1", "transpose,1f1b", (FIRST_LLM,), 2, tp=2, encoder_tp=1),
     Case("pp2 dp2 zero1", "1f1b", (), 2, dp=2, zero_stage=1),
+    Case("pp2 dp2 zero2", "1f1b", (), 2, dp=2, zero_stage=2),
     Case("pp2 dp2 zero3", "1f1b", (), 2, dp=2, zero_stage=3),
+    Case("pp2 dp2 zero3 reshard", "1f1b", (), 2, dp=2, zero_stage=3, reshard_after_forward=True),
     Case("dp4 ep2 zero1", "1f1b", (), 1, dp=4, ep=2, zero_stage=1),
+    Case("dp4 ep2 zero2", "1f1b", (), 1, dp=4, ep=2, zero_stage=2),
     Case("dp4 ep2 zero3", "1f1b", (), 1, dp=4, ep=2, zero_stage=3),
+    Case("dp4 ep2 zero3 keep", "1f1b", (), 1, dp=4, ep=2, zero_stage=3, reshard_after_forward=False),
 )
 
 
@@ -100,8 +108,9 @@ def make_plan(case: Case, profile_path: Path, folder: Path) -> Path:
     candidate = Candidate(case.schedule, case.cut, pp=case.pp, tp=case.tp, dp=case.dp, num_microbatches=len(WORKLOAD),
                           owner_policy="round-robin" if "transpose" in case.schedule else None, dtype="fp32",
                           ep=case.ep, cp=case.cp, sequence_parallel=case.sequence_parallel, encoder_tp=case.encoder_tp,
-                          zero_stage=case.zero_stage)
-    options = replace(OPTIONS, shard_optimizer=case.zero_stage >= 1, shard_parameters=case.zero_stage >= 3)
+                          zero_stage=case.zero_stage, reshard_after_forward=case.reshard_after_forward)
+    options = replace(OPTIONS, shard_optimizer=case.zero_stage >= 1, shard_gradients=case.zero_stage == 2,
+                      shard_parameters=case.zero_stage >= 3, reshard_after_forward=candidate.reshards_after_forward)
     prediction = predict(candidate, model, WORKLOAD, profile, options)
     path = folder / (case.label.replace(" ", "-") + ".json")
     dump_plan(plan_record(prediction, model, WORKLOAD, profile, PlanInputs(str(MODEL_PATH), (), str(profile_path))),

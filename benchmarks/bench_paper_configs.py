@@ -99,11 +99,12 @@ EXPERIMENTS = (
               "(DeepSeek-V3's own recipe, pipeline 16 with expert parallelism and no tensor parallelism, at 512 dies), "
               "M=32, 1,024 sequences a step, and the `balanced` mix for the paper's internal dataset"),
     Experiment(
-        "B", "qwen2vl-vit-llama3-8b", 8, pp=8, tp=1, dp=1, ep=1, microbatches=16, global_batch=16,
+        "B", "benchmarks/models/Qwen3.5-9B/config.json", 8, pp=8, tp=1, dp=1, ep=1, microbatches=16, global_batch=16,
         baseline="megatron", paper="11.01 s -> 4.07 s, 2.70x vs Megatron-LM", paper_speedup=2.70,
         dataset=CAPSFUSION, seq_len=4096,
-        setup="paper: a Qwen3.5-based MLLM, 8 devices, CapsFusion, the Megatron-LM baseline; ours: the layout "
-              "(pp8, M=16), 16 sequences of 4,096 tokens a step, the CapsFusion-shaped manifest"),
+        setup="paper: a Qwen3.5-based MLLM, 8 devices, CapsFusion, the Megatron-LM baseline; ours: the size, "
+              "Qwen3.5-9B with its own ViT (the paper names none), the layout (pp8, M=16), 16 sequences of 4,096 "
+              "tokens a step, the CapsFusion-shaped manifest"),
 )
 
 
@@ -222,14 +223,23 @@ def emulated() -> None:
     e = next(x for x in EXPERIMENTS if x.key == "B")
     with tempfile.TemporaryDirectory() as folder:
         _plan, _wall = _cli(plan_argv(e, pinned=True), folder)
-        argv = ["bench", f"{folder}/plan.json", "--compute", "emulated", "--plans", f"best,{e.baseline}", "--json",
-                "--no-progress"]
+        argv = ["bench", f"{folder}/plan.json", "--compute", "emulated", "--plans", f"best,mpipe-rr,{e.baseline}",
+                "--json", "--no-progress"]
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *argv], capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr
-    print(f"`mpipe-tune {' '.join(plan_argv(e, pinned=True))}` then `mpipe-tune {' '.join(argv)}` "
-          f"({time.perf_counter() - start:.0f} s wall)")
-    print(json.dumps(json.loads(proc.stdout), indent=1))
+    out = json.loads(proc.stdout)
+    print(f"`mpipe-tune {' '.join(plan_argv(e, pinned=True))} --out plan.json` then `mpipe-tune bench plan.json "
+          f"--compute emulated --plans best,mpipe-rr,{e.baseline}` ({time.perf_counter() - start:.0f} s wall, "
+          f"{out['rounds']} rounds of {out['steps']} steps)\n")
+    print(f"| plan | schedule | predicted s | measured s | measured / predicted | speedup over {e.baseline} "
+          f"predicted | measured |")
+    print("|---|---|---|---|---|---|---|")
+    ref = next(r for r in out["plans"] if r["name"] == e.baseline)
+    for r in out["plans"]:
+        print(f"| {r['name']} | `<{r['schedule']}>` | {r['predicted_step_s']:.2f} | {r['measured_step_s']:.2f} | "
+              f"{r['ratio']:.3f} | {ref['predicted_step_s'] / r['predicted_step_s']:.2f}x | "
+              f"{ref['measured_step_s'] / r['measured_step_s']:.2f}x |")
 
 
 def main() -> None:

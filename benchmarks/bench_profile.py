@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from mpipe_tune.cost.profile import load_profile
@@ -33,6 +34,12 @@ def figures(path: Path) -> dict[str, float]:
             out[f"{collective} fit R^2 (log t)"] = p.provenance[f"links.{link_class}.{collective}"]["fit_r2"]
     for kind, value in p.efficiency.items():
         out[f"efficiency {kind}"] = value
+    if p.host is not None:
+        out["host dispatch (us)"] = p.host.dispatch_s * 1e6
+        out["host sync (us)"] = p.host.sync_s * 1e6
+    for family, curve in asdict(p.kernel_efficiency).items() if p.kernel_efficiency else ():
+        for name, value in (curve or {}).items():
+            out[f"kernel {family} {name}"] = value
     return out
 
 

@@ -66,7 +66,8 @@ from mpipe_tune.inputs.workload import Mix, Workload, sample_workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record, plan_section
 from mpipe_tune.search import Candidate, Evaluator, Problem, SearchSpace, SpaceOptions, evaluate_baselines
-from mpipe_tune.search.families import OWN, search_family
+from mpipe_tune.plan_file import OWN
+from mpipe_tune.search.families import search_family
 from mpipe_tune.inputs.specs import load_model, load_profile
 
 HERE = Path(__file__).resolve().parent

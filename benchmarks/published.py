@@ -19,7 +19,7 @@ import yaml
 
 from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.model import Model
-from mpipe_tune.algebra.candidate import DTYPE_BYTES, Candidate
+from mpipe_tune.algebra.candidate import DTYPE_BYTES, ZERO_STAGES, Candidate, default_reshard_after_forward
 from mpipe_tune.algebra.schedule import Cut
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.cost.arch_layers import ROPE_FORMS
@@ -79,12 +79,26 @@ class PublishedRun:
     """How the run's trainer applies RoPE (:attr:`~mpipe_tune.cost.layers.CostOptions.rope`): ``fused``
     (Megatron-LM's ``apply_rope_fusion``, on by default in its training arguments and in NeMo's Llama
     configs), ``unfused`` (MindSpeed without ``--use-fused-rotary-pos-emb``) or ``mindspeed_fused`` (with it)."""
+    kernel_mode: str = "fused"
+    """How the run's trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): ``fused``
+    (Megatron-LM and MindSpeed with their fused kernels, the default), ``eager`` (torchtitan without
+    ``torch.compile``), ``compiled`` (with it)."""
     zero_stage: int | None = None
     """The ZeRO stage where the run states more than :attr:`distributed_optimizer` says: 3 where its framework
-    keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.fsdp`); None: 1 with a
-    distributed optimizer, else 0. A stage given needs :attr:`zero_source`."""
+    keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.fsdp`), 2 where only the
+    gradients and the optimizer state are; None: 1 with a distributed optimizer, else 0. A stage given needs
+    :attr:`zero_source`."""
+    reshard_after_forward: bool | None = None
+    """At stage 3, whether the run gathers the weights again for every forward and backward (FSDP2's
+    ``reshard_after_forward``) or keeps them through the step; None: the default for its pipeline degree."""
     zero_source: str = ""
     """Where the run's configuration and its framework's documentation say so (file and line, pinned)."""
+    moe_dispatcher: str = "alltoall"
+    """The MoE token dispatcher (Megatron-Core's ``--moe-token-dispatcher-type``; :mod:`mpipe_tune.cost.moe`)."""
+    moe_capacity_factor: float | None = None
+    """The expert capacity factor (``--moe-expert-capacity-factor``); None: dropless."""
+    moe_pad_to_capacity: bool = False
+    """Every expert padded to its capacity (``--moe-pad-expert-input-to-capacity``)."""
     excluded: str = ""
     """Why the run is outside what its profile describes (another code path or machine, a setting the cost model
     cannot express): shown with its prediction, counted in no fit and no held-out figure. Empty: in scope."""
@@ -136,10 +150,14 @@ def load_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
 
 
 def _validate(run: PublishedRun, path: Path) -> None:
-    if run.zero_stage is not None and (run.zero_stage not in (0, 1, 3) or not run.zero_source
+    if run.zero_stage is not None and (run.zero_stage not in ZERO_STAGES or not run.zero_source
                                        or (run.zero_stage >= 1) != run.distributed_optimizer):
-        raise MpipeError(f"{path}: run {run.name} has zero_stage {run.zero_stage!r}: give 0, 1 or 3, agreeing with "
-                         f"distributed_optimizer, and cite the setting in zero_source")
+        raise MpipeError(f"{path}: run {run.name} has zero_stage {run.zero_stage!r}: give one of "
+                         f"{', '.join(map(str, ZERO_STAGES))}, agreeing with distributed_optimizer, and cite the setting "
+                         f"in zero_source")
+    if run.reshard_after_forward is not None and run.zero_stage != 3:
+        raise MpipeError(f"{path}: run {run.name} gives reshard_after_forward, which only ZeRO stage 3 has; give "
+                         f"zero_stage 3 or leave it out")
     if run.rope not in ROPE_FORMS:
         raise MpipeError(f"{path}: run {run.name} has rope {run.rope!r}; use one of {', '.join(ROPE_FORMS)}")
     if run.split not in SPLITS:
@@ -175,9 +193,18 @@ def run_options(run: PublishedRun) -> CostOptions:
                        optimizer_bytes_per_param=run.optimizer_bytes_per_param, dtype=run.dtype,
                        degrees=Degrees(run.pp, tp=run.tp, dp=run.dp, cp=run.cp, ep=run.ep),
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
-                       shard_parameters=run.zero_stage == 3,
+                       shard_gradients=run.zero_stage == 2, shard_parameters=run.zero_stage == 3,
+                       reshard_after_forward=run_candidate_reshards(run),
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
-                       rope=run.rope)
+                       rope=run.rope, kernel_mode=run.kernel_mode, moe_dispatcher=run.moe_dispatcher,
+                       moe_capacity_factor=run.moe_capacity_factor, moe_pad_to_capacity=run.moe_pad_to_capacity)
+
+
+def run_candidate_reshards(run: PublishedRun) -> bool:
+    """Whether the run's stage 3 gathers per microbatch (its policy, or the default for its pipeline degree)."""
+    if run.reshard_after_forward is not None:
+        return run.reshard_after_forward
+    return default_reshard_after_forward(run.pp)
 
 
 def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] | None = None
@@ -226,5 +253,6 @@ def predict_run(run: PublishedRun, profile: HardwareProfile | None = None) -> Pr
     candidate = Candidate(schedule, cut.boundaries, pp=run.pp, tp=options.degrees.tp, dp=options.degrees.dp,
                           num_microbatches=run.num_sequences, slab_counts=slabs, recompute=options.recompute,
                           ep=options.degrees.ep, cp=options.degrees.cp, zero_stage=options.zero_stage,
+                          reshard_after_forward=run.reshard_after_forward,
                           sequence_parallel=options.sequence_parallel, dtype=options.dtype)
     return predict(candidate, model, workload, profile, options)

@@ -58,6 +58,23 @@ def ctrl_c_after(args: list[str], line_start: str) -> tuple[int, str, str, int]:
     return proc.returncode, out.decode(), (said + err).decode(), proc.pid
 
 
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def benchmark_module(name: str):
+    """A fixture body: the benchmark script ``benchmarks/<name>.py`` imported as a module (the benchmarks folder on
+    ``sys.path`` for its sibling imports, its name in ``sys.modules`` for its dataclasses), both undone after."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        sys.modules.pop(name, None)
+
+
 def make_model(blocks, fwd=1.0, bwd=2.0, trainable=None, name="test") -> Model:
     """One explicit-cost layer per entry of ``blocks`` (e.g. ["encoder", "encoder", "llm", ...])."""
     trainable = trainable or [True] * len(blocks)
@@ -93,7 +110,8 @@ def candidate(cut, schedule, num_ranks: int, num_microbatches: int, *, slab_coun
     return Candidate(str(schedule), tuple(cut.boundaries), pp=num_ranks, tp=o.degrees.tp, dp=o.degrees.dp,
                      num_microbatches=num_microbatches, slab_counts=slab_counts, owner_map=owners,
                      recompute=o.recompute, ep=o.degrees.ep, cp=o.degrees.cp, zero_stage=o.zero_stage,
-                     sequence_parallel=o.sequence_parallel, encoder_tp=o.degrees.encoder_tp, dtype=o.dtype)
+                     sequence_parallel=o.sequence_parallel, encoder_tp=o.degrees.encoder_tp, dtype=o.dtype,
+                     reshard_after_forward=o.reshard_after_forward if o.zero_stage == 3 else None)
 
 
 def predict_plan(cut, schedule, model, workload, profile, num_ranks: int, *, num_microbatches=None, slab_counts=None,

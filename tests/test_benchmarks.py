@@ -104,6 +104,42 @@ def test_there_are_24_plans_or_more_with_data_and_tensor_parallel_ones(fidelity)
     assert set(fidelity.QUICK) <= {s.label for s in specs}
 
 
+def test_the_small_set_is_micro_batch_1_short_sequences_on_two_ranks(fidelity):
+    specs = fidelity.small_specs()
+    assert len(specs) >= 12 and len({s.label for s in specs}) == len(specs)
+    assert set(fidelity.fidelity_small.QUICK) <= {s.label for s in specs}
+    for spec in specs:
+        workload = spec.workload()
+        assert spec.world == 2 and spec.group == "small" and 64 <= spec.sample_tokens <= 256
+        assert len(workload.microbatches) == spec.num_microbatches  # one sample a microbatch
+        assert {mb.text_tokens for mb in workload.microbatches} == {spec.sample_tokens}
+        hidden = fidelity.spec_model(spec.model).layers[-1].cost.dims_dict()["hidden"]
+        assert 128 <= hidden <= 512
+
+
+def test_the_roofline_alone_drops_every_per_call_term_and_keeps_the_efficiencies(fidelity):
+    from mpipe_tune.cost.profile import load_profile
+
+    profile = load_profile(BENCHMARKS / "profiles" / "fidelity-vm.json")
+    assert profile.call_overhead_for("dense_block") != (0.0, 0.0)  # calibrated: the test has something to drop
+    bare = fidelity.fidelity_small.roofline_profile(profile)
+    for kind in profile.efficiency:
+        assert bare.efficiency_for(kind) == profile.efficiency_for(kind)
+        assert bare.call_overhead_for(kind) == (0.0, 0.0) and bare.tp_overhead_for(kind, 2) == (0.0, 0.0)
+    spec = fidelity.small_specs()[0]
+    assert fidelity.roofline_s(spec, profile) < fidelity.predict_spec(spec, profile)[0].timeline.makespan_s
+
+
+def test_each_set_has_its_own_figures_and_the_roofline_beside(fidelity):
+    main = _plan("a", 1.0, [_run([9.0, 1.1], 0.01, 0.01)])
+    small = [{**_plan("s1", 1.0, [_run([9.0, 2.0], 0.01, 0.01)]), "set": "small", "roofline_s": 0.5},
+             {**_plan("s2", 2.0, [_run([9.0, 2.0], 0.01, 0.01)]), "set": "small", "roofline_s": 1.0}]
+    summary = fidelity.summarize_record(_record([main, *small]))
+    assert summary["raw"]["mape"] == pytest.approx(1 / 11)  # the main set's figures: its plans alone
+    assert summary["small_raw"]["mape"] == pytest.approx(0.25) and summary["small_roofline"]["mape"] == pytest.approx(0.625)
+    assert "roofline" not in summary  # the main plan's record has no roofline prediction
+
+
 def test_the_sweep_places_the_real_compute_point_from_the_fidelity_record(fidelity):
     spec = importlib.util.spec_from_file_location("bench_sweep", BENCHMARKS / "bench_sweep.py")
     sweep = importlib.util.module_from_spec(spec)

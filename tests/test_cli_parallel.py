@@ -32,18 +32,20 @@ def test_predict_shows_the_degrees_and_memory_policy(capsys):
     assert (record["ep"], record["cp"], record["recompute"]) == (1, 2, True)
 
 
-def test_predict_zero_3_shards_the_weights_and_zero_2_is_refused(capsys):
-    peaks = {}
-    for stage in ("1", "3"):
-        assert main(["predict", "--model", MOE, "--schedule", "1f1b", "--pp", "2", "--dp", "4", "--zero", stage,
-                     "--json"]) == 0
+def test_predict_zero_2_and_3_shard_what_they_say_and_a_bad_stage_is_refused(capsys):
+    peaks, steps = {}, {}
+    for setting in ("1", "2", "3", "3-reshard", "3-keep"):
+        assert main(["predict", "--model", MOE, "--profile", "h100-sxm", "--schedule", "1f1b", "--pp", "2", "--dp", "4",
+                     "--zero", setting, "--json"]) == 0
         record = json.loads(capsys.readouterr().out)
-        assert record["zero_stage"] == int(stage)
-        peaks[stage] = max(r["memory"]["static_bytes"] for r in record["ranks"])
-    assert peaks["3"] < peaks["1"]
+        assert record["zero_stage"] == int(setting[0])
+        peaks[setting] = max(r["memory"]["static_bytes"] for r in record["ranks"])
+        steps[setting] = record["makespan_s"]
+    assert max(peaks["3-reshard"], peaks["2"]) < peaks["1"] == peaks["3-keep"] == peaks["3"]  # pp 2: keep by default
+    assert steps["1"] == steps["3-keep"] <= steps["2"] <= steps["3-reshard"] and steps["1"] < steps["3-reshard"]
     with pytest.raises(SystemExit) as exit_:
-        main(["predict", "--model", MOE, "--schedule", "1f1b", "--pp", "2", "--zero", "2"])
-    one_line_error(capsys, exit_.value.code, "invalid choice: 2 (choose from 0, 1, 3)")
+        main(["predict", "--model", MOE, "--schedule", "1f1b", "--pp", "2", "--zero", "4"])
+    one_line_error(capsys, exit_.value.code, "invalid choice: '4' (choose from '0', '1', '2', '3', '3-reshard', '3-keep')")
 
 
 def test_predict_refuses_an_expert_degree_that_does_not_divide_dp(capsys):

@@ -2,30 +2,19 @@
 what its generator writes and reads as one image and a short caption a sample; Experiment A's layout is a plan
 on 512 dies of the per-die 910C profile."""
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import benchmark_module
 from mpipe_tune.search.baselines import baseline
 from mpipe_tune.search.evaluate import Evaluator
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_paper_configs.py"
 
 
 @pytest.fixture(scope="module")
 def paper():
-    spec = importlib.util.spec_from_file_location("bench_paper_configs", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+    yield from benchmark_module("bench_paper_configs")
 
 
 def test_the_shipped_manifest_is_what_the_generator_writes(paper) -> None:
@@ -39,8 +28,9 @@ def test_capsfusion_shaped_samples_are_one_image_and_a_short_caption(paper) -> N
     from mpipe_tune.inputs.specs import load_model
     from mpipe_tune.inputs.workload_spec import DatasetOptions, load_dataset
 
-    model = load_model("qwen2vl-vit-llama3-8b")
-    dataset, _ = load_dataset(str(paper.CAPSFUSION), "qwen2vl-vit-llama3-8b", model, DatasetOptions())
+    b = next(e for e in paper.EXPERIMENTS if e.key == "B")
+    model = load_model(b.model)
+    dataset, _ = load_dataset(str(paper.CAPSFUSION), b.model, model, DatasetOptions())
     step = dataset.workload(64, seed=0)  # unpacked: one sample a sequence
     assert all(len(mb.images) == 1 for mb in step.microbatches)
     text = np.array([mb.text_tokens - mb.image_tokens for mb in step.microbatches])

@@ -39,30 +39,50 @@ from mpipe_tune.algebra.plan import Plan
 from mpipe_tune.algebra.schedule import Cut, Schedule, Skeleton, parse_schedule
 from mpipe_tune.errors import MpipeError
 
-__all__ = ["DTYPE_BYTES", "GRAD_REDUCE_DTYPES", "MAX_DEVICES", "RECOMPUTE_GRANULARITIES", "ROUND_ROBIN", "ZERO_STAGES",
-           "Candidate", "Degrees", "default_cut", "normalize_recompute", "recompute_granularity", "validate_zero_stage"]
+__all__ = ["DTYPE_BYTES", "GRAD_REDUCE_DTYPES", "MAX_DEVICES", "MOE_DISPATCHERS", "RECOMPUTE_GRANULARITIES", "ROUND_ROBIN",
+           "ZERO_SETTINGS", "ZERO_STAGES", "Candidate", "Degrees", "default_cut", "default_reshard_after_forward",
+           "normalize_recompute", "recompute_granularity", "validate_zero_stage"]
 MAX_DEVICES = 1 << 16
 """The most devices a problem or a candidate may have (65536): more than any pipeline-parallel training job spans."""
 ROUND_ROBIN = "round-robin"
 """The static owner policy: microbatch m on rank m mod P."""
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 """The dtypes frameworks reduce data-parallel gradients in (``CostOptions.grad_reduce_dtype``)."""
+MOE_DISPATCHERS = ("alltoall", "allgather")
+"""Megatron-Core's MoE token dispatchers the cost model runs (``CostOptions.moe_dispatcher``, :mod:`mpipe_tune.cost.moe`),
+its default first."""
 KERNEL_MODES = ("eager", "fused", "compiled", "graphs")
 """How a trainer launches its kernels (``CostOptions.kernel_mode``, :mod:`mpipe_tune.cost.kernel_model`)."""
 DEFAULT_KERNEL_MODE = "fused"
 """Megatron-LM's: Transformer Engine's fused kernels, issued one by one from Python."""
 
-ZERO_STAGES = (0, 1, 3)
-"""The ZeRO stages a candidate takes: 0 (none), 1 (optimizer state sharded over the data-parallel ranks) and 3
-(weights and gradients too, torch FSDP2's full sharding per layer); stage 2 is not offered."""
+ZERO_STAGES = (0, 1, 2, 3)
+"""The ZeRO stages a candidate takes: 0 (none), 1 (optimizer state sharded over the data-parallel ranks), 2
+(gradients too: reduce-scattered after every backward, the weights gathered once a step) and 3 (the weights
+too, torch FSDP2's full sharding per layer, with a reshard policy: :attr:`Candidate.reshard_after_forward`)."""
 
 
 def validate_zero_stage(value: object, where: str = "the ZeRO stage") -> int:
     """``value`` as a ZeRO stage of :data:`ZERO_STAGES`, or one line naming the allowed values."""
     if isinstance(value, bool) or value not in ZERO_STAGES:
-        raise MpipeError(f"{where} is {value!r}, but it must be one of {', '.join(map(str, ZERO_STAGES))} "
-                         f"(stage 2 is not offered: use 1, or 3 to shard the weights too)")
+        raise MpipeError(f"{where} is {value!r}, but it must be one of {', '.join(map(str, ZERO_STAGES))}")
     return int(value)
+
+
+ZERO_SETTINGS = {"0": (0, None), "1": (1, None), "2": (2, None), "3": (3, None), "3-reshard": (3, True),
+                 "3-keep": (3, False)}
+"""The words of a ZeRO setting on the command line: (stage, :attr:`Candidate.reshard_after_forward`)."""
+
+
+def default_reshard_after_forward(pp: int) -> bool:
+    """Whether ZeRO-3 reshards a stage's weights after each forward when the candidate does not say:
+    at ``pp = 1`` yes (FSDP2's default), under pipeline parallelism no (torchtitan's default there,
+    ``fsdp_reshard_after_forward = "default"``: the gathered weights are kept through the step).
+
+    >>> default_reshard_after_forward(1), default_reshard_after_forward(4)
+    (True, False)
+    """
+    return pp == 1
 
 
 def default_cut(model: Model, num_regions: int) -> Cut:
@@ -107,9 +127,17 @@ class Candidate:
     label: str = ""
     """A baseline's name (``megatron``, ...); empty for searched candidates."""
     zero_stage: int = 1
-    """1: distributed optimizer (ZeRO-1, optimizer state sharded over the data-parallel ranks); 3: weights and
-    gradients sharded too (torch FSDP2's ``fully_shard`` per layer, :mod:`mpipe_tune.cost.fsdp`); 0: none
+    """1: distributed optimizer (ZeRO-1, optimizer state sharded over the data-parallel ranks); 2: gradients
+    sharded too (reduce-scattered after every microbatch's backward, the weights gathered once a step); 3:
+    weights sharded too (torch FSDP2's ``fully_shard`` per layer, :mod:`mpipe_tune.cost.fsdp`); 0: none
     (:data:`ZERO_STAGES`)."""
+    reshard_after_forward: bool | None = None
+    """At ZeRO stage 3, the reshard policy (FSDP2's ``reshard_after_forward``): ``True`` gathers each layer's
+    weights before every forward and again before every backward, ``False`` gathers a stage's weights once
+    before its first forward of the step and keeps them until its last backward, whose gradients are
+    reduce-scattered once (torch pipelining's UNSHARD / RESHARD / REDUCE_GRAD actions, what torchtitan runs
+    under pipeline parallelism); ``None``: the default for the pipeline degree
+    (:func:`default_reshard_after_forward`). Always ``None`` at the other stages."""
     sequence_parallel: bool = False
     """Sequence parallelism with tp (Megatron-LM's)."""
     owner_map: tuple[int, ...] | None = None
@@ -136,7 +164,8 @@ class Candidate:
                  sequence_parallel: bool = False, encoder_tp: int | None = _UNSET,
                  owner_map: tuple[int, ...] | None = None, dtype: str = "bf16", frozen: tuple[str, ...] = (),
                  encoder_backward: str = COOLDOWN, encoder_backward_slots: tuple[int, ...] | None = None,
-                 encoder_backward_ranks: tuple[int, ...] | None = None, *, degrees: Degrees | None = None) -> None:
+                 encoder_backward_ranks: tuple[int, ...] | None = None, reshard_after_forward: bool | None = None, *,
+                 degrees: Degrees | None = None) -> None:
         given = {name: value for name, value in (("pp", pp), ("tp", tp), ("dp", dp), ("ep", ep), ("cp", cp))
                  if value is not None}
         if encoder_tp is not _UNSET:
@@ -153,7 +182,8 @@ class Candidate:
                             ("label", label), ("zero_stage", zero_stage), ("sequence_parallel", sequence_parallel),
                             ("owner_map", owner_map), ("dtype", dtype), ("frozen", frozen),
                             ("encoder_backward", encoder_backward), ("encoder_backward_slots", encoder_backward_slots),
-                            ("encoder_backward_ranks", encoder_backward_ranks)):
+                            ("encoder_backward_ranks", encoder_backward_ranks),
+                            ("reshard_after_forward", reshard_after_forward if zero_stage == 3 else None)):
             object.__setattr__(self, name, value)
 
     @property
@@ -209,6 +239,15 @@ class Candidate:
                              f"or drop the ranks")
 
     @property
+    def reshards_after_forward(self) -> bool:
+        """Whether a ZeRO-3 plan gathers its weights again for every forward and backward
+        (:attr:`reshard_after_forward`, its default resolved); False at the other stages."""
+        if self.zero_stage != 3:
+            return False
+        policy = self.reshard_after_forward
+        return default_reshard_after_forward(self.pp) if policy is None else policy
+
+    @property
     def moves_encoder_backward(self) -> bool:
         """Whether encoder backwards may run off their owners: full recomputation (every layer keeps only
         its input and re-runs its forward, so another rank can re-run a whole encode from the images;
@@ -230,9 +269,10 @@ class Candidate:
     @property
     def setting(self) -> tuple:
         """What a step's prediction depends on besides the schedule, the slabs and the step:
-        (tp, dp, M, recompute, ep, cp, ZeRO stage, sequence parallelism, encoder tp)."""
+        (tp, dp, M, recompute, ep, cp, ZeRO stage, sequence parallelism, encoder tp, whether ZeRO-3 reshards
+        after forward)."""
         return (self.tp, self.dp, self.num_microbatches, self.recompute, self.ep, self.cp, self.zero_stage,
-                self.sequence_parallel, self.encoder_tp)
+                self.sequence_parallel, self.encoder_tp, self.reshards_after_forward)
 
     @property
     def num_devices(self) -> int:
@@ -265,7 +305,8 @@ class Candidate:
             "microbatches": self.num_microbatches, "owner_policy": self.owner_policy,
             "owners": list(self.owner_map) if self.owner_map is not None else None,
             "slabs": [list(c) for c in self.slab_counts] if self.slab_counts else None,
-            "recompute": self.recompute, "zero_stage": self.zero_stage, "sequence_parallel": self.sequence_parallel,
+            "recompute": self.recompute, "zero_stage": self.zero_stage,
+            "reshard_after_forward": self.reshard_after_forward, "sequence_parallel": self.sequence_parallel,
             "dtype": self.dtype, "frozen": list(self.frozen), "label": self.label,
             "encoder_backward": self.encoder_backward,
             "encoder_backward_slots": (list(self.encoder_backward_slots)
@@ -293,4 +334,6 @@ class Candidate:
             encoder_backward=str(data.get("encoder_backward", COOLDOWN)),
             encoder_backward_slots=tuple(int(k) for k in slots) if slots is not None else None,
             encoder_backward_ranks=tuple(int(r) for r in ranks) if ranks is not None else None,
+            reshard_after_forward=(None if data.get("reshard_after_forward") is None
+                                   else bool(data["reshard_after_forward"])),
         )

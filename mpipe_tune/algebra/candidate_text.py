@@ -12,7 +12,9 @@ out at their defaults (a parse gives a left-out piece the candidate's default):
 ``owner map 0,1,2,3``                 explicit owner map
 ``slabs 4-4/2-2``                     slab counts per Sharded region (``slabs -``: no Sharded region)
 ``recompute`` / ``recompute selective``  full or selective recomputation (none: left out)
-``zero0``, ``zero3``, ``sp``          ZeRO stage 0 or 3 (1: left out); sequence parallelism
+``zero0``, ``zero2``, ``sp``          ZeRO stage 0 or 2 (1: left out); sequence parallelism
+``zero3``, ``zero3 reshard``          ZeRO stage 3 at its default reshard policy, or ``reshard`` / ``keep``
+                                      (FSDP2's ``reshard_after_forward`` on / off) when given
 ``fp32``                              the dtype (bf16: left out)
 ``frozen encoder``                    frozen blocks
 ``encoder backward optimised``        the placement (cooldown: left out), with ``(K on other ranks)``
@@ -36,8 +38,14 @@ from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.encoder_backward import COOLDOWN, moved_count
 from mpipe_tune.errors import MpipeError
 
-DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-"""Bytes per element of each compute dtype a candidate may name."""
+DTYPES = {"fp64": (8, "float64"), "fp32": (4, "float32"), "tf32": (4, "float32"), "bf16": (2, "bfloat16"),
+          "fp16": (2, "float16"), "fp8": (1, "float8_e4m3fn"), "int8": (1, "int8")}
+"""The one table of compute dtypes a candidate, a profile or a run may name: bytes per element and the torch
+dtype of its operands (``tf32`` is fp32 operands with TF32 matmul allowed)."""
+DTYPE_BYTES = {name: size for name, (size, _) in DTYPES.items()}
+"""Bytes per element of each compute dtype (:data:`DTYPES`)."""
+TORCH_DTYPE_NAMES = {name: torch_name for name, (_, torch_name) in DTYPES.items()}
+"""The torch dtype (its attribute name) of each compute dtype's operands (:data:`DTYPES`)."""
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 """Activation recomputation settings, as Megatron-LM's ``--recompute-granularity`` names them (plus none)."""
 RECOMPUTE_WORDS = {"none": "none", "off": "none", "selective": "selective", "full": "full", "on": "full"}
@@ -97,7 +105,9 @@ def format_candidate(c) -> str:
     granularity = recompute_granularity(c.recompute)
     if granularity != "none":
         pieces.append("recompute" if granularity == "full" else f"recompute {granularity}")
-    pieces += [f"zero{c.zero_stage}"] * (c.zero_stage != 1) + ["sp"] * c.sequence_parallel + [c.dtype] * (c.dtype != "bf16")
+    policy = {None: "", True: " reshard", False: " keep"}[c.reshard_after_forward]
+    pieces += [f"zero{c.zero_stage}{policy}"] * (c.zero_stage != 1) + ["sp"] * c.sequence_parallel
+    pieces += [c.dtype] * (c.dtype != "bf16")
     if c.frozen:
         pieces.append(f"frozen {_list(c.frozen)}")
     if c.encoder_backward != COOLDOWN:
@@ -114,7 +124,9 @@ def format_candidate(c) -> str:
 
 
 _KEYWORDS = ("owners", "owner map", "slabs", "recompute", "frozen", "encoder backward", "backward slots",
-             "backward ranks", "label")
+             "backward ranks", "label", "zero3")
+RESHARD_POLICIES = {"reshard": True, "keep": False}
+"""The words of ZeRO-3's reshard policy (``reshard_after_forward`` on, off)."""
 
 
 def parse_candidate_fields(text: str) -> dict[str, Any]:
@@ -137,7 +149,8 @@ def parse_candidate_fields(text: str) -> dict[str, Any]:
             name = {"owners": "owner_policy", "owner map": "owner_map", "slabs": "slab_counts", "frozen": "frozen",
                     "encoder backward": "encoder_backward", "backward slots": "encoder_backward_slots",
                     "backward ranks": "encoder_backward_ranks", "label": "label", "recompute": "recompute",
-                    "zero0": "zero_stage", "zero3": "zero_stage", "sp": "sequence_parallel"}.get(key, "dtype" if key in DTYPE_BYTES else None)
+                    "zero0": "zero_stage", "zero2": "zero_stage", "zero3": "zero_stage",
+                    "sp": "sequence_parallel"}.get(key, "dtype" if key in DTYPE_BYTES else None)
             if name is None:
                 raise ValueError(f"'{piece}' is not a piece of the form")
             if name in fields:
@@ -153,8 +166,14 @@ def parse_candidate_fields(text: str) -> dict[str, Any]:
                 fields[name] = tuple(value.split(","))
             elif name == "encoder_backward":
                 fields[name] = value.split(" (")[0]
-            elif name in ("zero_stage", "sequence_parallel"):
-                fields[name] = int(key[4:]) if name == "zero_stage" else True
+            elif name == "zero_stage":
+                fields[name] = int(key[4:])
+                if value and value not in RESHARD_POLICIES:
+                    raise ValueError(f"'{piece}' has reshard policy {value!r}; use {' or '.join(RESHARD_POLICIES)}")
+                if value:
+                    fields["reshard_after_forward"] = RESHARD_POLICIES[value]
+            elif name == "sequence_parallel":
+                fields[name] = True
             elif name == "dtype":
                 fields[name] = key
             elif not value:

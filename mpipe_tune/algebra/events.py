@@ -25,6 +25,18 @@ which the stage's DataGroup reduce accumulates; the other skeletons run one ``Bw
 
 >>> parse_event("W2.0#3") == Wgrad(2, 0, 3), Wgrad(2, 0, 3) == Bwd(2, 0, 3)
 (True, False)
+
+ZeRO's sharding actions of a stage (:mod:`~mpipe_tune.algebra.sharding` places them in a rank's order, as
+torch's pipelining IR carries UNSHARD, RESHARD and REDUCE_GRAD):
+
+==========================  =====================================================
+``unshard(2.0)``            Unshard(region 2, rank 0): gather the stage's weights
+``reshard(2.0)``            Reshard(region 2, rank 0): free them
+``reducegrad(2.0)``         ReduceGrad(region 2, rank 0): reduce-scatter its gradients
+==========================  =====================================================
+
+>>> parse_action("reducegrad(2.0)") == ReduceGrad(2, 0), str(Unshard(1, 3))
+(True, 'unshard(1.3)')
 """
 
 from __future__ import annotations
@@ -148,7 +160,42 @@ class StepBarrier(NamedTuple):
         return "barrier"
 
 
+class Unshard(NamedTuple):
+    """Gather stage (region, rank)'s weights before its first forward of the step."""
+
+    region: int
+    rank: int
+    tag: str = "U"
+
+    def __str__(self) -> str:
+        return f"unshard({self.region}.{self.rank})"
+
+
+class Reshard(NamedTuple):
+    """Free stage (region, rank)'s gathered weights after its last use of the step."""
+
+    region: int
+    rank: int
+    tag: str = "X"
+
+    def __str__(self) -> str:
+        return f"reshard({self.region}.{self.rank})"
+
+
+class ReduceGrad(NamedTuple):
+    """Reduce-scatter the gradients stage (region, rank)'s backwards accumulated, after its last one."""
+
+    region: int
+    rank: int
+    tag: str = "G"
+
+    def __str__(self) -> str:
+        return f"reducegrad({self.region}.{self.rank})"
+
+
 Event = Union[Fwd, Bwd, Wgrad, Coll, Loss, DpReduce, StepBarrier]
+Action = Union[Unshard, Reshard, ReduceGrad]
+"""A sharding action of a stage (not an event of the order graph: it rides on a rank's program)."""
 
 _COMPUTE = re.compile(r"([FBW])(\d+)\.(\d+)#(\d+)")
 _COLL = re.compile(r"(gather|scatter|send|recvgrad)\((\d+)\.(\d+)>(\d+)\.(\d+)\)#(\d+)")
@@ -157,6 +204,17 @@ _REDUCE = re.compile(r"reduce\((\d+),(replica|data)(?:,r(\d+))?\)")
 
 
 _COMPUTE_CLASSES = {"F": Fwd, "B": Bwd, "W": Wgrad}
+
+
+_ACTION = re.compile(r"(unshard|reshard|reducegrad)\((\d+)\.(\d+)\)")
+_ACTION_CLASSES = {"unshard": Unshard, "reshard": Reshard, "reducegrad": ReduceGrad}
+
+
+def parse_action(text: str) -> Action:
+    """Parse the text form of a sharding action (the inverse of ``str``)."""
+    if m := _ACTION.fullmatch(text):
+        return _ACTION_CLASSES[m[1]](int(m[2]), int(m[3]))
+    raise MpipeError(f"'{text}' is not a sharding action; expected unshard(2.0), reshard(2.0) or reducegrad(2.0)")
 
 
 def parse_event(text: str) -> Event:

@@ -25,6 +25,8 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
 
 def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     """The inputs of one planning candidate, shared by ``predict`` and ``derive``."""
+    from mpipe_tune.algebra.candidate import ZERO_SETTINGS
+
     parser.add_argument("--model", default="example-mllm",
                         help="built-in model name, YAML file, or Hugging Face config.json or its folder (default: example-mllm)")
     parser.add_argument("--profile", default="ideal", help="built-in hardware profile name or JSON file (default: ideal)")
@@ -57,9 +59,11 @@ def add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoder-tp", type=int, default=None, metavar="T",
                         help="the encoder block's own tensor-parallel degree, a divisor of --tp (the other tp/T "
                              "ranks of each group encode other images; default: --tp)")
-    parser.add_argument("--zero", type=int, default=1, choices=(0, 1, 3),
-                        help="ZeRO stage: 1 shards the optimizer state over the data-parallel ranks (default), 3 the "
-                             "weights and gradients too (FSDP), 0 nothing")
+    parser.add_argument("--zero", default="1", choices=tuple(ZERO_SETTINGS),
+                        help="ZeRO stage: 1 shards the optimizer state over the data-parallel ranks (default), 2 the "
+                             "gradients too, 3 the weights too (FSDP; 3-reshard gathers them for every forward and "
+                             "backward, 3-keep once a step; 3: keep under pipeline parallelism, reshard at pp 1), 0 "
+                             "nothing")
     parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism with --tp")
     add_framework_arguments(parser)
     parser.add_argument("--recompute", nargs="?", const="full", default="none",
@@ -75,7 +79,7 @@ def parse_candidate(args: argparse.Namespace, model, num_microbatches: int):
     ``num_microbatches`` is M (``--microbatches``, or the workload's length without it)."""
     from dataclasses import replace
 
-    from mpipe_tune.algebra.candidate import Candidate, default_cut
+    from mpipe_tune.algebra.candidate import ZERO_SETTINGS, Candidate, default_cut
     from mpipe_tune.algebra.candidate_text import parse_recompute
     from mpipe_tune.algebra.schedule import normalize, parse_cut, parse_schedule
 
@@ -88,7 +92,8 @@ def parse_candidate(args: argparse.Namespace, model, num_microbatches: int):
     candidate = Candidate(
         str(schedule), cut.boundaries, pp=args.pp, tp=args.tp, dp=args.dp, num_microbatches=num_microbatches,
         owner_policy="round-robin" if owner_map is None and "transpose" in str(schedule).split(",") else None,
-        recompute=parse_recompute(args.recompute, "--recompute"), ep=args.ep, cp=args.cp, zero_stage=args.zero, sequence_parallel=args.sequence_parallel,
+        recompute=parse_recompute(args.recompute, "--recompute"), ep=args.ep, cp=args.cp, zero_stage=ZERO_SETTINGS[args.zero][0],
+        reshard_after_forward=ZERO_SETTINGS[args.zero][1], sequence_parallel=args.sequence_parallel,
         encoder_tp=args.encoder_tp, owner_map=owner_map, dtype=args.dtype, frozen=frozen,
         encoder_backward="cooldown" if args.encoder_backward == "search" else args.encoder_backward)
     if not args.slabs:
@@ -139,6 +144,17 @@ def add_framework_arguments(parser) -> None:
                         help="data-parallel reduce (and ZeRO-1 all-gather) overlapped with the backward (forward) "
                              "in buckets: on (default, as Megatron-LM and torchtitan run it) or off (after the "
                              "last backward)")
+    from mpipe_tune.algebra.candidate import MOE_DISPATCHERS
+
+    parser.add_argument("--moe-dispatcher", default=MOE_DISPATCHERS[0], choices=MOE_DISPATCHERS,
+                        help="MoE token dispatcher, Megatron-Core's --moe-token-dispatcher-type: alltoall (default) "
+                             "or allgather (Megatron-Core's default before 0.8)")
+    parser.add_argument("--moe-capacity-factor", type=float, default=None, metavar="C",
+                        help="MoE expert capacity over the balanced share (--moe-expert-capacity-factor; default: "
+                             "none, dropless routing)")
+    parser.add_argument("--moe-pad-to-capacity", action="store_true",
+                        help="every expert runs its full capacity (--moe-pad-expert-input-to-capacity; needs "
+                             "--moe-capacity-factor)")
     from mpipe_tune.cost.kernel_model import DEFAULT_KERNEL_MODE, KERNEL_MODES
 
     parser.add_argument("--kernel-mode", default=DEFAULT_KERNEL_MODE, choices=KERNEL_MODES,
@@ -153,7 +169,9 @@ def framework_options(args: argparse.Namespace, **fields):
     from mpipe_tune.cost.framework import Framework
 
     framework = Framework.from_inputs({"moe_imbalance": args.moe_imbalance, "grad_reduce_dtype": args.grad_reduce_dtype,
-                                       "overlap_dp_comm": args.dp_overlap == "on", "kernel_mode": args.kernel_mode})
+                                       "overlap_dp_comm": args.dp_overlap == "on", "kernel_mode": args.kernel_mode,
+                                       "moe_dispatcher": args.moe_dispatcher, "moe_capacity_factor": args.moe_capacity_factor,
+                                       "moe_pad_to_capacity": args.moe_pad_to_capacity})
     return framework.cost_options(**fields)
 
 

@@ -35,8 +35,8 @@ mark("imports")  # the commands' modules are imported above: a test's Ctrl-C lan
 COMMANDS: list[Command] = [Plan(), Show(), Trials(), Run(), Bench(), Export(), Predict(), Derive(), Profile(), Report(),
                            Workload(), Models(), Profiles()]
 """In the order of README.md's command table, which ``mpipe-tune --help`` lists them in: the plan's chain first."""
-MAX_ERROR_CHARS = 300
-"""The longest error line printed: messages show a long list's first items and its count; a line that still
+MAX_ERROR_CHARS = 299
+"""The longest error line printed (under 300 characters): messages show a long list's first items and its count; a line that still
 runs longer (a quoted value) is cut, and says so."""
 
 

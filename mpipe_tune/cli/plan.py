@@ -144,9 +144,11 @@ class Plan(Command):
                        help="allowed expert-parallel degrees, e.g. 1,8, or 'search': every degree that divides dp "
                             "and the MoE layers' experts (default: search for a MoE model, else 1)")
         s.add_argument("--cp", default="1", help="allowed context-parallel degrees, e.g. 1,2 (default 1)")
-        s.add_argument("--zero", default=None, choices=("0", "1", "3", "search", "all"),
-                       help="ZeRO stage: 1 (default, optimizer state sharded over the data-parallel ranks), 3 (weights "
-                            "and gradients too, FSDP), 0, search (0 and 1) or all (0, 1 and 3)")
+        s.add_argument("--zero", default=None, choices=("0", "1", "2", "3", "3-reshard", "3-keep", "search", "all"),
+                       help="ZeRO stage: 1 (default, optimizer state sharded over the data-parallel ranks), 2 (gradients "
+                            "too), 3 (weights too, FSDP; 3-reshard gathers them for every forward and backward, 3-keep "
+                            "once a step; 3: keep under pipeline parallelism, reshard at pp 1), 0, search (0 and 1) or "
+                            "all (0 to 3)")
         s.add_argument("--sequence-parallel", default=None, choices=("off", "on", "search"),
                        help="sequence parallelism with tp > 1: off (default), on, or search")
         s.add_argument("--encoder-tp", default="off", choices=("off", "search"),

@@ -57,9 +57,11 @@ class Profile(Command):
         from mpipe_tune.interrupt import phase
         from mpipe_tune.profiler.build import assemble_profile, count_steps, profile_device
         from mpipe_tune.profiler.settings import sweep_settings
+        from mpipe_tune.profiler.shapes import kernel_sweep_settings
 
         begin = time.monotonic()
-        total = count_steps(dtypes, sweep_settings(device, quick=args.quick), calibration)
+        kernels = kernel_sweep_settings(device, quick=args.quick)
+        total = count_steps(dtypes, sweep_settings(device, quick=args.quick), calibration, kernel_settings=kernels)
         with tqdm(total=total, desc=f"profile {device}", unit="pt", file=sys.stderr, disable=None,
                   dynamic_ncols=True) as bar:
             def progress(label: str) -> None:
@@ -68,7 +70,7 @@ class Profile(Command):
                 phase("measure")  # a safe point: a first Ctrl-C during the roofline stops here
 
             measurements = profile_device(device, args.nproc, dtypes, quick=args.quick, progress=progress,
-                                          calibration=calibration)
+                                          calibration=calibration, kernel_settings=kernels)
         dump_profile(assemble_profile(measurements, name=name), out)
         print_summary(load_profile(out), out, time.monotonic() - begin)
         return 0
@@ -167,6 +169,20 @@ def validate_request(args: argparse.Namespace):
     return device, dtypes, out, name, calibration
 
 
+def print_curves(profile) -> None:
+    """The kernel-efficiency curves of ``profile`` with their fit quality, one line a family."""
+    from dataclasses import asdict
+
+    for family, curve in asdict(profile.kernel_efficiency).items() if profile.kernel_efficiency else ():
+        if curve is None:
+            continue
+        origin = profile.provenance[f"kernel_efficiency.{family}"]
+        numbers = ", ".join(f"{k} {v:.4g}" for k, v in curve.items())
+        fit = (f" (R^2 log t {origin['fit_r2']:.4f}, log eff {origin['fit_r2_efficiency']:.3f}, rms "
+               f"{origin['rms_relative_error']:.0%}, {len(origin['median_s'])} points)" if "fit_r2" in origin else "")
+        print(f"  kernel {family:9s} {numbers}{fit}")
+
+
 def print_summary(profile, out: Path, elapsed_s: float) -> None:
     """A readable table of the profile just written."""
     print(f"wrote {out} (profile {profile.name!r}) in {elapsed_s:.0f} s")
@@ -178,6 +194,10 @@ def print_summary(profile, out: Path, elapsed_s: float) -> None:
     if profile.optimizer_update_bytes_per_s is not None:
         print(f"  optimizer update {profile.optimizer_update_bytes_per_s / 1e9:9.4g} GB/s (the runtime's update, "
               f"timed by every rank at once)")
+    if profile.host is not None:
+        print(f"  host dispatch {profile.host.dispatch_s * 1e6:.3g} us per operator, sync {profile.host.sync_s * 1e6:.3g} us "
+              f"(R^2 log t {profile.provenance['host.dispatch_s'].get('fit_r2', float('nan')):.4f})")
+    print_curves(profile)
     for kind, value in profile.efficiency.items():
         origin = profile.provenance[f"efficiency.{kind}"]
         fit = f"  (rms relative error {origin['rms_relative_error']:.0%})" if "rms_relative_error" in origin else ""

@@ -51,13 +51,13 @@ def _write(shown, search: dict | None, args) -> None:
 
     outputs = []
     if args.gantt:
-        from mpipe_tune.report.gantt import draw_gantt
+        from mpipe_tune.report.gantt import draw_gantt, zero_of
 
         resolved, t = shown.resolved, shown.prediction.timeline
         title = (f"{resolved.model.name} <{resolved.section.candidate.schedule}> on {resolved.profile.name}: "
                  f"step {shown.now_s * 1e3:.4g} ms")
         outputs.append((args.gantt, lambda tmp: draw_gantt(shown.prediction.plan, t.start_s, t.durations_s, tmp,
-                                                           title=title)))
+                                                           title=title, zero=zero_of(shown.prediction.options))))
     if args.csv is not None:
         from mpipe_tune.search.compare import comparison_frame
 

@@ -49,7 +49,7 @@ Assumptions (details in :mod:`~mpipe_tune.cost.arch_pieces` and :mod:`~mpipe_tun
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -63,7 +63,8 @@ from mpipe_tune.inputs.arch_dims import (
     validate_arch,
 )
 from mpipe_tune.cost.arch_layers import LayerDegrees, build_layer
-from mpipe_tune.cost.arch_pieces import Layer
+from mpipe_tune.cost.arch_pieces import Collective, Layer
+from mpipe_tune.cost.moe import MoeSettings
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError
 
@@ -79,6 +80,7 @@ __all__ = [
     "estimate_parallel_traffic",
     "expert_param_count",
     "expert_parallel_fits",
+    "model_param_count",
     "validate_expert_parallel_degree",
     "estimate_layer",
     "param_count",
@@ -195,6 +197,9 @@ class ParallelTraffic:
     each backward step sends twice this (k, v and the partial dk, dv)."""
     ring_steps: int = 0
     """Ring attention: steps that exchange, ``cp - 1`` forward and as many backward (0 without)."""
+    group_collectives: tuple[Collective, ...] = ()
+    """The forward's other collectives (a MoE dispatcher's gathers), their sizes in bytes; the backward runs as
+    many of the same size."""
 
 
 _NO_TRAFFIC = ParallelTraffic()
@@ -204,11 +209,11 @@ _ONE_TOKEN = Microbatch(image_tokens=1, text_tokens=1)
 def estimate_arch_work(
     kind: str, dims: Mapping[str, object], mb: Microbatch | MicrobatchArray, *, dtype_bytes: int, tp_degree: int = 1,
     ep_degree: int = 1, moe_imbalance: float = 1.0, cp_degree: int = 1, sequence_parallel: bool = False,
-    fused_loss: bool = False, rope: str = "fused",
+    fused_loss: bool = False, rope: str = "fused", moe: MoeSettings = MoeSettings(),
 ) -> ArchWork:
     """The work of one layer of ``kind`` with ``dims`` on microbatch ``mb`` (``dims`` validated already),
     on one rank of ``tp_degree`` tensor-parallel, ``ep_degree`` expert-parallel and ``cp_degree``
-    context-parallel ranks (``moe_imbalance``, ``sequence_parallel``: see
+    context-parallel ranks (``moe_imbalance``, ``sequence_parallel``, ``moe``: see
     :class:`~mpipe_tune.cost.arch_layers.LayerDegrees`; ``fused_loss``: the trainer's fused loss kernels,
     :func:`~mpipe_tune.cost.arch_layers.vocab_parallel_loss`; ``rope``: how it runs RoPE,
     :func:`~mpipe_tune.cost.arch_layers.rotary_embedding`).
@@ -220,20 +225,20 @@ def estimate_arch_work(
     """
     return estimate_layer(kind, dims, mb, dtype_bytes=dtype_bytes, tp_degree=tp_degree, ep_degree=ep_degree,
                           moe_imbalance=moe_imbalance, cp_degree=cp_degree, sequence_parallel=sequence_parallel,
-                          fused_loss=fused_loss, rope=rope)[0]
+                          fused_loss=fused_loss, rope=rope, moe=moe)[0]
 
 
 def estimate_layer(
     kind: str, dims: Mapping[str, object], mb: Microbatch | MicrobatchArray, *, dtype_bytes: int, tp_degree: int = 1,
     ep_degree: int = 1, moe_imbalance: float = 1.0, cp_degree: int = 1, sequence_parallel: bool = False,
-    fused_loss: bool = False, rope: str = "fused",
+    fused_loss: bool = False, rope: str = "fused", moe: MoeSettings = MoeSettings(),
 ) -> tuple[ArchWork, Layer | None]:
     """:func:`estimate_arch_work` and the layer's kernels it sums (None for one microbatch without tokens of
     the layer's stream; an array's entries without them are zeroed in the work, not in the kernels)."""
     vector = isinstance(mb, MicrobatchArray)
     if not vector and stream_tokens(kind, mb) == 0:
         return _NO_WORK, None
-    layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel),
+    layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel, moe),
                    dtype_bytes, fused_loss, rope)
     saved_elems: dict[str, float] = {}
     selective_elems: dict[str, float] = {}
@@ -281,23 +286,26 @@ def _passes(pieces, dtype_bytes: int) -> dict[str, float]:
 def estimate_parallel_traffic(
     kind: str, dims: Mapping[str, object], mb: Microbatch | MicrobatchArray, *, dtype_bytes: int, tp_degree: int = 1,
     ep_degree: int = 1, moe_imbalance: float = 1.0, cp_degree: int = 1, sequence_parallel: bool = False,
+    moe: MoeSettings = MoeSettings(),
 ) -> ParallelTraffic:
     """The expert- and context-parallel collectives of one layer (arguments as :func:`estimate_arch_work`'s).
 
     >>> dims = {"hidden": 64, "heads": 4, "experts": 8, "top_k": 2, "moe_ffn": 32}
     >>> estimate_parallel_traffic("moe_block", dims, Microbatch(0, 16), dtype_bytes=2, ep_degree=4)
-    ParallelTraffic(all_to_all_bytes=(4096.0, 4096.0), ring_step_bytes=0, ring_steps=0)
+    ParallelTraffic(all_to_all_bytes=(4096.0, 4096.0), ring_step_bytes=0, ring_steps=0, group_collectives=())
     """
-    if ep_degree == 1 and cp_degree == 1:
+    if ep_degree == 1 and cp_degree == 1 and (tp_degree == 1 or kind != "moe_block"):
         return _NO_TRAFFIC
     if not isinstance(mb, MicrobatchArray) and stream_tokens(kind, mb) == 0:
         return _NO_TRAFFIC
-    layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel),
+    layer = _build(kind, dims, mb, LayerDegrees(tp_degree, ep_degree, moe_imbalance, cp_degree, sequence_parallel, moe),
                    dtype_bytes, False, "fused")  # the loss and RoPE have no expert- or context-parallel traffic
     rings = [p for p in layer.pieces if p.ring_steps > 0]
     return ParallelTraffic(
         all_to_all_bytes=tuple(dtype_bytes * p.all_to_all_elems for p in layer.pieces
                                if np.any(p.all_to_all_elems > 0)),
+        group_collectives=tuple(replace(c, elems=dtype_bytes * c.elems) for p in layer.pieces
+                                for c in p.group_collectives),
         ring_step_bytes=dtype_bytes * sum(p.ring_step_elems for p in rings),
         ring_steps=max((p.ring_steps for p in rings), default=0),
     )
@@ -319,6 +327,20 @@ def param_tensor_count(kind: str, dims: Mapping[str, object]) -> int:
     """Parameter tensors of one full layer (every expert's): what a per-tensor optimizer step launches over."""
     layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
     return int(sum(p.param_tensors for p in layer.pieces))
+
+
+def model_param_count(model: Model) -> int:
+    """Parameters of ``model``'s architecture layers, each counted once: their :func:`param_count`, less the table
+    of a tied ``lm_head``, which is the embedding's (a stage holding the head alone keeps a copy of it, as
+    Megatron-LM's pipeline does, so the per-layer counts that memory reads keep it)."""
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer.cost, ArchCost):
+            dims = resolve_dims(layer.cost.kind, layer.cost.dims_dict())
+            total += param_count(layer.cost.kind, dims)
+            if layer.cost.kind == "lm_head" and dims["tied"]:
+                total -= dims["hidden"] * dims["vocab"]
+    return total
 
 
 def expert_param_count(kind: str, dims: Mapping[str, object]) -> int:

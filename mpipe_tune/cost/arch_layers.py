@@ -13,14 +13,14 @@ One builder per kind turns resolved dimensions, a microbatch and a tensor-parall
 - Routed experts are tensor-parallel like a dense MLP (expert tensor parallelism equals tp, as
   torchtitan's ``etp = tp`` and Megatron-LM's default). The forward reads the weights of the experts
   its tokens hit: expected ``E * (1 - (1 - k/E)**tokens)``.
-- Expert parallelism over ``ep`` ranks (Megatron-Core's all-to-all token dispatcher): each rank
-  holds ``E/ep`` experts; the router's output is permuted into ``tokens * top_k`` rows (one copy per
-  chosen expert, no de-duplication), a dispatch all-to-all sends each row to its expert's rank, the
-  experts run, and a combine all-to-all sends the rows back: two all-to-alls of a
-  ``tokens * top_k * hidden`` buffer per forward (and two in the backward, for the gradients), each
-  moving ``(ep-1)/ep`` of it off the rank. With the ``ep`` ranks' microbatches alike, a rank's
-  experts receive as many rows as it sends, times ``moe_imbalance`` on the busiest rank (what the
-  step waits for); its local experts are hit by the rows of all ``ep`` ranks.
+- Expert parallelism over ``ep`` ranks: each rank holds ``E/ep`` experts; the router's output is
+  permuted into ``tokens * top_k`` rows (one copy per chosen expert, no de-duplication), and the
+  trainer's token dispatcher (:mod:`mpipe_tune.cost.moe`: Megatron-Core's ``alltoall``, with its
+  tensor-parallel gather, or ``allgather``) moves them to their experts and back, each collective's mirror
+  in the backward. With the ``ep`` ranks' microbatches alike, a rank's experts receive as many rows as it
+  sends, times ``moe_imbalance`` on the busiest rank (what the step waits for), or capped or padded by a
+  capacity factor; its local experts are hit by the rows of all ``ep`` ranks. The router's scores, top-k and
+  auxiliary load-balancing loss are memory-bound passes over ``tokens x E``.
 - The patch embedding, the router and a one-layer projector are small and replicated.
 """
 
@@ -30,9 +30,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mpipe_tune.cost import moe
+from mpipe_tune.cost.arch_attention_variants import attention_variants, block_variants
+from mpipe_tune.cost.arch_linear_attention import gated_deltanet
 from mpipe_tune.cost.arch_pieces import (
     Layer, Piece, Split, all_reduce, all_to_all, attention, lookup, matmul, pointwise,
 )
+from mpipe_tune.cost.arch_vision import pixel_shuffle, projector_norm, vit_variants, with_side_features
 from mpipe_tune.inputs.workload import Microbatch
 
 _NORM_FLOPS_PER_ELEM = 4.0  # mean/variance, scale, gain
@@ -53,6 +57,10 @@ SWIGLU_KERNELS = (2.0, 3.0, 0.0)
 ROUTER_KERNELS = (4.0, 4.0, 0.0)
 """An eager router after its GEMM: softmax, top-k, the gather of the chosen scores and their normalisation
 (their backwards); fused (Megatron-Core's fused top-k softmax): one each."""
+AUX_LOSS_KERNELS = (5.0, 4.0, 0.0)
+"""The auxiliary load-balancing loss over the router's scores, eager and fused alike (Megatron-Core's
+``switch_load_balancing_loss_func``: the scores summed over tokens, the tokens per expert, their product, its sum
+and the scaling; their backwards)."""
 PERMUTE_KERNELS = (3.0, 2.0, 0.0)
 """Eager token permutation into expert order (argsort of the expert ids, the index, the gather); fused: one."""
 UNPERMUTE_KERNELS = (3.0, 3.0, 0.0)
@@ -131,6 +139,8 @@ class LayerDegrees:
     sequence_parallel: bool = False
     """Megatron-LM's sequence parallelism with tp: what runs outside the tensor-parallel regions (norms,
     residual adds, the layer's input and output) holds ``1/tp`` of the tokens on each rank."""
+    moe: moe.MoeSettings = moe.MoeSettings()
+    """How the trainer dispatches a MoE layer's tokens (MoE layers only)."""
 
     @property
     def sequence_shards(self) -> int:
@@ -147,8 +157,10 @@ def build_layer(kind: str, dims: Mapping[str, Any], mb: Microbatch, tp_degree: i
     and ``rope``, how it runs RoPE (:data:`ROPE_FORMS`, :func:`rotary_embedding`)."""
     degrees = tp_degree if isinstance(tp_degree, LayerDegrees) else LayerDegrees(tp_degree)
     if kind in _TRAINER_BUILDERS:
-        return _TRAINER_BUILDERS[kind](dims, mb, degrees, _Trainer(dtype_bytes, fused_loss, rope))
-    return _BUILDERS[kind](dims, mb, degrees)
+        layer = _TRAINER_BUILDERS[kind](dims, mb, degrees, _Trainer(dtype_bytes, fused_loss, rope))
+    else:
+        layer = _BUILDERS[kind](dims, mb, degrees)
+    return with_side_features(layer, dims, mb)
 
 
 def _local_text_tokens(mb: Microbatch, degrees: LayerDegrees) -> float:
@@ -199,7 +211,7 @@ def _mlp(
                       input_shards=shards, **experts)
 
     ffn_elems = tokens * ffn / tp_degree
-    if activation == "swiglu":
+    if activation in ("swiglu", "geglu"):  # gated: SiLU (SwiGLU) or GELU (GeGLU, Gemma's) of the gate
         up = [linear(input_name, in_width, ffn, "column", input_shards),
               linear(input_name, in_width, ffn, "column", input_shards)]
         saved = ((f"{prefix}gate", ffn_elems), (f"{prefix}up", ffn_elems))
@@ -342,12 +354,17 @@ def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDe
     seq_lens = [mb.text_tokens]
     if dims["attention"] == "mla":
         core = _mla(dims, tokens, seq_lens, degrees, trainer)
+    elif dims["attention"] == "gated_deltanet":
+        core = gated_deltanet(dims, tokens, [tokens], tp_degree, input_shards=shards)  # a cp rank's share
     else:
-        core = _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False, trainer=trainer)
+        core = attention_variants(dims, _gqa(dims, tokens, seq_lens, degrees, qkv_bias=dims["qkv_bias"], out_bias=False,
+                                             trainer=trainer), tokens, seq_lens, tp_degree, norm=_norm,
+                                  input_shards=shards)
     return [
         _norm("x", tokens, hidden, layernorm=False, shards=shards),
         *core,
         all_reduce(tokens * hidden, tp_degree=tp_degree),
+        *block_variants(dims, mb, tokens, norm=_norm, shards=shards)[0],
         _residual_add(tokens, hidden, shards=shards),
     ]
 
@@ -362,47 +379,58 @@ def _dense_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees,
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
         *mlp,
         all_reduce(tokens * hidden, tp_degree=tp_degree),
-        _residual_add(tokens, hidden, shards=shards),
+        *_after_mlp(dims, mb, tokens, shards),
     ]
     return Layer(tuple(pieces), boundary_elems=tokens * hidden / shards)
+
+
+def _after_mlp(dims: Mapping[str, Any], mb: Microbatch, tokens: float, shards: int) -> list[Piece]:
+    """A decoder block's post-MLP norm (if any), residual add and DeepStack injection (if any)."""
+    _, post_norm, injected = block_variants(dims, mb, tokens, norm=_norm, shards=shards)
+    return [*post_norm, _residual_add(tokens, dims["hidden"], shards=shards), *injected]
 
 
 def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, trainer: _Trainer) -> Layer:
     tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     experts, top_k, moe_ffn = dims["experts"], dims["top_k"], dims["moe_ffn"]
-    tp_degree, ep, shards = degrees.tp_degree, degrees.ep_degree, degrees.sequence_shards
+    tp_degree, ep, shards, settings = degrees.tp_degree, degrees.ep_degree, degrees.sequence_shards, degrees.moe
     routed_tokens = tokens * top_k
-    if ep == 1:
-        expert_rows = routed_tokens
-        experts_hit = experts * (1.0 - (1.0 - top_k / experts) ** tokens)
-    else:  # the busiest rank's rows; its E/ep experts see the rows of all ep ranks
-        expert_rows = routed_tokens * degrees.moe_imbalance
-        experts_hit = experts / ep * (1.0 - (1.0 - top_k / experts) ** (tokens * ep))
+    imbalance = degrees.moe_imbalance if ep > 1 else 1.0
+    if settings.dispatcher == "alltoall":  # each rank routes its sequence shard; the tp gather brings the group's
+        expert_rows = moe.expert_rows(tokens / tp_degree, top_k, experts, settings, imbalance=imbalance,
+                                      sources=tp_degree)
+    else:
+        expert_rows = moe.expert_rows(tokens, top_k, experts, settings, imbalance=imbalance)
+    experts_hit = experts / ep * (1.0 - (1.0 - top_k / experts) ** (tokens * ep))
     common = {"activation": dims["activation"], "bias": False, "tp_degree": tp_degree}
     routed = _mlp("expert_", "dispatched", expert_rows, hidden, moe_ffn, hidden, copies=experts,
                   copies_read=experts_hit, copies_per_token=top_k, routed=True, **common)
     shared = []
-    if dims["shared_experts"] > 0:
-        shared = _mlp("shared_", "x_norm2", tokens, hidden, dims["shared_experts"] * moe_ffn, hidden,
-                      input_shards=shards, **common)
-    exchange = expert_rows * hidden  # each rank's dispatch (and combine) buffer
+    if dims["shared_experts"] > 0:  # a tensor-parallel MLP beside the experts, reduced as a dense block's
+        shared = [*_mlp("shared_", "x_norm2", tokens, hidden, dims["shared_experts"] * moe_ffn, hidden,
+                        input_shards=shards, **common), all_reduce(tokens * hidden, tp_degree=tp_degree)]
+    exchange = moe.exchange_elems(expert_rows, hidden, dispatcher=settings.dispatcher, tp=tp_degree, ep=ep)
+    gathers = moe.dispatcher_gathers(tokens, hidden, expert_rows, dispatcher=settings.dispatcher, tp=tp_degree, ep=ep)
+    scores = tokens * experts / shards
     pieces = [
         *_decoder_attention(dims, mb, degrees, trainer),
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
         matmul("x_norm2", tokens, hidden, experts, split="replicated", tp_degree=tp_degree, input_shards=shards),
-        pointwise(tokens * experts, 2.0 * routed_tokens, _SOFTMAX_FLOPS_PER_ELEM * tokens * experts,
-                  saved=(("router_scores", tokens * experts),), kernels=ROUTER_KERNELS, fused_kernels=ONE_EACH),
-        pointwise(tokens * hidden, routed_tokens * hidden, 0.0,  # permute tokens into expert order
+        pointwise(scores, 2.0 * routed_tokens / shards, _SOFTMAX_FLOPS_PER_ELEM * scores,  # scores and top-k
+                  saved=(("router_scores", scores),), kernels=ROUTER_KERNELS, fused_kernels=ONE_EACH),
+        pointwise(scores, experts, 2.0 * scores, kernels=AUX_LOSS_KERNELS),  # the load-balancing loss
+        pointwise(tokens * hidden / shards, routed_tokens * hidden / shards, 0.0,  # permute into expert order
                   kernels=PERMUTE_KERNELS, fused_kernels=ONE_EACH),
         all_to_all(exchange, ep_degree=ep),  # dispatch
+        Piece(group_collectives=gathers),  # the dispatcher's gathers (and the combine's reduce-scatters)
         *routed,
         all_to_all(exchange, ep_degree=ep),  # combine
-        pointwise(routed_tokens * (hidden + 1), tokens * hidden, 2.0 * routed_tokens * hidden,
-                  saved=(("expert_out", routed_tokens * hidden),),  # weighted sum back into token order
+        pointwise(routed_tokens * (hidden + 1) / shards, tokens * hidden / shards,
+                  2.0 * routed_tokens * hidden / shards,
+                  saved=(("expert_out", routed_tokens * hidden / shards),),  # weighted sum back into token order
                   kernels=UNPERMUTE_KERNELS, fused_kernels=ONE_EACH),
         *shared,
-        all_reduce(tokens * hidden, tp_degree=tp_degree),
-        _residual_add(tokens, hidden, shards=shards),
+        *_after_mlp(dims, mb, tokens, shards),
     ]
     return Layer(tuple(pieces), boundary_elems=tokens * hidden / shards)
 
@@ -418,7 +446,8 @@ def _vit_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -
     patches = _patches(dims, mb)
     seq_lens = [tokens * dims["merge_factor"] for tokens in mb.image_sizes()]
     bias = dims["bias"]
-    attn = _gqa({**dims, "kv_heads": heads}, patches, seq_lens, encoder, qkv_bias=bias, out_bias=bias)
+    attn = vit_variants(dims, _gqa({**dims, "kv_heads": heads}, patches, seq_lens, encoder, qkv_bias=bias,
+                                   out_bias=bias), mb, seq_lens, tp_degree, norm=_norm)
     mlp = _mlp("", "x_norm2", patches, hidden, dims["ffn"], hidden, activation=dims["activation"], bias=bias,
                tp_degree=tp_degree, input_shards=shards)
     pieces = [
@@ -461,11 +490,13 @@ def _merger(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> L
 def _projector(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees) -> Layer:
     tp_degree = degrees.tp_degree
     tokens, in_hidden, hidden = mb.image_tokens, dims["in_hidden"], dims["hidden"]
+    norm = projector_norm(dims, mb, norm=_norm)
     if dims["depth"] == 1:
-        pieces = [matmul("x", tokens, in_hidden, hidden, split="replicated", tp_degree=tp_degree, bias=True)]
+        pieces = [*norm, matmul("x", tokens, in_hidden, hidden, split="replicated", tp_degree=tp_degree, bias=True)]
     else:
         ffn = dims["ffn"] or hidden
-        pieces = [*_mlp("", "x", tokens, in_hidden, ffn, hidden, activation="gelu", bias=True, tp_degree=tp_degree),
+        pieces = [*norm, *_mlp("", "x", tokens, in_hidden, ffn, hidden, activation=dims["activation"], bias=True,
+                               tp_degree=tp_degree),
                   all_reduce(tokens * hidden, tp_degree=tp_degree)]
     return Layer(tuple(pieces), boundary_elems=tokens * hidden)
 
@@ -542,6 +573,7 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees], Lay
     "patch_embed": _patch_embed,
     "merger": _merger,
     "projector": _projector,
+    "pixel_shuffle": pixel_shuffle,
 }
 _TRAINER_BUILDERS: dict[str, Callable[[Mapping[str, Any], Microbatch, LayerDegrees, _Trainer], Layer]] = {
     "dense_block": _dense_block,

@@ -104,6 +104,11 @@ class Piece:
     """The attention core's sequence lengths (per rank's share of the queries), whose FLOPs go as their squares."""
     param_tensors: float = 0.0
     """Parameter tensors this piece owns in the full layer (what a per-tensor optimizer step launches per)."""
+    group_collectives: tuple["Collective", ...] = ()
+    """Collectives of the forward over groups other than the tensor-parallel all-reduce's and the
+    expert-parallel all-to-all's (a MoE dispatcher's gathers, :mod:`mpipe_tune.cost.moe`); the backward runs
+    each one's mirror on the gradients, at the same cost."""
+
 
     @property
     def family(self) -> str:
@@ -112,13 +117,26 @@ class Piece:
             return "gemm"
         if self.attention_core:
             return "attention"
-        if np.any(self.comm_elems) or np.any(self.all_to_all_elems):
+        if np.any(self.comm_elems) or np.any(self.all_to_all_elems) or self.group_collectives:
             return "comm"
         return "memory"
 
     def kernels_of(self, fused: bool) -> tuple:
         """Kernels per pass, fused or eager."""
         return self.fused_kernels if fused and self.fused_kernels is not None else self.kernels
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a forward: ``kind`` (a :data:`~mpipe_tune.cost.profile.COLLECTIVES` name) over
+    ``group`` ranks lying within ``span`` consecutive devices, on ``elems`` elements as
+    :func:`~mpipe_tune.cost.profile.estimate_collective_s` takes its size (the gathered buffer of an
+    all-gather; a reduce-scatter costs the same on the same buffer, and is written as one)."""
+
+    kind: str
+    group: int
+    span: int
+    elems: float
 
 
 def matmul(

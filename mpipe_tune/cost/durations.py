@@ -17,10 +17,12 @@
   ranks, after the rest. A distributed
   optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the parameters instead: the same
   bytes over the same ring, half of them each. Gradients travel in ``grad_reduce_dtype``.
-- ZeRO-3 (``shard_parameters``): the reduces keep ZeRO-1's timing (the last microbatch's
+- ZeRO-2 and ZeRO-3 resharding after forward: the reduces keep ZeRO-1's timing (the last microbatch's
   reduce-scatters, the first microbatch's gathers), and every ``Fwd`` and ``Bwd`` then adds its
   per-microbatch gather and reduce-scatter waits (:mod:`~mpipe_tune.cost.fsdp`), after the overlap has
-  read the compute.
+  read the compute; ZeRO-3 keeping its weights through the step is ZeRO-1's timing.
+- The reduces' overlap with compute is scaled by the profile's ``comm_compute_overlap`` ``phi``:
+  ``phi * exposed + (1 - phi) * whole`` (1, the default: the bucketed overlap as it is).
 - ``Loss`` and ``StepBarrier`` cost nothing (the LM head layer carries the loss's work).
 - The optimizer update of each rank is added to its last event before the barrier
   (:mod:`mpipe_tune.cost.update`).
@@ -166,9 +168,10 @@ class DurationModel:
             weights = sums.wgrad_prefix[self.wgrad_hi] - sums.wgrad_prefix[self.wgrad_lo]
             out[self.wgrad_idx] = weights
             out[self.wgrad_bwd] = np.maximum(out[self.wgrad_bwd] - weights, 0.0)
-        if self._overlap is not None:  # reads the compute events' durations only
-            out[self.reduce_idx] = self._overlap.exposed(out, self._reduce_s)
-        if self.options.shard_parameters:  # ZeRO-3's per-microbatch waits, after the overlap read the compute
+        if self._overlap is not None:  # reads the compute events' durations only; phi: the share compute hides
+            phi = self.profile.overlap_share
+            out[self.reduce_idx] = phi * self._overlap.exposed(out, self._reduce_s) + (1.0 - phi) * self._reduce_s
+        if self.options.scatters_per_microbatch:  # ZeRO-2/3's per-microbatch waits, after the overlap read the compute
             waits = _fsdp_sums(sums, self.model, self.profile, self.options)
             out[self.fwd_idx] += waits.forward_s(self.fwd_hi, self.fwd_lo)
             out[self.bwd_idx] += waits.backward_s(self.bwd_hi, self.bwd_lo)

@@ -3,7 +3,7 @@ and that record become the cost model's options.
 
 A :class:`~mpipe_tune.algebra.candidate.Candidate` fixes the degrees, the memory policy
 (recomputation, ZeRO stage, sequence parallelism) and the dtype; the :class:`Framework` fixes the rest
-of what a step costs: the MoE load imbalance, the dtype of the data-parallel gradient reduce, whether
+of what a step costs: the MoE load imbalance and token dispatch, the dtype of the data-parallel gradient reduce, whether
 that reduce overlaps the backward, its bucket size and the optimizer's and gradients' bytes per
 parameter, and how it launches kernels. :meth:`Framework.from_inputs` builds one from the inputs a user gives (the flags of
 ``predict`` and ``plan``, plan.json's ``inputs``); :meth:`Framework.options` joins it with a
@@ -51,11 +51,21 @@ class Framework:
     kernel_mode: str = DEFAULT_KERNEL_MODE
     """How kernels are launched (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`: ``eager``, ``fused``,
     ``compiled``, ``graphs``): the kernels each pass runs and what the host pays to issue them."""
+    moe_dispatcher: str = "alltoall"
+    """The MoE token dispatcher (:data:`~mpipe_tune.cost.moe.DISPATCHERS`; Megatron-Core's
+    ``--moe-token-dispatcher-type``, whose default before core 0.8 was ``allgather``)."""
+    moe_capacity_factor: float | None = None
+    """Expert capacity over the balanced share (``--moe-expert-capacity-factor``); None: dropless."""
+    moe_pad_to_capacity: bool = False
+    """Every expert runs its full capacity (``--moe-pad-expert-input-to-capacity``)."""
 
     @classmethod
-    def from_inputs(cls, inputs: Mapping[str, Any]) -> Framework:
-        """The framework the inputs record (:data:`~mpipe_tune.cost.layers.FRAMEWORK_OPTIONS`: what
-        the flags set and plan.json's ``inputs`` store); a key the inputs lack takes its default."""
+    def from_inputs(cls, inputs: Mapping[str, Any] | object) -> Framework:
+        """The framework the inputs record (:data:`~mpipe_tune.cost.layers.FRAMEWORK_OPTIONS`: what the
+        flags set, as a mapping, and plan.json's ``inputs`` record, as its fields); a key the inputs lack
+        takes its default. What :meth:`CostOptions.framework` writes, this reads: the one serialisation."""
+        if not isinstance(inputs, Mapping):
+            inputs = {key: getattr(inputs, key) for key in FRAMEWORK_OPTIONS if hasattr(inputs, key)}
         return cls(**{key: inputs[key] for key in FRAMEWORK_OPTIONS if key in inputs})
 
     @classmethod
@@ -63,23 +73,23 @@ class Framework:
         """The framework part of a cost options record."""
         return cls(**{f.name: getattr(options, f.name) for f in fields(cls)})
 
-    def to_dict(self) -> dict[str, Any]:
-        """What plan.json's inputs and ``predict --json`` record (:data:`~mpipe_tune.cost.layers.FRAMEWORK_OPTIONS`)."""
-        return {key: getattr(self, key) for key in FRAMEWORK_OPTIONS}
-
     def options(self, candidate: Candidate) -> CostOptions:
         """The cost options of ``candidate`` under this framework: its dtype, degrees and memory policy."""
         c = candidate
         return self.cost_options(c.degrees, dtype=c.dtype, recompute=c.recompute, zero_stage=c.zero_stage,
-                                 sequence_parallel=c.sequence_parallel)
+                                 sequence_parallel=c.sequence_parallel, reshard_after_forward=c.reshards_after_forward)
 
     def cost_options(self, degrees: Degrees = Degrees(1), *, dtype: str = "bf16", recompute: bool | str = False,
-                     zero_stage: int = 1, sequence_parallel: bool = False) -> CostOptions:
+                     zero_stage: int = 1, sequence_parallel: bool = False,
+                     reshard_after_forward: bool = True) -> CostOptions:
         """The cost options of these degrees and memory policy under this framework (what
         :meth:`options` reads off a candidate; the defaults: one device, no recomputation)."""
         return CostOptions(
             dtype=dtype, degrees=degrees, moe_imbalance=self.moe_imbalance, sequence_parallel=sequence_parallel,
             optimizer_bytes_per_param=self.optimizer_bytes_per_param, grad_bytes_per_param=self.grad_bytes_per_param,
-            shard_optimizer=zero_stage >= 1, shard_parameters=zero_stage == 3, grad_reduce_dtype=self.grad_reduce_dtype,
+            shard_optimizer=zero_stage >= 1, shard_gradients=zero_stage == 2, shard_parameters=zero_stage == 3,
+            reshard_after_forward=reshard_after_forward, grad_reduce_dtype=self.grad_reduce_dtype,
             overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute,
-            fused_loss=self.fused_loss, rope=self.rope, kernel_mode=self.kernel_mode)
+            fused_loss=self.fused_loss, rope=self.rope, kernel_mode=self.kernel_mode,
+            moe_dispatcher=self.moe_dispatcher, moe_capacity_factor=self.moe_capacity_factor,
+            moe_pad_to_capacity=self.moe_pad_to_capacity)

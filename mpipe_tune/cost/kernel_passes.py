@@ -6,7 +6,8 @@ kernel mode (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`) from its
 seconds. :func:`shaped_pass_seconds` times each pass kernel by kernel with the profile's curves
 (:mod:`~mpipe_tune.cost.kernel_model`): a GEMM at ``eff_gemm(m, n, k)`` of the peak (the forward's
 ``rows x out`` reducing over ``in``, the input gradient's ``rows x in`` over ``out``, the weight gradient's
-``in x out`` over ``rows``), the attention core at ``eff_attention(L)`` per sequence, a memory-bound kernel at
+``in x out`` over ``rows``; in an fp8 step the curve's shape under the profile's ``fp8_linear`` efficiency
+against the fp8 peak, where it has one), the attention core at ``eff_attention(L)`` per sequence, a memory-bound kernel at
 ``eff_memory(bytes per kernel)`` of the bandwidth, each the larger of its compute and memory time; a
 family the profile gives no curve for runs at the per-kind efficiencies as before. Communication pieces are
 timed by the collectives' model elsewhere and counted here only as kernels the host issues.
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mpipe_tune.cost.arch_pieces import Piece, maximum
-from mpipe_tune.cost.profile import HardwareProfile
+from mpipe_tune.cost.profile import FP8_LINEAR, HardwareProfile
 
 PASSES = ("fwd", "dgrad", "wgrad")
 
@@ -71,6 +72,9 @@ def shaped_pass_seconds(pieces: Sequence[Piece], kind: str, profile: HardwarePro
     bandwidth = profile.memory_bytes_per_s
     kind_eff = (profile.efficiency_for(kind), profile.backward_efficiency_for(kind))
     memory_eff = (profile.memory_bound_efficiency(), profile.memory_bound_efficiency(backward=True))
+    fp8_top = None  # an fp8 step's GEMMs: the curve's shape under the profile's fp8_linear efficiency
+    if dtype == "fp8" and FP8_LINEAR in profile.efficiency:
+        fp8_top = tuple(profile.linear_efficiency_for(kind, dtype, backward=b) for b in (False, True))
     seconds, compute = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
     for piece in pieces:
         family = piece.family
@@ -86,7 +90,8 @@ def shaped_pass_seconds(pieces: Sequence[Piece], kind: str, profile: HardwarePro
                 if curves.gemm is not None:
                     rows, out, inner = piece.gemm_shape
                     m, n, k = ((rows, out, inner), (rows, inner, out), (inner, out, rows))[index]
-                    eff = maximum(curves.gemm.efficiency(m, n, k), 1e-6)
+                    top = fp8_top[backward] if fp8_top is not None else curves.gemm.max
+                    eff = maximum(curves.gemm.efficiency(m, n, k) * (top / curves.gemm.max), 1e-6)
                 else:
                     eff = profile.linear_efficiency_for(kind, dtype, backward=backward)
                 compute_s = flops / (eff * peak)

@@ -58,11 +58,14 @@ from mpipe_tune.cost.arch_pieces import maximum
 from mpipe_tune.cost.arch_layers import ROPE_FORMS
 from mpipe_tune.cost.kernel_model import DEFAULT_KERNEL_MODE, KERNEL_MODES
 from mpipe_tune.cost.kernel_passes import host_pass_seconds, shaped_pass_seconds
+from mpipe_tune.cost import moe
+from mpipe_tune.cost.moe import MoeSettings
 from mpipe_tune.cost.profile import HardwareProfile, estimate_collective_s
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
-FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm", "kernel_mode")
+FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm", "kernel_mode", "moe_dispatcher",
+                     "moe_capacity_factor", "moe_pad_to_capacity")
 """The framework fields a plan's inputs record beside its candidate (:class:`~mpipe_tune.cost.framework.Framework`)."""
 
 
@@ -84,6 +87,13 @@ class CostOptions:
     moe_imbalance: float = 1.0
     """Load imbalance of expert parallelism: routed rows on the busiest rank over the mean (>= 1;
     1 means perfectly balanced routing). Scales that rank's expert work and all-to-all buffers."""
+    moe_dispatcher: str = "alltoall"
+    """The trainer's MoE token dispatcher (:data:`~mpipe_tune.cost.moe.DISPATCHERS`, Megatron-Core's
+    ``--moe-token-dispatcher-type``): what moves the routed rows to their experts (:mod:`mpipe_tune.cost.moe`)."""
+    moe_capacity_factor: float | None = None
+    """Expert capacity over the balanced share (``--moe-expert-capacity-factor``); None: dropless routing."""
+    moe_pad_to_capacity: bool = False
+    """Every expert runs its full capacity (``--moe-pad-expert-input-to-capacity``)."""
     sequence_parallel: bool = False
     """Sequence parallelism with tp: norms, residual adds and the layers' inputs and outputs hold
     ``1/tp`` of the tokens per rank (nothing changes with ``tp == 1``)."""
@@ -100,6 +110,15 @@ class CostOptions:
     and gradients are sharded too, over the same ranks as the optimizer state, and each layer's weights
     are all-gathered before its forward and again before its backward, its gradient reduce-scattered
     after each backward (:mod:`mpipe_tune.cost.fsdp`)."""
+    shard_gradients: bool = False
+    """ZeRO stage 2 (needs :attr:`shard_optimizer`; implied by :attr:`shard_parameters`): the gradients are
+    sharded too, reduce-scattered after every microbatch's backward, while the weights stay whole through
+    the step (gathered once, after the update) (:mod:`mpipe_tune.cost.fsdp`)."""
+    reshard_after_forward: bool = True
+    """With :attr:`shard_parameters`, FSDP2's reshard policy: True gathers each layer's weights before every
+    forward and backward and reduce-scatters its gradient after every backward; False gathers a stage's
+    weights once a step and reduce-scatters its gradients once, after its last backward (the timing and
+    peak memory of ZeRO-1; the weights are sharded between steps only)."""
     grad_reduce_dtype: str = "fp32"
     """Dtype the data-parallel gradient reduce moves: ``fp32`` (Megatron-LM's default for bf16 training,
     gradients accumulated and reduced in fp32) or ``bf16`` (NeMo's ``grad_sync_dtype=bf16``, torchtitan's
@@ -132,8 +151,9 @@ class CostOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
-        if self.shard_parameters and not self.shard_optimizer:
-            raise ValueError("shard_parameters (ZeRO-3) shards the optimizer state too: set shard_optimizer")
+        if (self.shard_parameters or self.shard_gradients) and not self.shard_optimizer:
+            raise ValueError("shard_parameters (ZeRO-3) and shard_gradients (ZeRO-2) shard the optimizer state too: "
+                             "set shard_optimizer")
         if self.rope not in ROPE_FORMS:
             raise ValueError(f"rope {self.rope!r}: use one of {', '.join(ROPE_FORMS)}")
         if self.kernel_mode not in KERNEL_MODES:
@@ -168,9 +188,21 @@ class CostOptions:
 
     @property
     def zero_stage(self) -> int:
-        """3 with sharded parameters (:attr:`shard_parameters`), 1 with a distributed optimizer alone
-        (:attr:`shard_optimizer`), else 0."""
-        return 3 if self.shard_parameters else 1 if self.shard_optimizer else 0
+        """3 with sharded parameters (:attr:`shard_parameters`), 2 with sharded gradients
+        (:attr:`shard_gradients`), 1 with a distributed optimizer alone (:attr:`shard_optimizer`), else 0."""
+        return 3 if self.shard_parameters else 2 if self.shard_gradients else 1 if self.shard_optimizer else 0
+
+    @property
+    def gathers_per_microbatch(self) -> bool:
+        """Whether the weights are gathered and the gradients reduce-scattered per microbatch (ZeRO-3 that
+        reshards after forward): the stage-3 timing of :mod:`mpipe_tune.cost.fsdp`."""
+        return self.shard_parameters and self.reshard_after_forward
+
+    @property
+    def scatters_per_microbatch(self) -> bool:
+        """Whether the gradients are reduce-scattered after every microbatch's backward (ZeRO-2, and ZeRO-3
+        that reshards after forward)."""
+        return self.shard_gradients or self.gathers_per_microbatch
 
     def validate_degrees(self) -> None:
         """One-line :class:`MpipeError` unless the degrees can be laid out: each >= 1 and the
@@ -199,6 +231,11 @@ class CostOptions:
         if not self.moe_imbalance >= 1.0 or self.moe_imbalance == float("inf"):
             raise MpipeError(f"MoE load imbalance {self.moe_imbalance!r} must be a finite number >= 1 (the busiest "
                              f"expert-parallel rank's routed tokens over the mean; 1 is balanced)")
+        self.moe_settings()
+
+    def moe_settings(self) -> MoeSettings:
+        """The MoE dispatch settings (validated: one line naming what is wrong)."""
+        return MoeSettings(self.moe_dispatcher, self.moe_capacity_factor, self.moe_pad_to_capacity)
 
     def dtype_bytes(self) -> int:
         """Bytes per element of the weights, activations and gradients a step keeps and moves: the dtype's,
@@ -468,13 +505,15 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     efficiencies (:func:`~mpipe_tune.cost.kernel_passes.shaped_pass_seconds`), else by the per-kind roofline
     (:func:`pass_seconds`). With its ``host`` costs each pass takes at least the host's time to issue its
     kernels under the framework's kernel mode (the third roof: the device runs behind an asynchronous queue, so
-    the host's issue time bounds the pass rather than adding to it), and a MoE layer with expert parallelism
-    pays a sync per forward (the token counts per expert read back before the dispatch)."""
+    the host's issue time bounds the pass rather than adding to it), and a MoE layer's forward adds its syncs
+    (the token counts per expert read back before the dispatch: the queue drains, so the device waits for the
+    host's round trip whatever bounds the pass; :mod:`mpipe_tune.cost.moe`)."""
     vector = isinstance(mb, arch.MicrobatchArray)
     work, layer = arch.estimate_layer(
         cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
         ep_degree=options.degrees.ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
         sequence_parallel=options.sequence_parallel, fused_loss=options.fused_loss, rope=options.rope,
+        moe=options.moe_settings(),
     )
     *_, core_fwd_compute_s, core_bwd_compute_s = compute_seconds(work, cost.kind, profile, options.dtype)
     bandwidth = profile.memory_bytes_per_s
@@ -486,15 +525,17 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         if vector:
             comm_s = np.where(work.tp_comm_bytes > 0, comm_s, 0.0)
     ring_fwd_s = ring_bwd_s = 0.0
-    if options.degrees.ep > 1 or options.degrees.cp > 1:
+    if options.degrees.ep > 1 or options.degrees.cp > 1 or options.degrees.tp > 1:
         ep = options.degrees.ep
         traffic = arch.estimate_parallel_traffic(
             cost.kind, cost.dims_dict(), mb, dtype_bytes=options.dtype_bytes(), tp_degree=options.degrees.tp,
             ep_degree=ep, moe_imbalance=options.moe_imbalance, cp_degree=options.degrees.cp,
-            sequence_parallel=options.sequence_parallel)
+            sequence_parallel=options.sequence_parallel, moe=options.moe_settings())
         if traffic.all_to_all_bytes:  # expert parallelism: dispatch and combine, again for their gradients
             link = profile.link_spanning("all_to_all", options.degrees.tp * ep)
             comm_s += sum(estimate_collective_s(link, "all_to_all", n, ep) for n in traffic.all_to_all_bytes)
+        for c in traffic.group_collectives:  # a MoE dispatcher's gathers, their mirrors in the backward
+            comm_s += estimate_collective_s(profile.link_spanning(c.kind, c.span), c.kind, c.elems, c.group)
         if traffic.ring_steps:
             link = profile.link_spanning("p2p", options.degrees.tp * options.degrees.cp)
             core_fwd_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth)
@@ -512,12 +553,16 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         compute = _compute_bound(work, cost.kind, profile, options.dtype, device)
     comm = (comm_s + ring_fwd_s, comm_s + ring_bwd_s, 0.0)
     host = (0.0, 0.0, 0.0)
+    syncs_s = 0.0
     if profile.host is not None and layer is not None:
         host = host_pass_seconds(layer.pieces, options.kernel_mode, profile.host.dispatch_s)
-        if cost.kind == "moe_block" and options.degrees.ep > 1:  # the token counts read back: the queue drains
-            host = (host[0] + profile.host.sync_s, *host[1:])
+        if cost.kind == "moe_block":  # the token counts read back: the device's queue drains, whatever bounds the pass
+            syncs_s = moe.host_syncs_per_forward(cost.dims_dict()["experts"]) * profile.host.sync_s
     passes = tuple(maximum(d + c, h) for d, c, h in zip(device, comm, host))
     bound = _bound_split(device, compute, comm, host, passes)
+    if syncs_s:  # the host's round trips, after whatever bounds the forward
+        passes = (passes[0] + syncs_s, *passes[1:])
+        bound = (bound[0], bound[1], bound[2] + syncs_s, bound[3])
     fwd, dgrad, wgrad = fwd_call_s + passes[0], passes[1], passes[2]
     if options.degrees.tp > 1 and has_tokens:  # what the profile measured of split calls beyond all that
         fwd_tp_s, bwd_tp_s = profile.tp_overhead_for(cost.kind, options.degrees.tp)

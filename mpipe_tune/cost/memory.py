@@ -11,8 +11,11 @@ Megatron-LM's distributed optimizer group), the experts' over their own data-par
 those same ranks, and the rank also holds a working set while it computes: the largest of its layers'
 full weights twice (the layer computing and the next one prefetched, at the compute dtype) and the
 largest of its trainable layers' full gradient before its reduce-scatter (at the gradient's bytes per
-parameter); full means gathered over the data-parallel shards, still split over tp (and ep).
-Context-parallel ranks hold the same weights; their activations are of ``1/cp`` of each sequence (the
+parameter); full means gathered over the data-parallel shards, still split over tp (and ep). With
+``shard_gradients`` (ZeRO-2) the gradients and the state are sharded so, the weights held whole, and the
+largest full gradient is held as at stage 3. ZeRO-3 that keeps the weights through the step
+(``reshard_after_forward`` off) holds, at its peak, what ZeRO-1 holds: every weight and gradient of its
+slabs whole (sharded between steps only). Context-parallel ranks hold the same weights; their activations are of ``1/cp`` of each sequence (the
 layer table's).
 
 Activations: a tensor is live from the start of the event that produces it to the finish of its
@@ -106,10 +109,15 @@ def static_bytes_of(layers: tuple[tuple[tuple[int, int], ...], ...], model: Mode
     shards, expert_shards = (ranks, ranks // ep) if options.shard_optimizer else (1, 1)
     optimizer = options.optimizer_bytes_per_param / shards
     expert_optimizer = options.optimizer_bytes_per_param / expert_shards
-    if options.shard_parameters:  # ZeRO-3: weights, gradients and state all sharded
-        state = options.dtype_bytes() + trainable * (options.grad_bytes_per_param + options.optimizer_bytes_per_param)
-        per_layer = (params - experts) * state / shards + experts * state / expert_shards
-        gathered = per_rank_max(layers, 2.0 * params * options.dtype_bytes())
+    if options.scatters_per_microbatch:  # ZeRO-2, and ZeRO-3 resharding after forward: gradients sharded
+        weights = options.dtype_bytes()
+        state = trainable * (options.grad_bytes_per_param + options.optimizer_bytes_per_param)
+        if options.shard_parameters:  # ZeRO-3: the weights too, two layers' whole weights at a time
+            whole, state = 0.0, state + weights
+            gathered = per_rank_max(layers, 2.0 * params * weights)
+        else:  # ZeRO-2: the weights whole through the step
+            whole, gathered = weights, (0.0,) * len(layers)
+        per_layer = params * whole + (params - experts) * state / shards + experts * state / expert_shards
         gradient = per_rank_max(layers, params * trainable * options.grad_bytes_per_param)
         return tuple(s + g + d for s, g, d in zip(per_rank_sum(layers, per_layer), gathered, gradient))
     per_layer = (params * options.dtype_bytes() + params * trainable * (options.grad_bytes_per_param + optimizer)

@@ -38,7 +38,11 @@ weights, gradients and optimizer state read and written per second), measured by
 runtime's own update; a profile without it updates at ``memory_bytes_per_s``.
 
 An optional ``tp_comm_overlap`` entry (a number with provenance) states the fraction of the
-tensor-parallel collectives' time hidden behind compute; absent, they are fully exposed.
+tensor-parallel collectives' time hidden behind compute; absent, they are fully exposed. An optional
+``comm_compute_overlap`` entry states how much of a data-parallel or sharding collective (a gradient
+reduce, a ZeRO gather or reduce-scatter on its own stream) the compute beside it hides: 1 where the two
+run side by side at full speed, 0 where they take turns (:mod:`mpipe_tune.profiler.overlap` measures
+it); absent, 1.
 
 Optional ``host`` (the host's ``dispatch_s`` per kernel and ``sync_s`` per sync) and ``kernel_efficiency``
 (efficiency curves by kernel shape for the ``gemm``, ``attention`` and ``memory`` families) are read by
@@ -90,10 +94,13 @@ COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_a
 _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "tp_comm_overlap",
-    "optimizer_update_bytes_per_s", "host", "kernel_efficiency", "devices_per_package",
+    "optimizer_update_bytes_per_s", "host", "kernel_efficiency", "devices_per_package", "comm_compute_overlap",
 }
 _OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s", "host", "kernel_efficiency",
-                      "devices_per_package"}
+                      "devices_per_package", "comm_compute_overlap"}
+_OVERLAP_FIXES = {"tp_comm_overlap": "give the fraction of the tensor-parallel collective time hidden behind compute",
+                  "comm_compute_overlap": "give the share of a collective's time the compute beside it hides "
+                                          "(1: fully, 0: they take turns)"}
 ATTENTION_CORE = "attention_core"
 """Efficiency entry of the attention core (scores and values, one fused kernel) inside any layer kind: where
 the profile has it, the core's FLOPs are timed at it and the rest of the layer at the kind's entry; where
@@ -175,6 +182,16 @@ class HardwareProfile:
     """The host's seconds per kernel issued and per sync (:mod:`~mpipe_tune.cost.kernel_model`); None: free."""
     kernel_efficiency: KernelEfficiency | None = None
     """Efficiency curves by kernel shape (:mod:`~mpipe_tune.cost.kernel_model`); None: per-kind efficiencies."""
+
+    comm_compute_overlap: float | None = None
+    """Share in [0, 1] of a data-parallel or sharding collective's time that the compute running beside it
+    hides (1: the two run side by side at full speed; 0: they take turns); None (absent from the file): 1,
+    full overlap (:mod:`mpipe_tune.profiler.overlap` measures it)."""
+
+    @property
+    def overlap_share(self) -> float:
+        """:attr:`comm_compute_overlap`, 1 where the profile does not give it."""
+        return 1.0 if self.comm_compute_overlap is None else self.comm_compute_overlap
 
     @property
     def tp_comm_exposed(self) -> float:
@@ -331,8 +348,9 @@ class HardwareProfile:
         if self.optimizer_update_bytes_per_s is not None:
             data["optimizer_update_bytes_per_s"] = number("optimizer_update_bytes_per_s",
                                                           self.optimizer_update_bytes_per_s)
-        if self.tp_comm_overlap is not None:
-            data["tp_comm_overlap"] = number("tp_comm_overlap", self.tp_comm_overlap)
+        for key in _OVERLAP_FIXES:
+            if getattr(self, key) is not None:
+                data[key] = number(key, getattr(self, key))
         if self.host is not None:
             data["host"] = host_dict(self.host, self.provenance, _thaw)
         if self.kernel_efficiency is not None:
@@ -482,12 +500,12 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
             if key in entry:
                 tp_tables[key].update({(kind, tp): pair for tp, pair in v.tp_table(f"{path}.{key}", entry[key]).items()})
 
-    tp_overlap = None
-    if "tp_comm_overlap" in data:
-        tp_overlap = v.number("tp_comm_overlap", data["tp_comm_overlap"], positive=False)
-        if tp_overlap > 1:
-            v.fail("tp_comm_overlap.value", tp_overlap, "must lie in [0, 1]",
-                   "give the fraction of the tensor-parallel collective time hidden behind compute")
+    overlaps = {}
+    for key, fix in _OVERLAP_FIXES.items():
+        if key in data:
+            overlaps[key] = v.number(key, data[key], positive=False)
+            if overlaps[key] > 1:
+                v.fail(f"{key}.value", overlaps[key], "must lie in [0, 1]", fix)
     host = parse_host(v, data["host"]) if "host" in data else None
     curves = parse_kernel_efficiency(v, data["kernel_efficiency"]) if "kernel_efficiency" in data else None
     classes = v.table("links", data["links"], allowed=(*LINK_CLASSES, PACKAGE_LINK_CLASS))
@@ -516,7 +534,8 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         call_overhead_s=MappingProxyType(call_overhead), image_overhead_s=MappingProxyType(image_overhead),
         tp_overhead_s=MappingProxyType(tp_tables["tp_overhead_s"]),
         tp_slowdown=MappingProxyType(tp_tables["tp_slowdown"]), optimizer_update_bytes_per_s=update_bps,
-        tp_comm_overlap=tp_overlap, host=host, kernel_efficiency=curves,
+        tp_comm_overlap=overlaps.get("tp_comm_overlap"), comm_compute_overlap=overlaps.get("comm_compute_overlap"),
+        host=host, kernel_efficiency=curves,
     )
 
 

@@ -23,18 +23,21 @@ ARCH_KINDS: dict[str, tuple[str, ...]] = {
     "patch_embed": ("hidden", "patch_size", "merge_factor"),
     "merger": ("hidden", "out_hidden", "merge_factor"),
     "projector": ("in_hidden", "hidden"),
+    "pixel_shuffle": ("hidden", "merge_factor"),
 }
 """Kind name -> the dimension fields a layer of that kind must give."""
 
-IMAGE_STREAM_KINDS: frozenset[str] = frozenset({"vit_block", "patch_embed", "merger", "projector"})
+IMAGE_STREAM_KINDS: frozenset[str] = frozenset({"vit_block", "patch_embed", "merger", "projector", "pixel_shuffle"})
 """Kinds that work on a microbatch's image tokens; every other kind works on its text tokens."""
 
 _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _MLA_REQUIRED = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GQA_FIELDS = ("kv_heads", "head_dim")
+_DELTANET_FIELDS = ("value_head_dim", "conv_kernel")
 
 _DECODER_ATTENTION: dict[str, object] = {
-    "attention": "gqa",  # gqa (multi-head and grouped-query) or mla (DeepSeek's multi-head latent attention)
+    "attention": "gqa",  # gqa (multi-head and grouped-query), mla (DeepSeek's multi-head latent attention) or
+    # gated_deltanet (Gated DeltaNet linear attention, Qwen3.5's and Qwen3-Next's)
     "kv_heads": None,  # gqa: key/value heads; None means heads (plain multi-head attention)
     "head_dim": None,  # gqa: None means hidden // heads
     "qkv_bias": False,  # biases on the q, k and v projections (Qwen2)
@@ -44,25 +47,52 @@ _DECODER_ATTENTION: dict[str, object] = {
     "qk_nope_head_dim": None,
     "qk_rope_head_dim": None,
     "v_head_dim": None,
+    "qk_norm": False,  # RMSNorm of each q and k head before attention (Qwen3, Qwen3.5, Gemma 3)
+    "attention_gate": False,  # gqa: a sigmoid gate from the input on the attention output (Qwen3.5's gated attention)
+    "sliding_window": None,  # gqa: each token attends to the last sliding_window tokens only (Gemma 3's local layers)
+    "post_norms": False,  # a norm after the attention and after the MLP besides the two before (Gemma 3, GLM-4)
+    # gated_deltanet reads heads as its value heads (one recurrent state each), kv_heads as its query/key heads
+    # and head_dim as their width:
+    "value_head_dim": None,  # gated_deltanet: None means head_dim
+    "conv_kernel": None,  # gated_deltanet: the causal depthwise convolution's width over q, k and v; None means 4
+    "deepstack_in": False,  # adds one DeepStack feature (ViT features of the image tokens) to its output (Qwen3-VL)
 }
 
 OPTIONAL_DIMS: dict[str, dict[str, object]] = {
     "embedding": {},
     "dense_block": {**_DECODER_ATTENTION, "activation": "swiglu"},
     "moe_block": {**_DECODER_ATTENTION, "activation": "swiglu", "shared_experts": 0},
-    "lm_head": {},
-    "vit_block": {"head_dim": None, "activation": "gelu", "bias": True},
-    "patch_embed": {"in_channels": 3, "temporal_patch": 1, "bias": False, "positions": 0},
+    "lm_head": {"tied": False},  # tied: its weights are the embedding's (Gemma 3), held again on its stage
+    "vit_block": {"head_dim": None, "activation": "gelu", "bias": True,
+                  "window": None,  # attention inside windows of this many patches (Qwen2.5-VL); None: the whole image
+                  "layer_scale": False,  # a learned per-channel scale on each residual branch (InternViT)
+                  "deepstack_out": None},  # its output also feeds a DeepStack merger to this width (Qwen3-VL)
+    "patch_embed": {"in_channels": 3, "temporal_patch": 1, "bias": False, "positions": 0,
+                    # the processor's image rule (dataset workloads): a dynamic resolution's pixel bounds, or
+                    # InternVL's tiles of the position table's square (docs/workloads.md)
+                    "min_pixels": None, "max_pixels": None, "max_tiles": None},
     "merger": {},
-    "projector": {"depth": 2, "ffn": None},
+    "projector": {"depth": 2, "ffn": None, "norm": False,  # norm: a LayerNorm before it (InternVL's)
+                  "activation": "gelu"},
+    "pixel_shuffle": {},
 }
 """Kind -> optional dimension field -> its default."""
 
-_COUNT_FIELDS = frozenset({"shared_experts", "positions", "rope_dim"})  # integers >= 0; every other number is > 0
-_FLAG_FIELDS = frozenset({"qkv_bias", "bias"})
+SIDE_FEATURE_KINDS = ("vit_block", "merger", "projector", "pixel_shuffle", "embedding", "dense_block", "moe_block")
+"""Kinds that may carry DeepStack features past them: ``side_width`` (default 0) is the width, per image token,
+of the ViT features a layer hands on beside its output, taken before it and injected after it (Qwen3-VL)."""
+for _kind in SIDE_FEATURE_KINDS:
+    OPTIONAL_DIMS[_kind]["side_width"] = 0
+
+DEFAULT_CONV_KERNEL = 4
+"""Gated DeltaNet's short convolution width when a layer gives none (Qwen3-Next's and Qwen3.5's)."""
+
+_COUNT_FIELDS = frozenset({"shared_experts", "positions", "rope_dim", "side_width"})  # integers >= 0; others > 0
+_FLAG_FIELDS = frozenset({"qkv_bias", "bias", "qk_norm", "attention_gate", "post_norms", "deepstack_in",
+                          "layer_scale", "norm", "tied"})
 _CHOICE_FIELDS: dict[str, tuple[str, ...]] = {
-    "attention": ("gqa", "mla"),
-    "activation": ("swiglu", "gelu"),
+    "attention": ("gqa", "mla", "gated_deltanet"),
+    "activation": ("swiglu", "geglu", "gelu"),
 }
 _DEPTHS = (1, 2)
 
@@ -106,6 +136,9 @@ def resolve_dims(kind: str, dims: Mapping[str, object], *, derive: bool = True) 
         full["head_dim"] = full["hidden"] // full["heads"]
     if "kv_heads" in full and full["kv_heads"] is None:
         full["kv_heads"] = full["heads"]
+    if full.get("attention") == "gated_deltanet":
+        full["value_head_dim"] = full["value_head_dim"] or full["head_dim"]
+        full["conv_kernel"] = full["conv_kernel"] or DEFAULT_CONV_KERNEL
     return full
 
 
@@ -141,6 +174,14 @@ def _check_relations(kind: str, dims: Mapping[str, object], *, where: str) -> No
 
 
 def _check_decoder_attention(dims: Mapping[str, object], *, where: str) -> None:
+    if dims["attention"] != "gated_deltanet":
+        for field in _DELTANET_FIELDS:
+            if dims[field] is not None:
+                raise MpipeError(f"{where}: field {field!r} applies to attention: gated_deltanet only; remove it or "
+                                 f"set attention: gated_deltanet")
+    for field in ("attention_gate", "sliding_window", "qk_norm"):
+        if dims[field] and dims["attention"] != "gqa":
+            raise MpipeError(f"{where}: field {field!r} applies to attention: gqa only; remove it")
     if dims["attention"] == "mla":
         for field in _GQA_FIELDS:
             if dims[field] is not None:
@@ -179,6 +220,8 @@ def _tp_splits(kind: str, d: Mapping[str, object]) -> list[tuple[str, int]]:
         return [("heads", d["heads"]), ("ffn", d["ffn"])]
     if kind == "merger":
         return [("hidden * merge_factor", d["hidden"] * d["merge_factor"])]
+    if kind == "pixel_shuffle":
+        return []
     if kind == "projector":
         if d["depth"] == 1:
             return []

@@ -31,15 +31,20 @@ MAX_SEQ_LEN = 1 << 22
 class ImageRule:
     """How an image of ``height x width`` pixels becomes backbone tokens, as the model's processor resizes it.
 
-    ``dynamic`` is Qwen2-VL's rule (:func:`~mpipe_tune.inputs.workload.image_tokens_for`): sides rounded
-    to multiples of ``factor_px`` (patch side x merge side, 28 for 14 px patches merged 2x2), the area
-    kept within ``[min_pixels, max_pixels]``. ``fixed`` is CLIP's and SigLIP's: every image is resized
-    to one square tile of ``tile_tokens`` tokens.
+    ``dynamic`` is Qwen2-VL's rule (:func:`~mpipe_tune.inputs.workload.image_tokens_for`), and Qwen2.5-VL's,
+    Qwen3-VL's and GLM-4.1V's with their own sizes: sides rounded to multiples of ``factor_px`` (patch side x
+    merge side: 28 for 14 px patches merged 2x2, 32 for Qwen3-VL's 16 px), the area kept within
+    ``[min_pixels, max_pixels]``. ``fixed`` is CLIP's and SigLIP's: every image is resized to one square tile
+    of ``tile_tokens`` tokens. ``tiles`` is InternVL's dynamic tiling: the image is resized to the grid of
+    ``tile_px`` tiles (at most ``max_tiles``) whose aspect ratio is closest to its own, and a grid of more
+    than one tile adds a thumbnail tile; every tile is ``tile_tokens`` tokens.
 
     >>> ImageRule.dynamic().tokens(np.array([448, 28]), np.array([448, 28])).tolist()
     [256, 4]
     >>> ImageRule.fixed(576).tokens(np.array([1080]), np.array([1920])).tolist()
     [576]
+    >>> ImageRule.tiled(256, 448, 12).tokens(np.array([448, 1080, 100]), np.array([448, 1920, 1000])).tolist()
+    [256, 2304, 2816]
     """
 
     kind: str
@@ -47,6 +52,8 @@ class ImageRule:
     min_pixels: int = DEFAULT_MIN_PIXELS
     max_pixels: int = DEFAULT_MAX_PIXELS
     tile_tokens: int = 0
+    tile_px: int = 0
+    max_tiles: int = 0
 
     @classmethod
     def dynamic(cls, factor_px: int = PATCH_MERGE_PX, min_pixels: int = DEFAULT_MIN_PIXELS,
@@ -62,7 +69,17 @@ class ImageRule:
         assert tile_tokens >= 1, tile_tokens
         return cls("fixed", tile_tokens=tile_tokens)
 
+    @classmethod
+    def tiled(cls, tile_tokens: int, tile_px: int, max_tiles: int) -> "ImageRule":
+        if not (tile_tokens >= 1 and tile_px >= 1 and max_tiles >= 1):
+            raise MpipeError(f"image tiling rule: {max_tiles} tiles of {tile_px} px, {tile_tokens} tokens each: all "
+                             f"must be positive; fix the model's preprocessor_config.json (max_patches)")
+        return cls("tiles", tile_tokens=tile_tokens, tile_px=tile_px, max_tiles=max_tiles)
+
     def describe(self) -> str:
+        if self.kind == "tiles":
+            return (f"up to {self.max_tiles} tiles of {self.tile_px} px by aspect ratio, and a thumbnail tile, "
+                    f"{self.tile_tokens} tokens a tile")
         if self.kind == "fixed":
             return f"one fixed tile of {self.tile_tokens} tokens per image"
         return (f"resized to multiples of {self.factor_px} px within {self.min_pixels}..{self.max_pixels} pixels, "
@@ -80,6 +97,8 @@ class ImageRule:
                              f"give real image sizes")
         if self.kind == "fixed":
             return np.full(h0.shape, self.tile_tokens, dtype=np.int64)
+        if self.kind == "tiles":
+            return self._tiles(h0, w0) * self.tile_tokens
         f = float(self.factor_px)
         h = np.maximum(f, np.round(h0 / f) * f)
         w = np.maximum(f, np.round(w0 / f) * f)
@@ -93,32 +112,62 @@ class ImageRule:
                      np.where(too_small, np.ceil(w0 * up / f) * f, w))
         return ((h // f) * (w // f)).astype(np.int64)
 
+    def _tiles(self, h0: np.ndarray, w0: np.ndarray) -> np.ndarray:
+        """Tiles of each image, its thumbnail included: InternVL's ``dynamic_preprocess`` picks, among the grids
+        of ``i x j <= max_tiles`` tiles in order of size, the one whose ``i / j`` is closest to the image's width
+        over height, a later grid of equal distance winning while the image's area exceeds half the grid's."""
+        grids = sorted({(i, j) for n in range(1, self.max_tiles + 1) for i in range(1, n + 1)
+                        for j in range(1, n + 1) if i * j <= self.max_tiles}, key=lambda g: g[0] * g[1])
+        aspect, area = w0 / h0, w0 * h0
+        best_diff = np.full(h0.shape, np.inf)
+        best = np.ones(h0.shape, dtype=np.int64)
+        for i, j in grids:
+            diff = np.abs(aspect - i / j)
+            take = (diff < best_diff) | ((diff == best_diff) & (area > 0.5 * self.tile_px ** 2 * i * j))
+            best = np.where(take, i * j, best)
+            best_diff = np.where(diff < best_diff, diff, best_diff)
+        return best + (best > 1)
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "factor_px": self.factor_px, "min_pixels": self.min_pixels,
-                "max_pixels": self.max_pixels, "tile_tokens": self.tile_tokens}
+                "max_pixels": self.max_pixels, "tile_tokens": self.tile_tokens, "tile_px": self.tile_px,
+                "max_tiles": self.max_tiles}
 
 
 def image_rule_from_dims(patch_embed: Mapping[str, Any] | None, preprocessor: Mapping[str, Any] | None) -> ImageRule:
     """The model's rule from its patch embedding's dimensions (``patch_size``, ``merge_factor``,
-    ``positions``) and, for a dynamic-resolution encoder, the min/max pixels of its folder's
-    ``preprocessor_config.json``. A fixed position table (``positions`` > 0: CLIP, SigLIP) means one
-    fixed tile; no patch embedding (a model of explicit costs) gets Qwen2-VL's rule, as the named mixes do.
+    ``positions``, and the processor's ``min_pixels``, ``max_pixels`` or ``max_tiles`` the Hugging Face reader
+    gives it) and its folder's ``preprocessor_config.json``, which overrides them. ``max_tiles`` means InternVL's
+    tiles of the position table's square; a position table without min/max pixels (CLIP, SigLIP, Gemma 3) one
+    fixed tile; min/max pixels or no position table a dynamic resolution (Qwen2-VL's sizes where none are given).
+    No patch embedding (a model of explicit costs) gets Qwen2-VL's rule, as the named mixes do.
 
     >>> image_rule_from_dims({"patch_size": 14, "merge_factor": 1, "positions": 577}, None).tile_tokens
     576
     >>> image_rule_from_dims({"patch_size": 14, "merge_factor": 4, "positions": 0}, {"max_pixels": 50176}).max_pixels
     50176
+    >>> image_rule_from_dims({"patch_size": 16, "merge_factor": 4, "positions": 2304, "min_pixels": 65536,
+    ...                       "max_pixels": 16777216}, None).factor_px
+    32
     """
-    if patch_embed is not None and patch_embed.get("positions", 0):
-        side = math.isqrt(int(patch_embed["positions"]))  # a class token adds one position beyond the square
-        return ImageRule.fixed(max(1, side * side // int(patch_embed.get("merge_factor", 1))))
+    dims = dict(patch_embed or {})
+    pre = dict(preprocessor or {})
+    if dims.get("max_tiles"):
+        side = math.isqrt(int(dims["positions"]))  # InternViT's class token adds one position beyond the square
+        tiles = pre.get("max_patches", dims["max_tiles"])
+        if not isinstance(tiles, int) or isinstance(tiles, bool):
+            raise MpipeError(f"preprocessor_config.json: max_patches {tiles!r} must be an integer; fix the file")
+        return ImageRule.tiled(max(1, side * side // int(dims.get("merge_factor", 1))),
+                               side * int(dims["patch_size"]), tiles)
+    if dims.get("positions", 0) and dims.get("min_pixels") is None:
+        side = math.isqrt(int(dims["positions"]))  # a class token adds one position beyond the square
+        return ImageRule.fixed(max(1, side * side // int(dims.get("merge_factor", 1))))
     factor = PATCH_MERGE_PX
     if patch_embed is not None:
         factor = int(patch_embed["patch_size"]) * math.isqrt(int(patch_embed.get("merge_factor", 1)))
-    pre = dict(preprocessor or {})
     size = pre.get("size") if isinstance(pre.get("size"), Mapping) else {}
-    low = pre.get("min_pixels", size.get("shortest_edge", DEFAULT_MIN_PIXELS))
-    high = pre.get("max_pixels", size.get("longest_edge", DEFAULT_MAX_PIXELS))
+    low = pre.get("min_pixels", size.get("shortest_edge", dims.get("min_pixels") or DEFAULT_MIN_PIXELS))
+    high = pre.get("max_pixels", size.get("longest_edge", dims.get("max_pixels") or DEFAULT_MAX_PIXELS))
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
         raise MpipeError(f"preprocessor_config.json: min_pixels {low!r} and max_pixels {high!r} must be integers; "
                          f"fix the file")
@@ -234,9 +283,10 @@ class DatasetSpec:
         try:
             rule, text = data["image_rule"], data["text_rule"]
             assert set(data) == {"path", "image_rule", "text_rule", "seq_len", "image_folder"}
-            assert isinstance(data["path"], str) and rule["kind"] in ("dynamic", "fixed")
+            assert isinstance(data["path"], str) and rule["kind"] in ("dynamic", "fixed", "tiles")
             image_rule = ImageRule(rule["kind"], int(rule["factor_px"]), int(rule["min_pixels"]),
-                                   int(rule["max_pixels"]), int(rule["tile_tokens"]))
+                                   int(rule["max_pixels"]), int(rule["tile_tokens"]), int(rule.get("tile_px", 0)),
+                                   int(rule.get("max_tiles", 0)))
             return cls(data["path"], image_rule, TextRule(text["tokenizer"], float(text["chars_per_token"])),
                        data["seq_len"], data["image_folder"])
         except (KeyError, TypeError, ValueError, AssertionError):

@@ -141,9 +141,8 @@ def _counts(value: Any, where: str, key: str) -> tuple[tuple[int, ...], int, int
     if (isinstance(value, list) and value and all(isinstance(row, list) and row for row in value)
             and len({len(row) for row in value}) == 1 and all(is_count(x) for row in value for x in row)):
         return tuple(x for row in value for x in row), len(value[0]), len(value)
-    raise MpipeError(f"{where}: {key}.pipeline_num_layers is {shown(value)}, but it must be a list of layer counts "
-                     f"per pipeline stage ([1, 10, 10, 7]) or, with virtual stages, equal-length lists of them "
-                     f"([[0, 0, 0, 1], [4, 4, 4, 4]])")
+    raise MpipeError(f"{where}: {key}.pipeline_num_layers is {shown(value)}; give layer counts >= 0 per stage "
+                     f"([1, 10, 10, 7]) or, with virtual stages, equal-length lists of them ([[0, 0, 1], [4, 4, 4]])")
 
 
 def _check_sum(module: dict[str, Any], counts: tuple[int, ...], where: str, key: str) -> None:

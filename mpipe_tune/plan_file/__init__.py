@@ -14,10 +14,10 @@ This package is the one owner of the file, below ``report`` and ``runtime``:
   picked by name, its model (and profile) loaded and checked against the file's hashes, its
   candidate derived and the stored order checked against the derivation (:mod:`.derivation`).
 
-Layout (schema_version 2)::
+Layout (schema_version 3)::
 
     {
-      "schema": "mpipe-tune/plan", "schema_version": 2, "tool_version": "0.1.0",
+      "schema": "mpipe-tune/plan", "schema_version": 3, "tool_version": "0.1.0",
       "inputs": {
         "model":    {"spec": "tiny-vit-llm", "name": "...", "frozen": ["encoder"], "hash": "<sha256>"},
         "profile":  {"spec": "ideal", "name": "ideal", "hash": "<sha256>"},
@@ -28,7 +28,7 @@ Layout (schema_version 2)::
       "candidate": {"schedule": "transpose,1f1b", "cut": [9], "pp": 4, "tp": 1, "dp": 1, "ep": 1, "cp": 1,
                     "encoder_tp": 1, "microbatches": 8, "owner_policy": "round-robin",
                     "owners": [0, 1, 2, 3, 0, 1, 2, 3], "slabs": [[4, 4, 4, 4]], "recompute": false,
-                    "zero_stage": 1, "sequence_parallel": false, "dtype": "bf16", "frozen": ["encoder"],
+                    "zero_stage": 1, "reshard_after_forward": null, "sequence_parallel": false, "dtype": "bf16", "frozen": ["encoder"],
                     "label": ""},
       "placement": [...], "collectives": {...},
       "order": {"events": ["F1.0#0", ...], "edges": [[src, dst, "activation"], ...],
@@ -52,7 +52,8 @@ baseline at its own best layout (``megatron@own``, ...) and the user's current l
 top-level record. The workloads' microbatches are
 stored in full, so a plan runs and re-predicts without its source file. Loading checks every field
 and every section's event texts; its errors are one line (:class:`~mpipe_tune.errors.PlanFileError`).
-Version-1 files (before the candidate had one stored form) load through :func:`upgrade_v1`.
+Version-1 files (before the candidate had one stored form) load through :func:`upgrade_v1`, version-2 files
+(before ZeRO-3's reshard policy) through :func:`upgrade_v2`.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from __future__ import annotations
 from mpipe_tune.plan_file.derivation import derivation_record, placement_record, validate_derivation
 from mpipe_tune.plan_file.read import (
     ALTERNATIVES, SCHEMA, SCHEMA_VERSION, PlanFile, all_plan_names, load_plan, plan_names, read_plan, select_plan,
-    upgrade_v1,
+    upgrade_v1, upgrade_v2,
 )
 from mpipe_tune.plan_file.resolve import ResolvedPlan, load_plan_model, load_plan_profile, resolve, validate_input
 from mpipe_tune.plan_file.names import BASELINES, BEST, CURRENT, MPIPE_RR, OWN, REFERENCE
@@ -73,5 +74,5 @@ __all__ = [
     "ALTERNATIVES", "BASELINES", "BEST", "CURRENT", "MPIPE_RR", "OWN", "REFERENCE", "SCHEMA", "SCHEMA_VERSION", "SECTION_KEYS", "Inputs", "PlanFile", "PlanInputs",
     "ResolvedPlan", "SearchSummary", "Section", "all_plan_names", "derivation_record", "dump_plan", "load_plan",
     "load_plan_model", "load_plan_profile", "placement_record", "plan_names", "plan_record", "plan_section",
-    "predicted_record", "read_plan", "resolve", "select_plan", "upgrade_v1", "validate_derivation", "validate_input",
+    "predicted_record", "read_plan", "resolve", "select_plan", "upgrade_v1", "upgrade_v2", "validate_derivation", "validate_input",
 ]

@@ -208,7 +208,10 @@ def read_candidate(c: Any, *, where: str) -> Candidate:
             _count(c, key, where=where, upper=MAX_DEVICES)
     if "zero_stage" in c and (isinstance(c["zero_stage"], bool) or c["zero_stage"] not in ZERO_STAGES):
         raise damaged(where, f"candidate field 'zero_stage' = {_short(c['zero_stage'])} must be one of "
-                             f"{', '.join(map(str, ZERO_STAGES))} (stage 2 is not offered)")
+                             f"{', '.join(map(str, ZERO_STAGES))}")
+    if c.get("reshard_after_forward") is not None and not isinstance(c["reshard_after_forward"], bool):
+        raise damaged(where, f"candidate field 'reshard_after_forward' = {_short(c['reshard_after_forward'])} must be "
+                             f"true, false or null (the default for the pipeline degree)")
     for key in ("owner_policy", "label"):
         if c.get(key) is not None and not isinstance(c[key], str):
             raise damaged(where, f"candidate field {key!r} = {_short(c[key])} must be text or null")

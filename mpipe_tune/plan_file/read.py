@@ -19,8 +19,11 @@ from mpipe_tune.plan_file.check import damaged, read_record, read_value
 from mpipe_tune.plan_file.schema import BEST, Inputs, SearchSummary, Section
 
 SCHEMA = "mpipe-tune/plan"
-SCHEMA_VERSION = 2
-"""2: each section's ``candidate`` is :meth:`Candidate.to_dict` (its owner policy, label and frozen
+SCHEMA_VERSION = 3
+"""3: a candidate's ``reshard_after_forward`` (ZeRO-3's reshard policy; null: the default for its pipeline
+degree, which keeps the weights through the step under pipeline parallelism). Version-2 files, whose
+stage-3 plans gathered the weights for every microbatch, load through :func:`upgrade_v2`, their stage-3
+candidates set to reshard. 2: each section's ``candidate`` is :meth:`Candidate.to_dict` (its owner policy, label and frozen
 blocks included) and how the trainer runs is an input (``inputs.moe_imbalance``, ``grad_reduce_dtype``,
 ``overlap_dp_comm``; the last two added without a version change, defaults when absent). Files of version 1
 (the candidate without those fields, the imbalance in it) load through :func:`upgrade_v1`."""
@@ -118,11 +121,13 @@ def _load(path: str | os.PathLike) -> tuple[dict[str, Any], PlanFile]:
     where = f"plan file {path}"
     if not isinstance(record, dict) or record.get("schema") != SCHEMA:
         raise PlanFileError(f"{where} is not an mpipe-tune plan (field 'schema' must be '{SCHEMA}')")
-    if record.get("schema_version") not in (1, SCHEMA_VERSION):
+    if record.get("schema_version") not in (1, 2, SCHEMA_VERSION) or isinstance(record.get("schema_version"), bool):
         raise PlanFileError(f"{where} has schema_version {record.get('schema_version')!r}; this mpipe-tune reads "
-                            f"versions 1 and {SCHEMA_VERSION}: re-create the plan with this version")
+                            f"versions 1 to {SCHEMA_VERSION}: re-create the plan with this version")
     if record["schema_version"] == 1:
         record = upgrade_v1(record)
+    if record["schema_version"] == 2:
+        record = upgrade_v2(record)
     return record, PlanFile.from_dict(record, path=str(path))
 
 
@@ -156,6 +161,23 @@ def upgrade_v1(record: dict[str, Any]) -> dict[str, Any]:
             searched.setdefault(key, value)
     if isinstance(inputs, dict):
         inputs.setdefault("moe_imbalance", 1.0)
+    record["schema_version"] = 2
+    return record
+
+
+def upgrade_v2(record: dict[str, Any]) -> dict[str, Any]:
+    """A version-2 record in version 3's fields: each stage-3 candidate (the sections' and the search
+    summary's) gains ``reshard_after_forward: true``, what version 2 ran and predicted (every microbatch
+    gathers the weights); the others null. Malformed parts are left for the checks."""
+    record = json.loads(json.dumps(record))
+    sections = [record] + [s for field in ("baselines", ALTERNATIVES) if isinstance(record.get(field), dict)
+                           for s in record[field].values()]
+    search = record.get("search")
+    candidates = [s.get("candidate") for s in sections if isinstance(s, dict)]
+    candidates += [search.get("candidate")] if isinstance(search, dict) else []
+    for c in candidates:
+        if isinstance(c, dict) and "reshard_after_forward" not in c:
+            c["reshard_after_forward"] = True if c.get("zero_stage") == 3 else None
     record["schema_version"] = SCHEMA_VERSION
     return record
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from mpipe_tune.algebra.candidate import DEFAULT_KERNEL_MODE, GRAD_REDUCE_DTYPES, KERNEL_MODES, Candidate
+from mpipe_tune.algebra.candidate import DEFAULT_KERNEL_MODE, GRAD_REDUCE_DTYPES, KERNEL_MODES, MOE_DISPATCHERS, Candidate
 from mpipe_tune.algebra.events import Comm, EdgeKind, Group, parse_event
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.errors import MpipeError
@@ -88,11 +88,10 @@ class Inputs:
     overlap_dp_comm: bool = True
     kernel_mode: str = spec(choices=KERNEL_MODES, default=DEFAULT_KERNEL_MODE)
     """How the trainer launches kernels (``Framework.kernel_mode``; absent from older files: the default)."""
-
-    def framework(self) -> dict[str, Any]:
-        """The framework options as ``Framework.from_inputs`` reads them."""
-        return {"moe_imbalance": self.moe_imbalance, "grad_reduce_dtype": self.grad_reduce_dtype,
-                "overlap_dp_comm": self.overlap_dp_comm, "kernel_mode": self.kernel_mode}
+    moe_dispatcher: str = spec(choices=MOE_DISPATCHERS, default="alltoall")
+    """The MoE token dispatcher (:mod:`mpipe_tune.cost.moe`); absent from files written before it: alltoall."""
+    moe_capacity_factor: float | None = spec(lower=0.0, default=None)
+    moe_pad_to_capacity: bool = False
 
 
 # ------------------------------------------------------------------------------------- a plan's fields
@@ -286,6 +285,8 @@ class ComparisonRow:
     spill_s: float
     peak_bytes: float
     fits_memory: bool
+    bound_by: str | None = spec(omit_none=True, default=None)
+    """What bounds each rank of the plan (``r0 compute 80%, r1 host 60%``); absent from older files."""
 
 
 @dataclass(frozen=True)

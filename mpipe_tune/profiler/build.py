@@ -50,11 +50,20 @@ from mpipe_tune.profiler.device import (
     memory_capacity_bytes,
     threads_per_process,
 )
+from mpipe_tune.profiler.dispatch import HostSweep, host_entries, measure_host
 from mpipe_tune.profiler.fit import fit_alpha_beta, fit_nonnegative_line, to_link_cost
 from mpipe_tune.profiler.links import LINK_COLLECTIVES, LinkSweep, measure_links
 from mpipe_tune.profiler.nodes import NodeLayout
+from mpipe_tune.profiler.overlap import OverlapPoint, measure_overlap, overlap_entry, overlap_repeats
 from mpipe_tune.profiler.roofline import RateSweep, measure_memory_bandwidth, measure_peak_flops
 from mpipe_tune.profiler.settings import SweepSettings, sweep_settings
+from mpipe_tune.profiler.shapes import (
+    KernelSweeps,
+    KernelSweepSettings,
+    kernel_efficiency_entries,
+    kernel_sweep_settings,
+    measure_kernels,
+)
 from mpipe_tune.profiler.stats import summarize
 from mpipe_tune.profiler.together import UpdatePoint, calibrate_together
 
@@ -83,26 +92,41 @@ class Measurements:
     """The runtime's optimizer update timed on the calibration layers' weights (with a calibration)."""
     calibration: Model | None = None
     """The calibration model itself (its layers' costs price the split points against the cost model)."""
+    host: HostSweep | None = None
+    """The dispatch and sync chains (the profile's ``host`` table)."""
+    kernels: KernelSweeps | None = None
+    """The GEMM, attention and copy sweeps (the profile's ``kernel_efficiency`` table)."""
+    overlap: OverlapPoint | None = None
+    """How much a collective and a product slow each other (:mod:`~mpipe_tune.profiler.overlap`)."""
 
 
 COPIED_INTER_NODE = "The inter-node links are a copy of the intra-node ones."
 """A single-node profile's note on its inter-node class (one node cannot measure it)."""
 
+def quick_note(quick: bool) -> str:
+    """What every measured entry's ``ref`` adds when the sweep was ``--quick``."""
+    return " (--quick sweep: small sizes, few repeats; a smoke test, not a profile to plan with)" if quick else ""
+
+
 def count_steps(dtypes: tuple[str, ...], settings: SweepSettings, calibration: Model | None = None,
-                calibration_tokens: tuple[int, ...] | None = None) -> int:
-    """Progress steps of a run: one per matrix size and dtype, one for the copy, one per calibration
-    layer and token count, one per link repeat pass."""
+                calibration_tokens: tuple[int, ...] | None = None,
+                kernel_settings: KernelSweepSettings | None = None) -> int:
+    """Progress steps of a run: one per matrix size and dtype, one for the copy, one per point of the
+    kernel sweeps, one per calibration layer and token count, one per link repeat pass."""
     layers = len(calibration_layers(calibration)) if calibration is not None else 0
     sizes = len(calibration_tokens or settings.calibration_tokens)
-    return (len(dtypes) * len(settings.matmul_sizes) + 1 + layers * sizes
-            + len(LINK_COLLECTIVES) * settings.link_repeats)
+    kernels = kernel_settings.num_points if kernel_settings is not None else 0
+    return (len(dtypes) * len(settings.matmul_sizes) + 1 + kernels + layers * sizes
+            + len(LINK_COLLECTIVES) * settings.link_repeats + overlap_repeats(settings))
 
 
 def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: bool,
                    progress: Callable[[str], None], calibration: Model | None = None,
-                   calibration_tokens: tuple[int, ...] | None = None) -> Measurements:
-    """Measure ``device``: peak FLOP/s of each dtype, memory bandwidth, the layers of ``calibration``
-    (in the first dtype), and links over ``nproc`` processes.
+                   calibration_tokens: tuple[int, ...] | None = None,
+                   kernel_settings: KernelSweepSettings | None = None) -> Measurements:
+    """Measure ``device``: peak FLOP/s of each dtype, memory bandwidth, the host's dispatch and sync
+    cost and the kernel sweeps (with ``kernel_settings``; in the first dtype), the layers of
+    ``calibration`` (in the first dtype), and links over ``nproc`` processes.
 
     Ctrl-C (inside a command, :mod:`mpipe_tune.interrupt`): the roofline runs in this process, and a first
     Ctrl-C stops it at the caller's next ``progress`` step (or before the calibration or the links); the
@@ -120,6 +144,12 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
     with device_share(torch, device, nproc):
         peaks = {dtype: measure_peak_flops(torch, device, dtype, settings, progress) for dtype in dtypes}
         memory = measure_memory_bandwidth(torch, device, settings, progress)
+        host = kernels = None
+        if kernel_settings is not None:
+            host = measure_host(torch, device, kernel_settings.dispatch_lengths, kernel_settings.dispatch_repeats,
+                                progress)
+            kernels = measure_kernels(torch, device, dtypes[0], kernel_settings,
+                                      peak_flops_per_s=peaks[dtypes[0]].best.rate.median, progress=progress)
     points, update = (), None
     if calibration is not None:
         phase("calibration")
@@ -129,12 +159,15 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
     phase("links")
     with at_once():
         links = measure_links(device, nproc, settings, progress)
+    phase("overlap")
+    with at_once():
+        overlap = measure_overlap(device, nproc, settings, progress)
     per_node = nproc if device == "cpu" else getattr(torch, device).device_count()
     return Measurements(
         device, device_name(torch, device), nproc, per_node, torch.__version__, peaks, memory, capacity,
         capacity_ref, links, quick, threads_per_process(nproc) if device == "cpu" else None, points,
         calibration.name if calibration is not None else None, dtypes[0] if calibration is not None else None,
-        update, calibration,
+        update, calibration, host, kernels, overlap,
     )
 
 
@@ -142,7 +175,7 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
     """The profile's JSON form (schema version 1) from measurements."""
     date = date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     measured = {"source": "measured", "date": date}
-    how = "" if not m.quick else " (--quick sweep: small sizes, few repeats; a smoke test, not a profile to plan with)"
+    how = quick_note(m.quick)
     share = f" with {m.threads_per_process} thread(s), one process's share of the cores" if m.threads_per_process else ""
 
     peaks = {}
@@ -186,6 +219,9 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
             "size_bytes": u.size_bytes, "median_s": u.seconds.median, "iqr_s": u.seconds.iqr,
             "repeats": u.seconds.num_repeats,
         }
+    if m.overlap is not None:
+        extra["comm_compute_overlap"] = overlap_entry(
+            m.overlap, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how)
     profile = {
         "schema_version": SCHEMA_VERSION,
         "name": name,
@@ -202,6 +238,7 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
         "efficiency": _efficiencies(m, measured, how),
         "links": {"intra_node": intra, "inter_node": inter},
         **extra,
+        **_kernel_tables(m, date),
     }
     split = [p for p in m.layer_points if p.tp > 1]
     if split and m.calibration is not None:
@@ -247,7 +284,7 @@ def merge_link_classes(compute: Mapping[str, Any], sweeps: Mapping[str, Mapping[
     say which classes were measured."""
     date = date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     measured = {"source": "measured", "date": date}
-    how = "" if not quick else " (--quick sweep: small sizes, few repeats; a smoke test, not a profile to plan with)"
+    how = quick_note(quick)
     backend = BACKENDS[device]
     profile = copy.deepcopy(dict(compute))
     profile["links"] = copy.deepcopy(dict(compute["links"]))
@@ -273,6 +310,22 @@ def merge_link_classes(compute: Mapping[str, Any], sweeps: Mapping[str, Mapping[
                         + (f"; {', '.join(kept)} kept from the compute profile '{compute['name']}'" if kept else "")
                         + f". Compute figures from the single-node profile '{compute['name']}'.").strip()
     return profile
+
+
+def _kernel_tables(m: Measurements, date: str | None = None) -> dict[str, Any]:
+    """The ``host`` and ``kernel_efficiency`` tables of what was measured (none without the sweeps)."""
+    if m.host is None or m.kernels is None:
+        return {}
+    date = date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    measured = {"source": "measured", "date": date}
+    how = quick_note(m.quick)
+    return {
+        "host": host_entries(m.host, measured, m.device, how),
+        "kernel_efficiency": kernel_efficiency_entries(
+            m.kernels, peak_flops_per_s=m.peak_flops[m.kernels.dtype].best.rate.median,
+            bytes_per_s=m.memory.best.rate.median, dispatch_s=m.host.dispatch_s, device=m.device,
+            measured=measured, how=how),
+    }
 
 
 def _efficiencies(m: Measurements, measured: Mapping[str, str], how: str) -> dict[str, Any]:

@@ -68,6 +68,21 @@ def payload_elements(collective: str, size_bytes: int, group_size: int) -> tuple
 def measure_links(device: str, nproc: int, settings: SweepSettings, progress: Callable[[str], None],
                   *, timeout_s: float = 900.0) -> dict[str, LinkSweep]:
     """Spawn ``nproc`` workers and sweep every collective of :data:`LINK_COLLECTIVES` over them."""
+    return run_ranks(device, nproc, _sweep_links, settings, what="link measurement", progress=progress,
+                     timeout_s=timeout_s)
+
+
+def _sweep_links(torch, dist, where: str, rank: int, nproc: int, device: str, settings: SweepSettings, messages):
+    sweep = GroupSweep(torch, dist, where, Timer(torch, device), rank, tuple(range(nproc)), None, settings)
+    return sweep.all_collectives(messages)
+
+
+def run_ranks(device: str, nproc: int, body: Callable, argument: object, *, what: str,
+              progress: Callable[[str], None], timeout_s: float):
+    """Spawn ``nproc`` workers in one process group (gloo, NCCL or HCCL by ``device``), run
+    ``body(torch, dist, where, rank, nproc, device, argument, messages)`` on each (a module-level function;
+    ``messages`` on rank 0 only, else None: where its ``("progress", text)`` go) and return rank 0's result.
+    A worker's failure, or no result after ``timeout_s``, is one line naming ``what`` was measured."""
     assert nproc >= 2, nproc
     import torch.distributed as dist
 
@@ -76,7 +91,7 @@ def measure_links(device: str, nproc: int, settings: SweepSettings, progress: Ca
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
     workers = [
-        context.Process(target=_worker, args=(rank, nproc, device, store.port, settings, messages),
+        context.Process(target=_worker, args=(rank, nproc, device, store.port, body, argument, messages),
                         name=f"mpipe-tune-profile-rank{rank}", daemon=True)
         for rank in range(nproc)
     ]
@@ -91,18 +106,18 @@ def measure_links(device: str, nproc: int, settings: SweepSettings, progress: Ca
             except queue_module.Empty:
                 failed = [(rank, w.exitcode) for rank, w in enumerate(workers) if w.exitcode not in (None, 0)]
                 if failed:
-                    raise MpipeError(f"link measurement: worker rank {failed[0][0]} died with exit code "
+                    raise MpipeError(f"{what}: worker rank {failed[0][0]} died with exit code "
                                      f"{failed[0][1]} before reporting; rerun, or lower the process count",
                                      quantities=("process count",)) from None
                 if time.monotonic() > deadline:
-                    raise MpipeError(f"link measurement: no result after {timeout_s:.0f} s; check that "
+                    raise MpipeError(f"{what}: no result after {timeout_s:.0f} s; check that "
                                      f"the {BACKENDS[device]} backend works on this host") from None
                 continue
             if kind == "progress":
                 mark("link")
                 progress(payload)
             elif kind == "error":
-                raise MpipeError(f"link measurement failed on {payload}")
+                raise MpipeError(f"{what} failed on {payload}")
             else:
                 result = payload
                 break
@@ -116,7 +131,7 @@ def measure_links(device: str, nproc: int, settings: SweepSettings, progress: Ca
                 worker.join()
 
 
-def _worker(rank: int, nproc: int, device: str, port: int, settings: SweepSettings, messages) -> None:
+def _worker(rank: int, nproc: int, device: str, port: int, body: Callable, argument: object, messages) -> None:
     # Ctrl-C is the parent's to handle (it terminates the workers); SIGINT was blocked from the fork on
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -134,8 +149,7 @@ def _worker(rank: int, nproc: int, device: str, port: int, settings: SweepSettin
         bound = {} if device == "cpu" else {"device_id": torch.device(where)}
         dist.init_process_group(BACKENDS[device], store=store, rank=rank, world_size=nproc,
                                 timeout=timedelta(seconds=_DIST_TIMEOUT_S), **bound)
-        sweep = GroupSweep(torch, dist, where, Timer(torch, device), rank, tuple(range(nproc)), None, settings)
-        result = sweep.all_collectives(messages if rank == 0 else None)
+        result = body(torch, dist, where, rank, nproc, device, argument, messages if rank == 0 else None)
         if rank == 0:
             messages.put(("result", result))
         dist.destroy_process_group()

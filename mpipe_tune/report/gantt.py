@@ -3,7 +3,10 @@ from a prediction's timeline) and measured (:func:`draw_measured_gantt`, from a 
 
 One row per rank; encoder forwards, backbone forwards, backwards (input gradients, where a
 zero-bubble skeleton splits them), weight gradients, encoder backwards and reduces in distinct colours, microbatch numbers on the bars. Collectives occupy links, not ranks, so
-they are drawn as thin bars under the row of the rank that sends them.
+they are drawn as thin bars under the row of the rank that sends them. A plan at ZeRO-2, or at ZeRO-3
+keeping its weights, has its stages' sharding actions (:mod:`mpipe_tune.algebra.sharding`) marked on
+their rank's row: a gather where the stage's first event starts, a reduce-scatter and a free where its
+last backward ends.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from mpipe_tune.algebra.plan import Plan
-from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Fwd, Loss, Wgrad, parse_event
+from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Fwd, Loss, ReduceGrad, Reshard, Unshard, Wgrad, parse_event
+from mpipe_tune.algebra.sharding import sharded_program
 from mpipe_tune.algebra.schedule import Layout
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.outputs.files import validate_out_path, write_together
@@ -63,13 +67,58 @@ def _time_unit(makespan_s: float) -> tuple[float, str]:
     return (1e3, "ms") if makespan_s < 10 else (1.0, "s")
 
 
-def draw_gantt(plan: Plan, start_s: np.ndarray, durations_s: np.ndarray, path: str | os.PathLike, *, title: str = "") -> None:
-    """Write a PNG of the predicted per-rank timeline to ``path`` (atomically)."""
+def draw_gantt(plan: Plan, start_s: np.ndarray, durations_s: np.ndarray, path: str | os.PathLike, *, title: str = "",
+               zero: tuple[int, bool] = (1, False)) -> None:
+    """Write a PNG of the predicted per-rank timeline to ``path`` (atomically); ``zero``: the plan's ZeRO
+    stage and whether it reshards after forward, whose sharding actions are marked (:func:`sharding_marks`)."""
     bars, links, replicated = plan_bars(plan, start_s, durations_s)
     makespan = float((start_s + durations_s).max(initial=0.0))
     scale, unit = _time_unit(makespan)
     title = title or f"<{plan.schedule}>  P={plan.num_ranks}  M={plan.num_microbatches}  step {makespan * scale:.3g} {unit}"
-    _draw(bars, links, [f"rank {r}" for r in range(plan.num_ranks)], replicated, makespan, path, title)
+    _draw(bars, links, [f"rank {r}" for r in range(plan.num_ranks)], replicated, makespan, path, title,
+          marks=sharding_marks(plan, start_s, durations_s, *zero))
+
+
+def zero_of(options) -> tuple[int, bool]:
+    """The ZeRO setting a prediction's cost options mark (:func:`draw_gantt`'s ``zero``): none where one
+    data-parallel rank leaves nothing to shard."""
+    if options.degrees.dp * options.degrees.cp < 2:
+        return (0, False)
+    return (options.zero_stage, options.reshard_after_forward)
+
+
+MARKS = {Unshard: ("v", "gather"), ReduceGrad: ("^", "reduce-scatter"), Reshard: ("x", "free")}
+"""How each sharding action is marked: its marker and its legend label."""
+
+
+def sharding_marks(plan: Plan, start_s: np.ndarray, durations_s: np.ndarray, zero_stage: int,
+                   reshards_after_forward: bool) -> list[tuple[int, type, float]]:
+    """(rank, action kind, time) of every sharding action of the plan's program: an action before an
+    event at that event's start, one after an event at its finish.
+
+    >>> from mpipe_tune.algebra import Cut, Model, Schedule, Skeleton, derive
+    >>> from mpipe_tune.algebra.model import Layer
+    >>> plan = derive(Cut(()), Schedule((Skeleton("1f1b"),)), Model("m", (Layer("u", "llm", True, 1.0),)), 1, 1)
+    >>> start, durations = np.arange(len(plan.order.events), dtype=float), np.ones(len(plan.order.events))
+    >>> [(rank, kind.__name__, t) for rank, kind, t in sharding_marks(plan, start, durations, 3, False)]
+    [(0, 'Unshard', 0.0), (0, 'ReduceGrad', 3.0), (0, 'Reshard', 3.0)]
+    """
+    marks = []
+    for rank in range(plan.num_ranks):
+        program = sharded_program(plan, rank, zero_stage=zero_stage, reshards_after_forward=reshards_after_forward)
+        previous_end = 0.0
+        pending: list[type] = []
+        for item in program:
+            if type(item) in MARKS:
+                pending.append(type(item))
+                continue
+            i = plan.index[item]
+            for kind in pending:  # actions between two events: an unshard at the next one's start, the rest at the last one's end
+                marks.append((rank, kind, float(start_s[i]) if kind is Unshard else previous_end))
+            pending = []
+            previous_end = float(start_s[i] + durations_s[i])
+        marks += [(rank, kind, previous_end) for kind in pending]
+    return marks
 
 
 def draw_measured_gantt(trace: dict[str, Any], path: str | os.PathLike, *, replicated_regions: Iterable[int] = (),
@@ -95,7 +144,7 @@ def draw_measured_gantt(trace: dict[str, Any], path: str | os.PathLike, *, repli
 
 def _draw(bars: list[tuple[int, Any, float, float]], links: list[tuple[int, float, float]], row_labels: list[str],
           replicated: set[int], makespan_s: float, path: str | os.PathLike, title: str,
-          legend: list[str] | None = None) -> None:
+          legend: list[str] | None = None, marks: list[tuple[int, type, float]] = ()) -> None:
     """The picture: ``bars`` (row, event, start, duration) on ranks, ``links`` (row, start, duration)
     thin under the row that sends them."""
     try:
@@ -110,9 +159,15 @@ def _draw(bars: list[tuple[int, Any, float, float]], links: list[tuple[int, floa
     num_rows = len(row_labels)
     fig, ax = plt.subplots(figsize=(12, 0.6 * num_rows + 1.6))
     split = plot_timeline(ax, bars, links, row_labels, replicated, makespan_s or 1.0)
+    scale, _ = _time_unit(makespan_s or 1.0)
+    for row, kind, at in marks:
+        ax.plot(at * scale, row - 0.45, marker=MARKS[kind][0], color="black", markersize=4, linestyle="none")
     ax.set_title(title)
     shown = [k for k in (legend or COLOURS) if split or k != "weight grad"]
-    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in shown], loc="upper center",
+    handles = [Patch(color=COLOURS[k], label=k) for k in shown]
+    handles += [plt.Line2D([], [], marker=MARKS[kind][0], color="black", linestyle="none", label=MARKS[kind][1])
+                for kind in MARKS if any(k is kind for _, k, _ in marks)]
+    ax.legend(handles=handles, loc="upper center",
               bbox_to_anchor=(0.5, -0.35 if num_rows < 4 else -0.18), ncol=6, fontsize=8, frameon=False)
     fig.tight_layout()
     try:

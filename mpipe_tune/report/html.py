@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from mpipe_tune.cost.bound_by import bound_text, rank_bounds
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.outputs.files import validate_out_path
 from mpipe_tune.report.html_figures import PlanFigureData, memory_png, timelines_png, trials_png
@@ -63,6 +64,8 @@ class Report:
     trials_note: str
     best_step_s: float
     best_peak_bytes: float
+    bounds: tuple[tuple[str, str], ...] = ()
+    """(plan name, what bounds each of its ranks), as re-predicted."""
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -88,6 +91,11 @@ def render(report: Report) -> str:
     parts.append(f'<h2 id="timelines">Timelines</h2><p class=note>Each stored plan\'s first sampled step, '
                  f'predicted, on one time axis: {e(names)}.</p>')
     parts.append(_img(timelines_png(report.plans), "timelines of " + names))
+    if report.bounds:
+        parts.append('<h2 id="bound-by">What bounds each rank</h2><table id="bound-by-table">'
+                     + "".join(f"<tr><th>{e(name)}</th><td>{e(text)}</td></tr>" for name, text in report.bounds)
+                     + "</table><p class=note>Per rank, what sets most of its busy time: compute, memory traffic, "
+                       "the host's issue of kernels, or communication, with that share.</p>")
     parts.append('<h2 id="memory">Memory per rank</h2>')
     parts.append(_img(memory_png(report.plans, report.capacity_bytes), "peak memory per rank of " + names))
     parts.append('<h2 id="trials">Trials</h2>')
@@ -144,12 +152,13 @@ def build_report(path: str, *, model_spec: str | None = None, profile_spec: str 
     from mpipe_tune.report.repredict import repredict
 
     plan_file = read_plan(path)
-    plans, model, profile = [], model_spec, profile_spec
+    plans, bounds, model, profile = [], [], model_spec, profile_spec
     for name in plan_file.names:  # the inputs loaded once, with the first plan
         shown = repredict(plan_file, name, model=model, profile=profile)
         model, profile, section = shown.resolved.model, shown.resolved.profile, shown.resolved.section
         t = shown.prediction.timeline
         ranks = section.predicted.ranks
+        bounds.append((name, bound_text(rank_bounds(shown.prediction))))
         plans.append(PlanFigureData(name, shown.prediction.plan, np.asarray(t.start_s), np.asarray(t.durations_s),
                                     float(t.makespan_s), tuple(r.memory.static_bytes for r in ranks),
                                     tuple(r.memory.peak_bytes for r in ranks)))
@@ -168,6 +177,6 @@ def build_report(path: str, *, model_spec: str | None = None, profile_spec: str 
     return Report(
         title=f"mpipe-tune plan report: {Path(path).name}", inputs=info, table_header=header, table_rows=rows,
         plans=plans, capacity_bytes=float(profile.memory_capacity_bytes), trials=trials, trials_note=note,
-        best_step_s=float(best["step_s"]) if best else best_section.predicted_step_s,
+        best_step_s=float(best["step_s"]) if best else best_section.predicted_step_s, bounds=tuple(bounds),
         best_peak_bytes=float(best["peak_bytes"]) if best and best.get("peak_bytes") is not None
         else max(best_section.peak_bytes))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpipe_tune.cost.bound_by import bound_text, rank_bounds
 from mpipe_tune.plan_file import PlanInputs, plan_record, plan_section
 from mpipe_tune.plan_file import CURRENT
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
@@ -33,14 +34,21 @@ def outcome_record(outcome: PlanOutcome, inputs: PlanInputs) -> dict[str, Any]:
     record = plan_record(prediction, p.model, workload, p.profile, inputs,
                          baselines={name: section(e) for name, e in outcome.baselines if e is not None},
                          alternatives=alternatives)
-    record["search"] = outcome.summary()
+    record["search"] = summary = outcome.summary()
+    evaluations = {"best": outcome.best, CURRENT: outcome.current, **{f.label: f.best for f in outcome.families},
+                   **dict(outcome.baselines)}
+    for row in [*summary["comparison"], *summary.get("own_best", []), *([summary["current"]] if summary.get("current")
+                                                                         else [])]:
+        if evaluations.get(row["plan"]) is not None:  # what bounds each rank of the row's plan (issue 37)
+            row["bound_by"] = bound_text(rank_bounds(evaluator.prediction(evaluations[row["plan"]].candidate)[0]))
     return record
 
 
 def draw_evaluation(evaluator: Evaluator, evaluation: Evaluation, path, title: str) -> None:
     """The predicted timeline of one evaluated plan (its first sampled step) as a Gantt picture."""
-    from mpipe_tune.report.gantt import draw_gantt  # matplotlib: only when a picture is asked for
+    from mpipe_tune.report.gantt import draw_gantt, zero_of  # matplotlib: only when a picture is asked for
 
     prediction, _ = evaluator.prediction(evaluation.candidate)
     t = prediction.timeline
-    draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms")
+    draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms",
+               zero=zero_of(prediction.options))

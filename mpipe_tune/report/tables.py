@@ -10,7 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from mpipe_tune.algebra.encoder_backward import moved_count
+from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.cost.bound_by import rank_bounds
 from mpipe_tune.plan_file import placement_record, predicted_record
 from mpipe_tune.outputs.frames import Column, TextTable, gib, ms, text
 
@@ -30,6 +31,8 @@ def prediction_record(prediction, model, workload, profile) -> dict[str, Any]:
         "memory_capacity_bytes": mem.capacity_bytes,
         "fits_memory": mem.fits,
     }
+    for rank, bound in zip(record["ranks"], rank_bounds(prediction)):  # what bounds each rank (issue 37)
+        rank["bound_by"] = bound.to_dict()
     return record
 
 
@@ -37,9 +40,15 @@ def rank_frame(record: dict[str, Any]) -> pd.DataFrame:
     """The per-rank table of a :func:`prediction_record`, one row per rank, in seconds and bytes."""
     return pd.DataFrame.from_records(
         [{"rank": r["rank"], "busy_s": r["busy_s"], "bubble_s": r["bubble_s"], "encoder_s": r["encoder_s"],
-          "warmup_slack_s": r["warmup_slack_s"], "spill_s": r["spill_s"], **r["memory"]} for r in record["ranks"]],
+          "warmup_slack_s": r["warmup_slack_s"], "spill_s": r["spill_s"], **r["memory"],
+          "bound_by": _bound_cell(r)} for r in record["ranks"]],
         columns=["rank", "busy_s", "bubble_s", "encoder_s", "warmup_slack_s", "spill_s", "static_bytes",
-                 "activation_peak_bytes", "peak_bytes", "over_capacity"])
+                 "activation_peak_bytes", "peak_bytes", "over_capacity", "bound_by"])
+
+
+def _bound_cell(rank: dict[str, Any]) -> str:
+    bound = rank.get("bound_by")
+    return "-" if bound is None else f"{bound['bound']} {bound['share']:.0%}"
 
 
 RANK_COLUMNS = (
@@ -49,6 +58,7 @@ RANK_COLUMNS = (
     Column("encoder ms", ms("encoder_s"), ">", 10),
     Column("slack ms", ms("warmup_slack_s"), ">", 10),
     Column("spill ms", ms("spill_s"), ">", 10),
+    Column("bound by", text("bound_by"), ">", 16),
     Column("peak GiB", gib("peak_bytes"), ">", 9),
 )
 """The printed per-rank table: milliseconds and GiB from the frame's seconds and bytes."""
@@ -56,27 +66,11 @@ OVER = "OVER"
 """Marks a rank whose peak is over the device's memory capacity."""
 
 
-def settings_text(record: dict[str, Any]) -> str:
-    """The memory and parallel settings a prediction record holds beyond the defaults, in the words of a candidate's
-    text form (``ep=2 cp=2``, ``recompute``, ``recompute selective``, ``zero0``, ``zero3``, ``sp``)."""
-    recompute = record.get("recompute", False)
-    pieces = [f"{k}={record[k]}" for k in ("ep", "cp") if record.get(k, 1) > 1]
-    pieces += (["recompute"] if recompute is True else [f"recompute {recompute}"] if isinstance(recompute, str) else [])
-    pieces += [f"zero{record['zero_stage']}"] * (record.get("zero_stage", 1) != 1)
-    pieces += ["sp"] * bool(record.get("sequence_parallel"))
-    return "".join(f"  {piece}" for piece in pieces)
-
-
 def print_prediction(record: dict[str, Any]) -> None:
+    """The header (the inputs, and the candidate in its one text form, which ``Candidate.parse`` reads back)
+    and the per-rank table of a :func:`prediction_record`."""
     print(f"model {record['model']}  profile {record['profile']}  workload {record['workload']}")
-    print(f"schedule <{record['schedule']}>  cut {record['cut'] or '-'}  P={record['pp']} tp={record['tp']} "
-          f"dp={record['dp']}" + (f" encoder tp={record['encoder_tp']}" if record.get("encoder_tp", record["tp"])
-                                  != record["tp"] else "") + f"  M={record['microbatches']}  dtype {record['dtype']}"
-          + settings_text(record)
-          + (f"  encoder backward {record['encoder_backward']}" if record.get("encoder_backward", "cooldown")
-             != "cooldown" else "")
-          + (f" ({moved} on other ranks)" if (moved := moved_count(record.get("encoder_backward_ranks"),
-                                                                   record.get("owners") or ())) else ""))
+    print(f"candidate {Candidate.from_dict(record)}")
     print(f"predicted step time: {record['makespan_s'] * 1e3:.3f} ms   bubble share {record['bubble_share']:.1%}\n")
     frame = rank_frame(record)
     table = TextTable.fit(frame, RANK_COLUMNS)

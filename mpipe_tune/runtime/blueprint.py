@@ -16,6 +16,7 @@ layer ``l`` has shape :func:`output_shape` ``(l, mb)``, which both ends compute 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ _FLOW: dict[str, tuple[tuple[str | None, ...], str]] = {
     "vit_block": (("patches",), "patches"),
     "merger": (("patches",), "image"),
     "projector": (("image",), "image"),
+    "pixel_shuffle": (("patches",), "image"),
     "embedding": ((None, "image"), "sequence"),
     "dense_block": (("sequence",), "sequence"),
     "moe_block": (("sequence",), "sequence"),
@@ -50,6 +52,8 @@ class LayerSpec:
     dims: tuple[tuple[str, Any], ...]
     """Resolved dimensions (defaults filled in)."""
     trainable: bool
+    side_in: int = 0
+    """Width, per image token, of the DeepStack features the layer before hands on beside its output."""
 
     def dim(self, key: str) -> Any:
         return dict(self.dims)[key]
@@ -61,6 +65,7 @@ def blueprint(model: Model) -> tuple[LayerSpec, ...]:
     flowing: str | None = None
     width: int | None = None
     merge: int | None = None
+    side = 0
     for index, layer in enumerate(model.layers):
         where = f"model '{model.name}' layer {index} ('{layer.name}')"
         if not isinstance(layer.cost, ArchCost):
@@ -87,12 +92,44 @@ def blueprint(model: Model) -> tuple[LayerSpec, ...]:
             if merge is not None and dims["merge_factor"] != merge:
                 raise MpipeError(f"{where}: merge_factor {dims['merge_factor']} differs from the encoder's {merge}")
             merge = dims["merge_factor"]
-        flowing, width = gives, dims["out_hidden"] if kind == "merger" else dims.get("hidden")
-        specs.append(LayerSpec(index, layer.name, kind, tuple(sorted(dims.items())), layer.trainable))
+        flowing, width = gives, {"merger": dims.get("out_hidden"),
+                                 "pixel_shuffle": dims["hidden"] * dims.get("merge_factor", 1)}.get(kind, dims.get("hidden"))
+        specs.append(LayerSpec(index, layer.name, kind, tuple(sorted(dims.items())), layer.trainable, side))
+        side = _side_after(dims, side, where)
     if flowing != "loss":
         raise MpipeError(f"model '{model.name}': the runtime needs an lm_head as the last layer (it computes the loss); "
                          f"the last layer gives a {flowing} tensor")
     return tuple(specs)
+
+
+def _side_after(dims: dict, side: int, where: str) -> int:
+    """The DeepStack width a layer hands on: what it received, plus its tap, less its injection; it must be the
+    layer's ``side_width``."""
+    after = side + (dims.get("deepstack_out") or 0) - (dims["hidden"] if dims.get("deepstack_in") else 0)
+    if after < 0 or after != dims.get("side_width", 0):
+        raise MpipeError(f"{where}: side_width {dims.get('side_width', 0)} does not match the DeepStack features "
+                         f"reaching it ({side} wide, plus its tap, less its injection: {after}); make them agree")
+    return after
+
+
+VARIANT_FIELDS = ("window", "layer_scale", "deepstack_out", "deepstack_in", "side_width", "qk_norm", "attention_gate",
+                  "sliding_window", "post_norms")
+
+
+def validate_variants(specs: Sequence[LayerSpec], *, tp_degree: int, cp_degree: int, ep_degree: int) -> None:
+    """The runtime's modules of today's variants (:mod:`~mpipe_tune.runtime.variants`) run whole on a rank: a plan
+    that splits them by tensor, context or expert parallelism is one line."""
+    if tp_degree == cp_degree == ep_degree == 1:
+        return
+    for spec in specs:
+        d = dict(spec.dims)
+        used = [f for f in VARIANT_FIELDS if d.get(f)] + (["attention: gated_deltanet"]
+                                                           if d.get("attention") == "gated_deltanet" else [])
+        if used or spec.kind == "pixel_shuffle" or spec.side_in:
+            what = ", ".join(used) or spec.kind
+            raise MpipeError(f"layer {spec.index} ('{spec.name}', {spec.kind}) has {what}, which the runtime runs "
+                             f"with tensor-, context- and expert-parallel degrees 1 only (got tp {tp_degree}, "
+                             f"cp {cp_degree}, ep {ep_degree}); run such a plan with compute mode emulated")
 
 
 def output_shape(spec: LayerSpec, mb: Microbatch, context: ContextSplit | None = None,
@@ -101,7 +138,17 @@ def output_shape(spec: LayerSpec, mb: Microbatch, context: ContextSplit | None =
     with a ``context`` split, a decoder layer's output is that rank's share of the sequence, and with
     ``sequence_shards`` (sequence parallelism's tp degree) one tensor-parallel rank's rows of that share,
     padded to a multiple of it."""
+    base = _base_shape(spec, mb, context, sequence_shards)
+    side = spec.dim("side_width") if "side_width" in dict(spec.dims) else 0
+    if not side:
+        return base
+    return (math.prod(base) + mb.image_tokens * side,)  # packed with the DeepStack features it hands on
+
+
+def _base_shape(spec: LayerSpec, mb: Microbatch, context: ContextSplit | None, sequence_shards: int) -> tuple[int, ...]:
     kind = spec.kind
+    if kind == "pixel_shuffle":
+        return (mb.image_tokens, spec.dim("hidden") * spec.dim("merge_factor"))
     if kind in ("patch_embed", "vit_block"):
         return (-(-mb.image_tokens * spec.dim("merge_factor") // sequence_shards), spec.dim("hidden"))
     if kind == "merger":
@@ -116,7 +163,7 @@ def output_shape(spec: LayerSpec, mb: Microbatch, context: ContextSplit | None =
 
 def validate_workload(specs: Sequence[LayerSpec], microbatches: Sequence[Microbatch]) -> None:
     """Image tokens are spliced into the sequence, so they must fit in it."""
-    if not any(s.kind == "merger" for s in specs):
+    if not any(s.kind in ("merger", "pixel_shuffle", "projector") for s in specs):
         return
     for m, mb in enumerate(microbatches):
         if mb.image_tokens > mb.text_tokens:

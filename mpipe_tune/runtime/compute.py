@@ -42,12 +42,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd, Group, Wgrad
+from mpipe_tune.algebra.events import Action, Bwd, DpReduce, Fwd, Group, ReduceGrad, Reshard, Wgrad
 from mpipe_tune.inputs.arch_dims import IMAGE_STREAM_KINDS
 from mpipe_tune.runtime import encoder_groups
 from mpipe_tune.runtime.blueprint import output_shape
 from mpipe_tune.runtime.data import MicrobatchInputs
-from mpipe_tune.runtime.full_shard import is_fully_sharded, unsharded_parameters
+from mpipe_tune.runtime.full_shard import is_fully_sharded, reduce_gradients, reshard, unshard, unsharded_parameters
 from mpipe_tune.runtime.mesh import RankMesh, all_reduce_bucketed, local_tensor
 from mpipe_tune.runtime.mllm import LayerStack
 from mpipe_tune.runtime.plan_view import PlanView
@@ -71,8 +71,12 @@ class RealCompute:
         self._encoder_end = view.model.encoder_end
         """The first layer after the encoder block (the projector): encoder groups gather before it."""
         self.fully_sharded = is_fully_sharded(view.candidate.zero_stage, mesh)
-        """ZeRO-3: the layers are FSDP units (:mod:`~mpipe_tune.runtime.full_shard`), which reduce-scatter
-        the data-parallel gradients themselves."""
+        """ZeRO-2 and 3: the layers are FSDP units (:mod:`~mpipe_tune.runtime.full_shard`), which
+        reduce-scatter the data-parallel gradients themselves."""
+        self.keeps_weights = self.fully_sharded and not view.candidate.reshards_after_forward
+        """ZeRO-2, and ZeRO-3 keeping the weights: the gathered parameters are kept until the stage's reduce."""
+        self.syncs_once = self.keeps_weights and view.candidate.zero_stage == 3
+        """ZeRO-3 keeping the weights: the gradients are reduce-scattered once, by the stage's reduce event."""
         self.begin_step(view)
 
     def begin_step(self, view: PlanView | None = None) -> None:
@@ -191,7 +195,8 @@ class RealCompute:
         Fully sharded (ZeRO-3), FSDP2 has already summed every microbatch's gradients over the data-parallel
         (and the experts' data-parallel) group into this rank's shards: a DataGroup reduce sums nothing
         more, and a ReplicaGroup reduce (the replicated encoder, sharded alike on every pipeline rank)
-        sums the shards over the pipeline dimension only."""
+        sums the shards over the pipeline dimension only (kept weights were reduce-scattered and freed by
+        the stage's sharding actions before: :meth:`act`)."""
         layers = range(*self.view.reduce_layers(event, self.rank))
         for part, mesh in ((range(layers.start, min(layers.stop, self._encoder_end)), self.mesh.encoder_tp_mesh),
                            (range(max(layers.start, self._encoder_end), layers.stop), self.mesh.tp_mesh)):
@@ -218,10 +223,24 @@ class RealCompute:
         if experts and expert_group is not None:
             all_reduce_bucketed([local_tensor(p.grad) for p in experts], expert_group)
 
+    def act(self, action: Action) -> None:
+        """A sharding action of one of the rank's stages (ZeRO-2, ZeRO-3 keeping the weights): gather its
+        layers' weights, reduce-scatter the gradients its backwards accumulated (stage 3), or free them."""
+        if not self.keeps_weights:
+            return  # one data-parallel rank: nothing is sharded
+        modules = [self.stack.modules[i] for i in range(*self.view.slab(action.region, action.rank))
+                   if i in self.stack.modules]
+        if isinstance(action, ReduceGrad):
+            reduce_gradients(modules)
+        elif isinstance(action, Reshard):
+            reshard(modules)
+        else:
+            unshard(modules)
+
     def update(self) -> None:
         """Plain SGD; with ZeRO-1 (the plan's ``zero_stage``) each rank updates its shard of the weights
         it shares with its data-parallel group and all-gathers the rest (:func:`sharded_sgd_update`); with
-        ZeRO-3 each rank holds only its shards and updates them."""
+        ZeRO-2 and 3 each rank holds only its shards and updates them."""
         data_group = self.mesh.reduce_group(Group.DATA)
         if self.view.candidate.zero_stage < 1 or data_group is None or self.fully_sharded:
             sgd_update(self.stack.trainable_parameters(), self.lr)
@@ -301,11 +320,28 @@ class EmulatedCompute:
     def weight_grad(self, index: int, event: Wgrad) -> None:
         self._sleep(index, time.perf_counter())
 
+    def act(self, action) -> None:
+        """Sharding actions take no time of their own here (the emulated collectives are the events')."""
+
     def reduce(self, index: int, event: DpReduce) -> None:
         group = self.mesh.reduce_group(event.group)
         if group is not None:
             dist.all_reduce(torch.zeros(1, device=self.device), group=group)
         self._sleep(index, time.perf_counter())
+
+    def act(self, action: Action) -> None:
+        """A sharding action of one of the rank's stages (ZeRO-2, ZeRO-3 keeping the weights): gather its
+        layers' weights, reduce-scatter the gradients its backwards accumulated (stage 3), or free them."""
+        if not self.keeps_weights:
+            return  # one data-parallel rank: nothing is sharded
+        modules = [self.stack.modules[i] for i in range(*self.view.slab(action.region, action.rank))
+                   if i in self.stack.modules]
+        if isinstance(action, ReduceGrad):
+            reduce_gradients(modules)
+        elif isinstance(action, Reshard):
+            reshard(modules)
+        else:
+            unshard(modules)
 
     def update(self) -> None:
         pass

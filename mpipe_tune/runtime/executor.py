@@ -3,7 +3,8 @@
 There is no code per schedule. For each event of ``nodes(rank)``, in order: receive what its incoming
 transfers carry, run it (forward or backward of the stage's slab, the loss, a gradient reduce, the
 step barrier, or the weight-gradient half of a split backward), then send what its outgoing
-transfers carry. Which tensors those are is read off the
+transfers carry. Between the events, a ZeRO-2 or ZeRO-3 plan that keeps its weights has its stages'
+sharding actions (gather, reduce-scatter, free: :mod:`mpipe_tune.algebra.sharding`), run as they come. Which tensors those are is read off the
 graph (:mod:`mpipe_tune.runtime.plan_view`), so a new skeleton in the algebra runs unchanged.
 """
 
@@ -52,7 +53,10 @@ class Executor:
         spans = []
         dist.barrier()
         step_start = time.perf_counter()
-        for i in view.nodes[self.rank]:
+        for i in view.program(self.rank):
+            if not isinstance(i, int):  # a sharding action of one of the rank's stages
+                compute.act(i)
+                continue
             ready = time.perf_counter()
             event = view.events[i]
             incoming = [transport.recv(t) for t in view.recvs.get(i, ())]

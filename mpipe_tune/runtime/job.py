@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.algebra.candidate import DTYPE_BYTES
-from mpipe_tune.runtime.blueprint import blueprint, validate_tensor_parallel, validate_workload
+from mpipe_tune.runtime.blueprint import blueprint, validate_tensor_parallel, validate_variants, validate_workload
 from mpipe_tune.runtime.plan_view import PlanView, read_plan_file, validate_runnable
 from mpipe_tune.runtime.steps import StepPlanner, resolve_modes
 
@@ -85,6 +85,7 @@ def preflight(job: RunJob, world_size: int | None = None) -> PlanView:
         specs = blueprint(model)
         validate_workload(specs, view.microbatches)
         validate_tensor_parallel(specs, view.layout.tp)
+        validate_variants(specs, tp_degree=view.layout.tp, cp_degree=view.layout.cp, ep_degree=view.layout.ep)
     return view
 
 

@@ -31,28 +31,23 @@ from mpipe_tune.runtime.data import MicrobatchInputs, seed_of
 from mpipe_tune.runtime.experts import ExpertShard, route_local, route_parallel
 from mpipe_tune.runtime.ring_attention import Ring, RingCall, ring_attention
 from mpipe_tune.runtime.tensor_parallel import parallelize_layer
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, width: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+from mpipe_tune.runtime.variants import (
+    DeepstackMerger, PixelShuffle, RMSNorm, SideCarry, is_variant_attention, variant_attention,
+)
 
 
 class MLP(nn.Module):
     def __init__(self, width: int, ffn: int, out: int, *, activation: str, bias: bool) -> None:
         super().__init__()
         self.up = nn.Linear(width, ffn, bias=bias)
-        self.gate = nn.Linear(width, ffn, bias=bias) if activation == "swiglu" else None
+        self.gate = nn.Linear(width, ffn, bias=bias) if activation in ("swiglu", "geglu") else None
+        self.activation = activation
         self.down = nn.Linear(ffn, out, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
+            gate = F.silu(self.gate(x)) if self.activation == "swiglu" else F.gelu(self.gate(x), approximate="tanh")
+            return self.down(gate * self.up(x))
         return self.down(F.gelu(self.up(x)))
 
 
@@ -190,6 +185,9 @@ class VitBlock(nn.Module):
         self.attn = Attention(d["hidden"], d["heads"], d["heads"], d["head_dim"], qkv_bias=d["bias"], out_bias=d["bias"])
         self.norm2 = nn.LayerNorm(d["hidden"])
         self.mlp = MLP(d["hidden"], d["ffn"], d["hidden"], activation=d["activation"], bias=d["bias"])
+        self.window = d["window"]
+        self.scale1 = nn.Parameter(torch.full((d["hidden"],), 0.1)) if d["layer_scale"] else None
+        self.scale2 = nn.Parameter(torch.full((d["hidden"],), 0.1)) if d["layer_scale"] else None
         self.gather, self.keep_rows = Rows(), Rows()
         self.pad_to = 1
         """Sequence parallelism's tp degree: the patches arrive padded to a multiple of it."""
@@ -200,10 +198,14 @@ class VitBlock(nn.Module):
         and the rank keeps its rows of the result."""
         h = self.gather(self.norm1(x))
         sizes = [n * self.merge for n in inputs.image_sizes]
+        if self.window is not None:  # consecutive windows of `window` patches inside each image
+            sizes = [min(self.window, n - start) for n in sizes for start in range(0, n, self.window)]
         patches = h[:sum(sizes)]
         attended = [self.attn(part, causal=False) for part in torch.split(patches, sizes)] if sizes else [patches]
-        x = x + self.keep_rows(pad_rows(torch.cat(attended), self.pad_to))
-        return x + self.mlp(self.norm2(x))
+        branch = self.keep_rows(pad_rows(torch.cat(attended), self.pad_to))
+        x = x + (branch if self.scale1 is None else branch * self.scale1)
+        branch = self.mlp(self.norm2(x))
+        return x + (branch if self.scale2 is None else branch * self.scale2)
 
 
 class Merger(nn.Module):
@@ -224,13 +226,14 @@ class Merger(nn.Module):
 class Projector(nn.Module):
     def __init__(self, d: dict) -> None:
         super().__init__()
+        self.norm = nn.LayerNorm(d["in_hidden"]) if d["norm"] else nn.Identity()
         if d["depth"] == 1:
             self.net = nn.Linear(d["in_hidden"], d["hidden"])
         else:
-            self.net = MLP(d["in_hidden"], d["ffn"] or d["hidden"], d["hidden"], activation="gelu", bias=True)
+            self.net = MLP(d["in_hidden"], d["ffn"] or d["hidden"], d["hidden"], activation=d["activation"], bias=True)
 
     def forward(self, x: torch.Tensor, inputs: MicrobatchInputs) -> torch.Tensor:
-        return self.net(x)
+        return self.net(self.norm(x))
 
 
 class Embedding(nn.Module):
@@ -277,9 +280,13 @@ class DecoderBlock(nn.Module):
         self.norm1 = RMSNorm(hidden)
         if d["attention"] == "mla":
             self.attn = LatentAttention(d)
+        elif is_variant_attention(d):
+            self.attn = variant_attention(d)
         else:
             self.attn = Attention(hidden, d["heads"], d["kv_heads"], d["head_dim"], qkv_bias=d["qkv_bias"], out_bias=False)
         self.norm2 = RMSNorm(hidden)
+        self.post_attn = RMSNorm(hidden) if d["post_norms"] else nn.Identity()
+        self.post_mlp = RMSNorm(hidden) if d["post_norms"] else nn.Identity()
         self.ring: Ring | None = None
         if moe:
             self.mlp = MoE(d)
@@ -288,8 +295,8 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, inputs: MicrobatchInputs) -> torch.Tensor:
         ring = None if self.ring is None else RingCall(self.ring, inputs.mb.text_tokens)
-        x = x + self.attn(self.norm1(x), causal=True, ring=ring)
-        return x + self.mlp(self.norm2(x))
+        x = x + self.post_attn(self.attn(self.norm1(x), causal=True, ring=ring))
+        return x + self.post_mlp(self.mlp(self.norm2(x)))
 
 
 class MoE(nn.Module):
@@ -381,11 +388,27 @@ _MODULES = {
     "vit_block": VitBlock,
     "merger": Merger,
     "projector": Projector,
+    "pixel_shuffle": PixelShuffle,
     "embedding": Embedding,
     "dense_block": lambda d: DecoderBlock(d, moe=False),
     "moe_block": lambda d: DecoderBlock(d, moe=True),
     "lm_head": LMHead,
 }
+
+
+def _with_side_features(module: nn.Module, spec: LayerSpec) -> nn.Module:
+    """``module`` inside a :class:`~mpipe_tune.runtime.variants.SideCarry` where it takes, makes, adds or passes on
+    DeepStack features (Qwen3-VL), else ``module`` itself."""
+    d = dict(spec.dims)
+    tap_width, inject = d.get("deepstack_out"), d["hidden"] if d.get("deepstack_in") else 0
+    if not (spec.side_in or d.get("side_width") or tap_width or inject):
+        return module
+    tap = DeepstackMerger(d["hidden"] * d["merge_factor"], tap_width) if tap_width else None
+    in_width = d["in_hidden"] if spec.kind == "projector" else d["hidden"]
+    if spec.kind == "embedding":
+        in_width = d["hidden"]  # the image tokens it receives are as wide as the sequence
+    return SideCarry(module, in_width=in_width, side_in=spec.side_in, side_out=d.get("side_width", 0), tap=tap,
+                     inject=inject)
 
 
 def build_layer(spec: LayerSpec, *, seed: int, dtype: torch.dtype, device: torch.device,
@@ -402,7 +425,7 @@ def build_layer(spec: LayerSpec, *, seed: int, dtype: torch.dtype, device: torch
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_of("layer", seed, spec.index))
-        module = _MODULES[spec.kind](dict(spec.dims))
+        module = _with_side_features(_MODULES[spec.kind](dict(spec.dims)), spec)
     if expert_shard is not None and spec.kind == "moe_block":
         module.mlp.keep_experts(expert_shard)
     if ring is not None and spec.kind in CONTEXT_PARALLEL_KINDS:

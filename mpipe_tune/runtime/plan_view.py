@@ -29,14 +29,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.events import Bwd, Coll, DpReduce, Event, Fwd, Group, Loss, StepBarrier, Wgrad
+from mpipe_tune.algebra.events import (
+    Action, Bwd, Coll, DpReduce, Event, Fwd, Group, Loss, ReduceGrad, Reshard, StepBarrier, Unshard, Wgrad,
+)
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByLayer
 from mpipe_tune.algebra.plan import Plan
+from mpipe_tune.algebra.sharding import sharded_program
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.plan_file import PlanFile, ResolvedPlan, Section, resolve
 from mpipe_tune.runtime.layout import ParallelLayout
+
+ACTIONS = (Unshard, Reshard, ReduceGrad)
+"""The sharding actions a rank's program may hold beside its event indices."""
 
 Stage = tuple[int, int]
 
@@ -109,7 +115,7 @@ class PlanView:
     def layout(self) -> ParallelLayout:
         """The plan's (pp, dp, cp, tp) grid of ranks and its expert-parallel degree."""
         c = self.candidate
-        return ParallelLayout(c.pp, c.dp, c.tp, c.cp, c.ep, c.encoder_tp or 0)
+        return ParallelLayout(c.pp, c.dp, c.tp, c.cp, c.ep, c.encoder_tp)
 
     @property
     def dtype(self) -> str:
@@ -119,6 +125,15 @@ class PlanView:
     @property
     def schedule(self) -> str:
         return self.candidate.schedule
+
+    def program(self, rank: int) -> tuple[int | Action, ...]:
+        """Rank ``rank``'s event indices in the order it runs them, with its stages' ZeRO sharding actions
+        between them (:func:`~mpipe_tune.algebra.sharding.sharded_program`: none but at stage 2 and stage 3
+        keeping the weights)."""
+        c, index = self.candidate, self.plan.index
+        program = sharded_program(self.plan, rank, zero_stage=c.zero_stage,
+                                  reshards_after_forward=c.reshards_after_forward)
+        return tuple(e if isinstance(e, ACTIONS) else index[e] for e in program)
 
     def slab(self, region: int, rank: int) -> tuple[int, int]:
         """The layers ``Fwd(region, rank, m)`` runs: its slab, or the whole region when replicated."""

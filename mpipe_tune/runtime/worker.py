@@ -67,7 +67,8 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
                                  tp_mesh=mesh.tp_mesh, expert_shard=shard, encoder_tp_mesh=mesh.encoder_tp_mesh,
                                  encoder_end=view.model.encoder_end, ring=ring, sequence_parallel=sequence_parallel)
         if is_fully_sharded(view.candidate.zero_stage, mesh):
-            shard_layers(stack.modules, mesh)
+            shard_layers(stack.modules, mesh, reshard_after_forward=view.candidate.reshards_after_forward,
+                         sync_once=view.candidate.zero_stage == 3 and not view.candidate.reshards_after_forward)
         compute = RealCompute(view, mesh, stack, seed=job.seed, dtype=dtype, device=device, lr=job.lr)
         context = None if ring is None else ring.split
         transport = Transport(view, rank, dtype=dtype, device=device, peer=mesh.peer, pairs=planner.rank_pairs(),

@@ -6,7 +6,8 @@ the planner stays cheap. The points it samples are :class:`~mpipe_tune.algebra.c
 values, defined in the algebra below both the cost model and the search (re-exported here).
 """
 
-from mpipe_tune.search.baselines import BASELINES, REFERENCE, baseline, even_split
+from mpipe_tune.plan_file.names import BASELINES, REFERENCE
+from mpipe_tune.search.baselines import baseline, even_split
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.compare import comparison_rows, evaluate_baselines, format_rows
 from mpipe_tune.search.evaluate import Evaluation, Evaluator

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.plan_file.names import BASELINES, REFERENCE
+from mpipe_tune.plan_file.names import BASELINES
 
 UNPIPELINED = {
     "disttrain": "needs pp >= 2: the encoder's own stage and the backbone's",

@@ -23,11 +23,11 @@ import pandas as pd
 
 from mpipe_tune.interrupt import mark
 from mpipe_tune.outputs.frames import MISSING, Cell, Column, TextTable, format_frame, gib, is_missing, ms, text
-from mpipe_tune.search.baselines import BASELINES, REFERENCE, UNPIPELINED, baseline
+from mpipe_tune.search.baselines import UNPIPELINED, baseline
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
-from mpipe_tune.search.families import OWN, OwnBest
+from mpipe_tune.search.families import OwnBest
 from mpipe_tune.search.space import SearchSpace
-from mpipe_tune.plan_file.names import CURRENT
+from mpipe_tune.plan_file.names import BASELINES, CURRENT, OWN, REFERENCE
 
 
 
@@ -42,6 +42,7 @@ def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluatio
         candidate = baseline(name, evaluator.problem.model, c.pp, c.tp, c.dp, c.num_microbatches, vpp_counts)
         if candidate is not None:
             candidate = replace(candidate, recompute=c.recompute, ep=c.ep, cp=c.cp, zero_stage=c.zero_stage,
+                                reshard_after_forward=c.reshard_after_forward,
                                 sequence_parallel=c.sequence_parallel,
                                 encoder_tp=c.encoder_tp)  # the best plan's degrees and memory policy
         out.append((name, None if candidate is None else evaluator.evaluate(candidate)))
@@ -129,7 +130,7 @@ def faster_than_best(families: list[OwnBest], best: Evaluation) -> list[OwnBest]
 ROW_COLUMNS = ("plan", "schedule", "cut", "owners", "slabs", "pp", "tp", "dp", "ep", "cp", "encoder_tp",
                "encoder_dp", "microbatches", "recompute", "zero_stage", "sequence_parallel",
                "step_s", "p90_s", "step_samples_s", "speedup", "best_speedup", "bubble_share", "spill_s",
-               "peak_bytes", "fits_memory")
+               "peak_bytes", "fits_memory", "bound_by")
 """The columns of a comparison frame: the keys of :func:`row`, values in SI units (seconds, bytes)."""
 OVER = "!"
 """Marks a peak over the device's memory capacity in the printed table."""
@@ -182,6 +183,7 @@ COLUMNS = (
     Column("bubble", text("bubble_share", ".1%"), ">", 7),
     Column("peak GiB", _peak, ">", 9),
     Column("recomp", lambda r: "yes" if r["recompute"] else "no", ">", 6),
+    Column("bound by", lambda r: MISSING if is_missing(r["bound_by"]) else str(r["bound_by"]), min_width=8),
 )
 """The printed comparison table: milliseconds and GiB from the frame's seconds and bytes."""
 

@@ -310,7 +310,7 @@ class Evaluator:
     def bound_levels(self, c: Candidate) -> tuple[int, int]:
         """The first and last level of :meth:`bound_at` that apply to ``c`` (one more, the twin's, for a
         ZeRO-3 plan where :attr:`twin_bounds` is on)."""
-        return 0 if c.recompute is not False else 1, _last_level(c) + (c.zero_stage == 3 and self.twin_bounds)
+        return 0 if c.recompute is not False else 1, _last_level(c) + (c.zero_stage >= 2 and self.twin_bounds)
 
     def bound_at(self, c: Candidate, level: int) -> float:
         """``c``'s step-time bound at ``level`` (:class:`~mpipe_tune.search.bounds.BoundOrder`): 0, for a
@@ -336,7 +336,7 @@ class Evaluator:
         never shorter), predicted here unless ``predict`` is off (then only where it is known already); 0
         where it is not known, or where the twin's memory floors say it cannot fit (it would never be
         predicted for itself: its prediction would be spent on this bound alone)."""
-        if c.zero_stage != 3:
+        if c.zero_stage < 2:
             return 0.0
         twin = replace(c, zero_stage=1, label="")
         known = self._results.get(twin)
@@ -375,7 +375,8 @@ class Evaluator:
         (no slabs, no layer table of a sampled step): every layer's static bytes shared by the ``P``
         ranks (each layer is held by one rank or more). The parameter counts are read off a layer table
         of one sequence (they do not depend on the workload)."""
-        key = ("static floor", c.pp, c.tp, c.dp, c.ep, c.cp, c.zero_stage, c.sequence_parallel, c.encoder_tp)
+        key = ("static floor", c.pp, c.tp, c.dp, c.ep, c.cp, c.zero_stage, c.reshards_after_forward,
+               c.sequence_parallel, c.encoder_tp)
         if key not in self._bounds:
             p = self.problem
             table_key = ("static table", _kernel_setting(_table_setting(c)))  # what the table's kernels read
@@ -534,7 +535,7 @@ def _decided_as(c: Candidate) -> Candidate:
     """The candidate whose timeline decides ``c``'s per-step choices (owners, encoder backward slots): its
     stage-1 twin for a ZeRO-3 plan (the ZeRO-3 waits are left out of the choice, which keeps the twin's
     step a lower bound on its own, :meth:`Evaluator.twin_s`), else ``c`` itself."""
-    return replace(c, zero_stage=1) if c.zero_stage == 3 else c
+    return replace(c, zero_stage=1) if c.zero_stage >= 2 else c
 
 
 def _table_setting(c: Candidate, recompute: bool | str | None = None) -> tuple:

@@ -35,13 +35,13 @@ import math
 from dataclasses import dataclass, replace
 
 from mpipe_tune.interrupt import mark
-from mpipe_tune.search.baselines import BASELINES, baseline, schedule_of
+from mpipe_tune.search.baselines import baseline, schedule_of
 from mpipe_tune.search.bounds import BoundOrder
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.evaluate import Evaluation, Evaluator
 from mpipe_tune.search.grouped import StagedWorkBound
 from mpipe_tune.search.space import SearchSpace, twin_bounds
-from mpipe_tune.plan_file.names import OWN
+from mpipe_tune.plan_file.names import BASELINES, OWN
 
 _PRUNE_MARGIN = 1e-9
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mpipe_tune.algebra.candidate import ZERO_SETTINGS
 from mpipe_tune.algebra.encoder_backward import PLACEMENTS
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.algebra.schedule import Layout, Skeleton
@@ -39,10 +40,11 @@ DEFAULT_BATCH_PER_DEVICE = 4
 """A sampled mix's default global batch: this many sequences per device."""
 RECOMPUTE = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), "selective": ("selective",),
              "search": (False, True), "all": (False, "selective", True)}
-ZERO = {"0": (0,), "1": (1,), "3": (3,), "search": (0, 1), "all": (0, 1, 3)}
+ZERO = {**{word: (stage,) for word, (stage, _) in ZERO_SETTINGS.items()}, "search": (0, 1), "all": (0, 1, 2, 3)}
 """``search`` keeps to stages 0 and 1: with stage 3 in it the issue-27 DeepSeek-V3 command with every knob took
 twice the CPU (94 s against 44 s at 512 devices, benchmarks/README.md), over its 60 s target; ``all`` adds
-stage 3 (as ``--recompute all`` adds selective), and the widening when nothing fits uses it."""
+stages 2 and 3 (as ``--recompute all`` adds selective), and the widening when nothing fits uses it. Stage 3 takes
+the reshard policy its word gives (``3-reshard``, ``3-keep``), else the default for each pipeline degree."""
 SEQUENCE_PARALLEL = {"off": (False,), "on": (True,), "search": (False, True)}
 WIDENABLE = {"recompute": "all", "zero": "all", "sequence_parallel": "search"}
 """The memory knobs widened when nothing fits, and what each is widened to (a setting's text). Expert
@@ -100,7 +102,7 @@ class SpaceRequest:
     ep: str | None = None
     """Degrees such as ``1,8``, or ``search``; default: ``search`` for a MoE model, else ``1``."""
     zero: str | None = None
-    """0, 1 (default), 3, search (stages 0 and 1) or all (0, 1 and 3); see :data:`ZERO`."""
+    """0, 1 (default), 2, 3, 3-reshard, 3-keep, search (stages 0 and 1) or all (0 to 3); see :data:`ZERO`."""
     sequence_parallel: str | None = None
     """off (default), on or search."""
 
@@ -138,6 +140,7 @@ def space_options(request: SpaceRequest, model: Model) -> SpaceOptions:
         ep=None if ep_text == "search" else int_list(ep_text, DEGREES["ep"]),
         cp=int_list(request.cp, DEGREES["cp"]),
         zero=ZERO[request.zero or "1"],
+        reshard_after_forward=ZERO_SETTINGS.get(request.zero or "1", (1, None))[1],
         sequence_parallel=SEQUENCE_PARALLEL[request.sequence_parallel or "off"],
         encoder_tp=request.encoder_tp == "search",
         encoder_backward=PLACEMENTS if request.encoder_backward == "search" else (request.encoder_backward,),

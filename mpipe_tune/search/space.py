@@ -51,6 +51,7 @@ from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.cost.arch import expert_parallel_fits, tensor_parallel_fits
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.search.owners import POLICIES
 from mpipe_tune.search.problem import Problem
 
@@ -89,7 +90,10 @@ class SpaceOptions:
     cp: tuple[int, ...] = (1,)
     """Allowed context-parallel degrees."""
     zero: tuple[int, ...] = (1,)
-    """ZeRO stages to try: ``(1,)`` (a distributed optimizer), ``(0,)`` or ``(0, 1)``."""
+    """ZeRO stages to try: ``(1,)`` (a distributed optimizer), ``(0,)``, ``(0, 1)``, ... up to ``(0, 1, 2, 3)``."""
+    reshard_after_forward: bool | None = None
+    """The reshard policy of stage-3 points (:attr:`~mpipe_tune.algebra.candidate.Candidate.reshard_after_forward`;
+    None: the default for each pipeline degree)."""
     sequence_parallel: tuple[bool, ...] = (False,)
     """Sequence-parallel settings to try where ``tp > 1``."""
     encoder_tp: bool = False
@@ -351,7 +355,8 @@ class SearchSpace:
         placements = self.encoder_backward_choices(cut[0]) if transpose else [COOLDOWN]
         placement = choose("encoder_backward", placements) if len(placements) > 1 else placements[0]
         return Candidate(schedule, cut, pp, tp, dp, num_microbatches, policy, recompute=recompute, ep=ep, cp=cp,
-                         zero_stage=zero, sequence_parallel=sp, encoder_tp=encoder_tp, encoder_backward=placement)
+                         zero_stage=zero, sequence_parallel=sp, encoder_tp=encoder_tp, encoder_backward=placement,
+                         reshard_after_forward=self.options.reshard_after_forward)
 
     def encoder_backward_choices(self, boundary: int) -> list[str]:
         """The encoder backward placements searched for a transpose of layers ``[0, boundary)``: the
@@ -371,7 +376,8 @@ class SearchSpace:
         """Every combination of the choices after the schedule's at these degrees (recompute, ep, ZeRO
         stage, sequence parallelism), as Candidate fields: what a baseline's family ranges over."""
         sequence = list(self.options.sequence_parallel) if tp > 1 else [False]
-        return [{"recompute": r, "ep": e, "zero_stage": z, "sequence_parallel": sp, "encoder_tp": et}
+        return [{"recompute": r, "ep": e, "zero_stage": z, "sequence_parallel": sp, "encoder_tp": et,
+                 "reshard_after_forward": self.options.reshard_after_forward}
                 for r in self.options.recompute for e in self.expert_choices(dp, cp)
                 for z in self.options.zero for sp in sequence for et in self.encoder_tp_choices(tp)]
 
@@ -514,9 +520,10 @@ class Group:
 
 
 def layout_name(layout: tuple[int, int, int, int]) -> str:
-    """A layout as the ``degrees`` choice names it: ``pp4-tp2-dp2``, with ``-cp2`` where ``cp > 1``."""
+    """A layout as the ``degrees`` choice names it: the degrees' text form with hyphens for spaces (an Optuna
+    parameter value: ``pp4-tp2-dp2``, with ``-cp2`` where ``cp > 1``)."""
     pp, tp, dp, cp = layout
-    return f"pp{pp}-tp{tp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "")
+    return str(Degrees(pp, tp, dp, cp=cp)).replace(" ", "-")
 
 
 class _NoLeaf(Exception):
@@ -541,7 +548,7 @@ def _nearest(value: Any, options: list[Any]) -> Any:
 
 
 def twin_bounds(space: SearchSpace) -> bool:
-    """Whether ``space`` searches ZeRO-1 beside ZeRO-3: then a stage-3 plan's stage-1 twin is a point of it,
-    predicted where its own bound lets it, and its step bounds the stage-3 plan's
+    """Whether ``space`` searches ZeRO-1 beside ZeRO-2 or 3: then a stage-2 or stage-3 plan's stage-1 twin is a
+    point of it, predicted where its own bound lets it, and its step bounds the plan's
     (:attr:`~mpipe_tune.search.evaluate.Evaluator.twin_bounds`)."""
-    return {1, 3} <= set(space.options.zero)
+    return 1 in space.options.zero and any(z >= 2 for z in space.options.zero)

@@ -3,7 +3,7 @@
 The trial number, state, objective value and finishing time are read straight from Optuna's RDB
 tables as a stream (``Study.trials_dataframe`` builds every trial through the ORM first, which a large
 study cannot afford: see :data:`_TRIAL_ROWS`); the candidate and the figures come from the one user
-attribute the driver stores in every trial (:data:`mpipe_tune.search.driver.ATTR`), decoded through :class:`Candidate`. Columns carry
+attribute the driver stores in every trial (:data:`mpipe_tune.search.search_run.ATTR`), decoded through :class:`Candidate`. Columns carry
 their unit and hold SI values (seconds, bytes): see :data:`COLUMNS`. A trial the driver settled by
 its lower bound (``exact`` false) holds bounds: its ``step_s`` and ``p90_s`` are step-time lower
 bounds and its ``peak_bytes`` its static memory, and it was never predicted in full.
@@ -28,7 +28,7 @@ import sqlalchemy
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.outputs.frames import MISSING, Column, format_frame, gib, is_missing, ms, text
 from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.search.driver import ATTR
+from mpipe_tune.search.search_run import ATTR
 from mpipe_tune.search.store import check_file, fault_of, faults_named
 
 COLUMNS = ("number", "state", "schedule", "cut", "owners", "slab_counts", "pp", "tp", "dp", "microbatches",

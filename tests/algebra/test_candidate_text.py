@@ -45,18 +45,34 @@ def test_the_text_form_reads_as_the_tables_print_it():
     assert c.degrees == Degrees(2, 1, 4, ep=4) and str(c.degrees) == "pp2 tp1 dp4 ep4"
 
 
-def test_zero_stages_read_and_print_and_stage_2_is_refused():
-    for stage in (0, 3):
+def test_zero_stages_and_the_reshard_policy_read_and_print():
+    for stage in (0, 2, 3):
         c = Candidate("1f1b", (), pp=2, dp=4, num_microbatches=8, zero_stage=stage)
         assert str(c) == f"<1f1b> cut -  pp2 tp1 dp4  M=8  zero{stage}" and Candidate.parse(str(c)) == c
     assert "zero" not in str(Candidate("1f1b", (), pp=2, dp=4, num_microbatches=8))  # stage 1: the default
-    with pytest.raises(MpipeError, match=r"the ZeRO stage is 2, but it must be one of 0, 1, 3 \(stage 2 is not offered"):
-        Candidate("1f1b", (), pp=2, dp=4, num_microbatches=8, zero_stage=2).validate()
+    for policy, word in ((True, "reshard"), (False, "keep")):
+        c = Candidate("1f1b", (), pp=2, dp=4, num_microbatches=8, zero_stage=3, reshard_after_forward=policy)
+        assert str(c) == f"<1f1b> cut -  pp2 tp1 dp4  M=8  zero3 {word}"
+        assert Candidate.parse(str(c)) == c and Candidate.from_dict(c.to_dict()) == c
+        assert c.reshards_after_forward is policy
+    with pytest.raises(MpipeError, match=r"the ZeRO stage is 4, but it must be one of 0, 1, 2, 3"):
+        Candidate("1f1b", (), pp=2, dp=4, num_microbatches=8, zero_stage=4).validate()
+
+
+@pytest.mark.parametrize("pp,default", [(1, True), (2, False), (8, False)])
+def test_stage_3_reshards_after_forward_by_default_only_without_pipeline_parallelism(pp, default):
+    c = Candidate("1f1b", (), pp=pp, dp=4, num_microbatches=8, zero_stage=3)
+    assert c.reshard_after_forward is None and c.reshards_after_forward is default
+    # the policy belongs to stage 3: another stage drops it (a stage-1 twin of a stage-3 plan)
+    assert replace(c, zero_stage=1).reshard_after_forward is None
+    assert not replace(c, zero_stage=2).reshards_after_forward
 
 
 @pytest.mark.parametrize("text,words", [
     ("pp4 tp1 dp1  M=8", "does not start with its schedule"),
-    ("<1f1b> cut -  pp2  M=8  zero2", "'zero2' is not a piece"),
+    ("<1f1b> cut -  pp2  M=8  zero4", "'zero4' is not a piece"),
+    ("<1f1b> cut -  pp2  M=8  zero3 often", "reshard policy 'often'; use reshard or keep"),
+    ("<1f1b> cut -  pp2  M=8  zero2 keep", "'zero2 keep' is not a piece"),
     ("<1f1b> cut -  pp2 tq1  M=8", "'tq1' is not a degree"),
     ("<1f1b> cut -  tp2  M=8", "pipeline degree is missing"),
     ("<1f1b> cut -  pp2  M=8  zero0  zero0", "repeats a setting"),
@@ -78,15 +94,16 @@ int_lists = st.lists(st.integers(0, 9), min_size=1, max_size=5).map(tuple)
        owner_policy=st.sampled_from([None, "round-robin", "greedy", "optimal"]),
        slabs=st.none() | st.lists(st.lists(small, min_size=1, max_size=4).map(tuple), max_size=3).map(tuple),
        recompute=st.sampled_from([False, "selective", True]), label=st.sampled_from(["", "megatron", "current"]),
-       zero=st.sampled_from([0, 1, 3]), sp=st.booleans(), owner_map=st.none() | int_lists,
+       zero=st.sampled_from([0, 1, 2, 3]), reshard=st.sampled_from([None, True, False]), sp=st.booleans(),
+       owner_map=st.none() | int_lists,
        dtype=st.sampled_from(sorted(DTYPE_BYTES)), frozen=st.sampled_from([(), ("encoder",), ("encoder", "llm")]),
        placement=st.sampled_from(PLACEMENTS), slots=st.none() | int_lists, ranks=st.none() | int_lists)
-def test_any_candidate_parses_back(schedule, cut, degrees, m, owner_policy, slabs, recompute, label, zero, sp,
+def test_any_candidate_parses_back(schedule, cut, degrees, m, owner_policy, slabs, recompute, label, zero, reshard, sp,
                                    owner_map, dtype, frozen, placement, slots, ranks):
     c = Candidate(schedule, cut, num_microbatches=m, owner_policy=owner_policy, slab_counts=slabs, recompute=recompute,
                   label=label, zero_stage=zero, sequence_parallel=sp, owner_map=owner_map, dtype=dtype, frozen=frozen,
                   encoder_backward=placement, encoder_backward_slots=slots, encoder_backward_ranks=ranks,
-                  degrees=degrees)
+                  reshard_after_forward=reshard, degrees=degrees)
     assert Candidate.parse(str(c)) == c
     if c.slab_counts != ():  # plan.json's form stores no Sharded region's slabs as null, as it always has
         assert Candidate.from_dict(c.to_dict()) == c

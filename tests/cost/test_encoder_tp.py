@@ -113,7 +113,8 @@ def uncalibrated(profile):
     (issue 16 calibrated the shipped profile; these figures pin the encoder-degree change, not it)."""
     data = profile.to_dict()
     data["efficiency"] = {"default": {"value": 1.0, "source": "assumed"}}
-    data.pop("tp_comm_overlap", None)
+    for key in ("tp_comm_overlap", "host", "kernel_efficiency"):  # issue 37's curves and host costs came later
+        data.pop(key, None)
     return parse_profile(data, where="uncalibrated")
 
 

@@ -105,7 +105,8 @@ def test_qwen2_5_vl_style_vision_config_maps_its_swiglu_vit(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(data))
     spec = from_hf_config(tmp_path)
     vit = spec["layers"][1]
-    assert (vit["activation"], vit["ffn"], spec["layers"][2]["out_hidden"]) == ("swiglu", 3420, 3584)
+    merger = next(layer for layer in spec["layers"] if layer["kind"] == "merger")
+    assert (vit["activation"], vit["ffn"], merger["out_hidden"]) == ("swiglu", 3420, 3584)
 
 
 def test_deepseek_v3_keeps_published_active_parameters():

@@ -13,6 +13,7 @@ from mpipe_tune.profiler.build import Measurements, assemble_profile
 from mpipe_tune.profiler.calibrate import LayerPoint
 from mpipe_tune.profiler.fit import fit_alpha_beta, to_link_cost
 from mpipe_tune.profiler.links import LinkSweep
+from mpipe_tune.profiler.overlap import OverlapPoint, overlap_share
 from mpipe_tune.profiler.roofline import RatePoint, RateSweep
 from mpipe_tune.profiler.stats import summarize
 
@@ -65,11 +66,15 @@ def test_quick_cpu_sweep_writes_a_profile_that_loads(tmp_path):
     assert update["source"] == "measured" and update["size_bytes"] > 0
     assert profile.update_bytes_per_s == pytest.approx(update["size_bytes"] / update["median_s"])
     assert update["repeats"] % 2 == 0  # both local ranks timed it at once: their repeats are pooled
+    overlap = profile.provenance["comm_compute_overlap"]  # the two ranks' all-gather beside a product
+    assert overlap["source"] == "measured" and 0 <= profile.comm_compute_overlap <= 1
+    assert profile.comm_compute_overlap == overlap_share(overlap["gemm_s"], overlap["comm_s"], overlap["both_s"])
     assert "wrote" in stdout and "p2p" in stdout and "optimizer update" in stdout
+    assert "host dispatch" in stdout and "kernel gemm" in stdout and "kernel attention" in stdout
     assert [p.name for p in tmp_path.iterdir()] == ["quick.json"]  # no scratch or temporary files left
 
 
-def _measurements(quick=False, layer_points=()):
+def _measurements(quick=False, layer_points=(), overlap=None):
     def sweep(collective, g, alpha, beta):
         sizes = (8, 1024, 2**20)
         return LinkSweep(collective, g, sizes, tuple((alpha + beta * n,) * 3 for n in sizes))
@@ -81,7 +86,7 @@ def _measurements(quick=False, layer_points=()):
         memory_capacity_bytes=8e9, memory_capacity_ref="test",
         links={c: sweep(c, 2, 1e-4, 1e-9) for c in COLLECTIVES}, quick=quick, threads_per_process=1,
         layer_points=layer_points, calibration_model="m" if layer_points else None,
-        calibration_dtype="fp32" if layer_points else None,
+        calibration_dtype="fp32" if layer_points else None, overlap=overlap,
     )
 
 
@@ -98,6 +103,20 @@ def test_assembled_profile_parses_and_inverts_the_closed_forms():
     assert profile.provenance["links.intra_node.gather"]["date"] == "2026-01-01"
     assert profile.efficiency == {"default": 1.0}
     assert profile.provenance["efficiency.default"]["source"] == "assumed"
+    assert profile.comm_compute_overlap is None and profile.overlap_share == 1.0  # none measured: full overlap
+
+
+def test_a_measured_overlap_is_written_with_its_medians_and_read_back():
+    # a product of 20 ms and an all-gather of 8 ms that took 26 ms together: 2 of the 8 ms hidden
+    point = OverlapPoint(gemm_s=0.02, comm_s=0.008, both_s=0.026, matrix_size=768, message_bytes=2**22, repeats=7,
+                         group_size=2)
+    data = assemble_profile(_measurements(overlap=point), name="t", date="2026-01-01")
+    profile = parse_profile(json.loads(json.dumps(data)), where="test")
+    assert profile.comm_compute_overlap == pytest.approx(0.25) and profile.overlap_share == pytest.approx(0.25)
+    origin = profile.provenance["comm_compute_overlap"]
+    assert origin["source"] == "measured" and origin["date"] == "2026-01-01" and origin["both_s"] == 0.026
+    assert "768x768" in origin["ref"] and "4.00 MiB all-gather" in origin["ref"]
+    assert parse_profile(profile.to_dict(), where="again") == profile
     quick = assemble_profile(_measurements(quick=True), name="t")
     assert "--quick" in quick["notes"] and "smoke test" in quick["links"]["intra_node"]["p2p"]["ref"]
 

@@ -87,7 +87,7 @@ def test_megatron_takes_torch_fsdp2_without_pipeline_or_expert_parallelism_as_va
 
 def test_megatron_refuses_stage_3_with_pipeline_parallelism_naming_stage_1():
     message = one_line_error(lambda: to_megatron(plan_at(3)))
-    assert "pipeline parallelism" in message and "ZeRO stage 1" in message and "--use-distributed-optimizer" in message
+    assert "pipeline parallelism" in message and "ZeRO stage 1" in message
     fp16 = dataclasses.replace(plan_at(3, pp=1), dtype="fp16")
     assert "fp16" in one_line_error(lambda: to_megatron(fp16))
 
@@ -103,6 +103,26 @@ def test_mindspeed_writes_its_fsdp2_flags_and_config_at_pp_1(tmp_path):
     config = yaml.safe_load((tmp_path / "m.fsdp2.yaml").read_text())  # as Fsdp2Config.load_from_yaml reads it
     assert set(config) <= FSDP2_CONFIG_FIELDS
     assert config == {"sharding_size": "auto", "reshard_after_forward": True}
+
+
+def test_the_reshard_policy_and_stage_2_in_each_trainers_terms(tmp_path):
+    # torchtitan: the plan's policy stated whatever the pipeline degree ("default" would follow pp)
+    for zero, policy, word in ((3, True, "always"), (3, False, "never"), (2, True, "never")):
+        text = to_torchtitan(plan_at(zero, reshard_after_forward=policy), "x.csv")
+        assert tomllib.loads(text)["parallelism"]["fsdp_reshard_after_forward"] == word
+        assert ("re-plan with --zero 3-keep" in text) == (zero == 2)  # torchtitan has no ZeRO-2
+    # MindSpeed-MM at pp 1: Fsdp2Config's reshard_after_forward is the plan's
+    record, _ = make_record("1f1b", (), 1, 4, tp=2, dp=2, zero_stage=3, reshard_after_forward=False)
+    dump_plan(record, tmp_path / "plan.json")
+    assert main(["export", str(tmp_path / "plan.json"), "--to", "mindspeed-mm", "--out", str(tmp_path / "m.json")]) == 0
+    assert yaml.safe_load((tmp_path / "m.fsdp2.yaml").read_text()) == {"sharding_size": "auto",
+                                                                        "reshard_after_forward": False}
+    # Megatron-LM and MindSpeed-MM: stage 2 as the distributed optimizer, said in one header line
+    text = to_megatron(plan_at(2))
+    assert megatron_args(text)["--use-distributed-optimizer"] is True and "--use-torch-fsdp2" not in text
+    assert sum("ZeRO-2 as planned" in line for line in text.splitlines()) == 1
+    mindspeed = mindspeed_arguments(plan_at(2), "m.json")
+    assert "--use-distributed-optimizer" in launch_values(mindspeed) and "ZeRO-2 as planned" in mindspeed
 
 
 def test_mindspeed_refuses_stage_3_under_pipeline_parallelism_and_writes_nothing(tmp_path, capsys):

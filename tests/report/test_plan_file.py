@@ -14,7 +14,7 @@ from mpipe_tune.cost.update import estimate_update_s, update_charges
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.plan_file import dump_plan
 from mpipe_tune.plan_file import (
-    SCHEMA_VERSION, SECTION_KEYS, all_plan_names, load_plan, plan_names, select_plan, PlanFile,
+    upgrade_v2, SCHEMA_VERSION, SECTION_KEYS, all_plan_names, load_plan, plan_names, select_plan, PlanFile,
 )
 from mpipe_tune.runtime.plan_view import read_plan_file
 from mpipe_tune.inputs.specs import load_model, load_profile
@@ -102,16 +102,31 @@ def test_a_file_without_baselines_still_loads_and_shows(plan_file, tmp_path, cap
     assert "recorded step time" in capsys.readouterr().out
 
 
+def test_a_version_2_stage_3_plan_keeps_gathering_every_microbatch():
+    # version 2 predicted and ran ZeRO-3 resharding after forward whatever the pipeline degree
+    c3 = Candidate("1f1b", (), pp=4, dp=2, num_microbatches=8, zero_stage=3).to_dict()
+    c1 = Candidate("1f1b", (), pp=4, dp=2, num_microbatches=8).to_dict()
+    for c in (c3, c1):
+        del c["reshard_after_forward"]
+    old = {"schema_version": 2, "candidate": c3, "baselines": {"megatron": {"candidate": c1}},
+           "search": {"candidate": dict(c3)}}
+    new = upgrade_v2(old)
+    assert new["schema_version"] == 3 and "reshard_after_forward" not in old["candidate"]  # the caller's untouched
+    assert Candidate.from_dict(new["candidate"]).reshards_after_forward is True
+    assert Candidate.from_dict(new["search"]["candidate"]).reshards_after_forward is True
+    assert new["baselines"]["megatron"]["candidate"]["reshard_after_forward"] is None
+
+
 OLD_PLAN = Path(__file__).parents[1] / "fixtures" / "plan-v1.json"
 """A schema-version-1 file, written by ``mpipe-tune plan --model tiny-vit-llm --devices 2 --trials 8
 --max-microbatches 4 --global-batch 4`` before the candidate had one stored form (stored compact)."""
 
 
-def test_a_version_1_plan_file_loads_as_version_2_and_re_predicts_every_plan(capsys):
+def test_a_version_1_plan_file_loads_as_the_current_version_and_re_predicts_every_plan(capsys):
     old = json.loads(OLD_PLAN.read_text())
     assert old["schema_version"] == 1 and "moe_imbalance" in old["candidate"] and "owner_policy" not in old["candidate"]
     record = load_plan(OLD_PLAN)
-    assert record["schema_version"] == SCHEMA_VERSION == 2 and record["inputs"]["moe_imbalance"] == 1.0
+    assert record["schema_version"] == SCHEMA_VERSION == 3 and record["inputs"]["moe_imbalance"] == 1.0
     model, profile = load_model("tiny-vit-llm"), load_profile("ideal")
     for name in all_plan_names(record):
         selected = select_plan(record, name)
@@ -144,10 +159,10 @@ def test_a_version_1_plan_file_loads_as_version_2_and_re_predicts_every_plan(cap
 
 def test_a_plan_file_of_an_unknown_schema_version_is_one_line_saying_how_to_regenerate(tmp_path):
     old = json.loads(OLD_PLAN.read_text())
-    old["schema_version"] = 3
+    old["schema_version"] = 4
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(old))
-    with pytest.raises(MpipeError, match="reads versions 1 and 2: re-create the plan"):
+    with pytest.raises(MpipeError, match="reads versions 1 to 3: re-create the plan"):
         load_plan(path)
 
 

@@ -32,7 +32,8 @@ WORKLOAD = Workload(
 def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int, *, frozen: tuple[str, ...] = (),
               model_spec: str = TEST_MODEL, workload: Workload = WORKLOAD, profile: str = "ideal",
               tp: int = 1, dp: int = 1, dtype: str = "fp32", ep: int = 1, cp: int = 1,
-              sequence_parallel: bool = False, encoder_tp: int | None = None, zero_stage: int = 1) -> Path:
+              sequence_parallel: bool = False, encoder_tp: int | None = None, zero_stage: int = 1,
+              reshard_after_forward: bool = True) -> Path:
     """Predict one candidate (``num_ranks`` pipeline ranks, each ``tp`` x ``cp`` x ``dp`` devices, ``ep``
     carved from ``dp`` x ``cp``) and write its plan.json; returns the path."""
     model = load_model(model_spec)
@@ -41,12 +42,14 @@ def make_plan(folder: Path, schedule: str, cut: tuple[int, ...], num_ranks: int,
     hw = load_profile(profile)
     options = CostOptions(dtype=dtype, degrees=Degrees(1, tp=tp, dp=dp, ep=ep, cp=cp, encoder_tp=encoder_tp),
                           sequence_parallel=sequence_parallel, shard_optimizer=zero_stage >= 1,
-                          shard_parameters=zero_stage >= 3)
+                          shard_gradients=zero_stage == 2, shard_parameters=zero_stage >= 3,
+                          reshard_after_forward=reshard_after_forward)
     prediction = predict_plan(Cut(cut), parse_schedule(schedule), model, workload, hw, num_ranks, options=options)
     degrees = "".join(f"-{k}{v}" for k, v in (("ep", ep), ("cp", cp)) if v > 1) + (
         f"-etp{encoder_tp}" if encoder_tp is not None else "")
     name = (f"{Path(model_spec).stem}-{schedule.replace(',', '_')}-p{num_ranks}-tp{tp}-dp{dp}{degrees}"
-            + ("-sp" if sequence_parallel else "") + ("-frozen" if frozen else "") + f"-zero{zero_stage}.json")
+            + ("-sp" if sequence_parallel else "") + ("-frozen" if frozen else "") + f"-zero{zero_stage}"
+            + ("-keep" if zero_stage == 3 and not reshard_after_forward else "") + ".json")
     path = Path(folder) / name
     dump_plan(plan_record(prediction, model, workload, hw, PlanInputs(model_spec, frozen, profile)), path)
     return path

@@ -1,7 +1,9 @@
-"""ZeRO-3 in the executor (FSDP2's ``fully_shard`` per layer on the data-parallel dimension): a
-stage-3 run of a plan gives the same weights after a step as the stage-1 run of the same plan, its
+"""ZeRO-2 and ZeRO-3 in the executor (FSDP2's ``fully_shard`` per layer on the data-parallel dimension):
+a stage-3 run of a plan gives the same weights after a step as the stage-1 run of the same plan, its
 first step's loss and every gradient equal the single-process step's, and between steps each rank
-holds only its shard of every parameter (float64, 4 gloo ranks, one launch for every case).
+holds only its shard of every parameter (float64, 4 gloo ranks, one launch for every case). Stage 2
+and stage 3 keeping the weights through the step (its default under pipeline parallelism) run the
+same checks on the cases of :data:`KEPT`.
 
 Cases cover what a stage-3 plan can hold: pipeline x data parallelism, the replicated encoder of a
 transpose plan (its shards summed over pipeline ranks), tensor parallelism (2-D shards) with and
@@ -51,6 +53,12 @@ CASES = {  # name -> make_plan's arguments
 }
 
 
+KEPT = ("pp2 x dp2, 1f1b", "pp2 x dp2, transpose,1f1b", "tp2 x dp2, sp, frozen encoder", "dp4, ep2 (MLA, MoE)")
+"""The cases also run at stage 2 and at stage 3 keeping the weights."""
+STAGES = {"3": dict(zero_stage=3), "2": dict(zero_stage=2), "3-keep": dict(zero_stage=3, reshard_after_forward=False)}
+SHARDED = [(case, stage) for case in CASES for stage in STAGES if stage == "3" or case in KEPT]
+
+
 def moved_encoder_backward_plan(folder, zero_stage: int):
     """A transpose plan whose encoder backwards run on the rank after their owner, in its cooldown (full
     recomputation: the owner's encode keeps no autograd, the other rank encodes again), at dp 2."""
@@ -79,15 +87,17 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("full-shard")
     jobs = {}
     for name, case in CASES.items():
-        for zero in (1, 3):
+        for stage in ("1", *(s for c, s in SHARDED if c == name)):
+            setting = STAGES.get(stage, dict(zero_stage=1))
             where = folder / f"case{len(jobs)}"
             (where / "grads").mkdir(parents=True)
             (where / "weights").mkdir()
-            path = (moved_encoder_backward_plan(where, zero) if case.get("moved")
-                    else make_plan(where, zero_stage=zero, **case))
-            jobs[(name, zero)] = RunJob(str(path), steps=1, dtype="fp64",
+            path = (moved_encoder_backward_plan(where, setting["zero_stage"]) if case.get("moved")
+                    else make_plan(where, **setting, **case))
+            jobs[(name, stage)] = RunJob(str(path), steps=1, dtype="fp64",
                                         lr=0.05, grads_dir=str(where / "grads"), weights_dir=str(where / "weights"))
-    results = launch_local(run_jobs, (list(jobs.values()),), RANKS, timeout_s=300, deadline_s=240)
+    # 21 runs in one launch: a deadline that holds on a loaded 2-core host
+    results = launch_local(run_jobs, (list(jobs.values()),), RANKS, timeout_s=300, deadline_s=600)
     return jobs, dict(zip(jobs, results))
 
 
@@ -95,10 +105,10 @@ def _weights(job: RunJob) -> list[dict]:
     return [torch.load(f"{job.weights_dir}/rank{r}.pt") for r in range(RANKS)]
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_stage_3_gives_the_stage_1_weights_after_a_step(runs, case):
+@pytest.mark.parametrize("case,stage", SHARDED)
+def test_stage_3_gives_the_stage_1_weights_after_a_step(runs, case, stage):
     jobs, _ = runs
-    stage1, stage3 = _weights(jobs[(case, 1)]), _weights(jobs[(case, 3)])
+    stage1, stage3 = _weights(jobs[(case, "1")]), _weights(jobs[(case, stage)])
     for rank in range(RANKS):
         assert stage3[rank].keys() == stage1[rank].keys()
         for name, held in stage1[rank].items():
@@ -106,25 +116,25 @@ def test_stage_3_gives_the_stage_1_weights_after_a_step(runs, case):
                                        msg=lambda m: f"rank {rank} {name}: {m}")
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_stage_3_first_step_equals_the_single_process_step(runs, case):
+@pytest.mark.parametrize("case,stage", SHARDED)
+def test_stage_3_first_step_equals_the_single_process_step(runs, case, stage):
     jobs, results = runs
     spec = CASES[case]
     dp = spec.get("dp", 1)
     reference = reference_of(spec.get("frozen", ()), spec.get("model_spec", TEST_MODEL), WORKLOAD.microbatches * dp)
-    assert_step_equals_reference(jobs[(case, 3)].grads_dir, RANKS, results[(case, 3)]["summary"], reference,
+    assert_step_equals_reference(jobs[(case, stage)].grads_dir, RANKS, results[(case, stage)]["summary"], reference,
                                  dp * len(WORKLOAD), losses_shared=True, replica_atol=1e-12)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_each_rank_holds_only_its_shard_between_steps(runs, case):
+@pytest.mark.parametrize("case,stage", SHARDED)
+def test_each_rank_holds_only_its_shard_between_steps(runs, case, stage):
     """What a data-parallel group (dp x cp ranks; a sharded routed expert's is dp x cp / ep) holds of a
     parameter at stage 3 is the rows of what each of its ranks holds at stage 1, cut into one even
     share per rank (dim 0; the last shares shorter or empty when it does not divide); a group of one
     (experts at ep = dp x cp) holds them whole."""
     jobs, _ = runs
     spec = CASES[case]
-    stage1, stage3 = _weights(jobs[(case, 1)]), _weights(jobs[(case, 3)])
+    stage1, stage3 = _weights(jobs[(case, "1")]), _weights(jobs[(case, stage)])
     tp, data, ep = spec.get("tp", 1), spec.get("dp", 1) * spec.get("cp", 1), spec.get("ep", 1)
     sharded = 0
     for pp_rank in range(spec["num_ranks"]):

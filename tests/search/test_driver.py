@@ -6,6 +6,8 @@ import pytest
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.search import driver
+from mpipe_tune.search.sampling import TPE
 
 MODEL = load_model("example-mllm")
 PROFILE = load_profile("ideal")
@@ -136,10 +138,15 @@ class _FirstChoiceSampler(optuna.samplers.BaseSampler):
         return param_distribution.choices[0]
 
 
-def _stuck_sampler(monkeypatch):
-    from mpipe_tune.search import driver
+class _Stuck(TPE):
+    """The sampling strategy with that sampler: a new strategy is a subclass and one registration."""
 
-    monkeypatch.setattr(driver, "_make_sampler", lambda name, seed: _FirstChoiceSampler())
+    def make_sampler(self, seed):
+        return _FirstChoiceSampler()
+
+
+def _stuck_sampler(monkeypatch):
+    monkeypatch.setitem(driver.STRATEGIES, "tpe", _Stuck())
 
 
 def test_a_sampler_stuck_on_settled_points_ends_as_converged_without_wasting_trials(tmp_path, monkeypatch):

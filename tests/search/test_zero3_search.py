@@ -1,5 +1,5 @@
-"""ZeRO stage 3 in the search: the dominance the bound search uses (a stage-3 plan's step is never below its
-stage-1 twin's), the bounds that stay bounds with it, and an exact search that predicts a stage-3 plan only
+"""ZeRO stages 2 and 3 in the search: the dominance the bound search uses (a stage-2 or stage-3 plan's step,
+at either reshard policy, is never below its stage-1 twin's), the bounds that stay bounds with it, and an exact search that predicts a stage-3 plan only
 where its twin does not fit."""
 
 from dataclasses import replace
@@ -34,13 +34,13 @@ SPACES = {"dense": _space(load_model("tiny-vit-llm"), ep=(1,)), "moe": _space(MO
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(which=st.sampled_from(sorted(SPACES)), pick=st.integers(min_value=0, max_value=10**9),
-       overlap=st.booleans())
-def test_a_stage3_plan_is_never_faster_than_its_stage1_twin_and_its_bounds_hold(which, pick, overlap):
+       overlap=st.booleans(), zero=st.sampled_from([(2, None), (3, True), (3, False)]))
+def test_a_stage3_plan_is_never_faster_than_its_stage1_twin_and_its_bounds_hold(which, pick, overlap, zero):
     evaluator, points = SPACES[which]
     if not overlap:  # the waits add whole: the same dominance
         evaluator = _no_overlap(evaluator)
     one = points[pick % len(points)]
-    three = replace(one, zero_stage=3)
+    three = replace(one, zero_stage=zero[0], reshard_after_forward=zero[1])
     e1, e3 = evaluator.evaluate(one), evaluator.evaluate(three)
     assert all(t3 >= t1 * (1 - 1e-12) for t1, t3 in zip(e1.makespans_s, e3.makespans_s)), (one, e1, e3)
     assert evaluator.twin_s(three) == e1.mean_s <= e3.mean_s * (1 + 1e-12)
@@ -77,7 +77,7 @@ def test_stage3_fits_where_stage1_does_not_and_the_exact_search_finds_the_optimu
     short = Workload(tuple(Microbatch(image_tokens=4, text_tokens=8, images=(4,)) for _ in range(16)), "short")
     problem = Problem(load_model("tiny-vit-llm"), H100, 8, 16, workload=short)  # weights outweigh activations
     probe = Evaluator(problem)
-    options = SpaceOptions(zero=(0, 1, 3), recompute=(False, True), max_microbatches=8)
+    options = SpaceOptions(zero=(0, 1, 3), reshard_after_forward=True, recompute=(False, True), max_microbatches=8)
     points = [c for _, c in SearchSpace(problem, probe.reference_weights(), options).enumerate()]
     peaks = {c: probe.evaluate(c).peak_bytes for c in points}
     ones = [peaks[c] for c in points if c.zero_stage == 1]

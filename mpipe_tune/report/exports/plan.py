@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mpipe_tune.algebra.encoder_backward import moved_count
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.derive import wavefront_stages as derive_stages
 from mpipe_tune.algebra.events import Bwd, Fwd, Wgrad
 from mpipe_tune.algebra.model import ArchCost, Model
@@ -86,8 +87,11 @@ class ExportPlan:
     selective_recompute: bool = False
     """Recomputation of the attention core only (Megatron-LM's selective granularity)."""
     zero_stage: int = 0
-    """1: the optimizer state sharded over the data-parallel ranks (a distributed optimizer); 3: the
-    weights and gradients too (FSDP's full sharding)."""
+    """1: the optimizer state sharded over the data-parallel ranks (a distributed optimizer); 2: the
+    gradients too; 3: the weights too (FSDP's full sharding)."""
+    reshard_after_forward: bool = True
+    """At stage 3, FSDP's reshard policy as planned (the candidate's, its default resolved): True gathers
+    the weights for every forward and backward, False keeps them through the step."""
     encoder_tp: int | None = None
     """The encoder's own tensor-parallel degree below ``tp``; None: ``tp``."""
     moe_layers: tuple[tuple[int, int], ...] = ()
@@ -125,11 +129,25 @@ class ExportPlan:
         region, 2P - 1 - rank for ``zbv``'s second."""
         return self.stage_order.index((region, rank))
 
+    def distributed_optimizer_note(self) -> tuple[str, ...]:
+        """The header line of a stage-2 plan for a trainer that writes it as its distributed optimizer
+        (Megatron-LM and MindSpeed-MM: their torch FSDP2 path is ZeRO-3 only)."""
+        if self.zero_stage != 2:
+            return ()
+        return ("# ZeRO-2 as planned is written as the distributed optimizer (--use-distributed-optimizer), which "
+                "shards the optimizer state and reduce-scatters the gradients once a step into a whole gradient "
+                "buffer (ZeRO-1's memory and timing); re-plan with --zero 1 for a matching prediction",)
+
     def data_sharding_note(self, trainer: str) -> tuple[str, ...]:
         """The header line for a trainer that runs the data axis FSDP-sharded (ZeRO-3) where the plan
         was predicted at a lower ZeRO stage (nothing at stage 3, or without data parallelism)."""
         if self.zero_stage >= 3 or self.dp * self.cp < 2:
             return ()
+        if self.zero_stage == 2:
+            return (f"{trainer} has no ZeRO-2: its FSDP runs the data axis with the weights gathered once and kept "
+                    f"(reshard after forward never), which under pipeline parallelism reduce-scatters the gradients "
+                    f"once a step where the plan was predicted reduce-scattering them every microbatch (ZeRO-2); "
+                    f"re-plan with --zero 3-keep for a matching prediction",)
         return (f"{trainer} runs the data axis sharded (FSDP, ZeRO-3: weights, gradients and optimizer state over "
                 f"{self.dp * self.cp} ranks) while the plan was predicted at ZeRO-{self.zero_stage}; re-plan with "
                 f"--zero 3 for a matching prediction",)
@@ -147,14 +165,17 @@ class ExportPlan:
         how it names it) cannot run this stage-3 plan (:attr:`torch_fsdp2_blockers`)."""
         without = self.torch_fsdp2_blockers
         if without:
-            raise MpipeError(f"{trainer} cannot express {self.describe()} at ZeRO stage 3: its {fsdp2} is not "
-                             f"supported with {' or '.join(without)}; the closest plan it can express: the same plan "
-                             f"at ZeRO stage 1 (--use-distributed-optimizer)", quantities=("ZeRO stage",))
+            raise MpipeError(f"{trainer} cannot express {self.describe()} at ZeRO stage 3: its {fsdp2} refuses "
+                             f"{' and '.join(without)}; the closest plan it can express: the same at ZeRO stage 1",
+                             quantities=("ZeRO stage",))
+
+    @property
+    def degrees(self) -> Degrees:
+        return Degrees(self.pp, self.tp, self.dp, self.ep, self.cp, self.encoder_tp)
 
     def describe(self) -> str:
-        extra = "".join(f" {k}{v}" for k, v in (("cp", self.cp), ("ep", self.ep)) if v > 1)
-        return (f"plan '{self.name}' <{self.schedule}> pp{self.pp} tp{self.tp} dp{self.dp}{extra} "
-                f"M={self.num_microbatches}")
+        """The plan's name, schedule, degrees and microbatches in the candidate's text form's words."""
+        return f"plan '{self.name}' <{self.schedule}> {self.degrees} M={self.num_microbatches}"
 
 
 def read_export_plan(path: str | os.PathLike, name: str | None = None) -> ExportPlan:
@@ -204,6 +225,7 @@ def export_plan(section: Section, plan: Plan, model: Model, *, name: str = BEST,
         text_tokens=tuple(mb.text_tokens for mb in section.workload.microbatches),
         stage_order=stage_order, ep=c.ep, cp=c.cp, sequence_parallel=c.sequence_parallel,
         selective_recompute=c.recompute == "selective", zero_stage=c.zero_stage, encoder_tp=c.encoder_tp,
+        reshard_after_forward=c.reshards_after_forward,
         moe_layers=tuple((k, int(d["experts"])) for k, d in enumerate(moe) if "experts" in d),
         moe_top_k=max((int(d.get("top_k", 0)) for d in moe if "experts" in d), default=0),
     )

@@ -35,6 +35,8 @@ from mpipe_tune.report.exports.refusals import (
 from mpipe_tune.report.exports.target import ExportTarget, TwoFiles
 from mpipe_tune.report.exports.torch_csv import ONE_SLAB_STAGES, schedule_csv, validate_schedule_csv
 
+HEAD_MODULE = "output"
+"""The output layer's module in torchtitan 0.2.x's Llama-3 (``torchtitan/models/llama3/model.py`` at v0.2.2)."""
 
 @dataclass(frozen=True)
 class TitanJob:
@@ -56,8 +58,9 @@ def validate_titan_job(plan: ExportPlan, target: str) -> None:
     validate_schedule_csv(plan, target)
 
 
-def titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
-    """The job of a plan :func:`validate_titan_job` accepted, its CSV at ``csv_path``."""
+def titan_job(plan: ExportPlan, csv_path: str, head: str = HEAD_MODULE) -> TitanJob:
+    """The job of a plan :func:`validate_titan_job` accepted, its CSV at ``csv_path``, ``head`` the name of
+    the output layer's module in the release's models."""
     stages = wavefront_stages(plan)
     last = len(stages) - 1
     parts = []
@@ -65,7 +68,7 @@ def titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
         vision_blocks = dict.fromkeys(PROJECTOR_BLOCK if plan.layers[i].block == PROJECTOR_BLOCK else "encoder"
                                       for i in s.vision)
         parts.append([*vision_blocks, *(["tok_embeddings"] if s.index == 0 else []),
-                      *(f"layers.{k}" for k in s.decoders), *(["norm", "output"] if s.index == last else [])])
+                      *(f"layers.{k}" for k in s.decoders), *(["norm", head] if s.index == last else [])])
     frozen = frozen_blocks(plan)
     if plan.pp > 1:
         notes = [f"launch on {plan.num_devices} devices; each pipeline rank runs its row of {csv_path}",
@@ -88,9 +91,11 @@ def titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
         "expert_parallel_degree": plan.ep,
         "data_parallel_shard_degree": 1 if replicated else plan.dp,
         "data_parallel_replicate_degree": plan.dp if replicated else 1,
-        # ZeRO-3 as the plan has it: every layer frees its gathered weights after its forward (torchtitan's
-        # "default" keeps them under PP)
-        **({"fsdp_reshard_after_forward": "always"} if plan.zero_stage >= 3 else {}),
+        # the reshard policy as the plan has it (job_config.py's Parallelism.fsdp_reshard_after_forward:
+        # "default" keeps the gathered weights under PP and frees them at pp 1; "always", "never"): stated
+        # whatever the degree; ZeRO-2 keeps them, its closest
+        **({"fsdp_reshard_after_forward": "always" if plan.zero_stage >= 3 and plan.reshard_after_forward else "never"}
+           if plan.zero_stage >= 2 else {}),
     }
     if plan.pp > 1:  # at pp 1 torchtitan builds no pipeline and reads none of these
         parallelism.update({

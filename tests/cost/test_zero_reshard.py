@@ -1,0 +1,82 @@
+"""ZeRO-2 and ZeRO-3's reshard policy in the cost model, and the profile's measured comm/compute overlap."""
+
+import numpy as np
+import pytest
+
+from mpipe_tune.algebra import Cut, Model, Schedule, Skeleton
+from mpipe_tune.algebra.degrees import Degrees
+from mpipe_tune.algebra.events import Bwd, Fwd
+from mpipe_tune.cost.framework import Framework
+from mpipe_tune.cost.profile import load_profile, parse_profile
+from mpipe_tune.inputs.specs import load_model
+
+from conftest import predict_plan, uniform_workload
+
+H100 = load_profile("h100-sxm")
+BACKBONE = Model("backbone", load_model("tiny-vit-llm").layers[4:])
+
+
+def measured(phi: float):
+    """H100 with a measured comm/compute overlap share."""
+    data = {**H100.to_dict(), "comm_compute_overlap": {"value": phi, "source": "measured"}}
+    return parse_profile(data, where="test")
+
+
+def options(zero: int, reshard: bool = True, dp: int = 4, **kw):
+    return Framework(**kw).cost_options(Degrees(1, dp=dp), zero_stage=zero, reshard_after_forward=reshard)
+
+
+def run(model, opts, profile=H100, M=4, pp=2, slabs=((3, 3),)):
+    return predict_plan(Cut(()), Schedule((Skeleton("1f1b"),)), model, uniform_workload(M, 0, 64), profile, pp,
+                        slab_counts=slabs, options=opts)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_step_orders_as_the_collectives_per_microbatch(overlap):
+    one, two, keep, reshard = (run(BACKBONE, options(z, r, overlap_dp_comm=overlap))
+                               for z, r in ((1, True), (2, True), (3, False), (3, True)))
+    # keeping the weights through the step gathers and reduce-scatters once a step: ZeRO-1's timing
+    assert np.array_equal(keep.timeline.durations_s, one.timeline.durations_s)
+    # stage 2 adds the per-microbatch reduce-scatters only; resharding adds the gathers too
+    assert one.timeline.makespan_s < two.timeline.makespan_s < reshard.timeline.makespan_s
+    assert keep.timeline.makespan_s <= reshard.timeline.makespan_s
+
+
+def test_stage2_reduce_scatters_each_backward_and_gathers_nothing_per_microbatch():
+    one, two, three = (run(BACKBONE, options(z)) for z in (1, 2, 3))
+    extra2 = two.timeline.durations_s - one.timeline.durations_s
+    extra3 = three.timeline.durations_s - one.timeline.durations_s
+    events = two.plan.order.events
+    forwards = [i for i, e in enumerate(events) if isinstance(e, Fwd)]
+    backwards = [i for i, e in enumerate(events) if isinstance(e, Bwd)]
+    later = [i for i in forwards if events[i].mb > 0]  # the first microbatch's gathers are the step-end reduce's
+    assert np.all(extra2[forwards] == 0.0) and np.all(extra3[later] > 0.0)
+    last = [i for i in backwards if events[i].mb == 3]  # its reduce-scatter is the step-end reduce's
+    assert all(extra2[i] > 0.0 for i in backwards if i not in last) and np.all(extra2[last] == 0.0)
+    assert np.all(extra2[backwards] <= extra3[backwards])
+
+
+def test_stage2_memory_lies_between_stage1_and_stage3():
+    model = load_model("llama3-70b")
+    peaks = {z: max(predict_plan(Cut(()), Schedule((Skeleton("1f1b"),)), model, uniform_workload(8, 0, 512), H100, 4,
+                                 options=options(z, dp=8)).memory.peak_bytes) for z in (1, 2, 3)}
+    assert peaks[3] < peaks[2] < peaks[1]
+    # stage 2 saves the gradients' 4 of ZeRO-1's bytes per parameter (but 4/8 of them), stage 3 the weights' 2 more
+    weights = sum(run(model, options(1, dp=8), M=8, pp=4, slabs=None).table.param_count) / 4
+    assert peaks[1] - peaks[2] == pytest.approx(weights * 4 * 7 / 8, rel=0.05)
+
+
+def test_keeping_the_weights_holds_what_stage1_holds():
+    one, keep = (run(BACKBONE, options(z, False)) for z in (1, 3))
+    assert one.memory.static_bytes == keep.memory.static_bytes
+
+
+def test_less_measured_overlap_never_shortens_a_step():
+    for zero in (1, 2, 3):
+        steps = [run(BACKBONE, options(zero), measured(phi)).timeline.makespan_s for phi in (1.0, 0.5, 0.0)]
+        assert steps == sorted(steps)
+        assert zero == 1 or steps[0] < steps[-1]  # the per-microbatch collectives are always in the way
+    # with no overlap each wait is its whole collective (an upper bound: a backward's carries its neighbours' too)
+    off = run(BACKBONE, options(3, overlap_dp_comm=False))
+    none = run(BACKBONE, options(3), measured(0.0))
+    assert none.timeline.makespan_s >= off.timeline.makespan_s
