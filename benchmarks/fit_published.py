@@ -271,16 +271,23 @@ def diagnose(name: str, runs, attention_core: float) -> None:
         print(f"  {run.name:32s} {run.split:8s} tp{run.tp} cp{run.cp} {run.seq_len:6d} tokens: default {text}")
 
 
+def bf16_names(name: str, base: dict) -> tuple[str, ...]:
+    """What the bf16 fit runs calibrate on profile ``name``: :data:`CURVE_NAMES` where it has curves, else
+    :data:`BF16_NAMES`."""
+    return CURVE_NAMES.get(name, BF16_NAMES) if "kernel_efficiency" in base else BF16_NAMES
+
+
 def cross_validate(name: str, runs) -> list[tuple[str, float]]:
     """Leave-one-out over the bf16 fit runs of profile ``name``: each predicted from the fit on the others.
     Prints and returns (run name, throughput error) per run."""
     base = load_profile(name).to_dict()
     fit_runs = [run for run in runs if run.split == "fit" and run.dtype == "bf16"]
-    everything, _ = fit(base, fit_runs, BF16_NAMES, {})
+    names = bf16_names(name, base)
+    everything, _ = fit(base, fit_runs, names, {})
     print(f"{name}: fit on all {len(fit_runs)}: " + ", ".join(f"{n} = {v:.4f}" for n, v in everything.items()))
     out = []
     for left in fit_runs:
-        values, _ = fit(base, [run for run in fit_runs if run is not left], BF16_NAMES, {}, start=everything)
+        values, _ = fit(base, [run for run in fit_runs if run is not left], names, {}, start=everything)
         error = math.exp(-residuals(base, values, [left])[0]) - 1.0
         out.append((left.name, error))
         print(f"  {left.name:32s} left out: throughput error {error:+7.1%}  ("
@@ -326,8 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         base = load_profile(name).to_dict()
         fitted, notes = {}, {}
-        bf16_names = CURVE_NAMES.get(name, BF16_NAMES) if "kernel_efficiency" in base else BF16_NAMES
-        for dtype, names in (("bf16", bf16_names), ("fp8", FP8_NAMES)):
+        for dtype, names in (("bf16", bf16_names(name, base)), ("fp8", FP8_NAMES)):
             fit_runs = [run for run in runs if run.profile == name and run.split == "fit" and run.dtype == dtype
                         and not run.excluded]
             if not fit_runs:

@@ -2,7 +2,10 @@
 command leaves no output file behind (not even a temporary one). Inputs of each wave are in: dataset
 workloads (conversations, manifests, tokenizers, image folders), MindSpeed-MM layouts as ``--current``,
 plans with ep, cp and zero-bubble skeletons (and their exports), and ``profile`` under torchrun's
-multi-node environment.
+multi-node environment; and issue 41's hostile classes: sizes far past every bound (1e9 repeats, 1e12 tokens, 1e8
+microbatches, 100,000-stage lists, 600-factor arithmetic), nesting 100,000 deep, paths that are FIFOs, devices,
+symlink loops or hold a NUL byte, text parts and counts of every JSON type, duplicate manifest columns, and
+torchrun environments whose node rank cannot fit the world. Every error is one line under 300 characters.
 
 Files are random bytes, random JSON/YAML trees, and valid files with one field replaced or removed;
 flags take random values around their limits. Commands run in-process (``mpipe_tune.cli.main``);
@@ -38,7 +41,10 @@ KEYS = ["name", "layers", "block", "trainable", "repeat", "fwd_s_per_token", "bw
         "heads", "ffn", "compose", "microbatches", "image_tokens", "text_tokens", "images", "schema", "schema_version",
         "candidate", "order", "predicted", "inputs", "value", "source", "peak_flops_per_s", "links"]
 leaves = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
-          | st.text(max_size=12) | st.sampled_from(["encoder", "llm", "1f1b", "bf16", "1e-6", ".inf", "", "-1"]))
+          | st.text(max_size=12) | st.sampled_from(["encoder", "llm", "1f1b", "bf16", "1e-6", ".inf", "", "-1", "\x00",
+                                                   10**9, 10**12, 2**31, [1] * 5000]))
+DEEP = {".json": b"[" * 100000 + b"]" * 100000, ".yaml": b"a: " + b"[" * 100000 + b"]" * 100000}
+"""A file nesting 100,000 levels deep (past every parser's recursion limit)."""
 trees = st.recursive(leaves, lambda children: st.lists(children, max_size=4)
                      | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), children, max_size=5),
                      max_leaves=20)
@@ -74,12 +80,15 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def check(result: tuple[int, str, str], folder: Path, inputs: set[str]) -> int:
-    """Exit 0 or 2, no traceback; on failure, nothing in ``folder`` but the inputs."""
+    """Exit 0 or 2, no traceback; on failure, one error line under 300 characters, and nothing in ``folder`` but
+    the inputs."""
     code, _out, err = result
     assert code in (0, 2), (code, err)
     assert "Traceback" not in err, err
     if code == 2:
         assert err.strip(), "an error exit says why"
+        errors = [line for line in err.splitlines() if ": error: " in line]
+        assert len(errors) == 1 and len(errors[0]) < 300, errors
         left = {p.name for p in folder.iterdir()} - inputs
         assert not left, f"a failed command left {left}"
     return code
@@ -110,7 +119,7 @@ def mutated(draw, valid):
 
 
 def file_contents(valid):
-    return st.one_of(st.binary(max_size=300), trees, mutated(valid), mutated(valid))
+    return st.one_of(st.binary(max_size=300), trees, mutated(valid), mutated(valid), st.sampled_from(list(DEEP.values())))
 
 
 # ----------------------------------------------------------------------------------- predict, derive
@@ -266,18 +275,22 @@ VALID_TOKENIZER = {"version": "1.0", "truncation": None, "padding": None, "added
                    "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1, "cat": 2, "the": 3},
                              "unk_token": "[UNK]"}}
 MANIFEST_COLUMNS = ["text_tokens", "num_images", "image_tokens", "image_width", "image_height", "caption"]
-cells = st.one_of(st.integers(-3, 5000), st.sampled_from([0, 2**40, -1]), st.floats(allow_nan=True, allow_infinity=True),
+cells = st.one_of(st.integers(-3, 5000), st.sampled_from([0, 2**40, -1, 10**12, 2**31, 16385, 2**24 + 1]),
+                  st.floats(allow_nan=True, allow_infinity=True),
                   st.text(max_size=5), st.none())
 
 
 @st.composite
 def manifests(draw):
-    """A manifest table: some of its columns (most often text_tokens), each cell a random value."""
+    """A manifest table: some of its columns (most often text_tokens, sometimes one twice), each cell a random
+    value; a list of (column, cells) pairs."""
     columns = draw(st.lists(st.sampled_from(MANIFEST_COLUMNS), unique=True, max_size=5))
     if draw(st.booleans()) and "text_tokens" not in columns:
         columns.append("text_tokens")
+    if columns and draw(st.integers(0, 4)) == 0:
+        columns.append(draw(st.sampled_from(columns)))  # a duplicate column
     rows = draw(st.integers(0, 4))
-    return {c: [draw(cells) for _ in range(rows)] for c in columns}
+    return [(c, [draw(cells) for _ in range(rows)]) for c in columns]
 
 
 def write_dataset(folder: Path, form: str, data) -> str:
@@ -293,15 +306,28 @@ def write_dataset(folder: Path, form: str, data) -> str:
         path.write_text(json.dumps(data))
     elif form == "conversations-jsonl":
         path.write_text("\n".join(json.dumps(r) for r in (data if isinstance(data, list) else [data])))
-    elif form == "manifest-jsonl":
-        rows = len(next(iter(data.values()), []))
-        path.write_text("\n".join(json.dumps({c: v[i] for c, v in data.items()}) for i in range(rows)))
+    elif form == "manifest-jsonl":  # a duplicate column is a repeated key
+        rows = len(data[0][1]) if data else 0
+        path.write_text("\n".join("{" + ", ".join(f"{json.dumps(c)}: {json.dumps(v[i])}" for c, v in data) + "}"
+                                  for i in range(rows)))
+    elif form == "csv":
+        import csv
+
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow([c for c, _ in data])
+            writer.writerows(zip(*(v for _, v in data)))
     else:
-        frame = pd.DataFrame(data)
-        try:
-            frame.to_csv(path, index=False) if form == "csv" else frame.to_parquet(path, index=False)
-        except Exception:  # a column pyarrow cannot store (mixed types): as strings, as a writer would
-            frame.astype(str).to_parquet(path, index=False)
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        arrays = []
+        for _, values in data:
+            try:
+                arrays.append(pa.array(values))
+            except (pa.ArrowException, OverflowError):  # mixed types: as strings, as a writer would
+                arrays.append(pa.array([str(v) for v in values]))
+        pq.write_table(pa.Table.from_arrays(arrays, names=[c for c, _ in data]), path)
     return str(path)
 
 
@@ -309,11 +335,14 @@ def write_dataset(folder: Path, form: str, data) -> str:
 @given(data=st.data(), form=st.sampled_from(["conversations", "conversations-jsonl", "csv", "parquet", "manifest-jsonl"]),
        command=st.sampled_from(["workload", "predict", "workload", "predict", "plan"]),
        content=st.sampled_from(["valid", "mutated", "mutated", "bytes"]),
-       images=st.sampled_from(["all", "one missing", "one damaged", "folder missing"]),
+       images=st.sampled_from(["all", "one missing", "one damaged", "folder missing", "one a FIFO", "one a loop",
+                               "one a device", "folder a loop", "a NUL name", "one huge"]),
+       microbatches=st.sampled_from([None, None, 10**8]),
        tokenizer=st.sampled_from([None, None, "valid", "mutated", "bytes", "missing"]),
        seq_len=st.sampled_from([None, 0, -4, 64, 4096, 10**12]), chars=st.sampled_from([None, 0.0, 3.5, -1.0, 1e300]),
        plot=st.booleans())
-def test_dataset_workloads_take_any_file(data, form, command, content, images, tokenizer, seq_len, chars, plot):
+def test_dataset_workloads_take_any_file(data, form, command, content, images, microbatches, tokenizer, seq_len, chars,
+                                         plot):
     import shutil
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -323,12 +352,22 @@ def test_dataset_workloads_take_any_file(data, form, command, content, images, t
             (folder / "images" / "cat-640x480.jpg").unlink()
         elif images == "one damaged":
             (folder / "images" / "chart-1024x768.png").write_bytes(data.draw(st.binary(max_size=64)))
+        elif images in ("one a FIFO", "one a loop", "one a device", "one huge"):
+            image = folder / "images" / "cat-640x480.jpg"
+            image.unlink()
+            {"one a FIFO": lambda: os.mkfifo(image), "one a loop": lambda: os.symlink(image, image),
+             "one a device": lambda: os.symlink("/dev/zero", image),
+             "one huge": lambda: _png_header(image, 100000, 100000)}[images]()
+        elif images == "folder a loop":
+            os.symlink(folder / "loop", folder / "loop")
         if content == "bytes":
-            dataset = data.draw(st.binary(max_size=300))
+            dataset = data.draw(st.binary(max_size=300) | st.sampled_from([DEEP[".json"]]))
         elif form.startswith("conversations"):
-            dataset = VALID_RECORDS if content == "valid" else _mutated(VALID_RECORDS, data.draw)
+            records = VALID_RECORDS if images != "a NUL name" else [{**VALID_RECORDS[0], "image": "a\x00b.jpg"}]
+            dataset = records if content == "valid" else _mutated(records, data.draw)
         else:
-            dataset = {"text_tokens": [100, 300], "image_tokens": [64, 256]} if content == "valid" else data.draw(manifests())
+            valid = [("text_tokens", [100, 300]), ("image_tokens", [64, 256])]
+            dataset = valid if content == "valid" else data.draw(manifests())
         path = write_dataset(folder, form, dataset)
         inputs = {p.name for p in folder.iterdir()}
         if command == "workload":
@@ -343,6 +382,11 @@ def test_dataset_workloads_take_any_file(data, form, command, content, images, t
         args += ["--model", "qwen2vl-vit-qwen2-7b"]
         if images == "folder missing":
             args += ["--image-folder", str(folder / "nowhere")]
+        elif images == "folder a loop":
+            args += ["--image-folder", str(folder / "loop")]
+            inputs.add("loop")
+        if microbatches is not None and command == "predict":
+            args += ["--microbatches", str(microbatches)]
         if tokenizer == "missing":
             args += ["--tokenizer", str(folder / "tokenizer.json")]
         elif tokenizer is not None:
@@ -357,6 +401,18 @@ def test_dataset_workloads_take_any_file(data, form, command, content, images, t
         check(cli(*args), folder, inputs)
 
 
+def _png_header(path: Path, width: int, height: int) -> None:
+    """A PNG of that size, its header only (what a reader of sizes opens)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                     + chunk(b"IEND", b""))
+
+
 # ----------------------------------------------------------------- a MindSpeed-MM layout as --current
 
 VALID_MINDSPEED = {"image_encoder": {"vision_encoder": {"pipeline_num_layers": [8, 0], "num_layers": 8}},
@@ -365,18 +421,22 @@ VALID_MINDSPEED = {"image_encoder": {"vision_encoder": {"pipeline_num_layers": [
 LAUNCH_ARGS = ["--tensor-model-parallel-size 1 --global-batch-size 4", "--pipeline-model-parallel-size 3",
                "--virtual-pipeline-model-parallel-size 2", "--context-parallel-size 0", "--micro-batch-size x",
                "--tensor-model-parallel-size $TP", "--global-batch-size 10000000000", "", "--recompute-granularity odd",
-               "SCRIPT"]
+               "--tensor-model-parallel-size \u00b2", "--pipeline-model-parallel-size \u0663", "SCRIPT", "SCRIPT"]
+SCRIPT_LINES = st.sampled_from(["TP=$((" + "*".join(["99999999"] * 600) + "))", "TP=$((" + "+".join(["1"] * 100000) + "))",
+                                "TP=$((" + "(" * 5000 + "1" + ")" * 5000 + "))", "GBS=$((2**4))", "TP=$((8/0))",
+                                "TP=\u00b2", "GBS=$((99999999999999999999*9))"])
 
 
 @settings(FAST, max_examples=10 * SCALE)
-@given(data=st.data(), content=st.sampled_from(["valid", "mutated", "mutated", "mutated", "tree", "bytes"]),
-       args=st.sampled_from(LAUNCH_ARGS), script=st.text(max_size=80))
+@given(data=st.data(), content=st.sampled_from(["valid", "mutated", "mutated", "mutated", "tree", "bytes", "stages"]),
+       args=st.sampled_from(LAUNCH_ARGS), script=st.text(max_size=80) | SCRIPT_LINES)
 def test_plan_takes_any_mindspeed_layout_as_current(data, content, args, script):
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         layout = {"valid": lambda: VALID_MINDSPEED, "mutated": lambda: _mutated(VALID_MINDSPEED, data.draw),
-                  "tree": lambda: data.draw(trees),
-                  "bytes": lambda: data.draw(st.binary(max_size=200))}[content]()
+                  "tree": lambda: data.draw(trees), "stages": lambda: {"text_decoder": {"pipeline_num_layers": (
+                      [1] * data.draw(st.sampled_from([4097, 100000])))}},
+                  "bytes": lambda: data.draw(st.binary(max_size=200) | st.sampled_from([DEEP[".json"]]))}[content]()
         path = write_input(folder, "model.json", layout)
         inputs = {"model.json", "study.db"}
         if args == "SCRIPT":
@@ -437,13 +497,14 @@ def test_export_takes_any_damaged_ep_cp_zero_bubble_plan(moe_plans, data, skelet
 
 # ------------------------------------------------------------------- profile across nodes: torchrun's variables
 
-TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT")
 env_values = st.one_of(st.sampled_from(["0", "1", "2", "-1", "", "x", "1.5", " 1", "99999999999999999999", "65536",
                                         "127.0.0.1", "localhost"]), st.text(max_size=6))
 
 
 @settings(FAST, max_examples=60 * SCALE)
-@given(env=st.dictionaries(st.sampled_from(TORCHRUN_ENV), st.none() | env_values, max_size=2),
+@given(env=st.dictionaries(st.sampled_from(TORCHRUN_ENV), st.none() | env_values, max_size=3),
        device=st.sampled_from(["cpu", "cpu", "cuda", "tpu"]),
        compute=st.sampled_from(["ideal", "ideal", "ideal", None, "nope", "FILE"]),
        calibrate=st.sampled_from([None, None, None, "tiny-vit-llm"]), out=st.sampled_from(["c.json", "c.json", "c.txt", "."]))
@@ -470,10 +531,15 @@ def test_profile_under_torchrun_takes_any_environment(monkeypatch_nodes, env, de
         check(result, folder, {"one-node.json"} if compute == "FILE" else set())
 
 
-def _join_world(*args, **kwargs):
-    """Stands for joining torchrun's world (env://), which the checks before it must have made safe."""
+def _join_world(device, place, *args, **kwargs):
+    """Stands for joining torchrun's world (env://), which the checks before it must have made safe: the address,
+    and a node whose block of ranks fits the world with one rank at least on every other node."""
     port, addr = os.environ.get("MASTER_PORT", ""), os.environ.get("MASTER_ADDR", "")
     assert port.isdigit() and 1 <= int(port) <= 65535 and addr.strip() == addr != "", (addr, port)
+    first = place.rank - place.local_rank
+    assert place.node_rank <= first and first + place.local_world_size <= place.world_size, place
+    nodes = os.environ.get("GROUP_WORLD_SIZE")
+    assert nodes is None or place.node_rank < int(nodes) <= place.node_rank + 1 + place.world_size - first - place.local_world_size
     raise _Launched
 
 

@@ -44,7 +44,8 @@ def test_default_plan_and_show(tmp_path, monkeypatch, capsys):
 
 
 def test_plan_json_compares_the_best_with_every_baseline(tmp_path, capsys):
-    assert plan(tmp_path, "--devices", "4", "--global-batch", "8", "--samples", "2", "--no-progress", "--json") == 0
+    assert plan(tmp_path, "--devices", "4", "--global-batch", "8", "--samples", "2", "--no-progress", "--json",
+                "--pp", "2,4") == 0  # pipelines: at pp 1 only megatron exists (tests/search/test_compare.py)
     record = json.loads(capsys.readouterr().out)
     rows = {r["plan"]: r for r in record["comparison"]}
     assert set(rows) == {"best", "megatron", "disttrain", "vpp", "gpipe", "mpipe-rr"}
@@ -61,7 +62,7 @@ def test_plan_json_compares_the_best_with_every_baseline(tmp_path, capsys):
 def test_every_baseline_at_its_own_best_and_the_current_layout_in_json_and_plan_file(tmp_path, capsys):
     current = "pp=4,tp=1,dp=1,schedule=1f1b,M=8"
     assert plan(tmp_path, "--devices", "4", "--global-batch", "8", "--samples", "2", "--no-progress",
-                "--current", current, "--json") == 0
+                "--current", current, "--json", "--pp", "2,4") == 0
     out = json.loads(capsys.readouterr().out)
     best = out["comparison"][0]
     at_best = {r["plan"]: r for r in out["comparison"][1:]}
@@ -153,8 +154,8 @@ def tiny_capacity_profile(tmp_path):
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--devices", "1"], "no (pp, tp, dp) with pp*tp*dp = 1 devices gives a plan"),
-    (["--devices", "29", "--global-batch", "29"], "has 25 layers"),
+    (["--devices", "29"], "no (pp, tp, dp) with pp*tp*dp = 29 devices gives a plan"),  # pp 29 or dp 29 of 4
+    (["--devices", "29"], "has 25 layers"),
     (["--devices", "4", "--pp", "3"], "pp pinned to 3"),
     (["--owners", "lottery"], "owner policies (--owners) 'lottery'"),
     (["--skeletons", "zigzag"], "skeletons (--skeletons) 'zigzag'"),
@@ -182,7 +183,7 @@ def test_a_bad_search_setting_exits_2_before_the_study_is_opened(tmp_path, capsy
 
 
 def test_zero_bubble_skeletons_are_planned_on_request_and_export_as_split_backwards(tmp_path, capsys):
-    assert plan(tmp_path, *SMALL, "--skeletons", "zb1p,zbv") == 0
+    assert plan(tmp_path, *SMALL, "--skeletons", "zb1p,zbv", "--pp", "2") == 0  # at pp 1 megatron@own's 1f1b ties
     best = json.loads((tmp_path / "plan.json").read_text())["candidate"]["schedule"]
     assert {s for s in best.split(",") if s != "transpose"} <= {"zb1p", "zbv"}, best
     assert '"W' in (tmp_path / "plan.json").read_text()  # its order holds the weight-gradient events
@@ -273,7 +274,7 @@ def test_a_killed_plan_resumes_with_every_finished_trial_kept(tmp_path, sig, tim
     db = tmp_path / "study.db"
     args = [sys.executable, "-m", "mpipe_tune.cli", "plan", "--devices", "8", "--global-batch", "32",
             "--storage", f"sqlite:///{db}", "--study", "resume", "--out", str(tmp_path / "plan.json"), "--no-progress",
-            "--sampler", "tpe"]
+            "--sampler", "tpe", "--pp", "2,4,8"]  # pipelines: at pp 1 the bounds settle the space in a few trials
     # Unbuffered: a line read before communicate() leaves nothing behind in a buffer that it would not see.
     proc = subprocess.Popen([*args, "--trials", "5000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, bufsize=0)
     try:
@@ -417,7 +418,7 @@ def test_sizes_no_real_plan_reaches_exit_2_at_once(tmp_path, capsys, args, words
 def plan_file(tmp_path_factory):
     folder = tmp_path_factory.mktemp("integrity")
     assert main(["plan", "--storage", f"sqlite:///{folder / 'study.db'}", "--out", str(folder / "plan.json"),
-                 *SMALL]) == 0
+                 *SMALL, "--pp", "2"]) == 0  # two ranks, whose orders the damage below swaps
     return folder / "plan.json"
 
 
@@ -480,7 +481,8 @@ def test_two_workers_on_one_study_stop_at_the_requested_total(tmp_path):
     """Each worker alone would add 80 trials; together they stop at 80 (before the fix: 80 plus the overlap)."""
     db = tmp_path / "study.db"
     args = [sys.executable, "-m", "mpipe_tune.cli", "plan", "--devices", "8", "--global-batch", "32", "--storage",
-            f"sqlite:///{db}", "--study", "shared", "--trials", "80", "--no-progress", "--json", "--sampler", "tpe"]
+            f"sqlite:///{db}", "--study", "shared", "--trials", "80", "--no-progress", "--json", "--sampler", "tpe",
+            "--pp", "2,4,8"]  # pipelines: at pp 1 the bounds settle the space before 80 trials
     workers = []
     try:
         for k in range(2):

@@ -87,6 +87,12 @@ def _case(name: str, folder: Path) -> tuple[list[str], dict[str, str], str]:
     if name == "100,000-deep JSON model":
         (f / "m.json").write_text('{"name": "m", "layers": ' + "[" * 100000 + "]" * 100000 + "}")
         return [*predict, "--workload", str(f / "m.json")], {}, "nests deeper"
+    if name == "100,000-deep HF config.json":
+        config = json.loads((ROOT / "tests" / "fixtures" / "hf" / "Qwen2-VL-7B-Instruct" / "config.json").read_text())
+        text = json.dumps({**config, "vision_config": None}).replace('"vision_config": null', '"vision_config": '
+                                                                     + "[" * 100000 + "]" * 100000)
+        (f / "config.json").write_text(text)
+        return [*predict, "--model", str(f / "config.json")], {}, "nests deeper"
     if name == "$((1+1+...)) 100,000 terms":
         (f / "model.json").write_text(json.dumps(MINDSPEED))
         (f / "run.sh").write_text("TP=$((" + "+".join(["1"] * 100000) + "))\nA=\"--tensor-model-parallel-size $TP\"\n")
@@ -149,7 +155,7 @@ def _case(name: str, folder: Path) -> tuple[list[str], dict[str, str], str]:
 CASES = ["manifest num_images 1e12", "manifest 1e12 tokens", "workload file 1e12 tokens",
          "1e8 microbatches from a dataset", "repeat 1e9", "100,000 stages", "100,000 stages, one negative",
          "600 factors in $((...))", "100,000-deep JSON dataset", "100,000-deep model.json", "100,000-deep JSON model",
-         "$((1+1+...)) 100,000 terms", "image a FIFO", "image path with a NUL byte", "dataset a symlink loop",
+         "100,000-deep HF config.json", "$((1+1+...)) 100,000 terms", "image a FIFO", "image path with a NUL byte", "dataset a symlink loop",
          "image folder a symlink loop", "model file a device", "workload file a FIFO", "text part 5", "text part null",
          "duplicate CSV column", "duplicate Parquet column", "duplicate JSONL key", "launch flag ²",
          "num_layers a string", "GROUP_RANK 1 on a one-node world", "node rank beyond GROUP_WORLD_SIZE"]

@@ -38,8 +38,14 @@ from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.encoder_backward import COOLDOWN, moved_count
 from mpipe_tune.errors import MpipeError
 
-DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-"""Bytes per element of each compute dtype a candidate may name."""
+DTYPES = {"fp64": (8, "float64"), "fp32": (4, "float32"), "tf32": (4, "float32"), "bf16": (2, "bfloat16"),
+          "fp16": (2, "float16"), "fp8": (1, "float8_e4m3fn"), "int8": (1, "int8")}
+"""The one table of compute dtypes a candidate, a profile or a run may name: bytes per element and the torch
+dtype of its operands (``tf32`` is fp32 operands with TF32 matmul allowed)."""
+DTYPE_BYTES = {name: size for name, (size, _) in DTYPES.items()}
+"""Bytes per element of each compute dtype (:data:`DTYPES`)."""
+TORCH_DTYPE_NAMES = {name: torch_name for name, (_, torch_name) in DTYPES.items()}
+"""The torch dtype (its attribute name) of each compute dtype's operands (:data:`DTYPES`)."""
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 """Activation recomputation settings, as Megatron-LM's ``--recompute-granularity`` names them (plus none)."""
 RECOMPUTE_WORDS = {"none": "none", "off": "none", "selective": "selective", "full": "full", "on": "full"}

@@ -86,11 +86,8 @@ class Run(Command):
 
 def print_run(record: dict) -> None:
     what = f"compute {record['compute']}" + (f" {record['dtype']}" if record.get("dtype") else "")
-    extra = "".join(f" {k}{record[k]}" for k in ("cp", "ep") if record.get(k, 1) > 1)
-    extra += " sp" if record.get("sequence_parallel") else ""
-    extra += f" zero{record['zero_stage']}" if record.get("zero_stage", 1) != 1 else ""  # as plan's best line writes it
-    print(f"plan {record['plan']}: <{record['schedule']}> pp{record['pp']} tp{record['tp']} dp{record['dp']}{extra} "
-          f"M={record['microbatches']} on {record['world_size']} {record['device']} rank(s) ({record['backend']}), {what}")
+    print(f"plan {record['plan']}: {record['candidate']}  on {record['world_size']} {record['device']} rank(s) "
+          f"({record['backend']}), {what}")  # the candidate in its one text form
     print(f"owners {record['owners']}, data {record['data']}")
     print("step times ms: " + " ".join(f"{t * 1e3:.3f}" for t in record["step_times_s"]))
     if record["owners"] != "fixed" or record["data"] != "stored":

@@ -60,19 +60,18 @@ class Framework:
     """Every expert runs its full capacity (``--moe-pad-expert-input-to-capacity``)."""
 
     @classmethod
-    def from_inputs(cls, inputs: Mapping[str, Any]) -> Framework:
-        """The framework the inputs record (:data:`~mpipe_tune.cost.layers.FRAMEWORK_OPTIONS`: what
-        the flags set and plan.json's ``inputs`` store); a key the inputs lack takes its default."""
+    def from_inputs(cls, inputs: Mapping[str, Any] | object) -> Framework:
+        """The framework the inputs record (:data:`~mpipe_tune.cost.layers.FRAMEWORK_OPTIONS`: what the
+        flags set, as a mapping, and plan.json's ``inputs`` record, as its fields); a key the inputs lack
+        takes its default. What :meth:`CostOptions.framework` writes, this reads: the one serialisation."""
+        if not isinstance(inputs, Mapping):
+            inputs = {key: getattr(inputs, key) for key in FRAMEWORK_OPTIONS if hasattr(inputs, key)}
         return cls(**{key: inputs[key] for key in FRAMEWORK_OPTIONS if key in inputs})
 
     @classmethod
     def of(cls, options: CostOptions) -> Framework:
         """The framework part of a cost options record."""
         return cls(**{f.name: getattr(options, f.name) for f in fields(cls)})
-
-    def to_dict(self) -> dict[str, Any]:
-        """What plan.json's inputs and ``predict --json`` record (:data:`~mpipe_tune.cost.layers.FRAMEWORK_OPTIONS`)."""
-        return {key: getattr(self, key) for key in FRAMEWORK_OPTIONS}
 
     def options(self, candidate: Candidate) -> CostOptions:
         """The cost options of ``candidate`` under this framework: its dtype, degrees and memory policy."""

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs import path_problem, shown_path
 from mpipe_tune.inputs.hf_backbones import BACKBONES
 from mpipe_tune.inputs.hf_section import NESTED_DEFAULTS, Section
 from mpipe_tune.inputs.hf_vision import MULTIMODAL_FAMILIES
@@ -65,8 +66,14 @@ def from_hf_config(path: str | Path) -> dict[str, Any]:
     folder's name (a file not named config.json: its stem)."""
     path = Path(path)
     file = path / CONFIG_FILE if path.is_dir() else path
+    problem = path_problem(file)
+    if problem not in (None, "missing"):
+        raise MpipeError(f"model file {shown_path(file)} is {problem}; give a Hugging Face config.json")
     try:
         data = json.loads(file.read_text())
+    except RecursionError:
+        raise MpipeError(f"model file {file} nests deeper than the JSON parser allows (about 1,000 levels); give a "
+                         f"Hugging Face config.json") from None
     except OSError as exc:
         raise MpipeError(f"cannot read model file {file}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:

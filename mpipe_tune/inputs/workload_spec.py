@@ -90,6 +90,8 @@ def dataset_spec(path: str, model_spec: str, model: Model, options: DatasetOptio
     if folder is not None and (folder / "preprocessor_config.json").is_file():
         try:
             preprocessor = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
+        except RecursionError:
+            raise MpipeError(f"{folder / 'preprocessor_config.json'} nests too deeply to be read; fix or remove it") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise MpipeError(f"{folder / 'preprocessor_config.json'} cannot be read ({exc}); fix or remove it") from None
     image_rule = image_rule_from_dims(patch, preprocessor if isinstance(preprocessor, dict) else None)

@@ -93,13 +93,6 @@ class Inputs:
     moe_capacity_factor: float | None = spec(lower=0.0, default=None)
     moe_pad_to_capacity: bool = False
 
-    def framework(self) -> dict[str, Any]:
-        """The framework options as ``Framework.from_inputs`` reads them."""
-        return {"moe_imbalance": self.moe_imbalance, "grad_reduce_dtype": self.grad_reduce_dtype,
-                "overlap_dp_comm": self.overlap_dp_comm, "kernel_mode": self.kernel_mode,
-                "moe_dispatcher": self.moe_dispatcher, "moe_capacity_factor": self.moe_capacity_factor,
-                "moe_pad_to_capacity": self.moe_pad_to_capacity}
-
 
 # ------------------------------------------------------------------------------------- a plan's fields
 

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
+from mpipe_tune.algebra.candidate_text import TORCH_DTYPE_NAMES
 from mpipe_tune.profiler.device import Timer, time_repeats
 from mpipe_tune.profiler.settings import SweepSettings
 from mpipe_tune.profiler.stats import Spread, summarize
 
-TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-"""Profile dtype -> torch dtype of the operands; ``tf32`` is fp32 operands with TF32 matmul allowed."""
+TORCH_DTYPES = {name: TORCH_DTYPE_NAMES[name] for name in ("fp64", "fp32", "tf32", "bf16", "fp16")}
+"""The dtypes a profile measures -> torch dtype of the operands (the one table: :data:`~mpipe_tune.algebra.candidate_text.DTYPES`)."""
 _STALL_GAIN = 1.03
 
 

@@ -15,10 +15,12 @@ curves of the profile's ``kernel_efficiency`` table fitted to them (:mod:`~mpipe
 - **Memory-bound kernels**: ``dst.copy_(src)`` of 4 KiB .. ``memory_sizes_bytes[-1]``; efficiency: bytes
   read and written per second over the profile's memory bandwidth.
 
-A call's seconds are the device's where the queue runs ahead of the host: calls that take less than
-``HOST_BOUND_FACTOR`` times ``dispatch_s`` are timed at the host's issue rate, not the kernel's, and
-are kept in the entry (``host_bound``) but left out of the fit. On CPU each call runs on the issuing
-thread, so ``dispatch_s`` is subtracted from its seconds first (the cost model charges it apart).
+On an accelerator a call's seconds are the device's where the queue runs ahead of the host: calls that
+take less than ``HOST_BOUND_FACTOR`` times ``dispatch_s`` are timed at the host's issue rate, not the
+kernel's, and are kept in the entry (``host_bound``) but left out of the fit. On CPU each call runs on
+the issuing thread, its dispatch and its work one after the other: the curves describe the whole call,
+dispatch included, so that the cost model's ``max(device, host issue)`` per pass (the right bound for a
+queue that runs ahead) charges a CPU pass the sum it takes.
 """
 
 from __future__ import annotations
@@ -201,10 +203,8 @@ def kernel_efficiency_entries(sweeps: KernelSweeps, *, peak_flops_per_s: float, 
     serial = device == "cpu"
 
     def kernel_s(seconds: float) -> float | None:
-        """The kernel's own seconds, or None for a call timed at the host's issue rate."""
-        if seconds < HOST_BOUND_FACTOR * dispatch_s:
-            return None
-        return seconds - dispatch_s if serial else seconds
+        """The seconds the curve describes, or None for an accelerator's call timed at the host's issue rate."""
+        return None if not serial and seconds < HOST_BOUND_FACTOR * dispatch_s else seconds
 
     def rates(points: Sequence[ShapePoint], work: Callable[[ShapePoint], float], roof: float,
               seconds: Callable[[ShapePoint], float] = lambda p: p.seconds.median):
@@ -216,10 +216,11 @@ def kernel_efficiency_entries(sweeps: KernelSweeps, *, peak_flops_per_s: float, 
                 effs.append(work(p) / s / roof)
         return kept, effs
 
-    where = (f"on {device}, the call's seconds less dispatch_s (a CPU call runs on the issuing thread)" if serial
+    where = (f"on {device}, the call's whole seconds, its dispatch included (a CPU call runs on the issuing "
+             f"thread, so the cost model's max of device and host-issue time charges the sum)" if serial
              else f"on {device}, device-event seconds per call")
-    left_out = (f"calls under {HOST_BOUND_FACTOR:g}x dispatch_s are timed at the host's issue rate and left out "
-                f"of the fit (host_bound)")
+    left_out = ("every call fitted" if serial else f"calls under {HOST_BOUND_FACTOR:g}x dispatch_s are timed at "
+                f"the host's issue rate and left out of the fit (host_bound)")
     entries: dict[str, Any] = {}
 
     gemm_kept, gemm_eff = rates(sweeps.gemm, lambda p: 2.0 * p.size[0] * p.size[1] * p.size[2], peak_flops_per_s)

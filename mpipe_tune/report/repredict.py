@@ -49,7 +49,7 @@ def repredict(source: str | os.PathLike | PlanFile, name: str | None = None, *, 
     section = resolved.section
     try:
         prediction = predict(section.candidate, resolved.model, section.workload, resolved.profile,
-                             Framework.from_inputs(resolved.file.inputs.framework()))
+                             Framework.from_inputs(resolved.file.inputs))
     except MpipeError as exc:
         raise PlanFileError(f"{resolved.where}: its stored candidate does not predict ({exc}); the file is damaged "
                             f"or was edited: re-create it with 'mpipe-tune plan'") from None

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from mpipe_tune.algebra.encoder_backward import moved_count
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.cost.bound_by import rank_bounds
 from mpipe_tune.plan_file import placement_record, predicted_record
 from mpipe_tune.outputs.frames import Column, TextTable, gib, ms, text
@@ -66,27 +66,11 @@ OVER = "OVER"
 """Marks a rank whose peak is over the device's memory capacity."""
 
 
-def settings_text(record: dict[str, Any]) -> str:
-    """The memory and parallel settings a prediction record holds beyond the defaults, in the words of a candidate's
-    text form (``ep=2 cp=2``, ``recompute``, ``recompute selective``, ``zero0``, ``zero3``, ``sp``)."""
-    recompute = record.get("recompute", False)
-    pieces = [f"{k}={record[k]}" for k in ("ep", "cp") if record.get(k, 1) > 1]
-    pieces += (["recompute"] if recompute is True else [f"recompute {recompute}"] if isinstance(recompute, str) else [])
-    pieces += [f"zero{record['zero_stage']}"] * (record.get("zero_stage", 1) != 1)
-    pieces += ["sp"] * bool(record.get("sequence_parallel"))
-    return "".join(f"  {piece}" for piece in pieces)
-
-
 def print_prediction(record: dict[str, Any]) -> None:
+    """The header (the inputs, and the candidate in its one text form, which ``Candidate.parse`` reads back)
+    and the per-rank table of a :func:`prediction_record`."""
     print(f"model {record['model']}  profile {record['profile']}  workload {record['workload']}")
-    print(f"schedule <{record['schedule']}>  cut {record['cut'] or '-'}  P={record['pp']} tp={record['tp']} "
-          f"dp={record['dp']}" + (f" encoder tp={record['encoder_tp']}" if record.get("encoder_tp", record["tp"])
-                                  != record["tp"] else "") + f"  M={record['microbatches']}  dtype {record['dtype']}"
-          + settings_text(record)
-          + (f"  encoder backward {record['encoder_backward']}" if record.get("encoder_backward", "cooldown")
-             != "cooldown" else "")
-          + (f" ({moved} on other ranks)" if (moved := moved_count(record.get("encoder_backward_ranks"),
-                                                                   record.get("owners") or ())) else ""))
+    print(f"candidate {Candidate.from_dict(record)}")
     print(f"predicted step time: {record['makespan_s'] * 1e3:.3f} ms   bubble share {record['bubble_share']:.1%}\n")
     frame = rank_frame(record)
     table = TextTable.fit(frame, RANK_COLUMNS)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.errors import MpipeError
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")
@@ -52,8 +53,8 @@ class ParallelLayout:
     """Context-parallel ranks of every data replica (they share its microbatches)."""
     ep: int = 1
     """Expert-parallel ranks, carved from the ``dp x cp`` ranks."""
-    encoder_tp: int = 0
-    """The encoder's own tensor-parallel degree, a divisor of ``tp``; 0: ``tp``."""
+    encoder_tp: int | None = None
+    """The encoder's own tensor-parallel degree, a divisor of ``tp``; None: ``tp`` (as :class:`Degrees` has it)."""
 
     @property
     def encoder_groups(self) -> int:
@@ -97,8 +98,8 @@ class ParallelLayout:
         return self.global_rank(pp_rank, dp_rank, tp_rank, self.cp_rank(rank))
 
     def __str__(self) -> str:
-        extra = "".join(f" x {name}{value}" for name, value in (("cp", self.cp), ("ep", self.ep)) if value > 1)
-        return f"pp{self.pp} x dp{self.dp} x tp{self.tp}{extra}"
+        """The degrees' one text form (``pp2 tp2 dp4 ep2``)."""
+        return str(Degrees(self.pp, self.tp, self.dp, self.ep, self.cp, self.encoder_tp))
 
     def validate_world_size(self, world_size: int, where: str) -> None:
         if world_size != self.world_size:

@@ -41,6 +41,7 @@ def summary(view: PlanView, per_rank: Sequence[Sequence[Any]], *, views: Sequenc
         losses.append(sum(per_mb.values()) if per_mb else None)
     return {
         "plan": view.path,
+        "candidate": str(view.candidate),
         "schedule": view.schedule,
         "pp": view.layout.pp,
         "tp": view.layout.tp,

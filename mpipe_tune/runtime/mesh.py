@@ -57,7 +57,7 @@ class RankMesh:
         """The encoder's tensor-parallel group as a 1-D mesh (``tp_mesh`` itself without encoder groups)."""
         if self.encoder_mesh is None:
             return self.tp_mesh
-        return self.encoder_mesh["etp"] if self.layout.encoder_tp > 1 else None
+        return self.encoder_mesh["etp"] if (self.layout.encoder_tp or self.layout.tp) > 1 else None
 
     @property
     def encoder_group_index(self) -> int:

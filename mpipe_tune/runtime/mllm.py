@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from mpipe_tune.algebra.candidate_text import TORCH_DTYPE_NAMES
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.runtime.blueprint import LayerSpec
 from mpipe_tune.runtime.data import MicrobatchInputs
@@ -23,7 +24,8 @@ from mpipe_tune.runtime.layers import build_layer
 from mpipe_tune.runtime.ring_attention import Ring
 from mpipe_tune.runtime.tensor_parallel import full_gradient, is_sequence_parallel
 
-DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {name: getattr(torch, TORCH_DTYPE_NAMES[name]) for name in ("fp64", "fp32", "bf16", "fp16")}
+"""The compute dtypes the runtime's layers run in, as torch dtypes."""
 
 
 @dataclass

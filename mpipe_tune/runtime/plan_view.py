@@ -115,7 +115,7 @@ class PlanView:
     def layout(self) -> ParallelLayout:
         """The plan's (pp, dp, cp, tp) grid of ranks and its expert-parallel degree."""
         c = self.candidate
-        return ParallelLayout(c.pp, c.dp, c.tp, c.cp, c.ep, c.encoder_tp or 0)
+        return ParallelLayout(c.pp, c.dp, c.tp, c.cp, c.ep, c.encoder_tp)
 
     @property
     def dtype(self) -> str:

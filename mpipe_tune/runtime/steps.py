@@ -165,7 +165,7 @@ class StepPlanner:
         self.compiled: CompiledPlan | None = None
         if not modes.is_stored_plan:
             profile = load_plan_profile(view.file, spec=profile_spec)
-            self.predictor = Predictor(view.model, profile, Framework.from_inputs(view.file.inputs.framework()))
+            self.predictor = Predictor(view.model, profile, Framework.from_inputs(view.file.inputs))
             options = self.predictor.options(view.candidate)
             self.profile, self.options = profile, options
             self.compiled = CompiledPlan(view.plan, view.model, profile, options)

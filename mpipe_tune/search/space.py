@@ -51,6 +51,7 @@ from mpipe_tune.algebra.schedule import Skeleton
 from mpipe_tune.cost.arch import expert_parallel_fits, tensor_parallel_fits
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.search.owners import POLICIES
 from mpipe_tune.search.problem import Problem
 
@@ -303,13 +304,15 @@ class SearchSpace:
                         out.append((pp, tp, dp, cp))
         if not out:
             pinned = (("pp", o.pp), ("tp", o.tp), ("dp", o.dp), ("cp", o.cp if o.cp != (1,) else None), ("ep", o.ep))
-            pins = "".join(f", {k} pinned to {','.join(map(str, v))}" for k, v in pinned if v)
+            given = [f"{k} pinned to {','.join(map(str, v))}" for k, v in pinned if v]
+            pins = f" ({', '.join(given)})" if given else ""
+            lowest = f">= {o.min_pp} and " if o.min_pp > 1 else ""
+            single = "" if self.unpipelined() else " (pp 1 also needs a one-region skeleton: 1f1b, gpipe or zb1p)"
             raise MpipeError(
-                f"no (pp, tp, dp) with pp*tp*dp = {N} devices gives a plan: pp must be "
-                f"{f'>= {o.min_pp} ' if o.min_pp > 1 else ''}at most the layer count (model '{self.problem.model.name}' has {self.num_layers} layers), tp must "
-                f"divide the {per_node} devices per node of profile '{self.problem.profile.name}' and the model's "
-                f"heads and split widths, dp must divide "
-                f"the global batch {G}{pins}; change the device count or the global batch"
+                f"no (pp, tp, dp) with pp*tp*dp = {N} devices gives a plan{pins}: pp must be {lowest}at most the layer "
+                f"count (model '{self.problem.model.name}' has {self.num_layers} layers){single}, tp must divide the "
+                f"{per_node} devices per node of profile '{self.problem.profile.name}' and the model's heads and split "
+                f"widths, dp must divide the global batch {G}; change the device count or the global batch"
             )
         return sorted(out, key=lambda layout: (layout[3], layout[:3]))  # cp = 1 first, as before cp existed
 
@@ -517,9 +520,10 @@ class Group:
 
 
 def layout_name(layout: tuple[int, int, int, int]) -> str:
-    """A layout as the ``degrees`` choice names it: ``pp4-tp2-dp2``, with ``-cp2`` where ``cp > 1``."""
+    """A layout as the ``degrees`` choice names it: the degrees' text form with hyphens for spaces (an Optuna
+    parameter value: ``pp4-tp2-dp2``, with ``-cp2`` where ``cp > 1``)."""
     pp, tp, dp, cp = layout
-    return f"pp{pp}-tp{tp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "")
+    return str(Degrees(pp, tp, dp, cp=cp)).replace(" ", "-")
 
 
 class _NoLeaf(Exception):

@@ -29,12 +29,10 @@ MEMORY = MemoryCurve(max=0.85, half_bytes=1e6)
 SHAPES = tuple((m, n, k) for m in (16, 64, 200, 600, 1000, 2700) for n in (64, 192, 320, 1024) for k in (64, 512, 4096))
 
 
-def synthetic_sweeps(device: str, units: int | None) -> KernelSweeps:
-    """Seconds per call exactly as the curves say, plus the dispatch cost where the call runs on the host."""
-    extra = DISPATCH if device == "cpu" else 0.0
-
+def synthetic_sweeps(units: int | None) -> KernelSweeps:
+    """Seconds per call exactly as the curves say, and a GEMM call shorter than the dispatch cost."""
     def point(size, seconds, backward=None):
-        return ShapePoint(size, summarize([seconds + extra]), None if backward is None else summarize([backward + extra]))
+        return ShapePoint(size, summarize([seconds]), None if backward is None else summarize([backward]))
 
     gemm = [point(s, 2.0 * math.prod(s) / (float(GEMM.efficiency(*s)) * PEAK)) for s in SHAPES]
     attention = [point((L,), 1.0, 3 * attention_fwd_flops(L, 16, 128) / (float(ATTENTION.efficiency(L)) * PEAK))
@@ -44,10 +42,10 @@ def synthetic_sweeps(device: str, units: int | None) -> KernelSweeps:
     return KernelSweeps("bf16", (tiny, *gemm), tuple(attention), tuple(memory), 16, 128, units)
 
 
-@pytest.mark.parametrize("device, units", [("cuda", 8), ("cpu", None)])
-def test_the_fits_recover_the_curves_that_made_the_timings(device, units):
-    entries = kernel_efficiency_entries(synthetic_sweeps(device, units), peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH,
-                                        dispatch_s=DISPATCH, device=device, measured={"source": "measured"})
+@pytest.mark.parametrize("units", [8, None])
+def test_the_fits_recover_the_curves_that_made_the_timings(units):
+    entries = kernel_efficiency_entries(synthetic_sweeps(units), peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH,
+                                        dispatch_s=DISPATCH, device="cuda", measured={"source": "measured"})
     gemm = entries["gemm"]
     assert (gemm["tile_m"], gemm["tile_n"], gemm["units"]) == (64, 128, 8)  # units fitted where the device is silent
     assert gemm["max"] == pytest.approx(0.8, rel=1e-3) and gemm["half_dim"] == pytest.approx(96.0, rel=1e-3)
@@ -60,6 +58,19 @@ def test_the_fits_recover_the_curves_that_made_the_timings(device, units):
     assert memory["max"] == pytest.approx(0.85, rel=1e-3) and memory["half_bytes"] == pytest.approx(1e6, rel=1e-3)
     for entry in entries.values():
         assert entry["source"] == "measured" and entry["ref"] and len(entry["predicted_efficiency"]) == len(entry["efficiency"])
+
+
+def test_on_cpu_the_curves_describe_whole_calls_dispatch_included():
+    # A CPU call runs on the issuing thread: the short GEMM is fitted too (it is what such a call costs there),
+    # and every efficiency is the call's work over its whole seconds.
+    sweeps = synthetic_sweeps(None)
+    entries = kernel_efficiency_entries(sweeps, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH, dispatch_s=DISPATCH,
+                                        device="cpu", measured={"source": "measured"})
+    gemm = entries["gemm"]
+    assert gemm["host_bound"] == [] and [1, 1, 1] in gemm["shapes"]
+    tiny = gemm["efficiency"][gemm["shapes"].index([1, 1, 1])]
+    assert tiny == pytest.approx(2.0 / (DISPATCH / 10) / PEAK)
+    assert "dispatch included" in gemm["ref"]
 
 
 def test_a_noisy_sweep_is_fitted_with_its_fit_quality_stated():
@@ -101,7 +112,7 @@ def measurements_with_tables():
     lengths = (16, 64, 256)
     host = HostSweep(ChainSweep(lengths, tuple(summarize([2e-6 * n]) for n in lengths)),
                      ChainSweep(lengths, tuple(summarize([3e-6 * n]) for n in lengths)))
-    return replace(_measurements(), host=host, kernels=replace(synthetic_sweeps("cpu", None), dtype="fp32"))
+    return replace(_measurements(), host=host, kernels=replace(synthetic_sweeps(None), dtype="fp32"))
 
 
 def test_the_assembled_profile_carries_the_kernel_tables_and_round_trips():
@@ -173,3 +184,64 @@ def test_compute_units_come_from_the_accelerator_s_properties(properties, units)
     module = SimpleNamespace(get_device_properties=lambda index: SimpleNamespace(**properties))
     assert compute_units(SimpleNamespace(npu=module, cuda=module), "npu") == units
     assert compute_units(SimpleNamespace(npu=module, cuda=module), "cuda") == units
+
+
+class StandInDevice:
+    """torch with an ``npu`` that is the CPU underneath: synchronize and timing events counted, tensors made on
+    the CPU. The accelerator code path runs up to the device boundary, which this machine does not have."""
+
+    def __init__(self, torch):
+        import time
+        from types import SimpleNamespace
+
+        self._torch, self.syncs, self.events = torch, 0, 0
+        outer = self
+
+        class Event:
+            def __init__(self, enable_timing):
+                assert enable_timing
+                outer.events += 1
+
+            def record(self):
+                self.at = time.perf_counter()
+
+            def synchronize(self):
+                outer.syncs += 1
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1e3  # milliseconds, as torch's events give it
+
+        def synchronize():
+            outer.syncs += 1
+
+        self.npu = SimpleNamespace(Event=Event, synchronize=synchronize,
+                                   get_device_properties=lambda index: SimpleNamespace(cube_core_num=20))
+
+    def __getattr__(self, name):
+        value = getattr(self._torch, name)
+        if name in ("zeros", "ones", "randn", "empty"):
+            return lambda *args, device=None, **kw: value(*args, **kw)
+        return value
+
+
+def test_the_accelerator_path_runs_up_to_the_device_boundary():
+    torch = pytest.importorskip("torch")
+    from mpipe_tune.profiler.dispatch import measure_host
+    from mpipe_tune.profiler.shapes import measure_kernels
+
+    settings = KernelSweepSettings(
+        dispatch_lengths=(8, 32), dispatch_repeats=2, gemm_shapes=((64, 64, 64), (128, 128, 128)), max_call_s=1.0,
+        attention_lengths=(32, 64), attention_heads=1, head_dim=16, attention_max_call_s=1.0,
+        memory_sizes_bytes=(2**16, 2**18), repeats=2, min_repeat_s=1e-4)
+    device = StandInDevice(torch)
+    host = measure_host(device, "npu", settings.dispatch_lengths, settings.dispatch_repeats, lambda _: None)
+    syncs = device.syncs
+    assert syncs >= 2 * 2 * 2 * 2  # both chains, every length and repeat: the queue emptied before and after
+    sweeps = measure_kernels(device, "npu", "fp32", settings, peak_flops_per_s=1e11, progress=lambda _: None)
+    assert device.events > 0 and device.syncs > syncs  # timed by device events, read after they synchronize
+    assert sweeps.units == 20 and len(sweeps.gemm) == 2 and len(sweeps.memory) == 2
+    entries = kernel_efficiency_entries(sweeps, peak_flops_per_s=1e11, bytes_per_s=1e10, dispatch_s=host.dispatch_s,
+                                        device="npu", measured={"source": "measured"})
+    assert entries and all("device-event seconds" in e["ref"] for e in entries.values())
+    for family, entry in entries.items():  # each point fitted or set aside as timed at the host's rate
+        assert len(entry["efficiency"]) + len(entry["host_bound"]) == 2, family

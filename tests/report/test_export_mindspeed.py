@@ -99,6 +99,8 @@ def test_freezing_recomputation_and_the_dummy_optimizer():
 def test_what_mindspeed_cannot_run_is_one_line_naming_the_closest_plan():
     assert "closest plan" in one_line_error(lambda: mindspeed_layout(export_plan("transpose,1f1b", (VISION,), 2, 4)))
     assert "not GPipe" in one_line_error(lambda: mindspeed_layout(export_plan("gpipe", (), 2, 4)))
+    zb = one_line_error(lambda: mindspeed_layout(export_plan("zb1p", (), 2, 4)))
+    assert "not zb1p's split input/weight backwards" in zb and "GPipe" not in zb
     assert "M >= P" in one_line_error(lambda: mindspeed_layout(export_plan("1f1b,1f1b", (17,), 4, 2)))
 
 
@@ -116,7 +118,8 @@ def test_cli_writes_both_files_and_the_round_trip_reads_them_back_as_the_current
     decoders = layout["text_decoder"]["pipeline_num_layers"]
     assert len(decoders) == 2 and all(len(row) == 2 for row in decoders) and sum(map(sum, decoders)) == NUM_DECODERS
     assert json.dumps(decoders) in out.read_text()  # written on one line, as MindSpeed-MM's files write it
-    assert "export VP_SIZE=2" in (tmp_path / "model.sh").read_text()
+    launch = (tmp_path / "model.sh").read_text()  # MindSpeed-MM reads no VP_SIZE: the flag is its VPP
+    assert "VP_SIZE" not in launch and "--virtual-pipeline-model-parallel-size 2" in launch
     capsys.readouterr()
     assert main(["plan", "--devices", "4", "--global-batch", "16", "--pp", "2", "--dp", "2", "--trials", "4",
                  "--no-progress", "--json", "--out", str(tmp_path / "again.json"), "--current", str(out),
@@ -146,3 +149,10 @@ def test_a_qwen2_vl_merger_is_the_vision_projector_not_a_vision_layer():
     assert mindspeed_layout(split)["image_encoder"]["vision_encoder"]["pipeline_num_layers"] == [32, 0]
     assert "runs the projector after the last vision layer, in stage 0; the plan has it in stage 1" in \
         mindspeed_arguments(split, "model.json")
+
+
+def test_tensor_parallel_launch_arguments_set_one_device_connection():
+    """Megatron core's tensor-parallel layers (which MindSpeed-MM runs) order their communication by
+    CUDA_DEVICE_MAX_CONNECTIONS=1, which MindSpeed-MM's example launch scripts export; without tp it is not needed."""
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in mindspeed_arguments(export_plan("1f1b", (), 2, 4, tp=2), "m.json")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in mindspeed_arguments(export_plan("1f1b", (), 2, 4), "m.json")

@@ -2,6 +2,7 @@
 
 import json
 
+from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.cli import main
 from mpipe_tune.report.tables import rank_frame
 
@@ -26,13 +27,21 @@ def test_the_printed_table_marks_and_explains_a_rank_over_capacity(capsys):
     assert "does NOT fit" in out[-1] and "(OVER: the rank's peak is over it)" in out[-1]
 
 
-def test_the_printed_header_names_the_memory_and_parallel_settings(capsys):
-    """predict and show say the settings the step was predicted with (a ZeRO-3 plan's show did not say zero3)."""
-    assert main(["predict", "--model", "tiny-vit-llm", "--pp", "2", "--tp", "2", "--dp", "2", "--zero", "3",
-                 "--recompute", "selective", "--sequence-parallel"]) == 0
-    header = capsys.readouterr().out.splitlines()[1]
-    assert header.endswith("dtype bf16  recompute selective  zero3  sp"), header
-    assert main(["predict", "--model", "tiny-vit-llm", "--pp", "2", "--recompute"]) == 0
-    assert capsys.readouterr().out.splitlines()[1].endswith("dtype bf16  recompute")
-    assert main(["predict", "--model", "tiny-vit-llm", "--pp", "2"]) == 0  # the defaults add nothing
-    assert capsys.readouterr().out.splitlines()[1].endswith("dtype bf16")
+def predicted_header(capsys, *flags):
+    """``predict``'s candidate line: the candidate it predicted, read back from its one text form."""
+    assert main(["predict", "--model", "tiny-vit-llm", *flags, "--json"]) == 0
+    predicted = Candidate.from_dict(json.loads(capsys.readouterr().out))
+    assert main(["predict", "--model", "tiny-vit-llm", *flags]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith("candidate ") and Candidate.parse(line.removeprefix("candidate ")) == predicted, line
+    return line
+
+
+def test_the_printed_header_is_the_candidates_text_form_with_its_memory_and_parallel_settings(capsys):
+    """predict and show say the settings the step was predicted with (a ZeRO-3 plan's show did not say zero3),
+    in the candidate's text form, which parses back to the candidate predicted."""
+    line = predicted_header(capsys, "--pp", "2", "--tp", "2", "--dp", "2", "--zero", "3", "--recompute",
+                            "selective", "--sequence-parallel")
+    assert "  pp2 tp2 dp2  M=" in line and "  recompute selective  zero3  sp" in line
+    assert "  recompute" in predicted_header(capsys, "--pp", "2", "--recompute")
+    assert "recompute" not in predicted_header(capsys, "--pp", "2")  # the defaults add nothing

@@ -78,7 +78,7 @@ def test_an_emulated_run_steps_over_the_sharding_actions(tmp_path, capsys, zero)
 def test_table_output(plan, capsys):
     assert main(["run", str(plan), "--steps", "1", "--model", TEST_MODEL]) == 0
     stdout = capsys.readouterr().out
-    assert "<transpose,1f1b> pp2 tp1 dp1 M=4 on 2 cpu rank(s) (gloo)" in stdout and "measured/predicted" in stdout
+    assert "pp2 tp1 dp1  M=4" in stdout and "on 2 cpu rank(s) (gloo)" in stdout and "measured/predicted" in stdout
 
 
 def test_a_tensor_and_data_parallel_plan_runs_from_the_cli(tmp_path, capsys):

@@ -134,7 +134,7 @@ def test_a_world_size_other_than_the_layout_is_refused_before_any_process_group(
     # Nothing listens on this port: creating a process group would hang (past run_cli's guard), not
     # fail in one line.
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
-    assert_one_line_exit_2(run_cli(plan, env=env), "laid out pp4 x dp1 x tp1 = 4 ranks but the world size is 3")
+    assert_one_line_exit_2(run_cli(plan, env=env), "laid out pp4 tp1 dp1 = 4 ranks but the world size is 3")
 
 
 @pytest.mark.parametrize("damage,words", [

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from mpipe_tune.algebra import Owners, derive
+from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import BASELINES, Candidate, Evaluator, Problem, SearchSpace, SpaceOptions, baseline
 from mpipe_tune.search.baselines import UNPIPELINED
 from mpipe_tune.search.families import family_candidates
@@ -44,6 +45,8 @@ def test_pp_1_takes_the_spaces_own_plain_skeleton_and_none_where_it_has_none(tin
     assert only["zbv"].schedules(1, 4) == [] and all(pp > 1 for pp, _, _ in only["zbv"].degrees)
     pinned = SearchSpace(space.problem, weights, SpaceOptions(pp=(1,)))
     assert {pp for pp, _, _ in pinned.degrees} == {1}
+    with pytest.raises(MpipeError, match=r"pp 1 also needs a one-region skeleton: 1f1b, gpipe or zb1p\), tp must"):
+        SearchSpace(space.problem, weights, SpaceOptions(pp=(1,), skeletons=("zbv",)))
 
 
 @pytest.mark.parametrize("zero", [0, 1, 3])

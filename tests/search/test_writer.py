@@ -71,3 +71,14 @@ def test_a_search_whose_writer_died_with_trials_queued_exits_with_its_error(tmp_
                           timeout=300)  # a hang guard, far above a loaded machine
     assert proc.returncode == 0, proc.stderr
     assert "the trial writer stopped (exit code -9)" in proc.stdout
+
+
+def test_a_shared_total_stops_at_exactly_n_trials_and_stores_the_next_as_failed(tmp_path):
+    """Found by the planted-fault pass (docs/testing.md): a reservation counted one trial too few let one in."""
+    from mpipe_tune.search.writer import store_trial
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=storage, study_name="s")
+    assert [store_trial(study, finished_trial(float(v)), 3, storage) for v in range(5)] == [True] * 3 + [False] * 2
+    states = [t.state for t in study.get_trials()]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 3 and states.count(optuna.trial.TrialState.FAIL) == 2

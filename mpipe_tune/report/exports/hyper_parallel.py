@@ -120,7 +120,8 @@ def _trainer_yaml(plan: ExportPlan) -> str:
     data = {"type": "vl_dummy", "max_seq_len": max(plan.text_tokens)}
     header = [
         f"# hyper-parallel trainer config for mpipe-tune {plan.describe()}",
-        f"# (schema and start-up checks of mindspore-ai/hyper-parallel at {HYPER_PARALLEL_COMMIT})",
+        f"# (schema and start-up checks of mindspore-ai/hyper-parallel at {HYPER_PARALLEL_COMMIT}: later commits' "
+        f"config class rejects the data and train sections, earlier ones ignore the pp_mpipe_* keys)",
         f"# launch on {plan.pp * plan.tp * plan.dp} devices; the data-parallel degree {plan.dp} is FSDP-sharded "
         f"(dp_shard), as in the torchtitan export",
         f"# fill in: model.name and model.weights_path (your VL model; '{VL_MODEL}' with random weights as written) "

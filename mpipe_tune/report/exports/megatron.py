@@ -114,14 +114,17 @@ checkpoint, untied embedding and output weights, no fp16, CUDA_DEVICE_MAX_CONNEC
 
 def _megatron_moe(plan: ExportPlan) -> list[str]:
     """``--num-experts``, ``--moe-router-topk``, ``--moe-layer-freq`` (a pattern when some decoder
-    layers are dense) and ``--expert-model-parallel-size``."""
+    layers are dense), ``--expert-model-parallel-size`` and ``--disable-bias-linear``: Megatron-LM's MoE layer
+    refuses experts with a bias (``mlp_bias is not supported``: moe/moe_layer.py lines 568 and 684 at
+    d98e8a6; TEGroupedMLP refuses one beside the default bias-dropout fusion, moe/experts.py 205-207; shared
+    experts, moe/shared_experts.py 124), and the plan's experts have none."""
     if not plan.moe_layers:
         return []
     counts = sorted({n for _, n in plan.moe_layers})
     moe = {k for k, _ in plan.moe_layers}
     num_decoders = sum(len(s.decoders) for s in wavefront_stages(plan))
     flags = [int(k in moe) for k in range(num_decoders)]
-    args = [f"--num-experts {counts[0]}", f"--moe-router-topk {plan.moe_top_k}"]
+    args = [f"--num-experts {counts[0]}", f"--moe-router-topk {plan.moe_top_k}", "--disable-bias-linear"]
     if 0 in flags:
         runs, start = [], 0
         for k in range(1, num_decoders + 1):

@@ -19,12 +19,14 @@ The writer gives two files: the model.json keys to merge into the model's own mo
 ``pretrain_vlm.py`` reads, and ``recompute_granularity``/``recompute_method``/``recompute_num_layers``
 for full recomputation, per module), and beside it a shell fragment with the launch script's
 parallel arguments: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
-``--virtual-pipeline-model-parallel-size`` with ``VP_SIZE`` exported (MindSpeed-MM's uneven VPP reads
-it), ``--microbatch-group-size-per-virtual-pipeline-stage`` (Megatron core 0.12's interleaving in
+``--virtual-pipeline-model-parallel-size`` (MindSpeed-MM reads no ``VP_SIZE`` variable: its model.json's
+chunk-major lists and this flag are the whole of its VPP), ``--microbatch-group-size-per-virtual-pipeline-stage`` (Megatron core 0.12's interleaving in
 rounds other than P), ``--context-parallel-size 1``, ``--micro-batch-size 1``,
 ``--global-batch-size``, ``--seq-length``, ``--bf16``/``--fp16``, and ``--enable-dummy-optimizer``
 when a stage holds only frozen parameters (its backward has nothing to compute and its rank's
-optimizer nothing to update; ``examples/qwen2.5vl/README.md``).
+optimizer nothing to update; ``examples/qwen2.5vl/README.md``); with tp > 1 it exports
+``CUDA_DEVICE_MAX_CONNECTIONS=1``, as MindSpeed-MM's example launch scripts do for Megatron core's
+tensor-parallel layers.
 
 MindSpeed-MM runs Megatron's 1F1B and interleaved 1F1B over sharded stages: a transpose region, GPipe
 and interleaving with fewer microbatches than ranks are one line naming the closest plan it runs.
@@ -60,10 +62,14 @@ def _validate(plan: ExportPlan) -> None:
     """What MindSpeed-MM cannot run, in one line each."""
     validate_all_sharded(plan, TRAINER, "and its pipeline stages each hold a slab of layers (the vision "
                                         "encoder's pipeline_num_layers)")
-    if any(r.skeleton is not Skeleton.ONE_F_ONE_B for r in plan.sharded):
-        raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()}: it runs Megatron's 1F1B schedules, not "
-                         f"GPipe; the closest plan it can express: the same cut and slabs under 1f1b"
-                         f"{stored_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}", quantities=("stored plan",))
+    others = sorted({r.skeleton for r in plan.sharded if r.skeleton is not Skeleton.ONE_F_ONE_B}, key=lambda s: s.value)
+    if others:
+        what = " or ".join("GPipe" if s is Skeleton.GPIPE else f"{s.value}'s split input/weight backwards"
+                           for s in others)
+        raise MpipeError(f"MindSpeed-MM cannot express {plan.describe()}: it runs Megatron's 1F1B schedules with "
+                         f"full backwards, not {what}; the closest plan it can express: the same cut and slabs "
+                         f"under 1f1b{stored_hint(plan, REFERENCE) if plan.name == 'gpipe' else ''}",
+                         quantities=("stored plan",))
     validate_one_tensor_parallel_degree(plan, TRAINER)
     P, M, v = plan.pp, plan.num_microbatches, plan.num_chunks
     if v > 1 and M < P:
@@ -128,7 +134,8 @@ def _arguments(plan: ExportPlan, model_json: str) -> str:
         *(["# FSDP2 (ZeRO-3) as MindSpeed-MM's UserGuide/features/fsdp2.rst launches it; leave "
            "CUDA_DEVICE_MAX_CONNECTIONS above 1 (its examples export 2), and untie the embedding and output "
            "weights in the model if they are tied"] if fsdp else []),
-        *([f"export VP_SIZE={v}"] if v > 1 else []),
+        *(["export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron core's tensor-parallel layers order their "
+           "communication by it"] if plan.tp > 1 and not fsdp else []),
         'MPIPE_ARGS="',
         *(f"    {a} \\" for a in args),
         '"',

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mpipe_tune.algebra.encoder_backward import moved_count
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.algebra.derive import wavefront_stages as derive_stages
 from mpipe_tune.algebra.events import Bwd, Fwd, Wgrad
 from mpipe_tune.algebra.model import ArchCost, Model
@@ -168,10 +169,13 @@ class ExportPlan:
                              f"{' and '.join(without)}; the closest plan it can express: the same at ZeRO stage 1",
                              quantities=("ZeRO stage",))
 
+    @property
+    def degrees(self) -> Degrees:
+        return Degrees(self.pp, self.tp, self.dp, self.ep, self.cp, self.encoder_tp)
+
     def describe(self) -> str:
-        extra = "".join(f" {k}{v}" for k, v in (("cp", self.cp), ("ep", self.ep)) if v > 1)
-        return (f"plan '{self.name}' <{self.schedule}> pp{self.pp} tp{self.tp} dp{self.dp}{extra} "
-                f"M={self.num_microbatches}")
+        """The plan's name, schedule, degrees and microbatches in the candidate's text form's words."""
+        return f"plan '{self.name}' <{self.schedule}> {self.degrees} M={self.num_microbatches}"
 
 
 def read_export_plan(path: str | os.PathLike, name: str | None = None) -> ExportPlan:

@@ -52,7 +52,7 @@ def _encoder_first(plan: ExportPlan) -> str:
     """The closest all-Sharded plan: the encoder inside the first stage (Megatron-LM style)."""
     stored = closest_plan(plan, REFERENCE, f"<1f1b> with no cut, stored by 'mpipe-tune plan' as baseline '{REFERENCE}' "
                                        f"(or 'mpipe-tune predict --schedule 1f1b --cut \"\"')")
-    return f"the same model with the encoder inside the first stage: {stored}"
+    return f"the encoder inside the first stage, {stored}"
 
 
 def validate_all_sharded(plan: ExportPlan, target: str, why: str) -> None:
@@ -60,9 +60,8 @@ def validate_all_sharded(plan: ExportPlan, target: str, why: str) -> None:
     for region in plan.regions:
         if not region.is_sharded:
             raise MpipeError(
-                f"{target} cannot express {plan.describe()}: region {region.index} is a transpose (its layers on "
-                f"every rank, each microbatch run by its owner), {why}; the closest plan it can express: "
-                f"{_encoder_first(plan)}", quantities=("stored plan",))
+                f"{target} cannot express {plan.describe()}: region {region.index} is a transpose, {why}; closest "
+                f"plan: {_encoder_first(plan)}", quantities=("stored plan",))
 
 
 def validate_vision_first(plan: ExportPlan, stages: tuple[Stage, ...], target: str) -> None:
@@ -71,5 +70,5 @@ def validate_vision_first(plan: ExportPlan, stages: tuple[Stage, ...], target: s
     if spread:
         raise MpipeError(
             f"{target} builds the vision encoder inside the first pipeline stage, but {plan.describe()} puts encoder "
-            f"layers in stage(s) {', '.join(map(str, spread))} too; the closest plan it can express: "
-            f"{_encoder_first(plan)}", quantities=("stored plan",))
+            f"layers in stage(s) {', '.join(map(str, spread))} too; closest plan: {_encoder_first(plan)}",
+            quantities=("stored plan",))

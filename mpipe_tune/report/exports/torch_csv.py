@@ -20,7 +20,7 @@ from mpipe_tune.report.exports.plan import ExportPlan, Output
 from mpipe_tune.report.exports.refusals import validate_all_sharded
 from mpipe_tune.report.exports.target import ExportTarget
 
-ONE_SLAB_STAGES = "and a torch.distributed.pipelining stage is one slab on one rank"
+ONE_SLAB_STAGES = "and a torch pipelining stage is one slab on one rank"
 """Why a trainer that runs torch's pipelining stages cannot run a transpose region."""
 
 

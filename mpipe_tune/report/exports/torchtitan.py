@@ -35,6 +35,8 @@ from mpipe_tune.report.exports.refusals import (
 from mpipe_tune.report.exports.target import ExportTarget, TwoFiles
 from mpipe_tune.report.exports.torch_csv import ONE_SLAB_STAGES, schedule_csv, validate_schedule_csv
 
+HEAD_MODULE = "output"
+"""The output layer's module in torchtitan 0.2.x's Llama-3 (``torchtitan/models/llama3/model.py`` at v0.2.2)."""
 
 @dataclass(frozen=True)
 class TitanJob:
@@ -56,8 +58,9 @@ def validate_titan_job(plan: ExportPlan, target: str) -> None:
     validate_schedule_csv(plan, target)
 
 
-def titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
-    """The job of a plan :func:`validate_titan_job` accepted, its CSV at ``csv_path``."""
+def titan_job(plan: ExportPlan, csv_path: str, head: str = HEAD_MODULE) -> TitanJob:
+    """The job of a plan :func:`validate_titan_job` accepted, its CSV at ``csv_path``, ``head`` the name of
+    the output layer's module in the release's models."""
     stages = wavefront_stages(plan)
     last = len(stages) - 1
     parts = []
@@ -65,7 +68,7 @@ def titan_job(plan: ExportPlan, csv_path: str) -> TitanJob:
         vision_blocks = dict.fromkeys(PROJECTOR_BLOCK if plan.layers[i].block == PROJECTOR_BLOCK else "encoder"
                                       for i in s.vision)
         parts.append([*vision_blocks, *(["tok_embeddings"] if s.index == 0 else []),
-                      *(f"layers.{k}" for k in s.decoders), *(["norm", "output"] if s.index == last else [])])
+                      *(f"layers.{k}" for k in s.decoders), *(["norm", head] if s.index == last else [])])
     frozen = frozen_blocks(plan)
     if plan.pp > 1:
         notes = [f"launch on {plan.num_devices} devices; each pipeline rank runs its row of {csv_path}",

@@ -1,7 +1,8 @@
 """``export --to torchtitan-0.3``: the torchtitan job of :mod:`.torchtitan` in torchtitan 0.3's command-line form
 (``torchtitan/config/manager.py``, which reads no TOML), and the schedule CSV it runs beside it.
 
-``--module`` and ``--config`` (a registered config function: torchtitan's smallest llama3 or deepseek_v3 one,
+The last stage's modules name the output layer ``lm_head``, as 0.3's models do. ``--module`` and ``--config``
+(a registered config function: torchtitan's smallest llama3 or deepseek_v3 one,
 to be replaced by the user's), ``--parallelism.*`` and ``--training.*`` overrides (``enable_sequence_parallel``
 as the plan says, ``disable_cuda_graphs`` with PP), the ``activation-checkpoint:MODE`` subcommand last. At pp 1
 the arguments name no pipeline and no CSV is written (:mod:`.torchtitan`).
@@ -16,6 +17,11 @@ from mpipe_tune.report.exports.plan import ExportPlan, Output
 from mpipe_tune.report.exports.target import ExportTarget, TwoFiles
 from mpipe_tune.report.exports.torchtitan import titan_job, titan_outputs, validate_titan_job
 
+HEAD_MODULE = "lm_head"
+"""The output layer's module in torchtitan 0.3's decoders (``torchtitan/models/common/decoder.py``: ``lm_head``;
+0.2.x named it ``output``): the last stage's ``module_fqns_per_model_part`` must name it, or its stage drops
+the head and the loss reads hidden states."""
+
 
 TITAN_MODULES = {"dense": ("llama3", "llama3_debugmodel"), "moe": ("deepseek_v3", "deepseek_v3_debugmodel")}
 """torchtitan 0.3's ``--module``/``--config`` (a ``config_registry`` function) per backbone type: the
@@ -28,7 +34,7 @@ def _job_arguments(plan: ExportPlan, csv_path: str) -> str:
     ``--config`` pick a registered config function, ``--section.field value`` overrides it, the
     activation-checkpoint choice is a ``activation-checkpoint:MODE`` subcommand, last), one argument per
     line after ``#`` comments."""
-    job = titan_job(plan, csv_path)
+    job = titan_job(plan, csv_path, head=HEAD_MODULE)
     module, config = TITAN_MODULES["moe" if plan.moe_layers else "dense"]
     par = dict(job.parallelism)
     parts = par.pop("module_fqns_per_model_part", None)
