@@ -176,7 +176,8 @@ COLUMNS = (
     Column("bubble", text("bubble_share", ".1%"), ">", 7),
     Column("peak GiB", _peak, ">", 9),
     Column("recomp", lambda r: "yes" if r["recompute"] else "no", ">", 6),
-    Column("bound by", lambda r: MISSING if is_missing(r["bound_by"]) else str(r["bound_by"]), min_width=8),
+    # right-aligned as the last column: a shorter left-aligned last cell would end its line (stripped) early
+    Column("bound by", lambda r: MISSING if is_missing(r["bound_by"]) else str(r["bound_by"]), ">", 8),
 )
 """The printed comparison table: milliseconds and GiB from the frame's seconds and bytes."""
 
