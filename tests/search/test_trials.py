@@ -16,7 +16,8 @@ def storage(tmp_path_factory):
     folder = tmp_path_factory.mktemp("study")
     url = f"sqlite:///{folder / 'tmp.db'}"
     assert main(["plan", "--trials", "10", "--storage", url, "--study", "small", "--devices", "2", "--global-batch", "4",
-                 "--samples", "2", "--no-progress", "--out", str(folder / "plan.json"), "--json"]) == 0
+                 "--samples", "2", "--no-progress", "--out", str(folder / "plan.json"), "--json",
+                 "--pp", "2"]) == 0  # a pipeline: at pp 1 the bounds settle this space before 10 trials
     return url
 
 
