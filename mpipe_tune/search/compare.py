@@ -30,7 +30,6 @@ from mpipe_tune.search.space import SearchSpace
 from mpipe_tune.plan_file.names import BASELINES, CURRENT, OWN, REFERENCE
 
 
-
 def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluation) -> list[tuple[str, Evaluation | None]]:
     """Every baseline at the best plan's degrees, microbatch count and recomputation setting (None
     where it does not exist)."""
@@ -119,12 +118,6 @@ def speedups(best: Evaluation, baselines: list[tuple[str, Evaluation | None]], f
     }
 
 
-def faster_than_best(families: list[OwnBest], best: Evaluation) -> list[OwnBest]:
-    """Families whose own best beats the searched best (the search's space has no even layer splits,
-    and a sampled search may miss a plan): the table says so."""
-    return [f for f in families if f.best is not None and f.best.mean_s < best.mean_s]
-
-
 # --------------------------------------------------------------------------------------- table
 
 ROW_COLUMNS = ("plan", "schedule", "cut", "owners", "slabs", "pp", "tp", "dp", "ep", "cp", "encoder_tp",
@@ -183,7 +176,8 @@ COLUMNS = (
     Column("bubble", text("bubble_share", ".1%"), ">", 7),
     Column("peak GiB", _peak, ">", 9),
     Column("recomp", lambda r: "yes" if r["recompute"] else "no", ">", 6),
-    Column("bound by", lambda r: MISSING if is_missing(r["bound_by"]) else str(r["bound_by"]), min_width=8),
+    # right-aligned as the last column: a shorter left-aligned last cell would end its line (stripped) early
+    Column("bound by", lambda r: MISSING if is_missing(r["bound_by"]) else str(r["bound_by"]), ">", 8),
 )
 """The printed comparison table: milliseconds and GiB from the frame's seconds and bytes."""
 

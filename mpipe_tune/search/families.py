@@ -104,7 +104,9 @@ class StagedBound:
             return math.inf
         if level <= self.work.levels:  # 0 at level 0; at the last, the evaluator's level 0
             return self.work(c, level)
-        return self.evaluator.bound_at(c, level - self.work.levels)
+        # never below the evaluator's level 0: at pp 1 its level 1 is the same work summed in another order,
+        # which can round a few ulps lower, and each level must be at least the one before
+        return max(self.work(c, self.work.levels), self.evaluator.bound_at(c, level - self.work.levels))
 
 
 def search_family(name: str, space: SearchSpace, evaluator: Evaluator, work: StagedWorkBound | None = None) -> OwnBest:

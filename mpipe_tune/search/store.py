@@ -96,26 +96,29 @@ def fault_of(exc: BaseException, url: str | None) -> MpipeError | None:
     name = str(path) if path is not None else url
     kept = _kept(path)
     if "database is locked" in text or "database table is locked" in text:
-        return MpipeError(f"study storage {name} is locked: another process holds a write transaction on it; let that "
-                          f"process finish (or stop it), then rerun the same command to continue{kept}",
+        return MpipeError(f"study storage {name} is locked by another process's write transaction; let it finish (or "
+                          f"stop it), then rerun the same command to continue{kept}",
                           quantities=("study storage",))
     if "database or disk is full" in text or "no space left" in text or "disk quota" in text:
-        return MpipeError(f"study storage {name} is full: no space left on its disk; free space there, or copy the file "
-                          f"to another disk and use the copy, then rerun the same command to continue{kept}",
+        return MpipeError(f"study storage {name} is full (no space left on its disk); free space, or use a copy on "
+                          f"another disk, then rerun the same command to continue{kept}",
                           quantities=("study storage",))
     if "readonly database" in text or "read-only file system" in text:
-        return MpipeError(f"study storage {name} is read-only; make it and its folder writable (chmod u+w) or copy it "
-                          f"to a writable folder and use the copy{kept}", quantities=("study storage",))
+        return MpipeError(f"study storage {name} is read-only; make it and its folder writable (chmod u+w), or use a "
+                          f"copy in a writable folder{kept}", quantities=("study storage",))
     if "file is not a database" in text or "malformed" in text or "file is encrypted" in text:
         detail = "not an SQLite file" if "not a database" in text else "its SQLite pages are damaged"
-        return MpipeError(f"study storage {name} is damaged ({detail}); move it aside to start a new study, or recover "
-                          f"its rows with `sqlite3 {name} .recover | sqlite3 recovered.db` and use recovered.db",
+        # the file named once, the command by its own name: a long path twice would push the fix past the line's cap
+        here = path.name if path is not None else name
+        return MpipeError(f"study storage {name} is damaged ({detail}); move it aside for a new study, or recover its "
+                          f"rows in its folder: `sqlite3 {here} .recover | sqlite3 recovered.db`",
                           quantities=("study storage",))
     if "unable to open database file" in text:
         return MpipeError(f"study storage {name} cannot be opened: its folder does not exist or cannot be written; "
                           f"create the folder or give a file in a writable one", quantities=("study storage",))
     if "optuna storage upgrade" in text or "no longer compatible with the table schema" in text:
-        return MpipeError(f"study storage {name} was written by another Optuna version; upgrade it with `optuna storage "
+        # the file named once, in the command: twice, a long path would push the command past the line's cap
+        return MpipeError(f"study storage was written by another Optuna version; upgrade it with `optuna storage "
                           f"upgrade --storage {url}` (or give a new file)", quantities=("study storage",))
     return None
 
@@ -130,7 +133,7 @@ def _kept(path: Path | None) -> str:
             count = db.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
     except sqlite3.Error:
         return ""
-    return f" (it keeps the {count} finished trials stored before the fault)"
+    return f" (it keeps the {count} finished trials)"
 
 
 @contextlib.contextmanager
@@ -165,8 +168,8 @@ def names_storage_faults(function):
 PROBLEM_PARTS = {
     "model": "the model", "profile": "the hardware profile", "source": "the workload", "devices": "the device count",
     "global_batch": "the global batch", "samples": "the sampled steps", "seed": "the seed",
-    "options": "the cost options (dtype, recomputation and the like, or how this mpipe-tune version defines them)",
-    "space": "the search space (its settings, or how this mpipe-tune version defines it)",
+    "options": "the cost options (dtype, recomputation..., or their definition)",
+    "space": "the search space (its settings, or its definition)",
 }
 """The parts of a planning problem, as a message names them."""
 
@@ -189,16 +192,17 @@ def claim_study(study, storage: str | None, payload: dict) -> None:
         if stored_parts != parts:
             study.set_user_attr("problem_parts", parts)
         return
-    place = f"study '{study.study_name}' in {sqlite_path(storage) or storage}"
-    fix = (f"give another study name (the old study stays), or delete it with `optuna delete-study --storage "
-           f"{storage} --study-name {study.study_name}` and rerun")
+    # the storage named once, in the delete command: twice, a long path would push the fix past the line's cap
+    place = f"study '{study.study_name}'"
+    fix = (f"give another study name, or delete it: `optuna delete-study --storage {storage} --study-name "
+           f"{study.study_name}`")
     if not isinstance(stored_parts, dict):
-        raise MpipeError(f"{place} was made for another planning problem, or by an earlier mpipe-tune that defined the "
-                         f"problem otherwise (it does not say which part differs); {fix}", quantities=("study name",))
+        raise MpipeError(f"{place} was made by an earlier mpipe-tune or for another problem (it records no parts to "
+                         f"compare); {fix}", quantities=("study name",))
     differ = [name for name in PROBLEM_PARTS if stored_parts.get(name) != parts.get(name)]
     named = "; ".join(PROBLEM_PARTS[name] for name in differ) or "the problem's digest"
-    raise MpipeError(f"{place} was made for another planning problem, differing in {named}; rerun with the study's "
-                     f"original inputs, or {fix}", quantities=("study name",))
+    raise MpipeError(f"{place} was made for another problem, differing in {named}; rerun with its inputs, or {fix}",
+                     quantities=("study name",))
 
 
 # --------------------------------------------------------------------------------------- size

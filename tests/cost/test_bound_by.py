@@ -59,3 +59,24 @@ def test_the_plan_table_has_a_bound_by_column():
            "bound_by": bound_text(rank_bounds(_predict("tiny-vit-llm", 64)))}
     table = format_rows([row])
     assert "bound by" in table and "r0 host" in table and "r1 host" in table
+
+
+def test_predict_takes_the_kernel_mode_and_records_it(capsys):
+    from mpipe_tune.cli import main
+
+    steps = {}
+    for mode in ("graphs", "eager"):
+        assert main(["predict", "--model", "tiny-vit-llm", "--profile", "h100-sxm", "--pp", "2", "--workload", "smoke",
+                     "--kernel-mode", mode, "--json"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert record["kernel_mode"] == mode
+        steps[mode] = record["makespan_s"]
+    assert steps["eager"] > steps["graphs"]  # more kernels, each issued by the host
+
+
+def test_an_unknown_kernel_mode_on_the_command_line_exits_2(capsys):
+    from mpipe_tune.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["predict", "--model", "tiny-vit-llm", "--profile", "h100-sxm", "--kernel-mode", "jit"])
+    assert exit_.value.code == 2 and "--kernel-mode" in capsys.readouterr().err

@@ -57,7 +57,7 @@ def test_widening_touches_only_the_knobs_not_given():
     _, knobs = SpaceRequest().widened()
     assert knobs == ("recompute", "zero", "sequence_parallel")
     wider, _ = SpaceRequest().widened()
-    assert space_options(wider, load_model("tiny-vit-llm")).zero == (0, 1, 3)  # the widening reaches ZeRO-3
+    assert space_options(wider, load_model("tiny-vit-llm")).zero == (0, 1, 2, 3)  # the widening reaches ZeRO-2 and -3
     assert space_options(SpaceRequest(zero="search"), load_model("tiny-vit-llm")).zero == (0, 1)
 
 
