@@ -4,8 +4,8 @@
 
 Default: 20 runs of issue 41's interrupt tests (a Ctrl-C at the entry point's first line, among the commands'
 imports, 0.1 s after start, and twice while the trial writer starts), each run one pytest process. Prints one line
-per run and a summary with the load average; a skipped 0.1 s case (the signal landed in the interpreter's own
-start-up) is counted apart. Record the summary in docs/testing.md ("Interrupts under load").
+per run and a summary with the load average (skipped cases counted apart). Record the summary in docs/testing.md
+("Interrupts under load").
 """
 
 from __future__ import annotations

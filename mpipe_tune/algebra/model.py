@@ -72,11 +72,6 @@ class Layer:
     trainable: bool
     cost: CostDescriptor
 
-    @property
-    def stream(self) -> str:
-        """``image`` for encoder layers, ``text`` for every other layer."""
-        return "image" if self.block == ENCODER_BLOCK else "text"
-
 
 @dataclass(frozen=True)
 class Model:

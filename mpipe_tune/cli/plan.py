@@ -196,7 +196,8 @@ class Plan(Command):
         from mpipe_tune.outputs.frames import to_csv_text
         from mpipe_tune.outputs.files import write_together
         from mpipe_tune.plan_file import PlanInputs, dump_plan
-        from mpipe_tune.report.plan_outcome import draw_evaluation, outcome_record
+        from mpipe_tune.report.gantt import draw_prediction  # matplotlib: only when a picture is asked for
+        from mpipe_tune.search.outcome import outcome_record
         from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE
         from mpipe_tune.search import compare
         from mpipe_tune.search.planner import KNOBS, SearchOptions, plan
@@ -242,11 +243,11 @@ class Plan(Command):
         if args.csv is not None:
             outputs.append((args.csv, lambda tmp: tmp.write_text(to_csv_text(compare.comparison_frame(summary)))))
         if args.gantt:
-            outputs.append((args.gantt, lambda tmp: draw_evaluation(evaluator, best, tmp,
+            outputs.append((args.gantt, lambda tmp: draw_prediction(evaluator.prediction(best.candidate)[0], tmp,
                                                                     f"best <{best.candidate.schedule}>")))
         if args.gantt_baseline:
-            outputs.append((args.gantt_baseline, lambda tmp: draw_evaluation(evaluator, reference, tmp,
-                                                                             "Megatron-style <1f1b>")))
+            outputs.append((args.gantt_baseline, lambda tmp: draw_prediction(
+                evaluator.prediction(reference.candidate)[0], tmp, "Megatron-style <1f1b>")))
         write_together(outputs)  # its first step is the last safe point for Ctrl-C; says what it wrote after one
         if args.json:
             print(json.dumps({**summary, "plan_file": args.out}, indent=2))

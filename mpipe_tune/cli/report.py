@@ -26,7 +26,14 @@ class Report(Command):
         from mpipe_tune.report.html import HTML_SUFFIXES, build_report, render, validate_html_path
 
         validate_html_path(args.html)
-        report = build_report(args.plan, model_spec=args.model, profile_spec=args.profile, storage=args.storage)
+        from mpipe_tune.search.compare import COLUMNS, comparison_frame
+        from mpipe_tune.search.trials import load_trials_study, trials_frame
+
+        def study_trials(storage: str, study: str):
+            return trials_frame(load_trials_study(storage, study), storage)
+
+        report = build_report(args.plan, comparison=(COLUMNS, comparison_frame), study_trials=study_trials,
+                              model_spec=args.model, profile_spec=args.profile, storage=args.storage)
         write_atomic(args.html, render(report), label="--html", suffixes=HTML_SUFFIXES)
         print(f"report of {len(report.plans)} plans written to {args.html}")
         print(report.trials_note)

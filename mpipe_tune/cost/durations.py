@@ -208,13 +208,6 @@ def _fsdp_sums(sums: TableSums, model: Model, profile: HardwareProfile, options:
     return kept[key]
 
 
-def estimate_durations(
-    plan: Plan, model: Model, table: LayerTable, profile: HardwareProfile, options: CostOptions
-) -> np.ndarray:
-    """Seconds per event, aligned with ``plan.order.events``."""
-    return DurationModel(plan, model, profile, options).durations(table)
-
-
 def _slab_indices(a: EventArrays, kind: int, M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The events of one compute kind, and the flat prefix-sum indices of their slab's end and start."""
     at = a.at(kind)

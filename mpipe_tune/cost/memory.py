@@ -241,10 +241,3 @@ def prefix_sums(per_layer: np.ndarray) -> np.ndarray:
     out = np.zeros((per_layer.shape[0] + 1, per_layer.shape[1]))
     np.cumsum(per_layer, axis=0, out=out[1:])
     return out.ravel()
-
-
-def estimate_memory(
-    plan: Plan, model: Model, table: LayerTable, options: CostOptions, timeline: Timeline, capacity_bytes: float
-) -> MemoryReport:
-    return MemoryLayout(plan).report(estimate_static_bytes(plan, model, table, options), table, timeline,
-                                     capacity_bytes)

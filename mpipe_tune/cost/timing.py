@@ -151,6 +151,3 @@ class Timeline:
     durations_s: np.ndarray
 
 
-def read_timeline(plan: Plan, durations: np.ndarray, compiled: CompiledOrder | None = None) -> Timeline:
-    """Makespan, per-rank busy time and bubble, and the paper's spill ``max(0, E_r - w_r)``."""
-    return (compiled or CompiledOrder(plan)).timeline(durations)

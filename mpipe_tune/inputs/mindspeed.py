@@ -141,7 +141,7 @@ def _counts(value: Any, where: str, key: str) -> tuple[tuple[int, ...], int, int
     if (isinstance(value, list) and value and all(isinstance(row, list) and row for row in value)
             and len({len(row) for row in value}) == 1 and all(is_count(x) for row in value for x in row)):
         return tuple(x for row in value for x in row), len(value[0]), len(value)
-    raise MpipeError(f"{where}: {key}.pipeline_num_layers is {shown(value)}; give layer counts >= 0 per stage "
+    raise MpipeError(f"{where}: {key}.pipeline_num_layers is {shown(value)}; give a list of layer counts per stage "
                      f"([1, 10, 10, 7]) or, with virtual stages, equal-length lists of them ([[0, 0, 1], [4, 4, 4]])")
 
 

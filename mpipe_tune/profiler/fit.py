@@ -34,9 +34,6 @@ class AlphaBetaFit:
     fit_r2: float
     """R^2 of ``log(time)`` (see the module docstring)."""
 
-    def predict_s(self, size_bytes: float | np.ndarray) -> float | np.ndarray:
-        return self.alpha_s + self.beta_s_per_byte * size_bytes
-
 
 def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> AlphaBetaFit:
     """Fit ``t = alpha + beta * n`` to one time per size, minimising relative error, both coefficients >= 0.

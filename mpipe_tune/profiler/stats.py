@@ -19,10 +19,6 @@ class Spread:
     mean: float
     """What a sum of many such calls adds up to, per call, where the median is the typical call."""
 
-    @property
-    def relative_iqr(self) -> float:
-        return self.iqr / self.median if self.median else 0.0
-
 
 def summarize(samples: Sequence[float]) -> Spread:
     """Median and IQR (linear interpolation between order statistics) and mean of ``samples``.

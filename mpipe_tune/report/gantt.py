@@ -209,3 +209,11 @@ def plot_timeline(ax, bars: list[tuple[int, Any, float, float]], links: list[tup
     ax.set_ylim(num_rows - 0.5, -0.5)
     ax.set_xlabel(f"time ({unit})")
     return any(isinstance(event, Wgrad) for _, event, _, _ in bars)  # only zero-bubble plans have weight grads
+
+
+def draw_prediction(prediction, path, title: str) -> None:
+    """The predicted timeline of one prediction (a plan's first sampled step) as a Gantt picture, its step
+    time in the title."""
+    t = prediction.timeline
+    draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms",
+               zero=zero_of(prediction.options))

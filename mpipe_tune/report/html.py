@@ -18,6 +18,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,15 @@ import numpy as np
 from mpipe_tune.cost.bound_by import bound_text, rank_bounds
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.outputs.files import validate_out_path
+from mpipe_tune.outputs.frames import Column
 from mpipe_tune.report.html_figures import PlanFigureData, memory_png, timelines_png, trials_png
 
 HTML_SUFFIXES = (".html", ".htm")
+
+ComparisonFrame = Callable[[dict[str, Any]], Any]
+"""A plan file's stored search summary -> its comparison table's rows, a DataFrame in table order."""
+StudyTrials = Callable[[str, str], Any]
+"""(storage URL, study name) -> the study's trials, a DataFrame; one-line MpipeError where it cannot be read."""
 
 
 def validate_html_path(path: str | os.PathLike) -> Path:
@@ -106,14 +113,13 @@ def render(report: Report) -> str:
     return "\n".join(parts)
 
 
-def _comparison(search: dict[str, Any] | None) -> tuple[list[str], list[tuple[str, list[tuple[str, bool]]]]]:
+def _comparison(search: dict[str, Any] | None, columns: Sequence[Column], comparison_frame: ComparisonFrame,
+                ) -> tuple[list[str], list[tuple[str, list[tuple[str, bool]]]]]:
     if not search:
         return [], []
-    from mpipe_tune.search.compare import COLUMNS, comparison_frame
-
     frame = comparison_frame(search)
-    rows = [(str(r["plan"]), [(c.cell(r), c.align == ">") for c in COLUMNS]) for _, r in frame.iterrows()]
-    return [c.header for c in COLUMNS], rows
+    rows = [(str(r["plan"]), [(c.cell(r), c.align == ">") for c in columns]) for _, r in frame.iterrows()]
+    return [c.header for c in columns], rows
 
 
 def _storage_near(storage: str, plan_path: Path) -> str:
@@ -128,7 +134,7 @@ def _storage_near(storage: str, plan_path: Path) -> str:
     return prefix + str(plan_path.parent / path)
 
 
-def _trials(search: dict[str, Any] | None, plan_path: Path, storage: str | None):
+def _trials(search: dict[str, Any] | None, plan_path: Path, storage: str | None, study_trials: StudyTrials):
     """(the study's trials frame or None, a sentence saying what was read or why not)."""
     if not search or not search.get("study"):
         return None, "The plan file holds no search: no trials to show (make it with 'mpipe-tune plan')."
@@ -136,18 +142,18 @@ def _trials(search: dict[str, Any] | None, plan_path: Path, storage: str | None)
     if not storage:
         return None, f"The plan records no study storage for study '{search['study']}'; give --storage URL."
     storage = _storage_near(storage, plan_path)
-    from mpipe_tune.search.trials import load_trials_study, trials_frame
-
     try:
-        frame = trials_frame(load_trials_study(storage, search["study"]), storage)
+        frame = study_trials(storage, search["study"])
     except MpipeError as exc:
         return None, f"The study's trials are not shown: {exc}. Give --storage URL where the study is."
     return frame, f"Study '{search['study']}' in {storage}: {len(frame)} trials; the star is the plan's best."
 
 
-def build_report(path: str, *, model_spec: str | None = None, profile_spec: str | None = None,
-                 storage: str | None = None) -> Report:
-    """Read the plan file, re-predict every stored plan, and gather the study's trials."""
+def build_report(path: str, *, comparison: tuple[Sequence[Column], ComparisonFrame], study_trials: StudyTrials,
+                 model_spec: str | None = None, profile_spec: str | None = None, storage: str | None = None) -> Report:
+    """Read the plan file, re-predict every stored plan, and gather the study's trials. The search's
+    records are read by what the caller gives: ``comparison``, the table's columns and how the stored
+    summary becomes its rows; ``study_trials(storage, study)``, a study's trials as a frame."""
     from mpipe_tune.plan_file import read_plan
     from mpipe_tune.report.repredict import repredict
 
@@ -163,8 +169,8 @@ def build_report(path: str, *, model_spec: str | None = None, profile_spec: str 
                                     float(t.makespan_s), tuple(r.memory.static_bytes for r in ranks),
                                     tuple(r.memory.peak_bytes for r in ranks)))
     search = None if plan_file.search is None else plan_file.search.to_stored()
-    header, rows = _comparison(search)
-    trials, note = _trials(search, Path(path), storage)
+    header, rows = _comparison(search, *comparison)
+    trials, note = _trials(search, Path(path), storage, study_trials)
     best = next((r for r in (search or {}).get("comparison", []) if r.get("plan") == "best"), None)
     best_section = plan_file.section()
     inputs = plan_file.inputs

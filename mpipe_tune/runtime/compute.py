@@ -329,19 +329,5 @@ class EmulatedCompute:
             dist.all_reduce(torch.zeros(1, device=self.device), group=group)
         self._sleep(index, time.perf_counter())
 
-    def act(self, action: Action) -> None:
-        """A sharding action of one of the rank's stages (ZeRO-2, ZeRO-3 keeping the weights): gather its
-        layers' weights, reduce-scatter the gradients its backwards accumulated (stage 3), or free them."""
-        if not self.keeps_weights:
-            return  # one data-parallel rank: nothing is sharded
-        modules = [self.stack.modules[i] for i in range(*self.view.slab(action.region, action.rank))
-                   if i in self.stack.modules]
-        if isinstance(action, ReduceGrad):
-            reduce_gradients(modules)
-        elif isinstance(action, Reshard):
-            reshard(modules)
-        else:
-            unshard(modules)
-
     def update(self) -> None:
         pass

@@ -1,8 +1,9 @@
 """Planning: owner-map policies, baselines in the algebra, the search space, and the search driver.
 
-The driver (:func:`run_search`) and :mod:`mpipe_tune.search.trials` (a study's trials as a table) are
-the only places Optuna is imported; the driver is loaded on first use so that importing the rest of
-the planner stays cheap. The points it samples are :class:`~mpipe_tune.algebra.candidate.Candidate`
+The driver (:func:`run_search`), the run and strategies it drives (:mod:`.search_run`, :mod:`.strategy`,
+:mod:`.bound_order`, :mod:`.exhaustive`, :mod:`.sampling`) and :mod:`mpipe_tune.search.trials` (a study's
+trials as a table) are the only places Optuna is imported; the driver is loaded on first use so that
+importing the rest of the planner stays cheap. The points it samples are :class:`~mpipe_tune.algebra.candidate.Candidate`
 values, defined in the algebra below both the cost model and the search (re-exported here).
 """
 
@@ -15,7 +16,7 @@ from mpipe_tune.search.owners import POLICIES, greedy_owners, max_spill, optimal
 from mpipe_tune.search.problem import Problem, pack
 from mpipe_tune.search.space import SearchSpace, SpaceOptions
 
-_DRIVER = ("DEFAULT_STORAGE", "SAMPLERS", "SearchResult", "run_search", "default_study_name")
+_DRIVER = ("DEFAULT_STORAGE", "SAMPLERS", "STRATEGIES", "SearchResult", "run_search", "default_study_name")
 
 __all__ = [
     "BASELINES", "Candidate", "Evaluation", "Evaluator", "POLICIES", "Problem", "REFERENCE", "SearchSpace",

@@ -30,7 +30,6 @@ from mpipe_tune.search.space import SearchSpace
 from mpipe_tune.plan_file.names import BASELINES, CURRENT, OWN, REFERENCE
 
 
-
 def evaluate_baselines(evaluator: Evaluator, space: SearchSpace, best: Evaluation) -> list[tuple[str, Evaluation | None]]:
     """Every baseline at the best plan's degrees, microbatch count and recomputation setting (None
     where it does not exist)."""
@@ -117,12 +116,6 @@ def speedups(best: Evaluation, baselines: list[tuple[str, Evaluation | None]], f
         "at_own_best": {f.name: _ratio(f.best, best) for f in families},
         "over_current": _ratio(current, best),
     }
-
-
-def faster_than_best(families: list[OwnBest], best: Evaluation) -> list[OwnBest]:
-    """Families whose own best beats the searched best (the search's space has no even layer splits,
-    and a sampled search may miss a plan): the table says so."""
-    return [f for f in families if f.best is not None and f.best.mean_s < best.mean_s]
 
 
 # --------------------------------------------------------------------------------------- table

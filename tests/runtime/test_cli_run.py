@@ -65,6 +65,16 @@ def test_emulated_run_needs_no_architecture_and_never_beats_the_prediction(tmp_p
     assert min(record["step_times_s"]) >= record["predicted_step_s"]
 
 
+@pytest.mark.parametrize("zero", [dict(zero_stage=2), dict(zero_stage=3, reshard_after_forward=False)])
+def test_an_emulated_run_steps_over_the_sharding_actions(tmp_path, capsys, zero):
+    """Emulated compute at ZeRO-2 and ZeRO-3 keeping the weights: the program's sharding actions take no
+    time of their own (each step at least the prediction)."""
+    plan = make_plan(tmp_path, "1f1b", (), 2, dp=2, **zero)
+    assert main(["run", str(plan), "--compute", "emulated", "--steps", "1", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["compute"] == "emulated" and min(record["step_times_s"]) >= record["predicted_step_s"]
+
+
 def test_table_output(plan, capsys):
     assert main(["run", str(plan), "--steps", "1", "--model", TEST_MODEL]) == 0
     stdout = capsys.readouterr().out

@@ -158,7 +158,9 @@ def test_the_staged_family_order_finds_the_family_s_optimum_with_every_knob(sque
         for c, e in list(zip(candidates, evaluations))[::5]:
             first, last = staged.levels(c)
             bounds = [staged.bound_at(c, level) for level in range(first, last + 1)]
-            assert all(a <= b for a, b in zip(bounds, bounds[1:])), c
+            # within rounding: at pp 1 the staged work bound (all the work over one rank) and the slab bound (the
+            # one rank's work) are the same sum, added in another order
+            assert all(a <= b * (1 + 1e-12) for a, b in zip(bounds, bounds[1:])), c
             assert bounds[-1] <= e.mean_s * (1 + 1e-12) or (bounds[-1] == float("inf") and not e.fits), c
             left_out += bounds[0] == float("inf")
     assert (left_out > 0) == squeeze

@@ -15,8 +15,8 @@ SPACES = {
         encoder_backward=("cooldown", "earliest"))),
     "example, 64 devices, every knob": ("example-mllm", "ideal", 64, 256, dict(
         recompute=(False, "selective", True), zero=(0, 1), sequence_parallel=(False, True), cp=(1, 2), encoder_tp=True,
-        encoder_backward=("cooldown", "earliest", "optimised"), min_pp=2)),  # pipelines: at pp 1 a baseline
-    # layout is this problem's optimum and seeds the search, so the bounds settle the space at once
+        encoder_backward=("cooldown", "earliest", "optimised"),
+        min_pp=2)),  # pipelines: on the ideal profile pp 1 has no bubble, and its bound is its step (no gap left)
 }
 
 

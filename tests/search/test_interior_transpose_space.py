@@ -45,7 +45,7 @@ def test_an_encoder_shorter_than_pp_layers_leaves_interior_transposes_out_at_tha
     assert space.interior_cut(8) == (8, 9) and space.interior_cut(16) is None
     for pp, _, dp in space.degrees:
         interior = [s for s in space.schedules(pp, dp) if SearchSpace.interior(s)]
-        assert bool(interior) == (1 < pp <= 8), (pp, interior)  # pp 1: its one plain schedule, no transpose
+        assert bool(interior) == (1 < pp <= 8), (pp, interior)  # pp 1 searches 1f1b alone
 
 
 def test_every_interior_point_is_valid_transposes_the_projector_and_evaluates(example):

@@ -13,7 +13,7 @@ from mpipe_tune.search.baselines import UNPIPELINED
 from mpipe_tune.search.families import family_candidates
 from mpipe_tune.inputs.specs import load_model, load_profile
 
-EVERY_SKELETON = SpaceOptions(skeletons=("1f1b", "gpipe", "zb1p", "zbv"), zero=(0, 1, 3), recompute=(False, True))
+EVERY_SKELETON = SpaceOptions(skeletons=("1f1b", "gpipe", "zb1p", "zbv"), zero=(0, 1, 2, 3), recompute=(False, True))
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_the_default_space_holds_pp_1_with_one_schedule_and_no_owners(tiny):
     assert space.schedules(1, 4) == ["1f1b"] and len(space.schedules(2, 2)) > 1
     unpipelined = [c for _, c in space.enumerate() if c.pp == 1]
     assert {c.schedule for c in unpipelined} == {"1f1b"}
-    assert {c.zero_stage for c in unpipelined} == {0, 1, 3} and {c.cut for c in unpipelined} == {()}
+    assert {c.zero_stage for c in unpipelined} == {0, 1, 2, 3} and {c.cut for c in unpipelined} == {()}
     assert all(c.owner_policy is None for c in unpipelined)
     assert {c.num_microbatches for c in unpipelined if c.dp == 4} == {1, 2, 4}  # any M: gradient accumulation
     for c in unpipelined[:6]:
@@ -49,7 +49,7 @@ def test_pp_1_takes_the_spaces_own_plain_skeleton_and_none_where_it_has_none(tin
         SearchSpace(space.problem, weights, SpaceOptions(pp=(1,), skeletons=("zbv",)))
 
 
-@pytest.mark.parametrize("zero", [0, 1, 3])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_at_pp_1_every_other_schedule_is_no_real_gain_and_holds_more_memory(tiny, zero):
     """What leaving them out rests on: each schedule of the family at pp 1 (woven, gpipe, zero-bubble,
     transposed) predicted within 0.1% of ``1f1b``'s step time (the cost model puts a woven or transposed plan
@@ -91,7 +91,7 @@ def test_the_megatron_family_holds_its_pp_1_layouts_and_the_others_none(tiny):
 
 
 def test_the_bounds_hold_at_pp_1(tiny):
-    """Every pp-1 point (ZeRO 0, 1 and 3, full recomputation or none, each M): the step bounds and each bound
+    """Every pp-1 point (ZeRO 0, 1, 2 and 3, full recomputation or none, each M): the step bounds and each bound
     level never exceed the prediction, the static floor and the peak floors never exceed the plan's memory;
     at one rank with nothing to fill the bound is close (every event of the step is on the rank)."""
     evaluator, space = tiny

@@ -17,7 +17,7 @@ from mpipe_tune.search.writer import TrialWriter
 from mpipe_tune.inputs.specs import load_model, load_profile
 
 SMALL = ["--devices", "2", "--global-batch", "4", "--samples", "1", "--no-progress", "--study", "s",
-         "--pp", "2"]  # pipelines: at pp 1 a baseline is the best and the bounds settle the space with no trial
+         "--pp", "2"]  # a pipeline: at pp 1 the bounds settle this space before the trials these tests count
 
 
 def plan(db, *args, url=None):

@@ -17,7 +17,7 @@ def storage(tmp_path_factory):
     url = f"sqlite:///{folder / 'tmp.db'}"
     assert main(["plan", "--trials", "10", "--storage", url, "--study", "small", "--devices", "2", "--global-batch", "4",
                  "--samples", "2", "--no-progress", "--out", str(folder / "plan.json"), "--json",
-                 "--pp", "2"]) == 0  # pipelines: at pp 1 a baseline is the best and the bounds settle the space with no trial
+                 "--pp", "2"]) == 0  # a pipeline: at pp 1 the bounds settle this space before 10 trials
     return url
 
 

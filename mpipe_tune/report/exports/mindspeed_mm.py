@@ -20,8 +20,8 @@ The writer gives two files: the model.json keys to merge into the model's own mo
 for full recomputation, per module), and beside it a shell fragment with the launch script's
 parallel arguments: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
 ``--virtual-pipeline-model-parallel-size`` (MindSpeed-MM reads no ``VP_SIZE`` variable: its model.json's
-chunk-major lists and this flag are the whole of its VPP), ``--microbatch-group-size-per-virtual-pipeline-stage`` (Megatron core 0.12's interleaving in
-rounds other than P), ``--context-parallel-size 1``, ``--micro-batch-size 1``,
+chunk-major lists and this flag are the whole of its VPP),
+``--microbatch-group-size-per-virtual-pipeline-stage`` (Megatron core 0.12's interleaving in rounds other than P), ``--context-parallel-size 1``, ``--micro-batch-size 1``,
 ``--global-batch-size``, ``--seq-length``, ``--bf16``/``--fp16``, and ``--enable-dummy-optimizer``
 when a stage holds only frozen parameters (its backward has nothing to compute and its rank's
 optimizer nothing to update; ``examples/qwen2.5vl/README.md``); with tp > 1 it exports
@@ -229,7 +229,8 @@ class MindSpeedMM(ExportTarget):
     client = (f"MindSpeed-MM's layout checks (mindspeed_mm/models/vlm_model.py at {MINDSPEED_COMMIT}) and Megatron "
               f"core 0.12.1's validate_args, mirrored with citations in tests/report/test_export_mindspeed.py (they need "
               f"torch_npu to import)")
-    files = TwoFiles("the model.json keys", "JSON's", "the launch arguments", "shell fragment", ".json", ".sh",
+    files = TwoFiles("the model.json keys", "JSON's", "the launch arguments", "shell fragment", ".json",
+                     ".sh",
                      "model.json")
 
     def validate(self, plan: ExportPlan) -> None:

@@ -1,5 +1,5 @@
-"""What ``plan`` writes from a :class:`~mpipe_tune.search.planner.PlanOutcome`: plan.json's record and
-the timelines of its plans.
+"""What ``plan`` writes from a :class:`~mpipe_tune.search.planner.PlanOutcome`: plan.json's record (the
+search owns its outcome; report reads the file).
 
 :func:`outcome_record` predicts every stored plan once more from the search's evaluator (the
 winner, each baseline at its degrees, each family's own best and the current layout) and builds the
@@ -13,7 +13,7 @@ from typing import Any
 from mpipe_tune.cost.bound_by import bound_text, rank_bounds
 from mpipe_tune.plan_file import PlanInputs, plan_record, plan_section
 from mpipe_tune.plan_file import CURRENT
-from mpipe_tune.search.evaluate import Evaluation, Evaluator
+from mpipe_tune.search.evaluate import Evaluation
 from mpipe_tune.search.planner import PlanOutcome
 
 
@@ -42,13 +42,3 @@ def outcome_record(outcome: PlanOutcome, inputs: PlanInputs) -> dict[str, Any]:
         if evaluations.get(row["plan"]) is not None:  # what bounds each rank of the row's plan (issue 37)
             row["bound_by"] = bound_text(rank_bounds(evaluator.prediction(evaluations[row["plan"]].candidate)[0]))
     return record
-
-
-def draw_evaluation(evaluator: Evaluator, evaluation: Evaluation, path, title: str) -> None:
-    """The predicted timeline of one evaluated plan (its first sampled step) as a Gantt picture."""
-    from mpipe_tune.report.gantt import draw_gantt, zero_of  # matplotlib: only when a picture is asked for
-
-    prediction, _ = evaluator.prediction(evaluation.candidate)
-    t = prediction.timeline
-    draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms",
-               zero=zero_of(prediction.options))
