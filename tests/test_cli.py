@@ -270,3 +270,27 @@ def test_every_flag_s_stated_default_is_its_value():
                     and not ("," in str(value) and "all " in text):
                 wrong.append(f"{name} {action.option_strings[0]}: {value!r} not in {text!r}")
     assert not wrong, wrong
+
+
+HF_FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+
+
+@pytest.mark.parametrize("folder", ["Qwen3-8B", "Meta-Llama-3-8B", "Mixtral-8x7B-v0.1"])
+def test_predict_on_a_text_only_model_says_how_to_give_the_cut(folder):
+    """The default schedule transpose,1f1b has no encoder boundary to cut at on a text-only model: the error
+    names the fix (--cut or a one-region schedule) in one line under 300 characters."""
+    code, _, stderr = run_cli("predict", "--model", str(HF_FIXTURES / folder))
+    assert code == 2 and "Traceback" not in stderr
+    line, = stderr.strip().splitlines()
+    assert "--schedule 1f1b" in line and "--cut" in line and len(line) < 300, line
+    assert run_cli("predict", "--model", str(HF_FIXTURES / folder), "--schedule", "1f1b")[0] == 0
+
+
+def test_a_model_file_that_is_neither_yaml_nor_a_hf_config_is_named_as_a_file():
+    readme = HF_FIXTURES / "README.md"
+    code, _, stderr = run_cli("predict", "--model", str(readme))
+    assert code == 2 and "Traceback" not in stderr
+    line, = stderr.strip().splitlines()
+    assert "neither a YAML model file" in line and "neither a file nor" not in line and len(line) < 300, line
+    line, = run_cli("predict", "--model", "nope")[2].strip().splitlines()
+    assert "'mpipe-tune models'" in line and len(line) < 300, line

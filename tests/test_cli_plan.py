@@ -156,7 +156,9 @@ def tiny_capacity_profile(tmp_path):
 @pytest.mark.parametrize("args,words", [
     (["--devices", "29"], "no (pp, tp, dp) with pp*tp*dp = 29 devices gives a plan"),  # pp 29 or dp 29 of 4
     (["--devices", "29"], "has 25 layers"),
-    (["--devices", "4", "--pp", "3"], "pp pinned to 3"),
+    (["--devices", "4", "--pp", "3"], "--pp 3 does not divide the 4 devices (pp*tp*dp = 4): pin a divisor of 4 (1, 2, 4)"),
+    (["--devices", "8", "--tp", "3,5"], "--tp 3,5 does not divide the 8 devices"),
+    (["--devices", "4", "--pp", "2", "--tp", "4"], "pp pinned to 2, tp pinned to 4"),  # each divides, no product does
     (["--owners", "lottery"], "owner policies (--owners) 'lottery'"),
     (["--skeletons", "zigzag"], "skeletons (--skeletons) 'zigzag'"),
     (["--sampler", "annealing"], "sampler (--sampler) 'annealing' is unknown"),

@@ -84,10 +84,12 @@ def from_hf_config(path: str | Path) -> dict[str, Any]:
         raise MpipeError(f"{file}: a Hugging Face configuration is a JSON object, got {type(data).__name__}")
     config = Section(data, str(file))
     model_type = data.get("model_type")
+    # the 27 types run past an error line's 300 characters: the first few, the count, where the rest are listed
+    types = f"{', '.join(list(_FAMILIES)[:4])}, ... ({len(_FAMILIES)} types, docs/inputs.md)"
     if model_type is None:
-        raise config.missing("model_type", f"the architecture; one of {', '.join(_FAMILIES)}")
+        raise config.missing("model_type", f"the architecture; one of {types}")
     if model_type not in _FAMILIES:
-        raise config.unsupported("model_type", f"the reader maps {', '.join(_FAMILIES)}")
+        raise config.unsupported("model_type", f"the reader maps {types}")
     name = data.get("_name_or_path")
     if not isinstance(name, str) or not name:
         name = file.parent.resolve().name if file.name == CONFIG_FILE else file.stem

@@ -55,9 +55,12 @@ def _resolve(name: str) -> Any:
     if path.is_dir():
         raise MpipeError(f"model folder {path} holds no config.json; give a Hugging Face model folder, "
                          f"a config.json, a YAML model file or a built-in model name")
+    if path.is_file():
+        raise MpipeError(f"model file {path} is neither a YAML model file (.yaml, .yml) nor a Hugging Face "
+                         f"config.json; give one of those, or a built-in name ('mpipe-tune models' lists them)")
     raise MpipeError(
         f"model '{name}' is neither a file nor a built-in model (a relative path is looked up in the folder of "
-        f"the file that composes it, then in the working folder); built-ins: {', '.join(builtin_models())}"
+        f"the file that composes it, then in the working folder); 'mpipe-tune models' lists the built-ins"
     )
 
 

@@ -304,6 +304,11 @@ class SearchSpace:
                         out.append((pp, tp, dp, cp))
         if not out:
             pinned = (("pp", o.pp), ("tp", o.tp), ("dp", o.dp), ("cp", o.cp if o.cp != (1,) else None), ("ep", o.ep))
+            for axis, values in pinned[:3]:
+                if values and all(v < 1 or N % v for v in values):
+                    raise MpipeError(
+                        f"--{axis} {','.join(map(str, values))} does not divide the {N} devices (pp*tp*dp = {N}): "
+                        f"pin a divisor of {N} ({', '.join(map(str, divisors(N)))}) or change --devices")
             given = [f"{k} pinned to {','.join(map(str, v))}" for k, v in pinned if v]
             pins = f" ({', '.join(given)})" if given else ""
             lowest = f">= {o.min_pp} and " if o.min_pp > 1 else ""

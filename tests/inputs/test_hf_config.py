@@ -186,3 +186,17 @@ def test_unmappable_config_is_one_line_naming_file_and_field_and_exit_2(tmp_path
 def test_folder_without_config_json_is_one_line(tmp_path):
     with pytest.raises(MpipeError, match="holds no config.json"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", None])
+def test_an_unknown_or_missing_model_type_is_a_whole_line_with_its_fix(tmp_path, monkeypatch, capsys, model_type):
+    """The 27 mapped types listed in full ran past 300 characters and the line was cut before its fix."""
+    from mpipe_tune.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    data = {k: v for k, v in json.loads((LLAMA3 / "config.json").read_text()).items() if k != "model_type"}
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**data, "model_type": model_type} if model_type else data))
+    assert main(["predict", "--model", "m/config.json", "--schedule", "1f1b"]) == 2
+    line, = capsys.readouterr().err.strip().splitlines()
+    assert "characters)" not in line and "YAML model spec" in line and "docs/inputs.md" in line, line
