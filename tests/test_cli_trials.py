@@ -14,7 +14,8 @@ def study(tmp_path_factory):
     folder = tmp_path_factory.mktemp("trials")
     url = f"sqlite:///{folder / 'tmp.db'}"
     assert main(["plan", "--trials", "10", "--storage", url, "--devices", "2", "--global-batch", "4", "--samples", "1",
-                 "--no-progress", "--out", str(folder / "plan.json"), "--json"]) == 0
+                 "--no-progress", "--out", str(folder / "plan.json"), "--json",
+                 "--pp", "2"]) == 0  # pipelines: at pp 1 a baseline is the best and the bounds settle the space with no trial
     plan = json.loads((folder / "plan.json").read_text())
     return url, plan["search"]["study"], plan["search"]
 

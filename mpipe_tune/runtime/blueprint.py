@@ -70,8 +70,8 @@ def blueprint(model: Model) -> tuple[LayerSpec, ...]:
         where = f"model '{model.name}' layer {index} ('{layer.name}')"
         if not isinstance(layer.cost, ArchCost):
             raise MpipeError(
-                f"{where} has explicit per-token costs, so the runtime cannot build it; run a model whose layers "
-                f"give an architecture kind ({', '.join(SUPPORTED_KINDS)}), or use compute mode emulated",
+                f"{where} has explicit per-token costs, so the runtime cannot build it; use compute mode emulated, or "
+                f"run a model whose layers give an architecture kind (docs/inputs.md lists them)",
                 quantities=("compute mode",)
             )
         kind = layer.cost.kind

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.algebra.candidate import DTYPE_BYTES
@@ -106,9 +107,9 @@ def validate_memory(view: PlanView, job: RunJob, local_ranks: Sequence[int], ava
     if need > available_bytes:
         what = f"{len(peaks)} local ranks together" if shared else "its busiest rank"
         raise MpipeError(
-            f"plan file {view.path} needs {need / 2**30:.2f} GiB of predicted memory ({what}, "
-            f"{job.dtype_for(view)}) but {where} has {available_bytes / 2**30:.2f} GiB available; re-plan for more "
-            f"devices or a smaller workload (e.g. smoke), or use compute mode emulated", quantities=("compute mode",)
+            f"plan file {Path(view.path).name} needs {need / 2**30:.2f} GiB of predicted memory ({what}, "
+            f"{job.dtype_for(view)}) but {where} has {available_bytes / 2**30:.2f} GiB available; use compute mode "
+            f"emulated, or re-plan for more devices or a smaller workload (e.g. smoke)", quantities=("compute mode",)
         )
 
 

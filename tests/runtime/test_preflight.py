@@ -62,7 +62,7 @@ def test_dtype_notes_follow_the_cpu_flags():
     note = dtype_note("cpu", "bf16")
     assert (note is None) == native
     if note:
-        assert note.startswith("bf16 on this CPU") and "--dtype fp32" in note
+        assert note.startswith("bf16 on this CPU") and "dtype fp32" in note  # the domain names the quantity; the CLI adds its flag
 
 
 def test_run_takes_the_plan_dtype_by_default(plan):
