@@ -48,7 +48,9 @@ def test_off_the_main_thread_ctrl_c_keeps_its_meaning():
 # --------------------------------------------------------------------------------------- Ctrl-C in each phase of plan
 
 PLAN = [sys.executable, "-m", "mpipe_tune.cli", "plan", "--devices", "4", "--global-batch", "8", "--samples", "1",
-        "--no-progress", "--trials", "40", "--study", "s"]
+        "--no-progress", "--trials", "40", "--study", "s", "--pp", "2"]
+"""Pipelines only: at pp 1 a baseline is the example's best and the bounds settle its space with no trial, so no
+trial-numbered safe point would come."""
 
 
 def plan_interrupted_at(tmp_path, points: str):
@@ -219,7 +221,8 @@ def plan_file(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("interrupt-plan")
     assert main(["plan", "--devices", "4", "--global-batch", "8", "--samples", "1", "--trials", "6", "--no-progress",
-                 "--storage", f"sqlite:///{folder / 'study.db'}", "--out", str(folder / "plan.json")]) == 0
+                 "--storage", f"sqlite:///{folder / 'study.db'}", "--out", str(folder / "plan.json"),
+                 "--pp", "2"]) == 0  # pipelines: a pp-1 plan exports to torchtitan as one file, no CSV beside it
     return folder / "plan.json"
 
 
