@@ -69,7 +69,7 @@ def test_virtual_stages_are_chunk_major(tmp_path):
 @pytest.mark.parametrize("vision,decoders,extra,args,message", [
     ([32, 0], [1, 10, 10, 7], {}, None, "same shape"),
     ([32, 0, 0, 0], [1, 10, 10, 7], {"llm_layers": 27}, None, "sums to 28"),
-    ([32, 0, 0, 0], [1, "10", 10, 7], {}, None, "give layer counts >= 0 per stage"),
+    ([32, 0, 0, 0], [1, "10", 10, 7], {}, None, "list of layer counts per stage"),
     ([32, 0, 0, 0], [1, 10, 10, 7], {}, "--pipeline-model-parallel-size 2", "make them agree"),
     ([32, 0, 0, 0], [1, 10, 10, 7], {}, "--tensor-model-parallel-size $TP", "integer >= 1"),
     ([32, 0, 0, 0], [1, 10, 10, 7], {}, "no-such-script.sh", "neither a launch script"),
