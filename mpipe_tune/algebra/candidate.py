@@ -94,11 +94,11 @@ def default_cut(model: Model, num_regions: int) -> Cut:
         return Cut((model.backbone_start,))
     if num_regions == 2:  # no encoder in front of the backbone: no boundary to default to
         raise MpipeError(f"a schedule of 2 regions needs a cut, and model '{model.name}' has no encoder before its "
-                         f"backbone to cut at: give --cut N (0 < N < {model.num_layers}) or a one-region "
-                         f"schedule, e.g. --schedule 1f1b")
+                         f"backbone to cut at: give the cut N (0 < N < {model.num_layers}) or a one-region "
+                         f"schedule (`mpipe-tune predict --schedule 1f1b`)", quantities=("cut",))
     raise MpipeError(f"a schedule of {num_regions} regions needs a cut of {num_regions - 1} boundaries "
-                     f"(model '{model.name}' has {model.num_layers} layers): give --cut with "
-                     f"{num_regions - 1} increasing layer indices")
+                     f"(model '{model.name}' has {model.num_layers} layers): give the cut as "
+                     f"{num_regions - 1} increasing layer indices", quantities=("cut",))
 
 
 _UNSET: Any = object()
