@@ -261,3 +261,22 @@ def test_a_regular_install_ships_every_package_of_the_tree():
     listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {".".join(("mpipe_tune", *p.parent.relative_to(PACKAGE).parts)) for p in PACKAGE.rglob("__init__.py")}
     assert on_disk <= listed, sorted(on_disk - listed)
+
+
+def test_the_planner_imports_and_plans_with_torch_blocked(tmp_path):
+    """torch is needed only by runtime and profiler: with it blocked, every planner module imports and
+    ``predict`` runs (a fresh interpreter, so no module imported here counts)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pkgutil, importlib, mpipe_tune\n"
+        "sys.modules['torch'] = None\n"
+        "for m in pkgutil.walk_packages(mpipe_tune.__path__, 'mpipe_tune.'):\n"
+        "    if m.name.split('.')[1] in ('algebra', 'cost', 'search', 'inputs', 'plan_file'):\n"
+        "        importlib.import_module(m.name)\n"
+        "from mpipe_tune.cli import main\n"
+        "sys.exit(main(['predict', '--schedule', 'transpose,1f1b']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0 and "torch" not in done.stderr, done.stderr
