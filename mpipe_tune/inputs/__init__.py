@@ -102,8 +102,13 @@ def parse_text(text: str, path: str | Path, what: str, *, as_json: bool) -> Any:
         return parse_json(text, f"{what} file {path}", what)
     import yaml  # here, so that the algebra can use check_finite without loading yaml
 
-    try:  # libyaml's parser where PyYAML has it: about 5x faster on a large file, the same safe types
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    # libyaml's parser where PyYAML has it (about 5x faster on a large file, the same safe types), unless the text
+    # could nest deeper than its composer's C recursion is safe for: a libyaml without a depth limit overflows the
+    # C stack there (a segfault), where the Python parser stops at the recursion limit.
+    fast = getattr(yaml, "CSafeLoader", None)
+    loader = fast if fast is not None and nesting_bound(text) <= C_YAML_SAFE_DEPTH else yaml.SafeLoader
+    try:
+        return yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" (line {mark.line + 1} column {mark.column + 1})" if mark else ""
@@ -111,6 +116,25 @@ def parse_text(text: str, path: str | Path, what: str, *, as_json: bool) -> Any:
         raise MpipeError(f"{what} file {path}: not valid YAML{at}: {problem}; fix the syntax") from None
     except RecursionError:
         raise MpipeError(f"{what} file {path} nests too deeply to be a {what}; fix the file") from None
+
+
+C_YAML_SAFE_DEPTH = 500  # nesting that libyaml's recursive composer handles on any stack
+
+
+def nesting_bound(text: str) -> int:
+    """An upper bound on how deep ``text`` can nest as YAML: its deepest run of open brackets (flow collections)
+    plus its longest line (a block collection needs a column of indent or a ``- `` / ``? `` on its line)."""
+    longest = max(map(len, text.splitlines()), default=0)
+    opens = text.count("[") + text.count("{")
+    if opens + longest <= C_YAML_SAFE_DEPTH:
+        return opens + longest
+    import numpy as np
+
+    codes = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    steps = (np.isin(codes, (0x5B, 0x7B)).astype(np.int64) - np.isin(codes, (0x5D, 0x7D)).astype(np.int64))
+    depth = np.cumsum(steps)
+    floor = np.minimum.accumulate(np.minimum(depth, 0))  # a close before its open (in a string) lowers no later depth
+    return int((depth - floor).max(initial=0)) + longest
 
 
 def parse_json(text: str | bytes, where: str, what: str) -> Any:
