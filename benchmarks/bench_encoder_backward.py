@@ -36,7 +36,8 @@ from mpipe_tune.cost.encoder_backward import optimise
 from mpipe_tune.search.baselines import baseline
 from mpipe_tune.search.evaluate import Evaluator
 from mpipe_tune.search.problem import Problem
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 CONFIGS = [("qwen2vl-vit-llama3-8b", "h100-sxm", "balanced", P) for P in (4, 8, 16)] + [
     ("qwen2vl-vit-llama3-8b", "h100-sxm", "image-heavy", P) for P in (4, 8, 16)] + [

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from mpipe_tune.inputs.workload_spec import DatasetOptions, load_dataset
 from mpipe_tune.search.baselines import baseline
 from mpipe_tune.search.evaluate import Evaluator

@@ -24,7 +24,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from published import load_runs, predict_run  # noqa: E402
 
-from mpipe_tune.inputs.specs import load_profile  # noqa: E402
+from mpipe_tune.cost import load_profile  # noqa: E402
 
 TARGET = 0.10
 """Largest throughput error a held-out bf16 run may have."""

@@ -32,7 +32,8 @@ from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.cost.layers import CostOptions, build_layer_table
 from mpipe_tune.cost.predict import layer_weights, predict
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
-from mpipe_tune.inputs.specs import load_model, load_profile, load_workload
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model, load_workload
 
 MODEL, PROFILE, MIX, SEED = "qwen2vl-vit-llama3-8b", "h100-sxm", "balanced", 0
 

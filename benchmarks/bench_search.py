@@ -55,7 +55,8 @@ import numpy as np
 import optuna
 
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

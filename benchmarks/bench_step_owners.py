@@ -41,7 +41,8 @@ from mpipe_tune.cost.owners import choose_owners, greedy_owners
 from mpipe_tune.inputs.workload import MIXES
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.search import Evaluator, Problem
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 MODEL, PROFILE, P, SEED = "qwen2vl-vit-llama3-8b", "h100-sxm", 8, 0
 SIZES = ((8, 32), (8, 128), (64, 128), (64, 512))

@@ -68,7 +68,8 @@ from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record, plan_sectio
 from mpipe_tune.search import Candidate, Evaluator, Problem, SearchSpace, SpaceOptions, evaluate_baselines
 from mpipe_tune.plan_file import OWN
 from mpipe_tune.search.families import search_family
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 HERE = Path(__file__).resolve().parent
 PROFILE = "ascend-910c-cm384"

@@ -34,7 +34,8 @@ from mpipe_tune.cost.predict import predict
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.search import Evaluator, Problem
 from mpipe_tune.search.baselines import baseline
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 LAYERS_PER_RANK = 4
 

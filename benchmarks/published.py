@@ -27,7 +27,8 @@ from mpipe_tune.cost.predict import Prediction, predict
 from mpipe_tune.cost.profile import HardwareProfile
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_FILE = Path(__file__).resolve().parent / "published_runs.yaml"

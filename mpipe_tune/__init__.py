@@ -7,6 +7,28 @@ __all__ = ["MpipeError"]
 __version__ = "0.1.0"
 
 
+def lazy_exports(package: str, exports: dict[str, tuple[str, ...]]):
+    """The module ``__getattr__`` of a package whose public names (``exports``: module -> the names it
+    defines) are imported from their modules when first asked for, so that importing the package costs
+    nothing and a heavy dependency (torch, Optuna, matplotlib) loads only for the names that need it.
+
+    A package lists ``exports`` as ``_LAZY`` beside its ``__all__``; tests/test_layering.py reads it
+    to see through ``from package import name`` to the module that defines ``name``."""
+    where = {name: module for module, names in exports.items() for name in names}
+
+    def __getattr__(name: str):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        import importlib
+        import sys
+
+        value = getattr(importlib.import_module(where[name]), name)
+        setattr(sys.modules[package], name, value)  # asked once
+        return value
+
+    return __getattr__
+
+
 def __getattr__(name: str):
     if name == "MpipeError":
         from mpipe_tune.errors import MpipeError

@@ -13,7 +13,7 @@ from conftest import process_stats
 from mpipe_tune.cli import main
 from mpipe_tune.cost.profile import dump_profile
 from mpipe_tune.plan_file import all_plan_names, load_plan, plan_names, select_plan
-from mpipe_tune.inputs.specs import load_profile
+from mpipe_tune.cost import load_profile
 
 SMALL = ["--devices", "2", "--global-batch", "4", "--samples", "1", "--no-progress"]
 

@@ -17,19 +17,21 @@ PACKAGE = Path(mpipe_tune.__file__).parent
 
 FORBIDDEN = {
     # layer (a sub-package or a module): what it must never import; report reads plan files and the search's
-    # records, never the search's modules, except the command that writes a plan's outcome (below)
+    # records, never the search's modules; inputs (the specs loaders too) read no cost module: a hardware profile
+    # is the cost model's, loaded by whoever composes inputs and cost (the command line, plan_file's resolve)
     "algebra": ("cost", "search", "report", "runtime", "profiler", "cli", "specs", "plan_file"),
     "inputs": ("algebra", "cost", "search", "report", "runtime", "profiler", "cli", "specs"),
+    "specs": ("cost", "search", "report", "runtime", "profiler", "cli", "plan_file"),
     "errors": ("algebra", "inputs", "cost", "search", "report", "runtime", "profiler", "cli"),
     "outputs": ("algebra", "inputs", "cost", "search", "report", "runtime", "profiler", "cli", "plan_file", "specs"),
     "cost": ("search", "report", "runtime", "profiler", "cli", "plan_file"),
-    "plan_file": ("cost", "search", "report", "runtime", "profiler", "cli"),
+    "plan_file": ("search", "report", "runtime", "profiler", "cli"),
     "search": ("report", "runtime", "profiler", "cli"),
     "runtime": ("report", "search", "cli"),
     "report": ("search", "cli"),
 }
-"""``report`` and ``cli`` may import everything; ``specs`` (the loaders of named inputs) reads cost's
-profiles, so the plan file's model loader reaches cost only through it, never the other way."""
+"""``report`` and ``cli`` may import everything; ``specs`` (the loaders of named models and workloads) reads
+the algebra's model, so it sits above the algebra and below cost."""
 THIRD_PARTY = {"torch": ("runtime", "profiler"), "torch_npu": ("runtime", "profiler"), "optuna": ("search",)}
 """Heavy dependencies and the only layers that may import them."""
 
@@ -63,8 +65,8 @@ def imports(path: Path, name: str) -> set[str]:
 
 
 LOADERS = ("inputs.specs", "inputs.workload_spec")
-"""Modules of ``inputs`` that load named inputs with the layers above (a profile is cost's, a model the
-algebra's, a dataset workload is sized by its model): the ``specs`` layer."""
+"""Modules of ``inputs`` that load named inputs with the algebra (a model is the algebra's, a dataset
+workload is sized by its model): the ``specs`` layer."""
 
 
 def layer_of(name: str) -> str:
@@ -95,6 +97,29 @@ def test_no_module_imports_across_its_layer(name, path):
                    and layer not in THIRD_PARTY[module.split(".")[0]])
     assert not crossing, f"mpipe_tune.{name} ({layer}) imports {crossing}"
     assert not heavy, f"mpipe_tune.{name} ({layer}) imports {heavy}"
+
+
+def package_imports(package: str) -> list[tuple[str, str]]:
+    """(module, what it imports) for every import of the package's modules of any other module of ours."""
+    return [(name, module) for name, path in modules() if name.split(".")[0] == package
+            for module in sorted(imports(path, name)) if module.startswith("mpipe_tune.")]
+
+
+@pytest.mark.parametrize("package,below", [("inputs", "cost"), ("report", "search")])
+def test_a_package_imports_nothing_from_a_package_it_must_not_read(package, below):
+    """inputs (its loaders included) read no cost module: profiles are loaded by the cost package, and by
+    the command line that composes inputs and cost. report reads plan files and the search's records, never
+    the search's modules."""
+    crossing = [f"mpipe_tune.{name} imports {module}" for name, module in package_imports(package)
+                if module == f"mpipe_tune.{below}" or module.startswith(f"mpipe_tune.{below}.")]
+    assert not crossing, crossing
+
+
+def test_the_plan_file_reads_from_cost_only_its_profile_loader():
+    """resolve checks a plan's profile against the file's hash: the one name of cost it imports."""
+    from_cost = {module for _, module in package_imports("plan_file")
+                 if module == "mpipe_tune.cost" or module.startswith("mpipe_tune.cost.")}
+    assert from_cost <= {"mpipe_tune.cost", "mpipe_tune.cost.load_profile"}, sorted(from_cost)
 
 
 def test_the_runtime_reads_plans_only_through_the_plan_file_package():
@@ -239,7 +264,7 @@ def test_nothing_imports_upward():
     """The layers in order, lowest first: a module imports only from its own layer and those below
     (``report`` and ``cli`` sit on top and may import everything; ``profiler`` and ``runtime`` beside
     each other above ``search``'s inputs)."""
-    order = ["errors", "interrupt", "jit", "outputs", "inputs", "algebra", "cost", "specs",
+    order = ["errors", "interrupt", "jit", "outputs", "inputs", "algebra", "specs", "cost",
              "plan_file", "search", "runtime", "profiler", "report", "cli"]
     rank = {layer: i for i, layer in enumerate(order)}
     upward = []

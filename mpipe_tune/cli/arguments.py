@@ -110,7 +110,8 @@ def load_candidate(args: argparse.Namespace):
     model, workload, profile)."""
     from mpipe_tune.cost.predict import predict, predict_fastest_placement
     from mpipe_tune.inputs.workload import DEFAULT_NUM_MICROBATCHES
-    from mpipe_tune.inputs.specs import load_model, load_profile, load_workload
+    from mpipe_tune.cost import load_profile
+    from mpipe_tune.inputs.specs import load_model, load_workload
 
     from mpipe_tune.inputs.workload_spec import is_dataset, load_dataset_workload, validate_dataset_options
 

@@ -25,7 +25,8 @@ def _problem(args: argparse.Namespace):
     """The model (frozen blocks applied), profile, and the search Problem the arguments describe."""
     from mpipe_tune.inputs.workload import MIXES
     from mpipe_tune.search.planner import build_problem
-    from mpipe_tune.inputs.specs import load_model, load_profile, load_workload
+    from mpipe_tune.cost import load_profile
+    from mpipe_tune.inputs.specs import load_model, load_workload
     from mpipe_tune.inputs.workload_spec import is_dataset, load_dataset, validate_dataset_options
     from mpipe_tune.inputs.mindspeed import is_model_json, read_mindspeed_layout
 

@@ -10,7 +10,7 @@ class Profiles(Command):
     help = "list the built-in hardware profiles"
 
     def take_action(self, args):
-        from mpipe_tune.inputs.specs import builtin_profiles, load_profile
+        from mpipe_tune.cost import builtin_profiles, load_profile
 
         names = builtin_profiles()
         width = max(map(len, names))

@@ -10,7 +10,8 @@ own: they are what the other ranks' bounds leave it.
 >>> from mpipe_tune.algebra.candidate import Candidate
 >>> from mpipe_tune.cost.framework import Framework
 >>> from mpipe_tune.cost.predict import predict
->>> from mpipe_tune.inputs.specs import load_model, load_profile
+>>> from mpipe_tune.cost import load_profile
+>>> from mpipe_tune.inputs.specs import load_model
 >>> from mpipe_tune.inputs.workload import Microbatch, Workload
 >>> p = predict(Candidate("1f1b", (), pp=2, num_microbatches=2), load_model("tiny-vit-llm"),
 ...             Workload((Microbatch(0, 64),) * 2), load_profile("h100-sxm"), Framework(kernel_mode="eager"))

@@ -293,7 +293,7 @@ class HardwareProfile:
         package's (and node's) first: :data:`PACKAGE_LINK_CLASS` within one package, ``intra_node`` within
         one node, else ``inter_node``.
 
-        >>> from mpipe_tune.inputs.specs import load_profile
+        >>> from mpipe_tune.cost import load_profile
         >>> die = load_profile("ascend-910c-cm384-die")
         >>> [die.link_class_spanning(n) for n in (2, 16, 32)]
         ['intra_package', 'intra_node', 'inter_node']
@@ -736,7 +736,7 @@ def hierarchical_all_reduce_s(profile: HardwareProfile, size_bytes: float, group
     nodes over the rank's own inter-node link, and a ring all-gather inside the node. One node: the
     intra-node ring all-reduce; one member per node: the inter-node ring all-reduce of everything.
 
-    >>> from mpipe_tune.inputs.specs import load_profile
+    >>> from mpipe_tune.cost import load_profile
     >>> h100 = load_profile("h100-sxm")
     >>> flat = hierarchical_all_reduce_s(h100, 8e9, 16, 8)  # tp8: one member per node
     >>> split = hierarchical_all_reduce_s(h100, 8e9, 16, 1)  # two full nodes: 8 NICs share the bytes

@@ -2,7 +2,8 @@
 
 ``load_model`` reads a YAML model file (or a built-in from ``models/``), or a Hugging Face config.json (or a
 folder holding one, through :mod:`mpipe_tune.inputs.hf_config`), expands ``compose``, and checks architecture
-dimensions with the cost model, so a bad file fails here with one line.
+dimensions (:func:`~mpipe_tune.inputs.arch_dims.validate_arch`), so a bad file fails here with one line.
+Hardware profiles are the cost model's: :func:`mpipe_tune.cost.load_profile` loads them.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from typing import Any
 import yaml
 
 from mpipe_tune.algebra.model import ArchCost, Model, parse_model
-from mpipe_tune.cost import arch
-from mpipe_tune.cost.profile import builtin_profiles, load_profile
-from mpipe_tune.inputs.workload import load_workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
+from mpipe_tune.inputs.arch_dims import validate_arch
 from mpipe_tune.inputs.hf_config import from_hf_config, is_hf_config
+from mpipe_tune.inputs.workload import load_workload
 
-__all__ = ["builtin_models", "builtin_profiles", "load_model", "load_profile", "load_workload", "resolve_spec"]
+__all__ = ["builtin_models", "load_model", "load_workload", "resolve_spec"]
 
 
 def _models_dir() -> Path:
@@ -92,5 +92,5 @@ def load_model(spec: str | os.PathLike) -> Model:
     model = parse_model(_resolve(spec), where=where, resolve=_resolve)
     for layer in model.layers:
         if isinstance(layer.cost, ArchCost):
-            arch.validate_arch(layer.cost.kind, layer.cost.dims_dict(), where=f"{where} layer '{layer.name}'")
+            validate_arch(layer.cost.kind, layer.cost.dims_dict(), where=f"{where} layer '{layer.name}'")
     return model

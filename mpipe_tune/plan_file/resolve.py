@@ -111,7 +111,7 @@ def load_plan_model(file: PlanFile, *, spec: str | None = None) -> Model:
 def load_plan_profile(file: PlanFile, *, spec: str | None = None):
     """The plan's hardware profile (from ``spec`` when given: the same profile, moved), checked
     against the hash the file stores."""
-    from mpipe_tune.inputs.specs import load_profile
+    from mpipe_tune.cost import load_profile
 
     spec = spec or file.inputs.profile.spec
     _moved(file, "hardware profile", spec)

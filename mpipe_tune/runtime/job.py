@@ -148,7 +148,7 @@ def check_host(view: PlanView, job: RunJob, device_kind: str) -> list[str]:
 def builtin_profile_note(view: PlanView, job: RunJob, device_kind: str) -> str | None:
     """A note when the plan was predicted on a built-in profile (a machine described, not this host
     measured): its measured/predicted ratio then compares two machines."""
-    from mpipe_tune.inputs.specs import builtin_profiles
+    from mpipe_tune.cost import builtin_profiles
 
     profile = view.file.inputs.profile
     if (job.profile_spec or profile.spec) not in builtin_profiles():

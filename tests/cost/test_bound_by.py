@@ -9,7 +9,8 @@ from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.cost.bound_by import BOUNDS, bound_text, rank_bounds
 from mpipe_tune.cost.framework import Framework
 from mpipe_tune.cost.predict import predict
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.report.tables import prediction_record, print_prediction
 from mpipe_tune.search.compare import format_rows

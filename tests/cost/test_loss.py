@@ -7,7 +7,8 @@ import pytest
 from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.cost.arch import estimate_arch_work
 from mpipe_tune.cost.layers import CostOptions, build_layer_table, pass_seconds
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from mpipe_tune.inputs.workload import Microbatch, Workload
 
 HEAD = {"hidden": 1024, "vocab": 32000}

@@ -14,7 +14,8 @@ from mpipe_tune.cost.framework import Framework
 from mpipe_tune.cost.layers import build_layer_table
 from mpipe_tune.cost.moe import DISPATCHERS, MoeSettings, dispatcher_gathers, expert_rows
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from mpipe_tune.inputs.workload import Microbatch, Workload
 
 MIXTRAL = {"hidden": 4096, "heads": 32, "kv_heads": 8, "experts": 8, "top_k": 2, "moe_ffn": 14336}

@@ -15,7 +15,8 @@ from mpipe_tune.cost.owners import choose_owners
 from mpipe_tune.cost.predict import predict
 from mpipe_tune.cost.predictor import Predictor
 from mpipe_tune.search import Evaluator, Problem
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 MODEL = load_model("example-mllm")
 PROFILE = load_profile("ideal")

@@ -8,7 +8,8 @@ from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.cost.arch import estimate_arch_work
 from mpipe_tune.cost.arch_layers import ROPE_FORMS
 from mpipe_tune.cost.layers import CostOptions, build_layer_table, pass_seconds
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from mpipe_tune.inputs.workload import Microbatch, Workload
 
 BLOCK = {"hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "ffn": 14336}

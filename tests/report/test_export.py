@@ -25,7 +25,8 @@ from mpipe_tune.report.exports.plan import plan_from_record, read_export_plan
 from export_writers import to_hyper_parallel, to_megatron, to_torch_csv, to_torchtitan
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record, plan_section
 from mpipe_tune.plan_file import select_plan
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from conftest import predict_plan
 
 MODEL = "example-mllm"  # explicit costs: 8 ViT layers, a projector, 16 decoder layers

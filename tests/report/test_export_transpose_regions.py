@@ -10,7 +10,8 @@ from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.report.exports.plan import plan_from_record
 from export_writers import to_hyper_parallel, to_megatron, to_torch_csv, to_torchtitan
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 from conftest import predict_plan
 

@@ -6,7 +6,8 @@ import pytest
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.algebra.events import Bwd, Fwd, ReduceGrad, Reshard, Unshard
 from mpipe_tune.cost.predict import predict
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.report.gantt import draw_gantt, sharding_marks, zero_of
 

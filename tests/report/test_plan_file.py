@@ -17,7 +17,8 @@ from mpipe_tune.plan_file import (
     upgrade_v2, SCHEMA_VERSION, SECTION_KEYS, all_plan_names, load_plan, plan_names, select_plan, PlanFile,
 )
 from mpipe_tune.runtime.plan_view import read_plan_file
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 
 def workload_of(record):

@@ -13,7 +13,8 @@ from mpipe_tune.algebra.schedule import Cut, parse_schedule
 from mpipe_tune.cost.layers import CostOptions
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from conftest import predict_plan
 
 TEST_MODEL = str(Path(__file__).with_name("tiny-mllm.yaml"))

@@ -19,7 +19,8 @@ from mpipe_tune.cost.layers import CostOptions  # noqa: E402
 from mpipe_tune.cost.predict import predict  # noqa: E402
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record  # noqa: E402
 from mpipe_tune.runtime.plan_view import read_plan_file  # noqa: E402
-from mpipe_tune.inputs.specs import load_model, load_profile  # noqa: E402
+from mpipe_tune.cost import load_profile  # noqa: E402
+from mpipe_tune.inputs.specs import load_model  # noqa: E402
 
 
 def _predict(P, slots=None, ranks=None):

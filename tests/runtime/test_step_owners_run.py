@@ -22,7 +22,8 @@ from mpipe_tune.runtime.launch import RankFailed, launch_local  # noqa: E402
 from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
 from mpipe_tune.runtime.worker import run_jobs, validate_agreement  # noqa: E402
 from mpipe_tune.search import Evaluator, Problem  # noqa: E402
-from mpipe_tune.inputs.specs import load_model, load_profile  # noqa: E402
+from mpipe_tune.cost import load_profile  # noqa: E402
+from mpipe_tune.inputs.specs import load_model  # noqa: E402
 
 P, M = 3, 4
 FROZEN = ("encoder", "projector")

@@ -5,7 +5,8 @@ import pytest
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from mpipe_tune.search import driver
 from mpipe_tune.search.sampling import TPE
 

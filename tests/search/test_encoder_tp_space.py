@@ -5,7 +5,8 @@ from pathlib import Path
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
 from mpipe_tune.algebra.candidate import Candidate
 from mpipe_tune.search.families import family_candidates
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 MLLM = load_model(str(Path(__file__).parents[1] / "runtime" / "tiny-mllm-mla-moe.yaml"))
 IDEAL = load_profile("ideal")

@@ -8,7 +8,8 @@ from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Candidate, Evaluator, Problem, pack
 from mpipe_tune.search.owners import max_spill
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from conftest import predict_plan
 
 MODEL = load_model("example-mllm")

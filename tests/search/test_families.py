@@ -9,7 +9,8 @@ from mpipe_tune.search import BASELINES, Evaluator, Problem, SearchSpace, SpaceO
 from mpipe_tune.search.compare import (comparison_rows, evaluate_baselines, family_record, format_comparison,
                                        own_best_rows)
 from mpipe_tune.search.families import family_candidates, search_families, search_family
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 MODEL = load_model("example-mllm")  # 8 encoder layers, 1 projector, 16 backbone layers
 PROFILE = load_profile("ideal")

@@ -7,7 +7,8 @@ import pytest
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, baseline
 from mpipe_tune.search.layout import parse_layout, split_pairs
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 MODEL = load_model("example-mllm")  # 8 encoder layers, 1 projector, 16 backbone layers
 

@@ -11,7 +11,8 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import BASELINES, Candidate, Evaluator, Problem, SearchSpace, SpaceOptions, baseline
 from mpipe_tune.search.baselines import UNPIPELINED
 from mpipe_tune.search.families import family_candidates
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 EVERY_SKELETON = SpaceOptions(skeletons=("1f1b", "gpipe", "zb1p", "zbv"), zero=(0, 1, 2, 3), recompute=(False, True))
 

@@ -5,7 +5,8 @@ from mpipe_tune.algebra import Owners, derive, normalize, parse_schedule, valida
 from mpipe_tune.algebra.order import is_interleavable
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from mpipe_tune.cli import main
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 from mpipe_tune.search.writer import TrialWriter
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 
 SMALL = ["--devices", "2", "--global-batch", "4", "--samples", "1", "--no-progress", "--study", "s",
          "--pp", "2"]  # a pipeline: at pp 1 the bounds settle this space before the trials these tests count

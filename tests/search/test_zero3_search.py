@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpipe_tune.inputs.specs import load_model, load_profile
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs.specs import load_model
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 
