@@ -18,10 +18,10 @@ The defaults: per-step owners when the plan has a policy other than round-robin,
 round-robin or only an explicit map, or encoder backwards moved off their owners (ranks chosen for
 the stored map: per-step owners are refused for it); sampled data with per-step owners when the plan records its
 draw, stored data otherwise. ``fixed`` with ``stored`` is the stored plan exactly as it was checked
-against ``derive`` (:mod:`mpipe_tune.runtime.plan_view`); any other pair re-times the stored plan
-for the step's owner map with the cost model's compiled plan (the same events, the owned ones on
-their new ranks, as ``derive`` gives them) and predicts its durations for the step's microbatches,
-which emulated compute waits out.
+against ``derive`` (:mod:`mpipe_tune.runtime.plan_view`); any other pair asks the plan's
+:class:`~mpipe_tune.cost.predictor.Predictor` for the step: its layer table, owner map and the stored plan
+re-timed for that map (:meth:`~mpipe_tune.cost.predictor.Predictor.step`: the same events, the owned ones
+on their new ranks, as ``derive`` gives them), whose durations emulated compute waits out.
 
 Every rank computes its step plan from the same metadata; :attr:`StepPlan.key` digests the step's
 metadata and owner map, and the worker checks with one all-reduce that every rank holds the same key
@@ -35,16 +35,11 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mpipe_tune.algebra.candidate import ROUND_ROBIN
-from mpipe_tune.algebra.placement import round_robin
-from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.framework import Framework
-from mpipe_tune.cost.layers import build_layer_table
-from mpipe_tune.cost.owners import POLICIES
-from mpipe_tune.cost.predictor import Predictor
+from mpipe_tune.cost import POLICIES, Framework, Predictor
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.plan_file import load_plan_profile
@@ -162,16 +157,11 @@ class StepPlanner:
         self.stored = view.section.workload
         source = view.plan.source
         self.stored_owners = source.owner.owners if source is not None else None
-        self.compiled: CompiledPlan | None = None
+        self.predictor: Predictor | None = None
+        """The plan's model, profile and framework: each step's table, owner map and re-timed plan."""
         if not modes.is_stored_plan:
             profile = load_plan_profile(view.file, spec=profile_spec)
             self.predictor = Predictor(view.model, profile, Framework.from_inputs(view.file.inputs))
-            options = self.predictor.options(view.candidate)
-            self.profile, self.options = profile, options
-            self.compiled = CompiledPlan(view.plan, view.model, profile, options)
-            if modes.owners == PER_STEP:  # the policies read the slack off the round-robin plan: re-timed once
-                plan = view.plan
-                self.round_robin = self.compiled.with_owners(round_robin(plan.num_microbatches, plan.num_ranks))
 
     def metadata(self, step: int) -> Workload:
         """Step ``step``'s microbatches: drawn (``sampled``) or the stored ones."""
@@ -188,17 +178,17 @@ class StepPlanner:
         workload = self.metadata(step)
         if self.validate_microbatches is not None:
             self.validate_microbatches(workload.microbatches)
-        table = build_layer_table(self.view.model, workload, self.profile, self.options)
-        compiled, owners, policy, owners_s = self.compiled, self.stored_owners, None, 0.0
-        if self.modes.owners == PER_STEP:
+        c, predictor = self.view.candidate, self.predictor
+        table = predictor.table(c, workload)
+        owners, policy, owners_s = self.stored_owners, None, 0.0
+        if self.modes.owners == PER_STEP:  # the policy reads the slack off the round-robin plan, compiled once
             chosen = time.perf_counter()
-            choice = self.predictor.owners(self.view.candidate, table, compiled=self.round_robin, fallback=True)
+            choice = predictor.owners(c, table, fallback=True)
             owners_s = time.perf_counter() - chosen
             owners, policy = choice.owners, choice.policy
-            compiled = compiled.with_owners(owners)
-        durations = compiled.durations(table)
-        predicted = compiled.order.makespan(durations)
-        view = view_of_step(self.view, compiled.plan, workload.microbatches, tuple(durations.tolist()), predicted)
+        timed = predictor.step(replace(c, owner_map=owners), table, owners=None, memory=False)
+        view = view_of_step(self.view, timed.compiled.plan, workload.microbatches,
+                            tuple(timed.timeline.durations_s.tolist()), timed.timeline.makespan_s)
         return StepPlan(step, view, owners, policy, workload.name, owners_s, time.perf_counter() - started)
 
     def rank_pairs(self) -> set[tuple[int, int]]:
