@@ -7,6 +7,8 @@ lazy import that crosses a layer counts as much as one at the top of the file.
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -47,8 +49,20 @@ def modules() -> list[tuple[str, Path]]:
     return out
 
 
+PACKAGES = ("algebra", "cost", "search", "inputs", "plan_file", "report", "runtime", "profiler", "cli", "outputs")
+"""The sub-packages, each of which names its public API in its ``__init__``'s ``__all__``."""
+
+
+def lazy_table(package: str) -> dict[str, str]:
+    """Name -> the module that defines it, for the names ``mpipe_tune.<package>`` loads when first asked
+    for (its ``_LAZY``, :func:`mpipe_tune.lazy_exports`); empty for a package that imports its API."""
+    module = importlib.import_module(f"mpipe_tune.{package}")
+    return {name: source for source, names in getattr(module, "_LAZY", {}).items() for name in names}
+
+
 def imports(path: Path, name: str) -> set[str]:
-    """Every module ``path`` imports, as absolute dotted names (relative imports resolved)."""
+    """Every module ``path`` imports, as absolute dotted names (relative imports resolved); a name taken
+    from a package that loads it lazily counts as an import of the module that defines it."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = ["mpipe_tune", *name.split(".")] if path.name == "__init__.py" else ["mpipe_tune", *name.split(".")[:-1]]
     found = set()
@@ -61,6 +75,10 @@ def imports(path: Path, name: str) -> set[str]:
                 base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
+            parts = base.split(".")
+            if len(parts) == 2 and parts[0] == "mpipe_tune" and parts[1] in PACKAGES:
+                lazy = lazy_table(parts[1])
+                found.update(lazy[alias.name] for alias in node.names if alias.name in lazy)
     return found
 
 
@@ -305,3 +323,53 @@ def test_the_planner_imports_and_plans_with_torch_blocked(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0 and "torch" not in done.stderr, done.stderr
+
+
+def defines(module: str, name: str) -> bool:
+    """Whether ``module``'s source binds ``name`` at its top level (a def, a class, an assignment or an
+    import), read without importing it (a runtime module would import torch)."""
+    path = Path(importlib.util.find_spec(module).origin)
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        targets = (node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign)
+                   else [])
+        for target in targets:
+            if name in {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}:
+                return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and name in {a.asname or a.name for a in node.names}:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_name_a_package_exports_exists(package):
+    """Each name of a package's ``__all__`` is there: bound by its ``__init__``, or defined by the module
+    its lazy table names (read, not imported); a lazy name is no module's name in the package (the module,
+    once imported, would shadow it)."""
+    module = importlib.import_module(f"mpipe_tune.{package}")
+    exported = list(module.__all__)
+    assert len(exported) == len(set(exported)), sorted(n for n in exported if exported.count(n) > 1)
+    lazy = lazy_table(package)
+    missing = [n for n in exported if (not defines(lazy[n], n) if n in lazy else not hasattr(module, n))]
+    assert not missing, f"mpipe_tune.{package}.__all__ names what is not there: {missing}"
+    folder = PACKAGE / package
+    shadowed = [n for n in lazy if (folder / f"{n}.py").exists() or (folder / n / "__init__.py").exists()]
+    assert not shadowed, f"mpipe_tune.{package} loads lazily names its modules have: {shadowed}"
+
+
+def test_no_module_imports_a_name_a_package_does_not_export():
+    """A module of one package imports from another package (from its ``__init__`` or from one of its
+    modules) only the names that package's ``__all__`` lists: the API other packages use is the API the
+    package names. (Tests and benchmarks may reach into a package's modules.)"""
+    public = {package: set(importlib.import_module(f"mpipe_tune.{package}").__all__) for package in PACKAGES}
+    unlisted = []
+    for name, path in modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith("mpipe_tune."):
+                continue
+            package = node.module.split(".")[1]
+            if package in public and name.split(".")[0] != package:
+                unlisted += [f"mpipe_tune.{name} imports {node.module}.{a.name}" for a in node.names
+                             if a.name not in public[package]]
+    assert not unlisted, unlisted

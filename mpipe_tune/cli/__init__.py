@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import sys
 
+__all__ = ["COMMANDS", "Parser", "build_parser", "main"]
+"""The tool's only face: :func:`main` (the ``mpipe-tune`` script, ``python -m mpipe_tune.cli``), and the
+parser its commands build (for documentation and tests)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default: the process's arguments); the exit code."""

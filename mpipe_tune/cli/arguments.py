@@ -156,7 +156,7 @@ def add_framework_arguments(parser) -> None:
     parser.add_argument("--moe-pad-to-capacity", action="store_true",
                         help="every expert runs its full capacity (--moe-pad-expert-input-to-capacity; needs "
                              "--moe-capacity-factor)")
-    from mpipe_tune.cost.kernel_model import DEFAULT_KERNEL_MODE, KERNEL_MODES
+    from mpipe_tune.algebra.candidate import DEFAULT_KERNEL_MODE, KERNEL_MODES
 
     parser.add_argument("--kernel-mode", default=DEFAULT_KERNEL_MODE, choices=KERNEL_MODES,
                         help="how the trainer launches kernels, where the profile gives host costs: eager (one per "

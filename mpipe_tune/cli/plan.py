@@ -200,7 +200,7 @@ class Plan(Command):
         from mpipe_tune.report.gantt import draw_prediction  # matplotlib: only when a picture is asked for
         from mpipe_tune.search.outcome import outcome_record
         from mpipe_tune.search import DEFAULT_STORAGE, REFERENCE
-        from mpipe_tune.search import compare
+        from mpipe_tune.search.compare import comparison_frame
         from mpipe_tune.search.planner import KNOBS, SearchOptions, plan
         from mpipe_tune.inputs.specs import resolve_spec
 
@@ -242,7 +242,7 @@ class Plan(Command):
         summary = record["search"]
         outputs = [(args.out, lambda tmp: dump_plan(record, tmp))]  # all of them, or none (a picture can fail)
         if args.csv is not None:
-            outputs.append((args.csv, lambda tmp: tmp.write_text(to_csv_text(compare.comparison_frame(summary)))))
+            outputs.append((args.csv, lambda tmp: tmp.write_text(to_csv_text(comparison_frame(summary)))))
         if args.gantt:
             outputs.append((args.gantt, lambda tmp: draw_prediction(evaluator.prediction(best.candidate)[0], tmp,
                                                                     f"best <{best.candidate.schedule}>")))
@@ -263,7 +263,7 @@ class Plan(Command):
 
 def _print(outcome, summary: dict, storage: str, args: argparse.Namespace) -> None:
     """The problem, the study, the comparison table and where the files went."""
-    from mpipe_tune.search import compare
+    from mpipe_tune.search.compare import format_comparison
 
     p, result, best = outcome.problem, outcome.result, outcome.best
     print(f"planning {p.model.name} on {p.devices} x {p.profile.name}, workload {p.source_name}: "
@@ -272,7 +272,7 @@ def _print(outcome, summary: dict, storage: str, args: argparse.Namespace) -> No
     print(f"study '{result.study_name}' in {storage}: {result.num_trials} trials in {result.wall_s:.1f} s "
           f"({result.how(args.sampler)}; this run: {result.num_evaluated} plans predicted, {result.num_bounded} "
           f"settled by their lower bound" + (f", {repeats} repeats" if repeats > 0 else "") + ")\n")
-    print(compare.format_comparison(summary))
+    print(format_comparison(summary))
     print(f"\nbest: {best.candidate}" + ("" if outcome.best_from == "search" else
                                          f"  (the {outcome.best_from} row: faster than the search's own best)"))
     print(f"plan written to {args.out}" + (f", table to {args.csv}" if args.csv else "")

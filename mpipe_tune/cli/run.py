@@ -50,11 +50,11 @@ class Run(Command):
 
     def take_action(self, args: argparse.Namespace) -> int:
         from mpipe_tune.interrupt import keep, skip
-        from mpipe_tune.runtime import launch
+        from mpipe_tune.runtime.launch import disable_backend_autoload
         from mpipe_tune.runtime.job import RunJob
         from mpipe_tune.runtime.session import run_session
 
-        launch.disable_backend_autoload()  # before the first import of torch
+        disable_backend_autoload()  # before the first import of torch
         if args.trace:
             from mpipe_tune.outputs.files import validate_out_path
 

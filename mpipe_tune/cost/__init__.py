@@ -3,15 +3,17 @@ timeline, memory, and :class:`Predictor`, the one place a prediction is composed
 
 Its public API is :data:`__all__`: what the search, the runtime, the profiler, the report and the
 command line (and the benchmarks) import. Other packages import these names from here; the modules
-behind them are the implementation.
+behind them are the implementation. Imported eagerly, as the algebra is: every layer above reads it.
 """
 
-from mpipe_tune.cost.arch import expert_parallel_fits, tensor_parallel_fits
+from mpipe_tune.cost.arch import estimate_arch_work, expert_parallel_fits, tensor_parallel_fits
+from mpipe_tune.cost.arch_layers import ROPE_FORMS
 from mpipe_tune.cost.bound_by import bound_text, rank_bounds
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import TableSums, table_sums
 from mpipe_tune.cost.framework import Framework
-from mpipe_tune.cost.kernel_model import DEFAULT_KERNEL_MODE, KERNEL_MODES, AttentionCurve, GemmCurve, MemoryCurve
+from mpipe_tune.cost.encoder_backward import optimise
+from mpipe_tune.cost.kernel_model import AttentionCurve, GemmCurve, MemoryCurve
 from mpipe_tune.cost.layers import CostOptions, LayerTable, build_layer_table, layer_seconds
 from mpipe_tune.cost.memory import static_bytes_of
 from mpipe_tune.cost.owners import (
@@ -24,14 +26,15 @@ from mpipe_tune.cost.profile import (
     DTYPES, SCHEMA_VERSION, HardwareProfile, LinkCost, builtin_profiles, dump_profile, estimate_collective_s,
     load_profile, parse_profile,
 )
+from mpipe_tune.cost.timing import longest_path_reference
 
 __all__ = [
-    "DEFAULT_KERNEL_MODE", "DTYPES", "KERNEL_MODES", "OPTIMAL_MAX_NODES", "POLICIES", "SCHEMA_VERSION",
+    "DTYPES", "OPTIMAL_MAX_NODES", "POLICIES", "ROPE_FORMS", "SCHEMA_VERSION",
     "AttentionCurve", "CompiledPlan", "CostOptions", "Framework", "GemmCurve", "HardwareProfile", "LayerTable",
     "LinkCost", "MemoryCurve", "OwnerChoice", "Prediction", "Predictor", "TableSums",
     "bound_text", "build_layer_table", "builtin_profiles", "choose_owners", "chooses_owners", "dump_profile",
-    "estimate_collective_s", "expert_parallel_fits", "greedy_owners", "layer_seconds", "layer_weights",
-    "load_profile", "max_spill", "optimal_owners", "owners_for", "parse_profile", "predict",
+    "estimate_arch_work", "estimate_collective_s", "expert_parallel_fits", "greedy_owners", "layer_seconds", "layer_weights",
+    "load_profile", "longest_path_reference", "optimise", "max_spill", "optimal_owners", "owners_for", "parse_profile", "predict",
     "predict_fastest_placement", "rank_bounds", "rank_excess", "static_bytes_of", "table_sums",
     "tensor_parallel_fits",
 ]

@@ -37,11 +37,10 @@ from functools import cached_property
 
 import numpy as np
 
-from mpipe_tune.algebra import encoder_backward as encoder_backwards
 from mpipe_tune.algebra.derive import (
     Order, Owners, Plan, collector_paused, derive, sequence_edges, sort_topologically,
 )
-from mpipe_tune.algebra.encoder_backward import BackboneSteps, plan_steps
+from mpipe_tune.algebra.encoder_backward import OPTIMISED, BackboneSteps, EncoderBackward, plan_steps
 from mpipe_tune.algebra.events import Bwd, Coll, Comm, EdgeKind, Fwd
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.algebra.placement import ByLayer, ByMicrobatch, validate_owners
@@ -173,8 +172,8 @@ class CompiledPlan:
         same options."""
         d = self.derived
         slabs = tuple(p.owner.counts() for p in d.placement if isinstance(p.owner, ByLayer))
-        placement = None if encoder_backward_slots is None else encoder_backwards.EncoderBackward(
-            encoder_backwards.OPTIMISED, tuple(encoder_backward_slots), encoder_backward_ranks)
+        placement = None if encoder_backward_slots is None else EncoderBackward(
+            OPTIMISED, tuple(encoder_backward_slots), encoder_backward_ranks)
         plan = derive(d.cut, d.schedule, self.model, d.num_ranks, d.num_microbatches,
                       Owners(slab_counts=slabs, microbatch=owners), placement)
         return CompiledPlan(plan, self.model, self.profile, self.options)

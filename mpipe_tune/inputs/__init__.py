@@ -10,6 +10,12 @@ The input types that both the cost model and the runtime read live beside it, be
 :mod:`mpipe_tune.inputs.workload` (microbatches and workloads) and :mod:`mpipe_tune.inputs.arch_dims`
 (architecture kinds and their dimensions).
 
+Its public API is :data:`__all__`: these helpers, and the names of its modules that other packages and users
+import (loaded from their modules when first asked for: :data:`_LAZY`). Loading models
+(:mod:`.specs`) and dataset workloads (:mod:`.workload_spec`) reads the algebra's model, which reads the
+helpers here, so those modules are never imported with the package. Hardware profiles are the cost
+model's (``mpipe_tune.cost.load_profile``).
+
 >>> check_finite(2.0e-6, where="model m layer 'vit'", field="fwd_s_per_token", upper=1.0)
 2e-06
 """
@@ -25,7 +31,30 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from mpipe_tune import lazy_exports
 from mpipe_tune.errors import MpipeError
+
+_LAZY = {
+    "mpipe_tune.inputs.arch_dims": (
+        "ARCH_KINDS", "IMAGE_STREAM_KINDS", "OPTIONAL_DIMS", "resolve_dims", "tensor_parallel_problem",
+        "validate_arch",
+    ),
+    "mpipe_tune.inputs.dataset": ("Dataset", "DatasetDraw", "draw_from_dict", "read_dataset"),
+    "mpipe_tune.inputs.dataset_spec": ("DatasetSpec", "ImageRule", "TextRule"),
+    "mpipe_tune.inputs.mindspeed": (
+        "DECODER_OUTSIDE_KINDS", "VISION_OUTSIDE_KINDS", "MindSpeedLayout", "is_model_json", "read_mindspeed_layout",
+    ),
+    "mpipe_tune.inputs.specs": ("builtin_models", "load_model", "resolve_spec"),
+    "mpipe_tune.inputs.workload": (
+        "DEFAULT_NUM_MICROBATCHES", "MAX_MICROBATCHES", "MIXES", "Microbatch", "Mix", "MixDraw", "Workload",
+        "load_workload", "pack", "parse_workload", "sample_workload", "workload_hash", "workload_to_dict",
+    ),
+    "mpipe_tune.inputs.workload_spec": (
+        "DatasetOptions", "is_dataset", "load_dataset", "load_dataset_workload", "validate_dataset_options",
+    ),
+}
+__all__ = ["check_finite", "load_data_file", "shown", *(n for names in _LAZY.values() for n in names)]
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 JSON_SUFFIXES = (".json",)
 YAML_SUFFIXES = (".yaml", ".yml")

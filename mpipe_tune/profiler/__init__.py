@@ -8,32 +8,29 @@ for layer kinds.
 Modules: ``device`` (importing torch for a device, timing on it), ``roofline`` (matmul peak, copy
 bandwidth), ``links`` (spawned workers sweeping message sizes), ``calibrate`` (the runtime's layers
 timed against the roofline), ``fit`` and ``stats`` (pure), ``settings`` (sweep sizes), ``build``.
+
+Its public API is :data:`__all__`: what the command line and users import, each name loaded from its
+module when first asked for (:data:`_LAZY`).
 """
 
-from mpipe_tune.profiler.build import Measurements, assemble_profile, profile_device
-from mpipe_tune.profiler.fit import (
-    AlphaBetaFit,
-    EfficiencyFit,
-    fit_alpha_beta,
-    fit_efficiency,
-    step_multipliers,
-    to_link_cost,
-)
-from mpipe_tune.profiler.settings import SweepSettings, sweep_settings
-from mpipe_tune.profiler.stats import Spread, summarize
+from mpipe_tune import lazy_exports
 
-__all__ = [
-    "AlphaBetaFit",
-    "EfficiencyFit",
-    "Measurements",
-    "Spread",
-    "SweepSettings",
-    "assemble_profile",
-    "fit_alpha_beta",
-    "fit_efficiency",
-    "profile_device",
-    "step_multipliers",
-    "summarize",
-    "sweep_settings",
-    "to_link_cost",
-]
+_LAZY = {
+    "mpipe_tune.profiler.build": (
+        "Measurements", "assemble_profile", "count_steps", "merge_link_classes", "profile_device",
+    ),
+    "mpipe_tune.profiler.calibrate": ("calibration_layers",),
+    "mpipe_tune.profiler.device": ("import_torch",),
+    "mpipe_tune.profiler.fit": (
+        "AlphaBetaFit", "EfficiencyFit", "fit_alpha_beta", "fit_efficiency", "step_multipliers", "to_link_cost",
+    ),
+    "mpipe_tune.profiler.links": ("LINK_COLLECTIVES",),
+    "mpipe_tune.profiler.nodes": ("measure_link_classes",),
+    "mpipe_tune.profiler.roofline": ("TORCH_DTYPES",),
+    "mpipe_tune.profiler.settings": ("MAX_PROCESSES", "SweepSettings", "sweep_settings"),
+    "mpipe_tune.profiler.shapes": ("kernel_sweep_settings",),
+    "mpipe_tune.profiler.stats": ("Spread", "summarize"),
+    "mpipe_tune.profiler.together": ("probed_run_jobs", "profile_probe_s"),
+}
+__all__ = [n for names in _LAZY.values() for n in names]
+__getattr__ = lazy_exports(__name__, _LAZY)

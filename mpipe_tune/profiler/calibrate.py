@@ -53,9 +53,10 @@ from types import ModuleType
 import numpy as np
 
 from mpipe_tune.algebra.model import ArchCost, Model
-from mpipe_tune.cost import arch
+from mpipe_tune.cost.arch import estimate_arch_work
 from mpipe_tune.algebra.candidate import DTYPE_BYTES
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.inputs.arch_dims import IMAGE_STREAM_KINDS
 from mpipe_tune.inputs.workload import Microbatch
 from mpipe_tune.profiler.device import Timer
 from mpipe_tune.profiler.roofline import TORCH_DTYPES
@@ -159,11 +160,11 @@ def _layer_samples(torch, device, model, dtype, settings, progress, agreement, s
             layer, kind = model.layers[index], specs[index].kind
             if kinds is not None and kind not in kinds:
                 continue
-            work = arch.estimate_arch_work(kind, layer.cost.dims_dict(), mb, dtype_bytes=DTYPE_BYTES[dtype],
+            work = estimate_arch_work(kind, layer.cost.dims_dict(), mb, dtype_bytes=DTYPE_BYTES[dtype],
                                            tp_degree=tp, rope="none")  # the runtime applies no RoPE
             bwd_flops = work.wgrad_flops + (work.dgrad_flops if fed[k] else 0.0)
             bwd_bytes = work.wgrad_bytes + (work.dgrad_bytes if fed[k] else 0.0)
-            count = images if kind in arch.IMAGE_STREAM_KINDS else 1
+            count = images if kind in IMAGE_STREAM_KINDS else 1
             blank = Spread(0.0, 0.0, 0, 0.0)
             out.append((LayerPoint(layer.name, kind, tokens, "fwd", work.fwd_flops, work.fwd_bytes, blank, count,
                                    tp), fwd[k]))

@@ -28,4 +28,29 @@
 Importing this package imports no torch; plan_view, steps, layout, blueprint, sequence_split, job, launch, session and
 measure never do.
 Nothing here imports ``report`` or ``search`` (tests/test_layering.py).
+
+Its public API is :data:`__all__`: what the command line, the profiler and users import, each name
+loaded from its module when first asked for (:data:`_LAZY`: torch loads only with a name that needs
+it), except :func:`blueprint`, bound here (its module imports no torch) because it shares its module's name.
 """
+
+from mpipe_tune import lazy_exports
+from mpipe_tune.runtime.blueprint import blueprint
+
+_LAZY = {
+    "mpipe_tune.runtime.blueprint": ("output_shape", "validate_tensor_parallel"),
+    "mpipe_tune.runtime.compute": ("sgd_update",),
+    "mpipe_tune.runtime.data": ("MicrobatchInputs",),
+    "mpipe_tune.runtime.job": ("RunJob",),
+    "mpipe_tune.runtime.launch": ("disable_backend_autoload", "launch_local"),
+    "mpipe_tune.runtime.layers": ("build_layer",),
+    "mpipe_tune.runtime.measure": ("dump_trace",),
+    "mpipe_tune.runtime.plan_view": ("PlanView", "read_plan_file"),
+    "mpipe_tune.runtime.session": ("run_session",),
+    "mpipe_tune.runtime.steps": ("StepModes", "StepPlanner", "resolve_modes"),
+    "mpipe_tune.runtime.tensor_parallel": ("parallelize_layer", "tp_context"),
+    "mpipe_tune.runtime.torchrun_env": ("NodePlace", "is_under_torchrun", "join_env_world", "place_from_env"),
+    "mpipe_tune.runtime.worker": ("run_job", "run_jobs"),
+}
+__all__ = ["blueprint", *(n for names in _LAZY.values() for n in names)]
+__getattr__ = lazy_exports(__name__, _LAZY)
