@@ -83,6 +83,9 @@ class PublishedRun:
     """How the run's trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): ``fused``
     (Megatron-LM and MindSpeed with their fused kernels, the default), ``eager`` (torchtitan without
     ``torch.compile``), ``compiled`` (with it)."""
+    selective_recompute: str = "attention_core"
+    """What the run's ``selective`` recomputation re-runs (:attr:`~mpipe_tune.cost.layers.CostOptions.selective_recompute`):
+    ``attention_core`` (Megatron-LM's) or ``op`` (torchtitan's ``selective_ac_option = 'op'``)."""
     zero_stage: int | None = None
     """The ZeRO stage where the run states more than :attr:`distributed_optimizer` says: 3 where its framework
     keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.fsdp`), 2 where only the
@@ -196,7 +199,8 @@ def run_options(run: PublishedRun) -> CostOptions:
                        shard_gradients=run.zero_stage == 2, shard_parameters=run.zero_stage == 3,
                        reshard_after_forward=run_candidate_reshards(run),
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
-                       rope=run.rope, kernel_mode=run.kernel_mode, moe_dispatcher=run.moe_dispatcher,
+                       rope=run.rope, kernel_mode=run.kernel_mode, selective_recompute=run.selective_recompute,
+                       moe_dispatcher=run.moe_dispatcher,
                        moe_capacity_factor=run.moe_capacity_factor, moe_pad_to_capacity=run.moe_pad_to_capacity)
 
 

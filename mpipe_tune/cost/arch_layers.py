@@ -27,7 +27,7 @@ One builder per kind turns resolved dimensions, a microbatch and a tensor-parall
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mpipe_tune.cost import moe
@@ -48,6 +48,17 @@ RMSNORM_KERNELS = (8.0, 10.0, 0.0)
 """An eager RMSNorm's kernels (a Hugging Face ``LlamaRMSNorm``: the cast to fp32, the square, the mean, the
 epsilon, the reciprocal square root, the scaling, the cast back and the gain; its backward as autograd runs
 those, with the gain's gradient reduction). Fused (Transformer Engine, Apex): :data:`FUSED_NORM_KERNELS`."""
+RMSNORM_EAGER_TRAFFIC = ((4.0, 7.0), (8.0, 15.0), (0.0, 0.0))
+"""Per element of the normed tensor, (elements in the step's dtype, fp32 elements) an eager RMSNorm's kernels
+read and write, forward, input gradient, weight gradient: torchtitan's ``RMSNorm`` (``norm_type = "rmsnorm"``,
+torchtitan/models/norms.py at 026e23a9: ``x.float()``, ``pow(2)``, ``mean``, the scaling, ``type_as`` and the
+gain), which Hugging Face's ``LlamaRMSNorm`` matches. Forward: the cast (dtype read, fp32 write), the square
+(fp32 read, write), the mean (fp32 read), the scaling (fp32 read, write), the cast back (fp32 read, dtype
+write), the gain (dtype read, write). Backward, as autograd runs those: the gain's product and its gradient's
+product and sum (dtype: 2 + 3 + 1 elements), the cast's backward (dtype read, fp32 write), the scaling's two
+products and the sum over the row (fp32: 2 + 3 + 1), the mean's expansion (fp32 write), the square's backward
+(fp32: 2 read, 1 write), the sum of the two gradients (2 read, 1 write), the first cast's backward (fp32 read,
+dtype write). A fused norm kernel reads and writes each element once (:func:`pointwise`)."""
 LAYERNORM_KERNELS = (1.0, 2.0, 0.0)
 """A LayerNorm's kernels, eager (torch's native ``layer_norm``: one forward; the input gradient and the gain
 and bias gradients) and fused alike."""
@@ -173,11 +184,14 @@ def _norm(name: str, tokens: float, width: int, *, layernorm: bool, shards: int 
     input the next matmuls name, e.g. ``x`` -> ``x_norm1``, ``x_mid`` -> ``x_norm2``); ``shards``:
     sequence parallelism's divisor of its tokens."""
     elems = tokens * width / shards
-    return pointwise(
+    piece = pointwise(
         elems, elems, _NORM_FLOPS_PER_ELEM * elems, saved=((name, elems),), params=(2 if layernorm else 1) * width,
         kernels=LAYERNORM_KERNELS if layernorm else RMSNORM_KERNELS, fused_kernels=FUSED_NORM_KERNELS,
         param_tensors=2 if layernorm else 1,
     )
+    if layernorm:
+        return piece
+    return replace(piece, eager_traffic=tuple((a * elems, b * elems) for a, b in RMSNORM_EAGER_TRAFFIC))
 
 
 def _residual_add(tokens: float, width: int, *, shards: int = 1) -> Piece:

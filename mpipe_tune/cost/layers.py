@@ -67,6 +67,8 @@ from mpipe_tune.cost.roofline import (  # noqa: F401 (compute_seconds, pass_seco
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
+SELECTIVE_POLICIES = ("attention_core", "op")
+"""What selective recomputation re-runs (:attr:`CostOptions.selective_recompute`)."""
 FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm", "kernel_mode", "moe_dispatcher",
                      "moe_capacity_factor", "moe_pad_to_capacity")
 """The framework fields a plan's inputs record beside its candidate (:class:`~mpipe_tune.cost.framework.Framework`)."""
@@ -147,6 +149,11 @@ class CostOptions:
     kernel_mode: str = DEFAULT_KERNEL_MODE
     """How the trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): which kernels run
     and what the host pays to issue them, where the profile has ``host`` costs."""
+    selective_recompute: str = "attention_core"
+    """What ``"selective"`` recomputation re-runs (:data:`SELECTIVE_POLICIES`): ``attention_core``, Megatron-LM's
+    (the attention core alone); ``op``, torchtitan's ``selective_ac_option = 'op'`` policy (each transformer
+    block saves the outputs of every other matmul, counted in order, and of the attention core, and re-runs the
+    rest: the other matmuls and every memory-bound kernel, :func:`op_recompute_pieces`)."""
     recompute: bool | str = False
     """Activation recomputation: ``False`` (none), ``"selective"`` (the attention core) or ``True``
     (full: each layer keeps only its input for the backward, which first re-runs the layer's
@@ -159,6 +166,9 @@ class CostOptions:
                              "set shard_optimizer")
         if self.rope not in ROPE_FORMS:
             raise ValueError(f"rope {self.rope!r}: use one of {', '.join(ROPE_FORMS)}")
+        if self.selective_recompute not in SELECTIVE_POLICIES:
+            raise MpipeError(f"selective recomputation {self.selective_recompute!r} is not one the cost model knows; "
+                             f"use one of {', '.join(SELECTIVE_POLICIES)}")
         if self.kernel_mode not in KERNEL_MODES:
             raise MpipeError(f"kernel mode {self.kernel_mode!r} is not one the cost model knows; use one of "
                              f"{', '.join(KERNEL_MODES)}")
@@ -474,6 +484,25 @@ def _layer_row(cost, block: str, microbatches, profile, options):
     return tuple(arch_columns(cost, tuple(microbatches), profile, options))
 
 
+def op_recompute_pieces(pieces) -> tuple:
+    """The pieces torchtitan's ``op`` selective checkpointing re-runs before a transformer block's backward
+    (torchtitan/parallelisms/parallelize_llama.py at 004b3148, ``_custom_policy``: the outputs of ``aten.mm``
+    and of the attention kernels are saved, except every second ``mm`` counted in the block's order, and every
+    other operator is recomputed): every second matmul and every memory-bound kernel. Empty for a layer
+    without an attention core (torchtitan wraps only the transformer blocks)."""
+    if not any(p.family == "attention" for p in pieces):
+        return ()
+    again, matmuls = [], 0
+    for piece in pieces:
+        if piece.family == "gemm":
+            matmuls += 1
+            if matmuls % 2 == 0:
+                again.append(piece)
+        elif piece.family == "memory":
+            again.append(piece)
+    return tuple(again)
+
+
 def layer_seconds(cost, block: str, mb: Microbatch, profile: HardwareProfile,
                   options: CostOptions) -> tuple[float, float, float, float]:
     """(forward, dgrad, wgrad, backward per-call) seconds the table charges one layer on ``mb``: what
@@ -550,7 +579,8 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     fwd_images_s, bwd_images_s = estimate_image_calls_s(profile, cost.kind, mb)
     fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s, bwd_call_s + bwd_images_s
     if profile.kernel_efficiency is not None and layer is not None:
-        device, compute = shaped_pass_seconds(layer.pieces, cost.kind, profile, options.dtype, options.dtype_bytes())
+        device, compute = shaped_pass_seconds(layer.pieces, cost.kind, profile, options.dtype, options.dtype_bytes(),
+                                              options.kernel_mode)
     else:
         device = pass_seconds(work, cost.kind, profile, options.dtype)
         compute = compute_bound(work, cost.kind, profile, options.dtype, device)
@@ -574,5 +604,9 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         dgrad, wgrad = dgrad * (1.0 + bwd_slow), wgrad * (1.0 + bwd_slow)
         bwd_call_s = bwd_call_s * (1.0 + bwd_slow) + bwd_tp_s
     core_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
+    again = op_recompute_pieces(layer.pieces) if options.selective_recompute == "op" and layer is not None else ()
+    if again and profile.kernel_efficiency is not None:  # torchtitan's policy: what it re-runs, not the core
+        core_s = shaped_pass_seconds(again, cost.kind, profile, options.dtype, options.dtype_bytes(),
+                                     options.kernel_mode)[0][0]
     return (fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s, core_s,
             work.selective_saved_activation_bytes, work.wgrad_grad_bytes, *bound)
