@@ -102,6 +102,8 @@ class Piece:
     """A matmul's forward GEMM (rows, output features, input features) per rank and per weight copy."""
     seq_lens: tuple = ()
     """The attention core's sequence lengths (per rank's share of the queries), whose FLOPs go as their squares."""
+    head_dim: float = 0.0
+    """The attention core's query-key head dimension: the reduction of its scores matmul (0: not an attention core)."""
     param_tensors: float = 0.0
     """Parameter tensors this piece owns in the full layer (what a per-tensor optimizer step launches per)."""
     eager_traffic: tuple | None = None
@@ -253,6 +255,7 @@ def attention(
         ring_steps=c - 1,
         kernels=(1.0, ATTENTION_BWD_KERNELS, 0.0),
         seq_lens=tuple(s / c for s in seq_lens),
+        head_dim=qk_head_dim,
     )
 
 

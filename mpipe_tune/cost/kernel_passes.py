@@ -20,9 +20,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from mpipe_tune.cost.arch_pieces import Piece, maximum
+from mpipe_tune.cost.kernel_model import _rolloff
 from mpipe_tune.cost.profile import FP8_LINEAR, HardwareProfile
 
 PASSES = ("fwd", "dgrad", "wgrad")
+REFERENCE_HEAD_DIM = 128
+"""The head dimension the attention curve's ``max`` describes (every fit run's: Llama, GLM, Qwen 7B and up, GPT-3
+175B). A narrower head runs its scores and values matmuls with a short reduction or output width: the core's rate
+scales by the GEMM curve's roll-off ``s(d) / s(128)``, ``s(x) = x / (x + half_dim)``, and a wider one by 1 (no
+fit run shows it faster)."""
 NATIVE_ATTENTION_MODES = ("eager", "compiled")
 """Kernel modes whose trainer calls torch's own attention (``scaled_dot_product_attention``), timed at the attention
 curve's ``native_ratio`` where the profile gives one; the others call the fused stack's kernel (Transformer Engine)."""
@@ -126,6 +132,9 @@ def _attention_compute_s(piece: Piece, flops, kind: str, profile: HardwareProfil
     curve = profile.kernel_efficiency.attention
     if curve is None or not piece.seq_lens:
         return flops / (profile.attention_core_efficiency_for(kind, backward=backward) * peak)
+    gemm = profile.kernel_efficiency.gemm
+    if gemm is not None and piece.head_dim:  # a narrower head than the fit runs' 128 rolls off as a GEMM dimension
+        peak = peak * min(1.0, _rolloff(piece.head_dim, gemm.half_dim) / _rolloff(REFERENCE_HEAD_DIM, gemm.half_dim))
     squares = sum(np.asarray(s, dtype=float) ** 2 for s in piece.seq_lens)
     stretched = sum(np.asarray(s, dtype=float) * (np.asarray(s, dtype=float) + curve.half_seq) for s in piece.seq_lens)
     ratio = np.where(squares > 0, stretched / np.where(squares > 0, squares, 1.0), 1.0)

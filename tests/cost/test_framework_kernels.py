@@ -81,3 +81,15 @@ def test_op_selective_recomputation_re_runs_more_than_the_attention_core_and_les
     assert tables["op"].recompute_s[0, 0] == tables["attention_core"].recompute_s[0, 0]  # the embedding: not wrapped
     with pytest.raises(MpipeError, match="selective recomputation 'layer'"):
         CostOptions(selective_recompute="layer")
+
+
+def test_a_narrow_head_slows_the_attention_core_by_the_gemm_roll_off_and_a_wide_one_gains_nothing():
+    profile = shaped()  # GEMM half_dim 128: s(64) / s(128) = (64 / 192) / (128 / 256) = 2 / 3
+
+    def per_flop(head_dim):
+        dims = {"hidden": 32 * head_dim, "heads": 32, "kv_heads": 8, "ffn": 4096, "head_dim": head_dim}
+        core = [p for p in estimate_layer("dense_block", dims, Microbatch(0, 4096), dtype_bytes=2)[1].pieces
+                if p.family == "attention"]
+        return shaped_pass_seconds(core, "dense_block", profile, "bf16", 2)[0][0] / core[0].fwd_flops
+
+    assert per_flop(64) == pytest.approx(1.5 * per_flop(128)) and per_flop(256) == pytest.approx(per_flop(128))
