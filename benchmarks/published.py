@@ -2,9 +2,9 @@
 
 Shared by ``bench_published.py`` (predict every run, print published against predicted) and
 ``fit_published.py`` (fit the profiles' efficiencies on the runs marked ``fit``). A run is predicted
-as a new user would predict it: the model spec, the profile, a workload of ``global_batch / dp``
-microbatches of ``seq_len`` text tokens (a pp 1 run's micro batch of several sequences as that many one-sequence
-microbatches: the same FLOPs and traffic, the activation memory of one sequence in flight), Megatron-LM's layout of ``pp`` ranks with ``vp`` interleaved
+as a new user would predict it: the model spec, the profile, a workload of ``global_batch / (dp * micro_batch)``
+microbatches of ``micro_batch`` sequences of ``seq_len`` text tokens side by side (one forward over all their
+tokens, each sequence attending to itself: ``Microbatch.texts``), Megatron-LM's layout of ``pp`` ranks with ``vp`` interleaved
 virtual stages (``decoders / (pp * vp)`` decoder layers per virtual stage, the embedding with the
 first and the head with the last), and :func:`mpipe_tune.cost.predict.predict`, the function
 ``mpipe-tune predict`` calls.
@@ -118,11 +118,6 @@ class PublishedRun:
     @property
     def num_microbatches(self) -> int:
         return self.global_batch // (self.dp * self.micro_batch)
-
-    @property
-    def num_sequences(self) -> int:
-        """Sequences per replica per step: the one-sequence microbatches the run is predicted with."""
-        return self.global_batch // self.dp
 
     @property
     def tokens_per_s_per_device(self) -> float:
@@ -250,12 +245,14 @@ def predict_run(run: PublishedRun, profile: HardwareProfile | None = None) -> Pr
     """The cost model's prediction of ``run`` on ``profile`` (default: the run's named profile)."""
     model = run_model(run)
     profile = load_profile(run.profile) if profile is None else profile
-    workload = Workload(tuple(Microbatch(0, run.seq_len) for _ in range(run.num_sequences)),
-                        f"{run.name}: {run.num_sequences} x {run.seq_len} tokens")
+    texts = (run.seq_len,) * run.micro_batch if run.micro_batch > 1 else ()
+    workload = Workload(tuple(Microbatch(0, run.seq_len * run.micro_batch, texts=texts)
+                              for _ in range(run.num_microbatches)),
+                        f"{run.name}: {run.num_microbatches} x {run.micro_batch} x {run.seq_len} tokens")
     cut, schedule, slabs = megatron_layout(model, run.pp, run.vp, run.layer_list)
     options = run_options(run)
     candidate = Candidate(schedule, cut.boundaries, pp=run.pp, tp=options.degrees.tp, dp=options.degrees.dp,
-                          num_microbatches=run.num_sequences, slab_counts=slabs, recompute=options.recompute,
+                          num_microbatches=run.num_microbatches, slab_counts=slabs, recompute=options.recompute,
                           ep=options.degrees.ep, cp=options.degrees.cp, zero_stage=options.zero_stage,
                           reshard_after_forward=run.reshard_after_forward,
                           sequence_parallel=options.sequence_parallel, dtype=options.dtype)

@@ -3,7 +3,8 @@
 One builder per kind turns resolved dimensions, a microbatch and a tensor-parallel degree into a
 :class:`~mpipe_tune.cost.arch_pieces.Layer`. Modelling choices, beyond those of ``arch_pieces``:
 
-- Decoder kinds see one sequence of ``text_tokens`` with causal attention; image-stream kinds see
+- Decoder kinds see one sequence of ``text_tokens`` with causal attention (or the microbatch's ``texts``, each
+  attending to itself); image-stream kinds see
   ``image_tokens * merge_factor`` ViT patches, with full attention inside each image only.
 - Norms, residual adds and routing run whole on every rank (no sequence parallelism), so their
   tensors count in full per rank. RoPE runs as its own kernels on q and k (:func:`rotary_embedding`).
@@ -365,7 +366,7 @@ def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDe
     """Pre-norm attention sub-block with its all-reduce and residual add."""
     tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
-    seq_lens = [mb.text_tokens]
+    seq_lens = list(mb.text_sizes())  # a micro batch of several sequences: each attends to itself
     if dims["attention"] == "mla":
         core = _mla(dims, tokens, seq_lens, degrees, trainer)
     elif dims["attention"] == "gated_deltanet":

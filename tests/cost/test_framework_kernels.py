@@ -93,3 +93,22 @@ def test_a_narrow_head_slows_the_attention_core_by_the_gemm_roll_off_and_a_wide_
         return shaped_pass_seconds(core, "dense_block", profile, "bf16", 2)[0][0] / core[0].fwd_flops
 
     assert per_flop(64) == pytest.approx(1.5 * per_flop(128)) and per_flop(256) == pytest.approx(per_flop(128))
+
+
+def test_a_micro_batch_of_several_sequences_runs_one_forward_with_attention_per_sequence():
+    """Megatron-LM and torchtitan run a micro batch of b sequences as one forward over b x s tokens: the GEMMs see
+    all the rows, each sequence's attention only its own square."""
+    packed = Microbatch(0, 8192, texts=(4096, 4096))
+    assert packed.text_sizes() == (4096, 4096) and Microbatch(0, 8192).text_sizes() == (8192,)
+    one, two = (estimate_layer("dense_block", LLAMA, mb, dtype_bytes=2)[1].pieces
+                for mb in (Microbatch(0, 8192), packed))
+    core = [[p for p in pieces if p.family == "attention"][0] for pieces in (one, two)]
+    assert core[1].fwd_flops == pytest.approx(core[0].fwd_flops / 2) and core[1].seq_lens == (4096, 4096)
+    gemms = [[p.gemm_shape for p in pieces if p.family == "gemm"] for pieces in (one, two)]
+    assert gemms[0] == gemms[1] and gemms[0][0][0] == 8192
+    model = load_model("llama3-8b")
+    profile = shaped()
+    tables = [build_layer_table(model, Workload(mbs, "w"), profile, CostOptions())
+              for mbs in ((packed,), (Microbatch(0, 8192),), (Microbatch(0, 4096),) * 2)]
+    assert tables[0].fwd_s[1, 0] < tables[1].fwd_s[1, 0]  # less attention than one 8K sequence
+    assert tables[0].fwd_s[1, 0] < tables[2].fwd_s[1].sum()  # larger kernels than two 4K microbatches
