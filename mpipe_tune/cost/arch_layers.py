@@ -427,6 +427,8 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, t
     exchange = moe.exchange_elems(expert_rows, hidden, dispatcher=settings.dispatcher, tp=tp_degree, ep=ep)
     gathers = moe.dispatcher_gathers(tokens, hidden, expert_rows, dispatcher=settings.dispatcher, tp=tp_degree, ep=ep)
     scores = tokens * experts / shards
+    permuted, unpermuted = moe.permutation_elems(tokens, top_k, hidden, dispatcher=settings.dispatcher, ep=ep,
+                                                 shards=shards)
     pieces = [
         *_decoder_attention(dims, mb, degrees, trainer),
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
@@ -434,14 +436,12 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, t
         pointwise(scores, 2.0 * routed_tokens / shards, _SOFTMAX_FLOPS_PER_ELEM * scores,  # scores and top-k
                   saved=(("router_scores", scores),), kernels=ROUTER_KERNELS, fused_kernels=ONE_EACH),
         pointwise(scores, experts, 2.0 * scores, kernels=AUX_LOSS_KERNELS),  # the load-balancing loss
-        pointwise(tokens * hidden / shards, routed_tokens * hidden / shards, 0.0,  # permute into expert order
-                  kernels=PERMUTE_KERNELS, fused_kernels=ONE_EACH),
+        pointwise(*permuted, 0.0, kernels=PERMUTE_KERNELS, fused_kernels=ONE_EACH),  # into expert order
         all_to_all(exchange, ep_degree=ep),  # dispatch
         Piece(group_collectives=gathers),  # the dispatcher's gathers (and the combine's reduce-scatters)
         *routed,
         all_to_all(exchange, ep_degree=ep),  # combine
-        pointwise(routed_tokens * (hidden + 1) / shards, tokens * hidden / shards,
-                  2.0 * routed_tokens * hidden / shards,
+        pointwise(*unpermuted, 2.0 * routed_tokens * hidden / shards,
                   saved=(("expert_out", routed_tokens * hidden / shards),),  # weighted sum back into token order
                   kernels=UNPERMUTE_KERNELS, fused_kernels=ONE_EACH),
         *shared,

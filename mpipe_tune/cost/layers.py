@@ -590,7 +590,8 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     if profile.host is not None and layer is not None:
         host = host_pass_seconds(layer.pieces, options.kernel_mode, profile.host.dispatch_s)
         if cost.kind == "moe_block":  # the token counts read back: the device's queue drains, whatever bounds the pass
-            syncs_s = moe.host_syncs_per_forward(cost.dims_dict()["experts"]) * profile.host.sync_s
+            syncs_s = (moe.host_syncs_per_forward(cost.dims_dict()["experts"], options.moe_dispatcher)
+                       * profile.host.sync_s)
     passes = tuple(maximum(d + c, h) for d, c, h in zip(device, comm, host))
     bound = bound_split(device, compute, comm, host, passes)
     if syncs_s:  # the host's round trips, after whatever bounds the forward
