@@ -83,6 +83,9 @@ class PublishedRun:
     """How the run's trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): ``fused``
     (Megatron-LM and MindSpeed with their fused kernels, the default), ``eager`` (torchtitan without
     ``torch.compile``), ``compiled`` (with it)."""
+    grad_accumulation_fusion: bool = True
+    """False where the run's script passes ``--no-gradient-accumulation-fusion``
+    (:attr:`~mpipe_tune.cost.layers.CostOptions.grad_accumulation_fusion`)."""
     selective_recompute: str = "attention_core"
     """What the run's ``selective`` recomputation re-runs (:attr:`~mpipe_tune.cost.layers.CostOptions.selective_recompute`):
     ``attention_core`` (Megatron-LM's) or ``op`` (torchtitan's ``selective_ac_option = 'op'``)."""
@@ -195,6 +198,7 @@ def run_options(run: PublishedRun) -> CostOptions:
                        reshard_after_forward=run_candidate_reshards(run),
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
                        rope=run.rope, kernel_mode=run.kernel_mode, selective_recompute=run.selective_recompute,
+                       grad_accumulation_fusion=run.grad_accumulation_fusion,
                        moe_dispatcher=run.moe_dispatcher,
                        moe_capacity_factor=run.moe_capacity_factor, moe_pad_to_capacity=run.moe_pad_to_capacity)
 

@@ -149,6 +149,10 @@ class CostOptions:
     kernel_mode: str = DEFAULT_KERNEL_MODE
     """How the trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): which kernels run
     and what the host pays to issue them, where the profile has ``host`` costs."""
+    grad_accumulation_fusion: bool = True
+    """The weight-gradient GEMMs accumulate into the fp32 main gradient (Megatron-LM's ``gradient_accumulation_fusion``,
+    on by default with its fused kernel); False (``--no-gradient-accumulation-fusion``, which most MindSpeed-LLM
+    scripts pass): a separate add per parameter and microbatch (:func:`with_gradient_accumulation`)."""
     selective_recompute: str = "attention_core"
     """What ``"selective"`` recomputation re-runs (:data:`SELECTIVE_POLICIES`): ``attention_core``, Megatron-LM's
     (the attention core alone); ``op``, torchtitan's ``selective_ac_option = 'op'`` policy (each transformer
@@ -367,7 +371,7 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
     granularity = options.recompute_granularity
     experts = np.array([_expert_param_count(layer.cost) for layer in model.layers], dtype=float)
     kept = {"full": boundary, "selective": selective_saved, "none": saved}[granularity]
-    return LayerTable(
+    table = LayerTable(
         fwd_s=fwd + gather,
         dgrad_s=dgrad + gather,
         wgrad_s=wgrad,
@@ -384,6 +388,21 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         bound_s=tuple(bound),
         param_tensor_count=np.array([_param_tensor_count(layer.cost) for layer in model.layers], dtype=float),
     )
+    return table if options.grad_accumulation_fusion else with_gradient_accumulation(table, profile, options)
+
+
+def with_gradient_accumulation(table: LayerTable, profile: HardwareProfile, options: CostOptions) -> LayerTable:
+    """``table`` with the unfused gradient accumulation charged to each weight-gradient pass: without Megatron-LM's
+    ``gradient_accumulation_fusion`` (``--no-gradient-accumulation-fusion``) the weight-gradient GEMM writes a
+    gradient in the step's dtype, and a hook adds it into the fp32 main gradient (``param.main_grad.add_(
+    param.grad)``, megatron/core/distributed/distributed_data_parallel.py at core_r0.6.0): per microbatch and
+    local parameter, a memory-bound pass reading the gradient and reading and writing the main gradient
+    (``dtype_bytes + 2 * grad_bytes_per_param``) at the memory bandwidth."""
+    local = (table.param_count - table.expert_params() * (1 - 1 / options.degrees.ep)) / table.tp_degrees(options)
+    bytes_per_param = options.dtype_bytes() + 2.0 * options.grad_bytes_per_param
+    extra = np.where(table.wgrad_s > 0, (local * bytes_per_param / profile.memory_bytes_per_s)[:, None], 0.0)
+    compute, memory, host, comm = table.bound_s
+    return replace(table, wgrad_s=table.wgrad_s + extra, bound_s=(compute, memory + extra, host, comm))
 
 
 _PER_MICROBATCH = ("fwd_s", "dgrad_s", "wgrad_s", "boundary_bytes", "saved_bytes", "recompute_s", "bwd_overhead_s",

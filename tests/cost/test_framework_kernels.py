@@ -3,6 +3,7 @@ kernel against Transformer Engine's, and torchtitan's ``op`` selective recomputa
 
 import pytest
 
+from mpipe_tune.algebra.degrees import Degrees
 from mpipe_tune.cost.arch import estimate_layer
 from mpipe_tune.cost.arch_layers import RMSNORM_EAGER_TRAFFIC
 from mpipe_tune.cost.kernel_passes import shaped_pass_seconds
@@ -112,3 +113,18 @@ def test_a_micro_batch_of_several_sequences_runs_one_forward_with_attention_per_
               for mbs in ((packed,), (Microbatch(0, 8192),), (Microbatch(0, 4096),) * 2)]
     assert tables[0].fwd_s[1, 0] < tables[1].fwd_s[1, 0]  # less attention than one 8K sequence
     assert tables[0].fwd_s[1, 0] < tables[2].fwd_s[1].sum()  # larger kernels than two 4K microbatches
+
+
+def test_without_gradient_accumulation_fusion_each_microbatch_adds_every_weight_gradient_into_the_main_gradient():
+    model = load_model("llama3-8b")
+    workload = Workload((Microbatch(0, 1024),) * 2, "w")
+    profile = shaped()
+    fused, unfused = (build_layer_table(model, workload, profile, CostOptions(grad_accumulation_fusion=flag,
+                                                                              degrees=Degrees(1, tp=2)))
+                      for flag in (True, False))
+    block = 1
+    added = unfused.wgrad_s[block] - fused.wgrad_s[block]
+    expected = fused.param_count[block] / 2 * (2 + 2 * 4) / profile.memory_bytes_per_s  # bf16 read, fp32 read + write
+    assert added == pytest.approx([expected, expected])
+    assert unfused.bound_s[1][block] - fused.bound_s[1][block] == pytest.approx(added)  # charged as memory traffic
+    assert (unfused.fwd_s == fused.fwd_s).all() and (unfused.dgrad_s == fused.dgrad_s).all()
