@@ -66,6 +66,12 @@ and bias gradients) and fused alike."""
 FUSED_NORM_KERNELS = (1.0, 2.0, 0.0)
 SWIGLU_KERNELS = (2.0, 3.0, 0.0)
 """Eager SwiGLU (``silu(gate) * up``; backward: two products and ``silu``'s backward); fused: one each."""
+SWIGLU_EAGER_TRAFFIC = (5.0, 9.0, 0.0)
+"""Per element of the gate, elements in the step's dtype an eager gated activation's kernels read and write
+(``act(gate) * up``, torchtitan's ``FeedForward``: ``w2(F.silu(w1(x)) * w3(x))``), forward, input gradient,
+weight gradient: the activation (read the gate, write its output) and the product (read both, write);
+backward, the product's two gradients (each reads the output gradient and the other factor and writes) and the
+activation's backward (reads the gradient and the gate, writes). Fused: :func:`pointwise`'s 3 and 5."""
 ROUTER_KERNELS = (4.0, 4.0, 0.0)
 """An eager router after its GEMM: softmax, top-k, the gather of the chosen scores and their normalisation
 (their backwards); fused (Megatron-Core's fused top-k softmax): one each."""
@@ -232,6 +238,7 @@ def _mlp(
         saved = ((f"{prefix}gate", ffn_elems), (f"{prefix}up", ffn_elems))
         act = pointwise(2.0 * ffn_elems, ffn_elems, _SWIGLU_FLOPS_PER_ELEM * ffn_elems, saved=saved,
                         kernels=SWIGLU_KERNELS, fused_kernels=ONE_EACH)
+        act = replace(act, eager_traffic=tuple((n * ffn_elems, 0.0) for n in SWIGLU_EAGER_TRAFFIC))
     else:
         up = [linear(input_name, in_width, ffn, "column", input_shards)]
         saved = ((f"{prefix}up", ffn_elems),)

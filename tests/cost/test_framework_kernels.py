@@ -37,6 +37,9 @@ def test_an_eager_rmsnorm_moves_its_fp32_intermediates_and_a_fused_one_does_not(
     eager = shaped_pass_seconds([norm], "dense_block", profile, "bf16", 2, "eager")[0]
     fused = shaped_pass_seconds([norm], "dense_block", profile, "bf16", 2, "fused")[0]
     assert eager[0] > 8 * fused[0] and eager[1] > 8 * fused[1]
+    swiglu = [p for p in decoder() if p.kernels == (2.0, 3.0, 0.0)][0]  # act(gate) * up: 5 and 9 elements eager
+    assert [swiglu.bytes_moved(i, 2, eager=True) / swiglu.bytes_moved(i, 2, eager=False) for i in (0, 1)] == \
+        pytest.approx([5 / 3, 9 / 5])
 
 
 def test_torchs_own_attention_runs_at_the_profiles_native_ratio_and_only_in_the_modes_that_call_it():
