@@ -83,6 +83,10 @@ def test_op_selective_recomputation_re_runs_more_than_the_attention_core_and_les
     block = 1
     assert tables["attention_core"].recompute_s[block, 0] < tables["op"].recompute_s[block, 0] < full.recompute_s[block, 0]
     assert tables["op"].recompute_s[0, 0] == tables["attention_core"].recompute_s[0, 0]  # the embedding: not wrapped
+    # it keeps the block's input, the saved matmuls' outputs (wq, wv, w1, w2) and the attention output
+    kept = (4096 + 4096 + 1024 + 14336 + 4096 + 4096) * 2048 * 2
+    assert tables["op"].saved_bytes[block, 0] == pytest.approx(kept)
+    assert full.saved_bytes[block, 0] < kept < tables["attention_core"].saved_bytes[block, 0]
     with pytest.raises(MpipeError, match="selective recomputation 'layer'"):
         CostOptions(selective_recompute="layer")
 
