@@ -508,7 +508,8 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     efficiencies (:func:`~mpipe_tune.cost.kernel_passes.shaped_pass_seconds`), else by the per-kind roofline
     (:func:`pass_seconds`). With its ``host`` costs each pass takes at least the host's time to issue its
     kernels under the framework's kernel mode (the third roof: the device runs behind an asynchronous queue, so
-    the host's issue time bounds the pass rather than adding to it), and a MoE layer's forward adds its syncs
+    the host's issue time bounds the pass rather than adding to it; on an ``inline`` host, a CPU, the two add
+    up), and a MoE layer's forward adds its syncs
     (the token counts per expert read back before the dispatch: the queue drains, so the device waits for the
     host's round trip whatever bounds the pass; :mod:`mpipe_tune.cost.moe`)."""
     vector = isinstance(mb, arch.MicrobatchArray)
@@ -561,8 +562,9 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         host = host_pass_seconds(layer.pieces, options.kernel_mode, profile.host.dispatch_s)
         if cost.kind == "moe_block":  # the token counts read back: the device's queue drains, whatever bounds the pass
             syncs_s = moe.host_syncs_per_forward(cost.dims_dict()["experts"]) * profile.host.sync_s
-    passes = tuple(maximum(d + c, h) for d, c, h in zip(device, comm, host))
-    bound = bound_split(device, compute, comm, host, passes)
+    passes = tuple(profile.host.pass_s(d + c, h) if profile.host is not None else d + c
+                   for d, c, h in zip(device, comm, host))
+    bound = bound_split(device, compute, comm, host, passes, inline=profile.host is not None and profile.host.inline)
     if syncs_s:  # the host's round trips, after whatever bounds the forward
         passes = (passes[0] + syncs_s, *passes[1:])
         bound = (bound[0], bound[1], bound[2] + syncs_s, bound[3])

@@ -44,7 +44,8 @@ reduce, a ZeRO gather or reduce-scatter on its own stream) the compute beside it
 run side by side at full speed, 0 where they take turns (:mod:`mpipe_tune.profiler.overlap` measures
 it); absent, 1.
 
-Optional ``host`` (the host's ``dispatch_s`` per kernel and ``sync_s`` per sync) and ``kernel_efficiency``
+Optional ``host`` (the host's ``dispatch_s`` per kernel and ``sync_s`` per sync, and ``issue``: ``async``, the
+default, where the device runs behind a queue, ``inline`` on a CPU) and ``kernel_efficiency``
 (efficiency curves by kernel shape for the ``gemm``, ``attention`` and ``memory`` families) are read by
 :mod:`mpipe_tune.cost.kernel_model`, which states their forms.
 
