@@ -230,6 +230,12 @@ class HardwareProfile:
             return None
         return self.backward_efficiency_for(MEMORY_BOUND) if backward else self.efficiency[MEMORY_BOUND]
 
+    def calibrated(self, kind: str) -> bool:
+        """Whether ``kind``'s own efficiency entry gives fixed seconds per call: it was fitted to the runtime's own
+        layer timings (``profile --calibrate``), which hold its kernels' issue and their shapes' efficiency as the
+        layer runs them, so the kernel model (curves, an inline host's issue) stands back for it."""
+        return kind in self.call_overhead_s
+
     def call_overhead_for(self, kind: str) -> tuple[float, float]:
         """(forward, backward) fixed seconds per call of a ``kind`` layer; (0, 0) unless its entry (or
         ``"default"``'s, when the profile has none for ``kind``) gives them."""

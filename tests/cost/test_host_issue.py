@@ -96,3 +96,18 @@ def test_an_inline_device_adds_the_optimizer_issue_to_its_update():
     inline = update_s(ideal(host={**slow, "issue": "inline"}))
     assert asynchronous > 1.0 > device
     assert inline - asynchronous == pytest.approx(device, rel=1e-6)
+
+
+def test_a_kind_calibrated_on_the_runtime_s_layers_keeps_its_fit_over_the_kernel_model():
+    # Its fixed seconds per call were fitted to whole layer calls, issue included: neither the curves nor an
+    # inline host's issue are charged on top; a kind without its own calibrated entry still gets both.
+    curves = {"gemm": {"max": 0.8, "half_dim": 128, "tile_m": 128, "tile_n": 128, "units": 132, "source": "ideal"}}
+    base = load_profile("ideal").to_dict()
+    calibrated = {**base, "efficiency": {**base["efficiency"], "dense_block": {
+        "value": 0.5, "forward_overhead_s": 1e-3, "backward_overhead_s": 2e-3, "source": "ideal"}}}
+    fitted_only = passes(table(parse_profile(calibrated, where="t"), 64))
+    both = parse_profile({**calibrated, "host": host("inline"), "kernel_efficiency": curves}, where="t")
+    assert both.calibrated("dense_block") and not both.calibrated("lm_head")
+    assert passes(table(both, 64)) == pytest.approx(fitted_only, rel=1e-12)
+    head = len(load_model("tiny-vit-llm").layers) - 1
+    assert passes(table(both, 64), head)[0] > passes(table(parse_profile(calibrated, where="t"), 64), head)[0]
