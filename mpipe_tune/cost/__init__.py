@@ -8,6 +8,7 @@ behind them are the implementation. Imported eagerly, as the algebra is: every l
 
 from mpipe_tune.cost.arch import estimate_arch_work, expert_parallel_fits, tensor_parallel_fits
 from mpipe_tune.cost.arch_layers import ROPE_FORMS
+from mpipe_tune.cost.arch_pieces import ATTENTION_BWD_KERNELS
 from mpipe_tune.cost.bound_by import bound_text, rank_bounds
 from mpipe_tune.cost.compiled import CompiledPlan
 from mpipe_tune.cost.durations import TableSums, table_sums
@@ -29,7 +30,7 @@ from mpipe_tune.cost.profile import (
 from mpipe_tune.cost.timing import longest_path_reference
 
 __all__ = [
-    "DTYPES", "OPTIMAL_MAX_NODES", "POLICIES", "ROPE_FORMS", "SCHEMA_VERSION",
+    "ATTENTION_BWD_KERNELS", "DTYPES", "OPTIMAL_MAX_NODES", "POLICIES", "ROPE_FORMS", "SCHEMA_VERSION",
     "AttentionCurve", "CompiledPlan", "CostOptions", "Framework", "GemmCurve", "HardwareProfile", "LayerTable",
     "LinkCost", "MemoryCurve", "OwnerChoice", "Prediction", "Predictor", "TableSums",
     "bound_text", "build_layer_table", "builtin_profiles", "choose_owners", "chooses_owners", "dump_profile",
