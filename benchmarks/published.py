@@ -85,7 +85,7 @@ class PublishedRun:
     ``torch.compile``), ``compiled`` (with it)."""
     zero_stage: int | None = None
     """The ZeRO stage where the run states more than :attr:`distributed_optimizer` says: 3 where its framework
-    keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.fsdp`), 2 where only the
+    keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.sharding_events`), 2 where only the
     gradients and the optimizer state are; None: 1 with a distributed optimizer, else 0. A stage given needs
     :attr:`zero_source`."""
     reshard_after_forward: bool | None = None
