@@ -151,7 +151,10 @@ def charged_s(result):
 
     out = result.timeline.durations_s.copy()
     if result.timeline.actions_s is not None:
-        _, at = microbatch_actions(result.plan.order.columns, zero_stage=result.options.zero_stage,
-                                   reshards_after_forward=result.options.reshard_after_forward)
+        for hooks in (False, True):  # FSDP2's host work priced (the profile's fsdp_host_s): every kind's place
+            _, at = microbatch_actions(result.plan.order.columns, zero_stage=result.options.zero_stage,
+                                       reshards_after_forward=result.options.reshard_after_forward, hooks=hooks)
+            if len(at) == len(result.timeline.actions_s):
+                break
         np.add.at(out, at, result.timeline.actions_s)
     return out

@@ -24,7 +24,10 @@ cost model times them on the timeline, :mod:`mpipe_tune.cost.sharding_events`):
   (each backward's gradients reduce-scattered);
 - **stage 2**: ``reducegrad`` after every ``Bwd``;
 - the other settings: none (their gathers and reduce-scatters are once a step: the step-level actions
-  above, which the step-end reduce events time).
+  above, which the step-end reduce events time);
+- with ``hooks`` (FSDP2's per-layer host work priced), stage 2 and stage 3 either way take all three
+  kinds' places (an unshard before every forward and backward, a reducegrad after every backward): FSDP2's
+  hooks run around every call, whether or not a collective does.
 
 >>> from mpipe_tune.algebra import Cut, Model, Schedule, Skeleton, derive
 >>> from mpipe_tune.algebra.model import Layer
@@ -85,8 +88,8 @@ UNSHARD, REDUCE_GRAD = 0, 1
 """The codes of :func:`microbatch_actions`' kinds: a gather before an event, a reduce-scatter after one."""
 
 
-def microbatch_actions(columns: OrderColumns, *, zero_stage: int,
-                       reshards_after_forward: bool) -> tuple[np.ndarray, np.ndarray]:
+def microbatch_actions(columns: OrderColumns, *, zero_stage: int, reshards_after_forward: bool,
+                       hooks: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The per-microbatch sharding actions of an order at this ZeRO setting (module docstring), as columns:
     each action's kind (:data:`UNSHARD` before its event, :data:`REDUCE_GRAD` after it) and the index of the
     event it is placed at, in the order of those events' indices (an event's unshard before its reducegrad).
@@ -98,7 +101,7 @@ def microbatch_actions(columns: OrderColumns, *, zero_stage: int,
     >>> [("unshard" if k == UNSHARD else "reducegrad", str(plan.order.events[i])) for k, i in zip(kinds, at)]
     [('unshard', 'F1.0#0'), ('unshard', 'B1.0#0'), ('reducegrad', 'B1.0#0'), ('unshard', 'F1.0#1'), ('unshard', 'B1.0#1'), ('reducegrad', 'B1.0#1')]
     """
-    gathers = zero_stage == 3 and reshards_after_forward
+    gathers = (zero_stage == 3 and reshards_after_forward) or (hooks and zero_stage >= 2)
     if not (gathers or zero_stage == 2):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     kind = columns.kind

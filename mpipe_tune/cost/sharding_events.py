@@ -45,6 +45,13 @@ without the overlap every gather adds whole on the ``unshard`` and every reduce-
 is trainable (frozen layers: gathers only). A split backward (the zero-bubble skeletons) takes its stage's
 actions at its ``Bwd``.
 
+Torch FSDP2's own host work (its pre- and post-hooks, the copies into and out of the all-gather's flat
+buffer) is the profile's ``fsdp_host_s`` per sharded layer (one with weights) per forward or backward call
+(:mod:`mpipe_tune.profiler.fsdp_host` measures it; 0 where the profile does not give it). Where it is
+above 0 every stage-2 and stage-3 plan takes the three actions per microbatch (keeping the weights too:
+the hooks run whether or not a collective does), and each ``unshard`` carries its event's layers' host
+seconds, whole (the host issues the collectives: nothing hides it).
+
 The collectives wait after the step-end overlap has read the compute (the link is busy while a rank waits
 on it, so the wait hides no reduce): a stage-2 or stage-3 plan's events last as long as its stage-1 twin's
 and its program adds non-negative nodes, so its step time is never below the twin's (the search's
@@ -121,15 +128,18 @@ def action_terms(table: LayerTable, model: Model, profile: HardwareProfile, opti
     gb = (gather * runs)[:, None] * np.ones(M)
     r = (scatter * trainable)[:, None] * early
     zero_row, none = np.zeros((1, M)), np.zeros((layers + 1) * M)
+    host = (profile.fsdp_host_s * (table.param_count > 0))[:, None] * np.ones(M)  # per layer and call
+    host_fwd, host_bwd = prefix_sums(host), prefix_sums(host * runs[:, None])
     if not options.overlap_dp_comm:
-        return ActionTerms((prefix_sums(g), none, none), (prefix_sums(gb), none, none), (prefix_sums(r), none, none))
+        return ActionTerms((prefix_sums(g) + host_fwd, none, none), (prefix_sums(gb) + host_bwd, none, none),
+                           (prefix_sums(r), none, none))
     phi = profile.overlap_share
     previous = np.concatenate((zero_row, c[:-1]))  # c_{l-1}, 0 before the first layer
     fwd_head = np.concatenate((phi * np.minimum(g, previous), zero_row))
     carried = np.concatenate((r[1:], zero_row)) + np.concatenate((zero_row, gb[:-1]))  # r_{l+1} + g_{l-1}
     inside = (carried - phi * np.minimum(carried, table.backward_s(model))) * runs[:, None]
-    return ActionTerms((prefix_sums(g - fwd_head[:-1]), none, fwd_head.ravel()),
-                       (none, np.concatenate((zero_row, gb)).ravel(), none),
+    return ActionTerms((prefix_sums(g - fwd_head[:-1]) + host_fwd, none, fwd_head.ravel()),
+                       (host_bwd, np.concatenate((zero_row, gb)).ravel(), none),
                        (prefix_sums(inside), none, np.concatenate((r, zero_row)).ravel()))
 
 
@@ -157,8 +167,9 @@ class ShardingEvents:
                  options: CostOptions) -> None:
         self.model, self.profile, self.options = model, profile, options
         a = arrays
-        kinds, self.at = a.once(("sharding", options.zero_stage, options.reshard_after_forward),
-                                lambda: microbatch_actions(a, zero_stage=options.zero_stage,
+        hooks = takes_hooks(profile, options)
+        kinds, self.at = a.once(("sharding", options.zero_stage, options.reshard_after_forward, hooks),
+                                lambda: microbatch_actions(a, zero_stage=options.zero_stage, hooks=hooks,
                                                            reshards_after_forward=options.reshard_after_forward))
         self.after = kinds != UNSHARD
         event_kind = a.kind[self.at]
@@ -187,7 +198,14 @@ class ShardingEvents:
 def sharding_events(arrays: EventArrays, M: int, model: Model, profile: HardwareProfile,
                     options: CostOptions) -> ShardingEvents | None:
     """The :class:`ShardingEvents` of a plan's ``arrays`` (``M`` microbatches) at ``options``' ZeRO setting;
-    None where it has no per-microbatch action (stages 0 and 1, stage 3 keeping its weights)."""
-    if not options.scatters_per_microbatch:
+    None where it has no per-microbatch action (stages 0 and 1, stage 3 keeping its weights without
+    FSDP2's host work priced)."""
+    if not (options.scatters_per_microbatch or takes_hooks(profile, options)):
         return None
     return ShardingEvents(arrays, M, model, profile, options)
+
+
+def takes_hooks(profile: HardwareProfile, options: CostOptions) -> bool:
+    """Whether FSDP2's per-layer host work is priced: the profile gives it, the plan runs FSDP2 (stage 2 or 3)
+    and its data-parallel group shards something."""
+    return profile.fsdp_host_s > 0 and options.zero_stage >= 2 and options.degrees.dp * options.degrees.cp > 1
