@@ -145,16 +145,4 @@ def walked_peaks(deltas, makespan_s: float) -> list[float]:
 def charged_s(result):
     """Per event of a prediction, its seconds with the sharding actions placed at it added (ZeRO-2 and
     ZeRO-3 resharding after forward, :mod:`mpipe_tune.cost.sharding_events`): the old folded durations."""
-    import numpy as np
-
-    from mpipe_tune.algebra.sharding import microbatch_actions
-
-    out = result.timeline.durations_s.copy()
-    if result.timeline.actions_s is not None:
-        for hooks in (False, True):  # FSDP2's host work priced (the profile's fsdp_host_s): every kind's place
-            _, at = microbatch_actions(result.plan.order.columns, zero_stage=result.options.zero_stage,
-                                       reshards_after_forward=result.options.reshard_after_forward, hooks=hooks)
-            if len(at) == len(result.timeline.actions_s):
-                break
-        np.add.at(out, at, result.timeline.actions_s)
-    return out
+    return result.timeline.charged_s()

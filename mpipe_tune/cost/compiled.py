@@ -123,7 +123,7 @@ class CompiledPlan:
         n = self.num_events
         return replace(timeline, start_s=timeline.start_s[:n], finish_s=timeline.finish_s[:n],
                        durations_s=timeline.durations_s[:n], actions_s=timeline.durations_s[n:],
-                       actions_start_s=timeline.start_s[n:])
+                       actions_start_s=timeline.start_s[n:], actions_at=self.sharding.at)
 
     def timed_order(self) -> CompiledOrder:
         """The order the step is timed on: :attr:`order` with the sharding actions as nodes of their own

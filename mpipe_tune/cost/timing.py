@@ -181,5 +181,16 @@ class Timeline:
     in its order); None without any."""
     actions_start_s: np.ndarray | None = None
     """When each of those actions starts."""
+    actions_at: np.ndarray | None = None
+    """The event each of those actions is placed at (before or after it, on its rank)."""
+
+    def charged_s(self) -> np.ndarray:
+        """Per event, its seconds with the sharding actions placed at it added: what its rank spends on it when
+        FSDP2 runs the actions in the event's own hooks (the runtime's, and its emulation's, per-event time)."""
+        if self.actions_s is None:
+            return self.durations_s
+        out = self.durations_s.copy()
+        np.add.at(out, self.actions_at, self.actions_s)
+        return out
 
 

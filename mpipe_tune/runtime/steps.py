@@ -196,9 +196,9 @@ class StepPlanner:
             owners_s = time.perf_counter() - chosen
             owners, policy = choice.owners, choice.policy
             compiled = compiled.with_owners(owners)
-        durations = compiled.durations(table)
-        predicted = compiled.order.makespan(durations)
-        view = view_of_step(self.view, compiled.plan, workload.microbatches, tuple(durations.tolist()), predicted)
+        timeline = compiled.timeline(table)  # each event's seconds with its sharding actions' (ZeRO-2 and 3)
+        view = view_of_step(self.view, compiled.plan, workload.microbatches, tuple(timeline.charged_s().tolist()),
+                            timeline.makespan_s)
         return StepPlan(step, view, owners, policy, workload.name, owners_s, time.perf_counter() - started)
 
     def rank_pairs(self) -> set[tuple[int, int]]:
