@@ -74,8 +74,9 @@ class CompiledPlan:
         self.sharding = sharding_events(self.arrays, plan.num_microbatches, model, profile, options)
         """The per-microbatch sharding actions (ZeRO-2, ZeRO-3 resharding after forward), timed as nodes of
         their own (:mod:`~mpipe_tune.cost.sharding_events`); None without any."""
-        self._timed: tuple[CompiledOrder, CompiledOrder] | None = None
-        """(:attr:`order`, it with :attr:`sharding`'s actions): made on first use, for that order."""
+        self._timed: tuple[CompiledOrder, object, CompiledOrder] | None = None
+        """(:attr:`order`, :attr:`sharding`, the order with those actions): made on first use, for that pair
+        (a copy for other options or owners shares the attribute until then)."""
         self._moves: _OwnerMoves | None = None
         self._static: tuple[np.ndarray, tuple[float, ...]] | None = None
 
@@ -130,9 +131,9 @@ class CompiledPlan:
         (:meth:`~mpipe_tune.cost.timing.CompiledOrder.with_actions`), or :attr:`order` without any."""
         if self.sharding is None:
             return self.order
-        if self._timed is None or self._timed[0] is not self.order:
-            self._timed = (self.order, self.order.with_actions(self.sharding.at, self.sharding.after))
-        return self._timed[1]
+        if self._timed is None or self._timed[0] is not self.order or self._timed[1] is not self.sharding:
+            self._timed = (self.order, self.sharding, self.order.with_actions(self.sharding.at, self.sharding.after))
+        return self._timed[2]
 
     def _with_actions(self, table: LayerTable | TableSums) -> np.ndarray:
         """The events' seconds, then the sharding actions'."""

@@ -144,3 +144,20 @@ def test_the_actions_are_nodes_of_their_own_and_on_one_rank_the_step_is_the_fold
         assert shard.timeline.busy_s[0] == pytest.approx(folded[np.asarray(shard.plan.order.columns.nodes[0])].sum(), rel=1e-12)
         starts = shard.timeline.actions_start_s
         assert np.all(starts >= 0) and np.all(starts + shard.timeline.actions_s <= shard.timeline.makespan_s * (1 + 1e-12))
+
+
+def test_a_plan_compiled_for_other_options_times_its_own_actions():
+    """One derived plan compiled at stage 2, then for stage 3 resharding (more actions) and back: each copy's
+    step is the one a fresh compile gives (the order with the actions is made for each setting's own)."""
+    from mpipe_tune.algebra import derive
+    from mpipe_tune.cost.compiled import CompiledPlan
+
+    workload = uniform_workload(4, 0, 64)
+    plan = derive(Cut(()), Schedule((Skeleton("1f1b"),)), BACKBONE, 2, 4)
+    two, three = stage(2), stage(3, reshard_after_forward=True)
+    table = build_layer_table(BACKBONE, workload, H100, two)
+    first = CompiledPlan(plan, BACKBONE, H100, two)
+    assert first.makespan(table) == CompiledPlan(plan, BACKBONE, H100, two).makespan(table)
+    other = first.for_options(three)
+    assert other.makespan(table) == CompiledPlan(plan, BACKBONE, H100, three).makespan(table) > first.makespan(table)
+    assert other.for_options(two).makespan(table) == first.makespan(table)
