@@ -23,7 +23,7 @@ stay in the roofline; ``--transfer ascend-910c-cm384`` from ``ascend-910b``: see
 :data:`TRANSFER_REASONS`), marked ``source: assumed``.
 
     python benchmarks/fit_published.py            # fit and print, write nothing
-    python benchmarks/fit_published.py --write --profile h100-sxm --transfer h200
+    python benchmarks/fit_published.py --write --profile h100-sxm --transfer h200 h100-hbm2e-500w
     python benchmarks/fit_published.py --write --profile ascend-910b --transfer ascend-910c-cm384 ascend-910c-cm384-die
     python benchmarks/fit_published.py --diagnose     # the length pairs and per-run GEMM efficiency (ascend-910b)
     python benchmarks/fit_published.py --cross-validate --profile ascend-910b   # leave-one-out over the fit runs
@@ -187,6 +187,9 @@ def fit(base: dict, runs, names: tuple[str, ...], fixed: dict[str, float], itera
 
 TRANSFER_REASONS = {
     "h200": "same GH100 compute and software stack, this profile's own memory bandwidth and capacity in the roofline",
+    "h100-hbm2e-500w": "the same GH100 die and software stack; this profile's own assumed peak (power-limited), "
+                       "memory bandwidth and capacity in the roofline; its one published run (torchtitan's 8B FSDP) "
+                       "is held out",
     "ascend-910c-cm384": "the 910C package is two dies of the 910B's Da Vinci generation on the same CANN stack; the "
                          "910B fit is an achieved fraction of the 910B's assumed 320e12 bf16 peak, applied here to the "
                          "910C's datasheet 376e12 per die: if the measured 910B SKU's own peak was higher than 320e12, "

@@ -2,9 +2,9 @@
 
 Shared by ``bench_published.py`` (predict every run, print published against predicted) and
 ``fit_published.py`` (fit the profiles' efficiencies on the runs marked ``fit``). A run is predicted
-as a new user would predict it: the model spec, the profile, a workload of ``global_batch / dp``
-microbatches of ``seq_len`` text tokens (a pp 1 run's micro batch of several sequences as that many one-sequence
-microbatches: the same FLOPs and traffic, the activation memory of one sequence in flight), Megatron-LM's layout of ``pp`` ranks with ``vp`` interleaved
+as a new user would predict it: the model spec, the profile, a workload of ``global_batch / (dp * micro_batch)``
+microbatches of ``micro_batch`` sequences of ``seq_len`` text tokens side by side (one forward over all their
+tokens, each sequence attending to itself: ``Microbatch.texts``), Megatron-LM's layout of ``pp`` ranks with ``vp`` interleaved
 virtual stages (``decoders / (pp * vp)`` decoder layers per virtual stage, the embedding with the
 first and the head with the last), and :func:`mpipe_tune.cost.predict.predict`, the function
 ``mpipe-tune predict`` calls.
@@ -88,6 +88,12 @@ class PublishedRun:
     """How the run's trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): ``fused``
     (Megatron-LM and MindSpeed with their fused kernels, the default), ``eager`` (torchtitan without
     ``torch.compile``), ``compiled`` (with it)."""
+    grad_accumulation_fusion: bool = True
+    """False where the run's script passes ``--no-gradient-accumulation-fusion``
+    (:attr:`~mpipe_tune.cost.layers.CostOptions.grad_accumulation_fusion`)."""
+    selective_recompute: str = "attention_core"
+    """What the run's ``selective`` recomputation re-runs (:attr:`~mpipe_tune.cost.layers.CostOptions.selective_recompute`):
+    ``attention_core`` (Megatron-LM's) or ``op`` (torchtitan's ``selective_ac_option = 'op'``)."""
     zero_stage: int | None = None
     """The ZeRO stage where the run states more than :attr:`distributed_optimizer` says: 3 where its framework
     keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.sharding_events`), 2 where only the
@@ -120,11 +126,6 @@ class PublishedRun:
     @property
     def num_microbatches(self) -> int:
         return self.global_batch // (self.dp * self.micro_batch)
-
-    @property
-    def num_sequences(self) -> int:
-        """Sequences per replica per step: the one-sequence microbatches the run is predicted with."""
-        return self.global_batch // self.dp
 
     @property
     def tokens_per_s_per_device(self) -> float:
@@ -201,7 +202,9 @@ def run_options(run: PublishedRun) -> CostOptions:
                        shard_gradients=run.zero_stage == 2, shard_parameters=run.zero_stage == 3,
                        reshard_after_forward=run_candidate_reshards(run),
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
-                       rope=run.rope, kernel_mode=run.kernel_mode, moe_dispatcher=run.moe_dispatcher,
+                       rope=run.rope, kernel_mode=run.kernel_mode, selective_recompute=run.selective_recompute,
+                       grad_accumulation_fusion=run.grad_accumulation_fusion,
+                       moe_dispatcher=run.moe_dispatcher,
                        moe_capacity_factor=run.moe_capacity_factor, moe_pad_to_capacity=run.moe_pad_to_capacity)
 
 
@@ -265,12 +268,14 @@ def predict_run(run: PublishedRun, profile: HardwareProfile | None = None) -> Pr
     """The cost model's prediction of ``run`` on ``profile`` (default: the run's named profile)."""
     model = run_model(run)
     profile = load_profile(run.profile) if profile is None else profile
-    workload = Workload(tuple(Microbatch(0, run.seq_len) for _ in range(run.num_sequences)),
-                        f"{run.name}: {run.num_sequences} x {run.seq_len} tokens")
+    texts = (run.seq_len,) * run.micro_batch if run.micro_batch > 1 else ()
+    workload = Workload(tuple(Microbatch(0, run.seq_len * run.micro_batch, texts=texts)
+                              for _ in range(run.num_microbatches)),
+                        f"{run.name}: {run.num_microbatches} x {run.micro_batch} x {run.seq_len} tokens")
     cut, schedule, slabs = megatron_layout(model, run.pp, run.vp, run.layer_list, run.embedding_in_split)
     options = run_options(run)
     candidate = Candidate(schedule, cut.boundaries, pp=run.pp, tp=options.degrees.tp, dp=options.degrees.dp,
-                          num_microbatches=run.num_sequences, slab_counts=slabs, recompute=options.recompute,
+                          num_microbatches=run.num_microbatches, slab_counts=slabs, recompute=options.recompute,
                           ep=options.degrees.ep, cp=options.degrees.cp, zero_stage=options.zero_stage,
                           reshard_after_forward=run.reshard_after_forward,
                           sequence_parallel=options.sequence_parallel, dtype=options.dtype)

@@ -162,20 +162,32 @@ class MicrobatchArray:
     image_columns: tuple[np.ndarray, ...]
     """Per image slot, each microbatch's tokens of its image there (0 past its last image)."""
     num_images: np.ndarray
+    text_columns: tuple[np.ndarray, ...] = ()
+    """Per text-sequence slot, each microbatch's tokens of its sequence there (0 past its last)."""
 
     @classmethod
     def of(cls, microbatches: Sequence[Microbatch]) -> MicrobatchArray:
         sizes = [mb.image_sizes() for mb in microbatches]
-        columns = np.zeros((max((len(s) for s in sizes), default=0), len(sizes)), dtype=np.int64)
-        for index, s in enumerate(sizes):
-            columns[:len(s), index] = s
         return cls(np.array([mb.image_tokens for mb in microbatches], dtype=np.int64),
-                   np.array([mb.text_tokens for mb in microbatches], dtype=np.int64), tuple(columns),
-                   np.array([len(s) for s in sizes], dtype=np.int64))
+                   np.array([mb.text_tokens for mb in microbatches], dtype=np.int64), _slots(sizes),
+                   np.array([len(s) for s in sizes], dtype=np.int64),
+                   _slots([mb.text_sizes() for mb in microbatches]))
 
     def image_sizes(self) -> tuple[np.ndarray, ...]:
         """As :meth:`Microbatch.image_sizes`, by image slot: the attention builders sum over them."""
         return self.image_columns
+
+    def text_sizes(self) -> tuple[np.ndarray, ...]:
+        """As :meth:`Microbatch.text_sizes`, by sequence slot."""
+        return self.text_columns
+
+
+def _slots(sizes: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
+    """Per slot, each entry's size there (0 past its last): the columns of a ragged list."""
+    columns = np.zeros((max((len(s) for s in sizes), default=0), len(sizes)), dtype=np.int64)
+    for index, s in enumerate(sizes):
+        columns[:len(s), index] = s
+    return tuple(columns)
 
 
 def stream_tokens(kind: str, mb: Microbatch | MicrobatchArray):

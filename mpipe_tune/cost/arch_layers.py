@@ -3,7 +3,8 @@
 One builder per kind turns resolved dimensions, a microbatch and a tensor-parallel degree into a
 :class:`~mpipe_tune.cost.arch_pieces.Layer`. Modelling choices, beyond those of ``arch_pieces``:
 
-- Decoder kinds see one sequence of ``text_tokens`` with causal attention; image-stream kinds see
+- Decoder kinds see one sequence of ``text_tokens`` with causal attention (or the microbatch's ``texts``, each
+  attending to itself); image-stream kinds see
   ``image_tokens * merge_factor`` ViT patches, with full attention inside each image only.
 - Norms, residual adds and routing run whole on every rank (no sequence parallelism), so their
   tensors count in full per rank. RoPE runs as its own kernels on q and k (:func:`rotary_embedding`).
@@ -27,7 +28,7 @@ One builder per kind turns resolved dimensions, a microbatch and a tensor-parall
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mpipe_tune.cost import moe
@@ -48,12 +49,29 @@ RMSNORM_KERNELS = (8.0, 10.0, 0.0)
 """An eager RMSNorm's kernels (a Hugging Face ``LlamaRMSNorm``: the cast to fp32, the square, the mean, the
 epsilon, the reciprocal square root, the scaling, the cast back and the gain; its backward as autograd runs
 those, with the gain's gradient reduction). Fused (Transformer Engine, Apex): :data:`FUSED_NORM_KERNELS`."""
+RMSNORM_EAGER_TRAFFIC = ((4.0, 7.0), (8.0, 15.0), (0.0, 0.0))
+"""Per element of the normed tensor, (elements in the step's dtype, fp32 elements) an eager RMSNorm's kernels
+read and write, forward, input gradient, weight gradient: torchtitan's ``RMSNorm`` (``norm_type = "rmsnorm"``,
+torchtitan/models/norms.py at 026e23a9: ``x.float()``, ``pow(2)``, ``mean``, the scaling, ``type_as`` and the
+gain), which Hugging Face's ``LlamaRMSNorm`` matches. Forward: the cast (dtype read, fp32 write), the square
+(fp32 read, write), the mean (fp32 read), the scaling (fp32 read, write), the cast back (fp32 read, dtype
+write), the gain (dtype read, write). Backward, as autograd runs those: the gain's product and its gradient's
+product and sum (dtype: 2 + 3 + 1 elements), the cast's backward (dtype read, fp32 write), the scaling's two
+products and the sum over the row (fp32: 2 + 3 + 1), the mean's expansion (fp32 write), the square's backward
+(fp32: 2 read, 1 write), the sum of the two gradients (2 read, 1 write), the first cast's backward (fp32 read,
+dtype write). A fused norm kernel reads and writes each element once (:func:`pointwise`)."""
 LAYERNORM_KERNELS = (1.0, 2.0, 0.0)
 """A LayerNorm's kernels, eager (torch's native ``layer_norm``: one forward; the input gradient and the gain
 and bias gradients) and fused alike."""
 FUSED_NORM_KERNELS = (1.0, 2.0, 0.0)
 SWIGLU_KERNELS = (2.0, 3.0, 0.0)
 """Eager SwiGLU (``silu(gate) * up``; backward: two products and ``silu``'s backward); fused: one each."""
+SWIGLU_EAGER_TRAFFIC = (5.0, 9.0, 0.0)
+"""Per element of the gate, elements in the step's dtype an eager gated activation's kernels read and write
+(``act(gate) * up``, torchtitan's ``FeedForward``: ``w2(F.silu(w1(x)) * w3(x))``), forward, input gradient,
+weight gradient: the activation (read the gate, write its output) and the product (read both, write);
+backward, the product's two gradients (each reads the output gradient and the other factor and writes) and the
+activation's backward (reads the gradient and the gate, writes). Fused: :func:`pointwise`'s 3 and 5."""
 ROUTER_KERNELS = (4.0, 4.0, 0.0)
 """An eager router after its GEMM: softmax, top-k, the gather of the chosen scores and their normalisation
 (their backwards); fused (Megatron-Core's fused top-k softmax): one each."""
@@ -173,11 +191,14 @@ def _norm(name: str, tokens: float, width: int, *, layernorm: bool, shards: int 
     input the next matmuls name, e.g. ``x`` -> ``x_norm1``, ``x_mid`` -> ``x_norm2``); ``shards``:
     sequence parallelism's divisor of its tokens."""
     elems = tokens * width / shards
-    return pointwise(
+    piece = pointwise(
         elems, elems, _NORM_FLOPS_PER_ELEM * elems, saved=((name, elems),), params=(2 if layernorm else 1) * width,
         kernels=LAYERNORM_KERNELS if layernorm else RMSNORM_KERNELS, fused_kernels=FUSED_NORM_KERNELS,
         param_tensors=2 if layernorm else 1,
     )
+    if layernorm:
+        return piece
+    return replace(piece, eager_traffic=tuple((a * elems, b * elems) for a, b in RMSNORM_EAGER_TRAFFIC))
 
 
 def _residual_add(tokens: float, width: int, *, shards: int = 1) -> Piece:
@@ -217,6 +238,7 @@ def _mlp(
         saved = ((f"{prefix}gate", ffn_elems), (f"{prefix}up", ffn_elems))
         act = pointwise(2.0 * ffn_elems, ffn_elems, _SWIGLU_FLOPS_PER_ELEM * ffn_elems, saved=saved,
                         kernels=SWIGLU_KERNELS, fused_kernels=ONE_EACH)
+        act = replace(act, eager_traffic=tuple((n * ffn_elems, 0.0) for n in SWIGLU_EAGER_TRAFFIC))
     else:
         up = [linear(input_name, in_width, ffn, "column", input_shards)]
         saved = ((f"{prefix}up", ffn_elems),)
@@ -351,7 +373,7 @@ def _decoder_attention(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDe
     """Pre-norm attention sub-block with its all-reduce and residual add."""
     tokens, hidden = _local_text_tokens(mb, degrees), dims["hidden"]
     tp_degree, shards = degrees.tp_degree, degrees.sequence_shards
-    seq_lens = [mb.text_tokens]
+    seq_lens = list(mb.text_sizes())  # a micro batch of several sequences: each attends to itself
     if dims["attention"] == "mla":
         core = _mla(dims, tokens, seq_lens, degrees, trainer)
     elif dims["attention"] == "gated_deltanet":
@@ -412,6 +434,8 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, t
     exchange = moe.exchange_elems(expert_rows, hidden, dispatcher=settings.dispatcher, tp=tp_degree, ep=ep)
     gathers = moe.dispatcher_gathers(tokens, hidden, expert_rows, dispatcher=settings.dispatcher, tp=tp_degree, ep=ep)
     scores = tokens * experts / shards
+    permuted, unpermuted = moe.permutation_elems(tokens, top_k, hidden, dispatcher=settings.dispatcher, ep=ep,
+                                                 shards=shards)
     pieces = [
         *_decoder_attention(dims, mb, degrees, trainer),
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
@@ -419,14 +443,12 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, t
         pointwise(scores, 2.0 * routed_tokens / shards, _SOFTMAX_FLOPS_PER_ELEM * scores,  # scores and top-k
                   saved=(("router_scores", scores),), kernels=ROUTER_KERNELS, fused_kernels=ONE_EACH),
         pointwise(scores, experts, 2.0 * scores, kernels=AUX_LOSS_KERNELS),  # the load-balancing loss
-        pointwise(tokens * hidden / shards, routed_tokens * hidden / shards, 0.0,  # permute into expert order
-                  kernels=PERMUTE_KERNELS, fused_kernels=ONE_EACH),
+        pointwise(*permuted, 0.0, kernels=PERMUTE_KERNELS, fused_kernels=ONE_EACH),  # into expert order
         all_to_all(exchange, ep_degree=ep),  # dispatch
         Piece(group_collectives=gathers),  # the dispatcher's gathers (and the combine's reduce-scatters)
         *routed,
         all_to_all(exchange, ep_degree=ep),  # combine
-        pointwise(routed_tokens * (hidden + 1) / shards, tokens * hidden / shards,
-                  2.0 * routed_tokens * hidden / shards,
+        pointwise(*unpermuted, 2.0 * routed_tokens * hidden / shards,
                   saved=(("expert_out", routed_tokens * hidden / shards),),  # weighted sum back into token order
                   kernels=UNPERMUTE_KERNELS, fused_kernels=ONE_EACH),
         *shared,

@@ -102,8 +102,14 @@ class Piece:
     """A matmul's forward GEMM (rows, output features, input features) per rank and per weight copy."""
     seq_lens: tuple = ()
     """The attention core's sequence lengths (per rank's share of the queries), whose FLOPs go as their squares."""
+    head_dim: float = 0.0
+    """The attention core's query-key head dimension: the reduction of its scores matmul (0: not an attention core)."""
     param_tensors: float = 0.0
     """Parameter tensors this piece owns in the full layer (what a per-tensor optimizer step launches per)."""
+    eager_traffic: tuple | None = None
+    """The (forward, input-gradient, weight-gradient) traffic of the eager kernels where it exceeds what
+    ``*_elems`` count (those are a fused kernel's reads and writes): per pass, (elements in the step's dtype,
+    fp32 elements), as an eager norm that computes in fp32 moves them (:meth:`bytes_moved`); None: the same."""
     group_collectives: tuple["Collective", ...] = ()
     """Collectives of the forward over groups other than the tensor-parallel all-reduce's and the
     expert-parallel all-to-all's (a MoE dispatcher's gathers, :mod:`mpipe_tune.cost.moe`); the backward runs
@@ -124,6 +130,14 @@ class Piece:
     def kernels_of(self, fused: bool) -> tuple:
         """Kernels per pass, fused or eager."""
         return self.fused_kernels if fused and self.fused_kernels is not None else self.kernels
+
+    def bytes_moved(self, index: int, dtype_bytes: int, eager: bool):
+        """Bytes pass ``index`` (0 forward, 1 input gradient, 2 weight gradient) reads and writes, fused or
+        ``eager`` (:attr:`eager_traffic` where the piece gives it)."""
+        if eager and self.eager_traffic is not None:
+            in_dtype, in_fp32 = self.eager_traffic[index]
+            return dtype_bytes * in_dtype + 4 * in_fp32
+        return dtype_bytes * (self.fwd_elems, self.dgrad_elems, self.wgrad_elems)[index]
 
 
 @dataclass(frozen=True)
@@ -241,6 +255,7 @@ def attention(
         ring_steps=c - 1,
         kernels=(1.0, ATTENTION_BWD_KERNELS, 0.0),
         seq_lens=tuple(s / c for s in seq_lens),
+        head_dim=qk_head_dim,
     )
 
 

@@ -51,6 +51,12 @@ class Framework:
     kernel_mode: str = DEFAULT_KERNEL_MODE
     """How kernels are launched (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`: ``eager``, ``fused``,
     ``compiled``, ``graphs``): the kernels each pass runs and what the host pays to issue them."""
+    grad_accumulation_fusion: bool = True
+    """Weight gradients accumulated into the fp32 main gradient by the GEMM (Megatron-LM's default); False: a
+    separate add per parameter and microbatch (``--no-gradient-accumulation-fusion``)."""
+    selective_recompute: str = "attention_core"
+    """What ``selective`` recomputation re-runs (:data:`~mpipe_tune.cost.layers.SELECTIVE_POLICIES`:
+    Megatron-LM's attention core, or torchtitan's ``op`` policy)."""
     moe_dispatcher: str = "alltoall"
     """The MoE token dispatcher (:data:`~mpipe_tune.cost.moe.DISPATCHERS`; Megatron-Core's
     ``--moe-token-dispatcher-type``, whose default before core 0.8 was ``allgather``)."""
@@ -91,5 +97,6 @@ class Framework:
             reshard_after_forward=reshard_after_forward, grad_reduce_dtype=self.grad_reduce_dtype,
             overlap_dp_comm=self.overlap_dp_comm, dp_bucket_params=self.dp_bucket_params, recompute=recompute,
             fused_loss=self.fused_loss, rope=self.rope, kernel_mode=self.kernel_mode,
+            selective_recompute=self.selective_recompute, grad_accumulation_fusion=self.grad_accumulation_fusion,
             moe_dispatcher=self.moe_dispatcher, moe_capacity_factor=self.moe_capacity_factor,
             moe_pad_to_capacity=self.moe_pad_to_capacity)

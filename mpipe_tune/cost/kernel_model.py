@@ -65,14 +65,23 @@ class GemmCurve:
 class AttentionCurve:
     max: float
     half_seq: float
+    native_ratio: float | None = None
+    """The framework's own attention kernel (torch's ``scaled_dot_product_attention`` with its default backend,
+    what ``eager`` and ``compiled`` trainers call) as a fraction of the fused stack's rate (Transformer Engine's,
+    which ``max`` describes), where the profile states one; None: the same rate."""
 
-    def efficiency(self, seq_len):
-        """Achieved fraction of peak of the attention core over sequences of ``seq_len`` tokens.
+    def efficiency(self, seq_len, native: bool = False):
+        """Achieved fraction of peak of the attention core over sequences of ``seq_len`` tokens (``native``:
+        the framework's own kernel, :attr:`native_ratio`).
 
-        >>> AttentionCurve(0.6, 512).efficiency(512)
-        0.3
+        >>> AttentionCurve(0.6, 512).efficiency(512), AttentionCurve(0.6, 512, 0.5).efficiency(512, native=True)
+        (0.3, 0.15)
         """
-        return self.max * _rolloff(seq_len, self.half_seq)
+        return self.top(native) * _rolloff(seq_len, self.half_seq)
+
+    def top(self, native: bool = False) -> float:
+        """``max``, or for the framework's own kernel ``max * native_ratio`` where the profile gives it."""
+        return self.max * self.native_ratio if native and self.native_ratio is not None else self.max
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,7 @@ class HostCosts:
 
 FAMILIES = {"gemm": GemmCurve, "attention": AttentionCurve, "memory": MemoryCurve}
 _INTEGER_FIELDS = ("tile_m", "tile_n", "units")
+_OPTIONAL_FIELDS = ("native_ratio",)
 
 
 def parse_kernel_efficiency(v, table: Any) -> KernelEfficiency:
@@ -125,7 +135,8 @@ def parse_kernel_efficiency(v, table: Any) -> KernelEfficiency:
         if not isinstance(entry, Mapping):
             v.fail(path, entry, "must be an object of the curve's numbers and their provenance",
                    "see docs/cost-model.md, 'Kernel efficiency by shape'")
-        numbers = tuple(f.name for f in fields(FAMILIES[family]))
+        numbers = tuple(f.name for f in fields(FAMILIES[family])
+                        if f.name not in _OPTIONAL_FIELDS or f.name in entry)
         values = {}
         for key in numbers:
             if key not in entry:
@@ -137,7 +148,7 @@ def parse_kernel_efficiency(v, table: Any) -> KernelEfficiency:
                 values[key] = value
             else:
                 values[key] = v.scalar(f"{path}.{key}", entry[key], positive=key == "max")
-        if values["max"] > 1:
+        if values["max"] > 1 or values.get("native_ratio", 0) > 1:
             v.fail(f"{path}.max", values["max"], "must lie in (0, 1]", "give the achieved fraction of peak")
         v.origin(path, entry, numbers)
         curves[family] = FAMILIES[family](**values)
@@ -161,7 +172,7 @@ def kernel_efficiency_dict(curves: KernelEfficiency, provenance: Mapping[str, Ma
     for family in FAMILIES:
         curve = getattr(curves, family)
         if curve is not None:
-            out[family] = {**{f.name: getattr(curve, f.name) for f in fields(curve)},
+            out[family] = {**{f.name: getattr(curve, f.name) for f in fields(curve) if getattr(curve, f.name) is not None},
                            **thaw(provenance[f"kernel_efficiency.{family}"])}
     return out
 

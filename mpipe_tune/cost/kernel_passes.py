@@ -20,9 +20,18 @@ from collections.abc import Sequence
 import numpy as np
 
 from mpipe_tune.cost.arch_pieces import Piece, maximum
+from mpipe_tune.cost.kernel_model import _rolloff
 from mpipe_tune.cost.profile import FP8_LINEAR, HardwareProfile
 
 PASSES = ("fwd", "dgrad", "wgrad")
+REFERENCE_HEAD_DIM = 128
+"""The head dimension the attention curve's ``max`` describes (every fit run's: Llama, GLM, Qwen 7B and up, GPT-3
+175B). A narrower head runs its scores and values matmuls with a short reduction or output width: the core's rate
+scales by the GEMM curve's roll-off ``s(d) / s(128)``, ``s(x) = x / (x + half_dim)``, and a wider one by 1 (no
+fit run shows it faster)."""
+NATIVE_ATTENTION_MODES = ("eager", "compiled")
+"""Kernel modes whose trainer calls torch's own attention (``scaled_dot_product_attention``), timed at the attention
+curve's ``native_ratio`` where the profile gives one; the others call the fused stack's kernel (Transformer Engine)."""
 
 
 def pass_kernels(pieces: Sequence[Piece], mode: str) -> tuple:
@@ -63,9 +72,10 @@ def host_pass_seconds(pieces: Sequence[Piece], mode: str, dispatch_s: float) -> 
 
 
 def shaped_pass_seconds(pieces: Sequence[Piece], kind: str, profile: HardwareProfile, dtype: str,
-                        dtype_bytes: int) -> tuple:
+                        dtype_bytes: int, mode: str = "fused") -> tuple:
     """((forward, dgrad, wgrad) seconds, (forward, dgrad, wgrad) compute-bound share of them) of a layer's
-    pieces, kernel by kernel (see the module docstring); collectives are left out."""
+    pieces, kernel by kernel (see the module docstring), under kernel ``mode`` (``eager``: a piece's eager
+    kernels' traffic, :meth:`~mpipe_tune.cost.arch_pieces.Piece.bytes_moved`); collectives are left out."""
     curves = profile.kernel_efficiency
     peak = profile.peak(dtype)
     other_peak = profile.peak("bf16") if dtype == "fp8" else peak
@@ -82,7 +92,7 @@ def shaped_pass_seconds(pieces: Sequence[Piece], kind: str, profile: HardwarePro
             continue
         for index, phase in enumerate(PASSES):
             flops = getattr(piece, f"{phase}_flops")
-            moved = dtype_bytes * getattr(piece, f"{phase}_elems")
+            moved = piece.bytes_moved(index, dtype_bytes, mode == "eager")
             if not np.any(flops) and not np.any(moved):
                 continue
             backward = index > 0
@@ -97,7 +107,8 @@ def shaped_pass_seconds(pieces: Sequence[Piece], kind: str, profile: HardwarePro
                 compute_s = flops / (eff * peak)
                 memory_s = moved / bandwidth
             elif family == "attention":
-                compute_s = _attention_compute_s(piece, flops, kind, profile, backward, other_peak)
+                compute_s = _attention_compute_s(piece, flops, kind, profile, backward, other_peak,
+                                                 native=mode in NATIVE_ATTENTION_MODES)
                 memory_s = moved / bandwidth
             else:
                 compute_s = flops / (kind_eff[backward] * other_peak)
@@ -113,13 +124,18 @@ def shaped_pass_seconds(pieces: Sequence[Piece], kind: str, profile: HardwarePro
     return tuple(seconds), tuple(compute)
 
 
-def _attention_compute_s(piece: Piece, flops, kind: str, profile: HardwareProfile, backward: bool, peak: float):
+def _attention_compute_s(piece: Piece, flops, kind: str, profile: HardwareProfile, backward: bool, peak: float,
+                         native: bool = False):
     """The attention core's compute seconds: its FLOPs shared over its sequences by their squares, each
-    sequence at ``eff_attention(L)`` (``sum s^2 (s + half) / s = sum s (s + half)`` over ``max``)."""
+    sequence at ``eff_attention(L)`` (``sum s^2 (s + half) / s = sum s (s + half)`` over ``max``; ``native``:
+    the curve's top for the framework's own kernel, :meth:`~mpipe_tune.cost.kernel_model.AttentionCurve.top`)."""
     curve = profile.kernel_efficiency.attention
     if curve is None or not piece.seq_lens:
         return flops / (profile.attention_core_efficiency_for(kind, backward=backward) * peak)
+    gemm = profile.kernel_efficiency.gemm
+    if gemm is not None and piece.head_dim:  # a narrower head than the fit runs' 128 rolls off as a GEMM dimension
+        peak = peak * min(1.0, _rolloff(piece.head_dim, gemm.half_dim) / _rolloff(REFERENCE_HEAD_DIM, gemm.half_dim))
     squares = sum(np.asarray(s, dtype=float) ** 2 for s in piece.seq_lens)
     stretched = sum(np.asarray(s, dtype=float) * (np.asarray(s, dtype=float) + curve.half_seq) for s in piece.seq_lens)
     ratio = np.where(squares > 0, stretched / np.where(squares > 0, squares, 1.0), 1.0)
-    return flops * ratio / (curve.max * peak)
+    return flops * ratio / (curve.top(native) * peak)

@@ -67,6 +67,8 @@ from mpipe_tune.cost.roofline import (  # noqa: F401 (compute_seconds, pass_seco
 from mpipe_tune.inputs.workload import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
+SELECTIVE_POLICIES = ("attention_core", "op")
+"""What selective recomputation re-runs (:attr:`CostOptions.selective_recompute`)."""
 FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm", "kernel_mode", "moe_dispatcher",
                      "moe_capacity_factor", "moe_pad_to_capacity")
 """The framework fields a plan's inputs record beside its candidate (:class:`~mpipe_tune.cost.framework.Framework`)."""
@@ -147,6 +149,15 @@ class CostOptions:
     kernel_mode: str = DEFAULT_KERNEL_MODE
     """How the trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): which kernels run
     and what the host pays to issue them, where the profile has ``host`` costs."""
+    grad_accumulation_fusion: bool = True
+    """The weight-gradient GEMMs accumulate into the fp32 main gradient (Megatron-LM's ``gradient_accumulation_fusion``,
+    on by default with its fused kernel); False (``--no-gradient-accumulation-fusion``, which most MindSpeed-LLM
+    scripts pass): a separate add per parameter and microbatch (:func:`with_gradient_accumulation`)."""
+    selective_recompute: str = "attention_core"
+    """What ``"selective"`` recomputation re-runs (:data:`SELECTIVE_POLICIES`): ``attention_core``, Megatron-LM's
+    (the attention core alone); ``op``, torchtitan's ``selective_ac_option = 'op'`` policy (each transformer
+    block saves the outputs of every other matmul, counted in order, and of the attention core, and re-runs the
+    rest: the other matmuls and every memory-bound kernel, :func:`op_recompute_pieces`)."""
     recompute: bool | str = False
     """Activation recomputation: ``False`` (none), ``"selective"`` (the attention core) or ``True``
     (full: each layer keeps only its input for the backward, which first re-runs the layer's
@@ -159,6 +170,9 @@ class CostOptions:
                              "set shard_optimizer")
         if self.rope not in ROPE_FORMS:
             raise ValueError(f"rope {self.rope!r}: use one of {', '.join(ROPE_FORMS)}")
+        if self.selective_recompute not in SELECTIVE_POLICIES:
+            raise MpipeError(f"selective recomputation {self.selective_recompute!r} is not one the cost model knows; "
+                             f"use one of {', '.join(SELECTIVE_POLICIES)}")
         if self.kernel_mode not in KERNEL_MODES:
             raise MpipeError(f"kernel mode {self.kernel_mode!r} is not one the cost model knows; use one of "
                              f"{', '.join(KERNEL_MODES)}")
@@ -357,7 +371,7 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
     granularity = options.recompute_granularity
     experts = np.array([_expert_param_count(layer.cost) for layer in model.layers], dtype=float)
     kept = {"full": boundary, "selective": selective_saved, "none": saved}[granularity]
-    return LayerTable(
+    table = LayerTable(
         fwd_s=fwd + gather,
         dgrad_s=dgrad + gather,
         wgrad_s=wgrad,
@@ -374,6 +388,21 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         bound_s=tuple(bound),
         param_tensor_count=np.array([_param_tensor_count(layer.cost) for layer in model.layers], dtype=float),
     )
+    return table if options.grad_accumulation_fusion else with_gradient_accumulation(table, profile, options)
+
+
+def with_gradient_accumulation(table: LayerTable, profile: HardwareProfile, options: CostOptions) -> LayerTable:
+    """``table`` with the unfused gradient accumulation charged to each weight-gradient pass: without Megatron-LM's
+    ``gradient_accumulation_fusion`` (``--no-gradient-accumulation-fusion``) the weight-gradient GEMM writes a
+    gradient in the step's dtype, and a hook adds it into the fp32 main gradient (``param.main_grad.add_(
+    param.grad)``, megatron/core/distributed/distributed_data_parallel.py at core_r0.6.0): per microbatch and
+    local parameter, a memory-bound pass reading the gradient and reading and writing the main gradient
+    (``dtype_bytes + 2 * grad_bytes_per_param``) at the memory bandwidth."""
+    local = (table.param_count - table.expert_params() * (1 - 1 / options.degrees.ep)) / table.tp_degrees(options)
+    bytes_per_param = options.dtype_bytes() + 2.0 * options.grad_bytes_per_param
+    extra = np.where(table.wgrad_s > 0, (local * bytes_per_param / profile.memory_bytes_per_s)[:, None], 0.0)
+    compute, memory, host, comm = table.bound_s
+    return replace(table, wgrad_s=table.wgrad_s + extra, bound_s=(compute, memory + extra, host, comm))
 
 
 _PER_MICROBATCH = ("fwd_s", "dgrad_s", "wgrad_s", "boundary_bytes", "saved_bytes", "recompute_s", "bwd_overhead_s",
@@ -474,6 +503,41 @@ def _layer_row(cost, block: str, microbatches, profile, options):
     return tuple(arch_columns(cost, tuple(microbatches), profile, options))
 
 
+def op_recompute_pieces(pieces) -> tuple:
+    """The pieces torchtitan's ``op`` selective checkpointing re-runs before a transformer block's backward
+    (torchtitan/parallelisms/parallelize_llama.py at 004b3148, ``_custom_policy``: the outputs of ``aten.mm``
+    and of the attention kernels are saved, except every second ``mm`` counted in the block's order, and every
+    other operator is recomputed): every second matmul and every memory-bound kernel. Empty for a layer
+    without an attention core (torchtitan wraps only the transformer blocks)."""
+    if not any(p.family == "attention" for p in pieces):
+        return ()
+    again, matmuls = [], 0
+    for piece in pieces:
+        if piece.family == "gemm":
+            matmuls += 1
+            if matmuls % 2 == 0:
+                again.append(piece)
+        elif piece.family == "memory":
+            again.append(piece)
+    return tuple(again)
+
+
+def op_saved_elems(layer, again) -> float:
+    """Elements a transformer block keeps for its backward under torchtitan's ``op`` policy (``again``: the pieces
+    it re-runs, :func:`op_recompute_pieces`): its input (the checkpoint's), the outputs of the matmuls it saves
+    and the attention core's output; everything else is regenerated by the re-run."""
+    rerun = {id(p) for p in again}
+    kept = layer.boundary_elems
+    for piece in layer.pieces:
+        if id(piece) in rerun:
+            continue
+        if piece.family == "gemm":
+            kept = kept + piece.gemm_shape[0] * piece.gemm_shape[1]
+        elif piece.family == "attention":
+            kept = kept + sum(elems for name, elems in piece.saved if name in piece.outputs)
+    return kept
+
+
 def layer_seconds(cost, block: str, mb: Microbatch, profile: HardwareProfile,
                   options: CostOptions) -> tuple[float, float, float, float]:
     """(forward, dgrad, wgrad, backward per-call) seconds the table charges one layer on ``mb``: what
@@ -550,7 +614,8 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     fwd_images_s, bwd_images_s = estimate_image_calls_s(profile, cost.kind, mb)
     fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s, bwd_call_s + bwd_images_s
     if profile.kernel_efficiency is not None and layer is not None:
-        device, compute = shaped_pass_seconds(layer.pieces, cost.kind, profile, options.dtype, options.dtype_bytes())
+        device, compute = shaped_pass_seconds(layer.pieces, cost.kind, profile, options.dtype, options.dtype_bytes(),
+                                              options.kernel_mode)
     else:
         device = pass_seconds(work, cost.kind, profile, options.dtype)
         compute = compute_bound(work, cost.kind, profile, options.dtype, device)
@@ -560,7 +625,8 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     if profile.host is not None and layer is not None:
         host = host_pass_seconds(layer.pieces, options.kernel_mode, profile.host.dispatch_s)
         if cost.kind == "moe_block":  # the token counts read back: the device's queue drains, whatever bounds the pass
-            syncs_s = moe.host_syncs_per_forward(cost.dims_dict()["experts"]) * profile.host.sync_s
+            syncs_s = (moe.host_syncs_per_forward(cost.dims_dict()["experts"], options.moe_dispatcher)
+                       * profile.host.sync_s)
     passes = tuple(maximum(d + c, h) for d, c, h in zip(device, comm, host))
     bound = bound_split(device, compute, comm, host, passes)
     if syncs_s:  # the host's round trips, after whatever bounds the forward
@@ -574,5 +640,12 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         dgrad, wgrad = dgrad * (1.0 + bwd_slow), wgrad * (1.0 + bwd_slow)
         bwd_call_s = bwd_call_s * (1.0 + bwd_slow) + bwd_tp_s
     core_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
+    again = op_recompute_pieces(layer.pieces) if options.selective_recompute == "op" and layer is not None else ()
+    selective_saved = work.selective_saved_activation_bytes
+    if again:  # torchtitan's policy: what it re-runs, not the core, and what it keeps
+        selective_saved = options.dtype_bytes() * op_saved_elems(layer, again)
+        if profile.kernel_efficiency is not None:
+            core_s = shaped_pass_seconds(again, cost.kind, profile, options.dtype, options.dtype_bytes(),
+                                         options.kernel_mode)[0][0]
     return (fwd, dgrad, wgrad, work.boundary_bytes, work.saved_activation_bytes, bwd_call_s, core_s,
-            work.selective_saved_activation_bytes, work.wgrad_grad_bytes, *bound)
+            selective_saved, work.wgrad_grad_bytes, *bound)

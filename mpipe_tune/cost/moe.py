@@ -112,7 +112,37 @@ def exchange_elems(rows: float, hidden: int, *, dispatcher: str, tp: int, ep: in
     return rows / tp * hidden if dispatcher == "alltoall" and ep > 1 else 0.0
 
 
-def host_syncs_per_forward(num_experts: int) -> int:
-    """Device-to-host syncs of one MoE layer's forward: the per-expert counts read back once (every dispatcher);
-    none for a layer without routed experts."""
-    return 1 if num_experts > 0 else 0
+def permutation_elems(tokens: float, top_k: int, hidden: int, *, dispatcher: str, ep: int, shards: int
+                      ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((read, write), (read, write)) elements of one MoE layer's forward permutation into expert order and of its
+    un-permutation back into token order, on one rank: ``tokens`` the tensor-parallel group's (``T``), ``shards``
+    sequence parallelism's divisor of a rank's tokens.
+
+    ``alltoall``: the rank permutes its own ``T / shards`` tokens' ``k`` rows, and weights and sums them back.
+    ``allgather`` (Megatron-Core core_r0.6's ``MoEAllGatherTokenDispatcher``, which MindSpeed 1.0.RC3's
+    ``allgather_token_permutation`` keeps, mindspeed/core/transformer/moe/token_dispatcher.py): on the group's
+    gathered ``T * ep`` tokens, the local experts' ``T * ep * k`` rows are gathered (``global_hidden[map]``) and
+    sorted (``local[indices]``), each a read and a write of every row; back, a zero buffer of the rows, an
+    ``index_put`` into it, the scaling by the router's weights, a zero buffer of the tokens and an accumulating
+    ``index_put`` into it (each row's target read and written).
+
+    >>> permutation_elems(8, 2, 4, dispatcher="alltoall", ep=1, shards=2)
+    ((16.0, 32.0), (40.0, 16.0))
+    >>> permutation_elems(8, 2, 4, dispatcher="allgather", ep=1, shards=2)
+    ((128.0, 128.0), (272.0, 288.0))
+    """
+    if dispatcher == "alltoall":
+        rows = tokens * top_k / shards
+        return (tokens * hidden / shards, rows * hidden), (rows * (hidden + 1), tokens * hidden / shards)
+    rows = tokens * ep * top_k * hidden
+    return (2.0 * rows, 2.0 * rows), (4.0 * rows + tokens * ep * top_k, 4.0 * rows + tokens * ep * hidden)
+
+
+def host_syncs_per_forward(num_experts: int, dispatcher: str = "alltoall") -> int:
+    """Device-to-host syncs of one MoE layer's forward; none for a layer without routed experts. Every dispatcher
+    reads the per-expert counts back once; ``allgather`` also sizes three tensors by their data (core_r0.6 and
+    MindSpeed 1.0.RC3: ``masked_select`` of the indices and of the probabilities, ``nonzero`` of the local mask),
+    each a sync."""
+    if num_experts <= 0:
+        return 0
+    return 4 if dispatcher == "allgather" else 1

@@ -41,6 +41,13 @@ class Microbatch:
     """Backbone sequence length; every non-encoder layer scales with these."""
     images: tuple[int, ...] = field(default=())
     """Tokens of each image; empty means one image of ``image_tokens`` (or none when that is 0)."""
+    texts: tuple[int, ...] = field(default=())
+    """Tokens of each text sequence a trainer's micro batch of several sequences holds side by side (each attends
+    only to itself, summing to ``text_tokens``); empty means one sequence of ``text_tokens``."""
+
+    def text_sizes(self) -> tuple[int, ...]:
+        """Tokens per text sequence (one of ``text_tokens`` unless :attr:`texts` lists them)."""
+        return self.texts or (self.text_tokens,)
 
     def image_sizes(self) -> tuple[int, ...]:
         """Tokens per image, never empty when ``image_tokens > 0``."""

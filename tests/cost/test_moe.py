@@ -102,3 +102,22 @@ def test_the_flags_reach_the_prediction_and_a_bad_one_is_one_line(capsys) -> Non
     assert gathered["makespan_s"] > default["makespan_s"]
     code, out = _predict(capsys, "--moe-pad-to-capacity")
     assert code == 2 and out.err.count("\n") == 1 and "needs a capacity factor" in out.err
+
+
+def test_the_allgather_dispatcher_permutes_the_gathered_rows_and_syncs_on_its_data_sized_tensors() -> None:
+    """Megatron core_r0.6's all-gather dispatcher gathers and sorts every routed row of the tensor-parallel group's
+    tokens on each rank (the all-to-all one only its sequence shard's), and sizes three tensors by their data."""
+    from mpipe_tune.cost.arch import estimate_layer
+    from mpipe_tune.cost.arch_layers import LayerDegrees
+    from mpipe_tune.cost.moe import host_syncs_per_forward, permutation_elems
+
+    def permute_bytes(dispatcher):
+        degrees = LayerDegrees(8, sequence_parallel=True, moe=MoeSettings(dispatcher=dispatcher))
+        pieces = estimate_layer("moe_block", MIXTRAL, Microbatch(0, 4096), dtype_bytes=2, tp_degree=8,
+                                sequence_parallel=True, moe=degrees.moe)[1].pieces
+        return sum(p.fwd_elems for p in pieces if p.kernels in ((3.0, 2.0, 0.0), (3.0, 3.0, 0.0)))
+
+    assert permute_bytes("allgather") > 8 * permute_bytes("alltoall")
+    (read, write), _ = permutation_elems(4096, 2, 4096, dispatcher="allgather", ep=1, shards=8)
+    assert read == write == 2 * 4096 * 2 * 4096  # the gather of the local rows, then their sort
+    assert (host_syncs_per_forward(8, "allgather"), host_syncs_per_forward(8), host_syncs_per_forward(0)) == (4, 1, 0)

@@ -18,7 +18,8 @@ from mpipe_tune.cost.profile import (
 )
 from mpipe_tune.errors import MpipeError
 
-SHIPPED = ["ascend-910b", "ascend-910c-cm384", "ascend-910c-cm384-die", "cpu-generic", "h100-sxm", "h200", "ideal"]
+SHIPPED = ["ascend-910b", "ascend-910c-cm384", "ascend-910c-cm384-die", "cpu-generic", "h100-hbm2e-500w", "h100-sxm", "h200",
+           "ideal"]
 
 
 @pytest.fixture
