@@ -11,7 +11,10 @@ host's cost of issuing a kernel. The curve forms are fixed (the profiler fits ex
 - memory-bound kernels moving ``b`` bytes each: ``eff = max * b / (b + half_bytes)`` of the memory bandwidth.
 
 The host (:class:`HostCosts`): ``dispatch_s`` per kernel issued, ``sync_s`` per host sync that drains the
-device's queue (the loss read back, the gradient-norm check, MoE token counts). The framework's kernel mode
+device's queue (the loss read back, the gradient-norm check, MoE token counts), and ``issue`` (:data:`ISSUE_MODES`),
+how the device consumes what the host issues: ``async`` (the default, an accelerator): the device runs behind a
+queue, so between two syncs a pass takes ``max(device, host issue)``; ``inline`` (a CPU, where eager torch runs each
+operator on the issuing thread): nothing overlaps, a pass takes ``device + host issue``. The framework's kernel mode
 (:data:`KERNEL_MODES`, :class:`~mpipe_tune.cost.framework.Framework`) says which kernels run and what the host
 pays per kernel:
 
@@ -38,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from mpipe_tune.algebra.candidate import DEFAULT_KERNEL_MODE, KERNEL_MODES  # noqa: F401 (the modes, described above)
+from mpipe_tune.cost.arch_pieces import maximum
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,26 @@ class HostCosts:
     """Host seconds to issue one kernel (or one graph launch in ``graphs`` mode)."""
     sync_s: float
     """Host seconds of one sync that drains the device queue and reads a value back."""
+    issue: str = "async"
+    """How the device consumes the host's queue (:data:`ISSUE_MODES`): ``async`` overlaps issue and device work,
+    ``inline`` runs each kernel on the issuing thread (a CPU), so the two add up."""
+
+    @property
+    def inline(self) -> bool:
+        return self.issue == "inline"
+
+    def pass_s(self, device_s, host_s):
+        """Seconds of a pass whose device (and collective) work takes ``device_s`` and whose kernels the host
+        issues in ``host_s`` (arrays elementwise): their sum when inline, else the larger.
+
+        >>> HostCosts(1e-6, 0.0).pass_s(3.0, 2.0), HostCosts(1e-6, 0.0, "inline").pass_s(3.0, 2.0)
+        (3.0, 5.0)
+        """
+        return device_s + host_s if self.inline else maximum(device_s, host_s)
 
 
+ISSUE_MODES = ("async", "inline")
+"""The host section's ``issue``: ``async`` (an accelerator's queue runs ahead of the host), ``inline`` (a CPU)."""
 FAMILIES = {"gemm": GemmCurve, "attention": AttentionCurve, "memory": MemoryCurve}
 _INTEGER_FIELDS = ("tile_m", "tile_n", "units")
 _OPTIONAL_FIELDS = ("native_ratio",)
@@ -156,14 +178,20 @@ def parse_kernel_efficiency(v, table: Any) -> KernelEfficiency:
 
 
 def parse_host(v, table: Any) -> HostCosts:
-    """The ``host`` object: ``dispatch_s`` and ``sync_s``, each a number with its provenance."""
-    entries = v.table("host", table, allowed=("dispatch_s", "sync_s"))
+    """The ``host`` object: ``dispatch_s`` and ``sync_s``, each a number with its provenance, and the optional
+    ``issue`` (one of :data:`ISSUE_MODES`; absent, ``async``)."""
+    entries = v.table("host", table, allowed=("dispatch_s", "sync_s", "issue"))
     values = {}
     for key in ("dispatch_s", "sync_s"):
         if key not in entries:
             v.fail(f"host.{key}", v.missing, "is required", "give it with its source (measured, assumed, ...)")
         values[key] = v.number(f"host.{key}", entries[key], positive=False)
-    return HostCosts(**values)
+    issue = entries.get("issue", "async")
+    if issue not in ISSUE_MODES:
+        v.fail("host.issue", issue, f"must be one of {', '.join(ISSUE_MODES)}",
+               "async where the device runs behind a queue (an accelerator), inline where each kernel runs on "
+               "the issuing thread (a CPU)")
+    return HostCosts(**values, issue=issue)
 
 
 def kernel_efficiency_dict(curves: KernelEfficiency, provenance: Mapping[str, Mapping[str, Any]], thaw) -> dict:
@@ -178,8 +206,10 @@ def kernel_efficiency_dict(curves: KernelEfficiency, provenance: Mapping[str, Ma
 
 
 def host_dict(host: HostCosts, provenance: Mapping[str, Mapping[str, Any]], thaw) -> dict:
-    """The JSON form of ``host``."""
-    return {key: {"value": getattr(host, key), **thaw(provenance[f"host.{key}"])} for key in ("dispatch_s", "sync_s")}
+    """The JSON form of ``host`` (``issue`` written where it is not the default)."""
+    out: dict[str, Any] = {key: {"value": getattr(host, key), **thaw(provenance[f"host.{key}"])}
+                           for key in ("dispatch_s", "sync_s")}
+    return out if not host.inline else {**out, "issue": host.issue}
 
 
 def optimizer_kernels(tensors, mode: str) -> float:

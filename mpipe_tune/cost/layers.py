@@ -570,9 +570,12 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
 
     With the profile's ``kernel_efficiency`` the passes are timed kernel by kernel at their shapes'
     efficiencies (:func:`~mpipe_tune.cost.kernel_passes.shaped_pass_seconds`), else by the per-kind roofline
-    (:func:`pass_seconds`). With its ``host`` costs each pass takes at least the host's time to issue its
+    (:func:`pass_seconds`); a kind the profile calibrated on the runtime's own layers
+    (:meth:`~mpipe_tune.cost.profile.HardwareProfile.calibrated`) keeps its calibrated roofline and seconds per
+    call, which on an inline host also hold its kernels' issue. With its ``host`` costs each pass takes at least the host's time to issue its
     kernels under the framework's kernel mode (the third roof: the device runs behind an asynchronous queue, so
-    the host's issue time bounds the pass rather than adding to it), and a MoE layer's forward adds its syncs
+    the host's issue time bounds the pass rather than adding to it; on an ``inline`` host, a CPU, the two add
+    up), and a MoE layer's forward adds its syncs
     (the token counts per expert read back before the dispatch: the queue drains, so the device waits for the
     host's round trip whatever bounds the pass; :mod:`mpipe_tune.cost.moe`)."""
     vector = isinstance(mb, arch.MicrobatchArray)
@@ -613,7 +616,8 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     fwd_call_s, bwd_call_s = profile.call_overhead_for(cost.kind) if has_tokens else (0.0, 0.0)
     fwd_images_s, bwd_images_s = estimate_image_calls_s(profile, cost.kind, mb)
     fwd_call_s, bwd_call_s = fwd_call_s + fwd_images_s, bwd_call_s + bwd_images_s
-    if profile.kernel_efficiency is not None and layer is not None:
+    calibrated = profile.calibrated(cost.kind)  # fitted on the runtime's own layers: the kernel model stands back
+    if profile.kernel_efficiency is not None and layer is not None and not calibrated:
         device, compute = shaped_pass_seconds(layer.pieces, cost.kind, profile, options.dtype, options.dtype_bytes(),
                                               options.kernel_mode)
     else:
@@ -622,13 +626,14 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     comm = (comm_s + ring_fwd_s, comm_s + ring_bwd_s, 0.0)
     host = (0.0, 0.0, 0.0)
     syncs_s = 0.0
-    if profile.host is not None and layer is not None:
+    if profile.host is not None and layer is not None and not (calibrated and profile.host.inline):
         host = host_pass_seconds(layer.pieces, options.kernel_mode, profile.host.dispatch_s)
         if cost.kind == "moe_block":  # the token counts read back: the device's queue drains, whatever bounds the pass
             syncs_s = (moe.host_syncs_per_forward(cost.dims_dict()["experts"], options.moe_dispatcher)
                        * profile.host.sync_s)
-    passes = tuple(maximum(d + c, h) for d, c, h in zip(device, comm, host))
-    bound = bound_split(device, compute, comm, host, passes)
+    passes = tuple(profile.host.pass_s(d + c, h) if profile.host is not None else d + c
+                   for d, c, h in zip(device, comm, host))
+    bound = bound_split(device, compute, comm, host, passes, inline=profile.host is not None and profile.host.inline)
     if syncs_s:  # the host's round trips, after whatever bounds the forward
         passes = (passes[0] + syncs_s, *passes[1:])
         bound = (bound[0], bound[1], bound[2] + syncs_s, bound[3])

@@ -47,7 +47,8 @@ layer per forward or backward call (its pre- and post-hooks, the copy into and o
 buffer; :mod:`mpipe_tune.profiler.fsdp_host` measures it): charged on ZeRO-2 and ZeRO-3's per-microbatch
 sharding actions (:mod:`mpipe_tune.cost.sharding_events`); absent, 0.
 
-Optional ``host`` (the host's ``dispatch_s`` per kernel and ``sync_s`` per sync) and ``kernel_efficiency``
+Optional ``host`` (the host's ``dispatch_s`` per kernel and ``sync_s`` per sync, and ``issue``: ``async``, the
+default, where the device runs behind a queue, ``inline`` on a CPU) and ``kernel_efficiency``
 (efficiency curves by kernel shape for the ``gemm``, ``attention`` and ``memory`` families) are read by
 :mod:`mpipe_tune.cost.kernel_model`, which states their forms.
 
@@ -61,9 +62,7 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import json
-import math
 import os
-from decimal import Decimal
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -71,19 +70,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
+from mpipe_tune.cost.collectives import (  # noqa: F401 (importable from here, as callers do)
+    COLLECTIVES, LinkCost, estimate_collective_s, mesh_beta_s_per_byte,
+)
 from mpipe_tune.cost.kernel_model import (
     HostCosts, KernelEfficiency, host_dict, kernel_efficiency_dict, parse_host, parse_kernel_efficiency,
 )
+from mpipe_tune.cost.profile_check import MISSING, SOURCES, Validator, thaw, to_json  # noqa: F401 (SOURCES)
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import load_data_file
 
 SCHEMA_VERSION = 1
-SOURCES = ("datasheet", "measured", "assumed", "ideal")
-"""``datasheet``: a vendor figure, a lead rather than a measurement; ``measured``: fitted to measurements (by the
-profiler on the device, or by ``benchmarks/fit_published.py`` to published measured runs, cited in the entry);
-``assumed``: a typical value chosen by hand; ``ideal``: a closed-form test value, not a device."""
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 _TRAINING_DTYPES = ("fp32", "tf32", "bf16", "fp16")
 """Dtypes a whole training step commonly runs in: what :meth:`HardwareProfile.slow_dtype_note` compares."""
@@ -93,7 +90,6 @@ PACKAGE_LINK_CLASS = "intra_package"
 """The optional link class between the devices of one package (a multi-die chip whose dies the runtime counts
 as devices: the 910C's two dies and the link between them); a profile has it exactly when its
 ``devices_per_package`` is above 1."""
-COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_all")
 _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "tp_comm_overlap",
@@ -123,21 +119,6 @@ _TP_TABLES = ("tp_overhead_s", "tp_slowdown")
 """Tables keyed by tensor-parallel degree: fixed seconds per split call, and extra seconds per charged second."""
 _EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s", *_IMAGE_OVERHEADS, *_TP_TABLES)
 """Optional numbers of an efficiency entry besides ``value`` (not provenance)."""
-_MISSING = object()
-
-
-@dataclass(frozen=True)
-class LinkCost:
-    """Alpha-beta cost of one message step: ``alpha_s + beta_s_per_byte * size_bytes`` seconds."""
-
-    alpha_s: float
-    """Latency per step, seconds."""
-    beta_s_per_byte: float
-    """Inverse bandwidth, seconds per byte (``1 / bytes_per_s``)."""
-    mesh_links: int | None = None
-    """Direct links whose combined bandwidth ``beta_s_per_byte`` is, on a full-mesh link class (each device
-    wired to each peer by its own link): a collective over ``g`` ranks then uses only ``min(g - 1, mesh_links)``
-    of them. None: a switched fabric, every group size sees the full bandwidth."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -257,6 +238,12 @@ class HardwareProfile:
             return None
         return self.backward_efficiency_for(MEMORY_BOUND) if backward else self.efficiency[MEMORY_BOUND]
 
+    def calibrated(self, kind: str) -> bool:
+        """Whether ``kind``'s own efficiency entry gives fixed seconds per call: it was fitted to the runtime's own
+        layer timings (``profile --calibrate``), which hold its kernels' issue and their shapes' efficiency as the
+        layer runs them, so the kernel model (curves, an inline host's issue) stands back for it."""
+        return kind in self.call_overhead_s
+
     def call_overhead_for(self, kind: str) -> tuple[float, float]:
         """(forward, backward) fixed seconds per call of a ``kind`` layer; (0, 0) unless its entry (or
         ``"default"``'s, when the profile has none for ``kind``) gives them."""
@@ -328,7 +315,7 @@ class HardwareProfile:
         """The profile as its JSON form (schema version 1); ``parse_profile(p.to_dict())`` equals ``p``."""
 
         def number(path: str, value: float) -> dict[str, Any]:
-            return {"value": value, **_thaw(self.provenance[path])}
+            return {"value": value, **thaw(self.provenance[path])}
 
         links: dict[str, dict[str, Any]] = {}
         for (link_class, collective), cost in self.links.items():
@@ -337,7 +324,7 @@ class HardwareProfile:
                 "alpha_s": cost.alpha_s,
                 "beta_s_per_byte": cost.beta_s_per_byte,
                 **({} if cost.mesh_links is None else {"mesh_links": cost.mesh_links}),
-                **_thaw(self.provenance[path]),
+                **thaw(self.provenance[path]),
             }
         data = {
             "schema_version": SCHEMA_VERSION,
@@ -362,9 +349,9 @@ class HardwareProfile:
         if "fsdp_host_s" in self.provenance:
             data["fsdp_host_s"] = number("fsdp_host_s", self.fsdp_host_s)
         if self.host is not None:
-            data["host"] = host_dict(self.host, self.provenance, _thaw)
+            data["host"] = host_dict(self.host, self.provenance, thaw)
         if self.kernel_efficiency is not None:
-            data["kernel_efficiency"] = kernel_efficiency_dict(self.kernel_efficiency, self.provenance, _thaw)
+            data["kernel_efficiency"] = kernel_efficiency_dict(self.kernel_efficiency, self.provenance, thaw)
         if self.notes:
             data["notes"] = self.notes
         return data
@@ -381,7 +368,7 @@ class HardwareProfile:
             degrees = sorted(tp for k, tp in table if k == kind)
             if degrees:
                 entry[key] = {str(tp): list(table[(kind, tp)]) for tp in degrees}
-        return {**entry, **_thaw(self.provenance[f"efficiency.{kind}"])}
+        return {**entry, **thaw(self.provenance[f"efficiency.{kind}"])}
 
     @cached_property
     def _hash(self) -> str:
@@ -401,61 +388,13 @@ class HardwareProfile:
         return hash(self.content_hash())
 
 
-def estimate_collective_s(link: LinkCost, collective: str, size_bytes: float, group_size: int) -> float:
-    """Seconds for ``collective`` of ``size_bytes`` over ``group_size`` ranks on ``link``.
-
-    ``size_bytes`` is the message for ``p2p``, the reduced buffer for ``all_reduce``, the full
-    (gathered) buffer for ``all_gather``, ``gather`` and ``scatter``, and for ``all_to_all`` the buffer
-    each rank holds before the exchange (``1/g`` of it stays on the rank). With ``a`` = alpha,
-    ``b`` = beta, ``n`` = size and ``g`` = group size:
-
-    - ``p2p``: ``a + b*n`` (``g`` is ignored except that ``g == 1`` costs nothing);
-    - ``all_reduce`` (ring: reduce-scatter then all-gather): ``2(g-1) * (a + b*n/g)``;
-    - ``all_gather`` (ring), ``gather`` and ``scatter`` (linear, root link bound): ``(g-1) * (a + b*n/g)``;
-    - ``all_to_all`` (pairwise exchange: ``g-1`` steps, each sending one ``n/g`` share to another
-      rank, so ``n*(g-1)/g`` bytes leave each rank): ``(g-1) * (a + b*n/g)``.
-
-    A group of one costs 0.0. An empty payload (``n == 0``) with ``g > 1`` still pays the alpha terms.
-    On a full mesh (``link.mesh_links`` = ``k``, the links ``b`` is the combined bandwidth of) a group of ``g``
-    ranks drives only ``min(g - 1, k)`` of them, so every collective but ``p2p`` runs at
-    ``b * k / min(g - 1, k)`` per byte (:func:`mesh_beta_s_per_byte`); the step count is unchanged.
-
-    >>> estimate_collective_s(LinkCost(1e-5, 1e-9), "all_reduce", 4e6, 4)
-    0.00606
-    """
-    assert np.all(np.asarray(size_bytes) >= 0) and group_size >= 1, (size_bytes, group_size)
-    if collective not in COLLECTIVES:
-        raise MpipeError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-    if group_size == 1:
-        return 0.0
-    n = size_bytes * 1.0 if isinstance(size_bytes, np.ndarray) else float(size_bytes)  # an array: elementwise
-    a, b, g = link.alpha_s, link.beta_s_per_byte, group_size
-    if collective == "p2p":
-        return a + b * n
-    b = mesh_beta_s_per_byte(link, g)
-    steps = 2 * (g - 1) if collective == "all_reduce" else g - 1
-    return steps * (a + b * n / g)
-
-
-def mesh_beta_s_per_byte(link: LinkCost, group_size: int) -> float:
-    """Seconds per byte a collective over ``group_size`` ranks sees on ``link``: ``beta_s_per_byte``, or on a
-    full mesh of ``k = link.mesh_links`` direct links (``beta`` their combined rate) ``beta * k / min(g - 1, k)``,
-    as a group of ``g`` ranks reaches its ``g - 1`` peers over one direct link each.
-
-    >>> mesh_beta_s_per_byte(LinkCost(0.0, 1.0, mesh_links=7), 2), mesh_beta_s_per_byte(LinkCost(0.0, 1.0, 7), 8)
-    (7.0, 1.0)
-    """
-    if link.mesh_links is None or group_size < 2:
-        return link.beta_s_per_byte
-    return link.beta_s_per_byte * link.mesh_links / min(group_size - 1, link.mesh_links)
-
 
 # ---------------------------------------------------------------------------------------- parsing
 
 
 def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
     """Validate ``data`` (the JSON form) and build the profile; ``where`` names it in messages."""
-    v = _Validator(where)
+    v = Validator(where)
     if not isinstance(data, Mapping):
         v.fail("", data, "must be a JSON object", "write the profile as an object of fields")
     unknown = sorted(set(data) - _TOP_KEYS)
@@ -464,7 +403,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
                f"remove it or use one of {sorted(_TOP_KEYS)}")
     for key in sorted(_TOP_KEYS - _OPTIONAL_TOP_KEYS):
         if key not in data:
-            v.fail(key, _MISSING, "is required", "add it (see profiles/ideal.json for the format)")
+            v.fail(key, MISSING, "is required", "add it (see profiles/ideal.json for the format)")
     if data["schema_version"] != SCHEMA_VERSION or isinstance(data["schema_version"], bool):
         v.fail("schema_version", data["schema_version"], f"must be {SCHEMA_VERSION}",
                "convert the file to schema version 1")
@@ -488,7 +427,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
 
     effs = v.table("efficiency", data["efficiency"], allowed=None)
     if "default" not in effs:
-        v.fail("efficiency.default", _MISSING, "is required", 'add {"value": 1.0, "source": "assumed"}')
+        v.fail("efficiency.default", MISSING, "is required", 'add {"value": 1.0, "source": "assumed"}')
     efficiency, backward_efficiency, call_overhead, image_overhead = {}, {}, {}, {}
     tp_tables: dict[str, dict[tuple[str, int], tuple[float, float]]] = {key: {} for key in _TP_TABLES}
     for kind, entry in effs.items():
@@ -521,17 +460,17 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
     curves = parse_kernel_efficiency(v, data["kernel_efficiency"]) if "kernel_efficiency" in data else None
     classes = v.table("links", data["links"], allowed=(*LINK_CLASSES, PACKAGE_LINK_CLASS))
     if (PACKAGE_LINK_CLASS in classes) != (per_package > 1):
-        v.fail(f"links.{PACKAGE_LINK_CLASS}", classes.get(PACKAGE_LINK_CLASS, _MISSING),
+        v.fail(f"links.{PACKAGE_LINK_CLASS}", classes.get(PACKAGE_LINK_CLASS, MISSING),
                f"must be given exactly when devices_per_package ({per_package}) is above 1",
                "give both (the dies of a package and the link between them) or neither")
     links = {}
     for link_class in (*LINK_CLASSES, *([PACKAGE_LINK_CLASS] if per_package > 1 else [])):
         if link_class not in classes:
-            v.fail(f"links.{link_class}", _MISSING, "is required",
+            v.fail(f"links.{link_class}", MISSING, "is required",
                    "add the link class with at least a p2p entry")
         entries = v.table(f"links.{link_class}", classes[link_class], allowed=COLLECTIVES)
         if "p2p" not in entries:
-            v.fail(f"links.{link_class}.p2p", _MISSING, "is required",
+            v.fail(f"links.{link_class}.p2p", MISSING, "is required",
                    "add a p2p entry; other collectives fall back to it")
         for collective, entry in entries.items():
             links[(link_class, collective)] = v.link(f"links.{link_class}.{collective}", entry)
@@ -550,155 +489,8 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
     )
 
 
-class _Validator:
-    """Checks one profile's fields, collecting provenance; every failure is one MpipeError line."""
-
-    missing = _MISSING
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self.provenance: dict[str, Mapping[str, Any]] = {}
-
-    def fail(self, path: str, value: Any, must: str, fix: str) -> None:
-        shown = _to_json(value) if isinstance(value, float) and math.isfinite(value) else repr(value)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        got = "is missing and" if value is _MISSING else f"= {shown}:"
-        raise MpipeError(f"{self.where}: {path or '<top level>'} {got} {must}; {fix}")
-
-    def text(self, path: str, value: Any) -> str:
-        if not isinstance(value, str) or not value.strip():
-            self.fail(path, value, "must be a non-empty string", "quote it")
-        return value
-
-    def table(self, path: str, value: Any, allowed: tuple[str, ...] | None) -> Mapping[str, Any]:
-        if not isinstance(value, Mapping) or not value:
-            self.fail(path, value, "must be a non-empty JSON object", "see profiles/ideal.json")
-        for key in value:
-            if allowed is not None and key not in allowed:
-                self.fail(f"{path}.{key}", value[key], f"is not a known key of {path}",
-                          f"use one of {', '.join(allowed)}")
-            if allowed is None and (not isinstance(key, str) or not key.strip()):
-                self.fail(f"{path}.{key}", value[key], "needs a non-empty name", "name the entry")
-        return value
-
-    def scalar(self, path: str, value: Any, *, positive: bool) -> float:
-        if isinstance(value, str):
-            self.fail(path, value, "must be a plain JSON number",
-                      "numbers are SI base units (bytes, seconds, bytes/s, FLOP/s) written as plain "
-                      "numbers, e.g. 80e9 rather than \"80 GB\"")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            self.fail(path, value, "must be a finite number", "write a plain JSON number")
-        if positive and value <= 0:
-            self.fail(path, value, "must be > 0", "give the positive figure in SI base units")
-        if not positive and value < 0:
-            self.fail(path, value, "must be >= 0", "give a non-negative figure in SI base units")
-        return float(value)
-
-    def tp_table(self, path: str, table: Any) -> dict[int, tuple[float, float]]:
-        """A ``tp_overhead_s`` or ``tp_slowdown`` table: tensor-parallel degree (a string key, >= 2) ->
-        ``[forward, backward]``, each >= 0."""
-        if not isinstance(table, Mapping) or not table:
-            self.fail(path, table, "must be a non-empty object", 'give {"2": [forward, backward]}')
-        out = {}
-        for key, pair in table.items():
-            if not (isinstance(key, str) and key.isdigit() and int(key) >= 2):
-                self.fail(f"{path}.{key}", pair, "is keyed by a tensor-parallel degree", 'use an integer >= 2, e.g. "2"')
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                self.fail(f"{path}.{key}", pair, "must be [forward, backward]", "give two non-negative numbers")
-            out[int(key)] = tuple(self.scalar(f"{path}.{key}", x, positive=False) for x in pair)
-        return out
-
-    def origin(self, path: str, entry: Mapping[str, Any], numbers: tuple[str, ...]) -> None:
-        """Check and record the provenance keys of ``entry`` (all keys but ``numbers``)."""
-        if "source" not in entry:
-            self.fail(f"{path}.source", _MISSING, f"is required, one of {', '.join(SOURCES)}",
-                      "say where the number comes from")
-        for key in ("source", "alpha_source"):
-            if key in entry and entry[key] not in SOURCES:
-                self.fail(f"{path}.{key}", entry[key], f"must be one of {', '.join(SOURCES)}",
-                          "pick the one that says how the number was obtained")
-        for key in ("ref", "date", "alpha_ref"):
-            if key in entry and not isinstance(entry[key], str):
-                self.fail(f"{path}.{key}", entry[key], "must be a string", "quote it")
-        if "fit_r2" in entry:
-            r2 = entry["fit_r2"]
-            if isinstance(r2, bool) or not isinstance(r2, (int, float)) or not r2 <= 1:
-                self.fail(f"{path}.fit_r2", r2, "must be a number <= 1", "write the fit's R^2")
-        self.provenance[path] = _freeze({k: x for k, x in entry.items() if k not in numbers})
-
-    def number(self, path: str, entry: Any, *, positive: bool, extras: tuple[str, ...] = ()) -> float:
-        """The entry's ``value``; ``extras`` are further numbers of the entry (kept out of its provenance,
-        checked by the caller)."""
-        if not isinstance(entry, Mapping):
-            if isinstance(entry, str):
-                self.scalar(path, entry, positive=positive)
-            self.fail(path, entry, 'must be an object {"value": ..., "source": ...}',
-                      "wrap the number with its provenance")
-        if "value" not in entry:
-            self.fail(f"{path}.value", _MISSING, "is required", "add the number")
-        value = self.scalar(f"{path}.value", entry["value"], positive=positive)
-        self.origin(path, entry, ("value", *extras))
-        return value
-
-    def efficiency(self, path: str, value: float) -> float:
-        if value > 1:
-            self.fail(path, value, "must lie in (0, 1]", "give the achieved fraction of peak, e.g. 0.45")
-        return value
-
-    def link(self, path: str, entry: Any) -> LinkCost:
-        if not isinstance(entry, Mapping):
-            self.fail(path, entry, 'must be an object {"alpha_s": ..., "beta_s_per_byte": ..., '
-                      '"source": ...}', "write the link cost as an object")
-        numbers = ("alpha_s", "beta_s_per_byte")
-        for key in numbers:
-            if key not in entry:
-                self.fail(f"{path}.{key}", _MISSING, "is required", f"add {key} in SI base units")
-        cost = LinkCost(*(self.scalar(f"{path}.{k}", entry[k], positive=False) for k in numbers))
-        if "mesh_links" in entry:
-            links = entry["mesh_links"]
-            if isinstance(links, bool) or not isinstance(links, int) or links < 1:
-                self.fail(f"{path}.mesh_links", links, "must be an integer >= 1",
-                          "give the direct links of a full mesh whose combined bandwidth beta_s_per_byte is")
-            if path.endswith(".p2p"):
-                self.fail(f"{path}.mesh_links", links, "applies to collectives, not to p2p",
-                          "remove it: a point-to-point transfer uses one link whatever the mesh")
-            cost = replace(cost, mesh_links=links)
-        self.origin(path, entry, (*numbers, "mesh_links"))
-        return cost
-
-
-def _freeze(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return MappingProxyType({k: _freeze(x) for k, x in value.items()})
-    if isinstance(value, list):
-        return tuple(_freeze(x) for x in value)
-    return value
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _thaw(x) for k, x in value.items()}
-    if isinstance(value, tuple):
-        return [_thaw(x) for x in value]
-    return value
-
-
 # ------------------------------------------------------------------------------------ load / dump
 
-
-def _to_json(value: Any, depth: int = 0) -> str:
-    """Indented JSON whose large round numbers read as ``9.89e+14`` rather than ``989000000000000.0``."""
-    pad, inner = "  " * depth, "  " * (depth + 1)
-    if isinstance(value, Mapping):
-        items = [f"{inner}{json.dumps(str(k))}: {_to_json(x, depth + 1)}" for k, x in value.items()]
-        return "{\n" + ",\n".join(items) + f"\n{pad}}}" if items else "{}"
-    if isinstance(value, (list, tuple)):
-        if all(not isinstance(x, (Mapping, list, tuple)) for x in value):
-            return "[" + ", ".join(_to_json(x) for x in value) + "]"
-        return "[\n" + ",\n".join(inner + _to_json(x, depth + 1) for x in value) + f"\n{pad}]"
-    if isinstance(value, float) and math.isfinite(value) and abs(value) >= 1e6 and value.is_integer():
-        return format(Decimal(repr(value)).normalize(), "e").replace("e+", "e")
-    return json.dumps(value)
 
 
 def _builtin_dir() -> Path:
@@ -737,7 +529,7 @@ def dump_profile(profile_dict: Mapping | HardwareProfile, path: str | os.PathLik
 
     data = profile_dict.to_dict() if isinstance(profile_dict, HardwareProfile) else dict(profile_dict)
     parse_profile(data, where=os.fspath(path))
-    write_together([(path, lambda tmp: tmp.write_text(_to_json(data) + "\n", encoding="utf-8"))])
+    write_together([(path, lambda tmp: tmp.write_text(to_json(data) + "\n", encoding="utf-8"))])
 
 
 def hierarchical_all_reduce_s(profile: HardwareProfile, size_bytes: float, group_size: int, stride: int) -> float:

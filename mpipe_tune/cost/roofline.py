@@ -23,15 +23,16 @@ def compute_bound(work: arch.ArchWork, kind: str, profile: HardwareProfile, dtyp
     return tuple(np.where(c >= b / profile.memory_bytes_per_s, d, 0.0) for c, b, d in zip(compute, moved, device))
 
 
-def bound_split(device, compute, comm, host, passes) -> tuple:
+def bound_split(device, compute, comm, host, passes, *, inline: bool = False) -> tuple:
     """Each pass's charged seconds split into (compute, memory, host, communication) summed over the passes: a
-    pass whose host issue time exceeds its device and collective time counts whole as host-bound."""
+    pass whose host issue time exceeds its device and collective time counts whole as host-bound; on an
+    ``inline`` host (issue and device work add up) each part counts its own seconds."""
     out = [0.0, 0.0, 0.0, 0.0]
     for d, c, m, h, total in zip(device, compute, comm, host, passes):
-        host_bound = h > d + m
+        host_bound = False if inline else h > d + m
         out[0] = out[0] + np.where(host_bound, 0.0, c)
         out[1] = out[1] + np.where(host_bound, 0.0, d - c)
-        out[2] = out[2] + np.where(host_bound, total, 0.0)
+        out[2] = out[2] + np.where(host_bound, total, h if inline else 0.0)
         out[3] = out[3] + np.where(host_bound, 0.0, m)
     return tuple(out)
 

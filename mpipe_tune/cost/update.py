@@ -17,7 +17,7 @@ all-gather of the weights is charged with the reduce). Plain SGD (the runtime's)
 Where the profile has host costs (:mod:`~mpipe_tune.cost.kernel_model`) the update also takes at least the
 host's time to issue its kernels (:func:`~mpipe_tune.cost.kernel_model.optimizer_kernels` over the rank's
 trainable parameter tensors, under the framework's kernel mode: torch's ``foreach`` AdamW when eager, a fused
-Adam otherwise), and each rank pays one host sync per step (``sync_s``: the gradient-norm check reads the
+Adam otherwise; on an ``inline`` host, a CPU, that time adds to the update's), and each rank pays one host sync per step (``sync_s``: the gradient-norm check reads the
 norm back, which drains the queue).
 
 The update runs after the rank's last event of the step, so it is charged there: the event before
@@ -60,7 +60,7 @@ def estimate_update_s(plan: Plan, model: Model, table: LayerTable, profile: Hard
         return update_s
     tensors = per_rank_sum(layers, table.param_tensor_count * trainable)
     issue_s = np.array([optimizer_kernels(t, options.kernel_mode) for t in tensors]) * profile.host.dispatch_s
-    return np.maximum(update_s, issue_s) + profile.host.sync_s
+    return profile.host.pass_s(update_s, issue_s) + profile.host.sync_s
 
 
 def update_charges(plan: Plan, update_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

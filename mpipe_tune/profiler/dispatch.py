@@ -86,12 +86,14 @@ def measure_host(torch: ModuleType, device: str, lengths: tuple[int, ...], repea
 
 
 def host_entries(sweep: HostSweep, measured: Mapping[str, str], device: str, how: str = "") -> dict[str, Any]:
-    """The profile's ``host`` table: ``dispatch_s`` and ``sync_s`` with the chains behind them."""
+    """The profile's ``host`` table: ``dispatch_s`` and ``sync_s`` with the chains behind them, and on CPU
+    ``issue: inline`` (the cost model adds a pass's issue time to its device time rather than overlapping them)."""
     plain, synced = sweep.plain.fit(), sweep.synced.fit()
     chains = {"chain_lengths": list(sweep.plain.lengths), "repeats": sweep.plain.seconds[0].num_repeats}
     issue = ("issued without waiting for the device (host seconds, the queue runs ahead)" if device != "cpu"
              else "on CPU eager torch each runs on the issuing thread: the per-operator overhead")
     return {
+        **({"issue": "inline"} if device == "cpu" else {}),  # eager CPU torch runs each operator as it is issued
         "dispatch_s": {
             "value": sweep.dispatch_s, **measured,
             "ref": f"chains of tiny operators (y = y + c on a one-element {device} tensor, each allocating its "

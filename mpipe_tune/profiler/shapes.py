@@ -18,9 +18,12 @@ curves of the profile's ``kernel_efficiency`` table fitted to them (:mod:`~mpipe
 On an accelerator a call's seconds are the device's where the queue runs ahead of the host: calls that
 take less than ``HOST_BOUND_FACTOR`` times ``dispatch_s`` are timed at the host's issue rate, not the
 kernel's, and are kept in the entry (``host_bound``) but left out of the fit. On CPU each call runs on
-the issuing thread, its dispatch and its work one after the other: the curves describe the whole call,
-dispatch included, so that the cost model's ``max(device, host issue)`` per pass (the right bound for a
-queue that runs ahead) charges a CPU pass the sum it takes.
+the issuing thread, its dispatch and its work one after the other, and the profile's host issues
+``inline`` (the cost model charges a pass its kernels' issue time plus their device time): the curves
+are fitted net of dispatch, each call's seconds less the issue time the cost model charges for the same
+kernels (:data:`CALL_KERNELS`: one ``dispatch_s`` for a GEMM or a copy, the attention core's forward and
+backward kernels for an attention call), so that issue plus curve gives back the whole call. A CPU call
+under ``HOST_BOUND_FACTOR`` times its issue time leaves too little net of it to fit and is left out too.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from mpipe_tune.cost.arch_pieces import ATTENTION_BWD_KERNELS
 from mpipe_tune.cost.kernel_model import AttentionCurve, MemoryCurve
 from mpipe_tune.profiler.curves import CurveFit, fit_gemm, fit_saturation
 from mpipe_tune.profiler.device import Timer, time_repeats
@@ -38,7 +42,10 @@ from mpipe_tune.profiler.stats import Spread, summarize
 
 KiB = 2**10
 HOST_BOUND_FACTOR = 2.0
-"""A call under this many times the dispatch cost is timed at the host's rate: kept out of the fits."""
+"""A call under this many times its issue cost is timed at the host's rate: kept out of the fits."""
+CALL_KERNELS = {"gemm": 1.0, "attention": 1.0 + ATTENTION_BWD_KERNELS, "memory": 1.0}
+"""Kernels the cost model issues for one timed call of each family (:mod:`~mpipe_tune.cost.arch_pieces`): a
+matmul, the attention core's forward and its backward (the call timed is forward plus backward), a copy."""
 
 
 @dataclass(frozen=True)
@@ -200,30 +207,30 @@ def kernel_efficiency_entries(sweeps: KernelSweeps, *, peak_flops_per_s: float, 
                               dispatch_s: float, device: str, measured: Mapping[str, str],
                               how: str = "") -> dict[str, Any]:
     """The profile's ``kernel_efficiency`` table: each family's curve fitted to its points."""
-    serial = device == "cpu"
+    inline = device == "cpu"
 
-    def kernel_s(seconds: float) -> float | None:
-        """The seconds the curve describes, or None for an accelerator's call timed at the host's issue rate."""
-        return None if not serial and seconds < HOST_BOUND_FACTOR * dispatch_s else seconds
-
-    def rates(points: Sequence[ShapePoint], work: Callable[[ShapePoint], float], roof: float,
+    def rates(points: Sequence[ShapePoint], family: str, work: Callable[[ShapePoint], float], roof: float,
               seconds: Callable[[ShapePoint], float] = lambda p: p.seconds.median):
+        """The points the curve is fitted to and their efficiencies: on an accelerator the calls not timed at
+        the host's issue rate, on CPU (inline) each call net of its issue time, where enough is left."""
+        issue_s = CALL_KERNELS[family] * dispatch_s
         kept, effs = [], []
         for p in points:
-            s = kernel_s(seconds(p))
-            if s is not None:
+            s = seconds(p)
+            if s >= HOST_BOUND_FACTOR * (issue_s if inline else dispatch_s):
                 kept.append(p)
-                effs.append(work(p) / s / roof)
+                effs.append(work(p) / (s - issue_s if inline else s) / roof)
         return kept, effs
 
-    where = (f"on {device}, the call's whole seconds, its dispatch included (a CPU call runs on the issuing "
-             f"thread, so the cost model's max of device and host-issue time charges the sum)" if serial
+    where = (f"on {device}, each call's seconds net of its issue time (the host issues inline: the cost model "
+             f"adds a pass's issue time to its device time), {dispatch_s:.3g} s dispatch_s a kernel" if inline
              else f"on {device}, device-event seconds per call")
-    left_out = ("every call fitted" if serial else f"calls under {HOST_BOUND_FACTOR:g}x dispatch_s are timed at "
-                f"the host's issue rate and left out of the fit (host_bound)")
+    left_out = (f"calls under {HOST_BOUND_FACTOR:g}x their issue time are left out of the fit (host_bound)"
+                if inline else f"calls under {HOST_BOUND_FACTOR:g}x dispatch_s are timed at the host's issue "
+                f"rate and left out of the fit (host_bound)")
     entries: dict[str, Any] = {}
 
-    gemm_kept, gemm_eff = rates(sweeps.gemm, lambda p: 2.0 * p.size[0] * p.size[1] * p.size[2], peak_flops_per_s)
+    gemm_kept, gemm_eff = rates(sweeps.gemm, "gemm", lambda p: 2.0 * p.size[0] * p.size[1] * p.size[2], peak_flops_per_s)
     if len(gemm_kept) >= 2:
         fit = fit_gemm([p.size for p in gemm_kept], gemm_eff, units=sweeps.units)
         c = fit.curve
@@ -243,7 +250,7 @@ def kernel_efficiency_entries(sweeps: KernelSweeps, *, peak_flops_per_s: float, 
 
     heads, d = sweeps.attention_heads, sweeps.head_dim
     flops = lambda p: attention_fwd_flops(p.size[0], heads, d)  # noqa: E731
-    att_kept, att_eff = rates(sweeps.attention, lambda p: 3.0 * flops(p), peak_flops_per_s,
+    att_kept, att_eff = rates(sweeps.attention, "attention", lambda p: 3.0 * flops(p), peak_flops_per_s,
                               seconds=lambda p: p.backward.median)
     if len(att_kept) >= 2:
         fit = fit_saturation(AttentionCurve, [p.size[0] for p in att_kept], att_eff,
@@ -258,11 +265,12 @@ def kernel_efficiency_entries(sweeps: KernelSweeps, *, peak_flops_per_s: float, 
             "seq_lengths": [p.size[0] for p in att_kept], "efficiency": att_eff,
             "forward_median_s": [p.seconds.median for p in att_kept],
             "median_s": [p.backward.median for p in att_kept],
-            "forward_efficiency": [flops(p) / p.seconds.median / peak_flops_per_s for p in att_kept],
+            "forward_efficiency": [flops(p) / (p.seconds.median - (dispatch_s if inline else 0.0)) / peak_flops_per_s
+                                   for p in att_kept],
             "host_bound": [p.size[0] for p in sweeps.attention if p not in att_kept],
         }
 
-    mem_kept, mem_eff = rates(sweeps.memory, lambda p: 2.0 * p.size[0], bytes_per_s)
+    mem_kept, mem_eff = rates(sweeps.memory, "memory", lambda p: 2.0 * p.size[0], bytes_per_s)
     if len(mem_kept) >= 2:
         fit = fit_saturation(MemoryCurve, [2 * p.size[0] for p in mem_kept], mem_eff)
         entries["memory"] = {

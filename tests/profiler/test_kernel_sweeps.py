@@ -3,6 +3,7 @@ parameters, the tables in an assembled profile, and a tiny real sweep on this CP
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from mpipe_tune.profiler.shapes import (
     KernelSweeps,
     KernelSweepSettings,
     ShapePoint,
+    CALL_KERNELS,
     attention_fwd_flops,
     kernel_efficiency_entries,
     layer_gemms,
@@ -60,17 +62,41 @@ def test_the_fits_recover_the_curves_that_made_the_timings(units):
         assert entry["source"] == "measured" and entry["ref"] and len(entry["predicted_efficiency"]) == len(entry["efficiency"])
 
 
-def test_on_cpu_the_curves_describe_whole_calls_dispatch_included():
-    # A CPU call runs on the issuing thread: the short GEMM is fitted too (it is what such a call costs there),
-    # and every efficiency is the call's work over its whole seconds.
-    sweeps = synthetic_sweeps(None)
-    entries = kernel_efficiency_entries(sweeps, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH, dispatch_s=DISPATCH,
-                                        device="cpu", measured={"source": "measured"})
-    gemm = entries["gemm"]
-    assert gemm["host_bound"] == [] and [1, 1, 1] in gemm["shapes"]
-    tiny = gemm["efficiency"][gemm["shapes"].index([1, 1, 1])]
-    assert tiny == pytest.approx(2.0 / (DISPATCH / 10) / PEAK)
-    assert "dispatch included" in gemm["ref"]
+def with_issue(sweeps: KernelSweeps, dispatch_s: float) -> KernelSweeps:
+    """``sweeps`` as an inline (CPU) host times them: every call's seconds plus its kernels' issue time."""
+    def plus(points, family, both=False):
+        issue = CALL_KERNELS[family] * dispatch_s
+        return tuple(ShapePoint(p.size, summarize([p.seconds.median + (0.0 if both else issue)]),
+                                None if p.backward is None else summarize([p.backward.median + issue]))
+                     for p in points)
+
+    return replace(sweeps, gemm=plus(sweeps.gemm, "gemm"), attention=plus(sweeps.attention, "attention", both=True),
+                   memory=plus(sweeps.memory, "memory"))
+
+
+def test_on_cpu_the_dispatch_and_the_curves_are_recovered_from_whole_calls():
+    # An inline host: each call costs its kernels' issue plus the curve's time. The chains give dispatch_s, the
+    # curves are fitted net of it, and the short GEMM (under twice its issue time) stays out of the fit.
+    planted = 20e-6
+    lengths = (16, 64, 256, 1024)
+    chains = HostSweep(*(ChainSweep(lengths, tuple(summarize([3e-6 + (planted + extra) * n]) for n in lengths))
+                         for extra in (0.0, 4e-6)))
+    table = host_entries(chains, {"source": "measured"}, "cpu")
+    assert table["issue"] == "inline" and table["dispatch_s"]["value"] == pytest.approx(planted, rel=1e-6)
+    sweeps = with_issue(synthetic_sweeps(8), table["dispatch_s"]["value"])
+    entries = kernel_efficiency_entries(sweeps, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH,
+                                        dispatch_s=table["dispatch_s"]["value"], device="cpu",
+                                        measured={"source": "measured"})
+    gemm, attention, memory = entries["gemm"], entries["attention"], entries["memory"]
+    assert (gemm["max"], gemm["half_dim"], gemm["tile_m"], gemm["tile_n"]) == pytest.approx((0.8, 96.0, 64, 128), rel=1e-3)
+    assert [1, 1, 1] in gemm["host_bound"] and len(gemm["shapes"]) + len(gemm["host_bound"]) == len(SHAPES) + 1
+    assert "net of its issue time" in gemm["ref"]
+    assert (attention["max"], attention["half_seq"]) == pytest.approx((0.6, 512.0), rel=1e-3)
+    assert (memory["max"], memory["half_bytes"]) == pytest.approx((0.85, 1e6), rel=1e-3)
+    # fitted to the whole calls instead, the curves would carry the dispatch: the small GEMMs far slower
+    whole = kernel_efficiency_entries(sweeps, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH, dispatch_s=0.0,
+                                      device="cuda", measured={"source": "measured"})["gemm"]
+    assert whole["rms_relative_error"] > 0.1
 
 
 def test_a_noisy_sweep_is_fitted_with_its_fit_quality_stated():
@@ -107,7 +133,6 @@ def test_layer_gemms_cover_micro_batch_1_shapes():
 def measurements_with_tables():
     from test_profile_command import _measurements
 
-    from dataclasses import replace
 
     lengths = (16, 64, 256)
     host = HostSweep(ChainSweep(lengths, tuple(summarize([2e-6 * n]) for n in lengths)),
