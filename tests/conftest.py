@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -73,6 +75,20 @@ def benchmark_module(name: str):
     finally:
         sys.path.remove(str(BENCHMARKS))
         sys.modules.pop(name, None)
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """``mpipe_tune.cli.main(args)`` in-process: exit code, stdout, stderr (argparse's own errors exit 2 too). What
+    the console entry point adds (start-up, signals) is tested through a subprocess where a test needs it."""
+    from mpipe_tune.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
 
 
 def make_model(blocks, fwd=1.0, bwd=2.0, trainable=None, name="test") -> Model:
