@@ -70,6 +70,11 @@ class PublishedRun:
     layer_list: tuple[int, ...] | None = None
     """Decoder layers per pipeline stage where the run set them unevenly (Megatron's ``--num-layer-list``,
     vp 1 only); None: ``decoders / (pp * vp)`` per virtual stage."""
+    embedding_in_split: bool = False
+    """The embedding and the output layer (with the loss) count as one layer each when the layers are split over
+    the virtual stages (Megatron-LM's ``--account-for-embedding-in-pipeline-split
+    --account-for-loss-in-pipeline-split``): ``(decoders + 2) / (pp * vp)`` model layers per virtual stage, the
+    first holding the embedding and the last the output layer in place of a decoder layer each."""
     optimizer_bytes_per_param: float = 12.0
     """Optimizer state per parameter beyond the parameter itself: Adam's fp32 master copy and two moments (12)
     unless the framework's optimizer keeps fewer (MindFormers' fp32-state AdamW on fp16 parameters: 8)."""
@@ -92,7 +97,7 @@ class PublishedRun:
     ``attention_core`` (Megatron-LM's) or ``op`` (torchtitan's ``selective_ac_option = 'op'``)."""
     zero_stage: int | None = None
     """The ZeRO stage where the run states more than :attr:`distributed_optimizer` says: 3 where its framework
-    keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.fsdp`), 2 where only the
+    keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.sharding_events`), 2 where only the
     gradients and the optimizer state are; None: 1 with a distributed optimizer, else 0. A stage given needs
     :attr:`zero_source`."""
     reshard_after_forward: bool | None = None
@@ -211,17 +216,31 @@ def run_candidate_reshards(run: PublishedRun) -> bool:
     return default_reshard_after_forward(run.pp)
 
 
-def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] | None = None
-                    ) -> tuple[Cut, str, tuple[tuple[int, ...], ...]]:
+def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] | None = None,
+                    embedding_in_split: bool = False) -> tuple[Cut, str, tuple[tuple[int, ...], ...]]:
     """Cut, schedule text and slab counts of Megatron-LM's layout: ``vp`` woven regions, each rank's
     virtual stage ``decoders / (pp * vp)`` decoder layers (at vp 1, ``layer_list``'s counts where given:
-    ``--num-layer-list``), the embedding first and the head last.
+    ``--num-layer-list``), the embedding first and the head last; with ``embedding_in_split`` the embedding
+    and the head count as layers of the split (:attr:`PublishedRun.embedding_in_split`).
 
     >>> from mpipe_tune.inputs.specs import load_model
     >>> cut, schedule, slabs = megatron_layout(load_model("llama3-8b"), 2, 2)
     >>> cut.boundaries, schedule, slabs
     ((17,), '1f1b,1f1b', ((9, 8), (8, 9)))
+    >>> megatron_layout(load_model("llama3-8b"), 2, 2, embedding_in_split=True)[2]  # 34 layers in 4 stages
+    Traceback (most recent call last):
+    ...
+    mpipe_tune.errors.MpipeError: 34 layers (the embedding and the output layer counted) do not split into pp 2 x vp 2 equal virtual stages
+    >>> megatron_layout(load_model("llama3-8b"), 2, 1, embedding_in_split=True)[2]
+    ((17, 17),)
     """
+    if embedding_in_split:
+        if layer_list is not None or model.num_layers % (pp * vp):
+            raise MpipeError(f"{model.num_layers} layers (the embedding and the output layer counted) do not split "
+                             f"into pp {pp} x vp {vp} equal virtual stages")
+        per_stage = model.num_layers // (pp * vp)
+        boundaries = tuple(per_stage * pp * k for k in range(1, vp))
+        return Cut(boundaries), ",".join(["1f1b"] * vp), ((per_stage,) * pp,) * vp
     decoders = model.num_layers - 2
     if layer_list is not None:
         if vp != 1 or len(layer_list) != pp or sum(layer_list) != decoders:
@@ -254,7 +273,7 @@ def predict_run(run: PublishedRun, profile: HardwareProfile | None = None) -> Pr
     workload = Workload(tuple(Microbatch(0, run.seq_len * run.micro_batch, texts=texts)
                               for _ in range(run.num_microbatches)),
                         f"{run.name}: {run.num_microbatches} x {run.micro_batch} x {run.seq_len} tokens")
-    cut, schedule, slabs = megatron_layout(model, run.pp, run.vp, run.layer_list)
+    cut, schedule, slabs = megatron_layout(model, run.pp, run.vp, run.layer_list, run.embedding_in_split)
     options = run_options(run)
     candidate = Candidate(schedule, cut.boundaries, pp=run.pp, tp=options.degrees.tp, dp=options.degrees.dp,
                           num_microbatches=run.num_microbatches, slab_counts=slabs, recompute=options.recompute,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -75,6 +77,20 @@ def benchmark_module(name: str):
         sys.modules.pop(name, None)
 
 
+def cli(*args: str) -> tuple[int, str, str]:
+    """``mpipe_tune.cli.main(args)`` in-process: exit code, stdout, stderr (argparse's own errors exit 2 too). What
+    the console entry point adds (start-up, signals) is tested through a subprocess where a test needs it."""
+    from mpipe_tune.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
 def make_model(blocks, fwd=1.0, bwd=2.0, trainable=None, name="test") -> Model:
     """One explicit-cost layer per entry of ``blocks`` (e.g. ["encoder", "encoder", "llm", ...])."""
     trainable = trainable or [True] * len(blocks)
@@ -140,3 +156,9 @@ def walked_peaks(deltas, makespan_s: float) -> list[float]:
             peak = max(peak, running)
         peaks.append(peak)
     return peaks
+
+
+def charged_s(result):
+    """Per event of a prediction, its seconds with the sharding actions placed at it added (ZeRO-2 and
+    ZeRO-3 resharding after forward, :mod:`mpipe_tune.cost.sharding_events`): the old folded durations."""
+    return result.timeline.charged_s()

@@ -7,14 +7,13 @@ from pathlib import Path
 import pytest
 
 from mpipe_tune.cli import main
-from conftest import predict_plan
+from conftest import cli, predict_plan
 
 
 def run_cli(*args):
-    """Run the real console entry point in a subprocess: exit code, stdout, stderr."""
-    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *args], capture_output=True, text=True,
-                          timeout=300)  # a hang guard, far above a loaded machine
-    return proc.returncode, proc.stdout, proc.stderr
+    """The CLI in-process (``conftest.cli``): exit code, stdout, stderr. The console entry point's own start-up is
+    tested by ``test_version`` and ``test_cli_fuzz``'s console-script test."""
+    return cli(*args)
 
 
 def test_predict_json_reports_makespan_and_per_rank_figures(capsys):

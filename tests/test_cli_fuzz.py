@@ -16,8 +16,6 @@ profile's) so that the whole file stays well under a minute; ``MPIPE_FUZZ_SCALE`
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -31,6 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpipe_tune.cli import main
+from conftest import cli
 
 ROOT = Path(__file__).parents[1]
 FAST = settings(deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -66,17 +65,6 @@ def _mutated(data, draw):
     else:
         parent[key] = draw(trees)
     return data
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    """``main(args)`` in-process: exit code, stdout, stderr. argparse's own errors exit 2 too."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as exc:
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 def check(result: tuple[int, str, str], folder: Path, inputs: set[str]) -> int:

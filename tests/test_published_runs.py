@@ -53,6 +53,21 @@ def test_megatron_layout_gives_each_virtual_stage_its_share(published):
         published.megatron_layout(model, 4, 5)
 
 
+def test_the_llama3_paper_layout_counts_the_embedding_and_the_output_layer_in_the_split(published):
+    """The Llama 3 paper's 405B pipeline (section 3.3.2): 16 ranks of 8 interleaved chunks of one layer each,
+    the first chunk the embedding alone and the last the output layer alone, so the first and last ranks run
+    one decoder layer fewer than the others."""
+    from mpipe_tune.inputs.specs import load_model
+
+    run = next(run for run in published.load_runs() if run.suite == "llama3-paper-405b")
+    model = load_model(BENCHMARKS / "models" / "llama31-405b.yaml")
+    cut, schedule, slabs = published.megatron_layout(model, run.pp, run.vp, run.layer_list, run.embedding_in_split)
+    assert (run.pp, run.vp) == (16, 8) and slabs == ((1,) * 16,) * 8 and schedule.count("1f1b") == 8
+    per_rank = [sum(region[rank] for region in slabs) for rank in range(16)]
+    assert per_rank == [8] * 16  # the first rank's 8 layers: the embedding and 7 decoders; the last's: 7 and the head
+    assert cut.boundaries == tuple(16 * k for k in range(1, 8))
+
+
 def test_the_ascend_profiles_carry_the_fit_and_say_what_stays_assumed(published):
     """ascend-910b's efficiencies are fitted on its published fit runs (cited, pinned), held-out runs exist;
     the 910C takes them as an assumption."""

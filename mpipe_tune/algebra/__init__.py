@@ -40,7 +40,7 @@ from mpipe_tune.algebra.plan import (
 from mpipe_tune.algebra.schedule import (
     Cut, Layout, Schedule, Skeleton, normalize, parse_cut, parse_schedule, validate_schedule,
 )
-from mpipe_tune.algebra.sharding import sharded_program
+from mpipe_tune.algebra.sharding import UNSHARD, microbatch_actions, sharded_program
 from mpipe_tune.algebra.stages import rank_slabs, wavefront_stages
 from mpipe_tune.algebra.topology import sequence_edges, sort_topologically
 
@@ -56,7 +56,7 @@ __all__ = [
     "Footprint", "footprint",
     # derive and the IR it produces (events, placement, the plan and its columns)
     "derive", "Owners", "collector_paused", "rank_slabs", "wavefront_stages", "sequence_edges",
-    "sort_topologically", "topological_order", "sharded_program",
+    "sort_topologically", "topological_order", "sharded_program", "microbatch_actions", "UNSHARD",
     "Action", "Bwd", "Coll", "Comm", "DpReduce", "EdgeKind", "Event", "Fwd", "Group", "Loss", "ReduceGrad",
     "Reshard", "StepBarrier", "Unshard", "Wgrad", "parse_event",
     "ByLayer", "ByMicrobatch", "RegionPlacement", "balanced_counts", "round_robin", "validate_owners",

@@ -134,7 +134,7 @@ class Candidate:
     zero_stage: int = 1
     """1: distributed optimizer (ZeRO-1, optimizer state sharded over the data-parallel ranks); 2: gradients
     sharded too (reduce-scattered after every microbatch's backward, the weights gathered once a step); 3:
-    weights sharded too (torch FSDP2's ``fully_shard`` per layer, :mod:`mpipe_tune.cost.fsdp`); 0: none
+    weights sharded too (torch FSDP2's ``fully_shard`` per layer, :mod:`mpipe_tune.cost.sharding_events`); 0: none
     (:data:`ZERO_STAGES`)."""
     reshard_after_forward: bool | None = None
     """At ZeRO stage 3, the reshard policy (FSDP2's ``reshard_after_forward``): ``True`` gathers each layer's

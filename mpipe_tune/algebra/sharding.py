@@ -15,6 +15,20 @@ which actions a stage takes; they are placed on the derived per-rank order, stag
 
 The program is the order's events with the actions between them; the order graph itself is unchanged.
 
+Per microbatch (:func:`microbatch_actions`), what FSDP2's hooks run around each event at the settings that
+gather or reduce-scatter every microbatch (the runtime leaves these to FSDP2's own pre- and post-hooks; the
+cost model times them on the timeline, :mod:`mpipe_tune.cost.sharding_events`):
+
+- **stage 3 resharding after forward**: ``unshard`` before every ``Fwd`` and every ``Bwd`` of a stage
+  (the layers' weights gathered again, one layer ahead of the compute), ``reducegrad`` after every ``Bwd``
+  (each backward's gradients reduce-scattered);
+- **stage 2**: ``reducegrad`` after every ``Bwd``;
+- the other settings: none (their gathers and reduce-scatters are once a step: the step-level actions
+  above, which the step-end reduce events time);
+- with ``hooks`` (FSDP2's per-layer host work priced), stage 2 and stage 3 either way take all three
+  kinds' places (an unshard before every forward and backward, a reducegrad after every backward): FSDP2's
+  hooks run around every call, whether or not a collective does.
+
 >>> from mpipe_tune.algebra import Cut, Model, Schedule, Skeleton, derive
 >>> from mpipe_tune.algebra.model import Layer
 >>> model = Model("m", tuple(Layer(f"u{i}", "llm", True, 1.0) for i in range(4)))
@@ -25,8 +39,10 @@ The program is the order's events with the actions between them; the order graph
 
 from __future__ import annotations
 
+import numpy as np
+
 from mpipe_tune.algebra.events import Action, Bwd, Event, Fwd, ReduceGrad, Reshard, Unshard, Wgrad
-from mpipe_tune.algebra.plan import Plan
+from mpipe_tune.algebra.plan import BWD, FWD, OrderColumns, Plan
 
 _STAGE_EVENTS = (Fwd, Bwd, Wgrad)
 
@@ -66,3 +82,32 @@ def sharded_program(plan: Plan, rank: int, *, zero_stage: int,
         out.append(e)
         out += after.get(k, ())
     return tuple(out)
+
+
+UNSHARD, REDUCE_GRAD = 0, 1
+"""The codes of :func:`microbatch_actions`' kinds: a gather before an event, a reduce-scatter after one."""
+
+
+def microbatch_actions(columns: OrderColumns, *, zero_stage: int, reshards_after_forward: bool,
+                       hooks: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The per-microbatch sharding actions of an order at this ZeRO setting (module docstring), as columns:
+    each action's kind (:data:`UNSHARD` before its event, :data:`REDUCE_GRAD` after it) and the index of the
+    event it is placed at, in the order of those events' indices (an event's unshard before its reducegrad).
+
+    >>> from mpipe_tune.algebra import Cut, Model, Schedule, Skeleton, derive
+    >>> from mpipe_tune.algebra.model import Layer
+    >>> plan = derive(Cut(()), Schedule((Skeleton("1f1b"),)), Model("m", (Layer("u", "llm", True, 1.0),)), 1, 2)
+    >>> kinds, at = microbatch_actions(plan.order.columns, zero_stage=3, reshards_after_forward=True)
+    >>> [("unshard" if k == UNSHARD else "reducegrad", str(plan.order.events[i])) for k, i in zip(kinds, at)]
+    [('unshard', 'F1.0#0'), ('unshard', 'B1.0#0'), ('reducegrad', 'B1.0#0'), ('unshard', 'F1.0#1'), ('unshard', 'B1.0#1'), ('reducegrad', 'B1.0#1')]
+    """
+    gathers = (zero_stage == 3 and reshards_after_forward) or (hooks and zero_stage >= 2)
+    if not (gathers or zero_stage == 2):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    kind = columns.kind
+    before = np.flatnonzero((kind == FWD) | (kind == BWD)) if gathers else np.zeros(0, dtype=np.int64)
+    after = np.flatnonzero(kind == BWD)
+    at = np.concatenate((before, after))
+    kinds = np.concatenate((np.full(len(before), UNSHARD), np.full(len(after), REDUCE_GRAD)))
+    order = np.lexsort((kinds, at))
+    return kinds[order], at[order]

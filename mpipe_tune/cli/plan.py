@@ -147,9 +147,9 @@ class Plan(Command):
         s.add_argument("--cp", default="1", help="allowed context-parallel degrees, e.g. 1,2 (default 1)")
         s.add_argument("--zero", default=None, choices=("0", "1", "2", "3", "3-reshard", "3-keep", "search", "all"),
                        help="ZeRO stage: 1 (default, optimizer state sharded over the data-parallel ranks), 2 (gradients "
-                            "too), 3 (weights too, FSDP; 3-reshard gathers them for every forward and backward, 3-keep "
-                            "once a step; 3: keep under pipeline parallelism, reshard at pp 1), 0, search (0 and 1) or "
-                            "all (0 to 3)")
+                            "too), 3 (weights too, FSDP, both reshard policies searched: 3-reshard gathers them for every "
+                            "forward and backward, 3-keep once a step), 0, search (0 and 1) or all (0 to 3, both "
+                            "policies)")
         s.add_argument("--sequence-parallel", default=None, choices=("off", "on", "search"),
                        help="sequence parallelism with tp > 1: off (default), on, or search")
         s.add_argument("--encoder-tp", default="off", choices=("off", "search"),

@@ -26,13 +26,13 @@ class Predict(Command):
             validate_picture_path(args.gantt, label="--gantt")
         prediction, model, workload, profile = load_candidate(args)
         if args.gantt:
-            from mpipe_tune.report.gantt import draw_gantt, zero_of
+            from mpipe_tune.report.gantt import action_spans, draw_gantt, zero_of
 
             t = prediction.timeline
             draw_gantt(prediction.plan, t.start_s, t.durations_s, args.gantt,
                        title=f"{model.name} <{prediction.plan.schedule}> on {profile.name}: P={prediction.plan.num_ranks} "
                              f"M={prediction.plan.num_microbatches}, step {t.makespan_s * 1e3:.4g} ms",
-                       zero=zero_of(prediction.options))
+                       zero=zero_of(prediction.options), actions=action_spans(prediction.plan, t))
         record = prediction_record(prediction, model, workload, profile)
         if args.json:
             print(json.dumps(record, indent=2))

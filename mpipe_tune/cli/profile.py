@@ -177,7 +177,7 @@ def print_curves(profile) -> None:
         if curve is None:
             continue
         origin = profile.provenance[f"kernel_efficiency.{family}"]
-        numbers = ", ".join(f"{k} {v:.4g}" for k, v in curve.items())
+        numbers = ", ".join(f"{k} {v:.4g}" for k, v in curve.items() if v is not None)  # optional fields unset
         fit = (f" (R^2 log t {origin['fit_r2']:.4f}, log eff {origin['fit_r2_efficiency']:.3f}, rms "
                f"{origin['rms_relative_error']:.0%}, {len(origin['median_s'])} points)" if "fit_r2" in origin else "")
         print(f"  kernel {family:9s} {numbers}{fit}")

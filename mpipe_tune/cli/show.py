@@ -51,13 +51,14 @@ def _write(shown, search: dict | None, args) -> None:
 
     outputs = []
     if args.gantt:
-        from mpipe_tune.report.gantt import draw_gantt, zero_of
+        from mpipe_tune.report.gantt import action_spans, draw_gantt, zero_of
 
         resolved, t = shown.resolved, shown.prediction.timeline
         title = (f"{resolved.model.name} <{resolved.section.candidate.schedule}> on {resolved.profile.name}: "
                  f"step {shown.now_s * 1e3:.4g} ms")
         outputs.append((args.gantt, lambda tmp: draw_gantt(shown.prediction.plan, t.start_s, t.durations_s, tmp,
-                                                           title=title, zero=zero_of(shown.prediction.options))))
+                                                           title=title, zero=zero_of(shown.prediction.options),
+                                                           actions=action_spans(shown.prediction.plan, t))))
     if args.csv is not None:
         from mpipe_tune.search.compare import comparison_frame
 

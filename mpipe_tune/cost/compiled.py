@@ -50,6 +50,7 @@ from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, REDUCE, Even
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.memory import MemoryLayout, MemoryReport, estimate_static_bytes
 from mpipe_tune.cost.profile import HardwareProfile
+from mpipe_tune.cost.sharding_events import sharding_events
 from mpipe_tune.cost.timing import CompiledOrder, Timeline
 
 
@@ -69,6 +70,12 @@ class CompiledPlan:
             self.order = self.arrays.once("compiled order", lambda: CompiledOrder(plan, self.arrays))
             self.durations_model = DurationModel(plan, model, profile, options, self.arrays)
             self.memory_layout = MemoryLayout(plan, self.arrays)
+        self.sharding = sharding_events(self.arrays, plan.num_microbatches, model, profile, options)
+        """The per-microbatch sharding actions (ZeRO-2, ZeRO-3 resharding after forward), timed as nodes of
+        their own (:mod:`~mpipe_tune.cost.sharding_events`); None without any."""
+        self._timed: tuple[CompiledOrder, object, CompiledOrder] | None = None
+        """(:attr:`order`, :attr:`sharding`, the order with those actions): made on first use, for that pair
+        (a copy for other options or owners shares the attribute until then)."""
         self._moves: _OwnerMoves | None = None
         self._static: tuple[np.ndarray, tuple[float, ...]] | None = None
 
@@ -82,6 +89,7 @@ class CompiledPlan:
         out.__dict__.update(self.__dict__)
         out.options, out._static = options, None
         out.durations_model = DurationModel(self.derived, self.model, self.profile, options, self.arrays)
+        out.sharding = sharding_events(self.arrays, self.derived.num_microbatches, self.model, self.profile, options)
         return out
 
     @property
@@ -102,10 +110,33 @@ class CompiledPlan:
 
     def makespan(self, table: LayerTable | TableSums) -> float:
         """The step time alone: durations and one longest-path pass (the search's hot loop)."""
-        return self.order.makespan(self.durations(table))
+        if self.sharding is None:
+            return self.order.makespan(self.durations(table))
+        return self.timed_order().makespan(self._with_actions(table))
 
     def timeline(self, table: LayerTable | TableSums) -> Timeline:
-        return self.order.timeline(self.durations(table))
+        """The step's timeline: the events' start, finish and seconds (aligned with the plan's events), the
+        ranks' busy time with their sharding actions' in it."""
+        if self.sharding is None:
+            return self.order.timeline(self.durations(table))
+        timeline = self.timed_order().timeline(self._with_actions(table))
+        n = self.num_events
+        return replace(timeline, start_s=timeline.start_s[:n], finish_s=timeline.finish_s[:n],
+                       durations_s=timeline.durations_s[:n], actions_s=timeline.durations_s[n:],
+                       actions_start_s=timeline.start_s[n:], actions_at=self.sharding.at)
+
+    def timed_order(self) -> CompiledOrder:
+        """The order the step is timed on: :attr:`order` with the sharding actions as nodes of their own
+        (:meth:`~mpipe_tune.cost.timing.CompiledOrder.with_actions`), or :attr:`order` without any."""
+        if self.sharding is None:
+            return self.order
+        if self._timed is None or self._timed[0] is not self.order or self._timed[1] is not self.sharding:
+            self._timed = (self.order, self.sharding, self.order.with_actions(self.sharding.at, self.sharding.after))
+        return self._timed[2]
+
+    def _with_actions(self, table: LayerTable | TableSums) -> np.ndarray:
+        """The events' seconds, then the sharding actions'."""
+        return np.concatenate((self.durations(table), self.sharding.seconds(table)))
 
     def static_bytes(self, table: LayerTable) -> tuple[float, ...]:
         """Per rank, weights, gradients and optimizer state (parameter counts only: cached)."""

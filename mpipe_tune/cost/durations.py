@@ -18,9 +18,10 @@
   optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the parameters instead: the same
   bytes over the same ring, half of them each. Gradients travel in ``grad_reduce_dtype``.
 - ZeRO-2 and ZeRO-3 resharding after forward: the reduces keep ZeRO-1's timing (the last microbatch's
-  reduce-scatters, the first microbatch's gathers), and every ``Fwd`` and ``Bwd`` then adds its
-  per-microbatch gather and reduce-scatter waits (:mod:`~mpipe_tune.cost.fsdp`), after the overlap has
-  read the compute; ZeRO-3 keeping its weights through the step is ZeRO-1's timing.
+  reduce-scatters, the first microbatch's gathers); the per-microbatch gathers and reduce-scatters are
+  sharding actions timed as nodes of their own beside the events
+  (:mod:`~mpipe_tune.cost.sharding_events`), not in these durations; ZeRO-3 keeping its weights through
+  the step is ZeRO-1's timing.
 - The reduces' overlap with compute is scaled by the profile's ``comm_compute_overlap`` ``phi``:
   ``phi * exposed + (1 - phi) * whole`` (1, the default: the bucketed overlap as it is).
 - ``Loss`` and ``StepBarrier`` cost nothing (the LM head layer carries the loss's work).
@@ -39,7 +40,6 @@ over the table's prefix sums (:func:`table_sums`, computed once per table), with
 from __future__ import annotations
 
 import copy
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -51,7 +51,6 @@ from mpipe_tune.algebra.events import Comm, DpReduce, Group
 from mpipe_tune.algebra.model import Model
 from mpipe_tune.cost import kernels
 from mpipe_tune.cost.event_arrays import BWD, COLL, COMMS, FWD, REDUCE, WGRAD, EventArrays
-from mpipe_tune.cost.fsdp import FsdpSums, fsdp_sums
 from mpipe_tune.cost.layers import CostOptions, LayerTable
 from mpipe_tune.cost.memory import prefix_sums
 from mpipe_tune.cost.overlap import compile_overlap
@@ -171,10 +170,6 @@ class DurationModel:
         if self._overlap is not None:  # reads the compute events' durations only; phi: the share compute hides
             phi = self.profile.overlap_share
             out[self.reduce_idx] = phi * self._overlap.exposed(out, self._reduce_s) + (1.0 - phi) * self._reduce_s
-        if self.options.scatters_per_microbatch:  # ZeRO-2/3's per-microbatch waits, after the overlap read the compute
-            waits = _fsdp_sums(sums, self.model, self.profile, self.options)
-            out[self.fwd_idx] += waits.forward_s(self.fwd_hi, self.fwd_lo)
-            out[self.bwd_idx] += waits.backward_s(self.bwd_hi, self.bwd_lo)
         if self._update is None:  # the ranks' last events move with their orders (a re-timed plan's)
             plan = self.order_plan()
             self._update = update_charges(plan, estimate_update_s(plan, self.model, sums.table, self.profile,
@@ -193,19 +188,6 @@ class DurationModel:
             if self._reduce_s[data].any():
                 self._overlap = compile_overlap(self.order_plan(), self._reduces, self.model, table, self.options)
         return self._reduce_s
-
-
-_FSDP_SUMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _fsdp_sums(sums: TableSums, model: Model, profile: HardwareProfile, options: CostOptions) -> FsdpSums:
-    """:func:`~mpipe_tune.cost.fsdp.fsdp_sums` of ``sums``' table, kept with it (every plan of a search
-    that reads the table reads the same waits)."""
-    kept = _FSDP_SUMS.setdefault(sums, {})
-    key = (model.trainable_bits(), profile, options)
-    if key not in kept:
-        kept[key] = fsdp_sums(sums.table, model, profile, options)
-    return kept[key]
 
 
 def _slab_indices(a: EventArrays, kind: int, M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -114,11 +114,11 @@ class CostOptions:
     """ZeRO stage 3 (torch FSDP2's ``fully_shard`` per layer; needs :attr:`shard_optimizer`): the weights
     and gradients are sharded too, over the same ranks as the optimizer state, and each layer's weights
     are all-gathered before its forward and again before its backward, its gradient reduce-scattered
-    after each backward (:mod:`mpipe_tune.cost.fsdp`)."""
+    after each backward (:mod:`mpipe_tune.cost.sharding_events`)."""
     shard_gradients: bool = False
     """ZeRO stage 2 (needs :attr:`shard_optimizer`; implied by :attr:`shard_parameters`): the gradients are
     sharded too, reduce-scattered after every microbatch's backward, while the weights stay whole through
-    the step (gathered once, after the update) (:mod:`mpipe_tune.cost.fsdp`)."""
+    the step (gathered once, after the update) (:mod:`mpipe_tune.cost.sharding_events`)."""
     reshard_after_forward: bool = True
     """With :attr:`shard_parameters`, FSDP2's reshard policy: True gathers each layer's weights before every
     forward and backward and reduce-scatters its gradient after every backward; False gathers a stage's
@@ -212,7 +212,7 @@ class CostOptions:
     @property
     def gathers_per_microbatch(self) -> bool:
         """Whether the weights are gathered and the gradients reduce-scattered per microbatch (ZeRO-3 that
-        reshards after forward): the stage-3 timing of :mod:`mpipe_tune.cost.fsdp`."""
+        reshards after forward): the stage-3 timing of :mod:`mpipe_tune.cost.sharding_events`."""
         return self.shard_parameters and self.reshard_after_forward
 
     @property

@@ -42,7 +42,10 @@ tensor-parallel collectives' time hidden behind compute; absent, they are fully 
 ``comm_compute_overlap`` entry states how much of a data-parallel or sharding collective (a gradient
 reduce, a ZeRO gather or reduce-scatter on its own stream) the compute beside it hides: 1 where the two
 run side by side at full speed, 0 where they take turns (:mod:`mpipe_tune.profiler.overlap` measures
-it); absent, 1.
+it); absent, 1. An optional ``fsdp_host_s`` entry states the host seconds torch FSDP2 adds per sharded
+layer per forward or backward call (its pre- and post-hooks, the copy into and out of the all-gather's flat
+buffer; :mod:`mpipe_tune.profiler.fsdp_host` measures it): charged on ZeRO-2 and ZeRO-3's per-microbatch
+sharding actions (:mod:`mpipe_tune.cost.sharding_events`); absent, 0.
 
 Optional ``host`` (the host's ``dispatch_s`` per kernel and ``sync_s`` per sync, and ``issue``: ``async``, the
 default, where the device runs behind a queue, ``inline`` on a CPU) and ``kernel_efficiency``
@@ -91,9 +94,10 @@ _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "tp_comm_overlap",
     "optimizer_update_bytes_per_s", "host", "kernel_efficiency", "devices_per_package", "comm_compute_overlap",
+    "fsdp_host_s",
 }
 _OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s", "host", "kernel_efficiency",
-                      "devices_per_package", "comm_compute_overlap"}
+                      "devices_per_package", "comm_compute_overlap", "fsdp_host_s"}
 _OVERLAP_FIXES = {"tp_comm_overlap": "give the fraction of the tensor-parallel collective time hidden behind compute",
                   "comm_compute_overlap": "give the share of a collective's time the compute beside it hides "
                                           "(1: fully, 0: they take turns)"}
@@ -168,6 +172,10 @@ class HardwareProfile:
     """Share in [0, 1] of a data-parallel or sharding collective's time that the compute running beside it
     hides (1: the two run side by side at full speed; 0: they take turns); None (absent from the file): 1,
     full overlap (:mod:`mpipe_tune.profiler.overlap` measures it)."""
+
+    fsdp_host_s: float = 0.0
+    """Host seconds torch FSDP2 adds per sharded layer per forward or backward call (hooks, copy-in and
+    copy-out; :mod:`mpipe_tune.profiler.fsdp_host` measures it); 0 where the profile does not give it."""
 
     @property
     def overlap_share(self) -> float:
@@ -338,6 +346,8 @@ class HardwareProfile:
         for key in _OVERLAP_FIXES:
             if getattr(self, key) is not None:
                 data[key] = number(key, getattr(self, key))
+        if "fsdp_host_s" in self.provenance:
+            data["fsdp_host_s"] = number("fsdp_host_s", self.fsdp_host_s)
         if self.host is not None:
             data["host"] = host_dict(self.host, self.provenance, thaw)
         if self.kernel_efficiency is not None:
@@ -445,6 +455,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
             overlaps[key] = v.number(key, data[key], positive=False)
             if overlaps[key] > 1:
                 v.fail(f"{key}.value", overlaps[key], "must lie in [0, 1]", fix)
+    fsdp_host_s = v.number("fsdp_host_s", data["fsdp_host_s"], positive=False) if "fsdp_host_s" in data else 0.0
     host = parse_host(v, data["host"]) if "host" in data else None
     curves = parse_kernel_efficiency(v, data["kernel_efficiency"]) if "kernel_efficiency" in data else None
     classes = v.table("links", data["links"], allowed=(*LINK_CLASSES, PACKAGE_LINK_CLASS))
@@ -474,7 +485,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         tp_overhead_s=MappingProxyType(tp_tables["tp_overhead_s"]),
         tp_slowdown=MappingProxyType(tp_tables["tp_slowdown"]), optimizer_update_bytes_per_s=update_bps,
         tp_comm_overlap=overlaps.get("tp_comm_overlap"), comm_compute_overlap=overlaps.get("comm_compute_overlap"),
-        host=host, kernel_efficiency=curves,
+        host=host, kernel_efficiency=curves, fsdp_host_s=fsdp_host_s,
     )
 
 

@@ -85,6 +85,33 @@ class CompiledOrder:
         self.has_source = has_source
         self._scratch = np.empty(n)
 
+    def with_actions(self, at: np.ndarray, after: np.ndarray) -> "CompiledOrder":
+        """This order with one more node per action, numbered from :attr:`num_events` on in the order of
+        ``at``: action ``k`` runs on the rank of event ``at[k]``, right before it (``after[k]`` False: the
+        rank's previous event, then the action, then the event) or right after it (then the rank's next
+        event). Every edge stays; each action takes the sequence edges to its neighbours on the rank, so an
+        event's edges to other ranks skip the actions beside it (:mod:`mpipe_tune.cost.sharding_events`)."""
+        n, k = self.num_events, len(at)
+        position = np.empty(n, dtype=np.int64)
+        for nodes in self.nodes:
+            position[nodes] = np.arange(len(nodes))
+        rank_of = np.full(n, -1, dtype=np.int64)
+        rank_of[self.on_rank] = self.rank_of_on_rank
+        action_rank = rank_of[at]
+        # Sort keys on a rank: before-actions of the event at position p, then the event, then its after-actions.
+        action_key = 3 * position[at] + np.where(after, 2, 0)
+        nodes, src, dst = [], [self.src], [self.dst]
+        for r, events in enumerate(self.nodes):
+            mine = np.flatnonzero(action_rank == r)
+            keys = np.concatenate((3 * np.arange(len(events)) + 1, action_key[mine]))
+            merged = np.concatenate((events, n + mine))[np.argsort(keys, kind="stable")]
+            nodes.append(merged)
+            touches = (merged[:-1] >= n) | (merged[1:] >= n)
+            src.append(merged[:-1][touches])
+            dst.append(merged[1:][touches])
+        return CompiledOrder.from_arrays(n + k, np.concatenate(src), np.concatenate(dst), nodes, self.encode,
+                                         self.first_forward, self.has_source)
+
     def finish_times(self, durations: np.ndarray) -> np.ndarray:
         """Finish time of every event (indexed like ``plan.order.events``)."""
         out = np.empty(self.num_events)
@@ -149,5 +176,21 @@ class Timeline:
     start_s: np.ndarray
     finish_s: np.ndarray
     durations_s: np.ndarray
+    actions_s: np.ndarray | None = None
+    """The per-microbatch sharding actions' seconds (:class:`~mpipe_tune.cost.sharding_events.ShardingEvents`,
+    in its order); None without any."""
+    actions_start_s: np.ndarray | None = None
+    """When each of those actions starts."""
+    actions_at: np.ndarray | None = None
+    """The event each of those actions is placed at (before or after it, on its rank)."""
+
+    def charged_s(self) -> np.ndarray:
+        """Per event, its seconds with the sharding actions placed at it added: what its rank spends on it when
+        FSDP2 runs the actions in the event's own hooks (the runtime's, and its emulation's, per-event time)."""
+        if self.actions_s is None:
+            return self.durations_s
+        out = self.durations_s.copy()
+        np.add.at(out, self.actions_at, self.actions_s)
+        return out
 
 

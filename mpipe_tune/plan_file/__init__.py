@@ -33,7 +33,7 @@ Layout (schema_version 3)::
       "placement": [...], "collectives": {...},
       "order": {"events": ["F1.0#0", ...], "edges": [[src, dst, "activation"], ...],
                 "nodes": [[event index, ...] per rank]},
-      "predicted": {"makespan_s": .., "ranks": [...], "durations_s": [seconds per event]},
+      "predicted": {"makespan_s": .., "ranks": [...], "durations_s": [seconds per event, its sharding actions in it]},
       "baselines": {"megatron": {"candidate": .., "placement": .., "collectives": .., "order": ..,
                                  "predicted": .., "workload": {"name": .., "hash": .., "microbatches": [..]}}, ...},
       "alternatives": {"megatron@own": {...the same fields...}, ..., "current": {...}}

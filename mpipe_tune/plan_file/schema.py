@@ -166,7 +166,8 @@ class Predicted:
     bubble_share: float
     ranks: tuple[RankFigures, ...]
     durations_s: tuple[float, ...] = spec(lower=0.0)
-    """Predicted seconds per event, in the order's event order."""
+    """Predicted seconds per event, in the order's event order, with the ZeRO-2 and ZeRO-3 sharding actions placed at
+    it (:meth:`~mpipe_tune.cost.timing.Timeline.charged_s`: FSDP2 runs them in the event's own hooks)."""
 
 
 @dataclass(frozen=True)

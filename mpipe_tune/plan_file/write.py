@@ -59,7 +59,7 @@ def plan_section(prediction, workload: Workload) -> dict[str, Any]:
         "collectives": collectives_record(plan),
         "order": order_record(plan),
         "predicted": {**predicted_record(prediction),
-                      "durations_s": [float(d) for d in prediction.timeline.durations_s]},
+                      "durations_s": [float(d) for d in prediction.timeline.charged_s()]},
         "workload": {"name": workload.name, "hash": workload_hash(workload),
                      "microbatches": workload_to_dict(workload)["microbatches"],
                      **({"draw": workload.draw.to_dict()} if workload.draw is not None else {})},

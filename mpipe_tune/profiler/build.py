@@ -54,6 +54,7 @@ from mpipe_tune.profiler.dispatch import HostSweep, host_entries, measure_host
 from mpipe_tune.profiler.fit import fit_alpha_beta, fit_nonnegative_line, to_link_cost
 from mpipe_tune.profiler.links import LINK_COLLECTIVES, LinkSweep, measure_links
 from mpipe_tune.profiler.nodes import NodeLayout
+from mpipe_tune.profiler.fsdp_host import UNITS, FsdpHostPoint, fsdp_host_entry, measure_fsdp_host
 from mpipe_tune.profiler.overlap import OverlapPoint, measure_overlap, overlap_entry, overlap_repeats
 from mpipe_tune.profiler.roofline import RateSweep, measure_memory_bandwidth, measure_peak_flops
 from mpipe_tune.profiler.settings import SweepSettings, sweep_settings
@@ -98,6 +99,8 @@ class Measurements:
     """The GEMM, attention and copy sweeps (the profile's ``kernel_efficiency`` table)."""
     overlap: OverlapPoint | None = None
     """How much a collective and a product slow each other (:mod:`~mpipe_tune.profiler.overlap`)."""
+    fsdp_host: FsdpHostPoint | None = None
+    """FSDP2's host seconds per sharded layer per call (:mod:`~mpipe_tune.profiler.fsdp_host`)."""
 
 
 COPIED_INTER_NODE = "The inter-node links are a copy of the intra-node ones."
@@ -117,7 +120,7 @@ def count_steps(dtypes: tuple[str, ...], settings: SweepSettings, calibration: M
     sizes = len(calibration_tokens or settings.calibration_tokens)
     kernels = kernel_settings.num_points if kernel_settings is not None else 0
     return (len(dtypes) * len(settings.matmul_sizes) + 1 + kernels + layers * sizes
-            + len(LINK_COLLECTIVES) * settings.link_repeats + overlap_repeats(settings))
+            + len(LINK_COLLECTIVES) * settings.link_repeats + overlap_repeats(settings) + len(UNITS))
 
 
 def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: bool,
@@ -162,12 +165,15 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
     phase("overlap")
     with at_once():
         overlap = measure_overlap(device, nproc, settings, progress)
+    phase("FSDP2 host cost")
+    with at_once():
+        fsdp_host = measure_fsdp_host(device, nproc, settings, progress)
     per_node = nproc if device == "cpu" else getattr(torch, device).device_count()
     return Measurements(
         device, device_name(torch, device), nproc, per_node, torch.__version__, peaks, memory, capacity,
         capacity_ref, links, quick, threads_per_process(nproc) if device == "cpu" else None, points,
         calibration.name if calibration is not None else None, dtypes[0] if calibration is not None else None,
-        update, calibration, host, kernels, overlap,
+        update, calibration, host, kernels, overlap, fsdp_host,
     )
 
 
@@ -222,6 +228,9 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
     if m.overlap is not None:
         extra["comm_compute_overlap"] = overlap_entry(
             m.overlap, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how)
+    if m.fsdp_host is not None:
+        extra["fsdp_host_s"] = fsdp_host_entry(
+            m.fsdp_host, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how)
     profile = {
         "schema_version": SCHEMA_VERSION,
         "name": name,

@@ -315,7 +315,7 @@ def calibration_microbatch(model: Model, tokens: int, images: int = 1) -> Microb
 
     >>> from mpipe_tune.inputs.specs import load_model
     >>> calibration_microbatch(load_model("tiny-vit-llm"), 64)
-    Microbatch(image_tokens=16, text_tokens=64, images=())
+    Microbatch(image_tokens=16, text_tokens=64, images=(), texts=())
     >>> calibration_microbatch(load_model("tiny-vit-llm"), 64, images=3).images
     (6, 5, 5)
     """

@@ -77,19 +77,24 @@ def measure_overlap(device: str, nproc: int, settings: SweepSettings, progress: 
                      progress=progress, timeout_s=timeout_s)
 
 
-def _measure(torch, dist, where: str, rank: int, nproc: int, device: str, settings: SweepSettings,
-             messages) -> OverlapPoint:
+def slowest_rank_timer(torch, dist, where: str, device: str) -> Callable[[Callable[[], Any]], float]:
+    """A timer of one call of a function run by every rank at once, after a barrier: the slowest rank's seconds."""
     timer = Timer(torch, device)
-
-    def slowest(seconds: float) -> float:
-        value = torch.tensor([seconds], dtype=torch.float64 if device == "cpu" else torch.float32, device=where)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return float(value.item())
 
     def timed(fn: Callable[[], Any]) -> float:
         dist.barrier()
         timer.synchronize()
-        return slowest(timer.seconds_per_call(fn))
+        value = torch.tensor([timer.seconds_per_call(fn)], dtype=torch.float64 if device == "cpu" else torch.float32,
+                             device=where)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return float(value.item())
+
+    return timed
+
+
+def _measure(torch, dist, where: str, rank: int, nproc: int, device: str, settings: SweepSettings,
+             messages) -> OverlapPoint:
+    timed = slowest_rank_timer(torch, dist, where, device)
 
     def sized(fn: Callable[[], Any]) -> float:  # what the sizes are chosen by: a median, steadier on a busy host
         return statistics.median(timed(fn) for _ in range(3))

@@ -18,7 +18,7 @@ _LAZY = {
         "TARGETS", "ExportPlan", "ExportTarget", "TwoFiles", "export_outputs", "read_export_plan",
     ),
     "mpipe_tune.report.gantt": (
-        "draw_gantt", "draw_measured_gantt", "draw_prediction", "validate_picture_path", "zero_of",
+        "action_spans", "draw_gantt", "draw_measured_gantt", "draw_prediction", "validate_picture_path", "zero_of",
     ),
     "mpipe_tune.report.html": ("HTML_SUFFIXES", "build_report", "render", "validate_html_path"),
     "mpipe_tune.report.tables": ("prediction_record", "print_derivation", "print_prediction"),

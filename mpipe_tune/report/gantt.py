@@ -68,15 +68,27 @@ def _time_unit(makespan_s: float) -> tuple[float, str]:
 
 
 def draw_gantt(plan: Plan, start_s: np.ndarray, durations_s: np.ndarray, path: str | os.PathLike, *, title: str = "",
-               zero: tuple[int, bool] = (1, False)) -> None:
+               zero: tuple[int, bool] = (1, False), actions: list[tuple[int, float, float]] = ()) -> None:
     """Write a PNG of the predicted per-rank timeline to ``path`` (atomically); ``zero``: the plan's ZeRO
-    stage and whether it reshards after forward, whose sharding actions are marked (:func:`sharding_marks`)."""
+    stage and whether it reshards after forward, whose sharding actions are marked (:func:`sharding_marks`);
+    ``actions``: the per-microbatch sharding actions' (rank, start, seconds), drawn thin under their rank's row
+    as its transfers are (:func:`action_spans`)."""
     bars, links, replicated = plan_bars(plan, start_s, durations_s)
+    links = [*links, *actions]
     makespan = float((start_s + durations_s).max(initial=0.0))
     scale, unit = _time_unit(makespan)
     title = title or f"<{plan.schedule}>  P={plan.num_ranks}  M={plan.num_microbatches}  step {makespan * scale:.3g} {unit}"
     _draw(bars, links, [f"rank {r}" for r in range(plan.num_ranks)], replicated, makespan, path, title,
           marks=sharding_marks(plan, start_s, durations_s, *zero))
+
+
+def action_spans(plan: Plan, timeline) -> list[tuple[int, float, float]]:
+    """(rank, start, seconds) of each per-microbatch sharding action on a predicted ``timeline`` of ``plan``
+    (:class:`~mpipe_tune.cost.timing.Timeline`; none without any): on the rank of the event it is placed at."""
+    if timeline.actions_s is None:
+        return []
+    ranks = plan.order.columns.rank[timeline.actions_at]
+    return [(int(r), float(a), float(d)) for r, a, d in zip(ranks, timeline.actions_start_s, timeline.actions_s)]
 
 
 def zero_of(options) -> tuple[int, bool]:
@@ -216,4 +228,4 @@ def draw_prediction(prediction, path, title: str) -> None:
     time in the title."""
     t = prediction.timeline
     draw_gantt(prediction.plan, t.start_s, t.durations_s, path, title=f"{title}: step {t.makespan_s * 1e3:.4g} ms",
-               zero=zero_of(prediction.options))
+               zero=zero_of(prediction.options), actions=action_spans(prediction.plan, t))

@@ -321,7 +321,7 @@ class EmulatedCompute:
         self._sleep(index, time.perf_counter())
 
     def act(self, action) -> None:
-        """Sharding actions take no time of their own here (the emulated collectives are the events')."""
+        """Sharding actions take no time of their own here (the plan file's event seconds hold their actions')."""
 
     def reduce(self, index: int, event: DpReduce) -> None:
         group = self.mesh.reduce_group(event.group)

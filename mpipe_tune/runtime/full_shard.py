@@ -5,7 +5,7 @@ dimension of its mesh (:attr:`~mpipe_tune.runtime.mesh.RankMesh.data_mesh`, dp x
 composes it with the tensor-parallel dimension of a split layer's DTensor parameters into a 2-D
 sharding). What a step gathers and reduce-scatters follows the plan's stage and reshard policy
 (:attr:`~mpipe_tune.algebra.candidate.Candidate.reshards_after_forward`), as the cost model prices it
-(:mod:`mpipe_tune.cost.fsdp`):
+(:mod:`mpipe_tune.cost.sharding_events`):
 
 - stage 3 resharding after forward (FSDP2's defaults): each layer's parameters are all-gathered before
   its forward and freed after it, all-gathered again for its backward, and its gradients are

@@ -187,8 +187,9 @@ class StepPlanner:
             owners_s = time.perf_counter() - chosen
             owners, policy = choice.owners, choice.policy
         timed = predictor.step(replace(c, owner_map=owners), table, owners=None, memory=False)
+        timeline = timed.timeline  # each event's seconds with its sharding actions' (ZeRO-2 and 3)
         view = view_of_step(self.view, timed.compiled.plan, workload.microbatches,
-                            tuple(timed.timeline.durations_s.tolist()), timed.timeline.makespan_s)
+                            tuple(timeline.charged_s().tolist()), timeline.makespan_s)
         return StepPlan(step, view, owners, policy, workload.name, owners_s, time.perf_counter() - started)
 
     def rank_pairs(self) -> set[tuple[int, int]]:

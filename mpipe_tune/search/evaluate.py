@@ -331,7 +331,7 @@ class Evaluator:
 
     def twin_s(self, c: Candidate, *, predict: bool = True) -> float:
         """A lower bound on ZeRO-3 plan ``c``'s step time from its stage-1 twin (the same plan at ZeRO-1):
-        the twin's predicted step (:mod:`mpipe_tune.cost.fsdp`: a stage-3 plan's events last as long as its
+        the twin's predicted step (:mod:`mpipe_tune.cost.sharding_events`: a stage-3 plan's events last as long as its
         twin's plus the collectives' waits, its owners and encoder backwards are the twin's, so its step is
         never shorter), predicted here unless ``predict`` is off (then only where it is known already); 0
         where it is not known, or where the twin's memory floors say it cannot fit (it would never be

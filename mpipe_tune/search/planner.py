@@ -43,8 +43,11 @@ RECOMPUTE = {"off": (False,), "none": (False,), "on": (True,), "full": (True,), 
 ZERO = {**{word: (stage,) for word, (stage, _) in ZERO_SETTINGS.items()}, "search": (0, 1), "all": (0, 1, 2, 3)}
 """``search`` keeps to stages 0 and 1: with stage 3 in it the issue-27 DeepSeek-V3 command with every knob took
 twice the CPU (94 s against 44 s at 512 devices, benchmarks/README.md), over its 60 s target; ``all`` adds
-stages 2 and 3 (as ``--recompute all`` adds selective), and the widening when nothing fits uses it. Stage 3 takes
-the reshard policy its word gives (``3-reshard``, ``3-keep``), else the default for each pipeline degree."""
+stages 2 and 3 (as ``--recompute all`` adds selective), and the widening when nothing fits uses it."""
+RESHARD = {"3": (False, True), "all": (False, True), "3-reshard": (True,), "3-keep": (False,)}
+"""The reshard policies a ``--zero`` word searches at stage 3 (:attr:`SpaceOptions.reshard`): both (keeping the
+weights through the step, then gathering them for every forward and backward) for ``3`` and ``all``, the one its
+word names for ``3-reshard`` and ``3-keep``."""
 SEQUENCE_PARALLEL = {"off": (False,), "on": (True,), "search": (False, True)}
 WIDENABLE = {"recompute": "all", "zero": "all", "sequence_parallel": "search"}
 """The memory knobs widened when nothing fits, and what each is widened to (a setting's text). Expert
@@ -102,7 +105,8 @@ class SpaceRequest:
     ep: str | None = None
     """Degrees such as ``1,8``, or ``search``; default: ``search`` for a MoE model, else ``1``."""
     zero: str | None = None
-    """0, 1 (default), 2, 3, 3-reshard, 3-keep, search (stages 0 and 1) or all (0 to 3); see :data:`ZERO`."""
+    """0, 1 (default), 2, 3, 3-reshard, 3-keep, search (stages 0 and 1) or all (0 to 3); see :data:`ZERO` and
+    :data:`RESHARD`."""
     sequence_parallel: str | None = None
     """off (default), on or search."""
 
@@ -140,7 +144,7 @@ def space_options(request: SpaceRequest, model: Model) -> SpaceOptions:
         ep=None if ep_text == "search" else int_list(ep_text, DEGREES["ep"]),
         cp=int_list(request.cp, DEGREES["cp"]),
         zero=ZERO[request.zero or "1"],
-        reshard_after_forward=ZERO_SETTINGS.get(request.zero or "1", (1, None))[1],
+        reshard=RESHARD.get(request.zero or "1", (None,)),
         sequence_parallel=SEQUENCE_PARALLEL[request.sequence_parallel or "off"],
         encoder_tp=request.encoder_tp == "search",
         encoder_backward=PLACEMENTS if request.encoder_backward == "search" else (request.encoder_backward,),

@@ -25,7 +25,8 @@ Choices, each one's options computed from the earlier ones, so that no invalid p
 6. ``recompute``: the recomputation granularity (none, selective, full), when several are searched;
 7. ``ep``: the expert-parallel degree, when several are searched: those that divide ``dp * cp``, are
    multiples of ``cp`` and divide every MoE layer's experts (:meth:`CostOptions.validate_degrees`);
-8. ``zero``: the ZeRO stage (0, 1 or 3), and ``sequence_parallel`` (with ``tp > 1``), when searched;
+8. ``zero``: the ZeRO stage (0 to 3), then at stage 3 ``reshard``: its reshard policy (FSDP2's
+   ``reshard_after_forward`` on or off), and ``sequence_parallel`` (with ``tp > 1``), when searched;
 9. ``encoder_tp[4|2|1]``: the encoder's own tensor-parallel degree, a divisor of ``tp``, when searched
    and ``tp > 1`` (a space without it, or with ``tp = 1`` only, has the parameter names it had before);
 10. ``encoder_backward``: where the owned encoder backwards run (``cooldown``, ``earliest``,
@@ -91,9 +92,10 @@ class SpaceOptions:
     """Allowed context-parallel degrees."""
     zero: tuple[int, ...] = (1,)
     """ZeRO stages to try: ``(1,)`` (a distributed optimizer), ``(0,)``, ``(0, 1)``, ... up to ``(0, 1, 2, 3)``."""
-    reshard_after_forward: bool | None = None
-    """The reshard policy of stage-3 points (:attr:`~mpipe_tune.algebra.candidate.Candidate.reshard_after_forward`;
-    None: the default for each pipeline degree)."""
+    reshard: tuple[bool | None, ...] = (None,)
+    """The reshard policies tried at stage-3 points (:attr:`~mpipe_tune.algebra.candidate.Candidate.reshard_after_forward`:
+    ``True`` gathers the weights for every forward and backward, ``False`` keeps them through the step; ``(None,)``:
+    the default for each pipeline degree); a search dimension of its own where it has several."""
     sequence_parallel: tuple[bool, ...] = (False,)
     """Sequence-parallel settings to try where ``tp > 1``."""
     encoder_tp: bool = False
@@ -353,6 +355,8 @@ class SearchSpace:
         ep = choose(self.param_name("ep", experts, self.options.ep), experts) if len(experts) > 1 else experts[0]
         stages = list(self.options.zero)
         zero = choose("zero", stages) if len(stages) > 1 else stages[0]
+        policies = list(self.reshard_choices(zero))
+        reshard = choose("reshard", policies) if len(policies) > 1 else policies[0]
         sequence = list(self.options.sequence_parallel) if tp > 1 else [False]
         sp = choose("sequence_parallel", sequence) if len(sequence) > 1 else sequence[0]
         encoders = self.encoder_tp_choices(tp)
@@ -361,7 +365,11 @@ class SearchSpace:
         placement = choose("encoder_backward", placements) if len(placements) > 1 else placements[0]
         return Candidate(schedule, cut, pp, tp, dp, num_microbatches, policy, recompute=recompute, ep=ep, cp=cp,
                          zero_stage=zero, sequence_parallel=sp, encoder_tp=encoder_tp, encoder_backward=placement,
-                         reshard_after_forward=self.options.reshard_after_forward)
+                         reshard_after_forward=reshard)
+
+    def reshard_choices(self, zero_stage: int) -> tuple[bool | None, ...]:
+        """The reshard policies searched at ``zero_stage``: the space's at stage 3, none (``None``) below it."""
+        return self.options.reshard if zero_stage == 3 else (None,)
 
     def encoder_backward_choices(self, boundary: int) -> list[str]:
         """The encoder backward placements searched for a transpose of layers ``[0, boundary)``: the
@@ -381,10 +389,11 @@ class SearchSpace:
         """Every combination of the choices after the schedule's at these degrees (recompute, ep, ZeRO
         stage, sequence parallelism), as Candidate fields: what a baseline's family ranges over."""
         sequence = list(self.options.sequence_parallel) if tp > 1 else [False]
-        return [{"recompute": r, "ep": e, "zero_stage": z, "sequence_parallel": sp, "encoder_tp": et,
-                 "reshard_after_forward": self.options.reshard_after_forward}
+        return [{"recompute": r, "ep": e, "zero_stage": z, "reshard_after_forward": policy, "sequence_parallel": sp,
+                 "encoder_tp": et}
                 for r in self.options.recompute for e in self.expert_choices(dp, cp)
-                for z in self.options.zero for sp in sequence for et in self.encoder_tp_choices(tp)]
+                for z in self.options.zero for policy in self.reshard_choices(z) for sp in sequence
+                for et in self.encoder_tp_choices(tp)]
 
     def enumerate(self) -> Iterator[tuple[dict[str, Any], Candidate]]:
         """Every leaf once, with the parameters that select it."""
@@ -430,7 +439,7 @@ class SearchSpace:
 
     def groups(self) -> Iterator[Group]:
         """The space's points in groups that share their bounds' layer tables: per layout, microbatch count
-        and memory setting (recompute, ep, ZeRO stage, sequence parallelism, encoder tp), those of every
+        and memory setting (recompute, ep, ZeRO stage and reshard policy, sequence parallelism, encoder tp), those of every
         schedule, cut, owner policy and encoder backward placement (empty groups left out)."""
         for layout in self.layouts:
             pp, tp, dp, cp = layout
@@ -504,9 +513,9 @@ class SearchSpace:
         return out
 
 
-GROUP_SETTING = ("recompute", "ep", "zero", "sequence_parallel", "encoder_tp")
+GROUP_SETTING = ("recompute", "ep", "zero", "reshard", "sequence_parallel", "encoder_tp")
 """The memory setting of a :class:`Group`: the choices' base names (:meth:`SearchSpace.build`)."""
-_SETTING_FIELDS = {"zero": "zero_stage"}
+_SETTING_FIELDS = {"zero": "zero_stage", "reshard": "reshard_after_forward"}
 """Where a :data:`GROUP_SETTING` name differs from its Candidate field (:meth:`SearchSpace.memory_settings`)."""
 
 

@@ -12,7 +12,7 @@ from mpipe_tune.cost.layers import CostOptions, build_layer_table
 from mpipe_tune.cost.profile import estimate_collective_s, load_profile
 from mpipe_tune.inputs.specs import load_model
 
-from conftest import predict_plan, uniform_workload
+from conftest import charged_s, predict_plan, uniform_workload
 
 IDEAL = load_profile("ideal")
 H100 = load_profile("h100-sxm")
@@ -77,7 +77,7 @@ def test_each_microbatch_gathers_before_forward_and_backward_and_reduce_scatters
     M = 4
     c = three.table.fwd_s
     B = three.table.backward_s(BACKBONE)
-    extra = three.timeline.durations_s - one.timeline.durations_s
+    extra = charged_s(three) - one.timeline.durations_s
     checked = set()
     for i, event in enumerate(three.plan.order.events):
         if isinstance(event, DpReduce):  # the last microbatch's reduce-scatters, the first one's gathers
@@ -106,9 +106,9 @@ def test_each_microbatch_gathers_before_forward_and_backward_and_reduce_scatters
 def test_full_recomputation_gathers_nothing_more():
     plain, full = (run(BACKBONE, stage(3, recompute=r), H100) for r in (False, True))
     one = run(BACKBONE, stage(1, recompute=True), H100)
-    extra_full = full.timeline.durations_s - one.timeline.durations_s
+    extra_full = charged_s(full) - one.timeline.durations_s
     base = run(BACKBONE, stage(1), H100)
-    extra_plain = plain.timeline.durations_s - base.timeline.durations_s
+    extra_plain = charged_s(plain) - base.timeline.durations_s
     forwards = [i for i, e in enumerate(full.plan.order.events) if isinstance(e, Fwd)]
     # the forwards' waits are the same (the re-run forward gathers nothing of its own)
     assert extra_full[forwards] == pytest.approx(extra_plain[forwards], rel=1e-9)
@@ -119,3 +119,45 @@ def test_a_table_is_shared_between_the_stages():
     workload = uniform_workload(4, 0, 64)
     a, b = (build_layer_table(BACKBONE, workload, H100, stage(z)) for z in (1, 3))
     assert np.array_equal(a.fwd_s, b.fwd_s) and np.array_equal(a.backward_s(BACKBONE), b.backward_s(BACKBONE))
+
+
+@pytest.mark.parametrize("zero,overlap", [((3, True), True), ((3, True), False), ((2, None), True)])
+def test_the_actions_are_nodes_of_their_own_and_on_one_rank_the_step_is_the_folded_one(zero, overlap):
+    """The per-microbatch gathers and reduce-scatters are timed as nodes beside their events: the events
+    themselves last what they last at stage 1; on one pipeline rank (each rank a chain) the step equals the
+    events with each action's seconds added to its event (the folded figure); under a pipeline an action can
+    hide where its rank waits for another, so the step is at most that and at least the twin's."""
+    def options(z):
+        return stage(z[0], overlap_dp_comm=overlap, reshard_after_forward=z[1] if z[1] is not None else True)
+
+    for pp, slabs in ((1, ((6,),)), (2, ((3, 3),))):
+        one = predict_plan(Cut(()), Schedule((Skeleton("1f1b"),)), BACKBONE, uniform_workload(4, 0, 64), H100, pp,
+                           slab_counts=slabs, options=options((1, None)))
+        shard = predict_plan(Cut(()), Schedule((Skeleton("1f1b"),)), BACKBONE, uniform_workload(4, 0, 64), H100, pp,
+                             slab_counts=slabs, options=options(zero))
+        assert np.array_equal(shard.timeline.durations_s, one.timeline.durations_s)
+        assert shard.timeline.actions_s is not None and shard.timeline.actions_s.sum() > 0
+        folded = charged_s(shard)
+        if pp == 1:  # a chain: the step is the sum of what its rank runs
+            assert shard.timeline.makespan_s == pytest.approx(folded.sum(), rel=1e-12)
+        assert one.timeline.makespan_s <= shard.timeline.makespan_s * (1 + 1e-12)
+        assert shard.timeline.busy_s[0] == pytest.approx(folded[np.asarray(shard.plan.order.columns.nodes[0])].sum(), rel=1e-12)
+        starts = shard.timeline.actions_start_s
+        assert np.all(starts >= 0) and np.all(starts + shard.timeline.actions_s <= shard.timeline.makespan_s * (1 + 1e-12))
+
+
+def test_a_plan_compiled_for_other_options_times_its_own_actions():
+    """One derived plan compiled at stage 2, then for stage 3 resharding (more actions) and back: each copy's
+    step is the one a fresh compile gives (the order with the actions is made for each setting's own)."""
+    from mpipe_tune.algebra import derive
+    from mpipe_tune.cost.compiled import CompiledPlan
+
+    workload = uniform_workload(4, 0, 64)
+    plan = derive(Cut(()), Schedule((Skeleton("1f1b"),)), BACKBONE, 2, 4)
+    two, three = stage(2), stage(3, reshard_after_forward=True)
+    table = build_layer_table(BACKBONE, workload, H100, two)
+    first = CompiledPlan(plan, BACKBONE, H100, two)
+    assert first.makespan(table) == CompiledPlan(plan, BACKBONE, H100, two).makespan(table)
+    other = first.for_options(three)
+    assert other.makespan(table) == CompiledPlan(plan, BACKBONE, H100, three).makespan(table) > first.makespan(table)
+    assert other.for_options(two).makespan(table) == first.makespan(table)

@@ -10,7 +10,7 @@ from mpipe_tune.cost.framework import Framework
 from mpipe_tune.cost.profile import load_profile, parse_profile
 from mpipe_tune.inputs.specs import load_model
 
-from conftest import predict_plan, uniform_workload
+from conftest import charged_s, predict_plan, uniform_workload
 
 H100 = load_profile("h100-sxm")
 BACKBONE = Model("backbone", load_model("tiny-vit-llm").layers[4:])
@@ -44,8 +44,8 @@ def test_the_step_orders_as_the_collectives_per_microbatch(overlap):
 
 def test_stage2_reduce_scatters_each_backward_and_gathers_nothing_per_microbatch():
     one, two, three = (run(BACKBONE, options(z)) for z in (1, 2, 3))
-    extra2 = two.timeline.durations_s - one.timeline.durations_s
-    extra3 = three.timeline.durations_s - one.timeline.durations_s
+    extra2 = charged_s(two) - one.timeline.durations_s
+    extra3 = charged_s(three) - one.timeline.durations_s
     events = two.plan.order.events
     forwards = [i for i, e in enumerate(events) if isinstance(e, Fwd)]
     backwards = [i for i, e in enumerate(events) if isinstance(e, Bwd)]
@@ -80,3 +80,22 @@ def test_less_measured_overlap_never_shortens_a_step():
     off = run(BACKBONE, options(3, overlap_dp_comm=False))
     none = run(BACKBONE, options(3), measured(0.0))
     assert none.timeline.makespan_s >= off.timeline.makespan_s
+
+
+def host(seconds: float):
+    """H100 with FSDP2's measured host seconds per sharded layer per call."""
+    return parse_profile({**H100.to_dict(), "fsdp_host_s": {"value": seconds, "source": "measured"}}, where="test")
+
+
+def test_fsdp2s_host_work_is_charged_per_sharded_layer_and_call_on_every_fsdp_stage():
+    """With the profile's ``fsdp_host_s`` every stage-2 and stage-3 plan (keeping the weights too) pays it per
+    sharded layer per forward and backward, on its sharding actions: on one rank, exactly that many seconds more;
+    ZeRO-1 pays nothing."""
+    h = 1e-4
+    for zero, reshard in ((1, True), (2, True), (3, True), (3, False)):
+        opts = options(zero, reshard)
+        without, charged = (run(BACKBONE, opts, profile, pp=1, slabs=((6,),)) for profile in (H100, host(h)))
+        calls = 2 * 4 * int((without.table.param_count > 0).sum())  # M = 4, a forward and a backward each
+        extra = charged.timeline.makespan_s - without.timeline.makespan_s
+        assert extra == pytest.approx(0.0 if zero == 1 else h * calls, rel=1e-9, abs=1e-15), (zero, reshard)
+        assert np.array_equal(charged.timeline.durations_s, without.timeline.durations_s)

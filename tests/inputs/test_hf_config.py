@@ -13,6 +13,7 @@ import pytest
 
 from mpipe_tune.algebra.model import ArchCost, Model
 from mpipe_tune.cli import main
+from conftest import cli
 from mpipe_tune.cost.arch import activated_param_count, param_count
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs.hf_config import from_hf_config
@@ -23,12 +24,6 @@ QWEN2_VL = HF / "Qwen2-VL-7B-Instruct" / "config.json"
 LLAVA = HF / "llava-1.5-7b-hf"
 DEEPSEEK_V3 = HF / "DeepSeek-V3" / "config.json"
 LLAMA3 = HF / "Meta-Llama-3-8B"
-
-
-def run_cli(*args):
-    proc = subprocess.run([sys.executable, "-m", "mpipe_tune.cli", *args], capture_output=True, text=True,
-                          timeout=300)  # a hang guard, far above a loaded machine
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def params_by_block(model: Model, count=param_count) -> dict[str, int]:
@@ -147,7 +142,7 @@ def test_hf_reader_needs_neither_torch_nor_transformers():
     (DEEPSEEK_V3, ["--schedule", "1f1b"]),  # text only: one Sharded region, no cut
 ])
 def test_llava_and_deepseek_v3_configs_predict(model, args):
-    code, stdout, stderr = run_cli("predict", "--model", str(model), "--pp", "4", "--microbatches", "8", *args, "--json")
+    code, stdout, stderr = cli("predict", "--model", str(model), "--pp", "4", "--microbatches", "8", *args, "--json")
     assert code == 0, stderr
     record = json.loads(stdout)
     assert record["makespan_s"] > 0 and len(record["ranks"]) == 4
@@ -177,7 +172,7 @@ def _without(path: Path, *fields: str) -> dict:
 def test_unmappable_config_is_one_line_naming_file_and_field_and_exit_2(tmp_path, content, words):
     path = tmp_path / "config.json"
     path.write_text(content)
-    code, _, stderr = run_cli("predict", "--model", str(path), "--schedule", "1f1b")
+    code, _, stderr = cli("predict", "--model", str(path), "--schedule", "1f1b")
     lines = stderr.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr
     assert str(path) in lines[0] and words in lines[0]

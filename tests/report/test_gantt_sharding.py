@@ -51,3 +51,22 @@ def test_a_keeping_plan_draws(tmp_path):
     p = predicted("3-keep")
     draw_gantt(p.plan, p.timeline.start_s, p.timeline.durations_s, tmp_path / "g.png", zero=zero_of(p.options))
     assert (tmp_path / "g.png").stat().st_size > 0
+
+
+def test_the_per_microbatch_actions_are_drawn_on_their_events_ranks(tmp_path):
+    """Resharding after forward: every gather and reduce-scatter of every microbatch is a span on the rank of
+    the event it is placed at, inside the step; a plan without per-microbatch actions has none."""
+    pytest.importorskip("matplotlib")
+    from mpipe_tune.report.gantt import action_spans
+
+    p = predicted("3-reshard")
+    t = p.timeline
+    spans = action_spans(p.plan, t)
+    events = p.plan.order.events
+    forwards, backwards = (sum(isinstance(e, kind) for e in events) for kind in (Fwd, Bwd))
+    assert len(spans) == len(t.actions_s) == forwards + 2 * backwards  # gathers before both, a reduce after B
+    for (rank, start, seconds), at in zip(spans, t.actions_at):
+        assert rank == events[at].rank and 0 <= start and start + seconds <= t.makespan_s * (1 + 1e-12)
+    assert action_spans(predicted("1").plan, predicted("1").timeline) == []
+    draw_gantt(p.plan, t.start_s, t.durations_s, tmp_path / "g.png", zero=zero_of(p.options), actions=spans)
+    assert (tmp_path / "g.png").stat().st_size > 0

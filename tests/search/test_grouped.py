@@ -44,7 +44,8 @@ def test_the_groups_partition_the_space_in_tree_order(name):
             assert by_key[key] == (params, c)
             assert (c.pp, c.tp, c.dp, c.cp, c.num_microbatches) == (pp, tp, dp, cp, group.num_microbatches)
             encoder_tp = c.tp if c.encoder_tp is None else c.encoder_tp  # None: the backbone's
-            assert (c.recompute, c.ep, c.zero_stage, c.sequence_parallel, encoder_tp) == group.setting
+            assert (c.recompute, c.ep, c.zero_stage, c.reshard_after_forward, c.sequence_parallel,
+                    encoder_tp) == group.setting
         grouped.extend(key for key, _, _ in members)
     assert sorted(grouped) == sorted(by_key)  # every point in exactly one group
 

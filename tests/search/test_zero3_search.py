@@ -78,7 +78,7 @@ def test_stage3_fits_where_stage1_does_not_and_the_exact_search_finds_the_optimu
     short = Workload(tuple(Microbatch(image_tokens=4, text_tokens=8, images=(4,)) for _ in range(16)), "short")
     problem = Problem(load_model("tiny-vit-llm"), H100, 8, 16, workload=short)  # weights outweigh activations
     probe = Evaluator(problem)
-    options = SpaceOptions(zero=(0, 1, 3), reshard_after_forward=True, recompute=(False, True), max_microbatches=8)
+    options = SpaceOptions(zero=(0, 1, 3), reshard=(True,), recompute=(False, True), max_microbatches=8)
     points = [c for _, c in SearchSpace(problem, probe.reference_weights(), options).enumerate()]
     peaks = {c: probe.evaluate(c).peak_bytes for c in points}
     ones = [peaks[c] for c in points if c.zero_stage == 1]
@@ -100,3 +100,30 @@ def test_stage3_fits_where_stage1_does_not_and_the_exact_search_finds_the_optimu
         twin = evaluator._results.get(replace(c, zero_stage=1))
         assert twin is None or twin.peak_bytes is None or not twin.fits, c
     assert len(predicted) < sum(c.zero_stage == 3 for c in points) / 2
+
+
+def test_the_reshard_policy_is_searched_at_stage3_and_keeping_the_weights_is_never_slower():
+    """``--zero 3`` (:data:`~mpipe_tune.search.planner.RESHARD`) searches both policies at every pipeline degree
+    (pp 1 included, where the default would reshard): each stage-3 layout comes with a keep and a reshard point,
+    and keeping the gathered weights through the step predicts a step no longer than gathering them again."""
+    from mpipe_tune.search.planner import SpaceRequest, space_options
+
+    model = load_model("tiny-vit-llm")
+    options = space_options(SpaceRequest(zero="3"), model)
+    assert options.zero == (3,) and options.reshard == (False, True)
+    assert space_options(SpaceRequest(zero="3-keep"), model).reshard == (False,)
+    assert space_options(SpaceRequest(zero="1"), model).reshard == (None,)
+    problem = Problem(model, H100, 8, 16, mix="image-heavy", num_samples=2, seed=1)
+    evaluator = Evaluator(problem)
+    space = SearchSpace(problem, evaluator.reference_weights(), replace(options, max_microbatches=8))
+    points = [(params, c) for params, c in space.enumerate()]
+    assert {c.reshard_after_forward for _, c in points} == {False, True}
+    assert {c.pp for _, c in points if c.reshard_after_forward is False} >= {1, 2}
+    keeps = [c for _, c in points if c.reshard_after_forward is False]
+    for keep in keeps[:: max(1, len(keeps) // 40)]:
+        on = evaluator.evaluate(replace(keep, reshard_after_forward=True))
+        off = evaluator.evaluate(keep)
+        assert all(k <= r * (1 + 1e-12) for k, r in zip(off.makespans_s, on.makespans_s)), keep
+    groups = list(space.groups())
+    assert sum(g.size for g in groups) == len(points)  # the policy is part of a group's memory setting
+    assert {g.setting[3] for g in groups} == {False, True}
