@@ -74,7 +74,7 @@ def case_workload(tmp: Path, big: bool) -> None:
         path = tmp / f"workload-{n}.json"
         mbs = [{"image_tokens": 200 * 64, "text_tokens": 4096, "images": [64] * 200} for _ in range(n)]
         path.write_text(json.dumps({"microbatches": mbs}))
-        wall, rss, rc, tail = measure(loader(f"from mpipe_tune.inputs.workload import load_workload; "
+        wall, rss, rc, tail = measure(loader(f"from mpipe_tune.inputs._workload import load_workload; "
                                              f"w = load_workload({str(path)!r}); print(len(w.microbatches))"), tmp)
         rows.append((f"{n} microbatches", path.stat().st_size / 1e6, wall, rss, rc, tail))
         path.unlink()

@@ -4,7 +4,7 @@ For each configuration (model, profile, workload mix, P = devices with tp = dp =
 without full recomputation) the cost model predicts, averaged over 4 sampled steps (seeds 0-3):
 
 - ``megatron``: ``<1f1b>`` with the encoder in the first stage; ``disttrain``: the encoder on its own
-  stage (:mod:`mpipe_tune.search.baselines`);
+  stage (:mod:`mpipe_tune.search._baselines`);
 - ``<transpose,1f1b>`` with round-robin owners (the ``mpipe-rr`` baseline) under each encoder
   backward placement: ``cooldown`` (the order before the choice existed), ``earliest`` (unit-time
   steps) and ``optimised`` (slots chosen with the cost model on each sampled step; under full
@@ -31,13 +31,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from mpipe_tune.algebra.encoder_backward import OPTIMISED, PLACEMENTS, moved_count
-from mpipe_tune.cost.encoder_backward import optimise
-from mpipe_tune.search.baselines import baseline
-from mpipe_tune.search.evaluate import Evaluator
-from mpipe_tune.search.problem import Problem
+from mpipe_tune.algebra import OPTIMISED, PLACEMENTS, moved_count
+from mpipe_tune.cost import optimise
+from mpipe_tune.search import baseline, Evaluator, Problem
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 CONFIGS = [("qwen2vl-vit-llama3-8b", "h100-sxm", "balanced", P) for P in (4, 8, 16)] + [
     ("qwen2vl-vit-llama3-8b", "h100-sxm", "image-heavy", P) for P in (4, 8, 16)] + [

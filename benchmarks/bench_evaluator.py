@@ -34,13 +34,10 @@ import numpy as np
 
 from mpipe_tune import jit
 from mpipe_tune.algebra import Cut, Owners, derive, parse_schedule
-from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.durations import table_sums
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.predict import layer_weights
-from mpipe_tune.cost.timing import longest_path_reference
-from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model, load_workload
+from mpipe_tune.cost import (
+    CompiledPlan, table_sums, CostOptions, build_layer_table, layer_weights, longest_path_reference, load_profile,
+)
+from mpipe_tune.inputs import load_model, load_workload
 
 SIZES = ((8, 16), (16, 128), (32, 256))
 MODEL, PROFILE = "qwen2vl-vit-llama3-8b", "h100-sxm"

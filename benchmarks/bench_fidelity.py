@@ -2,7 +2,7 @@
 
 1. Profile this machine right before the runs, once per world size the plans use (2 ranks: pp 2, or
    dp 2 or tp 2 on one stage: a core per rank), with the layers of the built-in ``small-vit-llm`` calibrated by
-   all ranks at once (:mod:`mpipe_tune.profiler.together`), at the microbatch sizes planned below;
+   all ranks at once (:mod:`mpipe_tune.profiler._together`), at the microbatch sizes planned below;
    or reuse the profiles with ``--profiles DIR``. With ``--reprofile``, again before every later round,
    whose runs are then predicted on that round's profiles (a plan's prediction: its runs' median).
 2. Make at least 24 plans with the cost model on those profiles: ``1f1b`` with the encoder in stage 0
@@ -48,14 +48,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost.profile import dump_profile, load_profile
-from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.outputs.frames import Column, format_markdown, ms, text
+from mpipe_tune.algebra import Candidate
+from mpipe_tune.cost import CostOptions, predict, dump_profile, load_profile
+from mpipe_tune.inputs import Microbatch, Workload
+from mpipe_tune.outputs import Column, format_markdown, ms, text
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the emulated runs plan as bench_runtime_emulated.py does
@@ -225,8 +223,7 @@ def roofline_s(spec: Spec, profile) -> float:
 def encoder_share(profile) -> float:
     """The encoder's (and projector's) share of the global batch's compute seconds, forward plus
     backward, from the layer table (one sample per microbatch), as ``bench_sweep.py`` defines it."""
-    from mpipe_tune.cost.layers import build_layer_table
-    from mpipe_tune.cost.predict import layer_weights
+    from mpipe_tune.cost import build_layer_table, layer_weights
 
     model = load_model(str(MODEL_PATH))
     weights = layer_weights(model, build_layer_table(model, packed(NUM_SAMPLES), profile, OPTIONS))
@@ -370,8 +367,7 @@ def trace_breakdown(trace: dict, num_ranks: int) -> dict[str, float]:
 def measure_profile(path: Path, world: int, quick: bool) -> dict:
     """Profile this machine for ``world`` local ranks (layers calibrated by all of them at once), with
     the host's dispatch cost and the kernel sweeps."""
-    from mpipe_tune.profiler.build import assemble_profile, profile_device
-    from mpipe_tune.profiler.shapes import kernel_sweep_settings
+    from mpipe_tune.profiler import assemble_profile, profile_device, kernel_sweep_settings
 
     started = time.perf_counter()
     with ForeignLoad() as load:
@@ -385,9 +381,8 @@ def measure_profile(path: Path, world: int, quick: bool) -> dict:
 def run_plan(path: str, steps: int, world: int) -> tuple[dict, float, float]:
     """One launch of ``world`` ranks running one plan between speed probes; returns the result
     (its summary, trace and probes), the foreign CPU share during it and its wall time."""
-    from mpipe_tune.profiler.together import probed_run_jobs
-    from mpipe_tune.runtime.launch import launch_local
-    from mpipe_tune.runtime.worker import RunJob
+    from mpipe_tune.profiler import probed_run_jobs
+    from mpipe_tune.runtime import launch_local, RunJob
 
     started = time.perf_counter()
     job = RunJob(path, steps=steps, compute="real", dtype="fp32", trace=True)
@@ -424,8 +419,7 @@ def emulated_rows(folder: Path, pps: tuple[int, ...], names: tuple[str, ...], st
     """The baseline set at each P with emulated compute: each P's plans in one launch of P ranks."""
     from bench_runtime_emulated import MODEL, PROFILE, baseline_plans
 
-    from mpipe_tune.runtime.launch import launch_local
-    from mpipe_tune.runtime.worker import RunJob, run_jobs
+    from mpipe_tune.runtime import launch_local, RunJob, run_jobs
 
     out = {}
     for pp in pps:
@@ -487,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.steps, args.emulated_steps, args.max_wait, args.max_tries = args.rounds or 1, 3, 2, 0.0, 1
     args.rounds = args.rounds or 3
 
-    from mpipe_tune.runtime.launch import disable_backend_autoload
+    from mpipe_tune.runtime import disable_backend_autoload
 
     disable_backend_autoload()
     import torch
@@ -533,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
             ("megatron", "mpipe-rr") if args.quick else EMULATED_BASELINES, args.emulated_steps)
         runs: list[list[dict]] = [[] for _ in plans]
         started = time.perf_counter()
-        from mpipe_tune.profiler.together import profile_probe_s
+        from mpipe_tune.profiler import profile_probe_s
 
         for r in range(args.rounds):
             if args.reprofile:  # this round's runs are predicted on profiles measured right before it

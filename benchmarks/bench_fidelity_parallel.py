@@ -40,13 +40,11 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost.profile import load_profile
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.algebra import Candidate
+from mpipe_tune.cost import CostOptions, predict, load_profile
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 HERE = Path(__file__).resolve().parent
 MODEL_PATH = HERE.parent / "tests" / "runtime" / "tiny-mla-moe.yaml"

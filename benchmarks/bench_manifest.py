@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mpipe_tune.inputs.dataset import read_dataset
-from mpipe_tune.inputs.dataset_spec import DatasetSpec, ImageRule, TextRule
+from mpipe_tune.inputs import read_dataset, DatasetSpec, ImageRule, TextRule
 
 
 def make_manifest(rows: int, seed: int = 0) -> pd.DataFrame:

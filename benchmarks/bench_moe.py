@@ -1,5 +1,5 @@
 """Published MoE training runs (language-only) predicted with MoE dispatch as the trainers run it
-(``mpipe_tune/cost/moe.py``): every MoE run of ``published_runs.yaml`` and ``published_moe_runs.yaml``, each at its
+(``mpipe_tune/cost/_moe.py``): every MoE run of ``published_runs.yaml`` and ``published_moe_runs.yaml``, each at its
 stated layout and MoE settings (dispatcher, capacity factor, padding), on its profile, as ``bench_published.py``
 predicts the dense runs. Prints each run's measured and predicted step time and their ratio, the fit and held-out
 rows apart (nothing here is fitted: the split says which rows a later fit may read).

@@ -26,10 +26,10 @@ import time
 import numpy as np
 
 from mpipe_tune.algebra import round_robin
-from mpipe_tune.inputs.workload import MIXES
+from mpipe_tune.inputs import MIXES
 from mpipe_tune.search import Candidate, Evaluator, Problem, greedy_owners, max_spill, optimal_owners
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 
 def synthetic(count: int, rng: np.random.Generator):

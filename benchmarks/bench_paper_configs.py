@@ -41,11 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload_spec import DatasetOptions, load_dataset
-from mpipe_tune.search.baselines import baseline
-from mpipe_tune.search.evaluate import Evaluator
-from mpipe_tune.search.problem import Problem
+from mpipe_tune.inputs import load_model, DatasetOptions, load_dataset
+from mpipe_tune.search import baseline, Evaluator, Problem
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

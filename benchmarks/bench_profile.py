@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mpipe_tune.cost.profile import load_profile
+from mpipe_tune.cost import load_profile
 
 
 def figures(path: Path) -> dict[str, float]:

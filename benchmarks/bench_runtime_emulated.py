@@ -27,13 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from mpipe_tune.algebra.placement import balanced_counts
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.predict import layer_weights, predict
+from mpipe_tune.algebra import balanced_counts, Candidate
+from mpipe_tune.cost import CostOptions, build_layer_table, layer_weights, predict
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model, load_workload
+from mpipe_tune.inputs import load_model, load_workload
 
 MODEL, PROFILE, MIX, SEED = "qwen2vl-vit-llama3-8b", "h100-sxm", "balanced", 0
 
@@ -61,10 +59,10 @@ def make_plans(folder: Path, P: int, M: int) -> dict[str, str]:
 
 
 def baseline_plans(folder: Path, P: int, M: int, names) -> dict[str, str]:
-    """Plan files of the named baselines (:mod:`mpipe_tune.search.baselines`: ``megatron``,
+    """Plan files of the named baselines (:mod:`mpipe_tune.search._baselines`: ``megatron``,
     ``disttrain``, ``vpp``, ``gpipe``, ``mpipe-rr``) at pp ``P``, M microbatches, tp = dp = 1, on the
     same model, profile and workload; a baseline that does not exist at ``P`` is left out."""
-    from mpipe_tune.search.baselines import baseline
+    from mpipe_tune.search import baseline
 
     model, profile = load_model(MODEL), load_profile(PROFILE)
     workload = load_workload(MIX, num_microbatches=M, seed=SEED)
@@ -98,12 +96,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from mpipe_tune.runtime.launch import disable_backend_autoload, launch_local
+    from mpipe_tune.runtime import disable_backend_autoload, launch_local
 
     disable_backend_autoload()
     import torch
 
-    from mpipe_tune.runtime.worker import RunJob, run_jobs
+    from mpipe_tune.runtime import RunJob, run_jobs
 
     with tempfile.TemporaryDirectory() as folder:
         paths = make_plans(Path(folder), args.pp, args.microbatches)

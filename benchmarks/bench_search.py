@@ -56,7 +56,7 @@ import optuna
 
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,7 +158,7 @@ def commit() -> str:
 
 def quality_problem(spec, seed: int):
     """A fresh (problem, request, evaluator, space) for one quality problem and seed: nothing cached."""
-    from mpipe_tune.search.planner import SpaceRequest, space_options
+    from mpipe_tune.search import SpaceRequest, space_options
 
     model, profile, devices, batch, mix, knobs = spec
     model = str(ROOT / model) if model.endswith(".yaml") else model
@@ -175,8 +175,8 @@ def reference(name: str, spec, seed: int, cache: dict, refresh: bool) -> dict:
     batch, samples, seed, cost and space options) whose plan the current code still predicts at the recorded
     step time (else the cost model changed, and the optimum is recomputed); else computed, every point in
     increasing lower-bound order with exact bounds (no tolerance), and stored in ``cache``."""
-    from mpipe_tune.algebra.candidate import Candidate
-    from mpipe_tune.search.driver import problem_key
+    from mpipe_tune.algebra import Candidate
+    from mpipe_tune.search import problem_key
 
     problem, _, evaluator, space = quality_problem(spec, seed)
     key = f"{name}/seed{seed}"
@@ -212,7 +212,7 @@ def save_cache(path: Path, cache: dict) -> None:
 
 def quality(args) -> list[dict]:
     """Prints the table; returns its rows (gap: the plan's step time over the optimum, minus 1)."""
-    from mpipe_tune.search.planner import SearchOptions, plan
+    from mpipe_tune.search import SearchOptions, plan
 
     problems = {**QUALITY, **TINY}
     names = args.problems.split(",") if args.problems else list(QUALITY)
@@ -266,7 +266,7 @@ def scale(args) -> dict[int, list[tuple[str, float | None]]]:
     """At scales where the exhaustive optimum is out of reach: every method's best against the best plan any
     of them found (``plan``'s own search, a long TPE run, each baseline's own best layout). Prints the table;
     returns per device count each method's step time (None: no plan that fits)."""
-    from mpipe_tune.search.planner import SearchOptions, SpaceRequest, plan
+    from mpipe_tune.search import SearchOptions, SpaceRequest, plan
 
     print(f"{versions()}; commit {commit()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
     print("| devices | points | method | best plan | step ms | vs best found | predicted | wall s | CPU s |")

@@ -6,7 +6,7 @@ Two parts:
   synthetic instances (log-normal encodes, a fifth text-only; slack ``w_r = r * u``): ``greedy``,
   and ``optimal`` as the runtime runs it (exact within its node budget, else the greedy map; the
   share of instances that fell back is reported). Also the time of reading the policy's inputs off
-  the cost model (the step's round-robin slack and encodes, :meth:`~mpipe_tune.cost.predictor.Predictor.owners`)
+  the cost model (the step's round-robin slack and encodes, :meth:`~mpipe_tune.cost._predictor.Predictor.owners`)
   for one real plan.
 - ``run``: for every built-in workload mix, a greedy ``<transpose,1f1b>`` plan of
   ``qwen2vl-vit-llama3-8b`` on ``h100-sxm``, P = 8, planned on the mix's sampled step 0, run by the
@@ -35,14 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.placement import round_robin
-from mpipe_tune.cost.owners import choose_owners, greedy_owners
-from mpipe_tune.inputs.workload import MIXES
+from mpipe_tune.algebra import Candidate, round_robin
+from mpipe_tune.cost import choose_owners, greedy_owners
+from mpipe_tune.inputs import MIXES
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.search import Evaluator, Problem
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 MODEL, PROFILE, P, SEED = "qwen2vl-vit-llama3-8b", "h100-sxm", 8, 0
 SIZES = ((8, 32), (8, 128), (64, 128), (64, 512))
@@ -81,8 +80,7 @@ def policy_times(instances: int) -> list[dict]:
 
 def inputs_times(num_microbatches: int, repeats: int) -> dict:
     """The time of Predictor.owners (slack off the round-robin re-timing, encodes, policy) on one real plan."""
-    from mpipe_tune.cost.compiled import CompiledPlan
-    from mpipe_tune.cost.layers import build_layer_table
+    from mpipe_tune.cost import CompiledPlan, build_layer_table
 
     model, profile = load_model(MODEL), load_profile(PROFILE)
     problem = Problem(model, profile, P, num_microbatches, mix="balanced", num_samples=1, seed=SEED)
@@ -118,11 +116,10 @@ def make_plans(folder: Path, num_microbatches: int) -> dict[str, str]:
 
 
 def run_mixes(num_microbatches: int, steps: int) -> tuple[dict, float]:
-    from mpipe_tune.runtime.launch import disable_backend_autoload, launch_local
+    from mpipe_tune.runtime import disable_backend_autoload, launch_local
 
     disable_backend_autoload()
-    from mpipe_tune.runtime.job import RunJob
-    from mpipe_tune.runtime.worker import run_jobs
+    from mpipe_tune.runtime import RunJob, run_jobs
 
     with tempfile.TemporaryDirectory() as folder:
         paths = make_plans(Path(folder), num_microbatches)

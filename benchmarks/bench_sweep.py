@@ -25,7 +25,7 @@ transpose and each baseline, take it or not (the fastest that fits wins).
 **Encoder share** (the y axis): of one step's compute seconds, the share spent in the layers the
 transpose moves (encoder and projector, everything before the first backbone layer), forward plus
 backward, read off the cost model's layer table: ``sum(w[:b]) / sum(w)`` with ``w`` =
-:func:`mpipe_tune.cost.predict.layer_weights` (per layer, mean forward + backward seconds per
+:func:`mpipe_tune.cost._predict.layer_weights` (per layer, mean forward + backward seconds per
 microbatch) of the step's global batch, one sequence per microbatch, at the group's ``tp``, ``dp = 1``,
 no recomputation. It depends on the configuration only, not on ``P`` or the plan.
 
@@ -60,16 +60,15 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from mpipe_tune.cost.layers import build_layer_table
-from mpipe_tune.cost.predict import layer_weights
-from mpipe_tune.inputs.workload import Mix, Workload, sample_workload
+from mpipe_tune.cost import build_layer_table, layer_weights
+from mpipe_tune.inputs import Mix, Workload, sample_workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record, plan_section
 from mpipe_tune.search import Candidate, Evaluator, Problem, SearchSpace, SpaceOptions, evaluate_baselines
 from mpipe_tune.plan_file import OWN
-from mpipe_tune.search.families import search_family
+from mpipe_tune.search import search_family
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 HERE = Path(__file__).resolve().parent
 PROFILE = "ascend-910c-cm384"

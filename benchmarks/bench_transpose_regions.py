@@ -36,7 +36,7 @@ from pathlib import Path
 
 from mpipe_tune.search import Candidate, Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 MODEL = Path(__file__).with_name("models") / "qwen2vl-vit-llama3-8b-head.yaml"
 SCHEDULES = ("1f1b", "transpose,1f1b", "1f1b,transpose", "transpose,1f1b,transpose", "gpipe", "gpipe,transpose",

@@ -26,16 +26,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from mpipe_tune.algebra import ExplicitCost, Layer, Model
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import predict
-from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.search import Evaluator, Problem
-from mpipe_tune.search.baselines import baseline
+from mpipe_tune.algebra import ExplicitCost, Layer, Model, Candidate
+from mpipe_tune.cost import CompiledPlan, CostOptions, predict
+from mpipe_tune.inputs import Microbatch, Workload
+from mpipe_tune.search import Evaluator, Problem, baseline
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 LAYERS_PER_RANK = 4
 

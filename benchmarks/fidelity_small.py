@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mpipe_tune.cost.profile import HardwareProfile, parse_profile
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.cost import HardwareProfile, parse_profile
+from mpipe_tune.inputs import Microbatch, Workload
 
 HERE = Path(__file__).resolve().parent
 SMALL_SAMPLES = 4

@@ -53,7 +53,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from bench_published import TARGET, evaluate, print_table, summary  # noqa: E402
 from published import ROOT, load_runs, predict_run  # noqa: E402
 
-from mpipe_tune.cost.profile import dump_profile, load_profile, parse_profile  # noqa: E402
+from mpipe_tune.cost import dump_profile, load_profile, parse_profile  # noqa: E402
 
 DATE = "2026-12-07"
 BF16_NAMES = ("efficiency.default", "efficiency.attention_core", "tp_comm_overlap")

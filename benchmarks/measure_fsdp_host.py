@@ -1,5 +1,5 @@
 """Measure FSDP2's host seconds per sharded layer per call on this machine's gloo ranks and write them into a
-profile as its ``fsdp_host_s`` (:mod:`mpipe_tune.profiler.fsdp_host`), with the load average beside it: what
+profile as its ``fsdp_host_s`` (:mod:`mpipe_tune.profiler._fsdp_host`), with the load average beside it: what
 ``mpipe-tune profile`` measures, for a profile measured before it did (``moe-vm-4.json``, which
 ``bench_fidelity_parallel.py`` predicts on).
 
@@ -14,8 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from mpipe_tune.profiler.fsdp_host import fsdp_host_entry, measure_fsdp_host
-from mpipe_tune.profiler.settings import sweep_settings
+from mpipe_tune.profiler._fsdp_host import fsdp_host_entry, measure_fsdp_host
+from mpipe_tune.profiler import sweep_settings
 
 
 def main() -> None:

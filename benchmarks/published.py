@@ -6,7 +6,7 @@ as a new user would predict it: the model spec, the profile, a workload of ``glo
 microbatches of ``micro_batch`` sequences of ``seq_len`` text tokens side by side (one forward over all their
 tokens, each sequence attending to itself: ``Microbatch.texts``), Megatron-LM's layout of ``pp`` ranks with ``vp`` interleaved
 virtual stages (``decoders / (pp * vp)`` decoder layers per virtual stage, the embedding with the
-first and the head with the last), and :func:`mpipe_tune.cost.predict.predict`, the function
+first and the head with the last), and :func:`mpipe_tune.cost._predict.predict`, the function
 ``mpipe-tune predict`` calls.
 """
 
@@ -17,18 +17,12 @@ from pathlib import Path
 
 import yaml
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra.model import Model
-from mpipe_tune.algebra.candidate import DTYPE_BYTES, ZERO_STAGES, Candidate, default_reshard_after_forward
-from mpipe_tune.algebra.schedule import Cut
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.arch_layers import ROPE_FORMS
-from mpipe_tune.cost.predict import Prediction, predict
-from mpipe_tune.cost.profile import HardwareProfile
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.algebra import Degrees, Model, DTYPE_BYTES, ZERO_STAGES, Candidate, default_reshard_after_forward, Cut
+from mpipe_tune.cost import CostOptions, ROPE_FORMS, Prediction, predict, HardwareProfile
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_FILE = Path(__file__).resolve().parent / "published_runs.yaml"
@@ -80,24 +74,24 @@ class PublishedRun:
     unless the framework's optimizer keeps fewer (MindFormers' fp32-state AdamW on fp16 parameters: 8)."""
     loss_fusion: bool = False
     """The run's trainer fuses its loss kernels (Megatron-Core's ``cross_entropy_loss_fusion``; off unless the
-    run's configuration sets it): :attr:`~mpipe_tune.cost.layers.CostOptions.fused_loss`."""
+    run's configuration sets it): :attr:`~mpipe_tune.cost._layers.CostOptions.fused_loss`."""
     rope: str = "fused"
-    """How the run's trainer applies RoPE (:attr:`~mpipe_tune.cost.layers.CostOptions.rope`): ``fused``
+    """How the run's trainer applies RoPE (:attr:`~mpipe_tune.cost._layers.CostOptions.rope`): ``fused``
     (Megatron-LM's ``apply_rope_fusion``, on by default in its training arguments and in NeMo's Llama
     configs), ``unfused`` (MindSpeed without ``--use-fused-rotary-pos-emb``) or ``mindspeed_fused`` (with it)."""
     kernel_mode: str = "fused"
-    """How the run's trainer launches kernels (:data:`~mpipe_tune.cost.kernel_model.KERNEL_MODES`): ``fused``
+    """How the run's trainer launches kernels (:data:`~mpipe_tune.cost._kernel_model.KERNEL_MODES`): ``fused``
     (Megatron-LM and MindSpeed with their fused kernels, the default), ``eager`` (torchtitan without
     ``torch.compile``), ``compiled`` (with it)."""
     grad_accumulation_fusion: bool = True
     """False where the run's script passes ``--no-gradient-accumulation-fusion``
-    (:attr:`~mpipe_tune.cost.layers.CostOptions.grad_accumulation_fusion`)."""
+    (:attr:`~mpipe_tune.cost._layers.CostOptions.grad_accumulation_fusion`)."""
     selective_recompute: str = "attention_core"
-    """What the run's ``selective`` recomputation re-runs (:attr:`~mpipe_tune.cost.layers.CostOptions.selective_recompute`):
+    """What the run's ``selective`` recomputation re-runs (:attr:`~mpipe_tune.cost._layers.CostOptions.selective_recompute`):
     ``attention_core`` (Megatron-LM's) or ``op`` (torchtitan's ``selective_ac_option = 'op'``)."""
     zero_stage: int | None = None
     """The ZeRO stage where the run states more than :attr:`distributed_optimizer` says: 3 where its framework
-    keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost.sharding_events`), 2 where only the
+    keeps the parameters themselves as data-parallel slices (:mod:`mpipe_tune.cost._sharding_events`), 2 where only the
     gradients and the optimizer state are; None: 1 with a distributed optimizer, else 0. A stage given needs
     :attr:`zero_source`."""
     reshard_after_forward: bool | None = None
@@ -106,7 +100,7 @@ class PublishedRun:
     zero_source: str = ""
     """Where the run's configuration and its framework's documentation say so (file and line, pinned)."""
     moe_dispatcher: str = "alltoall"
-    """The MoE token dispatcher (Megatron-Core's ``--moe-token-dispatcher-type``; :mod:`mpipe_tune.cost.moe`)."""
+    """The MoE token dispatcher (Megatron-Core's ``--moe-token-dispatcher-type``; :mod:`mpipe_tune.cost._moe`)."""
     moe_capacity_factor: float | None = None
     """The expert capacity factor (``--moe-expert-capacity-factor``); None: dropless."""
     moe_pad_to_capacity: bool = False
@@ -223,7 +217,7 @@ def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] 
     ``--num-layer-list``), the embedding first and the head last; with ``embedding_in_split`` the embedding
     and the head count as layers of the split (:attr:`PublishedRun.embedding_in_split`).
 
-    >>> from mpipe_tune.inputs.specs import load_model
+    >>> from mpipe_tune.inputs import load_model
     >>> cut, schedule, slabs = megatron_layout(load_model("llama3-8b"), 2, 2)
     >>> cut.boundaries, schedule, slabs
     ((17,), '1f1b,1f1b', ((9, 8), (8, 9)))

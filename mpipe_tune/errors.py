@@ -21,7 +21,7 @@ A command interrupted by Ctrl-C exits with 130 (the shell's code for SIGINT).
 An error names quantities, never command-line flags (``trial budget``, not ``--trials``): the same
 check serves the CLI, the Python API and the plan file. It lists the quantities its message names in
 :attr:`~MpipeError.quantities`, so that the CLI can add the flag that sets each one where it helps
-(``mpipe_tune.cli.errors``: ``trial budget (--trials) is 0, ...``).
+(``mpipe_tune.cli._errors``: ``trial budget (--trials) is 0, ...``).
 """
 
 from __future__ import annotations

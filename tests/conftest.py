@@ -12,8 +12,8 @@ from pathlib import Path
 
 from hypothesis import settings
 
-from mpipe_tune.algebra.model import ExplicitCost, Layer, Model
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.algebra import ExplicitCost, Layer, Model
+from mpipe_tune.inputs import Microbatch, Workload
 
 # A fast profile for local runs, a thorough one for CI (CI=true).
 settings.register_profile("fast", max_examples=40, deadline=None)
@@ -107,7 +107,7 @@ def uniform_workload(num_microbatches: int, image_tokens: int = 1, text_tokens: 
 def with_link(collective: str, link, profile=None):
     """``profile`` (default: ``ideal``) with ``collective`` costing ``link`` (a LinkCost) on both link
     classes, the rest unchanged."""
-    from mpipe_tune.cost.profile import load_profile, parse_profile
+    from mpipe_tune.cost import load_profile, parse_profile
 
     data = (profile or load_profile("ideal")).to_dict()
     for link_class in ("intra_node", "inter_node"):
@@ -119,8 +119,8 @@ def with_link(collective: str, link, profile=None):
 def candidate(cut, schedule, num_ranks: int, num_microbatches: int, *, slab_counts=None, owners=None, options=None):
     """The Candidate of a cut, a schedule and P, M, with the degrees, dtype and memory policy of the cost
     ``options`` (default: none), for tests written against the cost model's settings."""
-    from mpipe_tune.algebra.candidate import Candidate
-    from mpipe_tune.cost.layers import CostOptions
+    from mpipe_tune.algebra import Candidate
+    from mpipe_tune.cost import CostOptions
 
     o = options or CostOptions()
     return Candidate(str(schedule), tuple(cut.boundaries), pp=num_ranks, tp=o.degrees.tp, dp=o.degrees.dp,
@@ -134,8 +134,7 @@ def predict_plan(cut, schedule, model, workload, profile, num_ranks: int, *, num
                  microbatch_owners=None, options=None):
     """``predict`` of :func:`candidate` on one workload (its length is M unless given); owners given
     for a schedule without a transpose region (which has no owners) are left out."""
-    from mpipe_tune.cost.layers import CostOptions
-    from mpipe_tune.cost.predict import predict
+    from mpipe_tune.cost import CostOptions, predict
 
     M = len(workload) if num_microbatches is None else num_microbatches
     if "transpose" not in str(schedule).split(","):
@@ -160,5 +159,5 @@ def walked_peaks(deltas, makespan_s: float) -> list[float]:
 
 def charged_s(result):
     """Per event of a prediction, its seconds with the sharding actions placed at it added (ZeRO-2 and
-    ZeRO-3 resharding after forward, :mod:`mpipe_tune.cost.sharding_events`): the old folded durations."""
+    ZeRO-3 resharding after forward, :mod:`mpipe_tune.cost._sharding_events`): the old folded durations."""
     return result.timeline.charged_s()

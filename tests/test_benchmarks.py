@@ -96,7 +96,7 @@ def test_replot_prints_every_plan_and_the_emulated_rows(fidelity, tmp_path, caps
 
 
 def test_there_are_24_plans_or_more_with_data_and_tensor_parallel_ones(fidelity):
-    from mpipe_tune.inputs.specs import load_model
+    from mpipe_tune.inputs import load_model
 
     specs = fidelity.plan_specs(load_model(str(fidelity.MODEL_PATH)))
     assert len(specs) >= 24 and len({s.label for s in specs}) == len(specs)
@@ -118,7 +118,7 @@ def test_the_small_set_is_micro_batch_1_short_sequences_on_two_ranks(fidelity):
 
 
 def test_the_roofline_alone_drops_every_per_call_term_and_keeps_the_efficiencies(fidelity):
-    from mpipe_tune.cost.profile import load_profile
+    from mpipe_tune.cost import load_profile
 
     profile = load_profile(BENCHMARKS / "profiles" / "fidelity-vm.json")
     assert profile.call_overhead_for("dense_block") != (0.0, 0.0)  # calibrated: the test has something to drop
@@ -171,7 +171,7 @@ def test_the_emulated_baseline_plans_are_plan_files_the_executor_reads(tmp_path,
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from bench_runtime_emulated import baseline_plans
 
-    from mpipe_tune.runtime.plan_view import read_plan_file, validate_runnable
+    from mpipe_tune.runtime._plan_view import read_plan_file, validate_runnable
 
     paths = baseline_plans(tmp_path, 2, 4, ("megatron", "mpipe-rr", "vpp"))
     assert set(paths) == {"megatron", "mpipe-rr", "vpp"}
@@ -194,7 +194,7 @@ def test_the_parallel_fidelity_plans_are_plan_files_the_executor_takes(tmp_path)
     sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
-        from mpipe_tune.runtime.job import RunJob, preflight
+        from mpipe_tune.runtime._job import RunJob, preflight
 
         profile = BENCHMARKS / "profiles" / "moe-vm-4.json"
         for case in module.CASES:

@@ -175,9 +175,9 @@ def test_a_bad_picture_path_is_one_line_before_any_work(tmp_path, capsys, path, 
 
 def test_export_checks_its_outputs_and_writes_all_of_them_or_none(tmp_path, capsys):
     from mpipe_tune.plan_file import dump_plan, plan_record, PlanInputs
-    from mpipe_tune.algebra.schedule import Cut, parse_schedule
+    from mpipe_tune.algebra import Cut, parse_schedule
     from mpipe_tune.cost import load_profile
-    from mpipe_tune.inputs.specs import load_model, load_workload
+    from mpipe_tune.inputs import load_model, load_workload
 
     model, profile = load_model("tiny-vit-llm"), load_profile("ideal")
     workload = load_workload("balanced", num_microbatches=4)

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 from conftest import ctrl_c_after  # noqa: E402
 from mpipe_tune.cli import main  # noqa: E402
 from mpipe_tune.plan_file import load_plan, plan_names, select_plan  # noqa: E402
-from mpipe_tune.runtime import launch  # noqa: E402
+from mpipe_tune.runtime import _launch as launch  # noqa: E402
 
 # Short sequences: the example's emulated step takes tens of milliseconds on 2 ranks.
 TINY = "microbatches:\n" + "".join(f"  - {{image_tokens: {60 + 40 * i}, text_tokens: 300}}\n" for i in range(4))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import mpipe_tune
 from mpipe_tune.cli import main
-from mpipe_tune.cli.errors import FLAGS, error_line, flag_of
+from mpipe_tune.cli._errors import FLAGS, error_line, flag_of
 from mpipe_tune.errors import MpipeError
 
 

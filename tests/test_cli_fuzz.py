@@ -236,7 +236,7 @@ def test_show_export_and_run_take_any_plan_file(plan_record, monkeypatch_module,
 def monkeypatch_module():
     pytest.importorskip("torch")  # run and bench check for torch before they launch
     with pytest.MonkeyPatch.context() as patch:
-        from mpipe_tune.runtime import launch
+        from mpipe_tune.runtime import _launch as launch
 
         patch.setattr(launch, "launch_local", _no_launch)
         patch.setattr(launch, "run_under_torchrun", _no_launch)
@@ -534,7 +534,7 @@ def _join_world(device, place, *args, **kwargs):
 @pytest.fixture(scope="module")
 def monkeypatch_nodes():
     with pytest.MonkeyPatch.context() as patch:
-        from mpipe_tune.profiler import build, nodes
+        from mpipe_tune.profiler import _build as build, _nodes as nodes
 
         patch.setattr(nodes, "measure_link_classes", _join_world)
         patch.setattr(build, "profile_device", _no_launch)  # outside torchrun: the one-host sweep would start

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import process_stats
 from mpipe_tune.cli import main
-from mpipe_tune.cost.profile import dump_profile
+from mpipe_tune.cost import dump_profile
 from mpipe_tune.plan_file import all_plan_names, load_plan, plan_names, select_plan
 from mpipe_tune.cost import load_profile
 
@@ -393,7 +393,7 @@ def test_a_bad_output_path_exits_2_before_the_search_and_writes_nothing(tmp_path
 
 def test_a_picture_that_fails_leaves_no_plan_file(tmp_path, capsys, monkeypatch):
     from mpipe_tune.errors import MpipeError
-    from mpipe_tune.report import gantt
+    from mpipe_tune.report import _gantt as gantt
 
     def fail(*args, **kwargs):
         raise MpipeError("drawing failed")

@@ -1,7 +1,7 @@
 """The lines ``mpipe-tune run`` prints for a run's record (its JSON summary): the plan's candidate in its one text form."""
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cli.run import print_run
+from mpipe_tune.algebra import Candidate
+from mpipe_tune.cli._run import print_run
 
 CANDIDATE = Candidate("transpose,1f1b", (9,), pp=2, dp=2, num_microbatches=8)
 RECORD = {"plan": "plan.json", "candidate": str(CANDIDATE), "schedule": "transpose,1f1b", "pp": 2, "tp": 1, "dp": 2, "cp": 1, "ep": 1,

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from mpipe_tune.cli import main
-from mpipe_tune.search.trials import COLUMNS
+from mpipe_tune.search._trials import COLUMNS
 
 
 @pytest.fixture(scope="module")

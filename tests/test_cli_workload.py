@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from mpipe_tune.cli import main
-from mpipe_tune.inputs.dataset import DatasetDraw
-from mpipe_tune.inputs.workload import image_tokens_for
+from mpipe_tune.inputs import DatasetDraw
+from mpipe_tune.inputs._workload import image_tokens_for
 from mpipe_tune.plan_file import read_plan
 
 LLAVA = Path(__file__).parent / "fixtures" / "llava" / "llava-mini.json"

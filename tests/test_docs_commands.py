@@ -88,7 +88,7 @@ def test_the_readme_s_command_table_lists_every_command_in_the_order_of_help(cap
 
 def test_the_input_guide_lists_every_architecture_kind_and_the_fields_it_needs():
     """docs/inputs.md's table is what a user writes a model file from: each kind's row names every required field."""
-    from mpipe_tune.inputs.arch_dims import ARCH_KINDS
+    from mpipe_tune.inputs import ARCH_KINDS
 
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| ([^|]*) \|", (ROOT / "docs" / "inputs.md")
                                                         .read_text(encoding="utf-8"), flags=re.M)}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mpipe_tune.inputs.workload import image_tokens_for
+from mpipe_tune.inputs._workload import image_tokens_for
 
 ROOT = Path(__file__).parents[1]
 CLI = [sys.executable, "-m", "mpipe_tune.cli"]

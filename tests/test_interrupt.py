@@ -193,7 +193,7 @@ def test_ctrl_c_before_profile_s_calibration_stops_there_with_no_profile_written
 
 def test_ctrl_c_as_profile_writes_lets_the_file_be_written_whole(tmp_path):
     pytest.importorskip("torch")
-    from mpipe_tune.cost.profile import load_profile
+    from mpipe_tune.cost import load_profile
 
     code, err, written = profile_interrupted_at(tmp_path, "write")
     assert code == 130 and written and "interrupted too late to stop: the command finished" in err, err
@@ -252,7 +252,7 @@ def test_ctrl_c_in_workload_and_report_leaves_no_picture_or_page(plan_file, tmp_
 def test_ctrl_c_before_run_launches_starts_no_rank_and_one_after_it_keeps_the_result(plan_file, tmp_path,
                                                                                      monkeypatch, capsys):
     pytest.importorskip("torch")
-    from mpipe_tune.runtime import launch
+    from mpipe_tune.runtime import _launch as launch
 
     started = []
     monkeypatch.setattr(launch, "launch_local", lambda *a, **k: started.append(a))
@@ -282,7 +282,7 @@ def test_ctrl_c_after_bench_s_rounds_prints_them_and_draws_no_timeline(plan_file
 def test_a_second_ctrl_c_in_run_stops_at_once_with_no_rank_started_or_no_trace_written(plan_file, tmp_path,
                                                                                         monkeypatch, capsys):
     pytest.importorskip("torch")
-    from mpipe_tune.runtime import launch
+    from mpipe_tune.runtime import _launch as launch
 
     trace = tmp_path / "trace.json"
     args = ["run", str(plan_file), "--compute", "emulated", "--steps", "1", "--trace", str(trace), "--no-progress"]
@@ -346,7 +346,7 @@ def test_ctrl_c_in_profile_across_nodes_writes_no_profile(tmp_path, monkeypatch,
     """Rank 0 of a torchrun world (the world itself stands in: joining it is what the Ctrl-C must not
     outlast); the Ctrl-C while the links are measured is sent by the stand-in, at a controlled point."""
     pytest.importorskip("torch")
-    from mpipe_tune.profiler import nodes
+    from mpipe_tune.profiler import _nodes as nodes
 
     calls = []
 

@@ -5,8 +5,8 @@ import pytest
 
 from mpipe_tune import jit
 from mpipe_tune.algebra import Cut, parse_schedule
-from mpipe_tune.cost import owners
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.cost import _owners as owners
+from mpipe_tune.inputs import Microbatch, Workload
 
 from conftest import make_model, predict_plan
 
@@ -21,7 +21,7 @@ def _predict(schedule, cut, P, owner_map, seed):
 
 
 def _profile():
-    from mpipe_tune.cost.profile import load_profile
+    from mpipe_tune.cost import load_profile
 
     return load_profile("h100-sxm")
 

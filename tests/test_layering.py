@@ -82,13 +82,13 @@ def imports(path: Path, name: str) -> set[str]:
     return found
 
 
-LOADERS = ("inputs.specs", "inputs.workload_spec")
+LOADERS = ("inputs._specs", "inputs._workload_spec")
 """Modules of ``inputs`` that load named inputs with the algebra (a model is the algebra's, a dataset
 workload is sized by its model): the ``specs`` layer."""
 
 
 def layer_of(name: str) -> str:
-    """``algebra`` for ``algebra.derive``; a top-level module is its own layer; :data:`LOADERS` are the
+    """``algebra`` for ``algebra._derive``; a top-level module is its own layer; :data:`LOADERS` are the
     ``specs`` layer."""
     if any(name == m or name.startswith(m + ".") for m in LOADERS):
         return "specs"
@@ -97,8 +97,8 @@ def layer_of(name: str) -> str:
 
 def test_the_walk_sees_the_package_and_resolves_imports():
     names = dict(modules())
-    assert {"algebra.derive", "runtime.plan_view", "plan_file.resolve", "cli", "cli.plan"} <= set(names)
-    assert "mpipe_tune.algebra.plan" in imports(names["algebra.derive"], "algebra.derive")
+    assert {"algebra._derive", "runtime._plan_view", "plan_file._resolve", "cli", "cli._plan"} <= set(names)
+    assert "mpipe_tune.algebra._plan" in imports(names["algebra._derive"], "algebra._derive")
 
 
 @pytest.mark.parametrize("name,path", modules(), ids=[n or "mpipe_tune" for n, _ in modules()])
@@ -199,7 +199,7 @@ def test_the_cli_package_is_the_only_face():
 def import_graph() -> dict[str, set[str]]:
     """Per module of the package, the modules of the package it imports (top-level or inside a
     function): ``from mpipe_tune.algebra import encoder_backward`` is an import of the module
-    ``algebra.encoder_backward``; a package's ``__init__`` counts as a module, but a module's import of a
+    ``algebra._encoder_backward``; a package's ``__init__`` counts as a module, but a module's import of a
     package it lies in does not (Python runs that package first, whatever the module imports)."""
     names = dict(modules())
     graph: dict[str, set[str]] = {}
@@ -258,7 +258,7 @@ def test_import_cycles_are_found():
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
     graph = import_graph()
-    assert "algebra.plan" in graph["algebra.derive"] and "algebra" not in graph["algebra.derive"]
+    assert "algebra._plan" in graph["algebra._derive"] and "algebra" not in graph["algebra._derive"]
 
 
 def test_no_import_cycles():

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import benchmark_module
-from mpipe_tune.search.baselines import baseline
-from mpipe_tune.search.evaluate import Evaluator
+from mpipe_tune.search import baseline, Evaluator
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +24,7 @@ def test_the_shipped_manifest_is_what_the_generator_writes(paper) -> None:
 
 
 def test_capsfusion_shaped_samples_are_one_image_and_a_short_caption(paper) -> None:
-    from mpipe_tune.inputs.specs import load_model
-    from mpipe_tune.inputs.workload_spec import DatasetOptions, load_dataset
+    from mpipe_tune.inputs import load_model, DatasetOptions, load_dataset
 
     b = next(e for e in paper.EXPERIMENTS if e.key == "B")
     model = load_model(b.model)

@@ -43,7 +43,7 @@ def test_a_suite_like_another_takes_its_configuration(published):
 
 def test_megatron_layout_gives_each_virtual_stage_its_share(published):
     from mpipe_tune.errors import MpipeError
-    from mpipe_tune.inputs.specs import load_model
+    from mpipe_tune.inputs import load_model
 
     model = load_model(BENCHMARKS / "models" / "llama31-405b.yaml")
     cut, schedule, slabs = published.megatron_layout(model, 9, 7)
@@ -57,7 +57,7 @@ def test_the_llama3_paper_layout_counts_the_embedding_and_the_output_layer_in_th
     """The Llama 3 paper's 405B pipeline (section 3.3.2): 16 ranks of 8 interleaved chunks of one layer each,
     the first chunk the embedding alone and the last the output layer alone, so the first and last ranks run
     one decoder layer fewer than the others."""
-    from mpipe_tune.inputs.specs import load_model
+    from mpipe_tune.inputs import load_model
 
     run = next(run for run in published.load_runs() if run.suite == "llama3-paper-405b")
     model = load_model(BENCHMARKS / "models" / "llama31-405b.yaml")
@@ -137,7 +137,7 @@ def test_a_runs_uneven_layer_list_is_its_layout(published):
     """Megatron's --num-layer-list (MindSpeed-LLM's Llama 3/3.1 70B scripts: 17,20,22,21) sets the decoder layers
     per stage; the embedding joins the first stage and the head the last."""
     from mpipe_tune.errors import MpipeError
-    from mpipe_tune.inputs.specs import load_model
+    from mpipe_tune.inputs import load_model
 
     model = load_model("llama3-70b")
     cut, schedule, slabs = published.megatron_layout(model, 4, 1, (17, 20, 22, 21))

@@ -1,8 +1,8 @@
 """The ``mpipe-tune`` command: one module per subcommand, user errors exit with one line.
 
-Each command module holds one :class:`~mpipe_tune.cli.command.Command`: it parses its flags, calls one
-domain function and prints; the flags several commands share are :mod:`.arguments`'s groups; the parser
-and the run of a command are :mod:`.parser`'s. This package is the tool's only face: nothing in
+Each command module holds one :class:`~mpipe_tune.cli._command.Command`: it parses its flags, calls one
+domain function and prints; the flags several commands share are :mod:`._arguments`'s groups; the parser
+and the run of a command are :mod:`._parser`'s. This package is the tool's only face: nothing in
 ``mpipe_tune`` imports it.
 
 It imports nothing at first: :func:`main` imports the commands inside its handling of Ctrl-C, so that a
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         from mpipe_tune.interrupt import mark
 
         mark("entry")
-        from mpipe_tune.cli.parser import run_command
+        from mpipe_tune.cli._parser import run_command
 
         return run_command(argv)
     except KeyboardInterrupt:  # before a command started (while importing or parsing): nothing was done
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 def __getattr__(name: str):
     """``build_parser``, ``COMMANDS`` and ``Parser``, imported when first asked for (see the module docstring)."""
     if name in ("build_parser", "COMMANDS", "Parser"):
-        from mpipe_tune.cli import parser
+        from mpipe_tune.cli import _parser as parser
 
         return getattr(parser, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

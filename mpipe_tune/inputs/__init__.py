@@ -7,12 +7,12 @@ instead. :func:`check_finite` is the number check the parsers share for fields t
 and within a sane range.
 
 The input types that both the cost model and the runtime read live beside it, below both:
-:mod:`mpipe_tune.inputs.workload` (microbatches and workloads) and :mod:`mpipe_tune.inputs.arch_dims`
+:mod:`mpipe_tune.inputs._workload` (microbatches and workloads) and :mod:`mpipe_tune.inputs._arch_dims`
 (architecture kinds and their dimensions).
 
 Its public API is :data:`__all__`: these helpers, and the names of its modules that other packages and users
 import (loaded from their modules when first asked for: :data:`_LAZY`). Loading models
-(:mod:`.specs`) and dataset workloads (:mod:`.workload_spec`) reads the algebra's model, which reads the
+(:mod:`._specs`) and dataset workloads (:mod:`._workload_spec`) reads the algebra's model, which reads the
 helpers here, so those modules are never imported with the package. Hardware profiles are the cost
 model's (``mpipe_tune.cost.load_profile``).
 
@@ -35,21 +35,21 @@ from mpipe_tune import lazy_exports
 from mpipe_tune.errors import MpipeError
 
 _LAZY = {
-    "mpipe_tune.inputs.arch_dims": (
+    "mpipe_tune.inputs._arch_dims": (
         "ARCH_KINDS", "IMAGE_STREAM_KINDS", "OPTIONAL_DIMS", "resolve_dims", "tensor_parallel_problem",
         "validate_arch",
     ),
-    "mpipe_tune.inputs.dataset": ("Dataset", "DatasetDraw", "draw_from_dict", "read_dataset"),
-    "mpipe_tune.inputs.dataset_spec": ("DatasetSpec", "ImageRule", "TextRule"),
-    "mpipe_tune.inputs.mindspeed": (
+    "mpipe_tune.inputs._dataset": ("Dataset", "DatasetDraw", "draw_from_dict", "read_dataset"),
+    "mpipe_tune.inputs._dataset_spec": ("DatasetSpec", "ImageRule", "TextRule"),
+    "mpipe_tune.inputs._mindspeed": (
         "DECODER_OUTSIDE_KINDS", "VISION_OUTSIDE_KINDS", "MindSpeedLayout", "is_model_json", "read_mindspeed_layout",
     ),
-    "mpipe_tune.inputs.specs": ("builtin_models", "load_model", "resolve_spec"),
-    "mpipe_tune.inputs.workload": (
+    "mpipe_tune.inputs._specs": ("builtin_models", "load_model", "resolve_spec"),
+    "mpipe_tune.inputs._workload": (
         "DEFAULT_NUM_MICROBATCHES", "MAX_MICROBATCHES", "MIXES", "Microbatch", "Mix", "MixDraw", "Workload",
         "load_workload", "pack", "parse_workload", "sample_workload", "workload_hash", "workload_to_dict",
     ),
-    "mpipe_tune.inputs.workload_spec": (
+    "mpipe_tune.inputs._workload_spec": (
         "DatasetOptions", "is_dataset", "load_dataset", "load_dataset_workload", "validate_dataset_options",
     ),
 }

@@ -2,17 +2,17 @@
 
 This package is the one owner of the file, below ``report`` and ``runtime``:
 
-- :mod:`.schema`: the typed, frozen records (:class:`PlanFile`, a :class:`Section` per plan: the
-  :class:`~mpipe_tune.algebra.candidate.Candidate`, placement, collectives, order, prediction and
-  workload; the search summary), none with a ``dict`` field; :mod:`.check` reads them from JSON,
+- :mod:`._schema`: the typed, frozen records (:class:`PlanFile`, a :class:`Section` per plan: the
+  :class:`~mpipe_tune.algebra._candidate.Candidate`, placement, collectives, order, prediction and
+  workload; the search summary), none with a ``dict`` field; :mod:`._check` reads them from JSON,
   checking every field by its type and range.
-- :mod:`.names`: the names that mark stored plans (``best``, the baselines, ``@own``, ``current``).
-- :mod:`.read`: :func:`read_plan` loads, upgrades (version 1) and checks a file into a
+- :mod:`._names`: the names that mark stored plans (``best``, the baselines, ``@own``, ``current``).
+- :mod:`._read`: :func:`read_plan` loads, upgrades (version 1) and checks a file into a
   :class:`PlanFile`; :func:`load_plan` gives the same file's checked record in its stored form.
-- :mod:`.write`: :func:`plan_record` and :func:`dump_plan` (atomic).
-- :mod:`.resolve`: :func:`resolve`, what ``show``, ``run``, ``bench`` and ``export`` call: a plan
+- :mod:`._write`: :func:`plan_record` and :func:`dump_plan` (atomic).
+- :mod:`._resolve`: :func:`resolve`, what ``show``, ``run``, ``bench`` and ``export`` call: a plan
   picked by name, its model (and profile) loaded and checked against the file's hashes, its
-  candidate derived and the stored order checked against the derivation (:mod:`.derivation`).
+  candidate derived and the stored order checked against the derivation (:mod:`._derivation`).
 
 Layout (schema_version 3)::
 
@@ -40,7 +40,7 @@ Layout (schema_version 3)::
     }
 
 A workload sampled from a named mix also records its ``draw`` (optional: absent for a workload file),
-:class:`~mpipe_tune.inputs.workload.MixDraw`: what ``run`` draws each later step's microbatches from.
+:class:`~mpipe_tune.inputs._workload.MixDraw`: what ``run`` draws each later step's microbatches from.
 The top level is the search's winner (``best``); ``baselines`` (optional: ``plan`` writes it,
 ``predict``-made files lack it) holds each baseline planned beside it as a section of the same
 fields, with its own workload (interleaving may take another microbatch count), at the same degrees.
@@ -58,15 +58,15 @@ Version-1 files (before the candidate had one stored form) load through :func:`u
 
 from __future__ import annotations
 
-from mpipe_tune.plan_file.derivation import derivation_record, placement_record, validate_derivation
-from mpipe_tune.plan_file.read import (
+from mpipe_tune.plan_file._derivation import derivation_record, placement_record, validate_derivation
+from mpipe_tune.plan_file._read import (
     ALTERNATIVES, SCHEMA, SCHEMA_VERSION, PlanFile, all_plan_names, load_plan, plan_names, read_plan, select_plan,
     upgrade_v1, upgrade_v2,
 )
-from mpipe_tune.plan_file.resolve import ResolvedPlan, load_plan_model, load_plan_profile, resolve, validate_input
-from mpipe_tune.plan_file.names import BASELINES, BEST, CURRENT, MPIPE_RR, OWN, REFERENCE
-from mpipe_tune.plan_file.schema import Inputs, SearchSummary, Section
-from mpipe_tune.plan_file.write import PlanInputs, dump_plan, plan_record, plan_section, predicted_record
+from mpipe_tune.plan_file._resolve import ResolvedPlan, load_plan_model, load_plan_profile, resolve, validate_input
+from mpipe_tune.plan_file._names import BASELINES, BEST, CURRENT, MPIPE_RR, OWN, REFERENCE
+from mpipe_tune.plan_file._schema import Inputs, SearchSummary, Section
+from mpipe_tune.plan_file._write import PlanInputs, dump_plan, plan_record, plan_section, predicted_record
 
 SECTION_KEYS = Section.FIELDS
 

@@ -16,21 +16,21 @@ module when first asked for (:data:`_LAZY`).
 from mpipe_tune import lazy_exports
 
 _LAZY = {
-    "mpipe_tune.profiler.build": (
+    "mpipe_tune.profiler._build": (
         "Measurements", "assemble_profile", "count_steps", "merge_link_classes", "profile_device",
     ),
-    "mpipe_tune.profiler.calibrate": ("calibration_layers",),
-    "mpipe_tune.profiler.device": ("import_torch",),
-    "mpipe_tune.profiler.fit": (
+    "mpipe_tune.profiler._calibrate": ("calibration_layers",),
+    "mpipe_tune.profiler._device": ("import_torch",),
+    "mpipe_tune.profiler._fit": (
         "AlphaBetaFit", "EfficiencyFit", "fit_alpha_beta", "fit_efficiency", "step_multipliers", "to_link_cost",
     ),
-    "mpipe_tune.profiler.links": ("LINK_COLLECTIVES",),
-    "mpipe_tune.profiler.nodes": ("measure_link_classes",),
-    "mpipe_tune.profiler.roofline": ("TORCH_DTYPES",),
-    "mpipe_tune.profiler.settings": ("MAX_PROCESSES", "SweepSettings", "sweep_settings"),
-    "mpipe_tune.profiler.shapes": ("kernel_sweep_settings",),
-    "mpipe_tune.profiler.stats": ("Spread", "summarize"),
-    "mpipe_tune.profiler.together": ("probed_run_jobs", "profile_probe_s"),
+    "mpipe_tune.profiler._links": ("LINK_COLLECTIVES",),
+    "mpipe_tune.profiler._nodes": ("measure_link_classes",),
+    "mpipe_tune.profiler._roofline": ("TORCH_DTYPES",),
+    "mpipe_tune.profiler._settings": ("MAX_PROCESSES", "SweepSettings", "sweep_settings"),
+    "mpipe_tune.profiler._shapes": ("kernel_sweep_settings",),
+    "mpipe_tune.profiler._stats": ("Spread", "summarize"),
+    "mpipe_tune.profiler._together": ("probed_run_jobs", "profile_probe_s"),
 }
 __all__ = [n for names in _LAZY.values() for n in names]
 __getattr__ = lazy_exports(__name__, _LAZY)

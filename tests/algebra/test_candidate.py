@@ -1,4 +1,4 @@
-"""The Candidate value type (algebra/candidate.py): its stored form round-trips, it derives what derive
+"""The Candidate value type (algebra/_candidate.py): its stored form round-trips, it derives what derive
 gives, and its checks name quantities, not flags."""
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import make_model
-from mpipe_tune.algebra.candidate import Candidate, default_cut
-from mpipe_tune.algebra.derive import Owners, derive
-from mpipe_tune.algebra.schedule import Cut, parse_schedule
+from mpipe_tune.algebra import Candidate, default_cut, Owners, derive, Cut, parse_schedule
 from mpipe_tune.errors import MpipeError
 
 MODEL = make_model(["encoder"] * 2 + ["projector"] + ["llm"] * 6)

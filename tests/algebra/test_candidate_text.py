@@ -8,14 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpipe_tune.algebra.candidate import DTYPE_BYTES, Candidate
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra.encoder_backward import PLACEMENTS
+from mpipe_tune.algebra import DTYPE_BYTES, Candidate, Degrees, PLACEMENTS
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
-from mpipe_tune.search.baselines import baseline
+from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, baseline
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 
 def test_every_candidate_the_search_emits_on_the_default_problem_parses_back():

@@ -7,7 +7,7 @@ from mpipe_tune.algebra import (
     Bwd, Coll, Comm, Cut, DpReduce, Fwd, Group, Layout, Loss, Owners, Schedule, Skeleton, StepBarrier, derive,
     parse_schedule,
 )
-from mpipe_tune.algebra.order import is_interleavable
+from mpipe_tune.algebra import is_interleavable
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
 from conftest import make_model

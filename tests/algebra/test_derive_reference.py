@@ -15,8 +15,8 @@ import pytest
 from mpipe_tune.algebra import (
     Bwd, Cut, DpReduce, EdgeKind, Fwd, Group, Layout, Loss, Owners, Schedule, Skeleton, StepBarrier, Wgrad, derive,
 )
-from mpipe_tune.algebra.derive import _microbatch_edges, rank_program, stage_gates, topological_order
-from mpipe_tune.algebra.order import is_interleavable
+from mpipe_tune.algebra._derive import _microbatch_edges, rank_program, stage_gates, topological_order
+from mpipe_tune.algebra import is_interleavable
 
 from conftest import make_model
 

@@ -11,10 +11,9 @@ import random
 import pytest
 
 from conftest import make_model
-from mpipe_tune.algebra import Cut, Owners, derive, parse_schedule
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.encoder_backward import EARLIEST, EncoderBackward, plan_steps
-from mpipe_tune.algebra.events import Bwd
+from mpipe_tune.algebra import (
+    Cut, Owners, derive, parse_schedule, Candidate, EARLIEST, EncoderBackward, plan_steps, Bwd,
+)
 from mpipe_tune.errors import MpipeError
 
 MODEL = make_model(["encoder"] * 2 + ["llm"] * 8)

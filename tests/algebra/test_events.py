@@ -3,7 +3,7 @@ import pytest
 from mpipe_tune.algebra import (
     Bwd, Coll, Comm, DpReduce, Fwd, Group, Loss, StepBarrier, Wgrad, derive, parse_event, parse_schedule,
 )
-from mpipe_tune.algebra.schedule import Cut
+from mpipe_tune.algebra import Cut
 from mpipe_tune.errors import MpipeError
 
 from conftest import make_model

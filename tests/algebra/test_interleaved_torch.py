@@ -13,8 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mpipe_tune.algebra import Bwd, Cut, Fwd, Schedule, Skeleton, derive
-from mpipe_tune.algebra.order import is_interleavable
+from mpipe_tune.algebra import Bwd, Cut, Fwd, Schedule, Skeleton, derive, is_interleavable
 from mpipe_tune.errors import NotSupportedError
 
 from conftest import make_model

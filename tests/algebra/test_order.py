@@ -1,4 +1,4 @@
-"""Per-rank programs (algebra/order.py): every (chunk, microbatch) runs once forward and once backward,
+"""Per-rank programs (algebra/_order.py): every (chunk, microbatch) runs once forward and once backward,
 each forward before its backward, with the warmup depth of the schedule each program names."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from itertools import product
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpipe_tune.algebra.derive import PROGRAMS, rank_program
-from mpipe_tune.algebra.order import gpipe, interleaved_one_f_one_b, is_interleavable, num_rounds, one_f_one_b
-from mpipe_tune.algebra.schedule import Layout, Skeleton
+from mpipe_tune.algebra._derive import PROGRAMS, rank_program
+from mpipe_tune.algebra._order import gpipe, interleaved_one_f_one_b, is_interleavable, num_rounds, one_f_one_b
+from mpipe_tune.algebra import Layout, Skeleton
 
 
 def assert_complete(program, num_chunks: int, num_microbatches: int) -> None:

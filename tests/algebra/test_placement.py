@@ -1,4 +1,4 @@
-"""Placement (algebra/placement.py): balanced slabs are the best contiguous split, owners are checked
+"""Placement (algebra/_placement.py): balanced slabs are the best contiguous split, owners are checked
 with messages that name the quantity."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpipe_tune.algebra.placement import (
+from mpipe_tune.algebra._placement import (
     ByMicrobatch, balanced_counts, round_robin, slabs_from_counts, validate_counts, validate_owners,
 )
 from mpipe_tune.errors import MpipeError

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpipe_tune.algebra.events import Bwd, Fwd, ReduceGrad, Reshard, Unshard, Wgrad, parse_action
-from mpipe_tune.algebra.sharding import sharded_program, takes_actions
+from mpipe_tune.algebra._events import Bwd, Fwd, ReduceGrad, Reshard, Unshard, Wgrad, parse_action
+from mpipe_tune.algebra._sharding import sharded_program, takes_actions
 from mpipe_tune.errors import MpipeError
 
 from test_derive import cases

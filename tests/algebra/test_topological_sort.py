@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra import Cut, Owners, derive, parse_schedule
-from mpipe_tune.algebra.kernels import topological_order
+from mpipe_tune.algebra import Cut, Owners, derive, parse_schedule, topological_order
 
 from conftest import make_model
 from test_derive_reference import reference_kahn

@@ -12,9 +12,9 @@ from mpipe_tune.algebra import (
     derive,
     parse_schedule,
 )
-from mpipe_tune.algebra.order import is_interleavable
-from mpipe_tune.cost.timing import longest_path_reference
-from mpipe_tune.cost.timing import CompiledOrder
+from mpipe_tune.algebra import is_interleavable
+from mpipe_tune.cost import longest_path_reference
+from mpipe_tune.cost._timing import CompiledOrder
 from mpipe_tune.errors import MpipeError, NotSupportedError
 
 from conftest import make_model
@@ -219,7 +219,7 @@ def test_a_large_sink_plan_lists_every_event_once():
 
 
 def test_an_encoder_backward_placement_beside_a_sink_transpose_is_refused_in_one_line():
-    from mpipe_tune.algebra.encoder_backward import EARLIEST, EncoderBackward
+    from mpipe_tune.algebra import EARLIEST, EncoderBackward
 
     sizes = (2, 4, 1)
     cooldown = derive(cut_of(sizes), parse_schedule("transpose,1f1b,transpose"), model_of(sizes), 2, 4)

@@ -17,8 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mpipe_tune.algebra import Bwd, Cut, Fwd, Schedule, Skeleton, Wgrad, derive
-from mpipe_tune.algebra.order import is_interleavable
+from mpipe_tune.algebra import Bwd, Cut, Fwd, Schedule, Skeleton, Wgrad, derive, is_interleavable
 from mpipe_tune.errors import MpipeError
 
 from conftest import make_model

@@ -2,7 +2,7 @@
 
 The closed forms here are written from first principles (matmul FLOPs are ``2 * params * tokens``,
 training is three times the forward, attention is ``4 * s^2 * h`` per layer), not from the code
-paths of ``mpipe_tune.cost.arch``.
+paths of ``mpipe_tune.cost._arch``.
 """
 
 from __future__ import annotations
@@ -15,16 +15,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpipe_tune.cost.arch import (
-    ARCH_KINDS,
-    OPTIONAL_DIMS,
-    ArchWork,
-    activated_param_count,
-    estimate_arch_work,
-    param_count,
-    validate_arch,
+from mpipe_tune.cost._arch import (
+    ARCH_KINDS, OPTIONAL_DIMS, ArchWork, activated_param_count, estimate_arch_work, param_count, validate_arch,
 )
-from mpipe_tune.inputs.workload import Microbatch
+from mpipe_tune.inputs import Microbatch
 from mpipe_tune.errors import MpipeError
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"

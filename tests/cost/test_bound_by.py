@@ -5,15 +5,12 @@ import json
 
 import pytest
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cost.bound_by import BOUNDS, bound_text, rank_bounds
-from mpipe_tune.cost.framework import Framework
-from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.report.tables import prediction_record, print_prediction
-from mpipe_tune.search.compare import format_rows
+from mpipe_tune.algebra import Candidate
+from mpipe_tune.cost._bound_by import BOUNDS, bound_text, rank_bounds
+from mpipe_tune.cost import Framework, predict, load_profile
+from mpipe_tune.inputs import load_model, Microbatch, Workload
+from mpipe_tune.report import prediction_record, print_prediction
+from mpipe_tune.search import format_rows
 
 
 def _predict(model, tokens, *, pp=2, tp=1, mode="eager", profile="h100-sxm"):

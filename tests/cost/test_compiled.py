@@ -5,15 +5,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra import Bwd, Coll, Comm, Cut, Fwd, Schedule, Skeleton, parse_schedule
-from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.predict import Prediction
-from mpipe_tune.cost.profile import load_profile
-from mpipe_tune.cost.timing import longest_path_reference
-from mpipe_tune.inputs.workload import Microbatch, Workload, load_workload
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.algebra import Degrees, Bwd, Coll, Comm, Cut, Fwd, Schedule, Skeleton, parse_schedule
+from mpipe_tune.cost import (
+    CompiledPlan, CostOptions, build_layer_table, Prediction, load_profile, longest_path_reference,
+)
+from mpipe_tune.inputs import Microbatch, Workload, load_workload, load_model
 
 from conftest import make_model, predict_plan
 
@@ -139,7 +135,7 @@ def test_durations_and_memory_equal_their_per_event_definitions():
         elif isinstance(e, Coll) and e.comm in (Comm.SEND, Comm.GATHER):
             size = table.boundary_bytes[plan.slab(*e.src)[1] - 1, e.mb]
             deltas[e.src[1]] += [(t.start_s[index[Fwd(e.src[0], e.src[1], e.mb)]], size), (t.finish_s[i], -size)]
-    tick = 1e-12 * t.finish_s.max()  # instants equal up to rounding are one instant, frees first (memory.py)
+    tick = 1e-12 * t.finish_s.max()  # instants equal up to rounding are one instant, frees first (_memory.py)
     for rank, rank_deltas in enumerate(deltas):
         running, peak = 0.0, 0.0
         for _, d in sorted((round(time / tick), d) for time, d in rank_deltas):

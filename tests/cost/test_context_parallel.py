@@ -2,14 +2,10 @@
 
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra import Cut, Schedule, Skeleton
-from mpipe_tune.algebra.model import ArchCost, Layer, Model
-from mpipe_tune.cost import arch
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.profile import LinkCost, load_profile, parse_profile
-from mpipe_tune.cost.update import estimate_update_s
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.algebra import Degrees, Cut, Schedule, Skeleton, ArchCost, Layer, Model
+from mpipe_tune.cost import _arch as arch, CostOptions, build_layer_table, LinkCost, load_profile, parse_profile
+from mpipe_tune.cost._update import estimate_update_s
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 from conftest import predict_plan
 

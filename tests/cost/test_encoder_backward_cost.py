@@ -10,16 +10,11 @@ import pytest
 
 from test_compiled import _same_step
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.encoder_backward import PLACEMENTS
-from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.encoder_backward import optimise_slots, placement_slots
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import predict, predict_fastest_placement
-from mpipe_tune.cost.profile import load_profile
-from mpipe_tune.inputs.workload import load_workload
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.algebra import Degrees, Candidate, PLACEMENTS
+from mpipe_tune.cost import CompiledPlan
+from mpipe_tune.cost._encoder_backward import optimise_slots, placement_slots
+from mpipe_tune.cost import CostOptions, predict, predict_fastest_placement, load_profile
+from mpipe_tune.inputs import load_workload, load_model
 
 REAL = "qwen2vl-vit-llama3-8b"
 

@@ -5,16 +5,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra import Cut, Schedule, Skeleton
-from mpipe_tune.algebra.model import ArchCost, Layer, Model
-from mpipe_tune.algebra.schedule import parse_schedule
-from mpipe_tune.cost import arch
-from mpipe_tune.cost.layers import CostOptions, build_layer_table, encoder_split
-from mpipe_tune.cost.profile import LinkCost, estimate_collective_s, load_profile, parse_profile
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.algebra import Degrees, Cut, Schedule, Skeleton, ArchCost, Layer, Model, parse_schedule
+from mpipe_tune.cost import _arch as arch
+from mpipe_tune.cost._layers import CostOptions, build_layer_table, encoder_split
+from mpipe_tune.cost import LinkCost, estimate_collective_s, load_profile, parse_profile
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model, load_workload
+from mpipe_tune.inputs import load_model, load_workload
 
 from conftest import with_link, predict_plan
 
@@ -92,7 +89,7 @@ def test_encoder_tp_must_divide_tp():
 
 # Step times and peaks predicted by commit 42a8c43, before the encoder had its own degree
 # (qwen2vl-vit-llama3-8b on h100-sxm, the balanced mix, 8 microbatches, seed 0), the step times
-# plus each rank's optimizer update since issue 14 (mpipe_tune.cost.update; the peaks are unchanged
+# plus each rank's optimizer update since issue 14 (mpipe_tune.cost._update; the peaks are unchanged
 # by it): 0.9762634243916617, 1.3833246340926861, 0.9836989877524471 and 1.557349514242543 s before; and
 # since issue 28 the head's loss in fp32, in the passes Megatron-LM makes over the logits (the peaks are
 # unchanged by it): 0.9880615501277811, 1.3862452593822383, 0.9979196786276712 and 1.5661998759380655 s before;

@@ -1,8 +1,8 @@
 """Event columns read off a derived order, against the event objects themselves."""
 
 from mpipe_tune.algebra import Bwd, Coll, Cut, DpReduce, Fwd, Loss, parse_schedule
-from mpipe_tune.cost.event_arrays import BARRIER, BWD, COLL, COMMS, FWD, LOSS, REDUCE, EventArrays
-from mpipe_tune.cost.profile import load_profile
+from mpipe_tune.cost._event_arrays import BARRIER, BWD, COLL, COMMS, FWD, LOSS, REDUCE, EventArrays
+from mpipe_tune.cost import load_profile
 
 from conftest import make_model, uniform_workload, predict_plan
 

@@ -3,10 +3,10 @@ cores, norms and pointwise kernels at the bf16 peak; tensors between kernels in 
 
 import pytest
 
-from mpipe_tune.cost.arch import estimate_arch_work
-from mpipe_tune.cost.layers import CostOptions, compute_seconds
-from mpipe_tune.cost.profile import load_profile, parse_profile
-from mpipe_tune.inputs.workload import Microbatch
+from mpipe_tune.cost import estimate_arch_work
+from mpipe_tune.cost._layers import CostOptions, compute_seconds
+from mpipe_tune.cost import load_profile, parse_profile
+from mpipe_tune.inputs import Microbatch
 
 DIMS = {"hidden": 1024, "heads": 8, "kv_heads": 2, "ffn": 4096}
 MB = Microbatch(0, 2048)

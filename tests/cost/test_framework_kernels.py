@@ -3,15 +3,14 @@ kernel against Transformer Engine's, and torchtitan's ``op`` selective recomputa
 
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.cost.arch import estimate_layer
-from mpipe_tune.cost.arch_layers import RMSNORM_EAGER_TRAFFIC
-from mpipe_tune.cost.kernel_passes import shaped_pass_seconds
-from mpipe_tune.cost.layers import CostOptions, build_layer_table, op_recompute_pieces
-from mpipe_tune.cost.profile import load_profile, parse_profile
+from mpipe_tune.algebra import Degrees
+from mpipe_tune.cost._arch import estimate_layer
+from mpipe_tune.cost._arch_layers import RMSNORM_EAGER_TRAFFIC
+from mpipe_tune.cost._kernel_passes import shaped_pass_seconds
+from mpipe_tune.cost._layers import CostOptions, build_layer_table, op_recompute_pieces
+from mpipe_tune.cost import load_profile, parse_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.inputs import load_model, Microbatch, Workload
 
 LLAMA = {"hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336}
 CURVES = {"gemm": {"max": 0.8, "half_dim": 128, "tile_m": 128, "tile_n": 128, "units": 132, "source": "ideal"},

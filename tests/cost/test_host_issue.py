@@ -4,13 +4,11 @@ device (each kernel on the issuing thread) pays issue plus device time per pass,
 import numpy as np
 import pytest
 
-from mpipe_tune.cost.arch import estimate_layer
-from mpipe_tune.cost.kernel_passes import pass_kernels
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.profile import load_profile, parse_profile
+from mpipe_tune.cost._arch import estimate_layer
+from mpipe_tune.cost._kernel_passes import pass_kernels
+from mpipe_tune.cost import CostOptions, build_layer_table, load_profile, parse_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.inputs import load_model, Microbatch, Workload
 
 DISPATCH_S = 10e-6
 DECODER = 5  # a decoder block of tiny-vit-llm

@@ -5,17 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cost.arch import estimate_layer, param_tensor_count
-from mpipe_tune.cost.framework import Framework
-from mpipe_tune.cost.kernel_model import AttentionCurve, GemmCurve, MemoryCurve, optimizer_kernels
-from mpipe_tune.cost.kernel_passes import pass_kernels
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.predictor import Predictor
-from mpipe_tune.cost.profile import load_profile, parse_profile
+from mpipe_tune.algebra import Candidate
+from mpipe_tune.cost._arch import estimate_layer, param_tensor_count
+from mpipe_tune.cost import Framework
+from mpipe_tune.cost._kernel_model import AttentionCurve, GemmCurve, MemoryCurve, optimizer_kernels
+from mpipe_tune.cost._kernel_passes import pass_kernels
+from mpipe_tune.cost import CostOptions, build_layer_table, Predictor, load_profile, parse_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.inputs import load_model, Microbatch, Workload
 
 DIMS = {"hidden": 1024, "heads": 8, "kv_heads": 8, "ffn": 4096}
 CURVES = {"gemm": {"max": 0.8, "half_dim": 128, "tile_m": 128, "tile_n": 128, "units": 132, "source": "ideal"},

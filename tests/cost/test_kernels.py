@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mpipe_tune import jit
-from mpipe_tune.cost import kernels
+from mpipe_tune.cost import _kernels as kernels
 
 
 @pytest.fixture(params=["python", "compiled"], autouse=True)

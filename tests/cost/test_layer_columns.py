@@ -8,12 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra.model import ArchCost
-from mpipe_tune.cost.layers import CostOptions, arch_columns, arch_seconds, build_layer_table, build_layer_tables
-from mpipe_tune.cost.profile import load_profile
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload, load_workload
+from mpipe_tune.algebra import Degrees, ArchCost
+from mpipe_tune.cost._layers import CostOptions, arch_columns, arch_seconds, build_layer_table, build_layer_tables
+from mpipe_tune.cost import load_profile
+from mpipe_tune.inputs import load_model, Microbatch, Workload, load_workload
 
 # Sampled microbatches, plus a text-only one, an image-only one and one of three images of unequal size.
 MICROBATCHES = (*load_workload("balanced", num_microbatches=6, seed=3).microbatches,

@@ -5,11 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpipe_tune.cost import arch
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.profile import load_profile, parse_profile
-from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.cost import _arch as arch, CostOptions, build_layer_table, load_profile, parse_profile
+from mpipe_tune.inputs import Microbatch, Workload, load_model
 
 OPTIONS = CostOptions(dtype="fp32")
 # One microbatch with an image, one text-only: the encoder has nothing to do in the second.

@@ -4,12 +4,11 @@ the head computes it."""
 
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.cost.arch import estimate_arch_work
-from mpipe_tune.cost.layers import CostOptions, build_layer_table, pass_seconds
+from mpipe_tune.algebra import Degrees
+from mpipe_tune.cost import estimate_arch_work
+from mpipe_tune.cost._layers import CostOptions, build_layer_table, pass_seconds
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.inputs import load_model, Microbatch, Workload
 
 HEAD = {"hidden": 1024, "vocab": 32000}
 TOKENS = 2048

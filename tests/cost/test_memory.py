@@ -1,11 +1,9 @@
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra import Cut, Schedule, Skeleton, parse_schedule
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.profile import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.algebra import Degrees, Cut, Schedule, Skeleton, parse_schedule
+from mpipe_tune.cost import CostOptions, load_profile
+from mpipe_tune.inputs import load_model
 
 from conftest import uniform_workload, predict_plan
 

@@ -4,14 +4,12 @@ after its matmuls and attention core, instead of hiding under the layer's comput
 
 import pytest
 
-from mpipe_tune.cost.arch import estimate_arch_work
-from mpipe_tune.cost.arch_layers import build_layer
-from mpipe_tune.cost.layers import CostOptions, build_layer_table, compute_seconds, pass_seconds
-from mpipe_tune.cost.profile import load_profile, parse_profile
+from mpipe_tune.cost import estimate_arch_work
+from mpipe_tune.cost._arch_layers import build_layer
+from mpipe_tune.cost._layers import CostOptions, build_layer_table, compute_seconds, pass_seconds
+from mpipe_tune.cost import load_profile, parse_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.arch_dims import resolve_dims
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.inputs import resolve_dims, load_model, Microbatch, Workload
 
 DIMS = {"hidden": 1024, "heads": 8, "kv_heads": 2, "ffn": 4096}
 MB = Microbatch(0, 2048)

@@ -6,12 +6,11 @@ import copy
 
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.profile import COLLECTIVES, LinkCost, estimate_collective_s, load_profile, parse_profile
+from mpipe_tune.algebra import Degrees
+from mpipe_tune.cost import CostOptions, build_layer_table
+from mpipe_tune.cost._profile import COLLECTIVES, LinkCost, estimate_collective_s, load_profile, parse_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.inputs import load_model, Microbatch, Workload
 
 MESH = LinkCost(1e-5, 1e-9, mesh_links=7)
 SWITCHED = LinkCost(1e-5, 1e-9)

@@ -1,4 +1,4 @@
-"""MoE as the trainers run it (cost/moe.py): the rows the experts see, the dispatchers' collectives, the settings
+"""MoE as the trainers run it (cost/_moe.py): the rows the experts see, the dispatchers' collectives, the settings
 as a framework option from the flags to plan.json."""
 
 from __future__ import annotations
@@ -7,16 +7,14 @@ import json
 
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
+from mpipe_tune.algebra import Degrees
 from mpipe_tune.cli import main
-from mpipe_tune.cost.arch import estimate_parallel_traffic
-from mpipe_tune.cost.framework import Framework
-from mpipe_tune.cost.layers import build_layer_table
-from mpipe_tune.cost.moe import DISPATCHERS, MoeSettings, dispatcher_gathers, expert_rows
+from mpipe_tune.cost._arch import estimate_parallel_traffic
+from mpipe_tune.cost import Framework, build_layer_table
+from mpipe_tune.cost._moe import DISPATCHERS, MoeSettings, dispatcher_gathers, expert_rows
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.inputs import load_model, Microbatch, Workload
 
 MIXTRAL = {"hidden": 4096, "heads": 32, "kv_heads": 8, "experts": 8, "top_k": 2, "moe_ffn": 14336}
 
@@ -108,9 +106,9 @@ def test_the_flags_reach_the_prediction_and_a_bad_one_is_one_line(capsys) -> Non
 def test_the_allgather_dispatcher_permutes_the_gathered_rows_and_syncs_on_its_data_sized_tensors() -> None:
     """Megatron core_r0.6's all-gather dispatcher gathers and sorts every routed row of the tensor-parallel group's
     tokens on each rank (the all-to-all one only its sequence shard's), and sizes three tensors by their data."""
-    from mpipe_tune.cost.arch import estimate_layer
-    from mpipe_tune.cost.arch_layers import LayerDegrees
-    from mpipe_tune.cost.moe import host_syncs_per_forward, permutation_elems
+    from mpipe_tune.cost._arch import estimate_layer
+    from mpipe_tune.cost._arch_layers import LayerDegrees
+    from mpipe_tune.cost._moe import host_syncs_per_forward, permutation_elems
 
     def permute_bytes(dispatcher):
         degrees = LayerDegrees(8, sequence_parallel=True, moe=MoeSettings(dispatcher=dispatcher))

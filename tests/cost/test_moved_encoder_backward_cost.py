@@ -14,21 +14,16 @@ import pytest
 
 from test_compiled import _same_step
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.events import Bwd, Coll, Comm, Fwd
+from mpipe_tune.algebra import Candidate, Bwd, Coll, Comm, Fwd
 from mpipe_tune.cli import main
-from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.encoder_backward import optimise
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost.profile import load_profile
+from mpipe_tune.cost import CompiledPlan, optimise, CostOptions, predict, load_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.workload import load_workload
-from mpipe_tune.plan_file.check import read_candidate as validate_candidate
+from mpipe_tune.inputs import load_workload
+from mpipe_tune.plan_file._check import read_candidate as validate_candidate
 from mpipe_tune.report.exports import TARGETS
-from mpipe_tune.report.exports.plan import plan_from_record
+from mpipe_tune.report.exports._plan import plan_from_record
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 REAL = "qwen2vl-vit-llama3-8b"
 

@@ -4,14 +4,12 @@ profile's tensor-parallel overlap: closed forms (issue 16, item 3)."""
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra import Bwd, Cut, DpReduce, Fwd, Schedule, Skeleton
-from mpipe_tune.algebra.model import ArchCost, Layer, Model
-from mpipe_tune.cost.durations import hierarchical_all_reduce_s
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.overlap import exposed_gather_s, exposed_reduce_s
-from mpipe_tune.cost.profile import LinkCost, estimate_collective_s, load_profile, parse_profile
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.algebra import Degrees, Bwd, Cut, DpReduce, Fwd, Schedule, Skeleton, ArchCost, Layer, Model
+from mpipe_tune.cost._durations import hierarchical_all_reduce_s
+from mpipe_tune.cost import CostOptions
+from mpipe_tune.cost._overlap import exposed_gather_s, exposed_reduce_s
+from mpipe_tune.cost import LinkCost, estimate_collective_s, load_profile, parse_profile
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
 
 from conftest import predict_plan, with_link
@@ -30,7 +28,7 @@ SLOW = LinkCost(0.0, 1e-9)
 
 def free_update(profile):
     """``profile`` with an optimizer update too fast to see (1e300 B/s): the reduces' closed forms below
-    read the rank's reduce events, which also carry its update (issue 14, mpipe_tune.cost.update)."""
+    read the rank's reduce events, which also carry its update (issue 14, mpipe_tune.cost._update)."""
     data = profile.to_dict()
     data["optimizer_update_bytes_per_s"] = {"value": 1e300, "source": "ideal"}
     return parse_profile(data, where="free update")

@@ -1,4 +1,4 @@
-"""The owner policies (mpipe_tune.cost.owners): greedy, exact optimal, and the runtime's bounded optimal."""
+"""The owner policies (mpipe_tune.cost._owners): greedy, exact optimal, and the runtime's bounded optimal."""
 
 import itertools
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from mpipe_tune.algebra import round_robin
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.cost.owners import (
+from mpipe_tune.cost._owners import (
     RUNTIME_OPTIMAL_MAX_NODES, choose_owners, greedy_owners, max_spill, optimal_owners, owners_for, rank_excess,
 )
 

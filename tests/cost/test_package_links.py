@@ -6,13 +6,11 @@ import copy
 
 import pytest
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cost.framework import Framework
-from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost.profile import PACKAGE_LINK_CLASS, load_profile, parse_profile
+from mpipe_tune.algebra import Candidate
+from mpipe_tune.cost import Framework, predict
+from mpipe_tune.cost._profile import PACKAGE_LINK_CLASS, load_profile, parse_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import sample_workload
+from mpipe_tune.inputs import load_model, sample_workload
 
 DIE = "ascend-910c-cm384-die"
 

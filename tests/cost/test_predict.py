@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 
 from conftest import make_model, uniform_workload
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import cost_options, predict
-from mpipe_tune.cost.profile import load_profile
+from mpipe_tune.algebra import Candidate
+from mpipe_tune.cost import CostOptions
+from mpipe_tune.cost._predict import cost_options, predict
+from mpipe_tune.cost import load_profile
 from mpipe_tune.errors import MpipeError
 
 MODEL = make_model(["encoder"] * 2 + ["llm"] * 8)

@@ -6,17 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.placement import round_robin
-from mpipe_tune.cost import predictor as predictor_module
-from mpipe_tune.cost.framework import Framework
-from mpipe_tune.cost.layers import FRAMEWORK_OPTIONS, CostOptions
-from mpipe_tune.cost.owners import choose_owners
-from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost.predictor import Predictor
+from mpipe_tune.algebra import Candidate, round_robin
+from mpipe_tune.cost import _predictor as predictor_module, Framework
+from mpipe_tune.cost._layers import FRAMEWORK_OPTIONS, CostOptions
+from mpipe_tune.cost import choose_owners, predict, Predictor
 from mpipe_tune.search import Evaluator, Problem
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 MODEL = load_model("example-mllm")
 PROFILE = load_profile("ideal")

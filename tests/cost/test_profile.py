@@ -7,14 +7,8 @@ import json
 
 import pytest
 
-from mpipe_tune.cost.profile import (
-    COLLECTIVES,
-    LinkCost,
-    builtin_profiles,
-    dump_profile,
-    estimate_collective_s,
-    load_profile,
-    parse_profile,
+from mpipe_tune.cost._profile import (
+    COLLECTIVES, LinkCost, builtin_profiles, dump_profile, estimate_collective_s, load_profile, parse_profile,
 )
 from mpipe_tune.errors import MpipeError
 

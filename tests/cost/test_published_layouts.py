@@ -8,12 +8,11 @@ the same compute; the H800's narrower NVLink does not enter a memory prediction.
 from dataclasses import replace
 from pathlib import Path
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra import Cut, Schedule, Skeleton, parse_schedule
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.algebra import Degrees, Cut, Schedule, Skeleton, parse_schedule
+from mpipe_tune.cost import CostOptions
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 from conftest import predict_plan
 
 H100 = load_profile("h100-sxm")

@@ -5,12 +5,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mpipe_tune.cost import arch
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.profile import load_profile
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.cost import _arch as arch, CostOptions, build_layer_table, load_profile
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 IDEAL = load_profile("ideal")
 TINY = load_model("tiny-vit-llm")

@@ -4,13 +4,11 @@ its unfused function's slicing and concatenation; forward and backward, timed as
 
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.cost.arch import estimate_arch_work
-from mpipe_tune.cost.arch_layers import ROPE_FORMS
-from mpipe_tune.cost.layers import CostOptions, build_layer_table, pass_seconds
+from mpipe_tune.algebra import Degrees
+from mpipe_tune.cost import estimate_arch_work, ROPE_FORMS
+from mpipe_tune.cost._layers import CostOptions, build_layer_table, pass_seconds
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.inputs import load_model, Microbatch, Workload
 
 BLOCK = {"hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "ffn": 14336}
 TOKENS = 4096

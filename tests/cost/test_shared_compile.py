@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 
 from mpipe_tune.algebra import Cut, Order, Owners, derive, parse_schedule
-from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.profile import load_profile
+from mpipe_tune.cost import CompiledPlan, CostOptions, build_layer_table, load_profile
 
 from conftest import make_model, uniform_workload
 

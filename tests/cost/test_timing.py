@@ -4,9 +4,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mpipe_tune.algebra import Cut, Owners, Schedule, Skeleton, parse_schedule
-from mpipe_tune.cost.profile import load_profile
-from mpipe_tune.cost.timing import CompiledOrder, longest_path_reference
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.cost import load_profile
+from mpipe_tune.cost._timing import CompiledOrder, longest_path_reference
+from mpipe_tune.inputs import Microbatch, Workload
 
 from conftest import make_model, uniform_workload, predict_plan
 

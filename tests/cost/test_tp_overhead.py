@@ -8,15 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.cost.layers import CostOptions, build_layer_table, layer_seconds
-from mpipe_tune.cost.profile import load_profile, parse_profile
+from mpipe_tune.algebra import Degrees
+from mpipe_tune.cost import CostOptions, build_layer_table, layer_seconds, load_profile, parse_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.profiler.build import tp_overhead_entries
-from mpipe_tune.profiler.calibrate import LayerPoint, calibration_microbatch
-from mpipe_tune.profiler.stats import summarize
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import Microbatch, Workload
+from mpipe_tune.profiler._build import tp_overhead_entries
+from mpipe_tune.profiler._calibrate import LayerPoint, calibration_microbatch
+from mpipe_tune.profiler import summarize
+from mpipe_tune.inputs import load_model
 
 MODEL = load_model("tiny-vit-llm")
 RUNTIME = CostOptions(dtype="fp32", degrees=Degrees(1, tp=2), rope="none")

@@ -5,13 +5,10 @@ import numpy as np
 import pytest
 
 from mpipe_tune.algebra import Bwd, Coll, Comm, Cut, Fwd, parse_schedule
-from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.memory import estimate_static_bytes, static_bytes_of
-from mpipe_tune.cost.profile import load_profile
-from mpipe_tune.cost.timing import longest_path_reference
-from mpipe_tune.inputs.workload import load_workload
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.cost import CompiledPlan, CostOptions
+from mpipe_tune.cost._memory import estimate_static_bytes, static_bytes_of
+from mpipe_tune.cost import load_profile, longest_path_reference
+from mpipe_tune.inputs import load_workload, load_model
 
 from conftest import predict_plan, walked_peaks
 

@@ -4,16 +4,12 @@ event, and the ViT block's per-image attention calls. Closed forms on the ideal 
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra import Cut, parse_schedule
-from mpipe_tune.algebra.events import DpReduce, StepBarrier
-from mpipe_tune.cost import arch
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.profile import load_profile, parse_profile
-from mpipe_tune.cost.update import estimate_update_s
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.algebra import Degrees, Cut, parse_schedule, DpReduce, StepBarrier
+from mpipe_tune.cost import _arch as arch, CostOptions, build_layer_table, load_profile, parse_profile
+from mpipe_tune.cost._update import estimate_update_s
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 from conftest import predict_plan
 
@@ -118,6 +114,6 @@ def test_vit_blocks_pay_a_call_per_image_beyond_the_first():
 def test_docstring_examples():
     import doctest
 
-    from mpipe_tune.cost import update
+    from mpipe_tune.cost import _update as update
 
     assert doctest.testmod(update).failed == 0

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from mpipe_tune.cost.arch import estimate_arch_work, param_count
-from mpipe_tune.cost.arch_linear_attention import CHUNK_TOKENS
-from mpipe_tune.inputs.workload import Microbatch
+from mpipe_tune.cost._arch import estimate_arch_work, param_count
+from mpipe_tune.cost._arch_linear_attention import CHUNK_TOKENS
+from mpipe_tune.inputs import Microbatch
 
 GQA = {"hidden": 1024, "heads": 8, "kv_heads": 2, "head_dim": 128, "ffn": 2048}
 DELTANET = {**GQA, "attention": "gated_deltanet", "heads": 8, "kv_heads": 4, "value_head_dim": 128}
@@ -86,9 +86,9 @@ def test_tensor_parallel_halves_each_variants_matmuls_and_core(dims):
 def test_deltanet_launches_the_chunked_kernels_and_its_norms_count_as_the_block_s():
     """The delta rule's six forward kernels and eight backward (two recomputed), fused or not; the gates and the
     gated norm fuse into one kernel each; the q/k norms of gated attention launch an RMSNorm's kernels each."""
-    from mpipe_tune.cost.arch_layers import RMSNORM_KERNELS, build_layer
-    from mpipe_tune.cost.kernel_passes import pass_kernels
-    from mpipe_tune.inputs.arch_dims import resolve_dims
+    from mpipe_tune.cost._arch_layers import RMSNORM_KERNELS, build_layer
+    from mpipe_tune.cost._kernel_passes import pass_kernels
+    from mpipe_tune.inputs import resolve_dims
 
     mb = Microbatch(0, 4 * CHUNK_TOKENS)
     layer = build_layer("dense_block", resolve_dims("dense_block", DELTANET), mb, 1)

@@ -9,18 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpipe_tune.inputs.workload import (
-    DEFAULT_NUM_MICROBATCHES,
-    MIXES,
-    Microbatch,
-    Mix,
-    Workload,
-    dump_workload,
-    image_tokens_for,
-    load_workload,
-    parse_workload,
-    sample_workload,
-    workload_hash,
+from mpipe_tune.inputs._workload import (
+    DEFAULT_NUM_MICROBATCHES, MIXES, Microbatch, Mix, Workload, dump_workload, image_tokens_for, load_workload,
+    parse_workload, sample_workload, workload_hash,
 )
 from mpipe_tune.errors import MpipeError
 

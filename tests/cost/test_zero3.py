@@ -4,13 +4,9 @@ on small cases, and what the search relies on (a stage-3 plan's step is never be
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra import Cut, Model, Schedule, Skeleton, parse_schedule
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra.events import Bwd, DpReduce, Fwd
-from mpipe_tune.cost.framework import Framework
-from mpipe_tune.cost.layers import CostOptions, build_layer_table
-from mpipe_tune.cost.profile import estimate_collective_s, load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.algebra import Cut, Model, Schedule, Skeleton, parse_schedule, Degrees, Bwd, DpReduce, Fwd
+from mpipe_tune.cost import Framework, CostOptions, build_layer_table, estimate_collective_s, load_profile
+from mpipe_tune.inputs import load_model
 
 from conftest import charged_s, predict_plan, uniform_workload
 
@@ -150,7 +146,7 @@ def test_a_plan_compiled_for_other_options_times_its_own_actions():
     """One derived plan compiled at stage 2, then for stage 3 resharding (more actions) and back: each copy's
     step is the one a fresh compile gives (the order with the actions is made for each setting's own)."""
     from mpipe_tune.algebra import derive
-    from mpipe_tune.cost.compiled import CompiledPlan
+    from mpipe_tune.cost import CompiledPlan
 
     workload = uniform_workload(4, 0, 64)
     plan = derive(Cut(()), Schedule((Skeleton("1f1b"),)), BACKBONE, 2, 4)

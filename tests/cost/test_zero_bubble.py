@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 
 from mpipe_tune.algebra import Bwd, Coll, Comm, Cut, ExplicitCost, Fwd, Layer, Model, StepBarrier, Wgrad, parse_schedule
-from mpipe_tune.cost.compiled import CompiledPlan
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.profile import load_profile
-from mpipe_tune.cost.timing import longest_path_reference
-from mpipe_tune.inputs.workload import load_workload
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.cost import CompiledPlan, CostOptions, load_profile, longest_path_reference
+from mpipe_tune.inputs import load_workload, load_model
 
 from conftest import make_model, predict_plan, uniform_workload, walked_peaks
 

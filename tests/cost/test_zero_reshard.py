@@ -3,12 +3,9 @@
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra import Cut, Model, Schedule, Skeleton
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra.events import Bwd, Fwd
-from mpipe_tune.cost.framework import Framework
-from mpipe_tune.cost.profile import load_profile, parse_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.algebra import Cut, Model, Schedule, Skeleton, Degrees, Bwd, Fwd
+from mpipe_tune.cost import Framework, load_profile, parse_profile
+from mpipe_tune.inputs import load_model
 
 from conftest import charged_s, predict_plan, uniform_workload
 

@@ -13,11 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.dataset import Dataset, DatasetDraw, draw_from_dict, read_dataset
-from mpipe_tune.inputs.dataset_spec import DatasetSpec, ImageRule, Records, TextRule, image_rule_from_dims
-from mpipe_tune.inputs.workload import MixDraw, image_tokens_for
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload_spec import DatasetOptions, is_dataset, load_dataset
+from mpipe_tune.inputs import Dataset, DatasetDraw, draw_from_dict, read_dataset
+from mpipe_tune.inputs._dataset_spec import DatasetSpec, ImageRule, Records, TextRule, image_rule_from_dims
+from mpipe_tune.inputs._workload import MixDraw, image_tokens_for
+from mpipe_tune.inputs import load_model, DatasetOptions, is_dataset, load_dataset
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 LLAVA = FIXTURES / "llava" / "llava-mini.json"

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from mpipe_tune.algebra.model import ArchCost, Model
+from mpipe_tune.algebra import ArchCost, Model
 from mpipe_tune.cli import main
 from conftest import cli
-from mpipe_tune.cost.arch import activated_param_count, param_count
+from mpipe_tune.cost._arch import activated_param_count, param_count
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.hf_config import from_hf_config
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs._hf_config import from_hf_config
+from mpipe_tune.inputs import load_model
 
 HF = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
 QWEN2_VL = HF / "Qwen2-VL-7B-Instruct" / "config.json"
@@ -128,7 +128,7 @@ def test_a_pairing_file_composes_a_config_json(tmp_path):
 
 def test_hf_reader_needs_neither_torch_nor_transformers():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
-            f"from mpipe_tune.inputs.specs import load_model; print(load_model({str(LLAVA)!r}).num_layers)")
+            f"from mpipe_tune.inputs._specs import load_model; print(load_model({str(LLAVA)!r}).num_layers)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)  # a hang guard
     assert proc.returncode == 0, proc.stderr

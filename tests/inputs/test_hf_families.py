@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mpipe_tune.algebra.model import ArchCost
-from mpipe_tune.cost.arch import activated_param_count, model_param_count, param_count
-from mpipe_tune.inputs.hf_config import from_hf_config
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.algebra import ArchCost
+from mpipe_tune.cost._arch import activated_param_count, model_param_count, param_count
+from mpipe_tune.inputs._hf_config import from_hf_config
+from mpipe_tune.inputs import load_model
 
 HF = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
 

@@ -12,9 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mpipe_tune.inputs.dataset_spec import ImageRule, image_rule_from_dims
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload_spec import DatasetOptions, load_dataset
+from mpipe_tune.inputs._dataset_spec import ImageRule, image_rule_from_dims
+from mpipe_tune.inputs import load_model, DatasetOptions, load_dataset
 
 HF = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
 
@@ -80,7 +79,7 @@ def test_a_dataset_workload_counts_internvl_tiles(tmp_path):
 
 
 def test_a_stored_tiles_rule_reads_back():
-    from mpipe_tune.inputs.dataset_spec import DatasetSpec, TextRule
+    from mpipe_tune.inputs import DatasetSpec, TextRule
 
     spec = DatasetSpec("/x.csv", ImageRule.tiled(256, 448, 12), TextRule())
     assert DatasetSpec.from_dict(spec.to_dict(), where="test") == spec

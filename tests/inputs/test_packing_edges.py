@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpipe_tune.inputs.dataset import Dataset
-from mpipe_tune.inputs.dataset_spec import DatasetSpec, ImageRule, Records, TextRule
+from mpipe_tune.inputs import Dataset
+from mpipe_tune.inputs._dataset_spec import DatasetSpec, ImageRule, Records, TextRule
 
 
 def test_an_image_of_exactly_the_packing_length_is_kept_and_one_token_more_is_left_out():

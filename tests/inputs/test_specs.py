@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 BLOCK = "layers: [{name: blk, block: llm, fwd_s_per_token: 1.0e-6, bwd_s_per_token: 2.0e-6, repeat: 3}]\n"
 
@@ -48,7 +48,7 @@ def test_built_in_models_load_from_a_source_checkout_on_the_path():
     script = (  # no editable finder: mpipe_tune.models resolves only through the checkout's own folders
         "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in repr(f)]; "
         f"sys.path.insert(0, {str(root)!r}); "
-        "from mpipe_tune.inputs.specs import builtin_models, load_model; "
+        "from mpipe_tune.inputs._specs import builtin_models, load_model; "
         "print(len(builtin_models()), load_model('example-mllm').num_layers)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-800:]

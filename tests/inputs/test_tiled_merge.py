@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from mpipe_tune.inputs.dataset_spec import image_rule_from_dims
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload_spec import DatasetOptions, load_dataset
+from mpipe_tune.inputs._dataset_spec import image_rule_from_dims
+from mpipe_tune.inputs import load_model, DatasetOptions, load_dataset
 
 ROOT = Path(__file__).parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 
-from mpipe_tune.outputs.frames import Column, TextTable, format_frame, format_markdown, gib, ms, text, to_csv_text
+from mpipe_tune.outputs import Column, TextTable, format_frame, format_markdown, gib, ms, text, to_csv_text
 
 COLUMNS = (Column("plan", text("plan"), min_width=6), Column("step ms", ms("step_s"), ">", 8),
            Column("peak GiB", gib("peak_bytes"), ">"))

@@ -7,7 +7,7 @@ import pytest
 from mpipe_tune.cli import main
 from mpipe_tune.errors import PlanFileError
 from mpipe_tune.plan_file import BEST, PlanFile, load_plan, read_plan, resolve, select_plan
-from mpipe_tune.plan_file.check import write_value
+from mpipe_tune.plan_file._check import write_value
 
 
 @pytest.fixture(scope="module")

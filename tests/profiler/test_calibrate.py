@@ -3,16 +3,11 @@
 import numpy as np
 import pytest
 
-from mpipe_tune.profiler.calibrate import (
-    MIN_SIZES_FOR_OVERHEAD,
-    Agreement,
-    calibration_microbatch,
-    fit_layer_timing,
-    repeat_until_stable,
-    time_chains,
+from mpipe_tune.profiler._calibrate import (
+    MIN_SIZES_FOR_OVERHEAD, Agreement, calibration_microbatch, fit_layer_timing, repeat_until_stable, time_chains,
 )
-from mpipe_tune.profiler.settings import sweep_settings
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.profiler import sweep_settings
+from mpipe_tune.inputs import load_model
 
 PEAK, BANDWIDTH = 1e11, 1e10
 
@@ -40,7 +35,7 @@ def test_one_efficiency_cannot_follow_a_fixed_cost_that_the_overhead_absorbs():
     times = timings(flops, [0] * 4, 0.5, 1e-3)
     fit = fit_layer_timing(flops, [0] * 4, times, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH)
     assert fit.rms_relative_error < 1e-3 and fit.overhead_s == pytest.approx(1e-3, rel=1e-2)
-    from mpipe_tune.profiler.fit import fit_efficiency
+    from mpipe_tune.profiler import fit_efficiency
 
     assert fit_efficiency(flops, [0] * 4, times, peak_flops_per_s=PEAK, bytes_per_s=BANDWIDTH).rms_relative_error > 0.2
 
@@ -138,7 +133,7 @@ def test_multi_image_calibration_microbatches_split_the_same_patches():
 def test_the_sizes_are_timed_interleaved_so_a_drift_reaches_every_size_alike(monkeypatch):
     # A machine that slows down by 1% per pass: timed one size after another, the larger size would
     # see only the slow minutes; interleaved, each size's samples span the whole calibration.
-    import mpipe_tune.profiler.calibrate as calibrate
+    import mpipe_tune.profiler._calibrate as calibrate
 
     passes = []
 
@@ -171,7 +166,7 @@ def test_the_first_two_sizes_are_timed_however_slow_the_machine(monkeypatch, pas
     # On a loaded machine the smallest size alone can pass the limit: the fits still get two sizes,
     # so how many points a profile holds does not depend on the load. Past them, growth stops at the
     # first size over the limit (cpu: 1 s per forward plus backward).
-    import mpipe_tune.profiler.calibrate as calibrate
+    import mpipe_tune.profiler._calibrate as calibrate
 
     def chain_once(torch, timer, specs, chain, modules, mb, dtype, where, repeat, fed, fwd, bwd):
         for k in range(len(chain)):

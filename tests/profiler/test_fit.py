@@ -5,10 +5,12 @@ import doctest
 import numpy as np
 import pytest
 
-from mpipe_tune.cost.profile import COLLECTIVES, LinkCost, estimate_collective_s
-from mpipe_tune.profiler import calibrate, device, fit, links, stats
-from mpipe_tune.profiler.fit import fit_alpha_beta, fit_efficiency, roofline_s, step_multipliers, to_link_cost
-from mpipe_tune.profiler.stats import summarize
+from mpipe_tune.cost._profile import COLLECTIVES, LinkCost, estimate_collective_s
+from mpipe_tune.profiler import (
+    _calibrate as calibrate, _device as device, _fit as fit, _links as links, _stats as stats,
+)
+from mpipe_tune.profiler._fit import fit_alpha_beta, fit_efficiency, roofline_s, step_multipliers, to_link_cost
+from mpipe_tune.profiler import summarize
 
 SIZES = [4**k for k in range(1, 13)]  # 4 B .. 16 MiB, the CPU sweep's sizes
 

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpipe_tune.cost.profile import parse_profile
+from mpipe_tune.cost import parse_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.profiler.build import assemble_profile
-from mpipe_tune.profiler.fsdp_host import UNITS, FsdpHostPoint, fit_host_s
+from mpipe_tune.profiler import assemble_profile
+from mpipe_tune.profiler._fsdp_host import UNITS, FsdpHostPoint, fit_host_s
 
 from test_profile_command import _measurements
 

@@ -8,21 +8,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mpipe_tune.cost.profile import parse_profile
-from mpipe_tune.profiler.build import assemble_profile
-from mpipe_tune.cost.kernel_model import AttentionCurve, GemmCurve, MemoryCurve
-from mpipe_tune.profiler.curves import fit_gemm, fit_saturation
-from mpipe_tune.profiler.dispatch import ChainSweep, HostSweep, host_entries
-from mpipe_tune.profiler.shapes import (
-    KernelSweeps,
-    KernelSweepSettings,
-    ShapePoint,
-    CALL_KERNELS,
-    attention_fwd_flops,
-    kernel_efficiency_entries,
+from mpipe_tune.cost import parse_profile
+from mpipe_tune.profiler import assemble_profile
+from mpipe_tune.cost import AttentionCurve, GemmCurve, MemoryCurve
+from mpipe_tune.profiler._curves import fit_gemm, fit_saturation
+from mpipe_tune.profiler._dispatch import ChainSweep, HostSweep, host_entries
+from mpipe_tune.profiler._shapes import (
+    KernelSweeps, KernelSweepSettings, ShapePoint, CALL_KERNELS, attention_fwd_flops, kernel_efficiency_entries,
     layer_gemms,
 )
-from mpipe_tune.profiler.stats import summarize
+from mpipe_tune.profiler import summarize
 
 PEAK, BANDWIDTH, DISPATCH = 2e12, 1e11, 5e-6
 GEMM = GemmCurve(max=0.8, half_dim=96.0, tile_m=64, tile_n=128, units=8)
@@ -161,8 +156,8 @@ def test_the_assembled_profile_carries_the_kernel_tables_and_round_trips():
 
 def test_a_tiny_measured_sweep_on_this_cpu_has_plausible_figures():
     torch = pytest.importorskip("torch")
-    from mpipe_tune.profiler.dispatch import measure_host
-    from mpipe_tune.profiler.shapes import measure_kernels
+    from mpipe_tune.profiler._dispatch import measure_host
+    from mpipe_tune.profiler._shapes import measure_kernels
 
     settings = KernelSweepSettings(
         dispatch_lengths=(16, 64, 256), dispatch_repeats=3, gemm_shapes=((128, 128, 128), (256, 256, 256), (256, 512, 128)),
@@ -204,7 +199,7 @@ def test_ctrl_c_in_the_kernel_sweeps_stops_at_the_next_point_with_no_profile_wri
 def test_compute_units_come_from_the_accelerator_s_properties(properties, units):
     from types import SimpleNamespace
 
-    from mpipe_tune.profiler.shapes import compute_units
+    from mpipe_tune.profiler._shapes import compute_units
 
     module = SimpleNamespace(get_device_properties=lambda index: SimpleNamespace(**properties))
     assert compute_units(SimpleNamespace(npu=module, cuda=module), "npu") == units
@@ -251,8 +246,8 @@ class StandInDevice:
 
 def test_the_accelerator_path_runs_up_to_the_device_boundary():
     torch = pytest.importorskip("torch")
-    from mpipe_tune.profiler.dispatch import measure_host
-    from mpipe_tune.profiler.shapes import measure_kernels
+    from mpipe_tune.profiler._dispatch import measure_host
+    from mpipe_tune.profiler._shapes import measure_kernels
 
     settings = KernelSweepSettings(
         dispatch_lengths=(8, 32), dispatch_repeats=2, gemm_shapes=((64, 64, 64), (128, 128, 128)), max_call_s=1.0,

@@ -13,12 +13,12 @@ import sys
 import pytest
 
 from mpipe_tune.cli import main
-from mpipe_tune.cost.profile import load_profile
+from mpipe_tune.cost import load_profile
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.profiler.build import COPIED_INTER_NODE, merge_link_classes
-from mpipe_tune.profiler.links import LINK_COLLECTIVES, LinkSweep
-from mpipe_tune.profiler.nodes import NodeLayout
-from mpipe_tune.runtime.torchrun_env import NodePlace, is_under_torchrun, place_from_env
+from mpipe_tune.profiler._build import COPIED_INTER_NODE, merge_link_classes
+from mpipe_tune.profiler._links import LINK_COLLECTIVES, LinkSweep
+from mpipe_tune.profiler._nodes import NodeLayout
+from mpipe_tune.runtime import NodePlace, is_under_torchrun, place_from_env
 
 pytest.importorskip("torch")
 
@@ -85,7 +85,7 @@ def test_the_merge_keeps_the_compute_figures_and_replaces_the_measured_classes()
 
 
 def load_profile_dict(data):
-    from mpipe_tune.cost.profile import parse_profile
+    from mpipe_tune.cost import parse_profile
 
     return parse_profile(data, where="test")
 

@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from mpipe_tune.cost.profile import COLLECTIVES, LINK_CLASSES, load_profile, parse_profile
-from mpipe_tune.profiler.build import Measurements, assemble_profile
-from mpipe_tune.profiler.calibrate import LayerPoint
-from mpipe_tune.profiler.fit import fit_alpha_beta, to_link_cost
-from mpipe_tune.profiler.links import LinkSweep
-from mpipe_tune.profiler.overlap import OverlapPoint, overlap_share
-from mpipe_tune.profiler.roofline import RatePoint, RateSweep
-from mpipe_tune.profiler.stats import summarize
+from mpipe_tune.cost._profile import COLLECTIVES, LINK_CLASSES, load_profile, parse_profile
+from mpipe_tune.profiler import Measurements, assemble_profile
+from mpipe_tune.profiler._calibrate import LayerPoint
+from mpipe_tune.profiler import fit_alpha_beta, to_link_cost
+from mpipe_tune.profiler._links import LinkSweep
+from mpipe_tune.profiler._overlap import OverlapPoint, overlap_share
+from mpipe_tune.profiler._roofline import RatePoint, RateSweep
+from mpipe_tune.profiler import summarize
 
 
 def run_profile(*args, env=None, timeout=900):  # a hang guard, far above a loaded run
@@ -218,7 +218,7 @@ def test_backend_autoload_is_switched_off_for_cpu_unless_the_user_set_it(preset,
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     if preset is not None:
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = preset
-    script = ("import os\nfrom mpipe_tune.profiler.device import import_torch\nimport_torch('cpu')\n"
+    script = ("import os\nfrom mpipe_tune.profiler._device import import_torch\nimport_torch('cpu')\n"
               "print(os.environ['TORCH_DEVICE_BACKEND_AUTOLOAD'])\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mpipe_tune.report.bench import bench_frame, bench_record, format_bench
+from mpipe_tune.report._bench import bench_frame, bench_record, format_bench
 
 LONG = "transpose,gpipe,gpipe,gpipe"
 

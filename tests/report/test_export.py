@@ -14,19 +14,16 @@ except ModuleNotFoundError:  # Python 3.10
 import pytest
 import yaml
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra.events import Fwd
-from mpipe_tune.algebra.schedule import Cut, parse_schedule
+from mpipe_tune.algebra import Degrees, Fwd, Cut, parse_schedule
 from mpipe_tune.cli import main
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.cost import CostOptions
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.exports.plan import plan_from_record, read_export_plan
+from mpipe_tune.report.exports._plan import plan_from_record, read_export_plan
 from export_writers import to_hyper_parallel, to_megatron, to_torch_csv, to_torchtitan
-from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record, plan_section
-from mpipe_tune.plan_file import select_plan
+from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record, plan_section, select_plan
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 from conftest import predict_plan
 
 MODEL = "example-mllm"  # explicit costs: 8 ViT layers, a projector, 16 decoder layers
@@ -265,7 +262,7 @@ def test_cli_names_every_format_and_refuses_an_unknown_one(tmp_path, capsys):
 
 
 def test_the_export_module_imports_without_torch():
-    code = "import sys; sys.modules['torch'] = None; import mpipe_tune.report.exports, mpipe_tune.cli.export"
+    code = "import sys; sys.modules['torch'] = None; import mpipe_tune.report.exports, mpipe_tune.cli._export"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
@@ -294,7 +291,7 @@ def test_megatron_args_carry_expert_context_and_sequence_parallelism_as_validate
     assert int(args["--num-experts"]) == 4 and int(args["--num-experts"]) % 2 == 0 and args["--moe-router-topk"] == "2"
     assert args["--moe-layer-freq"] == "([0]*3+[1]*2)"  # the pattern's length is --num-layers
     # the MoE layer refuses experts with a bias, the default (megatron/core/transformer/moe/moe_layer.py lines
-    # 568 and 684 at d98e8a6: "mlp_bias is not supported"; experts.py 205-207 beside the default bias fusion)
+    # 568 and 684 at d98e8a6: "mlp_bias is not supported"; _experts.py 205-207 beside the default bias fusion)
     assert args["--disable-bias-linear"] is True
     assert eval(args["--moe-layer-freq"]) == [0, 0, 0, 1, 1] and args["--num-layers"] == "5"
     assert int(args["--seq-length"]) % 4 == 0 and int(args["--seq-length"]) >= max(plan.text_tokens)

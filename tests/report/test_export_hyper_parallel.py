@@ -16,7 +16,7 @@ from mpipe_tune.cli import main
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.plan_file import all_plan_names, load_plan
 from mpipe_tune.report.exports import read_export_plan
-from mpipe_tune.report.exports.hyper_parallel import mpipe_owners
+from mpipe_tune.report.exports._hyper_parallel import mpipe_owners
 from export_writers import to_hyper_parallel
 from test_export import NUM_DECODERS, VISION, export_plan, one_line_error
 

@@ -17,7 +17,7 @@ import shlex
 import pytest
 
 from mpipe_tune.cli import main
-from mpipe_tune.report.exports.plan import read_export_plan, wavefront_stages
+from mpipe_tune.report.exports._plan import read_export_plan, wavefront_stages
 from export_writers import mindspeed_arguments, mindspeed_layout
 from test_export import VISION, NUM_DECODERS, export_plan, make_record, one_line_error
 from mpipe_tune.plan_file import dump_plan

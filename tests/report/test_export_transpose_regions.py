@@ -3,15 +3,15 @@ Python writers and from the CLI (exit 2, nothing written)."""
 
 import pytest
 
-from mpipe_tune.algebra.schedule import Cut, parse_schedule
+from mpipe_tune.algebra import Cut, parse_schedule
 from mpipe_tune.cli import main
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.report.exports.plan import plan_from_record
+from mpipe_tune.inputs import Microbatch, Workload
+from mpipe_tune.report.exports._plan import plan_from_record
 from export_writers import to_hyper_parallel, to_megatron, to_torch_csv, to_torchtitan
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 from conftest import predict_plan
 

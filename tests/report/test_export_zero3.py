@@ -14,7 +14,7 @@ Sources mirrored (no client installs here, so each check cites the field or asse
   embeddings, no fp16, CUDA_DEVICE_MAX_CONNECTIONS not 1).
 - MindSpeed-MM 57069cd5 ``UserGuide/features/fsdp2.rst`` lines 57-62 (the launch flags),
   ``mindspeed_mm/models/transformers/base_model.py`` lines 219-232 and 276-283 (``Fsdp2Config`` and its
-  YAML loader), README.md line 206 (Megatron core 0.12.1, whose arguments.py lines 510-528 assert as d98e8a6).
+  YAML loader), README.md line 206 (Megatron core 0.12.1, whose _arguments.py lines 510-528 assert as d98e8a6).
 """
 
 import dataclasses
@@ -29,7 +29,7 @@ import yaml
 
 from mpipe_tune.cli import main
 from mpipe_tune.plan_file import dump_plan
-from mpipe_tune.report.exports.megatron import MEGATRON_FSDP_FLAGS
+from mpipe_tune.report.exports._megatron import MEGATRON_FSDP_FLAGS
 from export_writers import mindspeed_arguments, to_hyper_parallel, to_megatron, to_torchtitan, to_torchtitan_args
 from test_export import export_plan, make_record, megatron_args, one_line_error
 from test_export_mindspeed import launch_values
@@ -79,7 +79,7 @@ def test_megatron_takes_torch_fsdp2_without_pipeline_or_expert_parallelism_as_va
     args = megatron_args(text)
     assert all(args.get(flag.split()[0]) == (flag.split()[1] if " " in flag else True) for flag in MEGATRON_FSDP_FLAGS)
     assert args["--use-torch-fsdp2"] is True and args["--pipeline-model-parallel-size"] == "1"
-    assert "--use-distributed-optimizer" not in args  # arguments.py:1038
+    assert "--use-distributed-optimizer" not in args  # _arguments.py:1038
     assert args["--ckpt-format"] in ("torch_dist", "torch_dcp") and "--fp16" not in args  # 1042, 1046
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" not in text  # 1048: tp 2 warns instead (1456)
     assert megatron_args(to_megatron(plan_at(1)))["--use-distributed-optimizer"] is True

@@ -3,13 +3,10 @@ the start of its first event, its reduce-scatter and free at the end of its last
 
 import pytest
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.events import Bwd, Fwd, ReduceGrad, Reshard, Unshard
-from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
-from mpipe_tune.report.gantt import draw_gantt, sharding_marks, zero_of
+from mpipe_tune.algebra import Candidate, Bwd, Fwd, ReduceGrad, Reshard, Unshard
+from mpipe_tune.cost import predict, load_profile
+from mpipe_tune.inputs import load_model, Microbatch, Workload
+from mpipe_tune.report._gantt import draw_gantt, sharding_marks, zero_of
 
 MODEL = load_model("tiny-vit-llm")
 WORKLOAD = Workload(tuple(Microbatch(16, 64, (16,)) for _ in range(4)), "four")
@@ -57,7 +54,7 @@ def test_the_per_microbatch_actions_are_drawn_on_their_events_ranks(tmp_path):
     """Resharding after forward: every gather and reduce-scatter of every microbatch is a span on the rank of
     the event it is placed at, inside the step; a plan without per-microbatch actions has none."""
     pytest.importorskip("matplotlib")
-    from mpipe_tune.report.gantt import action_spans
+    from mpipe_tune.report import action_spans
 
     p = predicted("3-reshard")
     t = p.timeline

@@ -6,19 +6,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.algebra.plan import BWD, FWD
+from mpipe_tune.algebra import Candidate, BWD, FWD
 from mpipe_tune.cli import main
-from mpipe_tune.cost.predict import predict
-from mpipe_tune.cost.update import estimate_update_s, update_charges
+from mpipe_tune.cost import predict
+from mpipe_tune.cost._update import estimate_update_s, update_charges
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.plan_file import dump_plan
 from mpipe_tune.plan_file import (
     upgrade_v2, SCHEMA_VERSION, SECTION_KEYS, all_plan_names, load_plan, plan_names, select_plan, PlanFile,
 )
-from mpipe_tune.runtime.plan_view import read_plan_file
+from mpipe_tune.runtime import read_plan_file
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 
 def workload_of(record):

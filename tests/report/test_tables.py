@@ -2,9 +2,9 @@
 
 import json
 
-from mpipe_tune.algebra.candidate import Candidate
+from mpipe_tune.algebra import Candidate
 from mpipe_tune.cli import main
-from mpipe_tune.report.tables import rank_frame
+from mpipe_tune.report._tables import rank_frame
 
 
 def test_the_rank_frame_holds_the_record_s_seconds_and_bytes(capsys):

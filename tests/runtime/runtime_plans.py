@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mpipe_tune.algebra.degrees import Degrees
-from mpipe_tune.algebra.schedule import Cut, parse_schedule
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.algebra import Degrees, Cut, parse_schedule
+from mpipe_tune.cost import CostOptions
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 from conftest import predict_plan
 
 TEST_MODEL = str(Path(__file__).with_name("tiny-mllm.yaml"))
@@ -94,8 +93,8 @@ def make_policy_plan(folder: Path, num_ranks: int, policy: str | None, stored_ow
                      model_spec: str = TEST_MODEL, cut: tuple[int, ...] = (FIRST_LLM,)) -> Path:
     """A ``<transpose,1f1b>`` plan whose candidate names owner ``policy`` and stores the explicit map
     ``stored_owners``: an example map that need not be the one the policy gives."""
-    from mpipe_tune.algebra.candidate import Candidate
-    from mpipe_tune.cost.predict import predict
+    from mpipe_tune.algebra import Candidate
+    from mpipe_tune.cost import predict
 
     model = load_model(model_spec)
     if frozen:
@@ -143,9 +142,7 @@ def run_plan_files(folder: Path, paths: dict, num_ranks: int, *, steps: int = 1,
                    deadline_s: float = 150) -> tuple[dict, dict]:
     """Run every ``name: plan file`` of ``paths`` in turn in one local launch (float64, each rank saving
     its first step's gradients under ``folder``): name -> job, name -> result."""
-    from mpipe_tune.runtime.job import RunJob
-    from mpipe_tune.runtime.launch import launch_local
-    from mpipe_tune.runtime.worker import run_jobs
+    from mpipe_tune.runtime import RunJob, launch_local, run_jobs
 
     jobs = {}
     for name, path in paths.items():
@@ -177,8 +174,8 @@ def assert_case_equals_reference(runs: tuple[dict, dict], name: str, case: dict,
 
 def reference_of(frozen: tuple[str, ...], model_spec: str = TEST_MODEL, microbatches=WORKLOAD.microbatches):
     """The single-process reference step of ``model_spec`` with its ``frozen`` blocks frozen."""
-    from mpipe_tune.runtime.blueprint import blueprint
-    from mpipe_tune.runtime.mllm import reference_step
+    from mpipe_tune.runtime import blueprint
+    from mpipe_tune.runtime._mllm import reference_step
 
     model = load_model(model_spec)
     return reference_step(blueprint(model.with_frozen(frozen) if frozen else model), microbatches, seed=0)

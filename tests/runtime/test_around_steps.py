@@ -11,11 +11,11 @@ pytest.importorskip("torch")
 
 from runtime_plans import FIRST_LLM, TEST_MODEL, make_plan  # noqa: E402
 
-from mpipe_tune.profiler.together import probed_run_jobs  # noqa: E402
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.worker import frozen_heap  # noqa: E402
-from mpipe_tune.inputs.specs import load_model  # noqa: E402
+from mpipe_tune.profiler import probed_run_jobs  # noqa: E402
+from mpipe_tune.runtime import RunJob  # noqa: E402
+from mpipe_tune.runtime import launch_local  # noqa: E402
+from mpipe_tune.runtime._worker import frozen_heap  # noqa: E402
+from mpipe_tune.inputs import load_model  # noqa: E402
 
 
 def test_the_probe_runs_before_the_run_and_after_every_step(tmp_path):

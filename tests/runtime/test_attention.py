@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mpipe_tune.runtime.layers import Attention
+from mpipe_tune.runtime._layers import Attention
 
 
 def _backward_nodes(y: torch.Tensor) -> set[str]:

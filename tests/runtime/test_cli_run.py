@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 from runtime_plans import FIRST_LLM, TEST_MODEL, make_plan  # noqa: E402
 
 from mpipe_tune.cli import main  # noqa: E402
-from mpipe_tune.inputs.workload import Microbatch, Workload  # noqa: E402
+from mpipe_tune.inputs import Microbatch, Workload  # noqa: E402
 
 
 def run_cli(*args):

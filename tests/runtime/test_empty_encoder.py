@@ -10,13 +10,13 @@ torch = pytest.importorskip("torch")
 
 from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, make_plan  # noqa: E402
 
-from mpipe_tune.algebra.events import Bwd, Fwd  # noqa: E402
-from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
-from mpipe_tune.runtime.compute import RealCompute  # noqa: E402
-from mpipe_tune.runtime.data import MicrobatchInputs  # noqa: E402
-from mpipe_tune.runtime.mllm import LayerStack  # noqa: E402
-from mpipe_tune.runtime.plan_view import read_plan_file  # noqa: E402
-from mpipe_tune.inputs.specs import load_model  # noqa: E402
+from mpipe_tune.algebra import Bwd, Fwd  # noqa: E402
+from mpipe_tune.runtime import blueprint  # noqa: E402
+from mpipe_tune.runtime._compute import RealCompute  # noqa: E402
+from mpipe_tune.runtime import MicrobatchInputs  # noqa: E402
+from mpipe_tune.runtime._mllm import LayerStack  # noqa: E402
+from mpipe_tune.runtime import read_plan_file  # noqa: E402
+from mpipe_tune.inputs import load_model  # noqa: E402
 
 EMPTY = next(m for m, mb in enumerate(WORKLOAD.microbatches) if mb.image_tokens == 0)
 

@@ -12,13 +12,13 @@ torch = pytest.importorskip("torch")
 from runtime_plans import (  # noqa: E402
     FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, reference_of, run_plan_files)
 
-from mpipe_tune.algebra.candidate import Candidate  # noqa: E402
-from mpipe_tune.cost.compiled import CompiledPlan  # noqa: E402
-from mpipe_tune.cost.layers import CostOptions  # noqa: E402
-from mpipe_tune.cost.predict import predict  # noqa: E402
+from mpipe_tune.algebra import Candidate  # noqa: E402
+from mpipe_tune.cost import CompiledPlan  # noqa: E402
+from mpipe_tune.cost import CostOptions  # noqa: E402
+from mpipe_tune.cost import predict  # noqa: E402
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record  # noqa: E402
 from mpipe_tune.cost import load_profile  # noqa: E402
-from mpipe_tune.inputs.specs import load_model  # noqa: E402
+from mpipe_tune.inputs import load_model  # noqa: E402
 
 
 def _predict(P, placement="cooldown", slots=None):

@@ -15,7 +15,7 @@ from runtime_plans import (  # noqa: E402
     FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of, run_plan_files,
 )
 
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
+from mpipe_tune.runtime import RunJob  # noqa: E402
 
 CASES = {  # name -> (schedule, cut, pp, dp)
     "pp2 x tp2, transpose,1f1b": ("transpose,1f1b", (FIRST_LLM,), 2, 1),
@@ -42,7 +42,7 @@ def test_loss_and_every_gradient_equal_the_single_process_step(runs, case):
 
 def test_a_stage_starting_inside_the_encoder_is_refused_in_one_line(tmp_path):
     from mpipe_tune.errors import MpipeError
-    from mpipe_tune.runtime.job import preflight
+    from mpipe_tune.runtime._job import preflight
 
     path = make_plan(tmp_path, "transpose,1f1b", (2,), 2, tp=2, encoder_tp=1)  # the encoder ends at layer 4
     with pytest.raises(MpipeError) as info:

@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 from conftest import process_stats  # noqa: E402
 from runtime_plans import FIRST_LLM, make_plan  # noqa: E402
 
-from mpipe_tune.runtime.compute import RealCompute  # noqa: E402
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import RankFailed, launch_local  # noqa: E402
-from mpipe_tune.runtime.worker import run_job  # noqa: E402
+from mpipe_tune.runtime._compute import RealCompute  # noqa: E402
+from mpipe_tune.runtime import RunJob  # noqa: E402
+from mpipe_tune.runtime._launch import RankFailed, launch_local  # noqa: E402
+from mpipe_tune.runtime import run_job  # noqa: E402
 
 
 def _ended(ctx, folder, work) -> None:
@@ -211,7 +211,7 @@ def _rank_processes(cli_pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def slow_plan(tmp_path_factory):
     """example-mllm's explicit costs on a sampled mix: emulated steps of seconds, on 4 ranks."""
-    from mpipe_tune.inputs.specs import load_workload
+    from mpipe_tune.inputs import load_workload
 
     workload = load_workload("balanced", num_microbatches=8)
     return str(make_plan(tmp_path_factory.mktemp("slow"), "1f1b", (), 4, model_spec="example-mllm",
@@ -271,7 +271,7 @@ def make_a_lock(ctx):
 
 if __name__ == "__main__":
     sys.path.insert(0, sys.argv[1])
-    from mpipe_tune.runtime.launch import launch_local
+    from mpipe_tune.runtime import launch_local
     import rank_with_a_lock
     print(launch_local(rank_with_a_lock.make_a_lock, (), 2))
 '''

@@ -23,19 +23,19 @@ from runtime_plans import (  # noqa: E402
     FIRST_LLM, MLA_MOE_MODEL, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of,
 )
 
-from mpipe_tune.algebra.candidate import Candidate  # noqa: E402
-from mpipe_tune.algebra.degrees import Degrees  # noqa: E402
-from mpipe_tune.algebra.events import Bwd  # noqa: E402
-from mpipe_tune.cost.compiled import CompiledPlan  # noqa: E402
-from mpipe_tune.cost.layers import CostOptions  # noqa: E402
-from mpipe_tune.cost.predict import predict  # noqa: E402
+from mpipe_tune.algebra import Candidate  # noqa: E402
+from mpipe_tune.algebra import Degrees  # noqa: E402
+from mpipe_tune.algebra import Bwd  # noqa: E402
+from mpipe_tune.cost import CompiledPlan  # noqa: E402
+from mpipe_tune.cost import CostOptions  # noqa: E402
+from mpipe_tune.cost import predict  # noqa: E402
 from mpipe_tune.cost import load_profile  # noqa: E402
-from mpipe_tune.inputs.specs import load_model  # noqa: E402
+from mpipe_tune.inputs import load_model  # noqa: E402
 from mpipe_tune.plan_file import PlanInputs, dump_plan, plan_record  # noqa: E402
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.plan_view import read_plan_file  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
+from mpipe_tune.runtime import RunJob  # noqa: E402
+from mpipe_tune.runtime import launch_local  # noqa: E402
+from mpipe_tune.runtime import read_plan_file  # noqa: E402
+from mpipe_tune.runtime import run_jobs  # noqa: E402
 
 RANKS = 4
 TRANSPOSE = dict(schedule="transpose,1f1b", cut=(FIRST_LLM,))

@@ -13,14 +13,14 @@ torch = pytest.importorskip("torch")
 
 from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan  # noqa: E402
 
-from mpipe_tune.algebra.order import is_interleavable  # noqa: E402
-from mpipe_tune.inputs.workload import Microbatch, Workload  # noqa: E402
-from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
-from mpipe_tune.inputs.specs import load_model  # noqa: E402
+from mpipe_tune.algebra import is_interleavable  # noqa: E402
+from mpipe_tune.inputs import Microbatch, Workload  # noqa: E402
+from mpipe_tune.runtime import blueprint  # noqa: E402
+from mpipe_tune.runtime import RunJob  # noqa: E402
+from mpipe_tune.runtime import launch_local  # noqa: E402
+from mpipe_tune.runtime._mllm import reference_step  # noqa: E402
+from mpipe_tune.runtime import run_jobs  # noqa: E402
+from mpipe_tune.inputs import load_model  # noqa: E402
 
 MICROBATCHES = WORKLOAD.microbatches + (Microbatch(2, 9, (2,)), Microbatch(0, 5))
 NUM_MICROBATCHES = {2: 3, 4: 6}

@@ -14,14 +14,14 @@ torch = pytest.importorskip("torch")
 
 from tp_layers_check import MICROBATCH, TP_MODEL, compare_split_layers  # noqa: E402
 
-from mpipe_tune.cost.arch import param_count  # noqa: E402
-from mpipe_tune.inputs.arch_dims import resolve_dims  # noqa: E402
+from mpipe_tune.cost._arch import param_count  # noqa: E402
+from mpipe_tune.inputs import resolve_dims  # noqa: E402
 from mpipe_tune.errors import MpipeError  # noqa: E402
-from mpipe_tune.runtime.blueprint import LayerSpec, blueprint, validate_tensor_parallel  # noqa: E402
-from mpipe_tune.runtime.data import MicrobatchInputs  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.layers import build_layer  # noqa: E402
-from mpipe_tune.inputs.specs import load_model  # noqa: E402
+from mpipe_tune.runtime._blueprint import LayerSpec, blueprint, validate_tensor_parallel  # noqa: E402
+from mpipe_tune.runtime import MicrobatchInputs  # noqa: E402
+from mpipe_tune.runtime import launch_local  # noqa: E402
+from mpipe_tune.runtime import build_layer  # noqa: E402
+from mpipe_tune.inputs import load_model  # noqa: E402
 
 F64, CPU = torch.float64, torch.device("cpu")
 ATOL = 1e-12

@@ -21,9 +21,9 @@ from runtime_plans import (  # noqa: E402
     FIRST_LLM, MLA_MOE_MODEL, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of,
 )
 
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
+from mpipe_tune.runtime import RunJob  # noqa: E402
+from mpipe_tune.runtime import launch_local  # noqa: E402
+from mpipe_tune.runtime import run_jobs  # noqa: E402
 
 FROZEN = ("encoder", "projector")
 LAYOUTS = {"pp2xdp2": (2, 1, 2), "pp2xtp2": (2, 2, 1), "pp1xtp2xdp2": (1, 2, 2)}

@@ -8,12 +8,11 @@ import sys
 import pytest
 from runtime_plans import FIRST_LLM, TEST_MODEL, WORKLOAD, make_plan
 
-from mpipe_tune.algebra.events import Bwd, Coll, Comm, Fwd
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.algebra import Bwd, Coll, Comm, Fwd
+from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.runtime.blueprint import blueprint, output_shape
-from mpipe_tune.runtime.plan_view import read_plan_file
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.runtime import blueprint, output_shape, read_plan_file
+from mpipe_tune.inputs import load_model
 
 
 def test_every_coll_becomes_one_transfer_between_the_right_events(tmp_path):
@@ -53,8 +52,8 @@ def test_input_gradients_follow_the_footprint(tmp_path):
 
 def test_output_shapes_match_the_modules():
     torch = pytest.importorskip("torch")
-    from mpipe_tune.runtime.data import MicrobatchInputs
-    from mpipe_tune.runtime.mllm import LayerStack
+    from mpipe_tune.runtime import MicrobatchInputs
+    from mpipe_tune.runtime._mllm import LayerStack
 
     specs = blueprint(load_model(TEST_MODEL))
     stack = LayerStack.build(specs, range(len(specs)), seed=0, dtype=torch.float64, device=torch.device("cpu"))
@@ -73,7 +72,7 @@ def test_output_shapes_match_the_modules():
       {"name": "h", "block": "llm", "kind": "lm_head", "hidden": 16, "vocab": 8}], "input width 16"),
 ])
 def test_models_the_runtime_cannot_build_get_one_line(tmp_path, layers, words):
-    from mpipe_tune.algebra.model import parse_model
+    from mpipe_tune.algebra import parse_model
 
     with pytest.raises(MpipeError, match=words):
         blueprint(parse_model({"name": "bad", "layers": layers}, where="test"))

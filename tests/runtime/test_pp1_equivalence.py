@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 
 from runtime_plans import TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_plan, reference_of  # noqa: E402
 
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.plan_view import read_plan_file  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
+from mpipe_tune.runtime import RunJob  # noqa: E402
+from mpipe_tune.runtime import launch_local  # noqa: E402
+from mpipe_tune.runtime import read_plan_file  # noqa: E402
+from mpipe_tune.runtime import run_jobs  # noqa: E402
 
 RANKS = 4
 LAYOUTS = {"dp4": dict(dp=4), "tp2 x dp2": dict(tp=2, dp=2)}

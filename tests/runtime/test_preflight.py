@@ -11,9 +11,9 @@ import pytest
 from runtime_plans import FIRST_LLM, make_plan
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.runtime.job import RunJob, validate_memory
-from mpipe_tune.runtime.launch import available_memory, dtype_note
-from mpipe_tune.runtime.plan_view import read_plan_file
+from mpipe_tune.runtime._job import RunJob, validate_memory
+from mpipe_tune.runtime._launch import available_memory, dtype_note
+from mpipe_tune.runtime import read_plan_file
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +79,8 @@ def test_running_without_torch_is_one_line(plan):
 
 
 def test_a_plan_predicted_on_a_built_in_profile_gets_a_note_that_names_it(plan, tmp_path):
-    from mpipe_tune.cost.profile import dump_profile, load_profile
-    from mpipe_tune.runtime.job import builtin_profile_note
+    from mpipe_tune.cost import dump_profile, load_profile
+    from mpipe_tune.runtime._job import builtin_profile_note
 
     note = builtin_profile_note(read_plan_file(str(plan)), RunJob(str(plan)), "cpu")
     assert "built-in profile 'ideal'" in note and "mpipe-tune profile --device cpu" in note

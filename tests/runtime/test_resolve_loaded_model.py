@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from runtime_plans import FIRST_LLM, TEST_MODEL, make_plan
 
-from mpipe_tune.algebra.model import Model
+from mpipe_tune.algebra import Model
 from mpipe_tune.errors import PlanFileError
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.report.repredict import repredict
-from mpipe_tune.runtime.plan_view import read_plan_file
+from mpipe_tune.inputs import load_model
+from mpipe_tune.report import repredict
+from mpipe_tune.runtime import read_plan_file
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpipe_tune.runtime.sequence_split import ContextSplit
+from mpipe_tune.runtime._sequence_split import ContextSplit
 
 
 @given(st.integers(1, 8), st.integers(0, 300))

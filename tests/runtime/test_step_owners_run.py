@@ -14,16 +14,16 @@ from runtime_plans import (  # noqa: E402
     FIRST_LLM, TEST_MODEL, WORKLOAD, assert_step_equals_reference, make_policy_plan, make_sampled_plan, sampled_problem,
 )
 
-from mpipe_tune.algebra.candidate import Candidate  # noqa: E402
-from mpipe_tune.cost.layers import CostOptions  # noqa: E402
-from mpipe_tune.runtime.blueprint import blueprint  # noqa: E402
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import RankFailed, launch_local  # noqa: E402
-from mpipe_tune.runtime.mllm import reference_step  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs, validate_agreement  # noqa: E402
+from mpipe_tune.algebra import Candidate  # noqa: E402
+from mpipe_tune.cost import CostOptions  # noqa: E402
+from mpipe_tune.runtime import blueprint  # noqa: E402
+from mpipe_tune.runtime import RunJob  # noqa: E402
+from mpipe_tune.runtime._launch import RankFailed, launch_local  # noqa: E402
+from mpipe_tune.runtime._mllm import reference_step  # noqa: E402
+from mpipe_tune.runtime._worker import run_jobs, validate_agreement  # noqa: E402
 from mpipe_tune.search import Evaluator, Problem  # noqa: E402
 from mpipe_tune.cost import load_profile  # noqa: E402
-from mpipe_tune.inputs.specs import load_model  # noqa: E402
+from mpipe_tune.inputs import load_model  # noqa: E402
 
 P, M = 3, 4
 FROZEN = ("encoder", "projector")
@@ -115,7 +115,7 @@ def test_an_emulated_per_step_run_from_the_cli_never_beats_each_steps_prediction
     """``run --compute emulated`` on a greedy plan whose stored map is not greedy's: the default is
     per-step owners, each step waits its own predicted longest path, and the table names the maps."""
     from mpipe_tune.cli import main
-    from mpipe_tune.inputs.workload import Microbatch, Workload
+    from mpipe_tune.inputs import Microbatch, Workload
 
     workload = Workload(tuple(Microbatch(300 * m, 1000) for m in range(4)), "emulated")
     plan = make_policy_plan(tmp_path, 2, "greedy", (0, 0, 0, 0), workload=workload, model_spec="example-mllm",

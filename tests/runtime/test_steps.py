@@ -1,4 +1,4 @@
-"""Each step's metadata, owner map and order at run time (mpipe_tune.runtime.steps), without processes.
+"""Each step's metadata, owner map and order at run time (mpipe_tune.runtime._steps), without processes.
 
 The per-step map is checked against the search's evaluator, which reads the encodes and the slack
 its own way (its own derive of the round-robin plan per sampled step); the step's order against a
@@ -16,12 +16,10 @@ from dataclasses import replace
 import pytest
 from runtime_plans import FIRST_LLM, WORKLOAD, make_policy_plan, make_plan, make_sampled_plan, sampled_problem
 
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.cost.layers import CostOptions
-from mpipe_tune.cost.predict import predict
+from mpipe_tune.algebra import Candidate
+from mpipe_tune.cost import CostOptions, predict
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.runtime.plan_view import read_plan_file
-from mpipe_tune.runtime.steps import StepModes, StepPlanner, resolve_modes
+from mpipe_tune.runtime import read_plan_file, StepModes, StepPlanner, resolve_modes
 from mpipe_tune.search import Evaluator
 
 P, M = 3, 4

@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mpipe_tune.inputs.arch_dims import resolve_dims  # noqa: E402
-from mpipe_tune.runtime.variants import GatedDeltaNet, VariantAttention, delta_rule  # noqa: E402
+from mpipe_tune.inputs import resolve_dims  # noqa: E402
+from mpipe_tune.runtime._variants import GatedDeltaNet, VariantAttention, delta_rule  # noqa: E402
 
 F64 = torch.float64
 

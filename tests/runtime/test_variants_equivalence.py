@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 from runtime_plans import WORKLOAD, assert_case_equals_reference, run_plan_cases  # noqa: E402
 
 from mpipe_tune.errors import MpipeError  # noqa: E402
-from mpipe_tune.inputs.specs import load_model  # noqa: E402
-from mpipe_tune.runtime.blueprint import blueprint, output_shape, validate_variants  # noqa: E402
+from mpipe_tune.inputs import load_model  # noqa: E402
+from mpipe_tune.runtime._blueprint import blueprint, output_shape, validate_variants  # noqa: E402
 
 VARIANTS = str(Path(__file__).with_name("tiny-mllm-variants.yaml"))
 FIRST_LLM = 5

@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 
 from runtime_plans import MLA_MOE_MODEL, make_plan  # noqa: E402
 
-from mpipe_tune.runtime.job import RunJob  # noqa: E402
-from mpipe_tune.runtime.launch import launch_local  # noqa: E402
-from mpipe_tune.runtime.worker import run_jobs  # noqa: E402
+from mpipe_tune.runtime import RunJob  # noqa: E402
+from mpipe_tune.runtime import launch_local  # noqa: E402
+from mpipe_tune.runtime import run_jobs  # noqa: E402
 
 LAYOUTS = {"tp2 x dp2, ep2": dict(num_ranks=1, tp=2, dp=2, ep=2),  # split weights (DTensors), experts
            "dp4, ep2": dict(num_ranks=1, dp=4, ep=2)}  # experts sharded over their own group of 2

@@ -14,12 +14,12 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-from mpipe_tune.inputs.workload import Microbatch
-from mpipe_tune.runtime.blueprint import LayerSpec, blueprint, output_shape
-from mpipe_tune.runtime.data import MicrobatchInputs, seed_of
-from mpipe_tune.runtime.mllm import LayerStack, reference_step
-from mpipe_tune.runtime.tensor_parallel import tp_context
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import Microbatch
+from mpipe_tune.runtime._blueprint import LayerSpec, blueprint, output_shape
+from mpipe_tune.runtime._data import MicrobatchInputs, seed_of
+from mpipe_tune.runtime._mllm import LayerStack, reference_step
+from mpipe_tune.runtime import tp_context
+from mpipe_tune.inputs import load_model
 
 TP_MODEL = str(Path(__file__).with_name("tiny-mla-moe.yaml"))
 """Every kind and attention variant the runtime splits (12 layers)."""

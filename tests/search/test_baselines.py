@@ -3,7 +3,7 @@ import pytest
 from mpipe_tune.algebra import ByLayer, ByMicrobatch, Cut, Layout, Owners, derive, parse_schedule
 from mpipe_tune.search import BASELINES, Evaluator, Problem, baseline, even_split
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 MODEL = load_model("example-mllm")  # 8 encoder layers, 1 projector, 16 backbone layers
 

@@ -1,6 +1,6 @@
 import random
 
-from mpipe_tune.search.bounds import BoundOrder
+from mpipe_tune.search._bounds import BoundOrder
 
 
 def test_the_bound_order_is_that_of_the_final_bounds_and_refines_only_what_comes_on_top():

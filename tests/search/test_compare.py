@@ -5,10 +5,11 @@ from dataclasses import replace
 import pytest
 
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
-from mpipe_tune.search.compare import (ROW_COLUMNS, comparison_frame, comparison_rows, evaluate_baselines,
-                                       format_comparison, format_rows, rows_frame)
+from mpipe_tune.search._compare import (
+    ROW_COLUMNS, comparison_frame, comparison_rows, evaluate_baselines, format_comparison, format_rows, rows_frame,
+)
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 LONG = "transpose,gpipe,gpipe,gpipe"
 

@@ -6,9 +6,9 @@ import pytest
 
 from mpipe_tune.cli import main
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.inputs.mindspeed import MindSpeedLayout, read_mindspeed_layout
-from mpipe_tune.search.current_mindspeed import stage_layer_counts
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import MindSpeedLayout, read_mindspeed_layout
+from mpipe_tune.search._current_mindspeed import stage_layer_counts
+from mpipe_tune.inputs import load_model
 
 # the shape of MindSpeed-MM's examples/qwen2.5vl/finetune_qwen2_5_vl_7b.sh: variables, arithmetic, GPT_ARGS
 SCRIPT = """#!/bin/bash

@@ -6,9 +6,9 @@ import pytest
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.search import driver
-from mpipe_tune.search.sampling import TPE
+from mpipe_tune.inputs import load_model
+from mpipe_tune.search import _driver as driver
+from mpipe_tune.search._sampling import TPE
 
 MODEL = load_model("example-mllm")
 PROFILE = load_profile("ideal")
@@ -235,7 +235,7 @@ def test_the_lower_bound_ignores_the_zero_stage_and_counts_the_owners_where_they
 def test_the_bound_search_caps_its_trials_by_the_space_and_names_a_timeout():
     """Without a trial budget the cap follows the space (a share of its points, at least the minimum);
     a time budget that stops it is named as such, with the gap left."""
-    from mpipe_tune.search.driver import BOUND_MIN_TRIALS, bound_trial_cap
+    from mpipe_tune.search._driver import BOUND_MIN_TRIALS, bound_trial_cap
 
     space, evaluator = make(devices=4, batch=8, samples=2, recompute=(False, True), max_microbatches=8)
     result = run_search(space, evaluator, storage=None, n_trials=None, sampler="bound", progress=False, tolerance=0.01)

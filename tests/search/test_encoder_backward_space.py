@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from mpipe_tune.algebra.encoder_backward import PLACEMENTS
+from mpipe_tune.algebra import PLACEMENTS
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 
 def _space(placements, frozen=()):

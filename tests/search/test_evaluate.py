@@ -4,12 +4,11 @@ import numpy as np
 import pytest
 
 from mpipe_tune.algebra import Cut, parse_schedule
-from mpipe_tune.inputs.workload import Microbatch
+from mpipe_tune.inputs import Microbatch
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.search import Candidate, Evaluator, Problem, pack
-from mpipe_tune.search.owners import max_spill
+from mpipe_tune.search import Candidate, Evaluator, Problem, pack, max_spill
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 from conftest import predict_plan
 
 MODEL = load_model("example-mllm")
@@ -252,7 +251,7 @@ def test_the_peak_floor_and_step_bounds_hold_on_random_moe_points(seed):
 def test_tables_expected_together_are_built_in_one_pass_and_equal_those_built_alone(monkeypatch):
     """Settings that differ only in dp and M share the kernels' options: the first asked for is built with the
     others expected, in one call, and every table is the one a fresh evaluator builds for that setting alone."""
-    from mpipe_tune.cost.predictor import Predictor
+    from mpipe_tune.cost import Predictor
 
     problem = Problem(load_model("tiny-vit-llm"), load_profile("h100-sxm"), 8, 16, mix="image-heavy", num_samples=2,
                       seed=4)

@@ -4,13 +4,14 @@ from dataclasses import replace
 
 import pytest
 
-from mpipe_tune.algebra.order import is_interleavable
+from mpipe_tune.algebra import is_interleavable
 from mpipe_tune.search import BASELINES, Evaluator, Problem, SearchSpace, SpaceOptions, baseline
-from mpipe_tune.search.compare import (comparison_rows, evaluate_baselines, family_record, format_comparison,
-                                       own_best_rows)
-from mpipe_tune.search.families import family_candidates, search_families, search_family
+from mpipe_tune.search._compare import (
+    comparison_rows, evaluate_baselines, family_record, format_comparison, own_best_rows,
+)
+from mpipe_tune.search._families import family_candidates, search_families, search_family
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 MODEL = load_model("example-mllm")  # 8 encoder layers, 1 projector, 16 backbone layers
 PROFILE = load_profile("ideal")
@@ -132,7 +133,7 @@ def test_the_staged_family_order_finds_the_family_s_optimum_with_every_knob(sque
     own best is the fastest plan that fits of all its candidates, each predicted in full by a fresh evaluator;
     and every level of the staged bound is at most the next and at most the candidate's step time (infinite
     only for a plan that does not fit)."""
-    from mpipe_tune.search.families import StagedBound
+    from mpipe_tune.search._families import StagedBound
 
     tiny = load_model("tiny-vit-llm")
     problem = Problem(tiny, load_profile("h100-sxm"), 8, 16, mix="image-heavy", num_samples=2, seed=2)

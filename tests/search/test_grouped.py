@@ -3,10 +3,10 @@
 import pytest
 
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
-from mpipe_tune.search.bounds import BoundOrder
-from mpipe_tune.search.grouped import GroupOrder, StagedWorkBound
+from mpipe_tune.search._bounds import BoundOrder
+from mpipe_tune.search._grouped import GroupOrder, StagedWorkBound
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 SPACES = {
     "example, memory knobs": ("example-mllm", "ideal", 4, 8, dict(recompute=(False, "selective", True), zero=(0, 1),

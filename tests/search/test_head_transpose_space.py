@@ -5,11 +5,10 @@ import math
 
 import pytest
 
-from mpipe_tune.algebra import Owners, derive, normalize, validate_schedule
-from mpipe_tune.algebra.model import ExplicitCost, Layer, Model
+from mpipe_tune.algebra import Owners, derive, normalize, validate_schedule, ExplicitCost, Layer, Model
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 
 def generator_model() -> Model:

@@ -6,11 +6,10 @@ import math
 
 import pytest
 
-from mpipe_tune.algebra import Owners, derive, normalize, validate_schedule
-from mpipe_tune.algebra.schedule import Layout
+from mpipe_tune.algebra import Owners, derive, normalize, validate_schedule, Layout
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 from tests.search.test_head_transpose_space import generator_model
 

@@ -6,9 +6,9 @@ import pytest
 
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, baseline
-from mpipe_tune.search.layout import parse_layout, split_pairs
+from mpipe_tune.search._layout import parse_layout, split_pairs
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 MODEL = load_model("example-mllm")  # 8 encoder layers, 1 projector, 16 backbone layers
 
@@ -88,7 +88,7 @@ def test_interleaving_needs_equal_rounds():
 
 
 def test_a_layout_in_the_candidates_text_form_is_checked_as_the_keys_are(space):
-    from mpipe_tune.algebra.candidate import Candidate
+    from mpipe_tune.algebra import Candidate
 
     keys = parse_layout("pp=2,tp=1,dp=2,schedule=transpose,1f1b,cut=9,M=8,owners=greedy,recompute=selective", space)
     text = parse_layout(str(replace(keys, label="")), space)

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.search.compare import evaluate_baselines, row
-from mpipe_tune.search.families import family_candidates
+from mpipe_tune.algebra import Candidate
+from mpipe_tune.search._compare import evaluate_baselines, row
+from mpipe_tune.search._families import family_candidates
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 MOE = load_model(str(Path(__file__).parents[1] / "runtime" / "tiny-mllm-mla-moe.yaml"))  # 4 experts per MoE layer
 IDEAL = load_profile("ideal")

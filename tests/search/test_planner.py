@@ -2,12 +2,12 @@
 
 import pytest
 
-from mpipe_tune.cli.errors import error_line
-from mpipe_tune.cost.profile import parse_profile
+from mpipe_tune.cli._errors import error_line
+from mpipe_tune.cost import parse_profile
 from mpipe_tune.search import Evaluator, Problem, SearchSpace
-from mpipe_tune.search.planner import SearchOptions, SpaceRequest, has_experts, plan, space_options
+from mpipe_tune.search._planner import SearchOptions, SpaceRequest, has_experts, plan, space_options
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 MODEL = load_model("example-mllm")
 PROFILE = load_profile("ideal")

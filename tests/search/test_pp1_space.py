@@ -9,10 +9,10 @@ import pytest
 from mpipe_tune.algebra import Owners, derive
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import BASELINES, Candidate, Evaluator, Problem, SearchSpace, SpaceOptions, baseline
-from mpipe_tune.search.baselines import UNPIPELINED
-from mpipe_tune.search.families import family_candidates
+from mpipe_tune.search._baselines import UNPIPELINED
+from mpipe_tune.search._families import family_candidates
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 EVERY_SKELETON = SpaceOptions(skeletons=("1f1b", "gpipe", "zb1p", "zbv"), zero=(0, 1, 2, 3), recompute=(False, True))
 

@@ -1,12 +1,11 @@
 import optuna
 import pytest
 
-from mpipe_tune.algebra import Owners, derive, normalize, parse_schedule, validate_schedule
-from mpipe_tune.algebra.order import is_interleavable
+from mpipe_tune.algebra import Owners, derive, normalize, parse_schedule, validate_schedule, is_interleavable
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 
 @pytest.fixture(scope="module")

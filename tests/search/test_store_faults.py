@@ -13,9 +13,9 @@ import sqlalchemy
 from mpipe_tune.cli import main
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
-from mpipe_tune.search.writer import TrialWriter
+from mpipe_tune.search._writer import TrialWriter
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
+from mpipe_tune.inputs import load_model
 
 SMALL = ["--devices", "2", "--global-batch", "4", "--samples", "1", "--no-progress", "--study", "s",
          "--pp", "2"]  # a pipeline: at pp 1 the bounds settle this space before the trials these tests count
@@ -223,7 +223,7 @@ def test_a_trial_budget_no_study_may_hold_is_refused_before_the_search(tmp_path,
 
 
 def test_a_study_larger_than_a_search_reloads_is_refused_before_optuna_reads_it(study_db, capsys, monkeypatch):
-    monkeypatch.setattr("mpipe_tune.search.store.MAX_TRIALS", 5)  # the 6-trial study stands for one of 10^5 and more
+    monkeypatch.setattr("mpipe_tune.search._store.MAX_TRIALS", 5)  # the 6-trial study stands for one of 10^5 and more
     one_line_error(capsys, plan(study_db, "--trials", "5"), "study 's'", "holds 6 trials, more than the 5",
                    "mpipe-tune trials")
     assert main(["trials", "--storage", f"sqlite:///{study_db}", "--study", "s"]) == 0  # it can still be read

@@ -6,9 +6,9 @@ import pytest
 
 from mpipe_tune.cli import main
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.algebra.candidate import Candidate
-from mpipe_tune.search.search_run import ATTR
-from mpipe_tune.search.trials import COLUMNS, load_trials_study, study_summaries, trials_frame
+from mpipe_tune.algebra import Candidate
+from mpipe_tune.search._search_run import ATTR
+from mpipe_tune.search._trials import COLUMNS, load_trials_study, study_summaries, trials_frame
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import sys
 import optuna
 from optuna.distributions import CategoricalDistribution
 
-from mpipe_tune.search.writer import TrialWriter
+from mpipe_tune.search._writer import TrialWriter
 
 
 def finished_trial(value: float):
@@ -43,7 +43,7 @@ import os, signal, sys
 import optuna
 from optuna.distributions import CategoricalDistribution
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.search.writer import TrialWriter
+from mpipe_tune.search._writer import TrialWriter
 
 if __name__ == "__main__":
     storage = "sqlite:///" + sys.argv[1]
@@ -75,7 +75,7 @@ def test_a_search_whose_writer_died_with_trials_queued_exits_with_its_error(tmp_
 
 def test_a_shared_total_stops_at_exactly_n_trials_and_stores_the_next_as_failed(tmp_path):
     """Found by the planted-fault pass (docs/testing.md): a reservation counted one trial too few let one in."""
-    from mpipe_tune.search.writer import store_trial
+    from mpipe_tune.search._writer import store_trial
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = optuna.create_study(storage=storage, study_name="s")

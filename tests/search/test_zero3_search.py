@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpipe_tune.cost import load_profile
-from mpipe_tune.inputs.specs import load_model
-from mpipe_tune.inputs.workload import Microbatch, Workload
+from mpipe_tune.inputs import load_model, Microbatch, Workload
 from mpipe_tune.search import Evaluator, Problem, SearchSpace, SpaceOptions, run_search
 
 H100 = load_profile("h100-sxm")
@@ -103,10 +102,10 @@ def test_stage3_fits_where_stage1_does_not_and_the_exact_search_finds_the_optimu
 
 
 def test_the_reshard_policy_is_searched_at_stage3_and_keeping_the_weights_is_never_slower():
-    """``--zero 3`` (:data:`~mpipe_tune.search.planner.RESHARD`) searches both policies at every pipeline degree
+    """``--zero 3`` (:data:`~mpipe_tune.search._planner.RESHARD`) searches both policies at every pipeline degree
     (pp 1 included, where the default would reshard): each stage-3 layout comes with a keep and a reshard point,
     and keeping the gathered weights through the step predicts a step no longer than gathering them again."""
-    from mpipe_tune.search.planner import SpaceRequest, space_options
+    from mpipe_tune.search import SpaceRequest, space_options
 
     model = load_model("tiny-vit-llm")
     options = space_options(SpaceRequest(zero="3"), model)

@@ -4,7 +4,7 @@
 was made for into an :class:`ExportPlan`, the one value every target reads; :func:`export_outputs` runs a
 target by its ``--to`` name (:meth:`ExportTarget.export`: the output paths, then what the target can
 express, one refusal line otherwise, then its files). The refusals several targets share are written
-once, in :mod:`.refusals`.
+once, in :mod:`._refusals`.
 
 A new target is one module holding an :class:`ExportTarget` subclass (``name``, ``trainer``, ``help``,
 ``client``, ``files``; ``validate`` and ``write``) and one line in :data:`TARGETS` below.
@@ -15,14 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.report.exports.hyper_parallel import HyperParallel
-from mpipe_tune.report.exports.megatron import Megatron
-from mpipe_tune.report.exports.mindspeed_mm import MindSpeedMM
-from mpipe_tune.report.exports.plan import ExportPlan, Output, export_plan, read_export_plan
-from mpipe_tune.report.exports.target import ExportTarget, TwoFiles
-from mpipe_tune.report.exports.torch_csv import TorchCsv
-from mpipe_tune.report.exports.torchtitan import TorchTitan
-from mpipe_tune.report.exports.torchtitan_03 import TorchTitan03
+from mpipe_tune.report.exports._hyper_parallel import HyperParallel
+from mpipe_tune.report.exports._megatron import Megatron
+from mpipe_tune.report.exports._mindspeed_mm import MindSpeedMM
+from mpipe_tune.report.exports._plan import ExportPlan, Output, export_plan, read_export_plan
+from mpipe_tune.report.exports._target import ExportTarget, TwoFiles
+from mpipe_tune.report.exports._torch_csv import TorchCsv
+from mpipe_tune.report.exports._torchtitan import TorchTitan
+from mpipe_tune.report.exports._torchtitan_03 import TorchTitan03
 
 TARGETS: dict[str, ExportTarget] = {t.name: t for t in (
     TorchCsv(),

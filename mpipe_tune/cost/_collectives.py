@@ -1,0 +1,80 @@
+"""Alpha-beta costs of messages and collectives on a profile's links.
+
+A link entry of a profile (:mod:`~mpipe_tune.cost._profile`) is a :class:`LinkCost`; :func:`estimate_collective_s`
+times one collective on it (:func:`~mpipe_tune.cost._profile.hierarchical_all_reduce_s` an all-reduce whose
+ranks span nodes, on a profile's two link classes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpipe_tune.errors import MpipeError
+
+COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_all")
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    """Alpha-beta cost of one message step: ``alpha_s + beta_s_per_byte * size_bytes`` seconds."""
+
+    alpha_s: float
+    """Latency per step, seconds."""
+    beta_s_per_byte: float
+    """Inverse bandwidth, seconds per byte (``1 / bytes_per_s``)."""
+    mesh_links: int | None = None
+    """Direct links whose combined bandwidth ``beta_s_per_byte`` is, on a full-mesh link class (each device
+    wired to each peer by its own link): a collective over ``g`` ranks then uses only ``min(g - 1, mesh_links)``
+    of them. None: a switched fabric, every group size sees the full bandwidth."""
+
+
+
+def estimate_collective_s(link: LinkCost, collective: str, size_bytes: float, group_size: int) -> float:
+    """Seconds for ``collective`` of ``size_bytes`` over ``group_size`` ranks on ``link``.
+
+    ``size_bytes`` is the message for ``p2p``, the reduced buffer for ``all_reduce``, the full
+    (gathered) buffer for ``all_gather``, ``gather`` and ``scatter``, and for ``all_to_all`` the buffer
+    each rank holds before the exchange (``1/g`` of it stays on the rank). With ``a`` = alpha,
+    ``b`` = beta, ``n`` = size and ``g`` = group size:
+
+    - ``p2p``: ``a + b*n`` (``g`` is ignored except that ``g == 1`` costs nothing);
+    - ``all_reduce`` (ring: reduce-scatter then all-gather): ``2(g-1) * (a + b*n/g)``;
+    - ``all_gather`` (ring), ``gather`` and ``scatter`` (linear, root link bound): ``(g-1) * (a + b*n/g)``;
+    - ``all_to_all`` (pairwise exchange: ``g-1`` steps, each sending one ``n/g`` share to another
+      rank, so ``n*(g-1)/g`` bytes leave each rank): ``(g-1) * (a + b*n/g)``.
+
+    A group of one costs 0.0. An empty payload (``n == 0``) with ``g > 1`` still pays the alpha terms.
+    On a full mesh (``link.mesh_links`` = ``k``, the links ``b`` is the combined bandwidth of) a group of ``g``
+    ranks drives only ``min(g - 1, k)`` of them, so every collective but ``p2p`` runs at
+    ``b * k / min(g - 1, k)`` per byte (:func:`mesh_beta_s_per_byte`); the step count is unchanged.
+
+    >>> estimate_collective_s(LinkCost(1e-5, 1e-9), "all_reduce", 4e6, 4)
+    0.00606
+    """
+    assert np.all(np.asarray(size_bytes) >= 0) and group_size >= 1, (size_bytes, group_size)
+    if collective not in COLLECTIVES:
+        raise MpipeError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    if group_size == 1:
+        return 0.0
+    n = size_bytes * 1.0 if isinstance(size_bytes, np.ndarray) else float(size_bytes)  # an array: elementwise
+    a, b, g = link.alpha_s, link.beta_s_per_byte, group_size
+    if collective == "p2p":
+        return a + b * n
+    b = mesh_beta_s_per_byte(link, g)
+    steps = 2 * (g - 1) if collective == "all_reduce" else g - 1
+    return steps * (a + b * n / g)
+
+
+def mesh_beta_s_per_byte(link: LinkCost, group_size: int) -> float:
+    """Seconds per byte a collective over ``group_size`` ranks sees on ``link``: ``beta_s_per_byte``, or on a
+    full mesh of ``k = link.mesh_links`` direct links (``beta`` their combined rate) ``beta * k / min(g - 1, k)``,
+    as a group of ``g`` ranks reaches its ``g - 1`` peers over one direct link each.
+
+    >>> mesh_beta_s_per_byte(LinkCost(0.0, 1.0, mesh_links=7), 2), mesh_beta_s_per_byte(LinkCost(0.0, 1.0, 7), 8)
+    (7.0, 1.0)
+    """
+    if link.mesh_links is None or group_size < 2:
+        return link.beta_s_per_byte
+    return link.beta_s_per_byte * link.mesh_links / min(group_size - 1, link.mesh_links)

@@ -1,0 +1,148 @@
+"""MoE layers as the trainers run them: the dispatcher's collectives, the rows the experts see, the host syncs.
+
+Megatron-Core's token dispatchers (``--moe-token-dispatcher-type``), per MoE layer and microbatch on one rank.
+``T`` is the tokens of the rank's tensor-parallel group (the microbatch's, or a context-parallel rank's share),
+``k`` the experts a token is routed to, ``E`` the experts over ``ep`` expert-parallel ranks, ``tp`` the
+tensor-parallel degree (with it, sequence parallelism: a rank holds ``T / tp`` tokens outside the tensor-parallel
+regions, as Megatron-Core requires for MoE with tp), expert parallelism outside tensor parallelism (an expert
+group's ranks ``tp`` devices apart):
+
+- ``alltoall`` (``MoEAlltoAllTokenDispatcher``): the rank permutes its ``T/tp * k`` rows into expert order and
+  exchanges them with the ``ep`` ranks in one all-to-all; with ``tp > 1`` (the all-to-all with tensor
+  parallelism) it then all-gathers its tensor-parallel group's rows, each rank's slice of an expert seeing all
+  ``T * k`` of them; the experts run; a reduce-scatter over ``tp`` and an all-to-all back return the rows, which
+  are un-permuted and weighted into token order.
+- ``allgather`` (``MoEAllGatherTokenDispatcher``): the hidden states of the whole ``tp x ep`` group are
+  all-gathered (``T * ep`` rows), the rank picks the rows of its local experts, runs them, scatters their outputs
+  into the gathered buffer and reduce-scatters it over the group: its traffic is the group's tokens whatever
+  ``k``.
+
+The backward runs each collective's mirror (an all-to-all again, a reduce-scatter for an all-gather and the
+reverse) on the gradients. Both read the per-expert token counts back to the host once per forward (the
+all-to-all's splits, the grouped GEMM's batch sizes, or the sequential experts' split sizes): one
+device-to-host sync that drains the device's queue.
+
+Rows: dropless routing gives the busiest expert-parallel rank the stated imbalance times the mean; a capacity
+factor ``c`` caps each expert at ``ceil(c * tokens * k / E)`` rows of each source (tokens beyond it dropped), and
+padding to capacity (``--moe-pad-expert-input-to-capacity``) runs every expert at exactly its capacity, whatever
+the routing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpipe_tune.algebra import MOE_DISPATCHERS as DISPATCHERS
+from mpipe_tune.cost._arch_pieces import Collective, minimum
+from mpipe_tune.errors import MpipeError
+
+
+@dataclass(frozen=True)
+class MoeSettings:
+    """How the trainer routes and dispatches tokens (the defaults: Megatron-Core's, dropless)."""
+
+    dispatcher: str = "alltoall"
+    """One of :data:`DISPATCHERS`."""
+    capacity_factor: float | None = None
+    """Expert capacity over the balanced share (``--moe-expert-capacity-factor``); None: dropless."""
+    pad_to_capacity: bool = False
+    """Every expert runs exactly its capacity rows (``--moe-pad-expert-input-to-capacity``); needs a capacity."""
+
+    def __post_init__(self) -> None:
+        if self.dispatcher not in DISPATCHERS:
+            raise MpipeError(f"MoE token dispatcher {self.dispatcher!r} is not one of {', '.join(DISPATCHERS)}; "
+                             f"give Megatron-Core's --moe-token-dispatcher-type")
+        if self.capacity_factor is not None and not (math.isfinite(self.capacity_factor) and self.capacity_factor > 0):
+            raise MpipeError(f"MoE capacity factor {self.capacity_factor!r} must be a number > 0; give the trainer's "
+                             f"--moe-expert-capacity-factor, or none for dropless routing")
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise MpipeError("MoE padding to capacity needs a capacity factor; give one, or drop the padding")
+
+
+def expert_rows(tokens: float, top_k: int, experts: int, settings: MoeSettings, *, imbalance: float = 1.0,
+                sources: int = 1) -> float:
+    """Rows the busiest expert-parallel rank's local experts run, ``tokens`` routed by each of ``sources``
+    ranks whose rows they all see (the tensor-parallel group's sequence shards under ``alltoall``) to ``top_k``
+    of ``experts`` experts: the mean ``tokens * top_k * sources`` (a rank's ``E/ep`` experts receive, from its
+    ``ep`` peers, one ``1/ep`` share each), times ``imbalance`` where dropless, capped at the capacity
+    (``ceil(c * tokens * top_k / E)`` rows per expert and source), or exactly the capacity when padded.
+
+    >>> expert_rows(4096, 2, 8, MoeSettings(), imbalance=1.3)
+    10649.6
+    >>> expert_rows(4096, 2, 8, MoeSettings(capacity_factor=1.0), imbalance=1.3)
+    8192.0
+    >>> expert_rows(4000, 2, 8, MoeSettings(capacity_factor=1.0, pad_to_capacity=True), sources=2)
+    16000.0
+    """
+    mean = tokens * top_k * sources
+    if settings.capacity_factor is None:
+        return mean * imbalance
+    capacity = np.ceil(settings.capacity_factor * tokens * top_k / experts) * experts * sources
+    if np.isscalar(tokens):
+        capacity = float(capacity)
+    return capacity if settings.pad_to_capacity else minimum(mean * imbalance, capacity)
+
+
+def dispatcher_gathers(tokens: float, hidden: int, rows: float, *, dispatcher: str, tp: int,
+                       ep: int) -> tuple[Collective, ...]:
+    """The forward gathers of one MoE layer's dispatch and combine on one rank, beyond the all-to-alls (see the
+    module docstring; the combine's reduce-scatter written as the all-gather it mirrors): ``tokens`` the
+    tensor-parallel group's tokens (``T``), ``rows`` the rows the rank's experts run (:func:`expert_rows`).
+    Groups of one rank are left out.
+
+    >>> [(c.kind, c.group, c.span) for c in dispatcher_gathers(4096, 8, 8192, dispatcher="alltoall", tp=2, ep=4)]
+    [('all_gather', 2, 2), ('all_gather', 2, 2)]
+    >>> [(c.group, c.elems) for c in dispatcher_gathers(4096, 8, 8192, dispatcher="allgather", tp=2, ep=4)]
+    [(8, 131072), (8, 131072)]
+    """
+    if dispatcher == "allgather":
+        group, elems = tp * ep, tokens * ep * hidden  # the group's hidden states; the combined outputs back
+    else:
+        assert dispatcher == "alltoall", dispatcher
+        group, elems = tp, rows * hidden  # the tensor-parallel group's rows; their outputs back
+    return () if group == 1 else (Collective("all_gather", group, group, elems),) * 2
+
+
+def exchange_elems(rows: float, hidden: int, *, dispatcher: str, tp: int, ep: int) -> float:
+    """Elements of the buffer one rank sends in each expert-parallel all-to-all (dispatch, combine):
+    ``alltoall`` with ``ep > 1``, its sequence shard's share of the ``rows``; none otherwise."""
+    return rows / tp * hidden if dispatcher == "alltoall" and ep > 1 else 0.0
+
+
+def permutation_elems(tokens: float, top_k: int, hidden: int, *, dispatcher: str, ep: int, shards: int
+                      ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((read, write), (read, write)) elements of one MoE layer's forward permutation into expert order and of its
+    un-permutation back into token order, on one rank: ``tokens`` the tensor-parallel group's (``T``), ``shards``
+    sequence parallelism's divisor of a rank's tokens.
+
+    ``alltoall``: the rank permutes its own ``T / shards`` tokens' ``k`` rows, and weights and sums them back.
+    ``allgather`` (Megatron-Core core_r0.6's ``MoEAllGatherTokenDispatcher``, which MindSpeed 1.0.RC3's
+    ``allgather_token_permutation`` keeps, mindspeed/core/transformer/moe/token_dispatcher.py): on the group's
+    gathered ``T * ep`` tokens, the local experts' ``T * ep * k`` rows are gathered (``global_hidden[map]``) and
+    sorted (``local[indices]``), each a read and a write of every row; back, a zero buffer of the rows, an
+    ``index_put`` into it, the scaling by the router's weights, a zero buffer of the tokens and an accumulating
+    ``index_put`` into it (each row's target read and written).
+
+    >>> permutation_elems(8, 2, 4, dispatcher="alltoall", ep=1, shards=2)
+    ((16.0, 32.0), (40.0, 16.0))
+    >>> permutation_elems(8, 2, 4, dispatcher="allgather", ep=1, shards=2)
+    ((128.0, 128.0), (272.0, 288.0))
+    """
+    if dispatcher == "alltoall":
+        rows = tokens * top_k / shards
+        return (tokens * hidden / shards, rows * hidden), (rows * (hidden + 1), tokens * hidden / shards)
+    rows = tokens * ep * top_k * hidden
+    return (2.0 * rows, 2.0 * rows), (4.0 * rows + tokens * ep * top_k, 4.0 * rows + tokens * ep * hidden)
+
+
+def host_syncs_per_forward(num_experts: int, dispatcher: str = "alltoall") -> int:
+    """Device-to-host syncs of one MoE layer's forward; none for a layer without routed experts. Every dispatcher
+    reads the per-expert counts back once; ``allgather`` also sizes three tensors by their data (core_r0.6 and
+    MindSpeed 1.0.RC3: ``masked_select`` of the indices and of the probabilities, ``nonzero`` of the local mask),
+    each a sync."""
+    if num_experts <= 0:
+        return 0
+    return 4 if dispatcher == "allgather" else 1
