@@ -64,11 +64,11 @@ class FsdpHostPoint:
 
 def fit_host_s(calls: Sequence[float], extra_s: Sequence[float]) -> tuple[float, float]:
     """The least-squares line ``extra = per_call * calls + fixed`` through the stacks' extra seconds:
-    ``(per_call, fixed)``; one line naming the quantity unless two or more distinct call counts are given."""
+    ``(per_call, fixed)``; one line unless two or more distinct call counts are given."""
     x, y = np.asarray(calls, dtype=float), np.asarray(extra_s, dtype=float)
     if len(x) != len(y) or len(np.unique(x)) < 2:
         raise MpipeError(f"FSDP2 host-cost fit: {len(np.unique(x))} distinct call counts for {len(y)} timings; "
-                         f"time two or more stack sizes", quantities=("FSDP2 host-cost fit",))
+                         "time two or more stack sizes")  # the profiler's own sweep, not a user's quantity
     slope, intercept = np.polyfit(x, y, 1)
     return float(slope), float(intercept)
 
