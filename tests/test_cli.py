@@ -10,12 +10,6 @@ from mpipe_tune.cli import main
 from conftest import cli, predict_plan
 
 
-def run_cli(*args):
-    """The CLI in-process (``conftest.cli``): exit code, stdout, stderr. The console entry point's own start-up is
-    tested by ``test_version`` and ``test_cli_fuzz``'s console-script test."""
-    return cli(*args)
-
-
 def test_predict_json_reports_makespan_and_per_rank_figures(capsys):
     assert main(["predict", "--pp", "4", "--microbatches", "8", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
@@ -51,7 +45,7 @@ def test_frozen_encoder_has_no_scatter(capsys):
 
 def test_gantt_picture_is_written(tmp_path):
     out = tmp_path / "g.png"
-    code, stdout, _ = run_cli("predict", "--gantt", str(out))
+    code, stdout, _ = cli("predict", "--gantt", str(out))
     assert code == 0 and out.stat().st_size > 10_000
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -70,7 +64,7 @@ def test_gantt_picture_is_written(tmp_path):
     (["--slabs", "1,2,3"], "multiple of --pp"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words):
-    code, stdout, stderr = run_cli("predict", *args)
+    code, stdout, stderr = cli("predict", *args)
     assert code == 2, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in stderr
@@ -91,7 +85,7 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
 def test_malformed_model_file_is_one_line_and_exit_2(tmp_path, content, words):
     path = tmp_path / "m.yaml"
     path.write_text(content)
-    code, _, stderr = run_cli("predict", "--model", str(path))
+    code, _, stderr = cli("predict", "--model", str(path))
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and words in stderr
 
 
@@ -100,22 +94,22 @@ def test_profile_with_units_in_a_number_is_one_line_and_exit_2(tmp_path):
     data["memory_capacity_bytes"]["value"] = "80 GB"
     path = tmp_path / "p.json"
     path.write_text(json.dumps(data))
-    code, _, stderr = run_cli("predict", "--profile", str(path))
+    code, _, stderr = cli("predict", "--profile", str(path))
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and "memory_capacity_bytes" in stderr
 
 
 def test_malformed_profile_and_workload_files_are_one_line_and_exit_2(tmp_path):
     bad_profile = tmp_path / "p.json"
     bad_profile.write_text("{not json")
-    code, _, stderr = run_cli("predict", "--profile", str(bad_profile))
+    code, _, stderr = cli("predict", "--profile", str(bad_profile))
     assert code == 2 and len(stderr.strip().splitlines()) == 1
     workload = tmp_path / "w.yaml"
     workload.write_text("microbatches:\n  - {image_tokens: 10, text_tokens: 20}\n  - {image_tokens: -1, text_tokens: 20}\n")
-    code, _, stderr = run_cli("predict", "--workload", str(workload))
+    code, _, stderr = cli("predict", "--workload", str(workload))
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and "image_tokens" in stderr
     good = tmp_path / "g.yaml"
     good.write_text("microbatches:\n" + "  - {image_tokens: 10, text_tokens: 20}\n" * 3)
-    code, _, stderr = run_cli("predict", "--workload", str(good), "--microbatches", "4")
+    code, _, stderr = cli("predict", "--workload", str(good), "--microbatches", "4")
     assert code == 2 and "3 microbatches" in stderr
 
 
@@ -123,7 +117,7 @@ def test_malformed_profile_and_workload_files_are_one_line_and_exit_2(tmp_path):
 def test_a_file_that_is_not_text_is_one_line_and_exit_2(tmp_path, flag, suffix):
     path = tmp_path / f"g{suffix}"
     path.write_bytes(bytes(range(128, 256)) * 8)
-    code, _, stderr = run_cli("predict", flag, str(path))
+    code, _, stderr = cli("predict", flag, str(path))
     lines = stderr.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "is not UTF-8 text" in lines[0] and str(path) in lines[0], stderr
 
@@ -131,7 +125,7 @@ def test_a_file_that_is_not_text_is_one_line_and_exit_2(tmp_path, flag, suffix):
 def test_a_folder_given_as_a_file_is_one_line_and_exit_2(tmp_path):
     folder = tmp_path / "w.yaml"
     folder.mkdir()
-    code, _, stderr = run_cli("predict", "--workload", str(folder))
+    code, _, stderr = cli("predict", "--workload", str(folder))
     assert code == 2 and "is a folder" in stderr and len(stderr.strip().splitlines()) == 1, stderr
 
 
@@ -143,7 +137,7 @@ def test_a_folder_given_as_a_file_is_one_line_and_exit_2(tmp_path):
      "tensor-parallel degree 8 must divide heads 28 of layer"),
 ])
 def test_out_of_range_candidates_are_one_line_and_exit_2(args, words):
-    code, _, stderr = run_cli("predict", *args)
+    code, _, stderr = cli("predict", *args)
     lines = stderr.strip().splitlines()
     assert code == 2 and len(lines) == 1 and words in lines[0], stderr
 
@@ -151,7 +145,7 @@ def test_out_of_range_candidates_are_one_line_and_exit_2(args, words):
 def test_a_model_that_composes_itself_is_one_line_and_exit_2(tmp_path):
     path = tmp_path / "self.yaml"
     path.write_text(f"name: self\ncompose: [{path}]\n")
-    code, _, stderr = run_cli("predict", "--model", str(path))
+    code, _, stderr = cli("predict", "--model", str(path))
     assert code == 2 and "composes itself" in stderr and len(stderr.strip().splitlines()) == 1, stderr
 
 
@@ -216,7 +210,7 @@ def test_predict_takes_plans_recompute_words_too(capsys):
 def test_a_flag_the_parser_refuses_is_one_line_too(args, words):
     """argparse's own errors (an unknown flag or choice, a missing one) end as the domain's do: one line,
     exit 2, pointing to --help rather than printing the usage block above it."""
-    code, stdout, stderr = run_cli(*args)
+    code, stdout, stderr = cli(*args)
     lines = stderr.strip().splitlines()
     assert code == 2 and len(lines) == 1 and words in lines[0] and "--help" in lines[0], stderr
 
@@ -279,18 +273,18 @@ HF_FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 def test_predict_on_a_text_only_model_says_how_to_give_the_cut(folder):
     """The default schedule transpose,1f1b has no encoder boundary to cut at on a text-only model: the error
     names the fix (--cut or a one-region schedule) in one line under 300 characters."""
-    code, _, stderr = run_cli("predict", "--model", str(HF_FIXTURES / folder))
+    code, _, stderr = cli("predict", "--model", str(HF_FIXTURES / folder))
     assert code == 2 and "Traceback" not in stderr
     line, = stderr.strip().splitlines()
     assert "--schedule 1f1b" in line and "--cut" in line and len(line) < 300, line
-    assert run_cli("predict", "--model", str(HF_FIXTURES / folder), "--schedule", "1f1b")[0] == 0
+    assert cli("predict", "--model", str(HF_FIXTURES / folder), "--schedule", "1f1b")[0] == 0
 
 
 def test_a_model_file_that_is_neither_yaml_nor_a_hf_config_is_named_as_a_file():
     readme = HF_FIXTURES / "README.md"
-    code, _, stderr = run_cli("predict", "--model", str(readme))
+    code, _, stderr = cli("predict", "--model", str(readme))
     assert code == 2 and "Traceback" not in stderr
     line, = stderr.strip().splitlines()
     assert "neither a YAML model file" in line and "neither a file nor" not in line and len(line) < 300, line
-    line, = run_cli("predict", "--model", "nope")[2].strip().splitlines()
+    line, = cli("predict", "--model", "nope")[2].strip().splitlines()
     assert "'mpipe-tune models'" in line and len(line) < 300, line

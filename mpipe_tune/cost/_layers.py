@@ -627,14 +627,15 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     comm = (comm_s + ring_fwd_s, comm_s + ring_bwd_s, 0.0)
     host = (0.0, 0.0, 0.0)
     syncs_s = 0.0
-    if profile.host is not None and layer is not None and not (calibrated and profile.host.inline):
+    inline = profile.host is not None and profile.host.inline
+    if profile.host is not None and layer is not None and not (calibrated and inline):
         host = host_pass_seconds(layer.pieces, options.kernel_mode, profile.host.dispatch_s)
         if cost.kind == "moe_block":  # the token counts read back: the device's queue drains, whatever bounds the pass
             syncs_s = (moe.host_syncs_per_forward(cost.dims_dict()["experts"], options.moe_dispatcher)
                        * profile.host.sync_s)
     passes = tuple(profile.host.pass_s(d + c, h) if profile.host is not None else d + c
                    for d, c, h in zip(device, comm, host))
-    bound = bound_split(device, compute, comm, host, passes, inline=profile.host is not None and profile.host.inline)
+    bound = bound_split(device, compute, comm, host, passes, inline=inline)
     if syncs_s:  # the host's round trips, after whatever bounds the forward
         passes = (passes[0] + syncs_s, *passes[1:])
         bound = (bound[0], bound[1], bound[2] + syncs_s, bound[3])

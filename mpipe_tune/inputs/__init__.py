@@ -159,9 +159,9 @@ def nesting_bound(text: str) -> int:
         return opens + longest
     import numpy as np
 
-    codes = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
-    steps = (np.isin(codes, (0x5B, 0x7B)).astype(np.int64) - np.isin(codes, (0x5D, 0x7D)).astype(np.int64))
-    depth = np.cumsum(steps)
+    step = np.zeros(256, dtype=np.int64)  # per byte: +1 opens a flow collection, -1 closes one
+    step[[0x5B, 0x7B]], step[[0x5D, 0x7D]] = 1, -1
+    depth = np.cumsum(step[np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)])
     floor = np.minimum.accumulate(np.minimum(depth, 0))  # a close before its open (in a string) lowers no later depth
     return int((depth - floor).max(initial=0)) + longest
 
