@@ -9,6 +9,7 @@ not fit, a damaged or stale plan file; 1 for a failed run; 130 after Ctrl-C), in
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from mpipe_tune import __version__
@@ -37,7 +38,7 @@ COMMANDS: list[Command] = [Plan(), Show(), Trials(), Run(), Bench(), Export(), P
 """In the order of README.md's command table, which ``mpipe-tune --help`` lists them in: the plan's chain first."""
 MAX_ERROR_CHARS = 299
 """The longest error line printed (under 300 characters): messages show a long list's first items and its count; a line that still
-runs longer (a quoted value) is cut, and says so."""
+runs longer (long paths, a quoted value) gives up its middle (:func:`_cut`)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -94,9 +95,63 @@ def run_command(argv: list[str] | None = None) -> int:
 
 
 def _cut(line: str) -> str:
-    """``line`` within :data:`MAX_ERROR_CHARS` characters (one line: a newline in a quoted value is shown escaped)."""
+    """``line`` within :data:`MAX_ERROR_CHARS` characters, one line (a newline in a quoted value is shown escaped).
+
+    A message says what is wrong first and how to fix it last, with the detail in brackets between, so a line over
+    the cap gives up its detail: first the middles of its longest bracketed asides, then its long paths' middles
+    (the first folder and the last two parts stay), and only then the middle of the line itself."""
     line = line.replace("\n", "\\n")
-    if len(line) <= MAX_ERROR_CHARS:
-        return line
-    tail = f"... ({len(line)} characters)"
-    return line[:MAX_ERROR_CHARS - len(tail)] + tail
+    for shorten in (_shorten_asides, _shorten_paths, _cut_middle):
+        if len(line) <= MAX_ERROR_CHARS:
+            break
+        line = shorten(line, len(line) - MAX_ERROR_CHARS)
+    return line
+
+
+_KEPT = 24
+"""Characters an aside keeps (its start and end) when its middle goes."""
+_LONG_PATH = re.compile(r"(?<![\w.~])/?(?:[^\s/'\",;()]+/){3,}[^\s/'\",;()]*")
+"""A path of four or more parts, up to a space, quote, comma or bracket."""
+
+
+def _shorten_asides(line: str, excess: int) -> str:
+    """``line`` with the middles of its outermost bracketed asides cut, longest first, by up to ``excess``."""
+    spans, depth = [], 0
+    for i, c in enumerate(line):
+        if c == "(":
+            depth += 1
+            start = i + 1 if depth == 1 else start
+        elif c == ")" and depth:
+            depth -= 1
+            if depth == 0:
+                spans.append((start, i))
+    for start, stop in sorted(spans, key=lambda s: s[0] - s[1]):
+        if excess <= 0:
+            break
+        gone = min(excess + 3, stop - start - _KEPT)
+        if gone > 3:
+            half = (stop - start - gone) // 2
+            line = line[:start + half] + "..." + line[stop - (stop - start - gone - half):]
+            excess -= gone - 3
+    return line
+
+
+def _shorten_paths(line: str, excess: int) -> str:
+    """``line`` with each long path as its first folder, ``...`` and its last two parts."""
+    def short(match: re.Match) -> str:
+        path = match.group(0)
+        parts = path.split("/")
+        kept = "/".join([*parts[:2], "...", *parts[-2:]])
+        return kept if len(kept) < len(path) else path
+    return _LONG_PATH.sub(short, line)
+
+
+def _cut_middle(line: str, excess: int) -> str:
+    """``line`` without its middle: half the cap from its start, half from its end, cut at spaces."""
+    gap = " ... "
+    budget = MAX_ERROR_CHARS - len(gap)
+    space = line.rfind(" ", budget // 4, budget // 2)
+    head_end = space if space > 0 else budget // 2
+    tail_start = len(line) - (budget - head_end)
+    space = re.compile(r"[ /]").search(line, tail_start, tail_start + 20)  # from a word or a path's part
+    return line[:head_end] + gap + line[space.end() if space is not None else tail_start:]
