@@ -36,9 +36,9 @@ mark("imports")  # the commands' modules are imported above: a test's Ctrl-C lan
 COMMANDS: list[Command] = [Plan(), Show(), Trials(), Run(), Bench(), Export(), Predict(), Derive(), Profile(), Report(),
                            Workload(), Models(), Profiles()]
 """In the order of README.md's command table, which ``mpipe-tune --help`` lists them in: the plan's chain first."""
-MAX_ERROR_CHARS = 299
-"""The longest error line printed (under 300 characters): messages show a long list's first items and its count; a line that still
-runs longer (long paths, a quoted value) gives up its middle (:func:`_cut`)."""
+MAX_ERROR_CHARS = 399
+"""The longest error line printed (under 400 characters: room for a message with two full paths): messages show a
+long list's first items and its count; a line that still runs longer gives up its middle (:func:`_cut`)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -97,61 +97,19 @@ def run_command(argv: list[str] | None = None) -> int:
 def _cut(line: str) -> str:
     """``line`` within :data:`MAX_ERROR_CHARS` characters, one line (a newline in a quoted value is shown escaped).
 
-    A message says what is wrong first and how to fix it last, with the detail in brackets between, so a line over
-    the cap gives up its detail: first the middles of its longest bracketed asides, then its long paths' middles
-    (the first folder and the last two parts stay), and only then the middle of the line itself."""
+    A message says what is wrong first and how to fix it last, after its last ``"; "``: a line over the cap keeps
+    that fix (up to half the cap, from a word) and as much of its start as fits, cut at a space, and gives up the
+    middle between them (`` ... ``)."""
     line = line.replace("\n", "\\n")
-    for shorten in (_shorten_asides, _shorten_paths, _cut_middle):
-        if len(line) <= MAX_ERROR_CHARS:
-            break
-        line = shorten(line, len(line) - MAX_ERROR_CHARS)
-    return line
-
-
-_KEPT = 24
-"""Characters an aside keeps (its start and end) when its middle goes."""
-_LONG_PATH = re.compile(r"(?<![\w.~])/?(?:[^\s/'\",;()]+/){3,}[^\s/'\",;()]*")
-"""A path of four or more parts, up to a space, quote, comma or bracket."""
-
-
-def _shorten_asides(line: str, excess: int) -> str:
-    """``line`` with the middles of its outermost bracketed asides cut, longest first, by up to ``excess``."""
-    spans, depth = [], 0
-    for i, c in enumerate(line):
-        if c == "(":
-            depth += 1
-            start = i + 1 if depth == 1 else start
-        elif c == ")" and depth:
-            depth -= 1
-            if depth == 0:
-                spans.append((start, i))
-    for start, stop in sorted(spans, key=lambda s: s[0] - s[1]):
-        if excess <= 0:
-            break
-        gone = min(excess + 3, stop - start - _KEPT)
-        if gone > 3:
-            half = (stop - start - gone) // 2
-            line = line[:start + half] + "..." + line[stop - (stop - start - gone - half):]
-            excess -= gone - 3
-    return line
-
-
-def _shorten_paths(line: str, excess: int) -> str:
-    """``line`` with each long path as its first folder, ``...`` and its last two parts."""
-    def short(match: re.Match) -> str:
-        path = match.group(0)
-        parts = path.split("/")
-        kept = "/".join([*parts[:2], "...", *parts[-2:]])
-        return kept if len(kept) < len(path) else path
-    return _LONG_PATH.sub(short, line)
-
-
-def _cut_middle(line: str, excess: int) -> str:
-    """``line`` without its middle: half the cap from its start, half from its end, cut at spaces."""
+    if len(line) <= MAX_ERROR_CHARS:
+        return line
     gap = " ... "
     budget = MAX_ERROR_CHARS - len(gap)
-    space = line.rfind(" ", budget // 4, budget // 2)
-    head_end = space if space > 0 else budget // 2
-    tail_start = len(line) - (budget - head_end)
-    space = re.compile(r"[ /]").search(line, tail_start, tail_start + 20)  # from a word or a path's part
-    return line[:head_end] + gap + line[space.end() if space is not None else tail_start:]
+    fix = line.rfind("; ")
+    tail_start = len(line) if fix < 0 else max(fix + 2, len(line) - budget // 2)
+    if fix >= 0 and tail_start > fix + 2:  # a long fix: its end, from a word
+        space = line.find(" ", tail_start, tail_start + 20)
+        tail_start = space + 1 if space >= 0 else tail_start
+    head = budget - (len(line) - tail_start)
+    space = line.rfind(" ", head // 2, head)
+    return line[:space if space > 0 else head] + gap + line[tail_start:]
