@@ -59,3 +59,24 @@ def test_every_quantity_the_package_names_has_a_flag_and_no_error_below_the_cli_
             flagged += [f"{path.name}:{node.lineno}" for f in re.findall(r"--[a-z][\w-]*", text) if f in ours]
     assert not unknown, unknown
     assert not flagged, flagged
+
+
+def test_a_line_over_the_cap_keeps_its_start_and_its_fix_and_gives_up_its_middle():
+    from mpipe_tune.cli._parser import MAX_ERROR_CHARS, _cut
+
+    deep = "/tmp/" + "/".join(f"folder-number-{i}" for i in range(20)) + "/plan.json"
+    line = f"mpipe-tune show: error: {deep}: the model file {deep}x is not there any more; give its new path"
+    cut = _cut(line)
+    assert len(line) > MAX_ERROR_CHARS >= len(cut) and " ... " in cut
+    assert cut.startswith("mpipe-tune show: error: /tmp/folder-number-0/") and cut.endswith(" ... give its new path")
+
+    long_fix = "mpipe-tune plan: error: no plan; " + " ".join(["add devices or freeze blocks"] * 20)
+    cut = _cut(long_fix)
+    assert len(cut) <= MAX_ERROR_CHARS and cut.startswith("mpipe-tune plan: error: no plan;")
+    assert cut.endswith("add devices or freeze blocks")
+    assert cut.split(" ... ")[1].split()[0] in ("add", "devices", "or", "freeze", "blocks")  # the fix's end, from a word
+
+    no_fix = "mpipe-tune plan: error: --model '" + "x" * 500 + "' is neither a file nor a model name"
+    cut = _cut(no_fix)
+    assert len(cut) <= MAX_ERROR_CHARS and cut.endswith("x ... ") and "\n" not in cut
+    assert _cut("short\nline") == "short\\nline"

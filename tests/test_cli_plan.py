@@ -474,7 +474,7 @@ def test_relative_inputs_are_stored_resolved_and_a_moved_one_is_named(tmp_path, 
     capsys.readouterr()
     (work / "m.yaml").rename(elsewhere / "moved.yaml")
     one_line_error(capsys, main(["show", str(work / "plan.json")]),
-                   f"the file of its model (--model), {work / 'm.yaml'}, is not there any more (moved or deleted); "
+                   f"its model (--model) file {work / 'm.yaml'} is not there any more (moved or deleted); "
                    f"give its new path")
     assert main(["show", str(work / "plan.json"), "--model", "moved.yaml"]) == 0
 

@@ -9,6 +9,7 @@ not fit, a damaged or stale plan file; 1 for a failed run; 130 after Ctrl-C), in
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from mpipe_tune import __version__
@@ -35,9 +36,9 @@ mark("imports")  # the commands' modules are imported above: a test's Ctrl-C lan
 COMMANDS: list[Command] = [Plan(), Show(), Trials(), Run(), Bench(), Export(), Predict(), Derive(), Profile(), Report(),
                            Workload(), Models(), Profiles()]
 """In the order of README.md's command table, which ``mpipe-tune --help`` lists them in: the plan's chain first."""
-MAX_ERROR_CHARS = 299
-"""The longest error line printed (under 300 characters): messages show a long list's first items and its count; a line that still
-runs longer (a quoted value) is cut, and says so."""
+MAX_ERROR_CHARS = 399
+"""The longest error line printed (under 400 characters: room for a message with two full paths): messages show a
+long list's first items and its count; a line that still runs longer gives up its middle (:func:`_cut`)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -94,9 +95,21 @@ def run_command(argv: list[str] | None = None) -> int:
 
 
 def _cut(line: str) -> str:
-    """``line`` within :data:`MAX_ERROR_CHARS` characters (one line: a newline in a quoted value is shown escaped)."""
+    """``line`` within :data:`MAX_ERROR_CHARS` characters, one line (a newline in a quoted value is shown escaped).
+
+    A message says what is wrong first and how to fix it last, after its last ``"; "``: a line over the cap keeps
+    that fix (up to half the cap, from a word) and as much of its start as fits, cut at a space, and gives up the
+    middle between them (`` ... ``)."""
     line = line.replace("\n", "\\n")
     if len(line) <= MAX_ERROR_CHARS:
         return line
-    tail = f"... ({len(line)} characters)"
-    return line[:MAX_ERROR_CHARS - len(tail)] + tail
+    gap = " ... "
+    budget = MAX_ERROR_CHARS - len(gap)
+    fix = line.rfind("; ")
+    tail_start = len(line) if fix < 0 else max(fix + 2, len(line) - budget // 2)
+    if fix >= 0 and tail_start > fix + 2:  # a long fix: its end, from a word
+        space = line.find(" ", tail_start, tail_start + 20)
+        tail_start = space + 1 if space >= 0 else tail_start
+    head = budget - (len(line) - tail_start)
+    space = line.rfind(" ", head // 2, head)
+    return line[:space if space > 0 else head] + gap + line[tail_start:]

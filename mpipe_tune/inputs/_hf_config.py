@@ -84,7 +84,7 @@ def from_hf_config(path: str | Path) -> dict[str, Any]:
         raise MpipeError(f"{file}: a Hugging Face configuration is a JSON object, got {type(data).__name__}")
     config = Section(data, str(file))
     model_type = data.get("model_type")
-    # the 27 types run past an error line's 300 characters: the first few, the count, where the rest are listed
+    # the 27 types run past an error line's length: the first few, the count, where the rest are listed
     types = f"{', '.join(list(_FAMILIES)[:4])}, ... ({len(_FAMILIES)} types, docs/inputs.md)"
     if model_type is None:
         raise config.missing("model_type", f"the architecture; one of {types}")

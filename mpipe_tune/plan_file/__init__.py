@@ -58,6 +58,7 @@ Version-1 files (before the candidate had one stored form) load through :func:`u
 
 from __future__ import annotations
 
+from mpipe_tune.plan_file._check import damaged
 from mpipe_tune.plan_file._derivation import derivation_record, placement_record, validate_derivation
 from mpipe_tune.plan_file._read import (
     ALTERNATIVES, SCHEMA, SCHEMA_VERSION, PlanFile, all_plan_names, load_plan, plan_names, read_plan, select_plan,
@@ -72,7 +73,7 @@ SECTION_KEYS = Section.FIELDS
 
 __all__ = [
     "ALTERNATIVES", "BASELINES", "BEST", "CURRENT", "MPIPE_RR", "OWN", "REFERENCE", "SCHEMA", "SCHEMA_VERSION", "SECTION_KEYS", "Inputs", "PlanFile", "PlanInputs",
-    "ResolvedPlan", "SearchSummary", "Section", "all_plan_names", "derivation_record", "dump_plan", "load_plan",
+    "ResolvedPlan", "SearchSummary", "Section", "all_plan_names", "damaged", "derivation_record", "dump_plan", "load_plan",
     "load_plan_model", "load_plan_profile", "placement_record", "plan_names", "plan_record", "plan_section",
     "predicted_record", "read_plan", "resolve", "select_plan", "upgrade_v1", "upgrade_v2", "validate_derivation", "validate_input",
 ]

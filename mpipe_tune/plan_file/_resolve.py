@@ -16,6 +16,7 @@ from typing import Any
 from mpipe_tune.algebra import Model, Plan
 from mpipe_tune.errors import MpipeError, PlanFileError
 from mpipe_tune.inputs import workload_hash
+from mpipe_tune.plan_file._check import damaged
 from mpipe_tune.plan_file._derivation import validate_derivation
 from mpipe_tune.plan_file._read import PlanFile, read_plan
 from mpipe_tune.plan_file._schema import Section
@@ -67,9 +68,7 @@ file moved to). ``predicting``
     try:
         plan = section.candidate.derive(model)
     except MpipeError as exc:
-        # the fix before the cause: a long cause is what the line's cap cuts
-        raise PlanFileError(f"{where}: its stored candidate does not predict (the file is damaged or was edited): "
-                            f"re-create it with 'mpipe-tune plan'; derive refuses it: {exc}") from None
+        raise damaged(where, f"its stored candidate does not predict (derive refuses it: {exc})") from None
     validate_derivation(section, plan, where=where)
     return ResolvedPlan(file, section, model, plan, loaded)
 
@@ -92,8 +91,8 @@ def _moved(file: PlanFile, what: str, spec: str) -> None:
     """A one-line error when ``spec`` names a file that is not there any more (``what``: the quantity)."""
     path = Path(spec)
     if (path.is_absolute() or "/" in spec) and not path.exists():
-        raise PlanFileError(f"{file.where}: the file of its {what}, {spec}, is not there any more (moved or "
-                            f"deleted); give its new path", quantities=(what,))
+        raise PlanFileError(f"{file.where}: its {what} file {spec} is not there any more (moved or deleted); "
+                            f"give its new path", quantities=(what,))
 
 
 def load_plan_model(file: PlanFile, *, spec: str | None = None) -> Model:

@@ -100,8 +100,7 @@ def _measure(torch, dist, where: str, rank: int, nproc: int, device: str, settin
         params = WIDTH * WIDTH + WIDTH
         padded = -(-params // nproc) * nproc
         shard, whole = torch.zeros(padded // nproc, device=where), torch.zeros(padded, device=where)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the new names from torch 2.13
-        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        from mpipe_tune.runtime import ALL_GATHER_INTO as gather, REDUCE_SCATTER_FROM as scatter
 
         def step(module) -> Callable[[], Any]:
             def run() -> None:

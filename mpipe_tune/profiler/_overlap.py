@@ -110,14 +110,14 @@ def _measure(torch, dist, where: str, rank: int, nproc: int, device: str, settin
     nominal = [n for n in settings.message_sizes_bytes if n >= nproc * 4] or [nproc * 4]
     chosen = nominal[0]
     for n in nominal:  # the largest all-gather that does not outlast the product
-        gather = _all_gather(torch, dist, where, *payload_elements("all_gather", n, nproc))
+        gather = _all_gather(torch, where, *payload_elements("all_gather", n, nproc))
         gather()
         if sized(gather) > gemm_s:
             break
         chosen = n
     elements, message_bytes = payload_elements("all_gather", chosen, nproc)
-    gather = _all_gather(torch, dist, where, elements, message_bytes)
-    gather_async = _all_gather(torch, dist, where, elements, message_bytes, async_op=True)
+    gather = _all_gather(torch, where, elements, message_bytes)
+    gather_async = _all_gather(torch, where, elements, message_bytes, async_op=True)
 
     def both() -> None:
         work = gather_async()
@@ -140,11 +140,11 @@ def _product(torch, a) -> Callable[[], Any]:
     return lambda: torch.matmul(a, a, out=out)
 
 
-def _all_gather(torch, dist, where: str, elements: int, message_bytes: int, *, async_op: bool = False):
+def _all_gather(torch, where: str, elements: int, message_bytes: int, *, async_op: bool = False):
     x = torch.zeros(elements, dtype=torch.float32, device=where)
     parts = torch.zeros(message_bytes // 4, dtype=torch.float32, device=where)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the new name from torch 2.13
-    return lambda: gather(parts, x, async_op=async_op)
+    from mpipe_tune.runtime import ALL_GATHER_INTO
+    return lambda: ALL_GATHER_INTO(parts, x, async_op=async_op)
 
 
 def overlap_entry(point: OverlapPoint, measured: dict[str, str], between: str, how: str = "") -> dict[str, Any]:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipe_tune.cost import Framework, predict, Prediction
-from mpipe_tune.errors import MpipeError, PlanFileError
-from mpipe_tune.plan_file import PlanFile, ResolvedPlan, resolve
+from mpipe_tune.errors import MpipeError
+from mpipe_tune.plan_file import PlanFile, ResolvedPlan, damaged, resolve
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,5 @@ def repredict(source: str | os.PathLike | PlanFile, name: str | None = None, *, 
         prediction = predict(section.candidate, resolved.model, section.workload, resolved.profile,
                              Framework.from_inputs(resolved.file.inputs))
     except MpipeError as exc:
-        # the fix before the cause: a long cause is what the line's cap cuts
-        raise PlanFileError(f"{resolved.where}: its stored candidate does not predict (the file is damaged or was "
-                            f"edited): re-create it with 'mpipe-tune plan'; the prediction refuses it: {exc}") from None
+        raise damaged(resolved.where, f"its stored candidate does not predict (the prediction refuses it: {exc})") from None
     return Repredicted(resolved, prediction)

@@ -45,6 +45,7 @@ _LAZY = {
     "mpipe_tune.runtime._launch": ("disable_backend_autoload", "launch_local"),
     "mpipe_tune.runtime._layers": ("build_layer",),
     "mpipe_tune.runtime._measure": ("dump_trace",),
+    "mpipe_tune.runtime._mesh": ("ALL_GATHER_INTO", "REDUCE_SCATTER_FROM"),
     "mpipe_tune.runtime._plan_view": ("PlanView", "read_plan_file"),
     "mpipe_tune.runtime._session": ("run_session",),
     "mpipe_tune.runtime._steps": ("StepModes", "StepPlanner", "resolve_modes"),

@@ -48,7 +48,7 @@ from mpipe_tune.runtime import _encoder_groups as encoder_groups
 from mpipe_tune.runtime._blueprint import output_shape
 from mpipe_tune.runtime._data import MicrobatchInputs
 from mpipe_tune.runtime._full_shard import is_fully_sharded, reduce_gradients, reshard, unshard, unsharded_parameters
-from mpipe_tune.runtime._mesh import RankMesh, all_reduce_bucketed, local_tensor
+from mpipe_tune.runtime._mesh import ALL_GATHER_INTO, RankMesh, all_reduce_bucketed, local_tensor
 from mpipe_tune.runtime._mllm import LayerStack
 from mpipe_tune.runtime._plan_view import PlanView
 from mpipe_tune.runtime._tensor_parallel import tp_context
@@ -281,7 +281,7 @@ def sharded_sgd_update(parameters, lr: float, group: dist.ProcessGroup) -> None:
         flat, grad = (torch.nn.functional.pad(t, (0, shard * size - t.numel())) for t in (flat, grad))
         mine = flat[rank * shard:(rank + 1) * shard] - lr * grad[rank * shard:(rank + 1) * shard]
         gathered = torch.empty_like(flat)
-        dist.all_gather_into_tensor(gathered, mine, group=group)
+        ALL_GATHER_INTO(gathered, mine, group=group)
         offset = 0
         for w in weights:
             w.copy_(gathered[offset:offset + w.numel()].view_as(w))

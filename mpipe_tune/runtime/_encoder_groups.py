@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from mpipe_tune.runtime._data import ImageSubset, MicrobatchInputs
+from mpipe_tune.runtime._mesh import ALL_GATHER_INTO
 
 
 def dealt_images(num_images: int, group: int, num_groups: int) -> tuple[int, ...]:
@@ -55,7 +56,7 @@ class _Gather(torch.autograd.Function):
         padded[:features.shape[0]] = features
         tp_size = num_groups * encoder_tp
         gathered = features.new_empty((tp_size * longest, width))
-        dist.all_gather_into_tensor(gathered, padded.contiguous(), group=tp_group)
+        ALL_GATHER_INTO(gathered, padded.contiguous(), group=tp_group)
         per_group = [gathered[g * encoder_tp * longest: g * encoder_tp * longest + counts[g]] for g in range(num_groups)]
         pieces: list[torch.Tensor] = [features[:0]] * len(sizes)
         for g in range(num_groups):

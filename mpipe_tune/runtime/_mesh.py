@@ -33,6 +33,12 @@ from torch.distributed.tensor import DTensor
 from mpipe_tune.algebra import Group
 from mpipe_tune.runtime._layout import EXPERT_MESH_DIMS, MESH_DIMS, ParallelLayout
 
+ALL_GATHER_INTO = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+"""All-gather into one flat tensor: torch 2.13's ``all_gather_single``, ``all_gather_into_tensor`` before it
+(deprecated from 2.13, with a warning each call)."""
+REDUCE_SCATTER_FROM = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+"""Reduce-scatter from one flat tensor: torch 2.13's ``reduce_scatter_single``, ``reduce_scatter_tensor`` before it."""
+
 BUCKET_BYTES = 25 * 2**20
 """Gradients are all-reduced in flat buckets of at most this many bytes (one bucket at least per tensor)."""
 
