@@ -2,7 +2,8 @@
 (``mpipe_tune/cost/_moe.py``): every MoE run of ``published_runs.yaml`` and ``published_moe_runs.yaml``, each at its
 stated layout and MoE settings (dispatcher, capacity factor, padding), on its profile, as ``bench_published.py``
 predicts the dense runs. Prints each run's measured and predicted step time and their ratio, the fit and held-out
-rows apart (nothing here is fitted: the split says which rows a later fit may read).
+rows apart. Nothing here is fitted: ``fit_published.py`` fits ascend-910b's index-kernel curve on the ``fit`` rows
+of its profile (:data:`fit_published.MOE_NAMES`), never reading a ``held_out`` one.
 
     python benchmarks/bench_moe.py            # the table
     python benchmarks/bench_moe.py --json     # one JSON object

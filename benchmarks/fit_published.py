@@ -50,6 +50,7 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
 
+from bench_moe import MOE_RUNS_FILE  # noqa: E402
 from bench_published import TARGET, evaluate, print_table, summary  # noqa: E402
 from published import ROOT, load_runs, predict_run  # noqa: E402
 
@@ -68,13 +69,22 @@ tokens: they do not identify the roll-offs or the host's dispatch cost (fitting 
 ``kernel_efficiency.gemm.half_dim`` on the 910B's fit runs too drove both to their lower bounds, 0 and 5,
 2026-12-07), so those stay as the profile states them (assumed, with the reason) until a microbenchmark of the
 device (``mpipe-tune profile``) measures them."""
-START = {"efficiency.default": 0.6, "efficiency.attention_core": 0.6, "tp_comm_overlap": 0.5,
+MOE_NAMES = {"ascend-910b": ("kernel_efficiency.index.max",)}
+"""What a profile's MoE fit runs (``published_moe_runs.yaml``'s ``fit`` rows) calibrate, the dense fit held: on the
+910B, the top of its index kernels' curve (MindSpeed's all-gather dispatcher's ``index``, ``index_put`` with
+accumulation and ``argsort`` on torch_npu), which no dense run exercises."""
+CURVE_FROM = {"index": "memory"}
+"""The curve a fitted curve the profile lacks starts from (its other numbers kept: the index curve's half_bytes is the
+memory curve's)."""
+START = {"kernel_efficiency.index.max": 0.5, "efficiency.default": 0.6, "efficiency.attention_core": 0.6, "tp_comm_overlap": 0.5,
          "efficiency.fp8_linear": 0.5, "kernel_efficiency.gemm.max": 0.7, "kernel_efficiency.attention.max": 0.6,
          "host.dispatch_s": 1e-5, "kernel_efficiency.gemm.half_dim": 256}
 SCALE = {"host.dispatch_s": 1e-5, "kernel_efficiency.gemm.half_dim": 100}
 """The unit each number is fitted in (the step of the finite differences is 1e-3 of it)."""
 UPPER = {"host.dispatch_s": 1e-4, "kernel_efficiency.gemm.half_dim": 2048}
 """Upper bounds other than 1 (the dispatch cost: 100 microseconds; the GEMM roll-off: 2048)."""
+LOWER = {"tp_comm_overlap": 0.0, "host.dispatch_s": 0.0, "kernel_efficiency.index.max": 0.01}
+"""Lower bounds other than 0.05."""
 WHAT = {
     "efficiency.default": "achieved fraction of the dtype's peak of every kernel but the attention core, forward "
                           "and backward",
@@ -90,6 +100,10 @@ WHAT = {
                                        "as shape_ref states",
     "kernel_efficiency.gemm.half_dim": "the GEMM curve's roll-off (half_dim): the dimension at which a GEMM runs at "
                                        "half its rate along that dimension",
+    "kernel_efficiency.index.max": "the index curve's top (max): the achieved fraction of the memory bandwidth of the "
+                                   "MoE dispatcher's data-dependent index kernels (the all-gather dispatcher's row "
+                                   "gathers, sorts, zero buffers, casts and index_put with accumulation, forward and "
+                                   "backward); half_bytes as the memory curve's",
     "host.dispatch_s": "host seconds to issue one kernel (the framework's operator dispatch, the fused kernels of the "
                        "runs' scripts)",
 }
@@ -108,6 +122,8 @@ def with_parameters(base: dict, values: dict[str, float], provenance: dict[str, 
             data["efficiency"][name.split(".", 1)[1]] = entry
         elif name.startswith("kernel_efficiency."):  # one number of a curve; the curve's provenance names it
             _, family, key = name.split(".")
+            if family not in data["kernel_efficiency"]:  # a curve the profile lacks starts as the one it refines
+                data["kernel_efficiency"][family] = dict(data["kernel_efficiency"][CURVE_FROM[family]])
             data["kernel_efficiency"][family][key] = float(value)
             if origin:
                 data["kernel_efficiency"][family].update(origin)
@@ -127,10 +143,17 @@ the 910B's 20 AI cores assumed there)."""
 def with_curves(data: dict, source: dict, source_name: str, target: str) -> dict:
     """``data`` with ``source``'s efficiency curves and host costs where it has none, as assumptions taken from
     ``source_name`` (its own compute units where :data:`TRANSFER_UNITS` gives them)."""
-    if "kernel_efficiency" not in source or "kernel_efficiency" in data:
+    if "kernel_efficiency" not in source:
         return data
     why = (f"assumed: {source_name}'s figure transferred by benchmarks/fit_published.py --transfer, not measured on "
            f"this device ({TRANSFER_REASONS[target]})")
+    if "kernel_efficiency" in data:  # the families it lacks (a curve added to the source since)
+        missing = {family: {**entry, "source": "assumed", "ref": f"{why}; there: {entry.get('ref', '')}"}
+                   for family, entry in source["kernel_efficiency"].items() if family not in data["kernel_efficiency"]}
+        for entry in missing.values():
+            entry.pop("fit_r2", None)
+            entry.pop("citations", None)
+        return {**data, "kernel_efficiency": {**data["kernel_efficiency"], **missing}}
     curves = {family: {**entry, "source": "assumed", "ref": f"{why}; there: {entry.get('ref', '')}"}
               for family, entry in source["kernel_efficiency"].items()}
     for family in curves:
@@ -153,7 +176,7 @@ def fit(base: dict, runs, names: tuple[str, ...], fixed: dict[str, float], itera
     """Damped Gauss-Newton in [0.05, 1] (overlap: [0, 1]) over ``names``, the ``fixed`` numbers held, from
     ``start`` (default :data:`START`); returns the fitted numbers and the final residuals."""
     scale = np.array([SCALE.get(n, 1.0) for n in names])
-    lower = np.array([0.0 if n in ("tp_comm_overlap", "host.dispatch_s") else 0.05 for n in names])
+    lower = np.array([LOWER.get(n, 0.05) for n in names]) / scale
     upper = np.array([UPPER.get(n, 1.0) for n in names]) / scale
     theta = np.array([(start or START)[n] for n in names]) / scale
 
@@ -216,14 +239,26 @@ PROFILE_NOTES = {
                    "with it; counted from rotary_pos_embedding.py, not fitted); the tensor-parallel overlap share "
                    "fits at its bound 0 because the two Llama 3/3.1 8B runs at tp 8 (17-24% slower than the model "
                    "gives them left out, not explained by any setting in their script) pull it there; Atlas 800T A2 (MindFormers measured one configuration 15% slower "
-                   "on it), Legacy model code, MindSpeed's --swap-attention and MoE on Megatron core_r0.6.0's "
-                   "dispatcher are outside this profile",
+                   "on it), Legacy model code and MindSpeed's --swap-attention are outside this profile; "
+                   "the MoE dispatcher's index kernels have their own curve (kernel_efficiency.index), fitted on "
+                   "published_moe_runs.yaml's 1x8 MindSpeed-LLM MoE rows with all of the above held"
 }
 """What stays an assumption in a fitted profile, appended to each fitted number's provenance."""
+MOE_NOTES = {
+    "ascend-910b": "; the fit runs are the single-node (1x8) MoE rows of MindSpeed-LLM's table at d58c5688 (Atlas 900 "
+                   "A2 PoDc, mc2 on; MindSpeed 4ea42a23 on Megatron core_r0.6.0, --moe-token-dispatcher-type allgather "
+                   "with --moe-permutation-async-comm), the multi-node rows held out (benchmarks/published_moe_runs.yaml, "
+                   "bench_moe.py); the dense numbers are held at their own fit; the kernels' traffic is counted from "
+                   "MindSpeed's allgather_token_permutation / _unpermutation (cost/_moe.py), so this top is what "
+                   "torch_npu's index, index_put (with accumulation into fp32) and argsort achieve on it, and absorbs "
+                   "whatever else the dispatcher costs beyond the model (its four syncs a forward are charged at the "
+                   "host's assumed sync_s); half_bytes is not identified by the runs",
+}
+"""What a MoE fit's numbers' provenance adds (in place of :data:`PROFILE_NOTES`)."""
 
 
-def provenance(names, runs, r: np.ndarray, transferred_from: str | None = None, target: str | None = None
-               ) -> dict[str, dict]:
+def provenance(names, runs, r: np.ndarray, transferred_from: str | None = None, target: str | None = None,
+               note: str | None = None) -> dict[str, dict]:
     steps = np.array([run.step_time_s for run in runs])
     predicted = steps * np.exp(r)
     r2 = 1.0 - float(np.sum((predicted - steps) ** 2) / np.sum((steps - steps.mean()) ** 2))
@@ -240,7 +275,8 @@ def provenance(names, runs, r: np.ndarray, transferred_from: str | None = None, 
             out[name] = {"source": "measured", "date": DATE, "fit_r2": round(r2, 4),
                          "ref": f"{WHAT[name]}: fitted by benchmarks/fit_published.py (log step time, damped "
                                 f"Gauss-Newton) to the published measured runs {runs_text}; fit_r2 is of their step "
-                                f"times; held-out runs in benchmarks/README.md{PROFILE_NOTES.get(runs[0].profile, '')}",
+                                f"times; held-out runs in benchmarks/README.md"
+                                f"{PROFILE_NOTES.get(runs[0].profile, '') if note is None else note}",
                          "citations": citations}
     return out
 
@@ -343,15 +379,26 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             values, r = fit(base, fit_runs, names, fitted)
             fitted.update(values)
-            notes[dtype] = (names, fit_runs, r)
+            notes[dtype] = (names, fit_runs, r, None)
             print(f"{name} {dtype}: " + ", ".join(f"{n} = {v:.4f}" for n, v in values.items())
                   + f"  (fit runs {len(fit_runs)}, rms log error {math.sqrt(float(np.mean(r ** 2))):.4f})")
+        moe_runs = [run for run in load_runs(MOE_RUNS_FILE) if run.profile == name and not run.excluded]
+        moe_fit = [run for run in moe_runs if run.split == "fit"]
+        if name in MOE_NAMES and moe_fit:
+            values, r = fit(base, moe_fit, MOE_NAMES[name], fitted)
+            fitted.update(values)
+            notes["moe"] = (MOE_NAMES[name], moe_fit, r, MOE_NOTES[name])
+            print(f"{name} MoE: " + ", ".join(f"{n} = {v:.4f}" for n, v in values.items())
+                  + f"  (fit runs {len(moe_fit)}, rms log error {math.sqrt(float(np.mean(r ** 2))):.4f})")
+            for run, ratio in zip(moe_runs, np.exp(residuals(base, fitted, moe_runs))):
+                print(f"  {run.name:36s} {run.split:8s} predicted / published {ratio:.3f}")
         if args.write:
-            origin = {k: v for names, fit_runs, r in notes.values() for k, v in provenance(names, fit_runs, r).items()}
+            origin = {k: v for names, fit_runs, r, note in notes.values()
+                      for k, v in provenance(names, fit_runs, r, note=note).items()}
             path = ROOT / "profiles" / f"{name}.json"
             dump_profile(parse_profile(with_parameters(base, fitted, origin), where=str(path)), path)
             for other in args.transfer:
-                moved = {k: v for names, fit_runs, r in notes.values()
+                moved = {k: v for names, fit_runs, r, _ in notes.values()
                          for k, v in provenance(names, fit_runs, r, transferred_from=name, target=other).items()}
                 target = ROOT / "profiles" / f"{other}.json"
                 data = with_curves(load_profile(other).to_dict(), load_profile(name).to_dict(), name, other)

@@ -35,3 +35,19 @@ def test_the_stated_dispatch_reaches_the_prediction(bench) -> None:
     dropless = replace(run, moe_capacity_factor=None, moe_pad_to_capacity=False)
     assert predict_run(dropless).timeline.makespan_s == pytest.approx(step, rel=1e-9)  # balanced: the same rows
     assert predict_run(replace(run, moe_dispatcher="allgather")).timeline.makespan_s > step
+
+
+def test_the_ascend_moe_fit_reads_only_the_single_node_rows_and_mixtral_stays_held_out(bench) -> None:
+    """published_moe_runs.yaml's rule: the 910B MoE rows on one node (1x8) are the fit runs, every multi-node row
+    is held out; the profile's index curve names exactly those fit runs as its source."""
+    from mpipe_tune.cost import load_profile
+
+    ascend = [r for r in bench.moe_runs() if r.profile == "ascend-910b" and not r.excluded]
+    assert {r.name for r in ascend if r.split == "fit"} == {r.name for r in ascend if r.devices == 8}
+    assert {r.split for r in ascend if r.devices > 8} == {"held_out"}
+    assert next(r for r in ascend if r.suite == "mindspeed-mixtral-8x7b").split == "held_out"
+    profile = load_profile("ascend-910b")
+    origin = profile.provenance["kernel_efficiency.index"]
+    assert origin["source"] == "measured" and 0 < profile.kernel_efficiency.index.max < 1
+    named = {r.name for r in ascend if r.name in origin["ref"]}
+    assert named == {r.name for r in ascend if r.split == "fit"}

@@ -435,7 +435,7 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, t
     gathers = moe.dispatcher_gathers(tokens, hidden, expert_rows, dispatcher=settings.dispatcher, tp=tp_degree, ep=ep)
     scores = tokens * experts / shards
     permuted, unpermuted = moe.permutation_elems(tokens, top_k, hidden, dispatcher=settings.dispatcher, ep=ep,
-                                                 shards=shards)
+                                                 shards=shards, rows=expert_rows)
     pieces = [
         *_decoder_attention(dims, mb, degrees, trainer),
         _norm("x_mid", tokens, hidden, layernorm=False, shards=shards),
@@ -443,18 +443,27 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, t
         pointwise(scores, 2.0 * routed_tokens / shards, _SOFTMAX_FLOPS_PER_ELEM * scores,  # scores and top-k
                   saved=(("router_scores", scores),), kernels=ROUTER_KERNELS, fused_kernels=ONE_EACH),
         pointwise(scores, experts, 2.0 * scores, kernels=AUX_LOSS_KERNELS),  # the load-balancing loss
-        pointwise(*permuted, 0.0, kernels=PERMUTE_KERNELS, fused_kernels=ONE_EACH),  # into expert order
+        _index(pointwise(permuted.read, permuted.write, 0.0, kernels=PERMUTE_KERNELS, fused_kernels=ONE_EACH),
+               permuted),  # into expert order
         all_to_all(exchange, ep_degree=ep),  # dispatch
         Piece(group_collectives=gathers),  # the dispatcher's gathers (and the combine's reduce-scatters)
         *routed,
         all_to_all(exchange, ep_degree=ep),  # combine
-        pointwise(*unpermuted, 2.0 * routed_tokens * hidden / shards,
-                  saved=(("expert_out", routed_tokens * hidden / shards),),  # weighted sum back into token order
-                  kernels=UNPERMUTE_KERNELS, fused_kernels=ONE_EACH),
+        _index(pointwise(unpermuted.read, unpermuted.write, 2.0 * routed_tokens * hidden / shards,
+                         saved=(("expert_out", routed_tokens * hidden / shards),),  # weighted sum into token order
+                         kernels=UNPERMUTE_KERNELS, fused_kernels=ONE_EACH), unpermuted),
         *shared,
         *_after_mlp(dims, mb, tokens, shards),
     ]
     return Layer(tuple(pieces), boundary_elems=tokens * hidden / shards)
+
+
+def _index(piece: Piece, traffic: moe.Traffic) -> Piece:
+    """A token-permutation piece as the index kernels it runs (:attr:`~mpipe_tune.cost._arch_pieces.Piece.index`),
+    its backward traffic where ``traffic`` counts it."""
+    if traffic.backward is None:
+        return replace(piece, index=True)
+    return replace(piece, index=True, dgrad_elems=traffic.backward)
 
 
 def _patches(dims: Mapping[str, Any], mb: Microbatch) -> int:

@@ -114,7 +114,9 @@ class Piece:
     """Collectives of the forward over groups other than the tensor-parallel all-reduce's and the
     expert-parallel all-to-all's (a MoE dispatcher's gathers, :mod:`mpipe_tune.cost._moe`); the backward runs
     each one's mirror on the gradients, at the same cost."""
-
+    index: bool = False
+    """A data-dependent index kernel (a MoE dispatcher's token gathers, sorts and scatter-adds): timed at the
+    profile's ``kernel_efficiency.index`` curve where it gives one, else as any memory-bound kernel."""
 
     @property
     def family(self) -> str:

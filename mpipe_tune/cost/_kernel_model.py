@@ -8,7 +8,9 @@ host's cost of issuing a kernel. The curve forms are fixed (the profiler fits ex
   small dimension) and ``wave = tiles / (ceil(tiles / units) * units)``,
   ``tiles = ceil(m / tile_m) * ceil(n / tile_n)`` (the last wave of output tiles leaves compute units idle);
 - attention core over sequences of length ``L``: ``eff = max * L / (L + half_seq)``;
-- memory-bound kernels moving ``b`` bytes each: ``eff = max * b / (b + half_bytes)`` of the memory bandwidth.
+- memory-bound kernels moving ``b`` bytes each: ``eff = max * b / (b + half_bytes)`` of the memory bandwidth;
+- index kernels (a MoE dispatcher's data-dependent gathers, sorts and scatter-adds), where the profile gives
+  them a curve of their own: the same form, else the memory curve.
 
 The host (:class:`HostCosts`): ``dispatch_s`` per kernel issued, ``sync_s`` per host sync that drains the
 device's queue (the loss read back, the gradient-norm check, MoE token counts), and ``issue`` (:data:`ISSUE_MODES`),
@@ -115,6 +117,10 @@ class KernelEfficiency:
     gemm: GemmCurve | None = None
     attention: AttentionCurve | None = None
     memory: MemoryCurve | None = None
+    index: MemoryCurve | None = None
+    """Data-dependent index kernels (a MoE dispatcher's token gathers, sorts and scatter-adds,
+    :attr:`~mpipe_tune.cost._arch_pieces.Piece.index`), where a device runs them below its streaming kernels'
+    bandwidth; None: as ``memory``."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +149,7 @@ class HostCosts:
 
 ISSUE_MODES = ("async", "inline")
 """The host section's ``issue``: ``async`` (an accelerator's queue runs ahead of the host), ``inline`` (a CPU)."""
-FAMILIES = {"gemm": GemmCurve, "attention": AttentionCurve, "memory": MemoryCurve}
+FAMILIES = {"gemm": GemmCurve, "attention": AttentionCurve, "memory": MemoryCurve, "index": MemoryCurve}
 _INTEGER_FIELDS = ("tile_m", "tile_n", "units")
 _OPTIONAL_FIELDS = ("native_ratio",)
 

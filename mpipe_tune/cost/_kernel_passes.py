@@ -8,7 +8,8 @@ seconds. :func:`shaped_pass_seconds` times each pass kernel by kernel with the p
 ``rows x out`` reducing over ``in``, the input gradient's ``rows x in`` over ``out``, the weight gradient's
 ``in x out`` over ``rows``; in an fp8 step the curve's shape under the profile's ``fp8_linear`` efficiency
 against the fp8 peak, where it has one), the attention core at ``eff_attention(L)`` per sequence, a memory-bound kernel at
-``eff_memory(bytes per kernel)`` of the bandwidth, each the larger of its compute and memory time; a
+``eff_memory(bytes per kernel)`` of the bandwidth (an index kernel at ``eff_index`` where the profile gives that
+curve), each the larger of its compute and memory time; a
 family the profile gives no curve for runs at the per-kind efficiencies as before. Communication pieces are
 timed by the collectives' model elsewhere and counted here only as kernels the host issues.
 """
@@ -113,9 +114,10 @@ def shaped_pass_seconds(pieces: Sequence[Piece], kind: str, profile: HardwarePro
             else:
                 compute_s = flops / (kind_eff[backward] * other_peak)
                 kernels = piece.kernels[index]
-                if curves.memory is not None:
+                curve = curves.index if piece.index and curves.index is not None else curves.memory
+                if curve is not None:
                     per_kernel = moved / maximum(kernels, 1.0)
-                    eff = maximum(curves.memory.efficiency(per_kernel), 1e-6)
+                    eff = maximum(curve.efficiency(per_kernel), 1e-6)
                 else:
                     eff = memory_eff[backward] or 1.0
                 memory_s = moved / (eff * bandwidth)

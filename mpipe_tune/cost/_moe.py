@@ -112,30 +112,49 @@ def exchange_elems(rows: float, hidden: int, *, dispatcher: str, tp: int, ep: in
     return rows / tp * hidden if dispatcher == "alltoall" and ep > 1 else 0.0
 
 
-def permutation_elems(tokens: float, top_k: int, hidden: int, *, dispatcher: str, ep: int, shards: int
-                      ) -> tuple[tuple[float, float], tuple[float, float]]:
-    """((read, write), (read, write)) elements of one MoE layer's forward permutation into expert order and of its
-    un-permutation back into token order, on one rank: ``tokens`` the tensor-parallel group's (``T``), ``shards``
-    sequence parallelism's divisor of a rank's tokens.
+@dataclass(frozen=True)
+class Traffic:
+    """Elements one rank's token-permutation kernels read and write in a MoE layer's forward (in the step's
+    2-byte dtype: an fp32 element counts as two), and those its backward moves (None: a pointwise kernel's,
+    what it kept, the output gradient and the input gradient)."""
+
+    read: float
+    write: float
+    backward: float | None = None
+
+
+def permutation_elems(tokens: float, top_k: int, hidden: int, *, dispatcher: str, ep: int, shards: int,
+                      rows: float) -> tuple[Traffic, Traffic]:
+    """The :class:`Traffic` of one MoE layer's permutation into expert order and of its un-permutation back into
+    token order, on one rank: ``tokens`` the tensor-parallel group's (``T``), ``shards`` sequence parallelism's
+    divisor of a rank's tokens, ``rows`` the rows the rank's experts run (:func:`expert_rows`, ``R``).
 
     ``alltoall``: the rank permutes its own ``T / shards`` tokens' ``k`` rows, and weights and sums them back.
-    ``allgather`` (Megatron-Core core_r0.6's ``MoEAllGatherTokenDispatcher``, which MindSpeed 1.0.RC3's
-    ``allgather_token_permutation`` keeps, mindspeed/core/transformer/moe/token_dispatcher.py): on the group's
-    gathered ``T * ep`` tokens, the local experts' ``T * ep * k`` rows are gathered (``global_hidden[map]``) and
-    sorted (``local[indices]``), each a read and a write of every row; back, a zero buffer of the rows, an
-    ``index_put`` into it, the scaling by the router's weights, a zero buffer of the tokens and an accumulating
-    ``index_put`` into it (each row's target read and written).
+    ``allgather`` as MindSpeed runs it (``allgather_token_permutation`` / ``_unpermutation``,
+    mindspeed/core/transformer/moe/token_dispatcher.py at 4ea42a23, with ``--moe-permutation-async-comm``;
+    Megatron-Core core_r0.6's dispatcher otherwise alike), on the ``G = T * ep`` tokens gathered over the
+    ``tp x ep`` group: forward, the local experts' ``R`` rows picked (``global_hidden[map]``) and sorted
+    (``local[indices]``), each a read and a write of every row; back, a zero buffer of the rows and an ``index_put``
+    into it, the scaling by the router's weights, an fp32 zero buffer of the ``G`` tokens, the rows cast to fp32
+    and added into it (``index_put`` with ``accumulate``: each target read and written) and the buffer cast back.
+    Their backward (autograd's): the two picks' scatter-adds into zero buffers of ``R`` and ``G`` rows; the cast's,
+    the ``index_select`` of the fp32 gradient, its cast, the scaling's two products and the gather of the sorted
+    rows' gradient.
 
-    >>> permutation_elems(8, 2, 4, dispatcher="alltoall", ep=1, shards=2)
-    ((16.0, 32.0), (40.0, 16.0))
-    >>> permutation_elems(8, 2, 4, dispatcher="allgather", ep=1, shards=2)
-    ((128.0, 128.0), (272.0, 288.0))
+    >>> a, b = permutation_elems(8, 2, 4, dispatcher="alltoall", ep=1, shards=2, rows=16)
+    >>> (a.read, a.write), (b.read, b.write), a.backward
+    ((16.0, 32.0), (40.0, 16.0), None)
+    >>> a, b = permutation_elems(8, 2, 4, dispatcher="allgather", ep=2, shards=1, rows=16)
+    >>> (a.read, a.write, a.backward), (b.read, b.write, b.backward)
+    ((128, 128, 512), (576, 640, 1024))
     """
     if dispatcher == "alltoall":
-        rows = tokens * top_k / shards
-        return (tokens * hidden / shards, rows * hidden), (rows * (hidden + 1), tokens * hidden / shards)
-    rows = tokens * ep * top_k * hidden
-    return (2.0 * rows, 2.0 * rows), (4.0 * rows + tokens * ep * top_k, 4.0 * rows + tokens * ep * hidden)
+        routed = tokens * top_k / shards
+        return (Traffic(tokens * hidden / shards, routed * hidden),
+                Traffic(routed * (hidden + 1), tokens * hidden / shards))
+    local, gathered = rows * hidden, tokens * ep * hidden
+    return (Traffic(2 * local, 2 * local, 7 * local + gathered),
+            Traffic(7 * local + 2 * gathered, 7 * local + 3 * gathered, 13 * local + 3 * gathered))
 
 
 def host_syncs_per_forward(num_experts: int, dispatcher: str = "alltoall") -> int:

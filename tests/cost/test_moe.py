@@ -104,8 +104,9 @@ def test_the_flags_reach_the_prediction_and_a_bad_one_is_one_line(capsys) -> Non
 
 
 def test_the_allgather_dispatcher_permutes_the_gathered_rows_and_syncs_on_its_data_sized_tensors() -> None:
-    """Megatron core_r0.6's all-gather dispatcher gathers and sorts every routed row of the tensor-parallel group's
-    tokens on each rank (the all-to-all one only its sequence shard's), and sizes three tensors by their data."""
+    """Megatron core_r0.6's all-gather dispatcher (as MindSpeed runs it) picks and sorts the local experts' rows of
+    the tensor-parallel group's gathered tokens on each rank (the all-to-all one only its sequence shard's), and
+    sizes three tensors by their data."""
     from mpipe_tune.cost._arch import estimate_layer
     from mpipe_tune.cost._arch_layers import LayerDegrees
     from mpipe_tune.cost._moe import host_syncs_per_forward, permutation_elems
@@ -114,9 +115,61 @@ def test_the_allgather_dispatcher_permutes_the_gathered_rows_and_syncs_on_its_da
         degrees = LayerDegrees(8, sequence_parallel=True, moe=MoeSettings(dispatcher=dispatcher))
         pieces = estimate_layer("moe_block", MIXTRAL, Microbatch(0, 4096), dtype_bytes=2, tp_degree=8,
                                 sequence_parallel=True, moe=degrees.moe)[1].pieces
-        return sum(p.fwd_elems for p in pieces if p.kernels in ((3.0, 2.0, 0.0), (3.0, 3.0, 0.0)))
+        return sum(p.fwd_elems for p in pieces if p.index)
 
     assert permute_bytes("allgather") > 8 * permute_bytes("alltoall")
-    (read, write), _ = permutation_elems(4096, 2, 4096, dispatcher="allgather", ep=1, shards=8)
-    assert read == write == 2 * 4096 * 2 * 4096  # the gather of the local rows, then their sort
+    permuted, _ = permutation_elems(4096, 2, 4096, dispatcher="allgather", ep=1, shards=8, rows=4096 * 2)
+    assert permuted.read == permuted.write == 2 * 4096 * 2 * 4096  # the pick of the local rows, then their sort
     assert (host_syncs_per_forward(8, "allgather"), host_syncs_per_forward(8), host_syncs_per_forward(0)) == (4, 1, 0)
+
+
+def test_allgather_permutation_traffic_grows_with_the_local_rows_and_the_gathered_tokens() -> None:
+    """The permutation moves every local row (``tokens * top_k`` at any ep: a rank's experts take 1/ep of the
+    group's routings) a fixed number of times, the un-permutation also the fp32 buffer of every gathered token."""
+    from mpipe_tune.cost._moe import permutation_elems
+
+    def traffic(tokens, top_k, hidden, ep):
+        permuted, unpermuted = permutation_elems(tokens, top_k, hidden, dispatcher="allgather", ep=ep, shards=1,
+                                                 rows=expert_rows(tokens, top_k, 64, MoeSettings()))
+        return permuted, unpermuted
+
+    base_p, base_u = traffic(4096, 2, 1024, 1)
+    for tokens, top_k, hidden in ((8192, 2, 1024), (4096, 4, 1024), (4096, 2, 2048)):
+        permuted, _ = traffic(tokens, top_k, hidden, 1)
+        scale = tokens * top_k * hidden / (4096 * 2 * 1024)
+        assert (permuted.read, permuted.write) == pytest.approx((scale * base_p.read, scale * base_p.write))
+        assert permuted.backward == 7 * tokens * top_k * hidden + tokens * hidden  # two scatter-adds into zeros
+    wide_p, wide_u = traffic(4096, 2, 1024, 8)
+    assert (wide_p.read, wide_p.write) == (base_p.read, base_p.write)  # the same local rows at ep 8
+    assert wide_u.write - base_u.write == 3 * 4096 * 7 * 1024  # the fp32 buffer of the 7 more gathered ranks' tokens
+    assert wide_u.backward > base_u.backward > base_p.backward > 0
+
+
+def test_the_profile_s_index_curve_times_the_permutation_kernels_and_nothing_else() -> None:
+    """A profile's ``kernel_efficiency.index`` slows exactly the dispatcher's index kernels: a dense layer and the
+    rest of a MoE layer keep their time, and the MoE layer's permutation time scales as 1 / the curve's top."""
+    from dataclasses import replace
+
+    from mpipe_tune.cost._arch import estimate_layer
+    from mpipe_tune.cost._kernel_model import MemoryCurve
+    from mpipe_tune.cost._kernel_passes import shaped_pass_seconds
+
+    profile = load_profile("ascend-910b")
+    curves = profile.kernel_efficiency
+    memory = curves.memory
+    same = replace(profile, kernel_efficiency=replace(curves, index=memory))
+    slow = replace(profile, kernel_efficiency=replace(curves, index=MemoryCurve(memory.max / 4, memory.half_bytes)))
+    moe = estimate_layer("moe_block", MIXTRAL, Microbatch(0, 4096), dtype_bytes=2, tp_degree=8,
+                         sequence_parallel=True, moe=MoeSettings("allgather"))[1].pieces
+    dense = estimate_layer("dense_block", {**MIXTRAL, "ffn": 14336}, Microbatch(0, 4096), dtype_bytes=2,
+                           tp_degree=8, sequence_parallel=True)[1].pieces
+    index = [p for p in moe if p.index]
+    assert len(index) == 2 and not any(p.index for p in dense)
+
+    def seconds(pieces, prof):
+        return sum(shaped_pass_seconds(pieces, "moe_block", prof, "bf16", 2)[0])
+
+    assert seconds(dense, slow) == seconds(dense, same)
+    rest = [p for p in moe if not p.index]
+    assert seconds(rest, slow) == seconds(rest, same)
+    assert seconds(index, slow) == pytest.approx(4 * seconds(index, same))
