@@ -272,7 +272,7 @@ def provenance(names, runs, r: np.ndarray, transferred_from: str | None = None, 
                                 f"not fitted on this device (no published run with its full configuration collected); "
                                 f"{TRANSFER_REASONS[target]}"}
         else:
-            out[name] = {"source": "measured", "date": DATE, "fit_r2": round(r2, 4),
+            out[name] = {"source": "fitted", "date": DATE, "fit_r2": round(r2, 4),
                          "ref": f"{WHAT[name]}: fitted by benchmarks/fit_published.py (log step time, damped "
                                 f"Gauss-Newton) to the published measured runs {runs_text}; fit_r2 is of their step "
                                 f"times; held-out runs in benchmarks/README.md"

@@ -78,7 +78,7 @@ def test_the_ascend_profiles_carry_the_fit_and_say_what_stays_assumed(published)
     root = BENCHMARKS.parent / "profiles"
     b, c = (json.loads((root / f"{name}.json").read_text()) for name in ("ascend-910b", "ascend-910c-cm384"))
     fitted = b["efficiency"]["default"]
-    assert fitted["source"] == "measured" and 0 < fitted["value"] <= 1 and fitted["citations"]
+    assert fitted["source"] == "fitted" and 0 < fitted["value"] <= 1 and fitted["citations"]
     assert all(run.name in fitted["ref"] for run in runs if run.split == "fit")
     assert not any(run.name in fitted["ref"] for run in runs if run.split == "held_out")
     assert "SKU is not stated" in fitted["ref"]  # the peak stays an assumption

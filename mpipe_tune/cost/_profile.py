@@ -3,7 +3,7 @@
 A profile is a JSON file (schema version 1, format in ``DESIGN.md`` section 8) holding a device's
 per-dtype peak FLOP/s, memory bandwidth and capacity, calibrated efficiencies, and alpha-beta link
 costs per link class and collective. Every number carries its provenance: ``source`` (one of
-:data:`SOURCES`), and optionally ``ref`` (what exactly the number is and where it came from), ``date``
+:data:`SOURCES`: ``fitted`` for a figure fitted to published runs), and optionally ``ref`` (what exactly the number is and where it came from), ``date``
 and, for measured numbers, ``fit_r2`` and ``sizes_bytes``. A link entry may add ``alpha_source`` when
 its latency has another origin than its bandwidth (a datasheet bandwidth with an assumed latency).
 A collective's link entry may add ``mesh_links`` (an integer >= 1) where the link class is a full mesh of

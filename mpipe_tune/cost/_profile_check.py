@@ -18,7 +18,9 @@ from typing import Any
 from mpipe_tune.cost._collectives import LinkCost
 from mpipe_tune.errors import MpipeError
 
-SOURCES = ("datasheet", "measured", "assumed", "ideal")
+SOURCES = ("datasheet", "measured", "fitted", "assumed", "ideal")
+"""Where a figure comes from: a datasheet, a measurement on the device (a profiler fit included), a fit to
+published runs of the device (``ref`` names the runs and the held-out split), an assumption, or an ideal machine."""
 """``datasheet``: a vendor figure, a lead rather than a measurement; ``measured``: fitted to measurements (by the
 profiler on the device, or by ``benchmarks/fit_published.py`` to published measured runs, cited in the entry);
 ``assumed``: a typical value chosen by hand; ``ideal``: a closed-form test value, not a device."""

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from mpipe_tune.cost._profile import (
-    COLLECTIVES, LinkCost, builtin_profiles, dump_profile, estimate_collective_s, load_profile, parse_profile,
+    COLLECTIVES, SOURCES, LinkCost, builtin_profiles, dump_profile, estimate_collective_s, load_profile, parse_profile,
 )
 from mpipe_tune.errors import MpipeError
 
@@ -37,7 +37,7 @@ def test_every_shipped_profile_loads(name: str) -> None:
             cost = profile.link(collective, inter_node=inter)
             assert cost.alpha_s >= 0 and cost.beta_s_per_byte >= 0
     # every number says where it came from
-    assert all(p["source"] in ("datasheet", "measured", "assumed", "ideal") for p in profile.provenance.values())
+    assert all(p["source"] in SOURCES for p in profile.provenance.values())
 
 
 def test_shipped_figures() -> None:
