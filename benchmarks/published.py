@@ -21,7 +21,7 @@ from mpipe_tune.algebra import Degrees, Model, DTYPE_BYTES, ZERO_STAGES, Candida
 from mpipe_tune.cost import CostOptions, ROPE_FORMS, Prediction, predict, HardwareProfile
 from mpipe_tune.inputs import Microbatch, Workload
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.cost import load_profile
+from mpipe_tune.cost import load_profile, parse_profile
 from mpipe_tune.inputs import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +97,9 @@ class PublishedRun:
     reshard_after_forward: bool | None = None
     """At stage 3, whether the run gathers the weights again for every forward and backward (FSDP2's
     ``reshard_after_forward``) or keeps them through the step; None: the default for its pipeline degree."""
+    defer_gradient_reduce: bool = False
+    """ZeRO-2 whose reduce-scatters run asynchronously, one backward's in flight, where the source says so
+    (:attr:`~mpipe_tune.cost._layers.CostOptions.defer_gradient_reduce`)."""
     zero_source: str = ""
     """Where the run's configuration and its framework's documentation say so (file and line, pinned)."""
     moe_dispatcher: str = "alltoall"
@@ -105,6 +108,10 @@ class PublishedRun:
     """The expert capacity factor (``--moe-expert-capacity-factor``); None: dropless."""
     moe_pad_to_capacity: bool = False
     """Every expert padded to its capacity (``--moe-pad-expert-input-to-capacity``)."""
+    fabric: dict | None = None
+    """The cluster's pods and spine where the source states them (``devices_per_pod``, ``pod_oversubscription``
+    and ``ref``): the run is predicted on its profile with that :class:`~mpipe_tune.cost._collectives.Fabric`;
+    None: the profile's own network."""
     excluded: str = ""
     """Why the run is outside what its profile describes (another code path or machine, a setting the cost model
     cannot express): shown with its prediction, counted in no fit and no held-out figure. Empty: in scope."""
@@ -156,6 +163,9 @@ def _validate(run: PublishedRun, path: Path) -> None:
         raise MpipeError(f"{path}: run {run.name} has zero_stage {run.zero_stage!r}: give one of "
                          f"{', '.join(map(str, ZERO_STAGES))}, agreeing with distributed_optimizer, and cite the setting "
                          f"in zero_source")
+    if run.defer_gradient_reduce and run.zero_stage != 2:
+        raise MpipeError(f"{path}: run {run.name} gives defer_gradient_reduce, which only ZeRO stage 2 has; give "
+                         f"zero_stage 2 or leave it out")
     if run.reshard_after_forward is not None and run.zero_stage != 3:
         raise MpipeError(f"{path}: run {run.name} gives reshard_after_forward, which only ZeRO stage 3 has; give "
                          f"zero_stage 3 or leave it out")
@@ -196,6 +206,7 @@ def run_options(run: PublishedRun) -> CostOptions:
                        sequence_parallel=run.sequence_parallel, shard_optimizer=run.distributed_optimizer,
                        shard_gradients=run.zero_stage == 2, shard_parameters=run.zero_stage == 3,
                        reshard_after_forward=run_candidate_reshards(run),
+                       defer_gradient_reduce=run.defer_gradient_reduce,
                        recompute=run.recompute, grad_reduce_dtype=run.grad_reduce_dtype, fused_loss=run.loss_fusion,
                        rope=run.rope, kernel_mode=run.kernel_mode, selective_recompute=run.selective_recompute,
                        grad_accumulation_fusion=run.grad_accumulation_fusion,
@@ -259,10 +270,20 @@ def megatron_layout(model: Model, pp: int, vp: int, layer_list: tuple[int, ...] 
     return Cut(boundaries), ",".join(["1f1b"] * vp), tuple(slabs)
 
 
+def run_profile(run: PublishedRun, profile: HardwareProfile) -> HardwareProfile:
+    """``profile`` with the run's stated :attr:`PublishedRun.fabric` in place of its own network, if it states one."""
+    if run.fabric is None:
+        return profile
+    data = profile.to_dict()
+    data["fabric"] = {key: {"value": run.fabric[key], "source": "datasheet", "ref": run.fabric["ref"]}
+                      for key in ("devices_per_pod", "pod_oversubscription")}
+    return parse_profile(data, where=f"{profile.name} with {run.name}'s fabric")
+
+
 def predict_run(run: PublishedRun, profile: HardwareProfile | None = None) -> Prediction:
     """The cost model's prediction of ``run`` on ``profile`` (default: the run's named profile)."""
     model = run_model(run)
-    profile = load_profile(run.profile) if profile is None else profile
+    profile = run_profile(run, load_profile(run.profile) if profile is None else profile)
     texts = (run.seq_len,) * run.micro_batch if run.micro_batch > 1 else ()
     workload = Workload(tuple(Microbatch(0, run.seq_len * run.micro_batch, texts=texts)
                               for _ in range(run.num_microbatches)),

@@ -2,7 +2,10 @@
 
 A link entry of a profile (:mod:`~mpipe_tune.cost._profile`) is a :class:`LinkCost`; :func:`estimate_collective_s`
 times one collective on it (:func:`~mpipe_tune.cost._profile.hierarchical_all_reduce_s` an all-reduce whose
-ranks span nodes, on a profile's two link classes).
+ranks span nodes, on a profile's two link classes). A profile's optional :class:`Fabric` describes the network
+above the nodes where it is not one non-blocking tree: pods joined by an oversubscribed spine, which slows a
+data-parallel ring that leaves its pod where the rings leaving a pod ask more than the spine carries
+(:func:`spine_slowdown`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,41 @@ class LinkCost:
     wired to each peer by its own link): a collective over ``g`` ranks then uses only ``min(g - 1, mesh_links)``
     of them. None: a switched fabric, every group size sees the full bandwidth."""
 
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The scale-out network as pods of ``devices_per_pod`` devices, full bisection bandwidth inside each, joined
+    by a spine that carries ``1 / pod_oversubscription`` of what the pod's devices can inject (the Llama 3 paper's
+    RoCE cluster: pods of 3,072 GPUs, 1:7 at the aggregation layer, arXiv:2407.21783 section 3.3.1)."""
+
+    devices_per_pod: int
+    pod_oversubscription: float
+    """Injection bandwidth of a pod's devices over the spine bandwidth it has (>= 1; 1: non-blocking)."""
+
+
+def spine_slowdown(fabric: Fabric | None, group_size: int, stride: int, rings_per_group: int = 1) -> float:
+    """Factor on the inter-node seconds per byte of a ring collective over ``group_size`` ranks placed one every
+    ``stride`` devices, each group running ``rings_per_group`` rings across the nodes (one per member a node holds).
+
+    Groups are placed pod-aligned in rank order, so a group inside one pod (``group_size * stride`` devices at
+    most a pod) never touches the spine, and a ring that spans pods leaves each pod by one edge. Every group of
+    its kind (``stride`` of them, the devices between two members) runs the collective at once, as the
+    data-parallel groups of every other position do at the step's end (an upper bound): ``stride *
+    rings_per_group`` rings leave each pod (at most one per device), each edge at a device's link rate, against
+    a spine that carries ``devices_per_pod / pod_oversubscription`` of them. A ring runs at its slowest edge, so
+    its bytes slow by ``max(1, rings * pod_oversubscription / devices_per_pod)``.
+
+    >>> pods = Fabric(3072, 7.0)
+    >>> spine_slowdown(pods, 64, 128), spine_slowdown(pods, 64, 8)  # the Llama 3 paper's DP 64: 128 rings, 1 pod
+    (1.0, 1.0)
+    >>> spine_slowdown(pods, 4, 4096)  # one member per pod, every device's ring edge leaves its pod
+    7.0
+    """
+    if fabric is None or group_size * stride <= fabric.devices_per_pod:
+        return 1.0
+    rings = min(stride * rings_per_group, fabric.devices_per_pod)
+    return max(1.0, rings * fabric.pod_oversubscription / fabric.devices_per_pod)
 
 
 def estimate_collective_s(link: LinkCost, collective: str, size_bytes: float, group_size: int) -> float:

@@ -156,7 +156,8 @@ class CompiledPlan:
 
     def _with_actions(self, table: LayerTable | TableSums) -> np.ndarray:
         """The events' seconds, then the sharding actions'."""
-        return np.concatenate((self.durations(table), self.sharding.seconds(table)))
+        durations = self.durations(table)
+        return np.concatenate((durations, self.sharding.seconds(table, durations)))
 
     def static_bytes(self, table: LayerTable) -> tuple[float, ...]:
         """Per rank, weights, gradients and optimizer state (parameter counts only: cached)."""

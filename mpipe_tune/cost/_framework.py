@@ -63,6 +63,9 @@ class Framework:
     """Expert capacity over the balanced share (``--moe-expert-capacity-factor``); None: dropless."""
     moe_pad_to_capacity: bool = False
     """Every expert runs its full capacity (``--moe-pad-expert-input-to-capacity``)."""
+    defer_gradient_reduce: bool = False
+    """ZeRO-2's reduce-scatters asynchronous, one backward's in flight (the Llama 3 paper's FSDP); False: waited at
+    each backward's end, as torch FSDP2 does. Not a flag yet: ``bench_published`` sets it from a run's source."""
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any] | object) -> Framework:
@@ -98,4 +101,4 @@ class Framework:
             fused_loss=self.fused_loss, rope=self.rope, kernel_mode=self.kernel_mode,
             selective_recompute=self.selective_recompute, grad_accumulation_fusion=self.grad_accumulation_fusion,
             moe_dispatcher=self.moe_dispatcher, moe_capacity_factor=self.moe_capacity_factor,
-            moe_pad_to_capacity=self.moe_pad_to_capacity)
+            moe_pad_to_capacity=self.moe_pad_to_capacity, defer_gradient_reduce=self.defer_gradient_reduce)

@@ -125,6 +125,9 @@ class CostOptions:
     forward and backward and reduce-scatters its gradient after every backward; False gathers a stage's
     weights once a step and reduce-scatters its gradients once, after its last backward (the timing and
     peak memory of ZeRO-1; the weights are sharded between steps only)."""
+    defer_gradient_reduce: bool = False
+    """ZeRO-2: a backward's last reduce-scatter is waited for when the next backward ends (one reduction in flight,
+    asynchronous: the Llama 3 paper's FSDP), not at its own end as torch FSDP2's (:mod:`mpipe_tune.cost._sharding_events`)."""
     grad_reduce_dtype: str = "fp32"
     """Dtype the data-parallel gradient reduce moves: ``fp32`` (Megatron-LM's default for bf16 training,
     gradients accumulated and reduced in fp32) or ``bf16`` (NeMo's ``grad_sync_dtype=bf16``, torchtitan's
@@ -221,6 +224,11 @@ class CostOptions:
         """Whether the gradients are reduce-scattered after every microbatch's backward (ZeRO-2, and ZeRO-3
         that reshards after forward)."""
         return self.shard_gradients or self.gathers_per_microbatch
+
+    @property
+    def scatter_deferred(self) -> bool:
+        """Whether ZeRO-2's reduce-scatters run deferred (:attr:`defer_gradient_reduce`, overlapped with compute)."""
+        return self.defer_gradient_reduce and self.zero_stage == 2 and self.overlap_dp_comm
 
     def validate_degrees(self) -> None:
         """One-line :class:`MpipeError` unless the degrees can be laid out: each >= 1 and the

@@ -13,7 +13,8 @@ full weights twice (the layer computing and the next one prefetched, at the comp
 largest of its trainable layers' full gradient before its reduce-scatter (at the gradient's bytes per
 parameter); full means gathered over the data-parallel shards, still split over tp (and ep). With
 ``shard_gradients`` (ZeRO-2) the gradients and the state are sharded so, the weights held whole, and the
-largest full gradient is held as at stage 3. ZeRO-3 that keeps the weights through the step
+largest full gradient is held as at stage 3
+(twice where the reduce-scatters run deferred, one pending while the next backward makes its own). ZeRO-3 that keeps the weights through the step
 (``reshard_after_forward`` off) holds, at its peak, what ZeRO-1 holds: every weight and gradient of its
 slabs whole (sharded between steps only). Context-parallel ranks hold the same weights; their activations are of ``1/cp`` of each sequence (the
 layer table's).
@@ -117,7 +118,8 @@ def static_bytes_of(layers: tuple[tuple[tuple[int, int], ...], ...], model: Mode
         else:  # ZeRO-2: the weights whole through the step
             whole, gathered = weights, (0.0,) * len(layers)
         per_layer = params * whole + (params - experts) * state / shards + experts * state / expert_shards
-        gradient = per_rank_max(layers, params * trainable * options.grad_bytes_per_param)
+        held = 2.0 if options.scatter_deferred else 1.0  # deferred: the pending one and the one being made
+        gradient = per_rank_max(layers, held * params * trainable * options.grad_bytes_per_param)
         return tuple(s + g + d for s, g, d in zip(per_rank_sum(layers, per_layer), gathered, gradient))
     per_layer = (params * options.dtype_bytes() + params * trainable * (options.grad_bytes_per_param + optimizer)
                  + experts * trainable * (expert_optimizer - optimizer))  # 0 unless ep > 1 with ZeRO-1

@@ -47,6 +47,11 @@ layer per forward or backward call (its pre- and post-hooks, the copy into and o
 buffer; :mod:`mpipe_tune.profiler._fsdp_host` measures it): charged on ZeRO-2 and ZeRO-3's per-microbatch
 sharding actions (:mod:`mpipe_tune.cost._sharding_events`); absent, 0.
 
+An optional ``fabric`` entry (``devices_per_pod`` and ``pod_oversubscription``, each a number with provenance)
+describes pods joined by an oversubscribed spine (:class:`~mpipe_tune.cost._collectives.Fabric`): a
+data-parallel all-reduce, gather or reduce-scatter whose group spans pods runs its inter-node bytes
+:func:`~mpipe_tune.cost._collectives.spine_slowdown` times slower; absent, one non-blocking fabric.
+
 Optional ``host`` (the host's ``dispatch_s`` per kernel and ``sync_s`` per sync, and ``issue``: ``async``, the
 default, where the device runs behind a queue, ``inline`` on a CPU) and ``kernel_efficiency``
 (efficiency curves by kernel shape for the ``gemm``, ``attention`` and ``memory`` families) are read by
@@ -71,7 +76,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mpipe_tune.cost._collectives import (  # noqa: F401 (importable from here, as callers do)
-    COLLECTIVES, LinkCost, estimate_collective_s, mesh_beta_s_per_byte,
+    COLLECTIVES, Fabric, LinkCost, estimate_collective_s, mesh_beta_s_per_byte, spine_slowdown,
 )
 from mpipe_tune.cost._kernel_model import (
     HostCosts, KernelEfficiency, host_dict, kernel_efficiency_dict, parse_host, parse_kernel_efficiency,
@@ -94,10 +99,10 @@ _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "tp_comm_overlap",
     "optimizer_update_bytes_per_s", "host", "kernel_efficiency", "devices_per_package", "comm_compute_overlap",
-    "fsdp_host_s",
+    "fsdp_host_s", "fabric",
 }
 _OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s", "host", "kernel_efficiency",
-                      "devices_per_package", "comm_compute_overlap", "fsdp_host_s"}
+                      "devices_per_package", "comm_compute_overlap", "fsdp_host_s", "fabric"}
 _OVERLAP_FIXES = {"tp_comm_overlap": "give the fraction of the tensor-parallel collective time hidden behind compute",
                   "comm_compute_overlap": "give the share of a collective's time the compute beside it hides "
                                           "(1: fully, 0: they take turns)"}
@@ -176,6 +181,9 @@ class HardwareProfile:
     fsdp_host_s: float = 0.0
     """Host seconds torch FSDP2 adds per sharded layer per forward or backward call (hooks, copy-in and
     copy-out; :mod:`mpipe_tune.profiler._fsdp_host` measures it); 0 where the profile does not give it."""
+
+    fabric: Fabric | None = None
+    """Pods joined by an oversubscribed spine, where the profile gives them; None: one non-blocking fabric."""
 
     @property
     def overlap_share(self) -> float:
@@ -348,6 +356,8 @@ class HardwareProfile:
                 data[key] = number(key, getattr(self, key))
         if "fsdp_host_s" in self.provenance:
             data["fsdp_host_s"] = number("fsdp_host_s", self.fsdp_host_s)
+        if self.fabric is not None:
+            data["fabric"] = {key: number(f"fabric.{key}", getattr(self.fabric, key)) for key in _FABRIC_KEYS}
         if self.host is not None:
             data["host"] = host_dict(self.host, self.provenance, thaw)
         if self.kernel_efficiency is not None:
@@ -457,6 +467,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
                 v.fail(f"{key}.value", overlaps[key], "must lie in [0, 1]", fix)
     fsdp_host_s = v.number("fsdp_host_s", data["fsdp_host_s"], positive=False) if "fsdp_host_s" in data else 0.0
     host = parse_host(v, data["host"]) if "host" in data else None
+    fabric = _parse_fabric(v, data["fabric"], dpn) if "fabric" in data else None
     curves = parse_kernel_efficiency(v, data["kernel_efficiency"]) if "kernel_efficiency" in data else None
     classes = v.table("links", data["links"], allowed=(*LINK_CLASSES, PACKAGE_LINK_CLASS))
     if (PACKAGE_LINK_CLASS in classes) != (per_package > 1):
@@ -485,8 +496,26 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         tp_overhead_s=MappingProxyType(tp_tables["tp_overhead_s"]),
         tp_slowdown=MappingProxyType(tp_tables["tp_slowdown"]), optimizer_update_bytes_per_s=update_bps,
         tp_comm_overlap=overlaps.get("tp_comm_overlap"), comm_compute_overlap=overlaps.get("comm_compute_overlap"),
-        host=host, kernel_efficiency=curves, fsdp_host_s=fsdp_host_s,
+        host=host, kernel_efficiency=curves, fsdp_host_s=fsdp_host_s, fabric=fabric,
     )
+
+
+_FABRIC_KEYS = ("devices_per_pod", "pod_oversubscription")
+
+
+def _parse_fabric(v: Validator, entry: Any, devices_per_node: int) -> Fabric:
+    table = v.table("fabric", entry, allowed=_FABRIC_KEYS)
+    for key in _FABRIC_KEYS:
+        if key not in table:
+            v.fail(f"fabric.{key}", MISSING, "is required", "give both the devices of a pod and the spine's oversubscription")
+    pod = v.number("fabric.devices_per_pod", table["devices_per_pod"], positive=True)
+    if pod != int(pod) or pod % devices_per_node:
+        v.fail("fabric.devices_per_pod.value", pod, f"must be a whole number of nodes ({devices_per_node} devices each)",
+               "give the devices one pod holds")
+    ratio = v.number("fabric.pod_oversubscription", table["pod_oversubscription"], positive=True)
+    if ratio < 1:
+        v.fail("fabric.pod_oversubscription.value", ratio, "must be >= 1", "give 7 for a 1:7 spine, 1 for none")
+    return Fabric(int(pod), ratio)
 
 
 # ------------------------------------------------------------------------------------ load / dump
@@ -537,7 +566,9 @@ def hierarchical_all_reduce_s(profile: HardwareProfile, size_bytes: float, group
     across nodes: with ``k`` members on each node (``devices_per_node / stride``, at most the group),
     a ring reduce-scatter inside each node, a ring all-reduce of each rank's ``1/k`` share across the
     nodes over the rank's own inter-node link, and a ring all-gather inside the node. One node: the
-    intra-node ring all-reduce; one member per node: the inter-node ring all-reduce of everything.
+    intra-node ring all-reduce; one member per node: the inter-node ring all-reduce of everything. Across the
+    pods of the profile's :attr:`~HardwareProfile.fabric` the inter-node bytes slow by
+    :func:`~mpipe_tune.cost._collectives.spine_slowdown`.
 
     >>> from mpipe_tune.cost import load_profile
     >>> h100 = load_profile("h100-sxm")
@@ -554,5 +585,8 @@ def hierarchical_all_reduce_s(profile: HardwareProfile, size_bytes: float, group
     if nodes == 1:
         return estimate_collective_s(intra, "all_reduce", size_bytes, group_size)
     inter = profile.link("all_reduce", inter_node=True)
+    slowdown = spine_slowdown(profile.fabric, group_size, stride, per_node)
+    if slowdown > 1.0:
+        inter = replace(inter, beta_s_per_byte=inter.beta_s_per_byte * slowdown)
     return (estimate_collective_s(intra, "all_reduce", size_bytes, per_node)
             + estimate_collective_s(inter, "all_reduce", size_bytes / per_node, nodes))

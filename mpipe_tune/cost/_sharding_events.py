@@ -40,6 +40,13 @@ backward seconds (recomputation and per-call overhead included):
   neighbouring slabs' ``r_hi`` and ``g_{lo-1}`` in it, an over-count of at most those two where they are
   not hidden (an upper bound);
 
+Deferred (:attr:`~mpipe_tune.cost._layers.CostOptions.defer_gradient_reduce`, ZeRO-2 with the overlap): the
+reduce-scatters run asynchronously, one backward's in flight, as the Llama 3 paper describes its FSDP
+("asynchronously ... reducing gradients", arXiv:2407.21783 section 3.3.2). A backward's ``r_lo`` is then waited
+for where the rank's next backward ends, beside the compute in between (its events from the one backward's
+end to the other's: ``r_lo - phi * min(r_lo, compute)``, idle time not counted as cover), and the stream's
+wait inside a backward counts only the slab's own layers (``r_{l+1}`` for ``l + 1 < hi``: exact);
+
 without the overlap every gather adds whole on the ``unshard`` and every reduce-scatter on the
 ``reducegrad``. A layer gathers before its backward only if it runs one, and reduce-scatters only if it
 is trainable (frozen layers: gathers only). A split backward (the zero-bubble skeletons) takes its stage's
@@ -68,7 +75,7 @@ import numpy as np
 
 from mpipe_tune.algebra import Model, UNSHARD, microbatch_actions
 from mpipe_tune.cost._durations import TableSums
-from mpipe_tune.cost._event_arrays import BWD, FWD, EventArrays
+from mpipe_tune.cost._event_arrays import BWD, FWD, WGRAD, EventArrays
 from mpipe_tune.cost._layers import CostOptions, LayerTable, footprint_masks
 from mpipe_tune.cost._memory import prefix_sums
 from mpipe_tune.cost._profile import HardwareProfile, hierarchical_all_reduce_s
@@ -129,6 +136,12 @@ def action_terms(table: LayerTable, model: Model, profile: HardwareProfile, opti
     zero_row, none = np.zeros((1, M)), np.zeros((layers + 1) * M)
     host = (profile.fsdp_host_s * (table.param_count > 0))[:, None] * np.ones(M)  # per layer and call
     host_fwd, host_bwd = prefix_sums(host), prefix_sums(host * runs[:, None])
+    if options.scatter_deferred:  # the slab's own reduce-scatters beside its backward; its last one deferred
+        inside = r[1:] - profile.overlap_share * np.minimum(r[1:], table.backward_s(model)[:-1])
+        inside = np.concatenate((inside, zero_row)) * runs[:, None]
+        return ActionTerms((host_fwd, none, none), (host_bwd, none, none),
+                           (prefix_sums(inside), -np.concatenate((zero_row, inside)).ravel(),
+                            np.concatenate((r, zero_row)).ravel()))
     if not options.overlap_dp_comm:
         return ActionTerms((prefix_sums(g) + host_fwd, none, none), (prefix_sums(gb) + host_bwd, none, none),
                            (prefix_sums(r), none, none))
@@ -178,20 +191,47 @@ class ShardingEvents:
         self.forward_unshard = np.flatnonzero(~self.after & (event_kind == FWD))
         self.backward_unshard = np.flatnonzero(~self.after & (event_kind == BWD))
         self.reduce_grad = np.flatnonzero(self.after)
+        self.deferred = _deferred_waits(a, self.at[self.reduce_grad]) if options.scatter_deferred else None
 
     def __len__(self) -> int:
         return len(self.at)
 
-    def seconds(self, table: LayerTable | TableSums) -> np.ndarray:
-        """Each action's seconds on ``table`` (aligned with :attr:`at`)."""
+    def seconds(self, table: LayerTable | TableSums, durations: np.ndarray | None = None) -> np.ndarray:
+        """Each action's seconds on ``table`` (aligned with :attr:`at`); a deferred reduce-scatter's wait reads the
+        events' ``durations`` (aligned with the plan's events) for the compute that covers it."""
         terms = _kept_terms(table, self.model, self.profile, self.options)
         out = np.empty(len(self.at))
         for which, (prefix, head, tail) in ((self.forward_unshard, terms.forward_unshard),
                                             (self.backward_unshard, terms.backward_unshard),
                                             (self.reduce_grad, terms.reduce_grad)):
             hi, lo = self.hi[which], self.lo[which]
+            if which is self.reduce_grad and self.deferred is not None:
+                assert durations is not None, "a deferred reduce-scatter's wait reads the events' durations"
+                sequence, is_compute, position, previous = self.deferred
+                covered = np.concatenate(([0.0], np.cumsum(durations[sequence] * is_compute)))
+                pending = np.where(previous >= 0, tail[lo[previous]], 0.0)
+                cover = covered[position + 1] - covered[position[previous] + 1]
+                wait = pending - self.profile.overlap_share * np.minimum(pending, cover)
+                out[which] = prefix[hi] - prefix[lo] + head[hi] + np.where(previous >= 0, wait, 0.0)
+                continue
             out[which] = prefix[hi] - prefix[lo] + head[hi] + tail[lo]
         return out
+
+
+def _deferred_waits(a: EventArrays, backwards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For the reduce-scatters after ``backwards`` (in that order): the ranks' programs as one sequence of events,
+    which of them compute (what covers a collective), each backward's place in it, and the index (into
+    ``backwards``) of the same rank's previous backward with a reduce-scatter (-1 for a rank's first)."""
+    sequence = np.concatenate(a.nodes)
+    place = np.empty(len(a.kind), dtype=np.int64)
+    place[sequence] = np.arange(len(sequence))
+    is_compute = np.isin(a.kind[sequence], (FWD, BWD, WGRAD)).astype(float)
+    position = place[backwards]
+    by = np.lexsort((position, a.rank[backwards]))
+    previous = np.full(len(backwards), -1, dtype=np.int64)
+    same = a.rank[backwards][by][1:] == a.rank[backwards][by][:-1]
+    previous[by[1:][same]] = by[:-1][same]
+    return sequence, is_compute, position, previous
 
 
 def sharding_events(arrays: EventArrays, M: int, model: Model, profile: HardwareProfile,
