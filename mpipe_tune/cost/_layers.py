@@ -555,6 +555,16 @@ def layer_seconds(cost, block: str, mb: Microbatch, profile: HardwareProfile,
     return float(row[0][0]), float(row[1][0]), float(row[2][0]), float(row[5][0])
 
 
+@lru_cache(maxsize=64)
+def _microbatch_array(microbatches: tuple[Microbatch, ...]) -> arch.MicrobatchArray:
+    """:meth:`~mpipe_tune.cost._arch.MicrobatchArray.of` ``microbatches``, kept (read-only): a table's every layer
+    kind is costed on the same joined batch."""
+    batch = arch.MicrobatchArray.of(microbatches)
+    for column in (batch.image_tokens, batch.text_tokens, batch.num_images, *batch.image_columns, *batch.text_columns):
+        column.flags.writeable = False
+    return batch
+
+
 @lru_cache(maxsize=16384)
 def arch_columns(cost: ArchCost, microbatches: tuple[Microbatch, ...], profile: HardwareProfile,
                  options: CostOptions) -> np.ndarray:
@@ -563,7 +573,7 @@ def arch_columns(cost: ArchCost, microbatches: tuple[Microbatch, ...], profile: 
     Kept: the tables of settings that differ only in what the kernels do not read (recomputation, ZeRO,
     pp, dp, the encoder's degree) share their rows; 16,384 of them (each the rows of one layer kind over
     one setting's sampled steps, a few kB) serve a 512-device search's few thousand settings."""
-    batch = arch.MicrobatchArray.of(microbatches)
+    batch = _microbatch_array(microbatches)
     has_tokens = arch.stream_tokens(cost.kind, batch) > 0  # one microbatch without them costs nothing
     return np.array([np.where(has_tokens, value, 0.0) for value in arch_seconds(cost, batch, profile, options)],
                     dtype=float).reshape(_COLUMNS, len(microbatches))
