@@ -370,12 +370,15 @@ class Evaluator:
         """A lower bound on ``c``'s largest per-rank static memory from its degrees and memory knobs alone
         (no slabs, no layer table of a sampled step): every layer's static bytes shared by the ``P``
         ranks (each layer is held by one rank or more). The parameter counts are read off a layer table
-        of one sequence (they do not depend on the workload)."""
+        of one sequence (they do not depend on the workload), one per tensor-parallel degree of the backbone
+        and the encoder: a table's parameter columns read nothing else of the setting (no recomputation,
+        context or sequence parallelism; the expert degree is kept in the key all the same), so its timing
+        columns, which static_bytes_of does not read, may be another setting's."""
         key = ("static floor", c.pp, c.tp, c.dp, c.ep, c.cp, c.zero_stage, c.reshards_after_forward,
                c.sequence_parallel, c.encoder_tp)
         if key not in self._bounds:
             p = self.problem
-            table_key = ("static table", _kernel_setting(_table_setting(c)))  # what the table's kernels read
+            table_key = ("static table", c.tp, c.ep, c.encoder_tp)  # what the parameter columns read
             if table_key not in self._bounds:
                 self._bounds[table_key] = self.predictor.table(self._own(c), Workload(p.sequences(0, 1), "static"))
             table = self._bounds[table_key]
