@@ -101,6 +101,10 @@ class Evaluator:
         self._expected: dict[tuple, set[tuple]] = {}
         """Per kernel setting (:func:`_kernel_setting`), the table settings :meth:`expect` was told of and
         not yet built."""
+        self._joined: dict[tuple, list[tuple]] = {}
+        """Per kernel setting but the recomputation, the settings whose tables were last built in one pass:
+        another recomputation's table of one of them is built with all of theirs, from the same joined
+        microbatches, whose kernel rows are kept (:func:`~mpipe_tune.cost._layers.arch_columns`)."""
         self._weights: dict[tuple, tuple[float, ...]] = {}
         self._steps: dict[tuple, StepResult] = {}
         self._slots: dict[tuple, EncoderBackward | None] = {}
@@ -162,12 +166,19 @@ class Evaluator:
             expected = self._expected.pop(_kernel_setting(setting), set())
             expected.discard(setting)
             batch = [setting, *sorted(s for s in expected if (0, *s) not in self._tables)]
+            joined = self._joined.get(_rows_setting(setting), [])
+            if len(batch) == 1 and _with_recompute(setting, False) in [_with_recompute(s, False) for s in joined]:
+                # another recomputation of a joined pass's setting: that pass's settings with this one's
+                batch = [_with_recompute(s, setting[3]) for s in joined]
+            else:
+                self._joined[_rows_setting(setting)] = batch
             workloads = [p.replica_workload(k, dp, m) for _, dp, m, *_ in batch for k in range(p.samples)]
             tables = iter(zip(workloads, self.predictor.tables(self._own(c), workloads)))
             for built in batch:
                 for k in range(p.samples):
                     workload, table = next(tables)
-                    self._tables[(k, *built)] = (workload, table, table_sums(table, p.model))
+                    if (k, *built) not in self._tables:  # one built already stays (kept by identity elsewhere)
+                        self._tables[(k, *built)] = (workload, table, table_sums(table, p.model))
         return self._tables[key]
 
     def expected_layer_weights(self, c: Candidate) -> tuple[float, ...]:
@@ -542,6 +553,17 @@ def _table_setting(c: Candidate, recompute: bool | str | None = None) -> tuple:
     table reads (``recompute``: with that recomputation in place of ``c``'s)."""
     return (c.tp, c.dp, c.num_microbatches, c.recompute if recompute is None else recompute, c.ep, c.cp,
             c.sequence_parallel, c.encoder_tp)
+
+
+def _rows_setting(setting: tuple) -> tuple:
+    """Of a :func:`_table_setting`, what the tables' kernel rows read: :func:`_kernel_setting` but the
+    recomputation, which only picks columns after them."""
+    return setting[:1] + setting[4:]
+
+
+def _with_recompute(setting: tuple, recompute: bool | str) -> tuple:
+    """A :func:`_table_setting` with ``recompute`` in place of its own."""
+    return setting[:3] + (recompute,) + setting[4:]
 
 
 def _kernel_setting(setting: tuple) -> tuple:
