@@ -71,7 +71,7 @@ class CompiledPlan:
         self.sharding = sharding_events(self.arrays, plan.num_microbatches, model, profile, options)
         """The per-microbatch sharding actions (ZeRO-2, ZeRO-3 resharding after forward), timed as nodes of
         their own (:mod:`~mpipe_tune.cost._sharding_events`); None without any."""
-        self._pack: tuple[DurationModel, CompiledOrder, tuple[np.ndarray, ...] | None] | None = None
+        self._pack: tuple[DurationModel, CompiledOrder, tuple[np.ndarray, ...] | bool | None] | None = None
         """(:attr:`durations_model`, :attr:`order`, their arrays as one kernel call reads them): see :meth:`_packed`."""
         self._timed: tuple[CompiledOrder, object, CompiledOrder] | None = None
         """(:attr:`order`, :attr:`sharding`, the order with those actions): made on first use, for that pair
@@ -123,10 +123,14 @@ class CompiledPlan:
 
     def _packed(self, table: LayerTable) -> tuple[np.ndarray, ...] | None:
         """:meth:`~mpipe_tune.cost._durations.DurationModel.packed` with the order's topological order and
-        predecessor lists after it, and two scratch arrays: made on first use for the (durations, order)
-        pair (a copy for other options or owners has its own pair)."""
+        predecessor lists after it, and two scratch arrays, for the (durations, order) pair (a copy for other
+        options or owners has its own pair); None on the pair's first use (a plan timed once, a cold candidate
+        or a new owner map, takes the two passes rather than pay for the packing) or where it cannot pack."""
         model, order = self.durations_model, self.order
         if self._pack is None or self._pack[0] is not model or self._pack[1] is not order:
+            self._pack = (model, order, False)
+            return None
+        if self._pack[2] is False:
             part = model.packed(table)
             if part is not None:
                 ints = np.concatenate((part[0], order.topo, order.pred_ptr, order.pred_idx)).astype(np.int64)
