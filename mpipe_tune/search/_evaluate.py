@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -249,7 +249,7 @@ class Evaluator:
 
     def _static_bytes(self, c: Candidate) -> tuple[float, ...]:
         """Per rank, ``c``'s static memory (weights, gradients, optimizer state)."""
-        key = ("static", replace(c, label="", owner_policy=None))
+        key = ("static", *_unlabelled(c))
         if key not in self._bounds:
             _, table = self.table(0, c)
             self._bounds[key] = static_bytes_of(self._rank_layers(c), self.problem.model, table, self.options(c))
@@ -260,7 +260,7 @@ class Evaluator:
         static memory plus the saved activations of one microbatch in each of its Sharded slabs, which are
         all live at that microbatch's backward in its last slab
         (:func:`~mpipe_tune.search._bounds.activation_floor`); at least :meth:`static_peak_bytes`."""
-        key = ("peak floor", replace(c, label="", owner_policy=None))
+        key = ("peak floor", *_unlabelled(c))
         if key not in self._bounds:
             activations = activation_floor(self._bound_sums(c), self._index(c))
             self._bounds[key] = float(max(np.asarray(self._static_bytes(c)) + activations))
@@ -359,7 +359,7 @@ class Evaluator:
         of its Sharded stages that its order keeps live together
         (:class:`~mpipe_tune.search._bounds.LiveSets`; the transposed regions' are left out, as their
         owners vary per step); at least :meth:`peak_floor_bytes`."""
-        key = ("order floor", replace(c, label="", owner_policy=None))
+        key = ("order floor", *_unlabelled(c))
         if key not in self._bounds:
             compiled = self.compiled(c, self.slab_counts(c))
             layout, arrays = compiled.memory_layout, compiled.arrays
@@ -553,6 +553,16 @@ def _table_setting(c: Candidate, recompute: bool | str | None = None) -> tuple:
     table reads (``recompute``: with that recomputation in place of ``c``'s)."""
     return (c.tp, c.dp, c.num_microbatches, c.recompute if recompute is None else recompute, c.ep, c.cp,
             c.sequence_parallel, c.encoder_tp)
+
+
+_UNLABELLED = tuple(f.name for f in fields(Candidate) if f.name not in ("label", "owner_policy"))
+
+
+def _unlabelled(c: Candidate) -> tuple:
+    """``c``'s fields but its label and owner policy, which no memory bound reads: what
+    ``replace(c, label="", owner_policy=None)`` compares by, without building that candidate (the bounds
+    are looked up for every point a search orders)."""
+    return tuple(getattr(c, name) for name in _UNLABELLED)
 
 
 def _rows_setting(setting: tuple) -> tuple:

@@ -413,8 +413,11 @@ class SearchSpace:
                 depth = len(sizes)
                 base = _base(name) if fixed is not None else None
                 if base is not None and base in fixed:
-                    value = fixed[base]
-                    indices: Sequence[int] = [i for i, option in enumerate(options) if _same(option, value)]
+                    # the options that are the fixed value, of its type (False is not 0: recomputation and the
+                    # ZeRO stage are different choices)
+                    value, kind = fixed[base], type(fixed[base])
+                    indices: Sequence[int] = [i for i, option in enumerate(options)
+                                              if type(option) is kind and option == value]
                 else:
                     indices = range(len(options))
                 sizes.append(len(indices))
@@ -544,11 +547,6 @@ def layout_name(layout: tuple[int, int, int, int]) -> str:
 
 class _NoLeaf(Exception):
     """A walk with fixed values reached a choice none of whose options takes them."""
-
-
-def _same(option: Any, value: Any) -> bool:
-    """``option`` is ``value`` (False is not 0: recomputation and the ZeRO stage are different choices)."""
-    return type(option) is type(value) and option == value
 
 
 @functools.lru_cache(maxsize=1024)
