@@ -118,12 +118,13 @@ class CompiledPlan:
         if packed is None:
             return self.order.makespan(self.durations(sums))
         ints, rates, durations, finish = packed
+        order = self.order
         return float(kernels.step_makespan(sums.fwd_prefix, sums.bwd_prefix, sums.boundary_bytes, ints, rates,
-                                           durations, finish))
+                                           order.topo, order.pred_ptr, order.pred_idx, durations, finish))
 
     def _packed(self, table: LayerTable) -> tuple[np.ndarray, ...] | None:
-        """:meth:`~mpipe_tune.cost._durations.DurationModel.packed` with the order's topological order and
-        predecessor lists after it, and two scratch arrays, for the (durations, order) pair (a copy for other
+        """:meth:`~mpipe_tune.cost._durations.DurationModel.packed` and two scratch arrays, for the (durations,
+        order) pair (a copy for other
         options or owners has its own pair); None on the pair's first use (a plan timed once, a cold candidate
         or a new owner map, takes the two passes rather than pay for the packing) or where it cannot pack."""
         model, order = self.durations_model, self.order
@@ -133,8 +134,7 @@ class CompiledPlan:
         if self._pack[2] is False:
             part = model.packed(table)
             if part is not None:
-                ints = np.concatenate((part[0], order.topo, order.pred_ptr, order.pred_idx)).astype(np.int64)
-                part = (ints, part[1], np.empty(order.num_events), np.empty(order.num_events))
+                part = (*part, np.empty(order.num_events), np.empty(order.num_events))
             self._pack = (model, order, part)
         return self._pack[2]
 

@@ -189,8 +189,7 @@ class DurationModel:
         if len(self.wgrad_idx) or self._overlap is not None:
             return None
         events, seconds = self.update(table)
-        sizes = [len(self.fwd_idx), len(self.bwd_idx), len(self.coll_idx), len(self.reduce_idx), len(events),
-                 self.num_events]
+        sizes = [len(self.fwd_idx), len(self.bwd_idx), len(self.coll_idx), len(self.reduce_idx), len(events)]
         ints = np.concatenate([np.asarray(sizes, dtype=np.int64)] + [np.asarray(a, dtype=np.int64) for a in (
             self.fwd_idx, self.fwd_hi, self.fwd_lo, self.bwd_idx, self.bwd_hi, self.bwd_lo, self.coll_idx,
             self.coll_flat, self.reduce_idx, events)])

@@ -53,18 +53,18 @@ def finish_times(durations, topo, pred_ptr, pred_idx, out):
 
 
 @kernel
-def step_makespan(fwd_prefix, bwd_prefix, boundary_bytes, ints, rates, durations, finish):
+def step_makespan(fwd_prefix, bwd_prefix, boundary_bytes, ints, rates, topo, pred_ptr, pred_idx, durations, finish):
     """:func:`event_durations`, the optimizer update added to its events, then :func:`finish_times`, in one
-    call over a plan packed into two flat arrays (:meth:`~mpipe_tune.cost._durations.DurationModel.packed`):
-    one dispatch and no temporaries in the search's hot loop, the same operations in the same order.
-    ``ints``: the section sizes (forwards, backwards, transfers, reduces, updates, events), then the
-    forwards' event, slab-end and slab-start indices, the backwards' alike, the transfers' events and
-    boundary indices, the reduces' and the updates' events, the topological order, the predecessor
-    pointers and lists; ``rates``: the transfers' alphas and betas, the reduces' and the updates' seconds.
-    Returns the makespan; ``durations`` and ``finish`` hold the events' seconds and finish times."""
-    nf, nb, nc, nr, nu, n = ints[0], ints[1], ints[2], ints[3], ints[4], ints[5]
+    call over a plan's duration pass packed into two flat arrays
+    (:meth:`~mpipe_tune.cost._durations.DurationModel.packed`): one dispatch and no temporaries in the search's
+    hot loop, the same operations in the same order. ``ints``: the section sizes (forwards, backwards,
+    transfers, reduces, updates), then the forwards' event, slab-end and slab-start indices, the backwards'
+    alike, the transfers' events and boundary indices, the reduces' and the updates' events; ``rates``: the
+    transfers' alphas and betas, the reduces' and the updates' seconds; the order as :func:`finish_times`
+    reads it. Returns the makespan; ``durations`` and ``finish`` hold the events' seconds and finish times."""
+    nf, nb, nc, nr, nu = ints[0], ints[1], ints[2], ints[3], ints[4]
     durations[:] = 0.0
-    p = 6
+    p = 5
     for k in range(nf):
         durations[ints[p + k]] = fwd_prefix[ints[p + nf + k]] - fwd_prefix[ints[p + 2 * nf + k]]
     p += 3 * nf
@@ -80,14 +80,12 @@ def step_makespan(fwd_prefix, bwd_prefix, boundary_bytes, ints, rates, durations
     for k in range(nu):
         e = ints[p + k]
         durations[e] = durations[e] + rates[2 * nc + nr + k]
-    p += nu
-    ptr = p + n  # topo at [p, p + n), pointers at [ptr, ptr + n + 1), predecessors after them
     best = 0.0
-    for k in range(n):
-        e = ints[p + k]
+    for k in range(topo.shape[0]):
+        e = topo[k]
         start = 0.0
-        for j in range(ints[ptr + e], ints[ptr + e + 1]):
-            f = finish[ints[ptr + n + 1 + j]]
+        for j in range(pred_ptr[e], pred_ptr[e + 1]):
+            f = finish[pred_idx[j]]
             if f > start:
                 start = f
         finish[e] = start + durations[e]
