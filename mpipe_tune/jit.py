@@ -9,7 +9,9 @@ compile"). So each kernel starts as its own Python source and counts the seconds
 once that reaches :data:`COMPILE_AFTER_S` (about what compiling costs: the ski-rental rule, never
 worse than twice the better choice), or a call's largest array has :data:`COMPILE_FROM_SIZE`
 elements or more, it is compiled (``cache=True``: loaded from numba's cache when an earlier run
-compiled it) and stays compiled. numba itself is imported only then.
+compiled it) and stays compiled. numba itself is imported only then. Where numba's cache already holds
+the kernel (:func:`numba_cache_holds`: an earlier run compiled this source) getting it compiled costs a
+load, not a compile, so the same rule buys it after :data:`COMPILE_CACHED_AFTER_S`.
 
 A Ctrl-C that lands while numba is imported or compiles (a command interrupted in its first
 seconds; a search defers the first Ctrl-C to its next trial, see :mod:`mpipe_tune.interrupt`, but not
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -33,6 +37,10 @@ import numpy as np
 
 COMPILE_AFTER_S = 1.0
 """Seconds a kernel spends as Python before it is compiled."""
+COMPILE_CACHED_AFTER_S = 0.1
+"""Seconds a kernel whose compilation numba's cache holds spends as Python: about what importing numba
+and loading the kernel cost (0.3 s and 0.05 s on a 2-core VM; the plan commands' kernels spent 1-3 s
+as Python before compiling, each run)."""
 COMPILE_FROM_SIZE = 20_000
 """A call with an array this large is compiled at once (Python would take milliseconds per call)."""
 TIERS = ("auto", "python", "compiled")
@@ -52,6 +60,8 @@ class Kernel:
         self.python_s = 0.0
         """Seconds spent in the Python tier so far."""
         self._compiled = None
+        self._cached: bool | None = None
+        """Whether numba's cache held this kernel when first asked (:func:`numba_cache_holds`)."""
 
     @property
     def compiled(self):
@@ -67,8 +77,14 @@ class Kernel:
             return _pinned == "compiled"
         if _compiling_stopped:
             return False
-        return (self._compiled is not None or self.python_s >= COMPILE_AFTER_S
+        return (self._compiled is not None or self.python_s >= self.compile_after_s()
                 or max((a.size for a in args if isinstance(a, np.ndarray)), default=0) >= COMPILE_FROM_SIZE)
+
+    def compile_after_s(self) -> float:
+        """Python seconds after which this kernel is compiled: what getting it compiled costs."""
+        if self._cached is None:
+            self._cached = numba_cache_holds(self.python)
+        return COMPILE_CACHED_AFTER_S if self._cached else COMPILE_AFTER_S
 
     def __call__(self, *args):
         if self.uses_compiled(args):
@@ -83,6 +99,25 @@ class Kernel:
             return self.python(*args)
         finally:
             self.python_s += time.perf_counter() - start
+
+
+def numba_cache_holds(fn: Callable) -> bool:
+    """Whether numba's cache beside ``fn``'s source (``__pycache__``, where ``cache=True`` writes it) holds an
+    index of ``fn`` written after the source's last change, without importing numba (the index's name as
+    numba's ``InTreeCacheLocator`` gives it). False where ``NUMBA_CACHE_DIR`` moves the cache elsewhere: the
+    rule then waits :data:`COMPILE_AFTER_S`, as for a kernel never compiled."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return False
+    code = fn.__code__
+    source = code.co_filename
+    name = f"{os.path.splitext(os.path.basename(source))[0]}.{fn.__qualname__}".replace("<", "").replace(">", "")
+    index = os.path.join(os.path.dirname(source), "__pycache__",
+                         f"{name}-{code.co_firstlineno}.py{sys.version_info[0]}{sys.version_info[1]}"
+                         f"{getattr(sys, 'abiflags', '')}.nbi")
+    try:
+        return os.stat(index).st_mtime >= os.stat(source).st_mtime
+    except OSError:
+        return False
 
 
 def compiling_stopped() -> bool:

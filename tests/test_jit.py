@@ -67,6 +67,7 @@ def total(values):
 
 
 def test_a_kernel_is_python_until_its_python_time_or_a_large_input_pays_for_compiling(monkeypatch):
+    monkeypatch.setattr(jit, "numba_cache_holds", lambda fn: False)  # an earlier run may have cached `total`
     k = jit.Kernel(total)
     assert k(np.ones(10)) == 10.0 and k._compiled is None and k.python_s > 0
     monkeypatch.setattr(jit, "COMPILE_FROM_SIZE", 50)
@@ -78,6 +79,34 @@ def test_a_kernel_is_python_until_its_python_time_or_a_large_input_pays_for_comp
     assert cheap._compiled is None
     cheap(np.ones(2))
     assert cheap._compiled is not None
+
+
+def test_a_kernel_numbas_cache_holds_is_compiled_after_the_shorter_wait(tmp_path, monkeypatch):
+    """A kernel compiled by an earlier run (numba's index beside its source, newer than it) waits
+    COMPILE_CACHED_AFTER_S as Python, not COMPILE_AFTER_S; an edited source is not held."""
+    import importlib.util
+    import os
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    source = tmp_path / "loops.py"
+    source.write_text("def total(values):\n    s = 0.0\n    for k in range(values.shape[0]):\n"
+                      "        s += values[k]\n    return s\n")
+    spec = importlib.util.spec_from_file_location("loops", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert not jit.numba_cache_holds(module.total)
+    assert jit.Kernel(module.total).compile_after_s() == jit.COMPILE_AFTER_S
+    jit.Kernel(module.total).compiled(np.ones(3))  # an earlier run: compiled, written to numba's cache
+    assert jit.numba_cache_holds(module.total)
+    k = jit.Kernel(module.total)
+    assert k.compile_after_s() == jit.COMPILE_CACHED_AFTER_S < jit.COMPILE_AFTER_S
+    monkeypatch.setattr(jit, "COMPILE_CACHED_AFTER_S", 1e-12)
+    k(np.ones(2))
+    assert k._compiled is None  # no Python time before its first call
+    assert k(np.ones(2)) == 2.0 and k._compiled is not None
+    later = os.stat(source).st_mtime + 10
+    os.utime(source, (later, later))  # the source edited since
+    assert not jit.numba_cache_holds(module.total)
 
 
 def test_a_ctrl_c_during_a_compile_keeps_every_kernel_python_from_then_on(monkeypatch):

@@ -48,6 +48,7 @@ Assumptions (details in :mod:`~mpipe_tune.cost._arch_pieces` and :mod:`~mpipe_tu
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
@@ -178,10 +179,18 @@ class MicrobatchArray:
 
 
 def _slots(sizes: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
-    """Per slot, each entry's size there (0 past its last): the columns of a ragged list."""
-    columns = np.zeros((max((len(s) for s in sizes), default=0), len(sizes)), dtype=np.int64)
-    for index, s in enumerate(sizes):
-        columns[:len(s), index] = s
+    """Per slot, each entry's size there (0 past its last): the columns of a ragged list (filled in one
+    scatter: a table's joined batch holds hundreds of entries, each costed by every layer kind).
+
+    >>> [c.tolist() for c in _slots([(4, 6), (), (5,)])]
+    [[4, 0, 5], [6, 0, 0]]
+    """
+    lengths = np.fromiter(map(len, sizes), dtype=np.int64, count=len(sizes))
+    columns = np.zeros((int(lengths.max(initial=0)), len(sizes)), dtype=np.int64)
+    if columns.size:
+        flat = np.fromiter(itertools.chain.from_iterable(sizes), dtype=np.int64, count=int(lengths.sum()))
+        slot = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        columns[slot, np.repeat(np.arange(len(sizes)), lengths)] = flat
     return tuple(columns)
 
 

@@ -42,7 +42,8 @@ from mpipe_tune.algebra import (
     EncoderBackward, plan_steps, Bwd, Coll, Comm, EdgeKind, Fwd, Model, ByLayer, ByMicrobatch, validate_owners,
     EDGE_KINDS, OrderColumns, replicated_of,
 )
-from mpipe_tune.cost._durations import DurationModel, TableSums
+from mpipe_tune.cost import _kernels as kernels
+from mpipe_tune.cost._durations import DurationModel, TableSums, table_sums
 from mpipe_tune.cost._event_arrays import BARRIER, BWD, COLL, COMMS, REDUCE, EventArrays
 from mpipe_tune.cost._layers import CostOptions, LayerTable
 from mpipe_tune.cost._memory import MemoryLayout, MemoryReport, estimate_static_bytes
@@ -70,6 +71,8 @@ class CompiledPlan:
         self.sharding = sharding_events(self.arrays, plan.num_microbatches, model, profile, options)
         """The per-microbatch sharding actions (ZeRO-2, ZeRO-3 resharding after forward), timed as nodes of
         their own (:mod:`~mpipe_tune.cost._sharding_events`); None without any."""
+        self._pack: tuple[DurationModel, CompiledOrder, tuple[np.ndarray, ...] | bool | None] | None = None
+        """(:attr:`durations_model`, :attr:`order`, their arrays as one kernel call reads them): see :meth:`_packed`."""
         self._timed: tuple[CompiledOrder, object, CompiledOrder] | None = None
         """(:attr:`order`, :attr:`sharding`, the order with those actions): made on first use, for that pair
         (a copy for other options or owners shares the attribute until then)."""
@@ -106,10 +109,34 @@ class CompiledPlan:
         return self.durations_model.durations(table)
 
     def makespan(self, table: LayerTable | TableSums) -> float:
-        """The step time alone: durations and one longest-path pass (the search's hot loop)."""
-        if self.sharding is None:
-            return self.order.makespan(self.durations(table))
-        return self.timed_order().makespan(self._with_actions(table))
+        """The step time alone: durations and one longest-path pass (the search's hot loop), in one kernel
+        call where the durations are that one pass (:func:`~mpipe_tune.cost._kernels.step_makespan`)."""
+        if self.sharding is not None:
+            return self.timed_order().makespan(self._with_actions(table))
+        sums = table if isinstance(table, TableSums) else table_sums(table, self.model)
+        packed = self._packed(sums.table)
+        if packed is None:
+            return self.order.makespan(self.durations(sums))
+        ints, rates, durations, finish = packed
+        order = self.order
+        return float(kernels.step_makespan(sums.fwd_prefix, sums.bwd_prefix, sums.boundary_bytes, ints, rates,
+                                           order.topo, order.pred_ptr, order.pred_idx, durations, finish))
+
+    def _packed(self, table: LayerTable) -> tuple[np.ndarray, ...] | None:
+        """:meth:`~mpipe_tune.cost._durations.DurationModel.packed` and two scratch arrays, for the (durations,
+        order) pair (a copy for other
+        options or owners has its own pair); None on the pair's first use (a plan timed once, a cold candidate
+        or a new owner map, takes the two passes rather than pay for the packing) or where it cannot pack."""
+        model, order = self.durations_model, self.order
+        if self._pack is None or self._pack[0] is not model or self._pack[1] is not order:
+            self._pack = (model, order, False)
+            return None
+        if self._pack[2] is False:
+            part = model.packed(table)
+            if part is not None:
+                part = (*part, np.empty(order.num_events), np.empty(order.num_events))
+            self._pack = (model, order, part)
+        return self._pack[2]
 
     def timeline(self, table: LayerTable | TableSums) -> Timeline:
         """The step's timeline: the events' start, finish and seconds (aligned with the plan's events), the

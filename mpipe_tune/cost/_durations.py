@@ -168,12 +168,33 @@ class DurationModel:
         if self._overlap is not None:  # reads the compute events' durations only; phi: the share compute hides
             phi = self.profile.overlap_share
             out[self.reduce_idx] = phi * self._overlap.exposed(out, self._reduce_s) + (1.0 - phi) * self._reduce_s
-        if self._update is None:  # the ranks' last events move with their orders (a re-timed plan's)
-            plan = self.order_plan()
-            self._update = update_charges(plan, estimate_update_s(plan, self.model, sums.table, self.profile,
-                                                                  self.options))
-        out[self._update[0]] += self._update[1]
+        events, seconds = self.update(sums.table)
+        out[events] += seconds
         return out
+
+    def update(self, table: LayerTable) -> tuple[np.ndarray, np.ndarray]:
+        """The optimizer update as (events, seconds), each rank's on its last event (:func:`update_charges`):
+        parameter counts and the ranks' orders only, so once (a re-timed plan's ranks run other orders)."""
+        if self._update is None:
+            plan = self.order_plan()
+            self._update = update_charges(plan, estimate_update_s(plan, self.model, table, self.profile, self.options))
+        return self._update
+
+    def packed(self, table: LayerTable) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`durations` as :func:`~mpipe_tune.cost._kernels.step_makespan` reads it: (the section sizes,
+        then the index arrays, as int64; the transfers' alphas and betas, the reduces' and updates' seconds);
+        None where the durations take more than that pass (split backwards, reduces overlapped with compute).
+        ``table``: one of the plan's tables (its parameter counts)."""
+        reduce_s = self.reduce_seconds(table)
+        if len(self.wgrad_idx) or self._overlap is not None:
+            return None
+        events, seconds = self.update(table)
+        sizes = [len(self.fwd_idx), len(self.bwd_idx), len(self.coll_idx), len(self.reduce_idx), len(events)]
+        ints = np.concatenate([np.asarray(sizes, dtype=np.int64)] + [np.asarray(a, dtype=np.int64) for a in (
+            self.fwd_idx, self.fwd_hi, self.fwd_lo, self.bwd_idx, self.bwd_hi, self.bwd_lo, self.coll_idx,
+            self.coll_flat, self.reduce_idx, events)])
+        rates = np.concatenate([np.asarray(a, dtype=float) for a in (self.alpha, self.beta, reduce_s, seconds)])
+        return ints, rates
 
     def reduce_seconds(self, table: LayerTable) -> np.ndarray:
         """Seconds of each reduce (aligned with :attr:`reduce_idx`): parameter counts only, so once."""

@@ -53,6 +53,48 @@ def finish_times(durations, topo, pred_ptr, pred_idx, out):
 
 
 @kernel
+def step_makespan(fwd_prefix, bwd_prefix, boundary_bytes, ints, rates, topo, pred_ptr, pred_idx, durations, finish):
+    """:func:`event_durations`, the optimizer update added to its events, then :func:`finish_times`, in one
+    call over a plan's duration pass packed into two flat arrays
+    (:meth:`~mpipe_tune.cost._durations.DurationModel.packed`): one dispatch and no temporaries in the search's
+    hot loop, the same operations in the same order. ``ints``: the section sizes (forwards, backwards,
+    transfers, reduces, updates), then the forwards' event, slab-end and slab-start indices, the backwards'
+    alike, the transfers' events and boundary indices, the reduces' and the updates' events; ``rates``: the
+    transfers' alphas and betas, the reduces' and the updates' seconds; the order as :func:`finish_times`
+    reads it. Returns the makespan; ``durations`` and ``finish`` hold the events' seconds and finish times."""
+    nf, nb, nc, nr, nu = ints[0], ints[1], ints[2], ints[3], ints[4]
+    durations[:] = 0.0
+    p = 5
+    for k in range(nf):
+        durations[ints[p + k]] = fwd_prefix[ints[p + nf + k]] - fwd_prefix[ints[p + 2 * nf + k]]
+    p += 3 * nf
+    for k in range(nb):
+        durations[ints[p + k]] = bwd_prefix[ints[p + nb + k]] - bwd_prefix[ints[p + 2 * nb + k]]
+    p += 3 * nb
+    for k in range(nc):
+        durations[ints[p + k]] = rates[k] + rates[nc + k] * boundary_bytes[ints[p + nc + k]]
+    p += 2 * nc
+    for k in range(nr):
+        durations[ints[p + k]] = rates[2 * nc + k]
+    p += nr
+    for k in range(nu):
+        e = ints[p + k]
+        durations[e] = durations[e] + rates[2 * nc + nr + k]
+    best = 0.0
+    for k in range(topo.shape[0]):
+        e = topo[k]
+        start = 0.0
+        for j in range(pred_ptr[e], pred_ptr[e + 1]):
+            f = finish[pred_idx[j]]
+            if f > start:
+                start = f
+        finish[e] = start + durations[e]
+        if finish[e] > best:
+            best = finish[e]
+    return best
+
+
+@kernel
 def running_peaks(rank, delta, num_ranks):
     """Per rank, the largest running sum (at least 0) of ``delta`` in the given order."""
     running = np.zeros(num_ranks)

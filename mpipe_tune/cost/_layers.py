@@ -358,22 +358,23 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         key = (layer.cost, layer.block)
         if key not in unique:
             unique[key] = _layer_row(layer.cost, layer.block, microbatches, profile, arch_options)
+    replicas = options.encoder_replicas
+    encoder = np.array([layer.block == ENCODER_BLOCK and isinstance(layer.cost, ArchCost) for layer in model.layers])
     rows = [unique[(layer.cost, layer.block)] for layer in model.layers]
+    if replicas > 1 and encoder.any():  # the encoder's layers: every column but the boundary at its own degree
+        encoder_options = replace(arch_options, degrees=replace(arch_options.degrees, tp=options.encoder_tp))
+        encoder_rows = {}
+        for key in {(u.cost, u.block) for u, e in zip(model.layers, encoder) if e}:
+            row = list(unique[key])
+            for i, values in zip(_ENCODER_COLUMNS, _encoder_row(key[0], microbatches, profile, encoder_options,
+                                                                 replicas)):
+                row[i] = values
+            encoder_rows[key] = row
+        rows = [encoder_rows[(u.cost, u.block)] if e else row for u, e, row in zip(model.layers, encoder, rows)]
     fwd, dgrad, wgrad, boundary, saved, bwd_overhead, core_s, selective_saved, wgrad_grad, *bound = (
         np.array(column) for column in zip(*rows))
-    replicas = options.encoder_replicas
     gather = np.zeros_like(fwd)
-    encoder = np.array([layer.block == ENCODER_BLOCK and isinstance(layer.cost, ArchCost) for layer in model.layers])
     if replicas > 1 and encoder.any():
-        fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad, *bound = (
-            a.copy() for a in (fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad, *bound))
-        encoder_options = replace(arch_options, degrees=replace(arch_options.degrees, tp=options.encoder_tp))
-        for key in {(u.cost, u.block) for u, e in zip(model.layers, encoder) if e}:
-            at = [i for i, u in enumerate(model.layers) if (u.cost, u.block) == key]
-            row = _encoder_row(key[0], microbatches, profile, encoder_options, replicas)
-            for column, values in zip((fwd, dgrad, wgrad, saved, bwd_overhead, core_s, selective_saved, wgrad_grad,
-                                       *bound), row):
-                column[at] = values
         last = int(np.flatnonzero(encoder)[-1])  # the features are gathered after the encoder's last layer
         # forward; backward, its gradient: a reduce-scatter of the same bytes
         gather[last] = feature_gather_s(model.layers[last].cost, microbatches, profile, options)
@@ -456,11 +457,15 @@ _encoder_split = lru_cache(maxsize=65536)(encoder_split)
 """:func:`encoder_split`, kept: the tables of every setting split the same microbatches."""
 
 
+_ENCODER_COLUMNS = (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+"""The columns of :func:`arch_columns` an encoder layer takes at its own degree: all but the boundary (3)."""
+
+
 def _encoder_row(cost: ArchCost, microbatches, profile, encoder_options: CostOptions, replicas: int):
     """An encoder layer's columns (all but the boundary) at the encoder's own tensor-parallel degree, on
     the busiest share of each microbatch's images."""
     values = arch_columns(cost, tuple(_encoder_split(mb, replicas) for mb in microbatches), profile, encoder_options)
-    return tuple(values[i] for i in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12))
+    return tuple(values[i] for i in _ENCODER_COLUMNS)
 
 
 @lru_cache(maxsize=1024)
@@ -555,6 +560,16 @@ def layer_seconds(cost, block: str, mb: Microbatch, profile: HardwareProfile,
     return float(row[0][0]), float(row[1][0]), float(row[2][0]), float(row[5][0])
 
 
+@lru_cache(maxsize=64)
+def _microbatch_array(microbatches: tuple[Microbatch, ...]) -> arch.MicrobatchArray:
+    """:meth:`~mpipe_tune.cost._arch.MicrobatchArray.of` ``microbatches``, kept (read-only): a table's every layer
+    kind is costed on the same joined batch."""
+    batch = arch.MicrobatchArray.of(microbatches)
+    for column in (batch.image_tokens, batch.text_tokens, batch.num_images, *batch.image_columns, *batch.text_columns):
+        column.flags.writeable = False
+    return batch
+
+
 @lru_cache(maxsize=16384)
 def arch_columns(cost: ArchCost, microbatches: tuple[Microbatch, ...], profile: HardwareProfile,
                  options: CostOptions) -> np.ndarray:
@@ -563,7 +578,7 @@ def arch_columns(cost: ArchCost, microbatches: tuple[Microbatch, ...], profile: 
     Kept: the tables of settings that differ only in what the kernels do not read (recomputation, ZeRO,
     pp, dp, the encoder's degree) share their rows; 16,384 of them (each the rows of one layer kind over
     one setting's sampled steps, a few kB) serve a 512-device search's few thousand settings."""
-    batch = arch.MicrobatchArray.of(microbatches)
+    batch = _microbatch_array(microbatches)
     has_tokens = arch.stream_tokens(cost.kind, batch) > 0  # one microbatch without them costs nothing
     return np.array([np.where(has_tokens, value, 0.0) for value in arch_seconds(cost, batch, profile, options)],
                     dtype=float).reshape(_COLUMNS, len(microbatches))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -101,6 +101,10 @@ class Evaluator:
         self._expected: dict[tuple, set[tuple]] = {}
         """Per kernel setting (:func:`_kernel_setting`), the table settings :meth:`expect` was told of and
         not yet built."""
+        self._joined: dict[tuple, list[tuple]] = {}
+        """Per kernel setting but the recomputation, the settings whose tables were last built in one pass:
+        another recomputation's table of one of them is built with all of theirs, from the same joined
+        microbatches, whose kernel rows are kept (:func:`~mpipe_tune.cost._layers.arch_columns`)."""
         self._weights: dict[tuple, tuple[float, ...]] = {}
         self._steps: dict[tuple, StepResult] = {}
         self._slots: dict[tuple, EncoderBackward | None] = {}
@@ -162,12 +166,19 @@ class Evaluator:
             expected = self._expected.pop(_kernel_setting(setting), set())
             expected.discard(setting)
             batch = [setting, *sorted(s for s in expected if (0, *s) not in self._tables)]
+            joined = self._joined.get(_rows_setting(setting), [])
+            if len(batch) == 1 and _with_recompute(setting, False) in [_with_recompute(s, False) for s in joined]:
+                # another recomputation of a joined pass's setting: that pass's settings with this one's
+                batch = [_with_recompute(s, setting[3]) for s in joined]
+            else:
+                self._joined[_rows_setting(setting)] = batch
             workloads = [p.replica_workload(k, dp, m) for _, dp, m, *_ in batch for k in range(p.samples)]
             tables = iter(zip(workloads, self.predictor.tables(self._own(c), workloads)))
             for built in batch:
                 for k in range(p.samples):
                     workload, table = next(tables)
-                    self._tables[(k, *built)] = (workload, table, table_sums(table, p.model))
+                    if (k, *built) not in self._tables:  # one built already stays (kept by identity elsewhere)
+                        self._tables[(k, *built)] = (workload, table, table_sums(table, p.model))
         return self._tables[key]
 
     def expected_layer_weights(self, c: Candidate) -> tuple[float, ...]:
@@ -238,7 +249,7 @@ class Evaluator:
 
     def _static_bytes(self, c: Candidate) -> tuple[float, ...]:
         """Per rank, ``c``'s static memory (weights, gradients, optimizer state)."""
-        key = ("static", replace(c, label="", owner_policy=None))
+        key = ("static", *_unlabelled(c))
         if key not in self._bounds:
             _, table = self.table(0, c)
             self._bounds[key] = static_bytes_of(self._rank_layers(c), self.problem.model, table, self.options(c))
@@ -249,7 +260,7 @@ class Evaluator:
         static memory plus the saved activations of one microbatch in each of its Sharded slabs, which are
         all live at that microbatch's backward in its last slab
         (:func:`~mpipe_tune.search._bounds.activation_floor`); at least :meth:`static_peak_bytes`."""
-        key = ("peak floor", replace(c, label="", owner_policy=None))
+        key = ("peak floor", *_unlabelled(c))
         if key not in self._bounds:
             activations = activation_floor(self._bound_sums(c), self._index(c))
             self._bounds[key] = float(max(np.asarray(self._static_bytes(c)) + activations))
@@ -348,7 +359,7 @@ class Evaluator:
         of its Sharded stages that its order keeps live together
         (:class:`~mpipe_tune.search._bounds.LiveSets`; the transposed regions' are left out, as their
         owners vary per step); at least :meth:`peak_floor_bytes`."""
-        key = ("order floor", replace(c, label="", owner_policy=None))
+        key = ("order floor", *_unlabelled(c))
         if key not in self._bounds:
             compiled = self.compiled(c, self.slab_counts(c))
             layout, arrays = compiled.memory_layout, compiled.arrays
@@ -370,12 +381,15 @@ class Evaluator:
         """A lower bound on ``c``'s largest per-rank static memory from its degrees and memory knobs alone
         (no slabs, no layer table of a sampled step): every layer's static bytes shared by the ``P``
         ranks (each layer is held by one rank or more). The parameter counts are read off a layer table
-        of one sequence (they do not depend on the workload)."""
+        of one sequence (they do not depend on the workload), one per tensor-parallel degree of the backbone
+        and the encoder: a table's parameter columns read nothing else of the setting (no recomputation,
+        context or sequence parallelism; the expert degree is kept in the key all the same), so its timing
+        columns, which static_bytes_of does not read, may be another setting's."""
         key = ("static floor", c.pp, c.tp, c.dp, c.ep, c.cp, c.zero_stage, c.reshards_after_forward,
                c.sequence_parallel, c.encoder_tp)
         if key not in self._bounds:
             p = self.problem
-            table_key = ("static table", _kernel_setting(_table_setting(c)))  # what the table's kernels read
+            table_key = ("static table", c.tp, c.ep, c.encoder_tp)  # what the parameter columns read
             if table_key not in self._bounds:
                 self._bounds[table_key] = self.predictor.table(self._own(c), Workload(p.sequences(0, 1), "static"))
             table = self._bounds[table_key]
@@ -539,6 +553,27 @@ def _table_setting(c: Candidate, recompute: bool | str | None = None) -> tuple:
     table reads (``recompute``: with that recomputation in place of ``c``'s)."""
     return (c.tp, c.dp, c.num_microbatches, c.recompute if recompute is None else recompute, c.ep, c.cp,
             c.sequence_parallel, c.encoder_tp)
+
+
+_UNLABELLED = tuple(f.name for f in fields(Candidate) if f.name not in ("label", "owner_policy"))
+
+
+def _unlabelled(c: Candidate) -> tuple:
+    """``c``'s fields but its label and owner policy, which no memory bound reads: what
+    ``replace(c, label="", owner_policy=None)`` compares by, without building that candidate (the bounds
+    are looked up for every point a search orders)."""
+    return tuple(getattr(c, name) for name in _UNLABELLED)
+
+
+def _rows_setting(setting: tuple) -> tuple:
+    """Of a :func:`_table_setting`, what the tables' kernel rows read: :func:`_kernel_setting` but the
+    recomputation, which only picks columns after them."""
+    return setting[:1] + setting[4:]
+
+
+def _with_recompute(setting: tuple, recompute: bool | str) -> tuple:
+    """A :func:`_table_setting` with ``recompute`` in place of its own."""
+    return setting[:3] + (recompute,) + setting[4:]
 
 
 def _kernel_setting(setting: tuple) -> tuple:

@@ -151,13 +151,13 @@ class StagedWorkBound:
     def __call__(self, c: Candidate, level: int) -> float:
         if level >= self.levels:
             return self.evaluator.bound_at(c, 0)
-        plain = replace(c, recompute=False)
-        return sum(self._step_work(plain, k) for k in range(level)) / (self.levels * c.pp)
+        return sum(self._step_work(c, k) for k in range(level)) / (self.levels * c.pp)
 
-    def _step_work(self, plain: Candidate, sample: int) -> float:
-        key = (plain.tp, plain.dp, plain.num_microbatches, plain.ep, plain.cp, plain.sequence_parallel,
-               plain.encoder_tp, sample)
+    def _step_work(self, c: Candidate, sample: int) -> float:
+        """The work of step ``sample``'s layer table of ``c``'s setting without recomputation (kept per setting:
+        the key is read off ``c`` itself, as a group's bound is asked for at every level of every group)."""
+        key = (c.tp, c.dp, c.num_microbatches, c.ep, c.cp, c.sequence_parallel, c.encoder_tp, sample)
         if key not in self._work:
-            table = self.evaluator.table(sample, plain)[1]
+            table = self.evaluator.table(sample, replace(c, recompute=False))[1]
             self._work[key] = float(table.fwd_s.sum() + table.backward_s(self.evaluator.problem.model).sum())
         return self._work[key]

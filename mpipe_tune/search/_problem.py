@@ -68,6 +68,9 @@ class Problem:
     """Cost options other than those a candidate sets (degrees, recompute, ZeRO stage, sequence
     parallelism): dtype, optimizer bytes, MoE load imbalance, ..."""
     _drawn: dict[int, tuple[Microbatch, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _replicas: dict[tuple[int, int, int], Workload] = field(default_factory=dict, init=False, repr=False,
+                                                              compare=False)
+    """:meth:`replica_workload` per (sample, dp, microbatches): every setting of those degrees packs the same."""
     """Per sampled step, the longest prefix of its sequences drawn so far."""
 
     def __post_init__(self) -> None:
@@ -141,7 +144,14 @@ class Problem:
             )
 
     def replica_workload(self, sample: int, dp: int, num_microbatches: int) -> Workload:
-        """Step ``sample``'s share of one replica, packed into ``num_microbatches`` microbatches."""
+        """Step ``sample``'s share of one replica, packed into ``num_microbatches`` microbatches (kept: the
+        tables of every setting with these degrees read it)."""
+        key = (sample, dp, num_microbatches)
+        if key not in self._replicas:
+            self._replicas[key] = self._packed_replica(sample, dp, num_microbatches)
+        return self._replicas[key]
+
+    def _packed_replica(self, sample: int, dp: int, num_microbatches: int) -> Workload:
         per_replica = self.global_batch // dp
         assert per_replica * dp == self.global_batch and per_replica % num_microbatches == 0
         sequences = self.sequences(sample, per_replica)

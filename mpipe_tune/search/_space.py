@@ -41,6 +41,7 @@ Optuna never sees one name with two option sets.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,6 +138,9 @@ class SearchSpace:
         self._experts: dict[tuple[int, int], list[int]] = {}
         self.layouts = self._layouts()
         """``(pp, tp, dp, cp)`` of every device layout the space holds."""
+        self.layout_names = [layout_name(layout) for layout in self.layouts]
+        """Each of :attr:`layouts` as the ``degrees`` choice names it (named once: the tree walk builds every point)."""
+        self._layout_of = dict(zip(self.layout_names, self.layouts))
         self.degrees = [(pp, tp, dp) for pp, tp, dp, _ in self.layouts]
         """``(pp, tp, dp)`` of each of :attr:`layouts` (its ``cp`` left out)."""
         problem.validate_sampling(min(dp for _, _, dp in self.degrees))
@@ -328,8 +332,7 @@ class SearchSpace:
 
     def build(self, choose: Choose) -> Candidate:
         """Walk the choices with ``choose(param_name, options) -> option``; return the leaf."""
-        names = [layout_name(layout) for layout in self.layouts]
-        pp, tp, dp, cp = self.layouts[names.index(choose("degrees", names))]
+        pp, tp, dp, cp = self._layout_of[choose("degrees", self.layout_names)]
         schedules = self.schedules(pp, dp)
         schedule = choose(self.param_name("schedule", schedules, self.family), schedules)
         transpose, chunks, sink = self.shape(schedule)
@@ -408,9 +411,15 @@ class SearchSpace:
 
             def choose(name: str, options: Sequence[Any]) -> Any:
                 depth = len(sizes)
-                indices = list(range(len(options)))
-                if fixed is not None and _base(name) in fixed:
-                    indices = [i for i in indices if _same(options[i], fixed[_base(name)])]
+                base = _base(name) if fixed is not None else None
+                if base is not None and base in fixed:
+                    # the options that are the fixed value, of its type (False is not 0: recomputation and the
+                    # ZeRO stage are different choices)
+                    value, kind = fixed[base], type(fixed[base])
+                    indices: Sequence[int] = [i for i, option in enumerate(options)
+                                              if type(option) is kind and option == value]
+                else:
+                    indices = range(len(options))
                 sizes.append(len(indices))
                 if not indices:
                     raise _NoLeaf
@@ -540,12 +549,10 @@ class _NoLeaf(Exception):
     """A walk with fixed values reached a choice none of whose options takes them."""
 
 
-def _same(option: Any, value: Any) -> bool:
-    """``option`` is ``value`` (False is not 0: recomputation and the ZeRO stage are different choices)."""
-    return type(option) is type(value) and option == value
-
-
+@functools.lru_cache(maxsize=1024)
 def _base(name: str) -> str:
+    """A choice's base name: ``microbatch_size[1|2]`` -> ``microbatch_size`` (kept: the tree walk asks for every
+    choice of every point)."""
     return name.split("[", 1)[0]
 
 

@@ -25,6 +25,7 @@ def _same_step(retimed: CompiledPlan, fresh: Prediction, table) -> None:
     assert np.array_equal(t.durations_s, f.durations_s)
     assert np.array_equal(t.finish_s, f.finish_s)
     assert t.makespan_s == f.makespan_s
+    assert retimed.makespan(table) == f.makespan_s == retimed.makespan(table)  # two passes, then one call
     for a, b in ((t.busy_s, f.busy_s), (t.spill_s, f.spill_s), (t.encoder_s, f.encoder_s),
                  (t.warmup_slack_s, f.warmup_slack_s)):
         assert a == pytest.approx(b, rel=1e-12, abs=1e-15)
@@ -88,6 +89,29 @@ def test_owner_maps_retimed_across_nodes_equal_a_fresh_derive(P, M, tp, dp):
     _same_step(again, predict_plan(cut, schedule, model, workload, profile, P, slab_counts=slabs,
                               microbatch_owners=maps[1], options=options), base.table)
     assert compiled.with_owners(compiled.owners).makespan(base.table) == base.timeline.makespan_s
+
+
+@pytest.mark.parametrize("tier", ["python", "compiled"])
+def test_the_makespan_in_one_kernel_call_is_the_timelines(tier):
+    """makespan's single kernel call (durations, the optimizer update, the longest path) gives the
+    timeline's makespan bit for bit, in either tier, on the plan and on re-timed owner maps."""
+    from mpipe_tune import jit
+
+    model, profile = load_model("qwen2vl-vit-llama3-8b"), load_profile("h100-sxm")
+    cut = Cut((next(i for i, u in enumerate(model.layers) if u.block == "llm"),))
+    rng = np.random.default_rng(1)
+    with jit.tier(tier):
+        for seed in range(3):
+            base = predict_plan(cut, parse_schedule("transpose,1f1b"), model,
+                                load_workload("balanced", num_microbatches=12, seed=seed), profile, 6)
+            compiled = CompiledPlan(base.plan, model, profile, CostOptions())
+            for _ in range(2):  # the first call takes the two passes, the second the one call
+                assert compiled.makespan(base.table) == base.timeline.makespan_s
+            assert compiled._packed(base.table) is not None  # the one-call pass ran
+            for _ in range(3):
+                retimed = compiled.with_owners(tuple(int(r) for r in rng.integers(0, 6, 12)))
+                expected = retimed.timeline(base.table).makespan_s
+                assert retimed.makespan(base.table) == expected and retimed.makespan(base.table) == expected
 
 
 def test_an_owner_map_of_the_wrong_length_is_refused():

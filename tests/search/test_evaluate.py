@@ -206,6 +206,31 @@ def test_the_static_floor_never_exceeds_a_plans_static_memory_and_settles_what_c
     assert all(squeezed.bound_at(c, level) == float("inf") for c in points[:20] for level in range(1, 3))
 
 
+def test_the_static_floor_is_the_same_whichever_setting_built_its_parameter_table():
+    """The static floor reads one parameter table per tensor-parallel degree (backbone and encoder) and expert
+    degree, whichever setting built it (recomputation, sequence and context parallelism, ZeRO): on a MoE model
+    with every knob, each point's floor equals the one read off a table of its own setting."""
+    from pathlib import Path
+
+    from mpipe_tune.cost import static_bytes_of
+    from mpipe_tune.inputs import Workload
+    from mpipe_tune.search import SearchSpace, SpaceOptions
+
+    model = load_model(str(Path(__file__).parents[1] / "runtime" / "tiny-mllm-mla-moe.yaml"))
+    problem = Problem(model, load_profile("h100-sxm"), 8, 16, mix="image-heavy", num_samples=1)
+    options = SpaceOptions(recompute=(False, "selective", True), zero=(0, 1), sequence_parallel=(False, True),
+                           cp=(1, 2), ep=None, encoder_tp=True, max_microbatches=4)
+    evaluator = Evaluator(problem)
+    points = [c for _, c in SearchSpace(problem, evaluator.reference_weights(), options).enumerate()]
+    chosen = [points[i] for i in np.random.default_rng(0).permutation(len(points))[:300]]
+    assert {c.ep for c in chosen} > {1} and {c.cp for c in chosen} > {1} and {c.encoder_tp for c in chosen} > {None}
+    one = Workload(problem.sequences(0, 1), "static")
+    for c in chosen:
+        own = evaluator.predictor.table(c, one)
+        expected = sum(static_bytes_of((((0, model.num_layers),),), model, own, evaluator.options(c))) / c.pp
+        assert evaluator.static_floor_bytes(c) == expected, c
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_peak_floor_and_step_bounds_hold_on_random_moe_points(seed):
     """Expert parallelism (all-to-alls, imbalance, experts split over ep), with every other knob, split
