@@ -13,7 +13,9 @@ is that of the summed loss over all of them, as in the single-process reference.
 parallelism a rank's routed experts already hold the gradient of every row its expert group sent them
 (the backward's all-to-alls bring it), and are summed over the experts' own data-parallel group. With context parallelism the ``cp`` ranks of a replica share its
 microbatches, each computing its share of every decoder sequence (:mod:`~mpipe_tune.runtime._ring_attention`)
-and the loss of its positions; the DataGroup reduce (dp x cp ranks) sums their gradients.
+and the loss of its positions; the DataGroup reduce (dp x cp ranks) sums their gradients. With ZeRO-1 a
+data-parallel reduce is a reduce-scatter, each rank keeping its shard of the summed gradients, and the update
+all-gathers the weights, as a distributed optimizer does (the bytes :mod:`~mpipe_tune.cost._durations` prices).
 
 A microbatch without images skips the encoder: the image-stream layers of a slab (patch embedding,
 ViT blocks, merger, projector) are not called on it, their output is the empty tensor of the last
@@ -38,6 +40,7 @@ as well: the gradients equal an unsplit step's, the time is not a fused split's.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -48,7 +51,7 @@ from mpipe_tune.runtime import _encoder_groups as encoder_groups
 from mpipe_tune.runtime._blueprint import output_shape
 from mpipe_tune.runtime._data import MicrobatchInputs
 from mpipe_tune.runtime._full_shard import is_fully_sharded, reduce_gradients, reshard, unshard, unsharded_parameters
-from mpipe_tune.runtime._mesh import ALL_GATHER_INTO, RankMesh, all_reduce_bucketed, local_tensor
+from mpipe_tune.runtime._mesh import ALL_GATHER_INTO, REDUCE_SCATTER_FROM, RankMesh, all_reduce_bucketed, local_tensor
 from mpipe_tune.runtime._mllm import LayerStack
 from mpipe_tune.runtime._plan_view import PlanView
 from mpipe_tune.runtime._tensor_parallel import tp_context
@@ -77,6 +80,9 @@ class RealCompute:
         """ZeRO-2, and ZeRO-3 keeping the weights: the gathered parameters are kept until the stage's reduce."""
         self.syncs_once = self.keeps_weights and view.candidate.zero_stage == 3
         """ZeRO-3 keeping the weights: the gradients are reduce-scattered once, by the stage's reduce event."""
+        self.scatters_gradients = view.candidate.zero_stage == 1 and not self.fully_sharded
+        """ZeRO-1 (a distributed optimizer): a data-parallel reduce reduce-scatters its gradients into this
+        rank's shard of them, and the update all-gathers the updated weights (:class:`GradientShard`)."""
         self.begin_step(view)
 
     def begin_step(self, view: PlanView | None = None) -> None:
@@ -97,6 +103,8 @@ class RealCompute:
         self._pending: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
         """A split backward's (output, output gradient; None from the loss), from its Bwd to its Wgrad."""
         self.losses: dict[int, float] = {}
+        self._shards: list[GradientShard] = []
+        """ZeRO-1: this step's reduce-scattered gradient shards, in reduce order."""
         self.stack.zero_grads()
 
     def _microbatch(self, m: int) -> MicrobatchInputs:
@@ -218,10 +226,19 @@ class RealCompute:
         if group is None:
             return  # a group of one member (a DataGroup at dp = 1): nothing to reduce
         rest, experts = self.stack.split_routed_experts(layers)
-        all_reduce_bucketed([local_tensor(p.grad) for p in rest], group)
+        self._sum(rest, group, event.group is Group.DATA)
         expert_group = self.mesh.expert_data_group
         if experts and expert_group is not None:
-            all_reduce_bucketed([local_tensor(p.grad) for p in experts], expert_group)
+            self._sum(experts, expert_group, True)
+
+    def _sum(self, parameters, group: dist.ProcessGroup, shards: bool) -> None:
+        """Sum the parameters' gradients over ``group``: with ZeRO-1, where the update shards them over that
+        group (``shards``), a reduce-scatter into this rank's shard, as a distributed optimizer does (the
+        update all-gathers the weights); else an all-reduce."""
+        if shards and self.scatters_gradients:
+            self._shards.extend(GradientShard.scatter(parameters, group))
+        else:
+            all_reduce_bucketed([local_tensor(p.grad) for p in parameters], group)
 
     def act(self, action: Action) -> None:
         """A sharding action of one of the rank's stages (ZeRO-2, ZeRO-3 keeping the weights): gather its
@@ -237,6 +254,12 @@ class RealCompute:
         else:
             unshard(modules)
 
+    def restore_gradients(self) -> None:
+        """ZeRO-1: every reduce-scattered gradient put back whole (the shards all-gathered), for a gradient dump to
+        read; the update reads only the shards."""
+        for shard in self._shards:
+            shard.gather_gradients()
+
     def update(self) -> None:
         """Plain SGD; with ZeRO-1 (the plan's ``zero_stage``) each rank updates its shard of the weights
         it shares with its data-parallel group and all-gathers the rest (:func:`sharded_sgd_update`); with
@@ -245,7 +268,12 @@ class RealCompute:
         if self.view.candidate.zero_stage < 1 or data_group is None or self.fully_sharded:
             sgd_update(self.stack.trainable_parameters(), self.lr)
             return
-        rest, experts = self.stack.split_routed_experts(self.stack.modules)
+        done = set()
+        for shard in self._shards:  # the gradients reduce-scattered by this step's reduces
+            shard.update(self.lr)
+            done.update(id(p) for p in shard.parameters)
+        rest, experts = (
+            [p for p in part if id(p) not in done] for part in self.stack.split_routed_experts(self.stack.modules))
         sharded_sgd_update(rest, self.lr, data_group)
         if self.mesh.expert_data_group is not None:
             sharded_sgd_update(experts, self.lr, self.mesh.expert_data_group)
@@ -265,27 +293,79 @@ def sgd_update(parameters, lr: float) -> None:
 
 @torch.no_grad()
 def sharded_sgd_update(parameters, lr: float, group: dist.ProcessGroup) -> None:
-    """ZeRO-1's update of the weights every rank of ``group`` holds (their gradients already summed
-    over it): the weights, flattened per dtype, are cut into one shard per rank; each rank applies SGD
-    to its shard only and an all-gather gives every rank all of them, as a distributed optimizer does
-    (its state, none for plain SGD, would be the shard's alone)."""
-    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
-    for p in parameters:
-        by_dtype.setdefault(p.dtype, []).append(p)
+    """ZeRO-1's update of weights every rank of ``group`` holds whose gradients an all-reduce has already
+    summed over it (the replicated encoder's, summed over every pipeline rank too): each rank updates its
+    shard of them (:class:`GradientShard`, cut from the summed gradients) and all-gathers the rest."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    for params in by_dtype.values():
-        weights = [local_tensor(p) for p in params]
-        flat = torch.cat([w.reshape(-1) for w in weights])
-        grad = torch.cat([local_tensor(p.grad).reshape(-1) for p in params])
-        shard = -(-flat.numel() // size)
-        flat, grad = (torch.nn.functional.pad(t, (0, shard * size - t.numel())) for t in (flat, grad))
-        mine = flat[rank * shard:(rank + 1) * shard] - lr * grad[rank * shard:(rank + 1) * shard]
-        gathered = torch.empty_like(flat)
-        ALL_GATHER_INTO(gathered, mine, group=group)
-        offset = 0
-        for w in weights:
-            w.copy_(gathered[offset:offset + w.numel()].view_as(w))
-            offset += w.numel()
+    for params in _by_dtype(parameters):
+        grad = _padded_flat([local_tensor(p.grad) for p in params], size)
+        shard = grad.numel() // size
+        GradientShard(params, group, grad[rank * shard:(rank + 1) * shard]).update(lr)
+
+
+@dataclass
+class GradientShard:
+    """ZeRO-1 (a distributed optimizer): this rank's shard of the summed gradients of ``parameters`` (one
+    dtype), flattened in order and padded to a multiple of the group's size, one shard per rank. Each rank
+    applies SGD to its shard of the weights only and an all-gather gives every rank all of them (its
+    optimizer state, none for plain SGD, would be the shard's alone)."""
+
+    parameters: list[torch.nn.Parameter]
+    group: dist.ProcessGroup
+    grad: torch.Tensor
+
+    @classmethod
+    def scatter(cls, parameters, group: dist.ProcessGroup) -> list[GradientShard]:
+        """Reduce-scatter the parameters' gradients over ``group``: one shard per dtype."""
+        size, shards = dist.get_world_size(group), []
+        for params in _by_dtype(parameters):
+            flat = _padded_flat([local_tensor(p.grad) for p in params], size)
+            mine = torch.empty(flat.numel() // size, dtype=flat.dtype, device=flat.device)
+            REDUCE_SCATTER_FROM(mine, flat, group=group)
+            shards.append(cls(params, group, mine))
+        return shards
+
+    @torch.no_grad()
+    def gather_gradients(self) -> None:
+        """Every rank's shard all-gathered into the parameters' gradients (the summed gradients, whole)."""
+        flat = torch.empty(self.grad.numel() * dist.get_world_size(self.group), dtype=self.grad.dtype,
+                           device=self.grad.device)
+        ALL_GATHER_INTO(flat, self.grad, group=self.group)
+        _unflatten(flat, [local_tensor(p.grad) for p in self.parameters])
+
+    @torch.no_grad()
+    def update(self, lr: float) -> None:
+        """SGD on this rank's shard of the weights, then every rank's shard all-gathered into the weights."""
+        weights = [local_tensor(p) for p in self.parameters]
+        flat = _padded_flat(weights, dist.get_world_size(self.group))
+        rank, shard = dist.get_rank(self.group), self.grad.numel()
+        mine = flat[rank * shard:(rank + 1) * shard] - lr * self.grad
+        ALL_GATHER_INTO(flat, mine, group=self.group)
+        _unflatten(flat, weights)
+
+
+def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy ``flat``'s leading elements into the tensors, in order."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def _by_dtype(parameters) -> list[list[torch.nn.Parameter]]:
+    """The parameters grouped by dtype, each group in the given order."""
+    groups: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in parameters:
+        groups.setdefault(p.dtype, []).append(p)
+    return list(groups.values())
+
+
+def _padded_flat(tensors: list[torch.Tensor], size: int) -> torch.Tensor:
+    """The tensors flattened into one new tensor, zero-padded to a multiple of ``size``."""
+    numel = sum(t.numel() for t in tensors)
+    flat = torch.zeros(-(-numel // size) * size, dtype=tensors[0].dtype, device=tensors[0].device)
+    torch.cat([t.reshape(-1) for t in tensors], out=flat[:numel])
+    return flat
 
 
 class EmulatedCompute:

@@ -92,6 +92,7 @@ def run_job(ctx: RankContext, job: RunJob, after_step: Callable[[int], None] | N
             hook = None
             if job.grads_dir and step == 0:
                 def hook() -> None:
+                    compute.restore_gradients()
                     torch.save({"grads": compute.stack.named_gradients(), "losses": dict(compute.losses)},
                                Path(job.grads_dir) / f"rank{ctx.rank}.pt")
             records.append(executor.run_step(hook, step_plan.view))

@@ -1,6 +1,6 @@
-"""ZeRO-1 in the executor: with a plan's ``zero_stage`` 1 each rank of a data-parallel group updates
-its shard of the weights the group shares and all-gathers the rest (routed experts over their own
-group), which must give every rank the weights a whole update gives: the second step's summed loss
+"""ZeRO-1 in the executor: with a plan's ``zero_stage`` 1 each data-parallel reduce reduce-scatters the
+gradients, each rank of the group updates its shard of the weights the group shares and all-gathers the
+rest (routed experts over their own group), which must give every rank the weights a whole update gives: the second step's summed loss
 equals the unsharded run's (float64, 4 gloo ranks, one launch), and differs from the first step's.
 """
 
