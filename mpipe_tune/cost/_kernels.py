@@ -61,7 +61,9 @@ def step_makespan(fwd_prefix, bwd_prefix, boundary_bytes, ints, rates, topo, pre
     transfers, reduces, updates), then the forwards' event, slab-end and slab-start indices, the backwards'
     alike, the transfers' events and boundary indices, the reduces' and the updates' events; ``rates``: the
     transfers' alphas and betas, the reduces' and the updates' seconds; the order as :func:`finish_times`
-    reads it. Returns the makespan; ``durations`` and ``finish`` hold the events' seconds and finish times."""
+    reads it. Returns the makespan; ``durations`` and ``finish`` hold the events' seconds and finish times. Its
+    last loop is :func:`finish_times`' own, written out: a kernel cannot call another (each is a
+    :class:`~mpipe_tune.jit.Kernel` that picks its tier per call), and a second dispatch is what this one saves."""
     nf, nb, nc, nr, nu = ints[0], ints[1], ints[2], ints[3], ints[4]
     durations[:] = 0.0
     p = 5
