@@ -124,9 +124,9 @@ class CompiledPlan:
 
     def _packed(self, table: LayerTable) -> tuple[np.ndarray, ...] | None:
         """:meth:`~mpipe_tune.cost._durations.DurationModel.packed` and two scratch arrays, for the (durations,
-        order) pair (a copy for other
-        options or owners has its own pair); None on the pair's first use (a plan timed once, a cold candidate
-        or a new owner map, takes the two passes rather than pay for the packing) or where it cannot pack."""
+        order) pair (a copy for other options or owners has its own pair); None on the pair's first use (a plan
+        timed once, a cold candidate or a new owner map, takes the two passes rather than pay for the packing)
+        or where it cannot pack."""
         model, order = self.durations_model, self.order
         if self._pack is None or self._pack[0] is not model or self._pack[1] is not order:
             self._pack = (model, order, False)

@@ -185,9 +185,9 @@ class DurationModel:
         then the index arrays, as int64; the transfers' alphas and betas, the reduces' and updates' seconds);
         None where the durations take more than that pass (split backwards, reduces overlapped with compute).
         ``table``: one of the plan's tables (its parameter counts)."""
-        reduce_s = self.reduce_seconds(table)
         if len(self.wgrad_idx) or self._overlap is not None:
             return None
+        reduce_s = self.reduce_seconds(table)
         events, seconds = self.update(table)
         sizes = [len(self.fwd_idx), len(self.bwd_idx), len(self.coll_idx), len(self.reduce_idx), len(events)]
         ints = np.concatenate([np.asarray(sizes, dtype=np.int64)] + [np.asarray(a, dtype=np.int64) for a in (

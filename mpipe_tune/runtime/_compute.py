@@ -51,7 +51,9 @@ from mpipe_tune.runtime import _encoder_groups as encoder_groups
 from mpipe_tune.runtime._blueprint import output_shape
 from mpipe_tune.runtime._data import MicrobatchInputs
 from mpipe_tune.runtime._full_shard import is_fully_sharded, reduce_gradients, reshard, unshard, unsharded_parameters
-from mpipe_tune.runtime._mesh import ALL_GATHER_INTO, REDUCE_SCATTER_FROM, RankMesh, all_reduce_bucketed, local_tensor
+from mpipe_tune.runtime._mesh import (
+    ALL_GATHER_INTO, REDUCE_SCATTER_FROM, RankMesh, all_reduce_bucketed, local_tensor, unflatten_into,
+)
 from mpipe_tune.runtime._mllm import LayerStack
 from mpipe_tune.runtime._plan_view import PlanView
 from mpipe_tune.runtime._tensor_parallel import tp_context
@@ -331,7 +333,7 @@ class GradientShard:
         flat = torch.empty(self.grad.numel() * dist.get_world_size(self.group), dtype=self.grad.dtype,
                            device=self.grad.device)
         ALL_GATHER_INTO(flat, self.grad, group=self.group)
-        _unflatten(flat, [local_tensor(p.grad) for p in self.parameters])
+        unflatten_into(flat, [local_tensor(p.grad) for p in self.parameters])
 
     @torch.no_grad()
     def update(self, lr: float) -> None:
@@ -341,15 +343,7 @@ class GradientShard:
         rank, shard = dist.get_rank(self.group), self.grad.numel()
         mine = flat[rank * shard:(rank + 1) * shard] - lr * self.grad
         ALL_GATHER_INTO(flat, mine, group=self.group)
-        _unflatten(flat, weights)
-
-
-def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    """Copy ``flat``'s leading elements into the tensors, in order."""
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
+        unflatten_into(flat, weights)
 
 
 def _by_dtype(parameters) -> list[list[torch.nn.Parameter]]:

@@ -175,7 +175,12 @@ def all_reduce_bucketed(tensors: Sequence[torch.Tensor], group: dist.ProcessGrou
 def _reduce_bucket(bucket: list[torch.Tensor], group: dist.ProcessGroup) -> None:
     flat = torch.cat([t.reshape(-1) for t in bucket])
     dist.all_reduce(flat, group=group)
+    unflatten_into(flat, bucket)
+
+
+def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy ``flat``'s leading elements into the tensors, in order (the inverse of flattening them into it)."""
     offset = 0
-    for t in bucket:
+    for t in tensors:
         t.copy_(flat[offset:offset + t.numel()].view_as(t))
         offset += t.numel()

@@ -68,10 +68,10 @@ class Problem:
     """Cost options other than those a candidate sets (degrees, recompute, ZeRO stage, sequence
     parallelism): dtype, optimizer bytes, MoE load imbalance, ..."""
     _drawn: dict[int, tuple[Microbatch, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Per sampled step, the longest prefix of its sequences drawn so far."""
     _replicas: dict[tuple[int, int, int], Workload] = field(default_factory=dict, init=False, repr=False,
                                                               compare=False)
     """:meth:`replica_workload` per (sample, dp, microbatches): every setting of those degrees packs the same."""
-    """Per sampled step, the longest prefix of its sequences drawn so far."""
 
     def __post_init__(self) -> None:
         assert [self.mix, self.workload, self.dataset].count(None) == 2, "give a mix, a workload or a dataset"
