@@ -73,11 +73,14 @@ CALIBRATION_TOKENS = (64, 128, 256, 512)
 text tokens per microbatch, 64-1024 ViT patches)."""
 PROBE_TOKENS = 256
 """The speed probe's size (one of the calibration sizes, so the profile holds its value)."""
-OPTIONS = CostOptions(dtype="fp32", optimizer_bytes_per_param=0.0, grad_bytes_per_param=4.0, shard_optimizer=False,
-                      kernel_mode="eager")
-"""What the runtime does: fp32, plain SGD (no optimizer state, fp32 gradients), every data-parallel
-replica updating all its weights after an all-reduce (no distributed optimizer), eager torch (every
-operator its own kernel, each issued at the profile's ``dispatch_s``)."""
+OPTIONS = CostOptions(dtype="fp32", optimizer_bytes_per_param=0.0, grad_bytes_per_param=4.0, kernel_mode="eager",
+                      overlap_dp_comm=False, flat_buffer_copies=True)
+"""What the runtime does: fp32, plain SGD (no optimizer state, fp32 gradients), the data-parallel reduce as
+the candidate's ZeRO stage says (the default 1: a reduce-scatter, then the update all-gathers the weights)
+and not overlapped with the backward (the executor runs each reduce after its last backward), the gradients
+and a distributed optimizer's weights copied through flat buffers around it, eager torch
+(every operator its own kernel, each issued at the profile's ``dispatch_s``). The candidate sets the
+degrees and ZeRO stage (``predict`` reads only this record's framework part)."""
 EMULATED_PPS, EMULATED_MICROBATCHES = (8, 16), 32
 EMULATED_BASELINES = ("megatron", "disttrain", "vpp", "gpipe", "mpipe-rr")
 

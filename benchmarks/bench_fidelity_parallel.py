@@ -49,8 +49,11 @@ from mpipe_tune.inputs import load_model
 HERE = Path(__file__).resolve().parent
 MODEL_PATH = HERE.parent / "tests" / "runtime" / "tiny-mla-moe.yaml"
 WORLD = 4
-OPTIONS = CostOptions(dtype="fp32", optimizer_bytes_per_param=0.0, grad_bytes_per_param=4.0, shard_optimizer=False)
-"""What the runtime does: fp32, plain SGD (no optimizer state), every replica updating all its weights."""
+OPTIONS = CostOptions(dtype="fp32", optimizer_bytes_per_param=0.0, grad_bytes_per_param=4.0, shard_optimizer=False,
+                      overlap_dp_comm=False, flat_buffer_copies=True)
+"""What the runtime does: fp32, plain SGD (no optimizer state), the data-parallel reduce after the last backward
+(not overlapped), the gradients and a distributed optimizer's weights copied through flat buffers around it
+(:func:`make_plan` sets the case's ZeRO stage)."""
 WORKLOAD = Workload(tuple(Microbatch(image, text, (image,) if image else ())
                           for image, text in ((16, 96), (0, 128), (36, 80), (16, 112))), "parallel-fidelity")
 """Per replica, 4 microbatches of 80-128 text tokens, three with one image (16 or 36 backbone tokens)."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from mpipe_tune.errors import MpipeError
 
-COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_all")
+COLLECTIVES = ("p2p", "all_reduce", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,10 @@ class LinkCost:
     """Direct links whose combined bandwidth ``beta_s_per_byte`` is, on a full-mesh link class (each device
     wired to each peer by its own link): a collective over ``g`` ranks then uses only ``min(g - 1, mesh_links)``
     of them. None: a switched fabric, every group size sees the full bandwidth."""
+    curve: tuple[str, int, tuple[float, ...], tuple[float, ...]] | None = None
+    """A measured link's sweep: (its collective, group size, message sizes in bytes, the median seconds at
+    each), which :func:`measured_collective_s` reads for a gradient reduce's large messages. None: a stated
+    link."""
 
 
 
@@ -73,13 +77,15 @@ def estimate_collective_s(link: LinkCost, collective: str, size_bytes: float, gr
     """Seconds for ``collective`` of ``size_bytes`` over ``group_size`` ranks on ``link``.
 
     ``size_bytes`` is the message for ``p2p``, the reduced buffer for ``all_reduce``, the full
-    (gathered) buffer for ``all_gather``, ``gather`` and ``scatter``, and for ``all_to_all`` the buffer
+    (gathered) buffer for ``all_gather``, ``gather`` and ``scatter``, the full buffer before it is
+    scattered for ``reduce_scatter``, and for ``all_to_all`` the buffer
     each rank holds before the exchange (``1/g`` of it stays on the rank). With ``a`` = alpha,
     ``b`` = beta, ``n`` = size and ``g`` = group size:
 
     - ``p2p``: ``a + b*n`` (``g`` is ignored except that ``g == 1`` costs nothing);
     - ``all_reduce`` (ring: reduce-scatter then all-gather): ``2(g-1) * (a + b*n/g)``;
-    - ``all_gather`` (ring), ``gather`` and ``scatter`` (linear, root link bound): ``(g-1) * (a + b*n/g)``;
+    - ``all_gather`` and ``reduce_scatter`` (ring), ``gather`` and ``scatter`` (linear, root link bound):
+      ``(g-1) * (a + b*n/g)``;
     - ``all_to_all`` (pairwise exchange: ``g-1`` steps, each sending one ``n/g`` share to another
       rank, so ``n*(g-1)/g`` bytes leave each rank): ``(g-1) * (a + b*n/g)``.
 
@@ -116,3 +122,31 @@ def mesh_beta_s_per_byte(link: LinkCost, group_size: int) -> float:
     if link.mesh_links is None or group_size < 2:
         return link.beta_s_per_byte
     return link.beta_s_per_byte * link.mesh_links / min(group_size - 1, link.mesh_links)
+
+
+def measured_collective_s(link: LinkCost, collective: str, size_bytes, group_size: int):
+    """``collective`` of ``size_bytes`` over ``group_size`` ranks on ``link``, read off the link's measured
+    sweep where it has one of that collective over that group size, else :func:`estimate_collective_s`.
+
+    The fitted line weighs every size of the sweep alike, so at the tens of MiB of a data-parallel gradient
+    reduce it can be far from the measurement (on a CPU a reduce-scatter's seconds per byte double past the
+    caches). The sweep's medians, each lowered to the smallest at or above its size (a noisy small size does
+    not raise the sizes below it), are interpolated linearly in the size; below the smallest size it takes that
+    size's time, above the largest it extends the last segment.
+
+    >>> link = LinkCost(0.0, 1.0, curve=("all_reduce", 2, (1e6, 4e6), (1e-3, 5e-3)))
+    >>> [round(measured_collective_s(link, "all_reduce", n, 2), 6) for n in (5e5, 2e6, 8e6)]
+    [0.001, 0.002333, 0.010333]
+    >>> measured_collective_s(link, "all_reduce", 4.0, 4) == estimate_collective_s(link, "all_reduce", 4.0, 4)
+    True
+    """
+    if link.curve is None or link.curve[:2] != (collective, group_size):
+        return estimate_collective_s(link, collective, size_bytes, group_size)
+    _, _, sizes, seconds = link.curve
+    x = np.asarray(sizes, dtype=float)
+    y = np.minimum.accumulate(np.asarray(seconds, dtype=float)[::-1])[::-1]
+    slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+    n = np.asarray(size_bytes, dtype=float)
+    out = np.where(n > x[-1], y[-1] + (n - x[-1]) * slope, np.interp(n, x, y))
+    return out if isinstance(size_bytes, np.ndarray) else float(out)
+

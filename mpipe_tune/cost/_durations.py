@@ -16,7 +16,10 @@
   them per rank) are all-reduced over the experts' own data-parallel group of ``dp * cp / ep``
   ranks, after the rest. A distributed
   optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the parameters instead: the same
-  bytes over the same ring, half of them each. Gradients travel in ``grad_reduce_dtype``.
+  bytes over the same ring, half of the all-reduce's time each, or each on its own measured link where the
+  profile measured both (:func:`~mpipe_tune.cost._profile.sharded_half_s`). Gradients (and here the
+  gathered weights) travel in ``grad_reduce_dtype``. Where the framework copies them through flat buffers
+  (``flat_buffer_copies``: torch DDP, this project's executor) that memory traffic is added to the reduce.
 - ZeRO-2 and ZeRO-3 resharding after forward: the reduces keep ZeRO-1's timing (the last microbatch's
   reduce-scatters, the first microbatch's gathers); the per-microbatch gathers and reduce-scatters are
   sharding actions timed as nodes of their own beside the events
@@ -52,7 +55,7 @@ from mpipe_tune.cost._event_arrays import BWD, COLL, COMMS, FWD, REDUCE, WGRAD, 
 from mpipe_tune.cost._layers import CostOptions, LayerTable
 from mpipe_tune.cost._memory import prefix_sums
 from mpipe_tune.cost._overlap import compile_overlap
-from mpipe_tune.cost._profile import PACKAGE_LINK_CLASS, HardwareProfile, hierarchical_all_reduce_s
+from mpipe_tune.cost._profile import PACKAGE_LINK_CLASS, HardwareProfile, hierarchical_all_reduce_s, sharded_half_s
 from mpipe_tune.cost._update import estimate_update_s, update_charges
 
 _LINK_OF_COMM = {Comm.SEND: "p2p", Comm.RECV_GRAD: "p2p", Comm.GATHER: "gather", Comm.SCATTER: "scatter"}
@@ -109,6 +112,8 @@ class DurationModel:
         self._reduces = a.once("reduces", lambda: list(zip(self.reduce_idx.tolist(),
                                                            plan.order.events_at(self.reduce_idx))))
         self._reduce_s: np.ndarray | None = None  # depends on parameter counts only: computed once
+        self._gather_s: np.ndarray | None = None
+        """Of each reduce's seconds, the weights' all-gather (a distributed optimizer's; else 0)."""
         self._overlap = None
         """The reduces' overlap with compute (:mod:`~mpipe_tune.cost._overlap`), compiled with them."""
         self._update: tuple[np.ndarray, np.ndarray] | None = None
@@ -167,7 +172,8 @@ class DurationModel:
             out[self.wgrad_bwd] = np.maximum(out[self.wgrad_bwd] - weights, 0.0)
         if self._overlap is not None:  # reads the compute events' durations only; phi: the share compute hides
             phi = self.profile.overlap_share
-            out[self.reduce_idx] = phi * self._overlap.exposed(out, self._reduce_s) + (1.0 - phi) * self._reduce_s
+            exposed = self._overlap.exposed(out, self._reduce_s, self._gather_s)
+            out[self.reduce_idx] = phi * exposed + (1.0 - phi) * self._reduce_s
         events, seconds = self.update(sums.table)
         out[events] += seconds
         return out
@@ -200,8 +206,9 @@ class DurationModel:
         """Seconds of each reduce (aligned with :attr:`reduce_idx`): parameter counts only, so once."""
         if self._reduce_s is None:
             reduce_options = _reduce_options(self.options)
-            self._reduce_s = np.array([_reduce_s(self.plan, e, self.model, table, self.profile, reduce_options)
-                                       for _, e in self._reduces], dtype=float)
+            timed = np.array([_reduce_s(self.plan, e, self.model, table, self.profile, reduce_options)
+                              for _, e in self._reduces], dtype=float).reshape(-1, 2)
+            self._reduce_s, self._gather_s = timed[:, 0].copy(), timed[:, 1].copy()
             # The overlap only moves data-parallel reduce time around: without any, there is none.
             data = [k for k, (_, e) in enumerate(self._reduces) if e.group is Group.DATA]
             if self._reduce_s[data].any():
@@ -225,7 +232,9 @@ def _transfers(a: EventArrays, at: np.ndarray) -> tuple[np.ndarray, ...]:
     return a.comm[at], region, rank, a.mb[at], a.rank[at], a.other_rank[at]
 
 
-def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, profile: HardwareProfile, options: CostOptions) -> float:
+def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, profile: HardwareProfile,
+              options: CostOptions) -> tuple[float, float]:
+    """(seconds, the part of them that is the weights' all-gather) of a reduce event (the module docstring)."""
     start, stop = plan.slab(event.region, 0 if event.rank is None else event.rank)
     trainable = np.array(model.trainable_bits()[start:stop], dtype=bool)
     ranks = options.degrees.dp * options.degrees.cp  # the data- and context-parallel ranks of a slab
@@ -234,26 +243,45 @@ def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, prof
         encoder_bytes = float(table.param_count[start:stop][encoder].sum()) / options.encoder_tp
         group = options.encoder_replicas * (plan.num_ranks * ranks if event.group is Group.REPLICA else ranks)
         span = options.degrees.tp * (plan.num_ranks * ranks if event.group is Group.REPLICA else ranks)
-        encoder_s = _all_reduce_s(profile, encoder_bytes * options.grad_bytes_per_param, group, span)
-        return encoder_s + _reduce_s(plan, event, model, replace(table, layer_replicas=None, param_count=np.where(
+        encoder_s = _all_reduce_s(profile, encoder_bytes * options.grad_bytes_per_param, group, span) + \
+            _copies_s(profile, options, encoder_bytes, group, False)
+        rest_s, gather_s = _reduce_s(plan, event, model, replace(table, layer_replicas=None, param_count=np.where(
             table.layer_replicas > 1, 0.0, table.param_count)), profile, options)
+        return encoder_s + rest_s, gather_s
     params = float(table.param_count[start:stop][trainable].sum()) / options.degrees.tp
     experts = (0.0 if table.expert_param_count is None
                else float(table.expert_param_count[start:stop][trainable].sum()) / options.degrees.tp)
-    if event.group is Group.DATA and options.degrees.ep > 1 and experts > 0:
-        dense = _all_reduce_s(profile, (params - experts) * options.grad_bytes_per_param, ranks,
-                              options.degrees.tp * ranks)
-        expert_group = ranks // options.degrees.ep
-        return dense + _all_reduce_s(profile, experts / options.degrees.ep * options.grad_bytes_per_param,
-                                     expert_group, options.degrees.tp * ranks)
-    size_bytes = params * options.grad_bytes_per_param
+    span_devices = options.degrees.tp * ranks
     if event.group is Group.REPLICA:
         group_size = plan.num_ranks * ranks
-        span_devices = plan.num_ranks * options.degrees.tp * ranks
-    else:
-        group_size = ranks
-        span_devices = options.degrees.tp * ranks
-    return _all_reduce_s(profile, size_bytes, group_size, span_devices)
+        return _all_reduce_s(profile, params * options.grad_bytes_per_param, group_size, plan.num_ranks * span_devices) \
+            + _copies_s(profile, options, params, group_size, False), 0.0
+    parts = [(params - experts, ranks), (experts / options.degrees.ep, ranks // options.degrees.ep)] \
+        if options.degrees.ep > 1 and experts > 0 else [(params, ranks)]
+    total = gather = 0.0
+    for count, group_size in parts:  # with expert parallelism the routed experts after the rest, on their group
+        total += _copies_s(profile, options, count, group_size, options.shard_optimizer)
+        if not options.shard_optimizer:
+            total += _all_reduce_s(profile, count * options.grad_bytes_per_param, group_size, span_devices)
+            continue
+        stride = span_devices // group_size
+        scatter_s = sharded_half_s(profile, "reduce_scatter", count * options.grad_bytes_per_param, group_size, stride)
+        gather_s = sharded_half_s(profile, "all_gather", count * options.grad_bytes_per_param, group_size, stride)
+        total, gather = total + scatter_s + gather_s, gather + gather_s
+    return total, gather
+
+
+def _copies_s(profile: HardwareProfile, options: CostOptions, params: float, group_size: int, sharded: bool) -> float:
+    """Seconds of the flat-buffer copies around a reduce of ``params`` gradients over ``group_size`` ranks
+    (:attr:`~mpipe_tune.cost._layers.CostOptions.flat_buffer_copies`; ZeRO 0 and 1 only, FSDP2's own copies are
+    the profile's ``fsdp_host_s``): an all-reduce copies the gradients in and the sums back out, each read once
+    and written once; a distributed optimizer (``sharded``) copies the gradients in, and its update the weights
+    in and the gathered ones back out."""
+    if not options.flat_buffer_copies or group_size <= 1 or options.zero_stage >= 2:
+        return 0.0
+    gradients = 2.0 * params * options.grad_bytes_per_param
+    copied = gradients + 4.0 * params * options.dtype_bytes() if sharded else 2.0 * gradients
+    return copied / profile.memory_bytes_per_s
 
 
 @lru_cache(maxsize=64)

@@ -63,6 +63,10 @@ class Framework:
     """Expert capacity over the balanced share (``--moe-expert-capacity-factor``); None: dropless."""
     moe_pad_to_capacity: bool = False
     """Every expert runs its full capacity (``--moe-pad-expert-input-to-capacity``)."""
+    flat_buffer_copies: bool = False
+    """The data-parallel reduce copies gradients (and a distributed optimizer the weights) through flat buffers
+    (:attr:`~mpipe_tune.cost._layers.CostOptions.flat_buffer_copies`: torch DDP, this project's executor); False:
+    Megatron-LM's contiguous buffers."""
     defer_gradient_reduce: bool = False
     """ZeRO-2's reduce-scatters asynchronous, one backward's in flight (the Llama 3 paper's FSDP); False: waited at
     each backward's end, as torch FSDP2 does. Not a flag yet: ``bench_published`` sets it from a run's source."""
@@ -101,4 +105,5 @@ class Framework:
             fused_loss=self.fused_loss, rope=self.rope, kernel_mode=self.kernel_mode,
             selective_recompute=self.selective_recompute, grad_accumulation_fusion=self.grad_accumulation_fusion,
             moe_dispatcher=self.moe_dispatcher, moe_capacity_factor=self.moe_capacity_factor,
-            moe_pad_to_capacity=self.moe_pad_to_capacity, defer_gradient_reduce=self.defer_gradient_reduce)
+            moe_pad_to_capacity=self.moe_pad_to_capacity, defer_gradient_reduce=self.defer_gradient_reduce,
+            flat_buffer_copies=self.flat_buffer_copies)

@@ -71,7 +71,7 @@ from mpipe_tune.errors import MpipeError
 SELECTIVE_POLICIES = ("attention_core", "op")
 """What selective recomputation re-runs (:attr:`CostOptions.selective_recompute`)."""
 FRAMEWORK_OPTIONS = ("moe_imbalance", "grad_reduce_dtype", "overlap_dp_comm", "kernel_mode", "moe_dispatcher",
-                     "moe_capacity_factor", "moe_pad_to_capacity")
+                     "moe_capacity_factor", "moe_pad_to_capacity", "flat_buffer_copies")
 """The framework fields a plan's inputs record beside its candidate (:class:`~mpipe_tune.cost._framework.Framework`)."""
 
 
@@ -138,6 +138,12 @@ class CostOptions:
     ``overlap_param_gather`` and torchtitan's FSDP run it (see :mod:`mpipe_tune.cost._overlap`); False
     serialises each whole reduce after the rank's last backward."""
     dp_bucket_params: float = 40e6
+    flat_buffer_copies: bool = False
+    """ZeRO 0 and 1: the data-parallel reduce copies the gradients into flat buffers and the reduced ones
+    back out (torch DDP's default, and this project's executor), and a distributed optimizer's update copies
+    the weights into the all-gather's flat buffer and back out (the executor): memory traffic at the profile's
+    bandwidth, added to the reduce. False: gradients accumulate in, and weights live in, contiguous buffers
+    the collectives read and write in place (Megatron-LM's distributed optimizer)."""
     """Parameters per data-parallel communication bucket (Megatron-LM's default bucket, 40M elements)."""
     fused_loss: bool = False
     """The trainer's fused loss kernels (Megatron-LM's ``cross_entropy_loss_fusion``, off by default there;

@@ -110,10 +110,11 @@ class DataParallelOverlap:
                 last, where, first = (np.array(column, dtype=np.int64) for column in zip(*entries))
                 self.ranks.append(_RankReduces(np.array(compute, dtype=np.int64), where, last, first))
 
-    def exposed(self, durations: np.ndarray, reduce_s: np.ndarray) -> np.ndarray:
+    def exposed(self, durations: np.ndarray, reduce_s: np.ndarray, gather_s: np.ndarray) -> np.ndarray:
         """Per reduce event (aligned with the plan's reduces), the seconds it keeps on its rank's
-        critical path, given every compute event's ``durations`` and each reduce's whole ``reduce_s``
-        (an all-reduce's; with ZeRO-1 half of it is the reduce-scatter, half the all-gather)."""
+        critical path, given every compute event's ``durations``, each reduce's whole ``reduce_s`` (an
+        all-reduce's; with ZeRO-1 the reduce-scatter's and the all-gather's) and of it ``gather_s``, the
+        all-gather's (ZeRO-1; else 0)."""
         out = reduce_s.astype(float).copy()
         for rank in self.ranks:
             k = rank.reduce_positions
@@ -123,13 +124,13 @@ class DataParallelOverlap:
             seconds = durations[rank.compute]
             after = np.cumsum(seconds[::-1])[::-1]  # compute from each position to the end
             before = np.concatenate(([0.0], np.cumsum(seconds)[:-1]))  # compute before each position
-            backward_part = whole / 2 if self.sharded_optimizer else whole
-            total = exposed_reduce_s(after[rank.last_backward], seconds[rank.last_backward], backward_part,
+            gathers = gather_s[k] if self.sharded_optimizer else np.zeros_like(whole)
+            total = exposed_reduce_s(after[rank.last_backward], seconds[rank.last_backward], whole - gathers,
                                      self.share[k])
             if self.sharded_optimizer:
                 order = np.argsort(rank.first_forward, kind="stable")
                 total += exposed_gather_s(before[rank.first_forward[order]], seconds[rank.first_forward[order]],
-                                          (whole / 2)[order], self.share[k][order])
+                                          gathers[order], self.share[k][order])
             out[k] = 0.0
             out[k[np.argmin(self.reduce_idx[k])]] = total
         return out

@@ -76,7 +76,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mpipe_tune.cost._collectives import (  # noqa: F401 (importable from here, as callers do)
-    COLLECTIVES, Fabric, LinkCost, estimate_collective_s, mesh_beta_s_per_byte, spine_slowdown,
+    COLLECTIVES, Fabric, LinkCost, estimate_collective_s, measured_collective_s, mesh_beta_s_per_byte, spine_slowdown,
 )
 from mpipe_tune.cost._kernel_model import (
     HostCosts, KernelEfficiency, host_dict, kernel_efficiency_dict, parse_host, parse_kernel_efficiency,
@@ -566,8 +566,9 @@ def hierarchical_all_reduce_s(profile: HardwareProfile, size_bytes: float, group
     across nodes: with ``k`` members on each node (``devices_per_node / stride``, at most the group),
     a ring reduce-scatter inside each node, a ring all-reduce of each rank's ``1/k`` share across the
     nodes over the rank's own inter-node link, and a ring all-gather inside the node. One node: the
-    intra-node ring all-reduce; one member per node: the inter-node ring all-reduce of everything. Across the
-    pods of the profile's :attr:`~HardwareProfile.fabric` the inter-node bytes slow by
+    intra-node ring all-reduce; one member per node: the inter-node ring all-reduce of everything (each read
+    off its link's measured sweep where the link has one over that many ranks, :func:`measured_collective_s`).
+    Across the pods of the profile's :attr:`~HardwareProfile.fabric` the inter-node bytes slow by
     :func:`~mpipe_tune.cost._collectives.spine_slowdown`.
 
     >>> from mpipe_tune.cost import load_profile
@@ -579,14 +580,46 @@ def hierarchical_all_reduce_s(profile: HardwareProfile, size_bytes: float, group
     """
     if group_size == 1:
         return 0.0
-    per_node = max(1, min(group_size, profile.devices_per_node // stride)) if stride <= profile.devices_per_node else 1
-    nodes = -(-group_size // per_node)
+    per_node, nodes = _members_per_node(profile, group_size, stride)
     intra = profile.link("all_reduce", inter_node=False)
     if nodes == 1:
-        return estimate_collective_s(intra, "all_reduce", size_bytes, group_size)
+        return measured_collective_s(intra, "all_reduce", size_bytes, group_size)
     inter = profile.link("all_reduce", inter_node=True)
     slowdown = spine_slowdown(profile.fabric, group_size, stride, per_node)
     if slowdown > 1.0:
-        inter = replace(inter, beta_s_per_byte=inter.beta_s_per_byte * slowdown)
-    return (estimate_collective_s(intra, "all_reduce", size_bytes, per_node)
-            + estimate_collective_s(inter, "all_reduce", size_bytes / per_node, nodes))
+        inter = replace(inter, beta_s_per_byte=inter.beta_s_per_byte * slowdown, curve=None)
+    return (measured_collective_s(intra, "all_reduce", size_bytes, per_node)
+            + measured_collective_s(inter, "all_reduce", size_bytes / per_node, nodes))
+
+
+def _members_per_node(profile: HardwareProfile, group_size: int, stride: int) -> tuple[int, int]:
+    """(members on each node, nodes) of a group of ``group_size`` ranks placed one every ``stride`` devices."""
+    per_node = max(1, min(group_size, profile.devices_per_node // stride)) if stride <= profile.devices_per_node else 1
+    return per_node, -(-group_size // per_node)
+
+
+SHARDED_HALVES = ("reduce_scatter", "all_gather")
+"""The two halves of a sharded data-parallel reduce (ZeRO): the gradients' reduce-scatter, the weights' all-gather."""
+
+
+def sharded_half_s(profile: HardwareProfile, collective: str, size_bytes: float, group_size: int, stride: int) -> float:
+    """One half of a sharded data-parallel reduce over ``group_size`` ranks placed one every ``stride`` devices:
+    the ``reduce_scatter`` of ``size_bytes`` of gradients or the ``all_gather`` of ``size_bytes`` of weights.
+
+    Where the profile measured ``reduce_scatter`` on its intra-node links (profiles from the profiler of this
+    version on, which measure both halves) and the group lies in one node, each half is timed on its own
+    measured link: on gloo a reduce-scatter runs at about half an all-reduce's rate, nowhere near the half of
+    its time a ring would take. Else, as NCCL's ring runs them, each is half of the
+    :func:`hierarchical_all_reduce_s` of the bytes.
+
+    >>> from mpipe_tune.cost import load_profile
+    >>> h100 = load_profile("h100-sxm")
+    >>> sharded_half_s(h100, "all_gather", 8e9, 8, 1) == hierarchical_all_reduce_s(h100, 8e9, 8, 1) / 2
+    True
+    """
+    assert collective in SHARDED_HALVES, collective
+    if group_size == 1:
+        return 0.0
+    if ("intra_node", "reduce_scatter") in profile.links and _members_per_node(profile, group_size, stride)[1] == 1:
+        return measured_collective_s(profile.link(collective), collective, size_bytes, group_size)
+    return hierarchical_all_reduce_s(profile, size_bytes, group_size, stride) / 2

@@ -141,8 +141,31 @@ class Validator:
                 self.fail(f"{path}.mesh_links", links, "applies to collectives, not to p2p",
                           "remove it: a point-to-point transfer uses one link whatever the mesh")
             cost = replace(cost, mesh_links=links)
+        if "median_s" in entry and "group_size" in entry:
+            cost = replace(cost, curve=self.sweep(path, entry))
         self.origin(path, entry, (*numbers, "mesh_links"))
         return cost
+
+    def sweep(self, path: str, entry: Mapping[str, Any]) -> tuple[str, int, tuple[float, ...], tuple[float, ...]]:
+        """A measured link's sweep (``LinkCost.curve``): the collective (the path's last key), ``group_size``,
+        ``sizes_bytes`` (increasing) and ``median_s`` (one per size), as the profiler writes them beside its fit
+        (an entry without ``group_size`` keeps them as provenance only)."""
+        fix = "give the sweep as the profiler writes it, or drop median_s to use alpha_s and beta_s_per_byte alone"
+        group = entry.get("group_size", MISSING)
+        if isinstance(group, bool) or not isinstance(group, int) or group < 2:
+            self.fail(f"{path}.group_size", group, "must be an integer >= 2", fix)
+        columns = []
+        for key in ("sizes_bytes", "median_s"):
+            values = entry.get(key, MISSING)
+            if not isinstance(values, (list, tuple)) or len(values) < 2:
+                self.fail(f"{path}.{key}", values, "must be a list of at least 2 numbers where median_s is given", fix)
+            columns.append(tuple(self.scalar(f"{path}.{key}", x, positive=True) for x in values))
+        sizes, seconds = columns
+        if len(sizes) != len(seconds):
+            self.fail(f"{path}.median_s", list(seconds), f"must have one time per size ({len(sizes)})", fix)
+        if any(b <= a for a, b in zip(sizes, sizes[1:])):
+            self.fail(f"{path}.sizes_bytes", list(sizes), "must increase", fix)
+        return path.rsplit(".", 1)[-1], group, sizes, seconds
 
 
 def freeze(value: Any) -> Any:

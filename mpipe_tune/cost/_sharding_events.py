@@ -18,8 +18,9 @@ the gradient reduce dtype, as ZeRO-1's are: an over-count where weights are narr
 
 A layer's gather ``g_l`` is a ring all-gather of its weights (one tensor-parallel rank's, at the compute
 dtype) and its reduce-scatter ``r_l`` a ring reduce-scatter of its gradient (at the gradient reduce dtype),
-each half of the hierarchical all-reduce of those bytes that ZeRO-1's reduce is timed with
-(:func:`~mpipe_tune.cost._profile.hierarchical_all_reduce_s`), on the same data-parallel links; an encoder
+each timed as ZeRO-1's reduce times its halves (:func:`~mpipe_tune.cost._profile.sharded_half_s`: half of the
+hierarchical all-reduce of those bytes, or the measured collective where the profile has both), on the same
+data-parallel links; an encoder
 layer at its own tensor-parallel degree reduce-scatters over its ``tp / encoder_tp`` replicas too.
 
 An action's node lasts what its collectives keep the rank's compute waiting: one communication stream per
@@ -78,7 +79,7 @@ from mpipe_tune.cost._durations import TableSums
 from mpipe_tune.cost._event_arrays import BWD, FWD, WGRAD, EventArrays
 from mpipe_tune.cost._layers import CostOptions, LayerTable, footprint_masks
 from mpipe_tune.cost._memory import prefix_sums
-from mpipe_tune.cost._profile import HardwareProfile, hierarchical_all_reduce_s
+from mpipe_tune.cost._profile import HardwareProfile, sharded_half_s
 
 
 def layer_collectives_s(table: LayerTable, profile: HardwareProfile,
@@ -93,18 +94,19 @@ def layer_collectives_s(table: LayerTable, profile: HardwareProfile,
     span = options.degrees.tp * ranks  # the devices the data-parallel group's members are spread over
     replicas = np.ones_like(dense) if table.layer_replicas is None else table.layer_replicas
 
-    def half(bytes_per_param: float, with_replicas: bool) -> np.ndarray:
+    def half(collective: str, bytes_per_param: float, with_replicas: bool) -> np.ndarray:
         out = np.zeros_like(dense)
         for group in np.unique(replicas) if with_replicas else (1.0,):
             at = (replicas == group) if with_replicas else np.ones(len(dense), dtype=bool)
             size = int(group) * ranks
-            out[at] += hierarchical_all_reduce_s(profile, dense[at] * bytes_per_param, size, span // size) / 2
+            out[at] += sharded_half_s(profile, collective, dense[at] * bytes_per_param, size, span // size)
             if options.degrees.ep > 1 and experts[at].any():
                 size = ranks // options.degrees.ep
-                out[at] += hierarchical_all_reduce_s(profile, experts[at] * bytes_per_param, size, span // size) / 2
+                out[at] += sharded_half_s(profile, collective, experts[at] * bytes_per_param, size, span // size)
         return np.where(table.param_count > 0, out, 0.0)
 
-    return half(float(options.dtype_bytes()), False), half(float(options.grad_reduce_bytes()), True)
+    return (half("all_gather", float(options.dtype_bytes()), False),
+            half("reduce_scatter", float(options.grad_reduce_bytes()), True))
 
 
 @dataclass(frozen=True, eq=False)

@@ -92,6 +92,9 @@ class Inputs:
     """The MoE token dispatcher (:mod:`mpipe_tune.cost._moe`); absent from files written before it: alltoall."""
     moe_capacity_factor: float | None = spec(lower=0.0, default=None)
     moe_pad_to_capacity: bool = False
+    flat_buffer_copies: bool = False
+    """Gradients and weights copied through flat buffers around the data-parallel reduce
+    (``Framework.flat_buffer_copies``); absent from files written before it: False, Megatron-LM's buffers."""
 
 
 # ------------------------------------------------------------------------------------- a plan's fields

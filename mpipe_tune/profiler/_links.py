@@ -6,7 +6,8 @@ between), spawns one worker per rank (gloo on CPU, NCCL on CUDA, HCCL on NPU; ra
 (collective, message size) points in the same order:
 
 - ``p2p``: ping-pong between ranks 0 and 1; a call is a round trip and its time is halved;
-- ``all_reduce``, ``all_gather``, ``gather`` (to rank 0), ``scatter`` (from rank 0) and ``all_to_all``
+- ``all_reduce``, ``all_gather``, ``reduce_scatter`` (from one flat buffer into each rank's share, as ZeRO's
+  gradient reduce and FSDP2 call it), ``gather`` (to rank 0), ``scatter`` (from rank 0) and ``all_to_all``
   (``all_to_all_single``, equal shares): over all ranks.
 
 For each size: warm-up calls, then one timed call whose slowest rank decides how many back-to-back
@@ -15,7 +16,8 @@ barrier, with the sizes interleaved: pass 1 times every size once, pass 2 again,
 time is the slowest rank's, which is when the collective is done everywhere.
 
 Sizes follow ``estimate_collective_s``: the message for ``p2p``, the reduced buffer for ``all_reduce``,
-the full gathered buffer for the gathers and scatters (each rank holds ``size / g`` of it), and for
+the full gathered buffer for the gathers and scatters (each rank holds ``size / g`` of it), the full buffer
+before it is scattered for ``reduce_scatter`` (each rank keeps ``size / g``), and for
 ``all_to_all`` the buffer each rank sends from (``g`` shares of ``size / g``). Payloads are float32.
 """
 
@@ -36,7 +38,7 @@ from mpipe_tune.interrupt import mark, sigint_blocked
 from mpipe_tune.profiler._device import BACKENDS, Timer, calls_for, import_torch, threads_per_process
 from mpipe_tune.profiler._settings import SweepSettings
 
-LINK_COLLECTIVES = ("p2p", "all_reduce", "all_gather", "gather", "scatter", "all_to_all")
+LINK_COLLECTIVES = ("p2p", "all_reduce", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
 _ELEMENT_BYTES = 4
 _DIST_TIMEOUT_S = 300
 _MAX_CALLS = 256
@@ -221,6 +223,10 @@ class GroupSweep:
         if collective == "all_to_all":
             sent, received = zeros(elements * g), zeros(elements * g)
             return lambda: dist.all_to_all_single(received, sent, group=group)
+        if collective == "reduce_scatter":  # from one flat buffer, as ZeRO's gradient reduce and FSDP2 run it
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            full = zeros(elements * g)
+            return lambda: scatter(x, full, group=group)
         parts = [zeros(elements) for _ in range(g)]
         if collective == "all_gather":
             return lambda: dist.all_gather(parts, x, group=group)

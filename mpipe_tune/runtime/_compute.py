@@ -85,6 +85,8 @@ class RealCompute:
         self.scatters_gradients = view.candidate.zero_stage == 1 and not self.fully_sharded
         """ZeRO-1 (a distributed optimizer): a data-parallel reduce reduce-scatters its gradients into this
         rank's shard of them, and the update all-gathers the updated weights (:class:`GradientShard`)."""
+        self._flat = FlatBuffers()
+        """ZeRO-1's flat gradient and weight buffers, kept from step to step."""
         self.begin_step(view)
 
     def begin_step(self, view: PlanView | None = None) -> None:
@@ -238,7 +240,7 @@ class RealCompute:
         group (``shards``), a reduce-scatter into this rank's shard, as a distributed optimizer does (the
         update all-gathers the weights); else an all-reduce."""
         if shards and self.scatters_gradients:
-            self._shards.extend(GradientShard.scatter(parameters, group))
+            self._shards.extend(GradientShard.scatter(parameters, group, self._flat))
         else:
             all_reduce_bucketed([local_tensor(p.grad) for p in parameters], group)
 
@@ -276,9 +278,9 @@ class RealCompute:
             done.update(id(p) for p in shard.parameters)
         rest, experts = (
             [p for p in part if id(p) not in done] for part in self.stack.split_routed_experts(self.stack.modules))
-        sharded_sgd_update(rest, self.lr, data_group)
+        sharded_sgd_update(rest, self.lr, data_group, self._flat)
         if self.mesh.expert_data_group is not None:
-            sharded_sgd_update(experts, self.lr, self.mesh.expert_data_group)
+            sharded_sgd_update(experts, self.lr, self.mesh.expert_data_group, self._flat)
         else:
             sgd_update(experts, self.lr)
 
@@ -294,15 +296,41 @@ def sgd_update(parameters, lr: float) -> None:
 
 
 @torch.no_grad()
-def sharded_sgd_update(parameters, lr: float, group: dist.ProcessGroup) -> None:
+def sharded_sgd_update(parameters, lr: float, group: dist.ProcessGroup, buffers: FlatBuffers) -> None:
     """ZeRO-1's update of weights every rank of ``group`` holds whose gradients an all-reduce has already
     summed over it (the replicated encoder's, summed over every pipeline rank too): each rank updates its
     shard of them (:class:`GradientShard`, cut from the summed gradients) and all-gathers the rest."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     for params in _by_dtype(parameters):
-        grad = _padded_flat([local_tensor(p.grad) for p in params], size)
+        grad = buffers.padded("gradients", params, [local_tensor(p.grad) for p in params], size)
         shard = grad.numel() // size
-        GradientShard(params, group, grad[rank * shard:(rank + 1) * shard]).update(lr)
+        GradientShard(params, group, grad[rank * shard:(rank + 1) * shard], buffers).update(lr)
+
+
+class FlatBuffers:
+    """Flat buffers kept from step to step, one per use and parameter list, as a trainer keeps its contiguous
+    gradient and weight buffers: one allocated anew each step pays its page faults again (the allocator returns
+    a large block to the OS when it is freed), on a CPU several times the copy into it."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, use: str, parameters, numel: int, like: torch.Tensor) -> torch.Tensor:
+        """The buffer of ``numel`` elements of ``like``'s dtype and device for ``use`` of ``parameters``."""
+        key = (use, tuple(id(p) for p in parameters))
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() != numel or buffer.dtype != like.dtype or buffer.device != like.device:
+            buffer = self._buffers[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buffer
+
+    def padded(self, use: str, parameters, tensors: list[torch.Tensor], size: int) -> torch.Tensor:
+        """The tensors (one per parameter) flattened in order into ``use``'s buffer, zero-padded to a multiple
+        of ``size``."""
+        numel = sum(t.numel() for t in tensors)
+        flat = self.get(use, parameters, -(-numel // size) * size, tensors[0])
+        torch.cat([t.reshape(-1) for t in tensors], out=flat[:numel])
+        flat[numel:].zero_()
+        return flat
 
 
 @dataclass
@@ -315,16 +343,17 @@ class GradientShard:
     parameters: list[torch.nn.Parameter]
     group: dist.ProcessGroup
     grad: torch.Tensor
+    buffers: FlatBuffers
 
     @classmethod
-    def scatter(cls, parameters, group: dist.ProcessGroup) -> list[GradientShard]:
+    def scatter(cls, parameters, group: dist.ProcessGroup, buffers: FlatBuffers) -> list[GradientShard]:
         """Reduce-scatter the parameters' gradients over ``group``: one shard per dtype."""
         size, shards = dist.get_world_size(group), []
         for params in _by_dtype(parameters):
-            flat = _padded_flat([local_tensor(p.grad) for p in params], size)
-            mine = torch.empty(flat.numel() // size, dtype=flat.dtype, device=flat.device)
+            flat = buffers.padded("gradients", params, [local_tensor(p.grad) for p in params], size)
+            mine = buffers.get("gradient shard", params, flat.numel() // size, flat)
             REDUCE_SCATTER_FROM(mine, flat, group=group)
-            shards.append(cls(params, group, mine))
+            shards.append(cls(params, group, mine, buffers))
         return shards
 
     @torch.no_grad()
@@ -339,9 +368,10 @@ class GradientShard:
     def update(self, lr: float) -> None:
         """SGD on this rank's shard of the weights, then every rank's shard all-gathered into the weights."""
         weights = [local_tensor(p) for p in self.parameters]
-        flat = _padded_flat(weights, dist.get_world_size(self.group))
+        flat = self.buffers.padded("weights", self.parameters, weights, dist.get_world_size(self.group))
         rank, shard = dist.get_rank(self.group), self.grad.numel()
-        mine = flat[rank * shard:(rank + 1) * shard] - lr * self.grad
+        mine = self.buffers.get("weight shard", self.parameters, shard, flat)
+        torch.add(flat[rank * shard:(rank + 1) * shard], self.grad, alpha=-lr, out=mine)
         ALL_GATHER_INTO(flat, mine, group=self.group)
         unflatten_into(flat, weights)
 
@@ -352,14 +382,6 @@ def _by_dtype(parameters) -> list[list[torch.nn.Parameter]]:
     for p in parameters:
         groups.setdefault(p.dtype, []).append(p)
     return list(groups.values())
-
-
-def _padded_flat(tensors: list[torch.Tensor], size: int) -> torch.Tensor:
-    """The tensors flattened into one new tensor, zero-padded to a multiple of ``size``."""
-    numel = sum(t.numel() for t in tensors)
-    flat = torch.zeros(-(-numel // size) * size, dtype=tensors[0].dtype, device=tensors[0].device)
-    torch.cat([t.reshape(-1) for t in tensors], out=flat[:numel])
-    return flat
 
 
 class EmulatedCompute:

@@ -30,7 +30,7 @@ def test_the_framework_is_built_from_inputs_and_the_candidate_gives_degrees_and_
     record = framework.cost_options().framework()
     assert record == {"moe_imbalance": 1.25, "grad_reduce_dtype": "fp32", "overlap_dp_comm": False,
                       "kernel_mode": "fused", "moe_dispatcher": "alltoall", "moe_capacity_factor": None,
-                      "moe_pad_to_capacity": False}
+                      "moe_pad_to_capacity": False, "flat_buffer_copies": False}
     assert set(record) == set(FRAMEWORK_OPTIONS) and Framework.from_inputs(record) == framework
     c = replace(BASE, tp=2, dp=4, ep=2, recompute="selective", zero_stage=0, sequence_parallel=True, dtype="fp32")
     o = framework.options(c)
