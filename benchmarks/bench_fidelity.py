@@ -11,6 +11,9 @@
    M = 2, 4, 8, and data- and tensor-parallel plans. Every plan trains the same global batch (8
    samples of 128 text tokens with 0-2 small images each), packed into microbatches, so their step
    times are comparable and the plan predicted fastest can be set beside the one measured fastest.
+   The small set (``--set small``, :mod:`fidelity_small`): small models at micro-batch 1. The ZeRO set
+   (``--set zero``): the same global batch on 2 data-parallel ranks at ZeRO 0, 1, 2 and 3 (resharding after
+   forward, and keeping the weights), a core per rank.
 3. Run every plan on the real executor (``--compute real``, fp32, gloo, one process per rank) for
    ``--steps`` steps, in ``--rounds`` rounds (plans interleaved, the order reversed every other round),
    with the speed probe (a fixed short timing of the calibration chain, all ranks at once) right
@@ -136,14 +139,15 @@ class Spec:
     sample_tokens: int | None = None
     """None: the multimodal global batch of ``samples()``; else the small set's text samples of this
     many tokens, one a microbatch (:mod:`fidelity_small`)."""
+    zero_stage: int = 1
+    reshard_after_forward: bool | None = None
+    """ZeRO-3's reshard policy (None: the candidate's default for its pp)."""
+    group: str = "main"
+    """The set the plan belongs to (:data:`SETS`)."""
 
     @property
     def world(self) -> int:
         return self.pp * self.tp * self.dp
-
-    @property
-    def group(self) -> str:
-        return "main" if self.sample_tokens is None else "small"
 
     def workload(self) -> Workload:
         if self.sample_tokens is None:
@@ -156,8 +160,16 @@ QUICK = ("1f1b M=4", "transpose,1f1b rr M=4", "dp2 M=2", "tp2 M=4")
 
 def small_specs() -> list[Spec]:
     """The small-model, short-sequence set (:mod:`fidelity_small`)."""
-    return [Spec(label, "1f1b", (), sample_tokens=tokens, model=str(path), **layout)
+    return [Spec(label, "1f1b", (), sample_tokens=tokens, model=str(path), group="small", **layout)
             for label, path, tokens, layout in fidelity_small.cases()]
+
+
+def zero_specs() -> list[Spec]:
+    """The ZeRO set: ``small-vit-llm``'s global batch on 2 data-parallel ranks (a core each) at every ZeRO stage,
+    stage 3 resharding after forward (pp 1's default) and keeping the weights through the step."""
+    return [Spec(f"dp2 zero{z}{' keep' if keep else ''} M=2", "1f1b", (), 2, dp=2, pp=1, zero_stage=z,
+                 reshard_after_forward=False if keep else None, group="zero")
+            for z, keep in ((0, False), (1, False), (2, False), (3, False), (3, True))]
 
 
 def plan_specs(model) -> list[Spec]:
@@ -204,7 +216,8 @@ def candidate_of(spec: Spec) -> Candidate:
                      num_microbatches=spec.num_microbatches, slab_counts=spec.slab_counts, owner_map=spec.owners,
                      label=spec.label, dtype=OPTIONS.dtype,
                      owner_policy="round-robin" if transpose and spec.owners is None else None,
-                     frozen=("encoder",) if spec.frozen else ())
+                     frozen=("encoder",) if spec.frozen else (), zero_stage=spec.zero_stage,
+                     reshard_after_forward=spec.reshard_after_forward)
 
 
 @functools.lru_cache(maxsize=None)
@@ -310,7 +323,7 @@ def plan_roofline_s(plan: dict) -> float:
     return float("nan") if None in values else statistics.median(values)
 
 
-SETS = {"": "main", "small_": "small"}
+SETS = {"": "main", "small_": "small", "zero_": "zero"}
 """Figure-key prefix -> the plans' set (a record from before the small set has only the main one)."""
 
 
@@ -447,9 +460,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="where measured profiles go (default benchmarks/profiles; a scratch folder with --quick)")
     parser.add_argument("--only", default=None, metavar="WORDS",
                         help="run only the plans whose label contains one of these comma-separated words, e.g. tp2")
-    parser.add_argument("--set", choices=("all", "main", "small"), default="all",
+    parser.add_argument("--set", choices=("all", "main", "small", "zero"), default="all",
                         help="the plans of small-vit-llm (main), the small-model short-sequence set (small, "
-                             "benchmarks/fidelity_small.py) or both (default)")
+                             "benchmarks/fidelity_small.py), small-vit-llm on 2 data-parallel ranks at each ZeRO "
+                             "stage (zero) or all three (default)")
     parser.add_argument("--no-emulated", action="store_true", help="skip the emulated-compute rows")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of every plan (default 3; 1 with --quick)")
     parser.add_argument("--reprofile", action="store_true",
@@ -490,8 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     base = load_model(str(MODEL_PATH))
-    every = {"main": plan_specs(base), "small": small_specs()}
-    every["all"] = every["main"] + every["small"]
+    every = {"main": plan_specs(base), "small": small_specs(), "zero": zero_specs()}
+    every["all"] = every["main"] + every["small"] + every["zero"]
     specs = [s for s in every[args.set] if not args.quick or s.label in QUICK + fidelity_small.QUICK]
     if args.only:
         words = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -605,6 +619,9 @@ def figures_frame(record: dict) -> pd.DataFrame:
              "small_raw": "small set, the profile's prediction",
              "small_probe_corrected": "small set, probe-corrected",
              "small_roofline": "small set, the roofline alone",
+             "zero_raw": "ZeRO set, the profile's prediction",
+             "zero_probe_corrected": "ZeRO set, probe-corrected",
+             "zero_roofline": "ZeRO set, the roofline alone",
              **{f"emulated_P{pp}": f"emulated compute, P={pp} baselines" for pp in record.get("emulated", {})}}
     return pd.DataFrame.from_records([{"prediction": name, "plans": _count(record, key), **summary[key]}
                                       for key, name in names.items() if key in summary])
@@ -613,7 +630,7 @@ def figures_frame(record: dict) -> pd.DataFrame:
 def _count(record: dict, key: str) -> int:
     if key.startswith("emulated"):
         return len(record["emulated"][key.removeprefix("emulated_P")])
-    group = "small" if key.startswith("small_") else "main"
+    group = next((name for prefix, name in SETS.items() if prefix and key.startswith(prefix)), "main")
     return sum(r.get("set", "main") == group for r in record["plans"])
 
 

@@ -117,6 +117,26 @@ def test_the_small_set_is_micro_batch_1_short_sequences_on_two_ranks(fidelity):
         assert 128 <= hidden <= 512
 
 
+def test_the_zero_set_runs_every_stage_on_two_data_parallel_ranks(fidelity, tmp_path):
+    """bench_fidelity's ZeRO set: each plan file carries its stage and reshard policy to the executor."""
+    pytest.importorskip("torch")
+    from mpipe_tune.runtime._job import RunJob, preflight
+
+    specs = fidelity.zero_specs()
+    assert [(s.zero_stage, s.reshard_after_forward) for s in specs] == [(0, None), (1, None), (2, None), (3, None),
+                                                                         (3, False)]
+    profile = BENCHMARKS / "profiles" / "fidelity-vm.json"
+    for (spec, path, record, roofline), expected in zip(fidelity.make_plans(tmp_path, specs, {2: profile}), specs):
+        view = preflight(RunJob(path, compute="real"), 2)
+        assert spec.group == "zero" and (spec.pp, spec.dp, view.layout.world_size) == (1, 2, 2)
+        assert view.candidate.zero_stage == expected.zero_stage, spec.label
+        if expected.zero_stage == 3:  # pp 1's default reshards after forward; "keep" holds the weights
+            assert view.candidate.reshards_after_forward == (expected.reshard_after_forward is None), spec.label
+    names = fidelity.figures_frame(_record([{**_plan("z", 1.0, [_run([9.0, 1.1], 0.01, 0.01)]), "set": "zero"}]))
+    assert list(names["prediction"]) == ["ZeRO set, the profile's prediction", "ZeRO set, probe-corrected"]
+    assert list(names["plans"]) == [1, 1]
+
+
 def test_the_roofline_alone_drops_every_per_call_term_and_keeps_the_efficiencies(fidelity):
     from mpipe_tune.cost import load_profile
 
