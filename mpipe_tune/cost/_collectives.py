@@ -132,20 +132,25 @@ def measured_collective_s(link: LinkCost, collective: str, size_bytes, group_siz
     reduce it can be far from the measurement (on a CPU a reduce-scatter's seconds per byte double past the
     caches). The sweep's medians, each lowered to the smallest at or above its size (a noisy small size does
     not raise the sizes below it), are interpolated linearly in the size; below the smallest size it takes that
-    size's time, above the largest it extends the last segment.
+    size's time, above the largest it grows at the last segment's seconds per byte or in proportion to the size
+    (bandwidth-bound), whichever is steeper: a short sweep (``profile --quick``'s, to 64 KiB) ends where the
+    latency still hides the bandwidth, and its last segment alone would price megabytes at a few microseconds.
 
     >>> link = LinkCost(0.0, 1.0, curve=("all_reduce", 2, (1e6, 4e6), (1e-3, 5e-3)))
     >>> [round(measured_collective_s(link, "all_reduce", n, 2), 6) for n in (5e5, 2e6, 8e6)]
     [0.001, 0.002333, 0.010333]
     >>> measured_collective_s(link, "all_reduce", 4.0, 4) == estimate_collective_s(link, "all_reduce", 4.0, 4)
     True
+    >>> short = LinkCost(0.0, 1.0, curve=("all_reduce", 2, (1e3, 4e3), (1e-3, 1.1e-3)))  # latency-bound to its end
+    >>> round(measured_collective_s(short, "all_reduce", 4e6, 2), 6)  # in proportion: 1000x the size, 1000x the time
+    1.1
     """
     if link.curve is None or link.curve[:2] != (collective, group_size):
         return estimate_collective_s(link, collective, size_bytes, group_size)
     _, _, sizes, seconds = link.curve
     x = np.asarray(sizes, dtype=float)
     y = np.minimum.accumulate(np.asarray(seconds, dtype=float)[::-1])[::-1]
-    slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+    slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), y[-1] / x[-1])
     n = np.asarray(size_bytes, dtype=float)
     out = np.where(n > x[-1], y[-1] + (n - x[-1]) * slope, np.interp(n, x, y))
     return out if isinstance(size_bytes, np.ndarray) else float(out)
