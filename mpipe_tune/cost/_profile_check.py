@@ -158,7 +158,7 @@ class Validator:
         for key in ("sizes_bytes", "median_s"):
             values = entry.get(key, MISSING)
             if not isinstance(values, (list, tuple)) or len(values) < 2:
-                self.fail(f"{path}.{key}", values, "must be a list of at least 2 numbers where median_s is given", fix)
+                self.fail(f"{path}.{key}", values, "must be a list of at least 2 numbers", fix)
             columns.append(tuple(self.scalar(f"{path}.{key}", x, positive=True) for x in values))
         sizes, seconds = columns
         if len(sizes) != len(seconds):
