@@ -138,13 +138,13 @@ class CostOptions:
     ``overlap_param_gather`` and torchtitan's FSDP run it (see :mod:`mpipe_tune.cost._overlap`); False
     serialises each whole reduce after the rank's last backward."""
     dp_bucket_params: float = 40e6
+    """Parameters per data-parallel communication bucket (Megatron-LM's default bucket, 40M elements)."""
     flat_buffer_copies: bool = False
     """ZeRO 0 and 1: the data-parallel reduce copies the gradients into flat buffers and the reduced ones
     back out (torch DDP's default, and this project's executor), and a distributed optimizer's update copies
     the weights into the all-gather's flat buffer and back out (the executor): memory traffic at the profile's
     bandwidth, added to the reduce. False: gradients accumulate in, and weights live in, contiguous buffers
     the collectives read and write in place (Megatron-LM's distributed optimizer)."""
-    """Parameters per data-parallel communication bucket (Megatron-LM's default bucket, 40M elements)."""
     fused_loss: bool = False
     """The trainer's fused loss kernels (Megatron-LM's ``cross_entropy_loss_fusion``, off by default there;
     NeMo's Llama 3.1 configs turn it on): fewer passes over the fp32 logits
