@@ -709,7 +709,8 @@ def plot(record: dict, path: str) -> None:
                   ("raw", "main", "the profile's prediction", "predicted_s", "o", "C0"),
                   ("probe_corrected", "main", "probe-corrected", "corrected_s", "s", "C2"),
                   ("small_raw", "small", "the profile's prediction", "predicted_s", "^", "C1"),
-                  ("small_roofline", "small", "the roofline alone", "roofline_s", "v", "C3"))
+                  ("small_roofline", "small", "the roofline alone", "roofline_s", "v", "C3"),
+                  ("zero_raw", "zero", "the profile's prediction", "predicted_s", "D", "C4"))
               if key in summary]
     ax = axes[0]
     everything = np.concatenate([measured_all, *(predicted[chosen] for _, chosen, predicted, *_ in series)])
