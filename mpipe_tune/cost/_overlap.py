@@ -124,7 +124,7 @@ class DataParallelOverlap:
             seconds = durations[rank.compute]
             after = np.cumsum(seconds[::-1])[::-1]  # compute from each position to the end
             before = np.concatenate(([0.0], np.cumsum(seconds)[:-1]))  # compute before each position
-            gathers = gather_s[k] if self.sharded_optimizer else np.zeros_like(whole)
+            gathers = gather_s[k]  # 0 without a distributed optimizer
             total = exposed_reduce_s(after[rank.last_backward], seconds[rank.last_backward], whole - gathers,
                                      self.share[k])
             if self.sharded_optimizer:

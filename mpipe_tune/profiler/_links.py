@@ -224,7 +224,8 @@ class GroupSweep:
             sent, received = zeros(elements * g), zeros(elements * g)
             return lambda: dist.all_to_all_single(received, sent, group=group)
         if collective == "reduce_scatter":  # from one flat buffer, as ZeRO's gradient reduce and FSDP2 run it
-            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            from mpipe_tune.runtime import REDUCE_SCATTER_FROM as scatter
+
             full = zeros(elements * g)
             return lambda: scatter(x, full, group=group)
         parts = [zeros(elements) for _ in range(g)]
