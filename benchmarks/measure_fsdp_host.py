@@ -1,6 +1,6 @@
-"""Measure FSDP2's host seconds per sharded layer per call on this machine's gloo ranks and write them into a
-profile as its ``fsdp_host_s`` (:mod:`mpipe_tune.profiler._fsdp_host`), with the load average beside it: what
-``mpipe-tune profile`` measures, for a profile measured before it did (``moe-vm-4.json``, which
+"""Measure FSDP2's host seconds per sharded layer per call and per byte on this machine's gloo ranks and write
+them into a profile as its ``fsdp_host_s`` and ``fsdp_bytes_s`` (:mod:`mpipe_tune.profiler._fsdp_host`), with
+the load average beside it: what ``mpipe-tune profile`` measures, for a profile measured before it did (``moe-vm-4.json``, which
 ``bench_fidelity_parallel.py`` predicts on).
 
     python benchmarks/measure_fsdp_host.py benchmarks/profiles/moe-vm-4.json [--nproc 4]
@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from mpipe_tune.profiler._fsdp_host import fsdp_host_entry, measure_fsdp_host
+from mpipe_tune.profiler._fsdp_host import fsdp_host_entries, measure_fsdp_host
 from mpipe_tune.profiler import sweep_settings
 
 
@@ -28,11 +28,13 @@ def main() -> None:
     point = measure_fsdp_host("cpu", args.nproc, sweep_settings("cpu", quick=False), lambda text: print(text, flush=True))
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     how = f"; load average {load:.1f} on {os.cpu_count()} cores when measured" + (" (under load)" if load > 1 else "")
-    data["fsdp_host_s"] = fsdp_host_entry(point, {"source": "measured", "date": date},
-                                          f"on {args.nproc} local processes with gloo", how)
+    data.update(fsdp_host_entries(point, {"source": "measured", "date": date},
+                                  f"on {args.nproc} local processes with gloo", how))
     args.profile.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"fsdp_host_s = {point.value:.3g} s per layer call (extra per stack: "
-          f"{', '.join(f'{x * 1e3:.2f} ms' for x in point.extra_s)}; load {load:.1f})")
+    per_call, per_byte = point.figures
+    print(f"fsdp_host_s = {per_call:.3g} s per layer call, fsdp_bytes_s = {per_byte:.3g} s per byte per collective "
+          f"(a sharded layer adds {', '.join(f'{s * 1e3:.2f} ms at width {w}' for w, s in zip(point.widths, point.per_layer_s))}; "
+          f"load {load:.1f})")
 
 
 if __name__ == "__main__":

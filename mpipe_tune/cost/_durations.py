@@ -265,8 +265,10 @@ def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, prof
             total += _all_reduce_s(profile, count * options.grad_bytes_per_param, group_size, span_devices)
             continue
         stride = span_devices // group_size
-        scatter_s = sharded_half_s(profile, "reduce_scatter", count * options.grad_bytes_per_param, group_size, stride)
-        gather_s = sharded_half_s(profile, "all_gather", count * options.grad_bytes_per_param, group_size, stride)
+        size = count * options.grad_bytes_per_param
+        copies = fsdp_copies_s(profile, options, size) if group_size > 1 else 0.0
+        scatter_s = sharded_half_s(profile, "reduce_scatter", size, group_size, stride) + copies
+        gather_s = sharded_half_s(profile, "all_gather", size, group_size, stride) + copies
         total, gather = total + scatter_s + gather_s, gather + gather_s
     return total, gather
 
@@ -274,7 +276,7 @@ def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, prof
 def _copies_s(profile: HardwareProfile, options: CostOptions, params: float, group_size: int, sharded: bool) -> float:
     """Seconds of the flat-buffer copies around a reduce of ``params`` gradients over ``group_size`` ranks
     (:attr:`~mpipe_tune.cost._layers.CostOptions.flat_buffer_copies`; ZeRO 0 and 1 only, FSDP2's own copies are
-    the profile's ``fsdp_host_s``): an all-reduce copies the gradients in and the sums back out, each read once
+    :func:`fsdp_copies_s`): an all-reduce copies the gradients in and the sums back out, each read once
     and written once; a distributed optimizer (``sharded``) copies the gradients in, and its update the weights
     in and the gathered ones back out."""
     if not options.flat_buffer_copies or group_size <= 1 or options.zero_stage >= 2:
@@ -282,6 +284,14 @@ def _copies_s(profile: HardwareProfile, options: CostOptions, params: float, gro
     gradients = 2.0 * params * options.grad_bytes_per_param
     copied = gradients + 4.0 * params * options.dtype_bytes() if sharded else 2.0 * gradients
     return copied / profile.memory_bytes_per_s
+
+
+def fsdp_copies_s(profile: HardwareProfile, options: CostOptions, size_bytes):
+    """FSDP2's copies into and out of its flat buffers around one all-gather or reduce-scatter of a layer's
+    ``size_bytes`` unsharded bytes (a number or an array): the profile's ``fsdp_bytes_s`` a byte, where the
+    plan runs FSDP2 (ZeRO 2 or 3 over a data-parallel group that shards), else 0."""
+    runs_fsdp2 = options.zero_stage >= 2 and options.degrees.dp * options.degrees.cp > 1
+    return profile.fsdp_bytes_s * size_bytes if runs_fsdp2 else 0.0 * size_bytes
 
 
 @lru_cache(maxsize=64)

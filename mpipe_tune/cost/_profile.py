@@ -43,9 +43,10 @@ tensor-parallel collectives' time hidden behind compute; absent, they are fully 
 reduce, a ZeRO gather or reduce-scatter on its own stream) the compute beside it hides: 1 where the two
 run side by side at full speed, 0 where they take turns (:mod:`mpipe_tune.profiler._overlap` measures
 it); absent, 1. An optional ``fsdp_host_s`` entry states the host seconds torch FSDP2 adds per sharded
-layer per forward or backward call (its pre- and post-hooks, the copy into and out of the all-gather's flat
-buffer; :mod:`mpipe_tune.profiler._fsdp_host` measures it): charged on ZeRO-2 and ZeRO-3's per-microbatch
-sharding actions (:mod:`mpipe_tune.cost._sharding_events`); absent, 0.
+layer per forward or backward call (its pre- and post-hooks) and an optional ``fsdp_bytes_s`` the seconds it
+adds per byte of a layer's unsharded buffer per all-gather or reduce-scatter it issues (the copies into and out
+of its flat buffers); :mod:`mpipe_tune.profiler._fsdp_host` measures both: charged on ZeRO-2 and ZeRO-3's
+sharding actions and step-end collectives (:mod:`mpipe_tune.cost._sharding_events`); absent, 0.
 
 An optional ``fabric`` entry (``devices_per_pod`` and ``pod_oversubscription``, each a number with provenance)
 describes pods joined by an oversubscribed spine (:class:`~mpipe_tune.cost._collectives.Fabric`): a
@@ -99,10 +100,11 @@ _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "tp_comm_overlap",
     "optimizer_update_bytes_per_s", "host", "kernel_efficiency", "devices_per_package", "comm_compute_overlap",
-    "fsdp_host_s", "fabric",
+    "fsdp_host_s", "fsdp_bytes_s", "fabric",
 }
 _OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s", "host", "kernel_efficiency",
-                      "devices_per_package", "comm_compute_overlap", "fsdp_host_s", "fabric"}
+                      "devices_per_package", "comm_compute_overlap", "fsdp_host_s", "fsdp_bytes_s",
+                      "fabric"}
 _OVERLAP_FIXES = {"tp_comm_overlap": "give the fraction of the tensor-parallel collective time hidden behind compute",
                   "comm_compute_overlap": "give the share of a collective's time the compute beside it hides "
                                           "(1: fully, 0: they take turns)"}
@@ -179,8 +181,13 @@ class HardwareProfile:
     full overlap (:mod:`mpipe_tune.profiler._overlap` measures it)."""
 
     fsdp_host_s: float = 0.0
-    """Host seconds torch FSDP2 adds per sharded layer per forward or backward call (hooks, copy-in and
-    copy-out; :mod:`mpipe_tune.profiler._fsdp_host` measures it); 0 where the profile does not give it."""
+    """Host seconds torch FSDP2 adds per sharded layer per forward or backward call (its hooks;
+    :mod:`mpipe_tune.profiler._fsdp_host` measures it); 0 where the profile does not give it."""
+
+    fsdp_bytes_s: float = 0.0
+    """Host seconds torch FSDP2 adds per byte of a layer's unsharded buffer per all-gather or reduce-scatter it
+    issues (its copies into and out of the flat buffers; measured with :attr:`fsdp_host_s`); 0 where the
+    profile does not give it."""
 
     fabric: Fabric | None = None
     """Pods joined by an oversubscribed spine, where the profile gives them; None: one non-blocking fabric."""
@@ -354,8 +361,9 @@ class HardwareProfile:
         for key in _OVERLAP_FIXES:
             if getattr(self, key) is not None:
                 data[key] = number(key, getattr(self, key))
-        if "fsdp_host_s" in self.provenance:
-            data["fsdp_host_s"] = number("fsdp_host_s", self.fsdp_host_s)
+        for key in _FSDP_KEYS:
+            if key in self.provenance:
+                data[key] = number(key, getattr(self, key))
         if self.fabric is not None:
             data["fabric"] = {key: number(f"fabric.{key}", getattr(self.fabric, key)) for key in _FABRIC_KEYS}
         if self.host is not None:
@@ -465,7 +473,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
             overlaps[key] = v.number(key, data[key], positive=False)
             if overlaps[key] > 1:
                 v.fail(f"{key}.value", overlaps[key], "must lie in [0, 1]", fix)
-    fsdp_host_s = v.number("fsdp_host_s", data["fsdp_host_s"], positive=False) if "fsdp_host_s" in data else 0.0
+    fsdp = {key: v.number(key, data[key], positive=False) for key in _FSDP_KEYS if key in data}
     host = parse_host(v, data["host"]) if "host" in data else None
     fabric = _parse_fabric(v, data["fabric"], dpn) if "fabric" in data else None
     curves = parse_kernel_efficiency(v, data["kernel_efficiency"]) if "kernel_efficiency" in data else None
@@ -496,11 +504,12 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         tp_overhead_s=MappingProxyType(tp_tables["tp_overhead_s"]),
         tp_slowdown=MappingProxyType(tp_tables["tp_slowdown"]), optimizer_update_bytes_per_s=update_bps,
         tp_comm_overlap=overlaps.get("tp_comm_overlap"), comm_compute_overlap=overlaps.get("comm_compute_overlap"),
-        host=host, kernel_efficiency=curves, fsdp_host_s=fsdp_host_s, fabric=fabric,
+        host=host, kernel_efficiency=curves, **fsdp, fabric=fabric,
     )
 
 
 _FABRIC_KEYS = ("devices_per_pod", "pod_oversubscription")
+_FSDP_KEYS = ("fsdp_host_s", "fsdp_bytes_s")
 
 
 def _parse_fabric(v: Validator, entry: Any, devices_per_node: int) -> Fabric:

@@ -53,12 +53,14 @@ without the overlap every gather adds whole on the ``unshard`` and every reduce-
 is trainable (frozen layers: gathers only). A split backward (the zero-bubble skeletons) takes its stage's
 actions at its ``Bwd``.
 
-Torch FSDP2's own host work (its pre- and post-hooks, the copies into and out of the all-gather's flat
-buffer) is the profile's ``fsdp_host_s`` per sharded layer (one with weights) per forward or backward call
-(:mod:`mpipe_tune.profiler._fsdp_host` measures it; 0 where the profile does not give it). Where it is
-above 0 every stage-2 and stage-3 plan takes the three actions per microbatch (keeping the weights too:
-the hooks run whether or not a collective does), and each ``unshard`` carries its event's layers' host
-seconds, whole (the host issues the collectives: nothing hides it).
+Torch FSDP2's own host work is the profile's ``fsdp_host_s`` per sharded layer (one with weights) per forward
+or backward call (its pre- and post-hooks) and its ``fsdp_bytes_s`` per byte of a layer's unsharded buffer per
+collective (the copies into and out of its flat buffers, :func:`~mpipe_tune.cost._durations.fsdp_copies_s`,
+part of each gather and reduce-scatter, the step-end ones too); :mod:`mpipe_tune.profiler._fsdp_host` measures
+both, 0 where the profile does not give them. Where either is above 0 every stage-2 and stage-3 plan takes the
+three actions per microbatch (keeping the weights too: the hooks run whether or not a collective does), and
+each ``unshard`` carries its event's layers' hook seconds, whole (the host issues the collectives: nothing
+hides it).
 
 The collectives wait after the step-end overlap has read the compute (the link is busy while a rank waits
 on it, so the wait hides no reduce): a stage-2 or stage-3 plan's events last as long as its stage-1 twin's
@@ -75,7 +77,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpipe_tune.algebra import Model, UNSHARD, microbatch_actions
-from mpipe_tune.cost._durations import TableSums
+from mpipe_tune.cost._durations import TableSums, fsdp_copies_s
 from mpipe_tune.cost._event_arrays import BWD, FWD, WGRAD, EventArrays
 from mpipe_tune.cost._layers import CostOptions, LayerTable, footprint_masks
 from mpipe_tune.cost._memory import prefix_sums
@@ -99,10 +101,12 @@ def layer_collectives_s(table: LayerTable, profile: HardwareProfile,
         for group in np.unique(replicas) if with_replicas else (1.0,):
             at = (replicas == group) if with_replicas else np.ones(len(dense), dtype=bool)
             size = int(group) * ranks
-            out[at] += sharded_half_s(profile, collective, dense[at] * bytes_per_param, size, span // size)
+            out[at] += sharded_half_s(profile, collective, dense[at] * bytes_per_param, size, span // size) \
+                + fsdp_copies_s(profile, options, dense[at] * bytes_per_param) * (size > 1)
             if options.degrees.ep > 1 and experts[at].any():
                 size = ranks // options.degrees.ep
-                out[at] += sharded_half_s(profile, collective, experts[at] * bytes_per_param, size, span // size)
+                out[at] += sharded_half_s(profile, collective, experts[at] * bytes_per_param, size, span // size) \
+                    + fsdp_copies_s(profile, options, experts[at] * bytes_per_param) * (size > 1)
         return np.where(table.param_count > 0, out, 0.0)
 
     return (half("all_gather", float(options.dtype_bytes()), False),
@@ -247,6 +251,7 @@ def sharding_events(arrays: EventArrays, M: int, model: Model, profile: Hardware
 
 
 def takes_hooks(profile: HardwareProfile, options: CostOptions) -> bool:
-    """Whether FSDP2's per-layer host work is priced: the profile gives it, the plan runs FSDP2 (stage 2 or 3)
-    and its data-parallel group shards something."""
-    return profile.fsdp_host_s > 0 and options.zero_stage >= 2 and options.degrees.dp * options.degrees.cp > 1
+    """Whether FSDP2's per-layer host work is priced: the profile gives it (per call or per byte), the plan runs
+    FSDP2 (stage 2 or 3) and its data-parallel group shards something."""
+    priced = profile.fsdp_host_s > 0 or profile.fsdp_bytes_s > 0
+    return priced and options.zero_stage >= 2 and options.degrees.dp * options.degrees.cp > 1

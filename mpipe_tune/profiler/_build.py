@@ -42,7 +42,7 @@ from mpipe_tune.profiler._dispatch import HostSweep, host_entries, measure_host
 from mpipe_tune.profiler._fit import fit_alpha_beta, fit_nonnegative_line, to_link_cost
 from mpipe_tune.profiler._links import LINK_COLLECTIVES, LinkSweep, measure_links
 from mpipe_tune.profiler._nodes import NodeLayout
-from mpipe_tune.profiler._fsdp_host import UNITS, FsdpHostPoint, fsdp_host_entry, measure_fsdp_host
+from mpipe_tune.profiler._fsdp_host import UNITS, WIDTHS, FsdpHostPoint, fsdp_host_entries, measure_fsdp_host
 from mpipe_tune.profiler._overlap import OverlapPoint, measure_overlap, overlap_entry, overlap_repeats
 from mpipe_tune.profiler._roofline import RateSweep, measure_memory_bandwidth, measure_peak_flops
 from mpipe_tune.profiler._settings import SweepSettings, sweep_settings
@@ -84,7 +84,8 @@ class Measurements:
     overlap: OverlapPoint | None = None
     """How much a collective and a product slow each other (:mod:`~mpipe_tune.profiler._overlap`)."""
     fsdp_host: FsdpHostPoint | None = None
-    """FSDP2's host seconds per sharded layer per call (:mod:`~mpipe_tune.profiler._fsdp_host`)."""
+    """FSDP2's host seconds per sharded layer per call and per byte per collective
+    (:mod:`~mpipe_tune.profiler._fsdp_host`)."""
 
 
 COPIED_INTER_NODE = "The inter-node links are a copy of the intra-node ones."
@@ -104,7 +105,7 @@ def count_steps(dtypes: tuple[str, ...], settings: SweepSettings, calibration: M
     sizes = len(calibration_tokens or settings.calibration_tokens)
     kernels = kernel_settings.num_points if kernel_settings is not None else 0
     return (len(dtypes) * len(settings.matmul_sizes) + 1 + kernels + layers * sizes
-            + len(LINK_COLLECTIVES) * settings.link_repeats + overlap_repeats(settings) + len(UNITS))
+            + len(LINK_COLLECTIVES) * settings.link_repeats + overlap_repeats(settings) + len(UNITS) * len(WIDTHS))
 
 
 def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: bool,
@@ -213,8 +214,8 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
         extra["comm_compute_overlap"] = overlap_entry(
             m.overlap, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how)
     if m.fsdp_host is not None:
-        extra["fsdp_host_s"] = fsdp_host_entry(
-            m.fsdp_host, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how)
+        extra.update(fsdp_host_entries(
+            m.fsdp_host, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how))
     profile = {
         "schema_version": SCHEMA_VERSION,
         "name": name,

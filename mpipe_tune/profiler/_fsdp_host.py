@@ -1,22 +1,27 @@
-"""The host time torch FSDP2 adds per sharded layer per forward or backward call: the profile's
-``fsdp_host_s``.
+"""The host time torch FSDP2 adds around its collectives: the profile's ``fsdp_host_s`` (seconds per sharded
+layer per forward or backward call) and ``fsdp_bytes_s`` (seconds per byte of the layer's unsharded buffer per
+collective it issues).
 
-On the profiled ranks, for stacks of ``K`` small linear layers (:data:`UNITS`), every rank times three
-things over the same repeats: one training step of the stack unsharded (``t_plain``: compute alone), the
-collectives FSDP2 runs for it issued by hand on buffers of the same sizes (``t_comm``: per layer two
-all-gathers of its weights, before its forward and again before its backward, and one reduce-scatter of
-its gradient), and the step of the stack with ``fully_shard`` on each layer and on the stack, resharding
-after forward (``t_fsdp``). What FSDP2 costs beyond its compute and its collectives,
-``t_fsdp - t_plain - t_comm``, is its host work: the pre- and post-forward and backward hooks, the copy of
-the shards into the all-gather's flat buffer and out of it, the gradient's copy into the reduce-scatter's.
-It grows with the calls, ``2 K`` (a forward and a backward per layer), and the line fitted through the
-stacks (:func:`fit_host_s`) gives the per-call seconds as its slope (the stack's own root hooks in its
-intercept). The layers are small (:data:`WIDTH`) so that the host work is not lost in the compute's noise.
-Each figure is the slowest rank's per repeat and the medians are used; on a shared host the figure
-carries the load (say so in the profile's notes).
+On the profiled ranks, for stacks of ``K`` linear layers (:data:`UNITS`) of two widths (:data:`WIDTHS`), every
+rank times three things over the same repeats: one training step of the stack unsharded (``t_plain``: compute
+alone), the collectives FSDP2 runs for it issued by hand on buffers of the same sizes (``t_comm``: per layer two
+all-gathers of its weights, before its forward and again before its backward, and one reduce-scatter of its
+gradient), and the step of the stack with ``fully_shard`` on each layer and on the stack, resharding after
+forward (``t_fsdp``). What FSDP2 costs beyond its compute and its collectives, ``t_fsdp - t_plain - t_comm``, is
+its host work: the pre- and post-forward and backward hooks (a fixed cost per call) and, growing with the
+layer's size, the copies of the shards into the all-gather's flat buffer and of the gathered weights out of it,
+the gradient's copy into the reduce-scatter's, and the fresh buffers they fill. Per width, the line fitted
+through the stacks (:func:`fit_host_s`) gives the seconds per layer as its slope (the stack's own root hooks in
+its intercept); a layer takes two calls (its forward and its backward) and three collectives of its ``B``
+bytes, so the two widths' slopes ``2 h + 3 B c`` give the per-call ``h`` and the per-byte ``c``
+(:func:`split_per_byte`). The narrow layers show the hooks, the wide ones (a few MB, a small model's block) the
+copies. Each figure is the slowest rank's per repeat and the medians are used; on a shared host the figures
+carry the load (say so in the profile's notes).
 
 >>> [round(x, 12) for x in fit_host_s([2, 4, 8], [0.3, 0.5, 0.9])]  # 0.1 s per call, 0.1 s for the stack
 [0.1, 0.1]
+>>> [round(x, 15) for x in split_per_byte([100, 1100], [0.2 + 3e-4, 0.2 + 3.3e-3])]  # 0.1 s a call, 1 us a byte
+[0.1, 1e-06]
 """
 
 from __future__ import annotations
@@ -35,42 +40,82 @@ from mpipe_tune.profiler._settings import SweepSettings
 
 UNITS = (2, 4, 8, 16)
 """Layers per timed stack."""
-WIDTH = 64
-"""Each linear layer's side (``WIDTH x WIDTH`` weights, a ``BATCH x WIDTH`` input)."""
+WIDTHS = (64, 768)
+"""Each linear layer's side (``WIDTH x WIDTH`` weights, a ``BATCH x WIDTH`` input): hooks, then copies."""
 BATCH = 16
+CALLS_PER_LAYER = 2
+"""A forward and a backward."""
+COLLECTIVES_PER_LAYER = 3
+"""Resharding after forward: an all-gather before each call and the gradient's reduce-scatter."""
+ELEMENT_BYTES = 4
+"""The stacks' weights are float32."""
+
+
+def layer_bytes(width: int, group_size: int) -> int:
+    """The unsharded bytes of one ``width``-wide linear layer's weights and bias, padded to the group."""
+    params = width * width + width
+    return -(-params // group_size) * group_size * ELEMENT_BYTES
 
 
 @dataclass(frozen=True)
 class FsdpHostPoint:
-    """The medians of one measurement, in seconds per step, per stack size, and the fitted figure."""
+    """The medians of one measurement, in seconds per step, per width (outer) and stack size (inner), and the
+    fitted figures."""
 
     units: tuple[int, ...]
-    plain_s: tuple[float, ...]
-    comm_s: tuple[float, ...]
-    fsdp_s: tuple[float, ...]
+    plain_s: tuple[tuple[float, ...], ...]
+    comm_s: tuple[tuple[float, ...], ...]
+    fsdp_s: tuple[tuple[float, ...], ...]
     repeats: int
     group_size: int
+    widths: tuple[int, ...] = WIDTHS
+
+    def extra_s(self, width_index: int) -> tuple[float, ...]:
+        """Per stack of the width, FSDP2's seconds beyond its compute and its collectives."""
+        return tuple(f - p - c for f, p, c in zip(self.fsdp_s[width_index], self.plain_s[width_index],
+                                                  self.comm_s[width_index]))
 
     @property
-    def extra_s(self) -> tuple[float, ...]:
-        """Per stack, FSDP2's seconds beyond its compute and its collectives."""
-        return tuple(f - p - c for f, p, c in zip(self.fsdp_s, self.plain_s, self.comm_s))
+    def per_layer_s(self) -> tuple[float, ...]:
+        """Per width, the seconds a sharded layer adds (the fit's slope over the stacks)."""
+        return tuple(fit_host_s(self.units, self.extra_s(i))[0] for i in range(len(self.widths)))
+
+    @property
+    def figures(self) -> tuple[float, float]:
+        """``(fsdp_host_s, fsdp_bytes_s)``: seconds per layer call and per byte per collective (each >= 0)."""
+        return split_per_byte([layer_bytes(w, self.group_size) for w in self.widths], self.per_layer_s)
 
     @property
     def value(self) -> float:
-        """Seconds per sharded layer per forward or backward call (the fit's slope, at least 0)."""
-        return max(0.0, fit_host_s([2 * k for k in self.units], self.extra_s)[0])
+        """Seconds per sharded layer per forward or backward call."""
+        return self.figures[0]
 
 
 def fit_host_s(calls: Sequence[float], extra_s: Sequence[float]) -> tuple[float, float]:
-    """The least-squares line ``extra = per_call * calls + fixed`` through the stacks' extra seconds:
-    ``(per_call, fixed)``; one line unless two or more distinct call counts are given."""
+    """The least-squares line ``extra = slope * calls + fixed`` through the stacks' extra seconds:
+    ``(slope, fixed)``; one line unless two or more distinct call counts are given."""
     x, y = np.asarray(calls, dtype=float), np.asarray(extra_s, dtype=float)
     if len(x) != len(y) or len(np.unique(x)) < 2:
         raise MpipeError(f"FSDP2 host-cost fit: {len(np.unique(x))} distinct call counts for {len(y)} timings; "
                          "time two or more stack sizes")  # the profiler's own sweep, not a user's quantity
     slope, intercept = np.polyfit(x, y, 1)
     return float(slope), float(intercept)
+
+
+def split_per_byte(sizes: Sequence[float], per_layer_s: Sequence[float]) -> tuple[float, float]:
+    """``(per_call, per_byte)`` of the least-squares fit ``per_layer = 2 per_call + 3 size per_byte`` over
+    the widths (:data:`CALLS_PER_LAYER`, :data:`COLLECTIVES_PER_LAYER`), each held at 0 or above (a negative
+    one is set to 0 and the other refitted alone)."""
+    b, y = np.asarray(sizes, dtype=float) * COLLECTIVES_PER_LAYER, np.asarray(per_layer_s, dtype=float)
+    if len(b) != len(y) or len(np.unique(b)) < 2:
+        raise MpipeError(f"FSDP2 host-cost fit: {len(np.unique(b))} distinct layer sizes for {len(y)} slopes; "
+                         "time two or more widths")
+    per_byte, fixed = np.polyfit(b, y, 1)
+    if per_byte < 0:
+        return max(0.0, float(y.mean()) / CALLS_PER_LAYER), 0.0
+    if fixed < 0:
+        return 0.0, max(0.0, float(b @ y / (b @ b)))
+    return float(fixed) / CALLS_PER_LAYER, float(per_byte)
 
 
 def measure_fsdp_host(device: str, nproc: int, settings: SweepSettings, progress: Callable[[str], None],
@@ -85,58 +130,75 @@ def _measure(torch, dist, where: str, rank: int, nproc: int, device: str, settin
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from mpipe_tune.runtime import ALL_GATHER_INTO as gather, REDUCE_SCATTER_FROM as scatter
+
     timed = slowest_rank_timer(torch, dist, where, device)
     mesh = init_device_mesh(device, (nproc,))
     repeats = max(5, settings.repeats)
-    x = torch.randn(BATCH, WIDTH, device=where)
-    out: dict[str, list[float]] = {"plain": [], "comm": [], "fsdp": []}
-    for units in UNITS:
-        torch.manual_seed(0)
-        plain = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, device=where) for _ in range(units)))
-        sharded = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, device=where) for _ in range(units)))
-        for layer in sharded:
-            fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-        fully_shard(sharded, mesh=mesh, reshard_after_forward=True)
-        params = WIDTH * WIDTH + WIDTH
-        padded = -(-params // nproc) * nproc
-        shard, whole = torch.zeros(padded // nproc, device=where), torch.zeros(padded, device=where)
-        from mpipe_tune.runtime import ALL_GATHER_INTO as gather, REDUCE_SCATTER_FROM as scatter
+    out: dict[str, list[tuple[float, ...]]] = {"plain": [], "comm": [], "fsdp": []}
+    for width in WIDTHS:
+        x = torch.randn(BATCH, width, device=where)
+        medians: dict[str, list[float]] = {k: [] for k in out}
+        for units in UNITS:
+            torch.manual_seed(0)
+            plain = torch.nn.Sequential(*(torch.nn.Linear(width, width, device=where) for _ in range(units)))
+            sharded = torch.nn.Sequential(*(torch.nn.Linear(width, width, device=where) for _ in range(units)))
+            for layer in sharded:
+                fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+            fully_shard(sharded, mesh=mesh, reshard_after_forward=True)
+            padded = layer_bytes(width, nproc) // ELEMENT_BYTES
+            shard, whole = torch.zeros(padded // nproc, device=where), torch.zeros(padded, device=where)
 
-        def step(module) -> Callable[[], Any]:
-            def run() -> None:
-                module(x).sum().backward()
-                module.zero_grad(set_to_none=True)
-            return run
+            def step(module) -> Callable[[], Any]:
+                def run() -> None:
+                    module(x).sum().backward()
+                    module.zero_grad(set_to_none=True)
+                return run
 
-        def collectives() -> None:
-            for _ in range(units):
-                gather(whole, shard)
-                gather(whole, shard)
-                scatter(shard, whole)
+            def collectives() -> None:
+                for _ in range(units):
+                    gather(whole, shard)
+                    gather(whole, shard)
+                    scatter(shard, whole)
 
-        fns = {"plain": step(plain), "comm": collectives, "fsdp": step(sharded)}
-        for fn in fns.values():  # warm up
-            fn()
-        samples: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                samples[name].append(timed(fn))
-        for name in fns:
-            out[name].append(statistics.median(samples[name]))
-        if messages is not None:
-            messages.put(("progress", f"FSDP2 host cost: {units} layers"))
+            fns = {"plain": step(plain), "comm": collectives, "fsdp": step(sharded)}
+            for fn in fns.values():  # warm up
+                fn()
+            samples: dict[str, list[float]] = {k: [] for k in fns}
+            for _ in range(repeats):
+                for name, fn in fns.items():
+                    samples[name].append(timed(fn))
+            for name in fns:
+                medians[name].append(statistics.median(samples[name]))
+            if messages is not None:
+                messages.put(("progress", f"FSDP2 host cost: {units} layers of {width}x{width}"))
+        for name in out:
+            out[name].append(tuple(medians[name]))
     return FsdpHostPoint(UNITS, tuple(out["plain"]), tuple(out["comm"]), tuple(out["fsdp"]), repeats, nproc)
 
 
-def fsdp_host_entry(point: FsdpHostPoint, measured: dict[str, str], between: str, how: str = "") -> dict[str, Any]:
-    """The profile's ``fsdp_host_s`` entry of a measurement: its value with provenance and the medians it came
-    from."""
+def fsdp_host_entries(point: FsdpHostPoint, measured: dict[str, str], between: str,
+                      how: str = "") -> dict[str, dict[str, Any]]:
+    """The profile's ``fsdp_host_s`` and ``fsdp_bytes_s`` entries of a measurement: their values with
+    provenance, the first with the medians they came from."""
+    per_call, per_byte = point.figures
+    stacks = (f"stacks of {', '.join(map(str, point.units))} fully_shard-ed linear layers "
+              f"({' and '.join(f'{w}x{w}' for w in point.widths)}) resharding after forward, {between} (medians of "
+              f"{point.repeats} repeats, the slowest rank's){how}")
     return {
-        "value": point.value, **measured,
-        "ref": f"slope per layer call of FSDP2's step time beyond its compute and its collectives (t_fsdp - "
-               f"t_plain - t_comm) over stacks of {', '.join(map(str, point.units))} fully_shard-ed "
-               f"{WIDTH}x{WIDTH} linear layers resharding after forward, {between} (medians of {point.repeats} "
-               f"repeats, the slowest rank's){how}",
-        "units": list(point.units), "plain_s": list(point.plain_s), "comm_s": list(point.comm_s),
-        "fsdp_s": list(point.fsdp_s),
+        "fsdp_host_s": {
+            "value": per_call, **measured,
+            "ref": f"per layer call: FSDP2's step time beyond its compute and its collectives (t_fsdp - t_plain - "
+                   f"t_comm), its slope per layer at each width split into {CALLS_PER_LAYER} calls and "
+                   f"{COLLECTIVES_PER_LAYER} collectives of the layer's bytes, over {stacks}",
+            "units": list(point.units), "widths": list(point.widths),
+            "layer_bytes": [layer_bytes(w, point.group_size) for w in point.widths],
+            "plain_s": [list(v) for v in point.plain_s], "comm_s": [list(v) for v in point.comm_s],
+            "fsdp_s": [list(v) for v in point.fsdp_s],
+        },
+        "fsdp_bytes_s": {
+            "value": per_byte, **measured,
+            "ref": f"per byte of a layer's unsharded weights per all-gather or reduce-scatter FSDP2 issues (its "
+                   f"copies and buffers): the same fit as fsdp_host_s (its entry holds the medians), over {stacks}",
+        },
     }

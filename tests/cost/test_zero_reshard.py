@@ -96,3 +96,21 @@ def test_fsdp2s_host_work_is_charged_per_sharded_layer_and_call_on_every_fsdp_st
         extra = charged.timeline.makespan_s - without.timeline.makespan_s
         assert extra == pytest.approx(0.0 if zero == 1 else h * calls, rel=1e-9, abs=1e-15), (zero, reshard)
         assert np.array_equal(charged.timeline.durations_s, without.timeline.durations_s)
+
+
+def test_fsdp2s_copies_are_charged_per_byte_of_each_of_its_collectives():
+    """With the profile's ``fsdp_bytes_s`` each FSDP2 collective pays it per byte of the layer's unsharded buffer:
+    on one rank without overlap, stage 2 its M - 1 per-microbatch reduce-scatters and the step-end reduce-scatter
+    and gather, stage 3 resharding every gather before a forward after the first and before each backward too,
+    stage 3 keeping the weights only the step-end two; ZeRO-1's own flat buffers are not FSDP2's."""
+    per_byte, M = 1e-12, 4
+    profile = parse_profile({**H100.to_dict(), "fsdp_bytes_s": {"value": per_byte, "source": "measured"}},
+                            where="test")
+    for zero, reshard in ((1, True), (2, True), (3, True), (3, False)):
+        opts = options(zero, reshard, overlap_dp_comm=False)
+        without, charged = (run(BACKBONE, opts, p, pp=1, slabs=((6,),)) for p in (H100, profile))
+        weights, grads, step_end = opts.dtype_bytes(), opts.grad_reduce_bytes(), 2 * opts.grad_bytes_per_param
+        per_param = {1: 0.0, 2: (M - 1) * grads + step_end,
+                     3: ((M - 1) * weights + M * weights + (M - 1) * grads if reshard else 0.0) + step_end}[zero]
+        extra = charged.timeline.makespan_s - without.timeline.makespan_s
+        assert extra == pytest.approx(per_byte * per_param * without.table.param_count.sum(), rel=1e-6), (zero, reshard)

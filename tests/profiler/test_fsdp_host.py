@@ -1,5 +1,5 @@
-"""FSDP2's host cost per sharded layer per call: the fit recovers a planted figure from synthetic timings, and
-the measurement's entry is a profile figure the cost model reads."""
+"""FSDP2's host cost per sharded layer per call and per byte per collective: the fit recovers planted figures
+from synthetic timings, and the measurement's entries are profile figures the cost model reads."""
 
 import json
 
@@ -10,44 +10,63 @@ from hypothesis import strategies as st
 from mpipe_tune.cost import parse_profile
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.profiler import assemble_profile
-from mpipe_tune.profiler._fsdp_host import UNITS, FsdpHostPoint, fit_host_s
+from mpipe_tune.profiler._fsdp_host import (
+    UNITS, WIDTHS, FsdpHostPoint, fit_host_s, layer_bytes, split_per_byte)
 
 from test_profile_command import _measurements
 
 
-def _synthetic(per_call_s: float, fixed_s: float, noise: tuple[float, ...] = (0.0,) * len(UNITS)) -> FsdpHostPoint:
-    """Timings of the stacks as FSDP2 would give them with ``per_call_s`` of host work per layer call and
-    ``fixed_s`` per step for the stack: a plain step and the collectives growing with the layers too."""
-    plain = tuple(1e-4 * k + 2e-4 for k in UNITS)
-    comm = tuple(3e-4 * k for k in UNITS)
-    fsdp = tuple(p + c + per_call_s * 2 * k + fixed_s + e for p, c, k, e in zip(plain, comm, UNITS, noise))
-    return FsdpHostPoint(UNITS, plain, comm, fsdp, repeats=5, group_size=2)
+def _synthetic(per_call_s: float, per_byte_s: float, fixed_s: float,
+               noise: tuple[float, ...] = (0.0,) * len(UNITS)) -> FsdpHostPoint:
+    """Timings of the stacks as FSDP2 would give them with ``per_call_s`` of hooks per layer call,
+    ``per_byte_s`` per byte of each of a layer's three collectives and ``fixed_s`` per step for the stack: a plain
+    step and the collectives growing with the layers and their width too."""
+    plain, comm, fsdp = [], [], []
+    for width in WIDTHS:
+        size = layer_bytes(width, 2)
+        p = tuple(1e-4 * k * width / 64 + 2e-4 for k in UNITS)
+        c = tuple(3e-4 * k + 1e-9 * size * k for k in UNITS)
+        plain.append(p)
+        comm.append(c)
+        fsdp.append(tuple(a + b + (2 * per_call_s + 3 * size * per_byte_s) * k + fixed_s + e
+                          for a, b, k, e in zip(p, c, UNITS, noise)))
+    return FsdpHostPoint(UNITS, tuple(plain), tuple(comm), tuple(fsdp), repeats=5, group_size=2)
 
 
-@given(per_call=st.floats(1e-6, 1e-2), fixed=st.floats(0.0, 1e-2))
-def test_the_fit_recovers_a_planted_per_call_figure(per_call, fixed):
-    point = _synthetic(per_call, fixed)
-    assert point.value == pytest.approx(per_call, rel=1e-6, abs=1e-12)
-    assert fit_host_s([2 * k for k in UNITS], point.extra_s)[1] == pytest.approx(fixed, rel=1e-6, abs=1e-12)
+@given(per_call=st.floats(1e-6, 1e-2), per_byte=st.floats(1e-12, 1e-8), fixed=st.floats(0.0, 1e-2))
+def test_the_fit_recovers_planted_per_call_and_per_byte_figures(per_call, per_byte, fixed):
+    point = _synthetic(per_call, per_byte, fixed)
+    assert point.figures == pytest.approx((per_call, per_byte), rel=1e-5)
+    assert fit_host_s(UNITS, point.extra_s(0))[1] == pytest.approx(fixed, rel=1e-6, abs=1e-12)
 
 
-def test_noise_that_sums_to_no_trend_leaves_the_figure_and_a_negative_trend_reads_as_zero():
+def test_noise_without_a_trend_leaves_the_figures_and_a_negative_part_reads_as_zero():
     noise = (1e-4, -1e-4, -1e-4, 1e-4)  # symmetric about the middle: no slope of its own
-    assert _synthetic(5e-4, 0.0, noise).value == pytest.approx(5e-4, rel=0.05)
-    shrinking = FsdpHostPoint(UNITS, (0.0,) * 4, (0.0,) * 4, tuple(1.0 / k for k in UNITS), 5, 2)
-    assert shrinking.value == 0.0
+    assert _synthetic(5e-4, 1e-9, 0.0, noise).figures == pytest.approx((5e-4, 1e-9), rel=0.05)
+    # wide layers adding less than narrow ones: no per-byte cost, the hooks the mean
+    assert split_per_byte([100, 1000], [0.4, 0.2]) == (pytest.approx(0.15), 0.0)
+    # a line through below the origin: no per-call cost, the bytes alone through the origin
+    per_call, per_byte = split_per_byte([100, 1000], [0.0, 0.3])
+    assert per_call == 0.0 and per_byte == pytest.approx(0.3 * 3000 / (300**2 + 3000**2))
+    shrinking = _synthetic(0.0, 0.0, 0.0, tuple(-1e-3 * k for k in UNITS))
+    assert shrinking.figures == (0.0, 0.0)
 
 
-def test_one_stack_size_cannot_be_fitted():
+def test_one_stack_size_or_one_width_cannot_be_fitted():
     with pytest.raises(MpipeError, match="two or more stack sizes"):
         fit_host_s([4, 4], [0.1, 0.2])
+    with pytest.raises(MpipeError, match="two or more widths"):
+        split_per_byte([100, 100], [0.1, 0.2])
 
 
-def test_the_measurement_is_a_profile_figure_with_its_provenance():
+def test_the_measurement_is_two_profile_figures_with_their_provenance():
     m = _measurements()
-    data = assemble_profile(type(m)(**{**m.__dict__, "fsdp_host": _synthetic(2e-4, 1e-3)}), name="t", date="2026-01-01")
+    data = assemble_profile(type(m)(**{**m.__dict__, "fsdp_host": _synthetic(2e-4, 3e-10, 1e-3)}), name="t",
+                            date="2026-01-01")
     entry = data["fsdp_host_s"]
     assert entry["source"] == "measured" and "fully_shard" in entry["ref"] and entry["units"] == list(UNITS)
+    assert entry["widths"] == list(WIDTHS) and len(entry["fsdp_s"]) == len(WIDTHS)
+    assert data["fsdp_bytes_s"]["source"] == "measured" and "fsdp_host_s" in data["fsdp_bytes_s"]["ref"]
     profile = parse_profile(json.loads(json.dumps(data)), where="test")
-    assert profile.fsdp_host_s == pytest.approx(2e-4)
+    assert (profile.fsdp_host_s, profile.fsdp_bytes_s) == pytest.approx((2e-4, 3e-10), rel=1e-6)
     assert parse_profile(profile.to_dict(), where="again") == profile
