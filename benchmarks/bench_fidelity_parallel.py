@@ -13,7 +13,9 @@ layers calibrated (``--profile``, or measured first with ``mpipe-tune profile --
 - ZeRO stages 1, 2 and 3 of the same plans (``zero1``/``zero2``/``zero3``; stage 3 at its default reshard
   policy, keeping the weights at pp 2 and resharding at pp 1, and at the other one): the sharded update
   and all-gather, and FSDP2's gathers and reduce-scatters, against the cost model's charges for them,
-  whose overlap with compute the profile's measured ``comm_compute_overlap`` sets;
+  whose overlap with compute the profile's measured ``comm_compute_overlap`` sets; and the same stages at
+  dp 2 (with and without ep 2) on 2 ranks, a core each on a 2-core host where 4 ranks take turns on the cores,
+  predicted on a 2-rank profile (``--profile-2``; ``--only zero`` runs the ZeRO cases alone);
 - emulated compute: the same plans: every compute event sleeps its predicted seconds, so this
   measures the executor's realisation of the predicted schedule (transfers, waits, reduces).
 
@@ -23,7 +25,8 @@ The record holds each run's CPU seconds (every rank's over its steps, summed: ``
 run's summary) and the 1-minute load average before it: wall times taken on a shared host are not the
 machine's.
 
-    python benchmarks/bench_fidelity_parallel.py --profile benchmarks/profiles/moe-vm-4.json [--steps 4] [--json OUT]
+    python benchmarks/bench_fidelity_parallel.py --profile benchmarks/profiles/moe-vm-4.json \
+        --profile-2 benchmarks/profiles/moe-vm-2.json [--only zero] [--steps 4] [--json OUT]
 """
 
 from __future__ import annotations
@@ -77,6 +80,11 @@ class Case:
     reshard_after_forward: bool | None = None
     """Stage 3's reshard policy; None: the default for the pipeline degree."""
 
+    @property
+    def world(self) -> int:
+        """Its ranks: 4, or 2 for the ZeRO cases that give each rank a core of its own."""
+        return self.pp * self.tp * self.dp * self.cp
+
 FIRST_LLM = 5
 CASES = (
     Case("pp2 dp2", "1f1b", (), 2, dp=2),
@@ -101,7 +109,15 @@ CASES = (
     Case("dp4 ep2 zero2", "1f1b", (), 1, dp=4, ep=2, zero_stage=2),
     Case("dp4 ep2 zero3", "1f1b", (), 1, dp=4, ep=2, zero_stage=3),
     Case("dp4 ep2 zero3 keep", "1f1b", (), 1, dp=4, ep=2, zero_stage=3, reshard_after_forward=False),
+    Case("dp2 zero1", "1f1b", (), 1, dp=2, zero_stage=1),
+    Case("dp2 zero2", "1f1b", (), 1, dp=2, zero_stage=2),
+    Case("dp2 zero3", "1f1b", (), 1, dp=2, zero_stage=3),
+    Case("dp2 zero3 keep", "1f1b", (), 1, dp=2, zero_stage=3, reshard_after_forward=False),
+    Case("dp2 ep2 zero3", "1f1b", (), 1, dp=2, ep=2, zero_stage=3),
+    Case("dp2 ep2 zero3 keep", "1f1b", (), 1, dp=2, ep=2, zero_stage=3, reshard_after_forward=False),
 )
+ZERO_LABELS = tuple(c.label for c in CASES if c.zero_stage)
+"""The ZeRO list (``--only zero``)."""
 
 
 def make_plan(case: Case, profile_path: Path, folder: Path) -> Path:
@@ -134,22 +150,34 @@ def run(path: Path, compute: str, steps: int) -> tuple[dict, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", required=True, help="a profile of this machine for 4 ranks, calibrated on the model")
+    parser.add_argument("--profile-2", default=None, metavar="PROFILE",
+                        help="the same for 2 ranks (a core each on this 2-core machine), for the 2-rank ZeRO cases")
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--only", default=None, help="comma-separated case labels")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated case labels, or 'zero' for the ZeRO cases")
     parser.add_argument("--json", default=None, help="write the record here")
     args = parser.parse_args(argv)
-    cases = [c for c in CASES if args.only is None or c.label in args.only.split(",")]
+    wanted = ZERO_LABELS if args.only == "zero" else None if args.only is None else tuple(args.only.split(","))
+    cases = [c for c in CASES if wanted is None or c.label in wanted]
+    unknown = sorted(set(wanted or ()) - {c.label for c in CASES})
+    if unknown:
+        parser.error(f"--only: no case {', '.join(map(repr, unknown))}; labels: {', '.join(c.label for c in CASES)}")
+    profiles = {4: args.profile, 2: args.profile_2}
+    if any(profiles[c.world] is None for c in cases):
+        parser.error("the 2-rank cases need --profile-2 (mpipe-tune profile --device cpu --nproc 2 --calibrate "
+                         "tests/runtime/tiny-mla-moe.yaml), or leave them out with --only")
     rows = []
     record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
               "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
-              "profile": args.profile, "steps": args.steps, "rows": rows}
+              "profile": args.profile, "profile_2": args.profile_2, "steps": args.steps, "rows": rows}
     with tempfile.TemporaryDirectory(prefix="parallel-fidelity-") as folder:
         for case in cases:
-            path = make_plan(case, Path(args.profile), Path(folder))
+            path = make_plan(case, Path(profiles[case.world]), Path(folder))
             for compute in ("real", "emulated"):
                 load = os.getloadavg()[0]
                 result, cpu_s = run(path, compute, args.steps)
-                row = {"plan": case.label, "compute": compute, "predicted_ms": result["predicted_step_s"] * 1e3,
+                row = {"plan": case.label, "ranks": case.world, "compute": compute,
+                       "predicted_ms": result["predicted_step_s"] * 1e3,
                        "measured_ms": result["measured_step_s"] * 1e3,
                        "step_times_ms": [t * 1e3 for t in result["step_times_s"]], "cpu_s": cpu_s, "load_1min": load}
                 row["error"] = row["measured_ms"] / row["predicted_ms"] - 1.0

@@ -216,11 +216,11 @@ def test_the_parallel_fidelity_plans_are_plan_files_the_executor_takes(tmp_path)
         spec.loader.exec_module(module)
         from mpipe_tune.runtime._job import RunJob, preflight
 
-        profile = BENCHMARKS / "profiles" / "moe-vm-4.json"
+        profiles = {world: BENCHMARKS / "profiles" / f"moe-vm-{world}.json" for world in (2, 4)}
         for case in module.CASES:
-            path = module.make_plan(case, profile, tmp_path)
-            view = preflight(RunJob(str(path), compute="real"), 4)
-            assert (view.layout.ep, view.layout.cp, view.layout.world_size) == (case.ep, case.cp, 4), case.label
+            path = module.make_plan(case, profiles[case.world], tmp_path)
+            view = preflight(RunJob(str(path), compute="real"), case.world)
+            assert (view.layout.ep, view.layout.cp, view.layout.world_size) == (case.ep, case.cp, case.world), case.label
             assert view.candidate.zero_stage == case.zero_stage, case.label
     finally:
         del sys.modules[spec.name]

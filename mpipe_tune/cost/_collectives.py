@@ -124,14 +124,35 @@ def mesh_beta_s_per_byte(link: LinkCost, group_size: int) -> float:
     return link.beta_s_per_byte * link.mesh_links / min(group_size - 1, link.mesh_links)
 
 
+def monotone_fit(values) -> np.ndarray:
+    """The non-decreasing sequence nearest ``values`` in least squares (pool-adjacent-violators): a run of
+    sizes whose medians fall is replaced by its mean, so a noisy size neither lowers the sizes above it to its
+    fast reading nor raises those below it.
+
+    >>> monotone_fit([1.0, 3.0, 2.0, 4.0, 0.5]).tolist()
+    [1.0, 2.375, 2.375, 2.375, 2.375]
+    """
+    sums: list[float] = []
+    counts: list[int] = []
+    for v in np.asarray(values, dtype=float):
+        sums.append(float(v))
+        counts.append(1)
+        while len(sums) > 1 and sums[-2] * counts[-1] > sums[-1] * counts[-2]:
+            s, c = sums.pop(), counts.pop()
+            sums[-1] += s
+            counts[-1] += c
+    return np.repeat(np.array(sums) / np.array(counts), counts)
+
+
 def measured_collective_s(link: LinkCost, collective: str, size_bytes, group_size: int):
     """``collective`` of ``size_bytes`` over ``group_size`` ranks on ``link``, read off the link's measured
     sweep where it has one of that collective over that group size, else :func:`estimate_collective_s`.
 
     The fitted line weighs every size of the sweep alike, so at the tens of MiB of a data-parallel gradient
     reduce it can be far from the measurement (on a CPU a reduce-scatter's seconds per byte double past the
-    caches). The sweep's medians, each lowered to the smallest at or above its size (a noisy small size does
-    not raise the sizes below it), are interpolated linearly in the size; below the smallest size it takes that
+    caches). The sweep's medians, made non-decreasing in the size by :func:`monotone_fit` (a run that falls
+    is read at its mean: gloo's latency on a shared host is bimodal, and the fastest reading is not what a
+    step meets), are interpolated linearly in the size; below the smallest size it takes that
     size's time, above the largest it grows at the last segment's seconds per byte or in proportion to the size
     (bandwidth-bound), whichever is steeper: a short sweep (``profile --quick``'s, to 64 KiB) ends where the
     latency still hides the bandwidth, and its last segment alone would price megabytes at a few microseconds.
@@ -149,7 +170,7 @@ def measured_collective_s(link: LinkCost, collective: str, size_bytes, group_siz
         return estimate_collective_s(link, collective, size_bytes, group_size)
     _, _, sizes, seconds = link.curve
     x = np.asarray(sizes, dtype=float)
-    y = np.minimum.accumulate(np.asarray(seconds, dtype=float)[::-1])[::-1]
+    y = monotone_fit(seconds)
     slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), y[-1] / x[-1])
     n = np.asarray(size_bytes, dtype=float)
     out = np.where(n > x[-1], y[-1] + (n - x[-1]) * slope, np.interp(n, x, y))

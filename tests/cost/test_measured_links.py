@@ -7,11 +7,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mpipe_tune.algebra import Cut, Degrees, DpReduce, Schedule, Skeleton
 from mpipe_tune.cost import CostOptions, LinkCost, load_profile, parse_profile
 from mpipe_tune.cost import _collectives
-from mpipe_tune.cost._collectives import estimate_collective_s, measured_collective_s
+from mpipe_tune.cost._collectives import estimate_collective_s, measured_collective_s, monotone_fit
 from mpipe_tune.cost._profile import hierarchical_all_reduce_s, sharded_half_s
 from mpipe_tune.errors import MpipeError
 
@@ -51,9 +53,20 @@ def test_the_sweep_is_read_at_its_own_collective_and_group_only() -> None:
     assert measured_collective_s(link, "reduce_scatter", sizes, 2) == pytest.approx([1e-4, 0.015])
 
 
-def test_a_noisy_small_size_does_not_raise_the_sizes_below_it() -> None:
+def test_a_run_of_falling_medians_is_read_at_its_mean_not_its_fastest() -> None:
+    """A slow reading at a small size and fast ones above it (a bimodal latency) give the run's mean to all of
+    them: neither the fast reading for the sizes below nor the slow one for those above."""
     link = LinkCost(0.0, 0.0, curve=("all_reduce", 2, tuple(map(float, SIZES)), (1e-3, 2e-4, 3e-4, 0.01, 0.04)))
-    assert measured_collective_s(link, "all_reduce", 4096, 2) == pytest.approx(2e-4)
+    assert measured_collective_s(link, "all_reduce", np.array(SIZES[:3], dtype=float), 2) == pytest.approx([5e-4] * 3)
+    assert measured_collective_s(link, "all_reduce", SIZES[3], 2) == pytest.approx(0.01)
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=20))
+def test_the_monotone_fit_is_non_decreasing_keeps_the_sum_and_leaves_a_rising_sweep(values) -> None:
+    fit = monotone_fit(values)
+    assert np.all(np.diff(fit) >= -1e-12) and fit.sum() == pytest.approx(sum(values), abs=1e-9)
+    rising = sorted(values)
+    assert monotone_fit(rising) == pytest.approx(rising)
 
 
 def test_a_profile_keeps_its_sweeps_through_a_round_trip() -> None:
