@@ -226,6 +226,25 @@ def test_the_parallel_fidelity_plans_are_plan_files_the_executor_takes(tmp_path)
         del sys.modules[spec.name]
 
 
+def test_the_parallel_fidelity_refuses_an_unknown_case_and_2_rank_cases_without_their_profile(capsys):
+    """bench_fidelity_parallel.py: ``--only`` names cases (or ``zero``, every ZeRO case, the 2-rank ones among
+    them); a label it does not know, or a 2-rank case without ``--profile-2``, is one line and exit code 2,
+    before anything runs."""
+    spec = importlib.util.spec_from_file_location("bench_fidelity_parallel", BENCHMARKS / "bench_fidelity_parallel.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        assert {c.world for c in module.CASES if c.label in module.ZERO_LABELS} == {2, 4}
+        profile = str(BENCHMARKS / "profiles" / "moe-vm-4.json")
+        for only, message in (("dp9", "no case 'dp9'"), ("zero", "need --profile-2")):
+            with pytest.raises(SystemExit) as stop:
+                module.main(["--profile", profile, "--only", only])
+            assert stop.value.code == 2 and message in capsys.readouterr().err
+    finally:
+        del sys.modules[spec.name]
+
+
 @pytest.fixture(scope="module")
 def bench_search():
     spec = importlib.util.spec_from_file_location("bench_search", BENCHMARKS / "bench_search.py")
