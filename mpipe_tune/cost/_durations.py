@@ -256,17 +256,21 @@ def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, prof
         group_size = plan.num_ranks * ranks
         return _all_reduce_s(profile, params * options.grad_bytes_per_param, group_size, plan.num_ranks * span_devices) \
             + _copies_s(profile, options, params, group_size, False), 0.0
-    parts = [(params - experts, ranks), (experts / options.degrees.ep, ranks // options.degrees.ep)] \
-        if options.degrees.ep > 1 and experts > 0 else [(params, ranks)]
+    layers = float(np.count_nonzero(table.param_count[start:stop][trainable]))  # FSDP2: a collective each
+    expert_layers = (0.0 if table.expert_param_count is None
+                     else float(np.count_nonzero(table.expert_param_count[start:stop][trainable])))
+    parts = [(params - experts, ranks, layers), (experts / options.degrees.ep, ranks // options.degrees.ep,
+                                                 expert_layers)] \
+        if options.degrees.ep > 1 and experts > 0 else [(params, ranks, layers)]
     total = gather = 0.0
-    for count, group_size in parts:  # with expert parallelism the routed experts after the rest, on their group
+    for count, group_size, units in parts:  # with expert parallelism the routed experts after the rest, on their group
         total += _copies_s(profile, options, count, group_size, options.shard_optimizer)
         if not options.shard_optimizer:
             total += _all_reduce_s(profile, count * options.grad_bytes_per_param, group_size, span_devices)
             continue
         stride = span_devices // group_size
         size = count * options.grad_bytes_per_param
-        copies = fsdp_copies_s(profile, options, size) if group_size > 1 else 0.0
+        copies = float(fsdp_copies_s(profile, options, size, units)) if group_size > 1 else 0.0
         scatter_s = sharded_half_s(profile, "reduce_scatter", size, group_size, stride) + copies
         gather_s = sharded_half_s(profile, "all_gather", size, group_size, stride) + copies
         total, gather = total + scatter_s + gather_s, gather + gather_s
@@ -286,12 +290,14 @@ def _copies_s(profile: HardwareProfile, options: CostOptions, params: float, gro
     return copied / profile.memory_bytes_per_s
 
 
-def fsdp_copies_s(profile: HardwareProfile, options: CostOptions, size_bytes):
-    """FSDP2's copies into and out of its flat buffers around one all-gather or reduce-scatter of a layer's
-    ``size_bytes`` unsharded bytes (a number or an array): the profile's ``fsdp_bytes_s`` a byte, where the
-    plan runs FSDP2 (ZeRO 2 or 3 over a data-parallel group that shards), else 0."""
+def fsdp_copies_s(profile: HardwareProfile, options: CostOptions, size_bytes, collectives=1.0):
+    """What FSDP2 adds to ``collectives`` all-gathers or reduce-scatters of ``size_bytes`` unsharded bytes in
+    all (numbers or arrays): the profile's ``fsdp_bytes_s`` a byte (its copies into and out of its flat buffers)
+    and ``fsdp_collective_s`` a collective, where the plan runs FSDP2 (ZeRO 2 or 3 over a data-parallel group
+    that shards), else 0."""
     runs_fsdp2 = options.zero_stage >= 2 and options.degrees.dp * options.degrees.cp > 1
-    return profile.fsdp_bytes_s * size_bytes if runs_fsdp2 else 0.0 * size_bytes
+    added = profile.fsdp_bytes_s * size_bytes + profile.fsdp_collective_s * np.asarray(collectives, dtype=float)
+    return added if runs_fsdp2 else 0.0 * added
 
 
 @lru_cache(maxsize=64)

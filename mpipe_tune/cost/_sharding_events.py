@@ -54,10 +54,11 @@ is trainable (frozen layers: gathers only). A split backward (the zero-bubble sk
 actions at its ``Bwd``.
 
 Torch FSDP2's own host work is the profile's ``fsdp_host_s`` per sharded layer (one with weights) per forward
-or backward call (its pre- and post-hooks) and its ``fsdp_bytes_s`` per byte of a layer's unsharded buffer per
-collective (the copies into and out of its flat buffers, :func:`~mpipe_tune.cost._durations.fsdp_copies_s`,
-part of each gather and reduce-scatter, the step-end ones too); :mod:`mpipe_tune.profiler._fsdp_host` measures
-both, 0 where the profile does not give them. Where either is above 0 every stage-2 and stage-3 plan takes the
+or backward call (its pre- and post-hooks), its ``fsdp_bytes_s`` per byte of a layer's unsharded buffer per
+collective (the copies into and out of its flat buffers) and its ``fsdp_collective_s`` per collective (what its
+collectives take back to back beyond the links' price), part of each gather and reduce-scatter, the step-end ones
+too (:func:`~mpipe_tune.cost._durations.fsdp_copies_s`); :mod:`mpipe_tune.profiler._fsdp_host` measures them, 0
+where the profile does not give them. Where any is above 0 every stage-2 and stage-3 plan takes the
 three actions per microbatch (keeping the weights too: the hooks run whether or not a collective does), and
 each ``unshard`` carries its event's layers' hook seconds, whole (the host issues the collectives: nothing
 hides it).
@@ -106,7 +107,7 @@ def layer_collectives_s(table: LayerTable, profile: HardwareProfile,
             if options.degrees.ep > 1 and experts[at].any():
                 size = ranks // options.degrees.ep
                 out[at] += sharded_half_s(profile, collective, experts[at] * bytes_per_param, size, span // size) \
-                    + fsdp_copies_s(profile, options, experts[at] * bytes_per_param) * (size > 1)
+                    + fsdp_copies_s(profile, options, experts[at] * bytes_per_param, experts[at] > 0) * (size > 1)
         return np.where(table.param_count > 0, out, 0.0)
 
     return (half("all_gather", float(options.dtype_bytes()), False),
@@ -251,7 +252,7 @@ def sharding_events(arrays: EventArrays, M: int, model: Model, profile: Hardware
 
 
 def takes_hooks(profile: HardwareProfile, options: CostOptions) -> bool:
-    """Whether FSDP2's per-layer host work is priced: the profile gives it (per call or per byte), the plan runs
+    """Whether FSDP2's per-layer host work is priced: the profile gives it (per call, byte or collective), the plan runs
     FSDP2 (stage 2 or 3) and its data-parallel group shards something."""
-    priced = profile.fsdp_host_s > 0 or profile.fsdp_bytes_s > 0
+    priced = profile.fsdp_host_s > 0 or profile.fsdp_bytes_s > 0 or profile.fsdp_collective_s > 0
     return priced and options.zero_stage >= 2 and options.degrees.dp * options.degrees.cp > 1

@@ -42,7 +42,8 @@ from mpipe_tune.profiler._dispatch import HostSweep, host_entries, measure_host
 from mpipe_tune.profiler._fit import fit_alpha_beta, fit_nonnegative_line, to_link_cost
 from mpipe_tune.profiler._links import LINK_COLLECTIVES, LinkSweep, measure_links
 from mpipe_tune.profiler._nodes import NodeLayout
-from mpipe_tune.profiler._fsdp_host import UNITS, WIDTHS, FsdpHostPoint, fsdp_host_entries, measure_fsdp_host
+from mpipe_tune.profiler._fsdp_host import (
+    UNITS, WIDTHS, FsdpHostPoint, fsdp_host_entries, measure_fsdp_host, priced_layer_comm_s)
 from mpipe_tune.profiler._overlap import OverlapPoint, measure_overlap, overlap_entry, overlap_repeats
 from mpipe_tune.profiler._roofline import RateSweep, measure_memory_bandwidth, measure_peak_flops
 from mpipe_tune.profiler._settings import SweepSettings, sweep_settings
@@ -214,8 +215,8 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
         extra["comm_compute_overlap"] = overlap_entry(
             m.overlap, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how)
     if m.fsdp_host is not None:
-        extra.update(fsdp_host_entries(
-            m.fsdp_host, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how))
+        point = replace(m.fsdp_host, priced_s=priced_layer_comm_s(intra, m.fsdp_host.widths, m.fsdp_host.group_size))
+        extra.update(fsdp_host_entries(point, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how))
     profile = {
         "schema_version": SCHEMA_VERSION,
         "name": name,

@@ -1,6 +1,6 @@
 """The host time torch FSDP2 adds around its collectives: the profile's ``fsdp_host_s`` (seconds per sharded
-layer per forward or backward call) and ``fsdp_bytes_s`` (seconds per byte of the layer's unsharded buffer per
-collective it issues).
+layer per forward or backward call), ``fsdp_bytes_s`` (seconds per byte of the layer's unsharded buffer per
+collective it issues) and ``fsdp_collective_s`` (seconds per collective).
 
 On the profiled ranks, for stacks of ``K`` linear layers (:data:`UNITS`) of two widths (:data:`WIDTHS`), every
 rank times three things over the same repeats: one training step of the stack unsharded (``t_plain``: compute
@@ -15,8 +15,12 @@ through the stacks (:func:`fit_host_s`) gives the seconds per layer as its slope
 its intercept); a layer takes two calls (its forward and its backward) and three collectives of its ``B``
 bytes, so the two widths' slopes ``2 h + 3 B c`` give the per-call ``h`` and the per-byte ``c``
 (:func:`split_per_byte`). The narrow layers show the hooks, the wide ones (a few MB, a small model's block) the
-copies. Each figure is the slowest rank's per repeat and the medians are used; on a shared host the figures
-carry the load (say so in the profile's notes).
+copies. The collectives issued by hand, back to back as FSDP2 issues them, are compared with what the profile's
+own measured links price them at (:func:`priced_layer_comm_s`, the cost model's reading of the sweeps, which
+time each collective on its own): per width their excess per collective, fitted against the layer's bytes
+(:func:`nonnegative_line`), gives ``fsdp_collective_s`` (fixed seconds per collective, a host's wake-ups
+between small ones) and a per-byte share added to ``fsdp_bytes_s``. Each figure is the slowest rank's per
+repeat and the medians are used; on a shared host the figures carry the load (say so in the profile's notes).
 
 >>> [round(x, 12) for x in fit_host_s([2, 4, 8], [0.3, 0.5, 0.9])]  # 0.1 s per call, 0.1 s for the stack
 [0.1, 0.1]
@@ -27,7 +31,7 @@ carry the load (say so in the profile's notes).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +73,9 @@ class FsdpHostPoint:
     repeats: int
     group_size: int
     widths: tuple[int, ...] = WIDTHS
+    priced_s: tuple[float, ...] | None = None
+    """Per width, what the profile's measured links price one layer's three collectives at
+    (:func:`priced_layer_comm_s`); None: not compared (no per-collective figure)."""
 
     def extra_s(self, width_index: int) -> tuple[float, ...]:
         """Per stack of the width, FSDP2's seconds beyond its compute and its collectives."""
@@ -81,9 +88,23 @@ class FsdpHostPoint:
         return tuple(fit_host_s(self.units, self.extra_s(i))[0] for i in range(len(self.widths)))
 
     @property
-    def figures(self) -> tuple[float, float]:
-        """``(fsdp_host_s, fsdp_bytes_s)``: seconds per layer call and per byte per collective (each >= 0)."""
-        return split_per_byte([layer_bytes(w, self.group_size) for w in self.widths], self.per_layer_s)
+    def excess_s(self) -> tuple[float, ...]:
+        """Per width, the seconds each of a layer's collectives takes issued back to back beyond the links' price
+        (0 without :attr:`priced_s`)."""
+        if self.priced_s is None:
+            return (0.0,) * len(self.widths)
+        comm = (fit_host_s(self.units, self.comm_s[i])[0] for i in range(len(self.widths)))
+        return tuple((c - p) / COLLECTIVES_PER_LAYER for c, p in zip(comm, self.priced_s))
+
+    @property
+    def figures(self) -> tuple[float, float, float]:
+        """``(fsdp_host_s, fsdp_bytes_s, fsdp_collective_s)``: seconds per layer call (the hooks), per byte of a
+        layer per collective (the copies, and the collectives' excess per byte) and per collective (their fixed
+        excess), each >= 0."""
+        sizes = [float(layer_bytes(w, self.group_size)) for w in self.widths]
+        per_call, per_byte = split_per_byte(sizes, self.per_layer_s)
+        fixed, excess_per_byte = nonnegative_line(sizes, self.excess_s)
+        return per_call, per_byte + excess_per_byte, fixed
 
     @property
     def value(self) -> float:
@@ -106,16 +127,47 @@ def split_per_byte(sizes: Sequence[float], per_layer_s: Sequence[float]) -> tupl
     """``(per_call, per_byte)`` of the least-squares fit ``per_layer = 2 per_call + 3 size per_byte`` over
     the widths (:data:`CALLS_PER_LAYER`, :data:`COLLECTIVES_PER_LAYER`), each held at 0 or above (a negative
     one is set to 0 and the other refitted alone)."""
-    b, y = np.asarray(sizes, dtype=float) * COLLECTIVES_PER_LAYER, np.asarray(per_layer_s, dtype=float)
-    if len(b) != len(y) or len(np.unique(b)) < 2:
-        raise MpipeError(f"FSDP2 host-cost fit: {len(np.unique(b))} distinct layer sizes for {len(y)} slopes; "
+    fixed, per_byte = nonnegative_line(np.asarray(sizes, dtype=float) * COLLECTIVES_PER_LAYER, per_layer_s)
+    return fixed / CALLS_PER_LAYER, per_byte
+
+
+def nonnegative_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """``(intercept, slope)`` of the least-squares line ``y = intercept + slope x``, each held at 0 or above (a
+    negative slope: the mean, flat; a negative intercept: the line through the origin).
+
+    >>> nonnegative_line([1.0, 3.0], [2.0, 4.0]), nonnegative_line([1.0, 3.0], [4.0, 2.0])
+    ((1.0, 1.0), (3.0, 0.0))
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) != len(y) or len(np.unique(x)) < 2:
+        raise MpipeError(f"FSDP2 host-cost fit: {len(np.unique(x))} distinct layer sizes for {len(y)} slopes; "
                          "time two or more widths")
-    per_byte, fixed = np.polyfit(b, y, 1)
-    if per_byte < 0:
-        return max(0.0, float(y.mean()) / CALLS_PER_LAYER), 0.0
-    if fixed < 0:
-        return 0.0, max(0.0, float(b @ y / (b @ b)))
-    return float(fixed) / CALLS_PER_LAYER, float(per_byte)
+    slope, intercept = np.polyfit(x, y, 1)
+    if slope < 0:
+        return max(0.0, float(y.mean())), 0.0
+    if intercept < 0:
+        return 0.0, max(0.0, float(x @ y / (x @ x)))
+    return float(intercept), float(slope)
+
+
+def priced_layer_comm_s(links: Mapping[str, Mapping[str, Any]], widths: Sequence[int],
+                        group_size: int) -> tuple[float, ...]:
+    """Per width, the seconds a profile's measured intra-node links (``links``: collective -> entry, with its
+    sweep where it has one) price one resharding layer's collectives at, read as the cost model reads them:
+    two all-gathers and a reduce-scatter of the layer's bytes."""
+    from mpipe_tune.cost import LinkCost
+    from mpipe_tune.cost._collectives import measured_collective_s
+
+    def link(collective: str) -> LinkCost:
+        entry = links[collective]
+        curve = ((collective, int(entry["group_size"]), tuple(map(float, entry["sizes_bytes"])),
+                  tuple(map(float, entry["median_s"]))) if "median_s" in entry and "group_size" in entry else None)
+        return LinkCost(float(entry["alpha_s"]), float(entry["beta_s_per_byte"]), curve=curve)
+
+    gather, scatter = link("all_gather"), link("reduce_scatter")
+    return tuple(2 * measured_collective_s(gather, "all_gather", float(layer_bytes(w, group_size)), group_size)
+                 + measured_collective_s(scatter, "reduce_scatter", float(layer_bytes(w, group_size)), group_size)
+                 for w in widths)
 
 
 def measure_fsdp_host(device: str, nproc: int, settings: SweepSettings, progress: Callable[[str], None],
@@ -179,9 +231,9 @@ def _measure(torch, dist, where: str, rank: int, nproc: int, device: str, settin
 
 def fsdp_host_entries(point: FsdpHostPoint, measured: dict[str, str], between: str,
                       how: str = "") -> dict[str, dict[str, Any]]:
-    """The profile's ``fsdp_host_s`` and ``fsdp_bytes_s`` entries of a measurement: their values with
-    provenance, the first with the medians they came from."""
-    per_call, per_byte = point.figures
+    """The profile's ``fsdp_host_s``, ``fsdp_bytes_s`` and ``fsdp_collective_s`` entries of a measurement: their
+    values with provenance, the first with the medians they came from."""
+    per_call, per_byte, per_collective = point.figures
     stacks = (f"stacks of {', '.join(map(str, point.units))} fully_shard-ed linear layers "
               f"({' and '.join(f'{w}x{w}' for w in point.widths)}) resharding after forward, {between} (medians of "
               f"{point.repeats} repeats, the slowest rank's){how}")
@@ -195,10 +247,20 @@ def fsdp_host_entries(point: FsdpHostPoint, measured: dict[str, str], between: s
             "layer_bytes": [layer_bytes(w, point.group_size) for w in point.widths],
             "plain_s": [list(v) for v in point.plain_s], "comm_s": [list(v) for v in point.comm_s],
             "fsdp_s": [list(v) for v in point.fsdp_s],
+            **({} if point.priced_s is None else {"priced_comm_s": list(point.priced_s)}),
         },
         "fsdp_bytes_s": {
             "value": per_byte, **measured,
-            "ref": f"per byte of a layer's unsharded weights per all-gather or reduce-scatter FSDP2 issues (its "
-                   f"copies and buffers): the same fit as fsdp_host_s (its entry holds the medians), over {stacks}",
+            "ref": f"per byte of a layer's unsharded weights per all-gather or reduce-scatter FSDP2 issues: its "
+                   f"copies and buffers (the same fit as fsdp_host_s, whose entry holds the medians) and what its "
+                   f"collectives issued back to back take per byte beyond the profile's links (fsdp_collective_s), "
+                   f"over {stacks}",
         },
+        **({} if point.priced_s is None else {"fsdp_collective_s": {
+            "value": per_collective, **measured,
+            "ref": f"per all-gather or reduce-scatter FSDP2 issues: the fixed seconds its collectives, issued back to "
+                   f"back as it issues them (t_comm), take beyond what this profile's measured links price them at "
+                   f"(priced_comm_s in fsdp_host_s, per layer), fitted over the two widths with fsdp_bytes_s, over "
+                   f"{stacks}",
+        }}),
     }

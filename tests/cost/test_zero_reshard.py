@@ -114,3 +114,18 @@ def test_fsdp2s_copies_are_charged_per_byte_of_each_of_its_collectives():
                      3: ((M - 1) * weights + M * weights + (M - 1) * grads if reshard else 0.0) + step_end}[zero]
         extra = charged.timeline.makespan_s - without.timeline.makespan_s
         assert extra == pytest.approx(per_byte * per_param * without.table.param_count.sum(), rel=1e-6), (zero, reshard)
+
+
+def test_fsdp2s_collectives_pay_their_measured_excess_each_one_per_layer():
+    """With the profile's ``fsdp_collective_s`` each collective FSDP2 issues pays it once, one per sharded layer:
+    the step-end reduce-scatter and gather too (FSDP2 issues them layer by layer, not as one)."""
+    each, M = 1e-4, 4
+    profile = parse_profile({**H100.to_dict(), "fsdp_collective_s": {"value": each, "source": "measured"}},
+                            where="test")
+    for zero, reshard in ((1, True), (2, True), (3, True), (3, False)):
+        opts = options(zero, reshard, overlap_dp_comm=False)
+        without, charged = (run(BACKBONE, opts, p, pp=1, slabs=((6,),)) for p in (H100, profile))
+        per_layer = {1: 0, 2: (M - 1) + 2, 3: ((M - 1) + M + (M - 1) if reshard else 0) + 2}[zero]
+        layers = int((without.table.param_count > 0).sum())
+        extra = charged.timeline.makespan_s - without.timeline.makespan_s
+        assert extra == pytest.approx(each * per_layer * layers, rel=1e-6), (zero, reshard)
