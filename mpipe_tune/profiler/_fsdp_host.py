@@ -155,8 +155,7 @@ def priced_layer_comm_s(links: Mapping[str, Mapping[str, Any]], widths: Sequence
     """Per width, the seconds a profile's measured intra-node links (``links``: collective -> entry, with its
     sweep where it has one) price one resharding layer's collectives at, read as the cost model reads them:
     two all-gathers and a reduce-scatter of the layer's bytes."""
-    from mpipe_tune.cost import LinkCost
-    from mpipe_tune.cost._collectives import measured_collective_s
+    from mpipe_tune.cost import LinkCost, measured_collective_s
 
     def link(collective: str) -> LinkCost:
         entry = links[collective]
