@@ -98,34 +98,33 @@ def test_fsdp2s_host_work_is_charged_per_sharded_layer_and_call_on_every_fsdp_st
         assert np.array_equal(charged.timeline.durations_s, without.timeline.durations_s)
 
 
-def test_fsdp2s_copies_are_charged_per_byte_of_each_of_its_collectives():
-    """With the profile's ``fsdp_bytes_s`` each FSDP2 collective pays it per byte of the layer's unsharded buffer:
-    on one rank without overlap, stage 2 its M - 1 per-microbatch reduce-scatters and the step-end reduce-scatter
-    and gather, stage 3 resharding every gather before a forward after the first and before each backward too,
-    stage 3 keeping the weights only the step-end two; ZeRO-1's own flat buffers are not FSDP2's."""
-    per_byte, M = 1e-12, 4
-    profile = parse_profile({**H100.to_dict(), "fsdp_bytes_s": {"value": per_byte, "source": "measured"}},
-                            where="test")
+def _fsdp_charge(opts, zero: int, reshard: bool, M: int) -> tuple[float, float]:
+    """Per parameter (bytes) and per sharded layer (collectives): what FSDP2 moves on one rank without overlap, at
+    ``M`` microbatches: stage 2 its M - 1 per-microbatch reduce-scatters and the step-end reduce-scatter and
+    gather, stage 3 resharding every gather before a forward after the first and before each backward too, stage 3
+    keeping the weights only the step-end two; ZeRO-1's own flat buffers are not FSDP2's."""
+    weights, grads, step_end = opts.dtype_bytes(), opts.grad_reduce_bytes(), 2 * opts.grad_bytes_per_param
+    if zero == 1:
+        return 0.0, 0.0
+    if zero == 2:
+        return (M - 1) * grads + step_end, (M - 1) + 2
+    gathers = (M - 1) + M if reshard else 0
+    return (gathers * weights + ((M - 1) * grads if reshard else 0.0) + step_end,
+            gathers + ((M - 1) if reshard else 0) + 2)
+
+
+@pytest.mark.parametrize("key", ["fsdp_bytes_s", "fsdp_collective_s"])
+def test_fsdp2s_copies_and_collective_excess_are_charged_on_each_of_its_collectives(key):
+    """With the profile's ``fsdp_bytes_s`` each FSDP2 collective pays it per byte of the layer's unsharded buffer;
+    with its ``fsdp_collective_s`` once, one per sharded layer, the step-end reduce-scatter and gather too (FSDP2
+    issues them layer by layer, not as one)."""
+    value, M = {"fsdp_bytes_s": 1e-12, "fsdp_collective_s": 1e-4}[key], 4
+    profile = parse_profile({**H100.to_dict(), key: {"value": value, "source": "measured"}}, where="test")
     for zero, reshard in ((1, True), (2, True), (3, True), (3, False)):
         opts = options(zero, reshard, overlap_dp_comm=False)
         without, charged = (run(BACKBONE, opts, p, pp=1, slabs=((6,),)) for p in (H100, profile))
-        weights, grads, step_end = opts.dtype_bytes(), opts.grad_reduce_bytes(), 2 * opts.grad_bytes_per_param
-        per_param = {1: 0.0, 2: (M - 1) * grads + step_end,
-                     3: ((M - 1) * weights + M * weights + (M - 1) * grads if reshard else 0.0) + step_end}[zero]
+        per_param, per_layer = _fsdp_charge(opts, zero, reshard, M)
+        count = (per_param * without.table.param_count.sum() if key == "fsdp_bytes_s"
+                 else per_layer * int((without.table.param_count > 0).sum()))
         extra = charged.timeline.makespan_s - without.timeline.makespan_s
-        assert extra == pytest.approx(per_byte * per_param * without.table.param_count.sum(), rel=1e-6), (zero, reshard)
-
-
-def test_fsdp2s_collectives_pay_their_measured_excess_each_one_per_layer():
-    """With the profile's ``fsdp_collective_s`` each collective FSDP2 issues pays it once, one per sharded layer:
-    the step-end reduce-scatter and gather too (FSDP2 issues them layer by layer, not as one)."""
-    each, M = 1e-4, 4
-    profile = parse_profile({**H100.to_dict(), "fsdp_collective_s": {"value": each, "source": "measured"}},
-                            where="test")
-    for zero, reshard in ((1, True), (2, True), (3, True), (3, False)):
-        opts = options(zero, reshard, overlap_dp_comm=False)
-        without, charged = (run(BACKBONE, opts, p, pp=1, slabs=((6,),)) for p in (H100, profile))
-        per_layer = {1: 0, 2: (M - 1) + 2, 3: ((M - 1) + M + (M - 1) if reshard else 0) + 2}[zero]
-        layers = int((without.table.param_count > 0).sum())
-        extra = charged.timeline.makespan_s - without.timeline.makespan_s
-        assert extra == pytest.approx(each * per_layer * layers, rel=1e-6), (zero, reshard)
+        assert extra == pytest.approx(value * count, rel=1e-6), (zero, reshard)
