@@ -135,8 +135,8 @@ def nonnegative_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, flo
     """``(intercept, slope)`` of the least-squares line ``y = intercept + slope x``, each held at 0 or above (a
     negative slope: the mean, flat; a negative intercept: the line through the origin).
 
-    >>> nonnegative_line([1.0, 3.0], [2.0, 4.0]), nonnegative_line([1.0, 3.0], [4.0, 2.0])
-    ((1.0, 1.0), (3.0, 0.0))
+    >>> [tuple(round(v, 9) for v in nonnegative_line([1.0, 3.0], y)) for y in ([2.0, 4.0], [4.0, 2.0])]
+    [(1.0, 1.0), (3.0, 0.0)]
     """
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if len(x) != len(y) or len(np.unique(x)) < 2:

@@ -1,6 +1,7 @@
 """FSDP2's host cost per sharded layer per call, per byte per collective and per collective: the fit recovers
 planted figures from synthetic timings, and the measurement's entries are profile figures the cost model reads."""
 
+import doctest
 import json
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from mpipe_tune.cost import parse_profile
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.profiler import assemble_profile
+from mpipe_tune.profiler import _fsdp_host
 from mpipe_tune.profiler._fsdp_host import (
     UNITS, WIDTHS, FsdpHostPoint, fit_host_s, layer_bytes, nonnegative_line, priced_layer_comm_s, split_per_byte)
 
@@ -88,3 +90,7 @@ def test_the_measurement_is_two_profile_figures_with_their_provenance():
     profile = parse_profile(json.loads(json.dumps(data)), where="test")
     assert (profile.fsdp_host_s, profile.fsdp_bytes_s) == pytest.approx((2e-4, 3e-10 + expected[1]), rel=1e-6)
     assert parse_profile(profile.to_dict(), where="again") == profile
+
+
+def test_the_closed_forms_in_the_docstrings():
+    assert doctest.testmod(_fsdp_host).failed == 0
