@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mpipe_tune.profiler._fsdp_host import fsdp_host_entries, measure_fsdp_host, priced_layer_comm_s
+from mpipe_tune.cost import load_profile
 from mpipe_tune.profiler import sweep_settings
 
 
@@ -28,7 +29,7 @@ def main() -> None:
     data = json.loads(args.profile.read_text())
     load = os.getloadavg()[0]
     point = measure_fsdp_host("cpu", args.nproc, sweep_settings("cpu", quick=False), lambda text: print(text, flush=True))
-    point = replace(point, priced_s=priced_layer_comm_s(data["links"]["intra_node"], point.widths, point.group_size))
+    point = replace(point, priced_s=priced_layer_comm_s(load_profile(str(args.profile)), point.widths, point.group_size))
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     how = f"; load average {load:.1f} on {os.cpu_count()} cores when measured" + (" (under load)" if load > 1 else "")
     data.update(fsdp_host_entries(point, {"source": "measured", "date": date},

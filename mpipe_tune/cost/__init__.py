@@ -25,7 +25,7 @@ from mpipe_tune.cost._predict import predict, predict_fastest_placement
 from mpipe_tune.cost._predictor import Prediction, Predictor, chooses_owners, layer_weights
 from mpipe_tune.cost._profile import (
     DTYPES, SCHEMA_VERSION, HardwareProfile, LinkCost, builtin_profiles, dump_profile, estimate_collective_s,
-    load_profile, measured_collective_s, parse_profile,
+    load_profile, parse_profile, sharded_half_s,
 )
 from mpipe_tune.cost._timing import longest_path_reference
 
@@ -35,7 +35,7 @@ __all__ = [
     "LinkCost", "MemoryCurve", "OwnerChoice", "Prediction", "Predictor", "TableSums",
     "bound_text", "build_layer_table", "builtin_profiles", "choose_owners", "chooses_owners", "dump_profile",
     "estimate_arch_work", "estimate_collective_s", "expert_parallel_fits", "greedy_owners", "layer_seconds", "layer_weights",
-    "load_profile", "longest_path_reference", "measured_collective_s", "optimise", "max_spill", "optimal_owners", "owners_for", "parse_profile", "predict",
-    "predict_fastest_placement", "rank_bounds", "rank_excess", "static_bytes_of", "table_sums",
+    "load_profile", "longest_path_reference", "optimise", "max_spill", "optimal_owners", "owners_for", "parse_profile", "predict",
+    "predict_fastest_placement", "rank_bounds", "rank_excess", "sharded_half_s", "static_bytes_of", "table_sums",
     "tensor_parallel_fits",
 ]

@@ -295,9 +295,8 @@ def fsdp_copies_s(profile: HardwareProfile, options: CostOptions, size_bytes, co
     all (numbers or arrays): the profile's ``fsdp_bytes_s`` a byte (its copies into and out of its flat buffers)
     and ``fsdp_collective_s`` a collective, where the plan runs FSDP2 (ZeRO 2 or 3 over a data-parallel group
     that shards), else 0."""
-    runs_fsdp2 = options.zero_stage >= 2 and options.degrees.dp * options.degrees.cp > 1
     added = profile.fsdp_bytes_s * size_bytes + profile.fsdp_collective_s * np.asarray(collectives, dtype=float)
-    return added if runs_fsdp2 else 0.0 * added
+    return added if options.runs_fsdp2 else 0.0 * added
 
 
 @lru_cache(maxsize=64)

@@ -232,6 +232,12 @@ class CostOptions:
         return self.shard_gradients or self.gathers_per_microbatch
 
     @property
+    def runs_fsdp2(self) -> bool:
+        """Whether the plan's layers are torch FSDP2 units: ZeRO 2 or 3 over data- and context-parallel ranks that
+        shard (more than one), as the runtime runs them."""
+        return self.zero_stage >= 2 and self.degrees.dp * self.degrees.cp > 1
+
+    @property
     def scatter_deferred(self) -> bool:
         """Whether ZeRO-2's reduce-scatters run deferred (:attr:`defer_gradient_reduce`, overlapped with compute)."""
         return self.defer_gradient_reduce and self.zero_stage == 2 and self.overlap_dp_comm

@@ -255,4 +255,4 @@ def takes_hooks(profile: HardwareProfile, options: CostOptions) -> bool:
     """Whether FSDP2's per-layer host work is priced: the profile gives it (per call, byte or collective), the plan runs
     FSDP2 (stage 2 or 3) and its data-parallel group shards something."""
     priced = profile.fsdp_host_s > 0 or profile.fsdp_bytes_s > 0 or profile.fsdp_collective_s > 0
-    return priced and options.zero_stage >= 2 and options.degrees.dp * options.degrees.cp > 1
+    return priced and options.runs_fsdp2

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from mpipe_tune.algebra import Degrees, Model
-from mpipe_tune.cost import SCHEMA_VERSION
+from mpipe_tune.cost import SCHEMA_VERSION, parse_profile
 from mpipe_tune.interrupt import at_once, phase
 from mpipe_tune.profiler._calibrate import (
     MIN_SIZES_FOR_OVERHEAD, PER_IMAGE_KINDS, LayerFit, LayerPoint, calibration_layers, fit_layer_timing,
@@ -214,9 +214,6 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
     if m.overlap is not None:
         extra["comm_compute_overlap"] = overlap_entry(
             m.overlap, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how)
-    if m.fsdp_host is not None:
-        point = replace(m.fsdp_host, priced_s=priced_layer_comm_s(intra, m.fsdp_host.widths, m.fsdp_host.group_size))
-        extra.update(fsdp_host_entries(point, measured, f"on {m.nproc} local processes with {BACKENDS[m.device]}", how))
     profile = {
         "schema_version": SCHEMA_VERSION,
         "name": name,
@@ -238,6 +235,11 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
     split = [p for p in m.layer_points if p.tp > 1]
     if split and m.calibration is not None:
         tp_overhead_entries(profile, split, m.calibration, m.calibration_dtype, how=how)
+    if m.fsdp_host is not None:  # its collectives priced as the cost model prices them on this very profile
+        assembled = parse_profile(profile, where="the profile being assembled")
+        priced = priced_layer_comm_s(assembled, m.fsdp_host.widths, m.fsdp_host.group_size)
+        profile.update(fsdp_host_entries(replace(m.fsdp_host, priced_s=priced), measured,
+                                         f"on {m.nproc} local processes with {BACKENDS[m.device]}", how))
     return profile
 
 

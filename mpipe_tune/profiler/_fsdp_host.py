@@ -31,7 +31,7 @@ repeat and the medians are used; on a shared host the figures carry the load (sa
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,11 +106,6 @@ class FsdpHostPoint:
         fixed, excess_per_byte = nonnegative_line(sizes, self.excess_s)
         return per_call, per_byte + excess_per_byte, fixed
 
-    @property
-    def value(self) -> float:
-        """Seconds per sharded layer per forward or backward call."""
-        return self.figures[0]
-
 
 def fit_host_s(calls: Sequence[float], extra_s: Sequence[float]) -> tuple[float, float]:
     """The least-squares line ``extra = slope * calls + fixed`` through the stacks' extra seconds:
@@ -150,22 +145,14 @@ def nonnegative_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, flo
     return float(intercept), float(slope)
 
 
-def priced_layer_comm_s(links: Mapping[str, Mapping[str, Any]], widths: Sequence[int],
-                        group_size: int) -> tuple[float, ...]:
-    """Per width, the seconds a profile's measured intra-node links (``links``: collective -> entry, with its
-    sweep where it has one) price one resharding layer's collectives at, read as the cost model reads them:
-    two all-gathers and a reduce-scatter of the layer's bytes."""
-    from mpipe_tune.cost import LinkCost, measured_collective_s
+def priced_layer_comm_s(profile, widths: Sequence[int], group_size: int) -> tuple[float, ...]:
+    """Per width, the seconds ``profile`` (a :class:`~mpipe_tune.cost.HardwareProfile`) prices one resharding
+    layer's collectives at over ``group_size`` neighbouring ranks, as the cost model prices FSDP2's
+    (:func:`~mpipe_tune.cost.sharded_half_s`): two all-gathers and a reduce-scatter of the layer's bytes."""
+    from mpipe_tune.cost import sharded_half_s
 
-    def link(collective: str) -> LinkCost:
-        entry = links[collective]
-        curve = ((collective, int(entry["group_size"]), tuple(map(float, entry["sizes_bytes"])),
-                  tuple(map(float, entry["median_s"]))) if "median_s" in entry and "group_size" in entry else None)
-        return LinkCost(float(entry["alpha_s"]), float(entry["beta_s_per_byte"]), curve=curve)
-
-    gather, scatter = link("all_gather"), link("reduce_scatter")
-    return tuple(2 * measured_collective_s(gather, "all_gather", float(layer_bytes(w, group_size)), group_size)
-                 + measured_collective_s(scatter, "reduce_scatter", float(layer_bytes(w, group_size)), group_size)
+    return tuple(2 * sharded_half_s(profile, "all_gather", float(layer_bytes(w, group_size)), group_size, 1)
+                 + sharded_half_s(profile, "reduce_scatter", float(layer_bytes(w, group_size)), group_size, 1)
                  for w in widths)
 
 

@@ -81,7 +81,7 @@ def test_the_measurement_is_two_profile_figures_with_their_provenance():
     assert entry["widths"] == list(WIDTHS) and len(entry["fsdp_s"]) == len(WIDTHS)
     assert data["fsdp_bytes_s"]["source"] == "measured" and "fsdp_host_s" in data["fsdp_bytes_s"]["ref"]
     # the collectives' excess is read against the profile's own links, as the cost model prices them
-    priced = priced_layer_comm_s(data["links"]["intra_node"], WIDTHS, 2)
+    priced = priced_layer_comm_s(parse_profile(data, where="test"), WIDTHS, 2)
     assert entry["priced_comm_s"] == pytest.approx(list(priced))
     excess = _synthetic(2e-4, 3e-10, 1e-3, excess=(0.0, 0.0)).comm_s
     expected = nonnegative_line([layer_bytes(w, 2) for w in WIDTHS],
