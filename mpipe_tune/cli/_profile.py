@@ -61,7 +61,8 @@ class Profile(Command):
 
         begin = time.monotonic()
         kernels = kernel_sweep_settings(device, quick=args.quick)
-        total = count_steps(dtypes, sweep_settings(device, quick=args.quick), calibration, kernel_settings=kernels)
+        total = count_steps(dtypes, sweep_settings(device, quick=args.quick), calibration, kernel_settings=kernels,
+                            together=device == "cpu")
         with tqdm(total=total, desc=f"profile {device}", unit="pt", file=sys.stderr, disable=None,
                   dynamic_ncols=True) as bar:
             def progress(label: str) -> None:

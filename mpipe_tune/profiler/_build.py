@@ -14,8 +14,10 @@ pairs of ranks (tensor parallelism of degree 2, an even number of ranks), each k
 ``tp_overhead_s`` and ``tp_slowdown`` for degree 2 (:func:`tp_overhead_entries`).
 
 On CPU one device is one of the ``nproc`` processes: the roofline runs with that process's share of
-the cores (:func:`~mpipe_tune.profiler._device.device_share`); the layers are timed by ``nproc`` ranks
-at once, as a run's stages (:mod:`~mpipe_tune.profiler._together`).
+the cores (:func:`~mpipe_tune.profiler._device.device_share`); the memory bandwidth is a process's share of
+the host's while all ``nproc`` copy at once (:func:`~mpipe_tune.profiler._roofline.measure_memory_together`;
+the rate one process reached alone is kept beside, and the copy-size curve is relative to it); the layers are
+timed by ``nproc`` ranks at once, as a run's stages (:mod:`~mpipe_tune.profiler._together`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ from mpipe_tune.profiler._nodes import NodeLayout
 from mpipe_tune.profiler._fsdp_host import (
     UNITS, WIDTHS, FsdpHostPoint, fsdp_host_entries, measure_fsdp_host, priced_layer_comm_s)
 from mpipe_tune.profiler._overlap import OverlapPoint, measure_overlap, overlap_entry, overlap_repeats
-from mpipe_tune.profiler._roofline import RateSweep, measure_memory_bandwidth, measure_peak_flops
+from mpipe_tune.profiler._roofline import (
+    RatePoint, RateSweep, measure_memory_bandwidth, measure_memory_together, measure_peak_flops,
+)
 from mpipe_tune.profiler._settings import SweepSettings, sweep_settings
 from mpipe_tune.profiler._shapes import (
     KernelSweeps, KernelSweepSettings, kernel_efficiency_entries, kernel_sweep_settings, measure_kernels,
@@ -87,6 +91,14 @@ class Measurements:
     fsdp_host: FsdpHostPoint | None = None
     """FSDP2's host seconds per sharded layer per call and per byte per collective
     (:mod:`~mpipe_tune.profiler._fsdp_host`)."""
+    memory_together: RatePoint | None = None
+    """One process's copy rate while all ``nproc`` copy at once (CPU; the profile's bandwidth when given)."""
+
+    @property
+    def bandwidth(self) -> float:
+        """The profile's memory bandwidth: a process's share of the host's while every one copies (CPU, several
+        processes), else the rate one device reached alone."""
+        return (self.memory_together or self.memory.best).rate.median
 
 
 COPIED_INTER_NODE = "The inter-node links are a copy of the intra-node ones."
@@ -99,13 +111,14 @@ def quick_note(quick: bool) -> str:
 
 def count_steps(dtypes: tuple[str, ...], settings: SweepSettings, calibration: Model | None = None,
                 calibration_tokens: tuple[int, ...] | None = None,
-                kernel_settings: KernelSweepSettings | None = None) -> int:
-    """Progress steps of a run: one per matrix size and dtype, one for the copy, one per point of the
-    kernel sweeps, one per calibration layer and token count, one per link repeat pass."""
+                kernel_settings: KernelSweepSettings | None = None, together: bool = False) -> int:
+    """Progress steps of a run: one per matrix size and dtype, one for the copy (and one for the copy
+    on every process at once, ``together``), one per point of the kernel sweeps, one per calibration layer
+    and token count, one per link repeat pass."""
     layers = len(calibration_layers(calibration)) if calibration is not None else 0
     sizes = len(calibration_tokens or settings.calibration_tokens)
     kernels = kernel_settings.num_points if kernel_settings is not None else 0
-    return (len(dtypes) * len(settings.matmul_sizes) + 1 + kernels + layers * sizes
+    return (len(dtypes) * len(settings.matmul_sizes) + 1 + together + kernels + layers * sizes
             + len(LINK_COLLECTIVES) * settings.link_repeats + overlap_repeats(settings) + len(UNITS) * len(WIDTHS))
 
 
@@ -139,6 +152,11 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
                                 progress)
             kernels = measure_kernels(torch, device, dtypes[0], kernel_settings,
                                       peak_flops_per_s=peaks[dtypes[0]].best.rate.median, progress=progress)
+    together = None
+    if device == "cpu" and nproc >= 2:
+        phase("memory bandwidth, every process at once")
+        with at_once():
+            together = measure_memory_together(device, nproc, settings, progress)
     points, update = (), None
     if calibration is not None:
         phase("calibration")
@@ -159,7 +177,7 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
         device, device_name(torch, device), nproc, per_node, torch.__version__, peaks, memory, capacity,
         capacity_ref, links, quick, threads_per_process(nproc) if device == "cpu" else None, points,
         calibration.name if calibration is not None else None, dtypes[0] if calibration is not None else None,
-        update, calibration, host, kernels, overlap, fsdp_host,
+        update, calibration, host, kernels, overlap, fsdp_host, together,
     )
 
 
@@ -189,6 +207,16 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
                f"written, {copy.rate.num_repeats} repeats{how}",
         "iqr_bytes_per_s": copy.rate.iqr,
     }
+    if m.memory_together is not None:
+        together = m.memory_together
+        memory = {
+            "value": together.rate.median, **measured,
+            "ref": f"median rate of copying a {together.size / 2**20:.0f} MiB tensor on each of {m.nproc} processes "
+                   f"at once on {m.device}{share} (a run's ranks share the host's memory), bytes read plus written, "
+                   f"{together.rate.num_repeats} repeats over the processes; one process alone: "
+                   f"alone_bytes_per_s{how}",
+            "iqr_bytes_per_s": together.rate.iqr, "alone_bytes_per_s": copy.rate.median,
+        }
     capacity = {"value": m.memory_capacity_bytes, **measured, "ref": m.memory_capacity_ref}
 
     intra = link_entries(m.links, measured, f"with {BACKENDS[m.device]} between {m.nproc} local processes on "
@@ -333,7 +361,7 @@ def _efficiencies(m: Measurements, measured: Mapping[str, str], how: str) -> dic
                    "runtime's layers",
         }}
     return efficiency_entries(m.layer_points, peak_flops_per_s=m.peak_flops[m.calibration_dtype].best.rate.median,
-                              bytes_per_s=m.memory.best.rate.median, model_name=m.calibration_model,
+                              bytes_per_s=m.bandwidth, model_name=m.calibration_model,
                               dtype=m.calibration_dtype, device=m.device, measured=measured, how=how)
 
 

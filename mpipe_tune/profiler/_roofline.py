@@ -6,7 +6,10 @@ the luckiest single call). Growth stops at the last size, once one product takes
 settings allow, or once two sizes in a row fail to beat the best rate by 3%.
 
 Memory bandwidth: ``dst.copy_(src)`` of a tensor much larger than the last-level cache; each copy moves
-``2 * size`` bytes (read and write), and the bandwidth is their median rate.
+``2 * size`` bytes (read and write), and the bandwidth is their median rate. On CPU the ``nproc`` devices are
+processes of one host sharing its memory: :func:`measure_memory_together` times the same copy on every one of
+them at once (each after a barrier), as a run's ranks stream their weights and activations at once, and that
+per-process rate is the profile's bandwidth (this VM: 23 GB/s for one process alone, 16 for each of two).
 """
 
 from __future__ import annotations
@@ -82,6 +85,39 @@ def measure_memory_bandwidth(torch: ModuleType, device: str, settings: SweepSett
                            min_time_s=settings.min_repeat_s)
     progress("copy")
     return RateSweep((RatePoint(elements * 4, summarize([2.0 * elements * 4 / s for s in seconds])),))
+
+
+MIN_TOGETHER_BYTES = 64 * 2**20
+"""The smallest tensor each process copies in :func:`measure_memory_together` (far beyond a core's caches)."""
+
+
+def measure_memory_together(device: str, nproc: int, settings: SweepSettings, progress: Callable[[str], None],
+                            *, timeout_s: float = 300.0) -> RatePoint:
+    """The copy rate of one of ``nproc`` processes while every one copies at once (module docstring): each
+    copies ``max(settings.copy_bytes / nproc, MIN_TOGETHER_BYTES)``; the median over every rank's repeats."""
+    from mpipe_tune.profiler._links import run_ranks
+
+    return run_ranks(device, nproc, _copy_together, settings, what="memory bandwidth measurement",
+                     progress=progress, timeout_s=timeout_s)
+
+
+def _copy_together(torch, dist, where: str, rank: int, nproc: int, device: str, settings: SweepSettings,
+                   messages) -> RatePoint | None:
+    size = max(settings.copy_bytes // nproc, MIN_TOGETHER_BYTES) // 4 * 4
+    src = torch.ones(size // 4, device=where, dtype=torch.float32)
+    dst = torch.zeros_like(src)
+    timer = Timer(torch, device)
+    rates = []
+    for repeat in range(max(1, settings.warmup) + settings.repeats):
+        dist.barrier()
+        seconds = timer.seconds_per_call(lambda: dst.copy_(src))
+        if repeat >= max(1, settings.warmup):
+            rates.append(2.0 * size / seconds)
+    gathered = [None] * nproc if rank == 0 else None
+    dist.gather_object(rates, gathered, dst=0)
+    if messages is not None:
+        messages.put(("progress", "copy, every process at once"))
+    return RatePoint(size, summarize([r for rank_rates in gathered for r in rank_rates])) if rank == 0 else None
 
 
 class _Tf32:

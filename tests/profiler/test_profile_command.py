@@ -34,6 +34,8 @@ def test_quick_cpu_sweep_writes_a_profile_that_loads(tmp_path):
     assert profile.name == "quick" and profile.devices_per_node == 2
     assert set(profile.peak_flops_per_s) == {"fp32", "bf16"}
     assert profile.memory_bytes_per_s > 0 and profile.memory_capacity_bytes > 0
+    memory = profile.provenance["memory_bytes_per_s"]  # the two ranks' share, copying at once; alone beside it
+    assert memory["alone_bytes_per_s"] > 0 and "2 processes at once" in memory["ref"]
     for collective in COLLECTIVES:
         for link_class in LINK_CLASSES:
             assert (link_class, collective) in profile.links
@@ -140,6 +142,27 @@ def test_assembled_efficiencies_are_fitted_per_kind_against_the_measured_peak():
     # Forward points only, two sizes: no backward efficiency of its own and no call overhead.
     assert profile.backward_efficiency_for("vit_block") == profile.efficiency_for("vit_block")
     assert profile.call_overhead_for("vit_block") == (0.0, 0.0)
+
+
+def test_cpu_ranks_copying_at_once_set_the_bandwidth_and_the_fits_use_it():
+    # One process alone copied at 1.1e10 B/s, each of two at once at 0.6e10: the profile's bandwidth is the
+    # shared one (a run's ranks stream at once), the alone rate kept beside it, and a memory-bound layer
+    # whose calls take bytes / 0.6e10 fits exactly (at the alone rate no fixed seconds per call could).
+    def point(size):
+        return LayerPoint("embed", "embedding", int(size / 1e4), "fwd", 0.0, size, summarize([size / 0.6e10]))
+
+    together = RatePoint(2**26, summarize([0.58e10, 0.6e10, 0.62e10]))
+    points = tuple(point(b) for b in (1e6, 4e6, 1.6e7))
+    data = assemble_profile(replace(_measurements(layer_points=points), memory_together=together), name="t")
+    profile = parse_profile(json.loads(json.dumps(data)), where="test")
+    assert profile.memory_bytes_per_s == pytest.approx(0.6e10)
+    origin = profile.provenance["memory_bytes_per_s"]
+    assert origin["alone_bytes_per_s"] == pytest.approx(1.1e10) and "2 processes at once" in origin["ref"]
+    fit = profile.provenance["efficiency.embedding"]
+    assert fit["rms_relative_error"] < 1e-6 and profile.call_overhead_for("embedding")[0] == pytest.approx(0.0, abs=1e-9)
+    alone = parse_profile(assemble_profile(_measurements(layer_points=points), name="t"), where="alone")
+    assert alone.memory_bytes_per_s == pytest.approx(1.1e10)
+    assert alone.provenance["efficiency.embedding"]["rms_relative_error"] > 0.05
 
 
 def test_assembled_profile_fits_each_phase_with_its_call_overhead():
