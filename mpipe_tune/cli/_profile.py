@@ -56,13 +56,13 @@ class Profile(Command):
         from mpipe_tune.cost import dump_profile, load_profile
         from mpipe_tune.interrupt import phase
         from mpipe_tune.profiler import (
-            assemble_profile, count_steps, profile_device, sweep_settings, kernel_sweep_settings,
+            assemble_profile, count_steps, profile_device, sweep_settings, kernel_sweep_settings, shares_memory,
         )
 
         begin = time.monotonic()
         kernels = kernel_sweep_settings(device, quick=args.quick)
         total = count_steps(dtypes, sweep_settings(device, quick=args.quick), calibration, kernel_settings=kernels,
-                            together=device == "cpu")
+                            together=shares_memory(device, args.nproc))
         with tqdm(total=total, desc=f"profile {device}", unit="pt", file=sys.stderr, disable=None,
                   dynamic_ncols=True) as bar:
             def progress(label: str) -> None:

@@ -26,7 +26,7 @@ _LAZY = {
     ),
     "mpipe_tune.profiler._links": ("LINK_COLLECTIVES",),
     "mpipe_tune.profiler._nodes": ("measure_link_classes",),
-    "mpipe_tune.profiler._roofline": ("TORCH_DTYPES",),
+    "mpipe_tune.profiler._roofline": ("TORCH_DTYPES", "shares_memory"),
     "mpipe_tune.profiler._settings": ("MAX_PROCESSES", "SweepSettings", "sweep_settings"),
     "mpipe_tune.profiler._shapes": ("kernel_sweep_settings",),
     "mpipe_tune.profiler._stats": ("Spread", "summarize"),

@@ -48,7 +48,7 @@ from mpipe_tune.profiler._fsdp_host import (
     UNITS, WIDTHS, FsdpHostPoint, fsdp_host_entries, measure_fsdp_host, priced_layer_comm_s)
 from mpipe_tune.profiler._overlap import OverlapPoint, measure_overlap, overlap_entry, overlap_repeats
 from mpipe_tune.profiler._roofline import (
-    RatePoint, RateSweep, measure_memory_bandwidth, measure_memory_together, measure_peak_flops,
+    RatePoint, RateSweep, measure_memory_bandwidth, measure_memory_together, measure_peak_flops, shares_memory,
 )
 from mpipe_tune.profiler._settings import SweepSettings, sweep_settings
 from mpipe_tune.profiler._shapes import (
@@ -153,7 +153,7 @@ def profile_device(device: str, nproc: int, dtypes: tuple[str, ...], *, quick: b
             kernels = measure_kernels(torch, device, dtypes[0], kernel_settings,
                                       peak_flops_per_s=peaks[dtypes[0]].best.rate.median, progress=progress)
     together = None
-    if device == "cpu" and nproc >= 2:
+    if shares_memory(device, nproc):
         phase("memory bandwidth, every process at once")
         with at_once():
             together = measure_memory_together(device, nproc, settings, progress)

@@ -151,9 +151,9 @@ def priced_layer_comm_s(profile, widths: Sequence[int], group_size: int) -> tupl
     (:func:`~mpipe_tune.cost.sharded_half_s`): two all-gathers and a reduce-scatter of the layer's bytes."""
     from mpipe_tune.cost import sharded_half_s
 
-    return tuple(2 * sharded_half_s(profile, "all_gather", float(layer_bytes(w, group_size)), group_size, 1)
-                 + sharded_half_s(profile, "reduce_scatter", float(layer_bytes(w, group_size)), group_size, 1)
-                 for w in widths)
+    sizes = [float(layer_bytes(w, group_size)) for w in widths]
+    return tuple(2 * sharded_half_s(profile, "all_gather", n, group_size, 1)
+                 + sharded_half_s(profile, "reduce_scatter", n, group_size, 1) for n in sizes)
 
 
 def measure_fsdp_host(device: str, nproc: int, settings: SweepSettings, progress: Callable[[str], None],

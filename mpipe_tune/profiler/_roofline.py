@@ -91,6 +91,12 @@ MIN_TOGETHER_BYTES = 64 * 2**20
 """The smallest tensor each process copies in :func:`measure_memory_together` (far beyond a core's caches)."""
 
 
+def shares_memory(device: str, nproc: int) -> bool:
+    """Whether the profiled devices share one memory: CPU processes of one host, two or more
+    (:func:`measure_memory_together` times them then)."""
+    return device == "cpu" and nproc >= 2
+
+
 def measure_memory_together(device: str, nproc: int, settings: SweepSettings, progress: Callable[[str], None],
                             *, timeout_s: float = 300.0) -> RatePoint:
     """The copy rate of one of ``nproc`` processes while every one copies at once (module docstring): each

@@ -276,8 +276,8 @@ def kernel_efficiency_entries(sweeps: KernelSweeps, *, peak_flops_per_s: float, 
             "max": fit.curve.max, "half_bytes": fit.curve.half_bytes, **measured, **_fit_fields(fit),
             "ref": f"dst.copy_(src) of fp32 tensors {where}; bytes moved (read plus written) per second over "
                    f"the large copy's rate in the same process (the profile's bandwidth but on a CPU of several "
-                   f"processes, where that is each one's share while all copy at once); max and half_bytes fitted (log least squares); a size "
-                   f"that fits in a cache can run above that bandwidth; {left_out}{how}",
+                   f"processes, where that is each one's share while all copy at once); max and half_bytes fitted "
+                   f"(log least squares); a size that fits in a cache can run above that bandwidth; {left_out}{how}",
             "bytes": [2 * p.size[0] for p in mem_kept], "median_s": [p.seconds.median for p in mem_kept],
             "efficiency": mem_eff, "host_bound": [2 * p.size[0] for p in sweeps.memory if p not in mem_kept],
         }
