@@ -1,7 +1,7 @@
-"""Measure FSDP2's host seconds per sharded layer per call, per byte and per collective on this machine's gloo
-ranks and write them into a profile as its ``fsdp_host_s``, ``fsdp_bytes_s`` and ``fsdp_collective_s``
-(:mod:`mpipe_tune.profiler._fsdp_host`; the last against the profile's own links), with the load average beside
-it: what ``mpipe-tune profile`` measures, for a profile measured before it did (``moe-vm-4.json``, which
+"""Measure FSDP2's host seconds per sharded layer per call, per byte, per collective and per tensor on this
+machine's gloo ranks and write them into a profile as its ``fsdp_host_s``, ``fsdp_bytes_s``, ``fsdp_collective_s``
+and ``fsdp_tensor_s`` (:mod:`mpipe_tune.profiler._fsdp_host`; ``fsdp_collective_s`` against the profile's own
+links), with the load average beside it: what ``mpipe-tune profile`` measures, for a profile measured before it did (``moe-vm-4.json``, which
 ``bench_fidelity_parallel.py`` predicts on).
 
     python benchmarks/measure_fsdp_host.py benchmarks/profiles/moe-vm-4.json [--nproc 4]
@@ -29,16 +29,16 @@ def main() -> None:
     data = json.loads(args.profile.read_text())
     load = os.getloadavg()[0]
     point = measure_fsdp_host("cpu", args.nproc, sweep_settings("cpu", quick=False), lambda text: print(text, flush=True))
-    point = replace(point, priced_s=priced_layer_comm_s(load_profile(str(args.profile)), point.widths, point.group_size))
+    point = replace(point, priced_s=priced_layer_comm_s(load_profile(str(args.profile)), point.sizes, point.group_size))
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     how = f"; load average {load:.1f} on {os.cpu_count()} cores when measured" + (" (under load)" if load > 1 else "")
     data.update(fsdp_host_entries(point, {"source": "measured", "date": date},
                                   f"on {args.nproc} local processes with gloo", how))
     args.profile.write_text(json.dumps(data, indent=2) + "\n")
-    per_call, per_byte, per_collective = point.figures
+    per_call, per_byte, per_collective, per_tensor = point.figures
     print(f"fsdp_host_s = {per_call:.3g} s per layer call, fsdp_bytes_s = {per_byte:.3g} s per byte per collective, "
-          f"fsdp_collective_s = {per_collective:.3g} s per collective "
-          f"(a sharded layer adds {', '.join(f'{s * 1e3:.2f} ms at width {w}' for w, s in zip(point.widths, point.per_layer_s))}; "
+          f"fsdp_collective_s = {per_collective:.3g} s per collective, fsdp_tensor_s = {per_tensor:.3g} s per tensor "
+          f"(a sharded layer adds {', '.join(f'{s * 1e3:.2f} ms at {b} bytes' for b, s in zip(point.sizes, point.per_layer_s))}; "
           f"load {load:.1f})")
 
 

@@ -76,6 +76,7 @@ __all__ = [
     "estimate_parallel_traffic",
     "expert_param_count",
     "expert_parallel_fits",
+    "expert_tensor_count",
     "model_param_count",
     "validate_expert_parallel_degree",
     "estimate_layer",
@@ -364,6 +365,12 @@ def expert_param_count(kind: str, dims: Mapping[str, object]) -> int:
     what expert parallelism divides over its ranks."""
     layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
     return sum(p.expert_params for p in layer.pieces)
+
+
+def expert_tensor_count(kind: str, dims: Mapping[str, object]) -> int:
+    """Of :func:`param_tensor_count`, the routed experts' tensors (0 for every kind but ``moe_block``)."""
+    layer = build_layer(kind, resolve_dims(kind, dims), _ONE_TOKEN, 1)
+    return int(sum(p.param_tensors for p in layer.pieces if p.expert_params))
 
 
 def activated_param_count(kind: str, dims: Mapping[str, object]) -> int:

@@ -259,18 +259,20 @@ def _reduce_s(plan: Plan, event: DpReduce, model: Model, table: LayerTable, prof
     layers = float(np.count_nonzero(table.param_count[start:stop][trainable]))  # FSDP2: a collective each
     expert_layers = (0.0 if table.expert_param_count is None
                      else float(np.count_nonzero(table.expert_param_count[start:stop][trainable])))
-    parts = [(params - experts, ranks, layers), (experts / options.degrees.ep, ranks // options.degrees.ep,
-                                                 expert_layers)] \
-        if options.degrees.ep > 1 and experts > 0 else [(params, ranks, layers)]
+    dense_tensors, expert_tensors = (float(t[start:stop][trainable].sum()) for t in table.tensor_counts())
+    parts = [(params - experts, ranks, layers, dense_tensors),
+             (experts / options.degrees.ep, ranks // options.degrees.ep, expert_layers,
+              expert_tensors / options.degrees.ep)] \
+        if options.degrees.ep > 1 and experts > 0 else [(params, ranks, layers, dense_tensors + expert_tensors)]
     total = gather = 0.0
-    for count, group_size, units in parts:  # with expert parallelism the routed experts after the rest, on their group
+    for count, group_size, units, tensors in parts:  # with expert parallelism the routed experts after the rest
         total += _copies_s(profile, options, count, group_size, options.shard_optimizer)
         if not options.shard_optimizer:
             total += _all_reduce_s(profile, count * options.grad_bytes_per_param, group_size, span_devices)
             continue
         stride = span_devices // group_size
         size = count * options.grad_bytes_per_param
-        copies = float(fsdp_copies_s(profile, options, size, units)) if group_size > 1 else 0.0
+        copies = float(fsdp_copies_s(profile, options, size, units, tensors)) if group_size > 1 else 0.0
         scatter_s = sharded_half_s(profile, "reduce_scatter", size, group_size, stride) + copies
         gather_s = sharded_half_s(profile, "all_gather", size, group_size, stride) + copies
         total, gather = total + scatter_s + gather_s, gather + gather_s
@@ -290,12 +292,13 @@ def _copies_s(profile: HardwareProfile, options: CostOptions, params: float, gro
     return copied / profile.memory_bytes_per_s
 
 
-def fsdp_copies_s(profile: HardwareProfile, options: CostOptions, size_bytes, collectives=1.0):
-    """What FSDP2 adds to ``collectives`` all-gathers or reduce-scatters of ``size_bytes`` unsharded bytes in
-    all (numbers or arrays): the profile's ``fsdp_bytes_s`` a byte (its copies into and out of its flat buffers)
-    and ``fsdp_collective_s`` a collective, where the plan runs FSDP2 (ZeRO 2 or 3 over a data-parallel group
-    that shards), else 0."""
-    added = profile.fsdp_bytes_s * size_bytes + profile.fsdp_collective_s * np.asarray(collectives, dtype=float)
+def fsdp_copies_s(profile: HardwareProfile, options: CostOptions, size_bytes, collectives=1.0, tensors=0.0):
+    """What FSDP2 adds to ``collectives`` all-gathers or reduce-scatters of ``size_bytes`` unsharded bytes and
+    ``tensors`` parameter tensors in all (numbers or arrays): the profile's ``fsdp_bytes_s`` a byte (its copies
+    into and out of its flat buffers), ``fsdp_collective_s`` a collective and ``fsdp_tensor_s`` a tensor (its work
+    on each), where the plan runs FSDP2 (ZeRO 2 or 3 over a data-parallel group that shards), else 0."""
+    added = (profile.fsdp_bytes_s * size_bytes + profile.fsdp_collective_s * np.asarray(collectives, dtype=float)
+             + profile.fsdp_tensor_s * np.asarray(tensors, dtype=float))
     return added if options.runs_fsdp2 else 0.0 * added
 
 

@@ -324,6 +324,8 @@ class LayerTable:
     param_tensor_count: np.ndarray | None = None
     """Shape (num_layers,): parameter tensors of each full layer (what the optimizer step launches kernels
     over); None means none counted."""
+    expert_tensor_count: np.ndarray | None = None
+    """Shape (num_layers,): of ``param_tensor_count``, the routed experts' (every expert's); None means none."""
     bound_s: tuple[np.ndarray, ...] | None = None
     """What bounds each layer's passes on each microbatch: its forward, input- and weight-gradient seconds
     split into (compute, memory traffic, host issue, communication) seconds, four arrays of the per-microbatch
@@ -339,6 +341,13 @@ class LayerTable:
     def expert_params(self) -> np.ndarray:
         """Per layer, the routed experts' parameters (zeros where there are none)."""
         return np.zeros_like(self.param_count) if self.expert_param_count is None else self.expert_param_count
+
+    def tensor_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, (the parameter tensors outside the routed experts, the routed experts' tensors): zeros where
+        none are counted."""
+        tensors = np.zeros_like(self.param_count) if self.param_tensor_count is None else self.param_tensor_count
+        experts = np.zeros_like(self.param_count) if self.expert_tensor_count is None else self.expert_tensor_count
+        return tensors - experts, experts
 
     def backward_s(self, model: Model) -> np.ndarray:
         """Backward seconds under the footprint: a layer computes its input gradient iff some layer
@@ -409,6 +418,8 @@ def build_layer_table(model: Model, workload: Workload, profile: HardwareProfile
         wgrad_kept_bytes=wgrad_grad + np.maximum(saved - kept, 0.0),
         bound_s=tuple(bound),
         param_tensor_count=np.array([_param_tensor_count(layer.cost) for layer in model.layers], dtype=float),
+        expert_tensor_count=(np.array([_expert_tensor_count(layer.cost) for layer in model.layers], dtype=float)
+                             if experts.any() else None),
     )
     return table if options.grad_accumulation_fusion else with_gradient_accumulation(table, profile, options)
 
@@ -515,6 +526,11 @@ def _param_tensor_count(cost) -> int:
 @lru_cache(maxsize=4096)
 def _expert_param_count(cost) -> int:
     return arch.expert_param_count(cost.kind, cost.dims_dict()) if isinstance(cost, ArchCost) else 0
+
+
+@lru_cache(maxsize=4096)
+def _expert_tensor_count(cost) -> int:
+    return arch.expert_tensor_count(cost.kind, cost.dims_dict()) if isinstance(cost, ArchCost) else 0
 
 
 def _layer_row(cost, block: str, microbatches, profile, options):

@@ -45,8 +45,9 @@ run side by side at full speed, 0 where they take turns (:mod:`mpipe_tune.profil
 it); absent, 1. An optional ``fsdp_host_s`` entry states the host seconds torch FSDP2 adds per sharded
 layer per forward or backward call (its pre- and post-hooks) and an optional ``fsdp_bytes_s`` the seconds it
 adds per byte of a layer's unsharded buffer per all-gather or reduce-scatter it issues (the copies into and out
-of its flat buffers) and an optional ``fsdp_collective_s`` the seconds per such collective beyond what the links
-price it at; :mod:`mpipe_tune.profiler._fsdp_host` measures them: charged on ZeRO-2 and ZeRO-3's sharding actions
+of its flat buffers), an optional ``fsdp_collective_s`` the seconds per such collective beyond what the links
+price it at and an optional ``fsdp_tensor_s`` the seconds per parameter tensor of the layer per such collective
+(its work on each tensor around it); :mod:`mpipe_tune.profiler._fsdp_host` measures them: charged on ZeRO-2 and ZeRO-3's sharding actions
 and step-end collectives (:mod:`mpipe_tune.cost._sharding_events`); absent, 0.
 
 An optional ``fabric`` entry (``devices_per_pod`` and ``pod_oversubscription``, each a number with provenance)
@@ -101,11 +102,11 @@ _TOP_KEYS = {
     "schema_version", "name", "device", "devices_per_node", "peak_flops_per_s",
     "memory_bytes_per_s", "memory_capacity_bytes", "efficiency", "links", "notes", "tp_comm_overlap",
     "optimizer_update_bytes_per_s", "host", "kernel_efficiency", "devices_per_package", "comm_compute_overlap",
-    "fsdp_host_s", "fsdp_bytes_s", "fsdp_collective_s", "fabric",
+    "fsdp_host_s", "fsdp_bytes_s", "fsdp_collective_s", "fsdp_tensor_s", "fabric",
 }
 _OPTIONAL_TOP_KEYS = {"notes", "tp_comm_overlap", "optimizer_update_bytes_per_s", "host", "kernel_efficiency",
                       "devices_per_package", "comm_compute_overlap", "fsdp_host_s", "fsdp_bytes_s",
-                      "fsdp_collective_s", "fabric"}
+                      "fsdp_collective_s", "fsdp_tensor_s", "fabric"}
 _OVERLAP_FIXES = {"tp_comm_overlap": "give the fraction of the tensor-parallel collective time hidden behind compute",
                   "comm_compute_overlap": "give the share of a collective's time the compute beside it hides "
                                           "(1: fully, 0: they take turns)"}
@@ -193,6 +194,11 @@ class HardwareProfile:
     fsdp_collective_s: float = 0.0
     """Seconds each all-gather or reduce-scatter torch FSDP2 issues takes beyond what the links price it at (its
     collectives back to back; measured with :attr:`fsdp_host_s`); 0 where the profile does not give it."""
+
+    fsdp_tensor_s: float = 0.0
+    """Host seconds torch FSDP2 adds per parameter tensor of a layer per all-gather or reduce-scatter it issues for
+    the layer (its per-tensor views, copies and parameter swaps around the collective; measured with
+    :attr:`fsdp_host_s` on layers of several tensors); 0 where the profile does not give it."""
 
     fabric: Fabric | None = None
     """Pods joined by an oversubscribed spine, where the profile gives them; None: one non-blocking fabric."""
@@ -514,7 +520,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
 
 
 _FABRIC_KEYS = ("devices_per_pod", "pod_oversubscription")
-_FSDP_KEYS = ("fsdp_host_s", "fsdp_bytes_s", "fsdp_collective_s")
+_FSDP_KEYS = ("fsdp_host_s", "fsdp_bytes_s", "fsdp_collective_s", "fsdp_tensor_s")
 
 
 def _parse_fabric(v: Validator, entry: Any, devices_per_node: int) -> Fabric:

@@ -55,8 +55,9 @@ actions at its ``Bwd``.
 
 Torch FSDP2's own host work is the profile's ``fsdp_host_s`` per sharded layer (one with weights) per forward
 or backward call (its pre- and post-hooks), its ``fsdp_bytes_s`` per byte of a layer's unsharded buffer per
-collective (the copies into and out of its flat buffers) and its ``fsdp_collective_s`` per collective (what its
-collectives take back to back beyond the links' price), part of each gather and reduce-scatter, the step-end ones
+collective (the copies into and out of its flat buffers), its ``fsdp_collective_s`` per collective (what its
+collectives take back to back beyond the links' price) and its ``fsdp_tensor_s`` per parameter tensor of the layer
+per collective (its work on each tensor), part of each gather and reduce-scatter, the step-end ones
 too (:func:`~mpipe_tune.cost._durations.fsdp_copies_s`); :mod:`mpipe_tune.profiler._fsdp_host` measures them, 0
 where the profile does not give them. Where any is above 0 every stage-2 and stage-3 plan takes the
 three actions per microbatch (keeping the weights too: the hooks run whether or not a collective does), and
@@ -91,9 +92,13 @@ def layer_collectives_s(table: LayerTable, profile: HardwareProfile,
     its gradient (every layer's, trainable or not: the caller masks)."""
     ranks = options.degrees.dp * options.degrees.cp
     tp = table.tp_degrees(options)
-    experts = table.expert_params() / tp
-    dense = table.param_count / tp - experts
-    experts = experts / options.degrees.ep
+    dense_tensors, expert_tensors = table.tensor_counts()
+    if options.degrees.ep > 1:  # the routed experts their own unit on their group, each rank's share of them
+        experts = table.expert_params() / tp
+        experts, expert_tensors = experts / options.degrees.ep, expert_tensors / options.degrees.ep
+    else:  # in the layer's unit
+        experts, dense_tensors = np.zeros_like(table.param_count), dense_tensors + expert_tensors
+    dense = table.param_count / tp - experts * options.degrees.ep
     span = options.degrees.tp * ranks  # the devices the data-parallel group's members are spread over
     replicas = np.ones_like(dense) if table.layer_replicas is None else table.layer_replicas
 
@@ -103,11 +108,12 @@ def layer_collectives_s(table: LayerTable, profile: HardwareProfile,
             at = (replicas == group) if with_replicas else np.ones(len(dense), dtype=bool)
             size = int(group) * ranks
             out[at] += sharded_half_s(profile, collective, dense[at] * bytes_per_param, size, span // size) \
-                + fsdp_copies_s(profile, options, dense[at] * bytes_per_param) * (size > 1)
+                + fsdp_copies_s(profile, options, dense[at] * bytes_per_param, 1.0, dense_tensors[at]) * (size > 1)
             if options.degrees.ep > 1 and experts[at].any():
                 size = ranks // options.degrees.ep
                 out[at] += sharded_half_s(profile, collective, experts[at] * bytes_per_param, size, span // size) \
-                    + fsdp_copies_s(profile, options, experts[at] * bytes_per_param, experts[at] > 0) * (size > 1)
+                    + fsdp_copies_s(profile, options, experts[at] * bytes_per_param, experts[at] > 0,
+                                    expert_tensors[at]) * (size > 1)
         return np.where(table.param_count > 0, out, 0.0)
 
     return (half("all_gather", float(options.dtype_bytes()), False),
@@ -254,5 +260,6 @@ def sharding_events(arrays: EventArrays, M: int, model: Model, profile: Hardware
 def takes_hooks(profile: HardwareProfile, options: CostOptions) -> bool:
     """Whether FSDP2's per-layer host work is priced: the profile gives it (per call, byte or collective), the plan runs
     FSDP2 (stage 2 or 3) and its data-parallel group shards something."""
-    priced = profile.fsdp_host_s > 0 or profile.fsdp_bytes_s > 0 or profile.fsdp_collective_s > 0
+    priced = (profile.fsdp_host_s > 0 or profile.fsdp_bytes_s > 0 or profile.fsdp_collective_s > 0
+              or profile.fsdp_tensor_s > 0)
     return priced and options.runs_fsdp2

@@ -265,7 +265,7 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
         tp_overhead_entries(profile, split, m.calibration, m.calibration_dtype, how=how)
     if m.fsdp_host is not None:  # its collectives priced as the cost model prices them on this very profile
         assembled = parse_profile(profile, where="the profile being assembled")
-        priced = priced_layer_comm_s(assembled, m.fsdp_host.widths, m.fsdp_host.group_size)
+        priced = priced_layer_comm_s(assembled, m.fsdp_host.sizes, m.fsdp_host.group_size)
         profile.update(fsdp_host_entries(replace(m.fsdp_host, priced_s=priced), measured,
                                          f"on {m.nproc} local processes with {BACKENDS[m.device]}", how))
     return profile

@@ -1,8 +1,10 @@
 """The host time torch FSDP2 adds around its collectives: the profile's ``fsdp_host_s`` (seconds per sharded
 layer per forward or backward call), ``fsdp_bytes_s`` (seconds per byte of the layer's unsharded buffer per
-collective it issues) and ``fsdp_collective_s`` (seconds per collective).
+collective it issues), ``fsdp_collective_s`` (seconds per collective) and ``fsdp_tensor_s`` (seconds per parameter
+tensor of the layer per collective).
 
-On the profiled ranks, for stacks of ``K`` linear layers (:data:`UNITS`) of two widths (:data:`WIDTHS`), every
+On the profiled ranks, for stacks of ``K`` sharded layers (:data:`UNITS`) of three shapes (:data:`WIDTHS`,
+:data:`LINEARS`: one linear layer of each of two widths, and eight narrow ones as one layer), every
 rank times three things over the same repeats: one training step of the stack unsharded (``t_plain``: compute
 alone), the collectives FSDP2 runs for it issued by hand on buffers of the same sizes (``t_comm``: per layer two
 all-gathers of its weights, before its forward and again before its backward, and one reduce-scatter of its
@@ -13,9 +15,11 @@ layer's size, the copies of the shards into the all-gather's flat buffer and of 
 the gradient's copy into the reduce-scatter's, and the fresh buffers they fill. Per width, the line fitted
 through the stacks (:func:`fit_host_s`) gives the seconds per layer as its slope (the stack's own root hooks in
 its intercept); a layer takes two calls (its forward and its backward) and three collectives of its ``B``
-bytes, so the two widths' slopes ``2 h + 3 B c`` give the per-call ``h`` and the per-byte ``c``
-(:func:`split_per_byte`). The narrow layers show the hooks, the wide ones (a few MB, a small model's block) the
-copies. The collectives issued by hand, back to back as FSDP2 issues them, are compared with what the profile's
+bytes. The narrow layers show the hooks, the wide ones (a few MB, a small model's block) the
+copies, and FSDP2's work on each parameter tensor around a collective (its views into the buffers, the swap
+of sharded and unsharded parameters, the sharded gradients) grows with the layer's tensors: the shapes' slopes
+``2 h + 3 B c + 3 T k`` (``T`` tensors) give the per-call ``h``, the per-byte ``c`` and the per-tensor ``k``
+(:func:`split_per_layer`), each held at 0 or above. The collectives issued by hand, back to back as FSDP2 issues them, are compared with what the profile's
 own measured links price them at (:func:`priced_layer_comm_s`, the cost model's reading of the sweeps, which
 time each collective on its own): per width their excess per collective, fitted against the layer's bytes
 (:func:`nonnegative_line`), gives ``fsdp_collective_s`` (fixed seconds per collective, a host's wake-ups
@@ -24,8 +28,9 @@ repeat and the medians are used; on a shared host the figures carry the load (sa
 
 >>> [round(x, 12) for x in fit_host_s([2, 4, 8], [0.3, 0.5, 0.9])]  # 0.1 s per call, 0.1 s for the stack
 [0.1, 0.1]
->>> [round(x, 15) for x in split_per_byte([100, 1100], [0.2 + 3e-4, 0.2 + 3.3e-3])]  # 0.1 s a call, 1 us a byte
-[0.1, 1e-06]
+>>> [round(x, 15) for x in split_per_layer([100, 1100, 800], [2, 2, 16],  # 0.1 s a call, 1 us a byte, 1 ms a tensor
+...                                          [0.2 + 3e-4 + 6e-3, 0.2 + 3.3e-3 + 6e-3, 0.2 + 2.4e-3 + 4.8e-2])]
+[0.1, 1e-06, 0.001]
 """
 
 from __future__ import annotations
@@ -44,8 +49,12 @@ from mpipe_tune.profiler._settings import SweepSettings
 
 UNITS = (2, 4, 8, 16)
 """Layers per timed stack."""
-WIDTHS = (64, 768)
-"""Each linear layer's side (``WIDTH x WIDTH`` weights, a ``BATCH x WIDTH`` input): hooks, then copies."""
+WIDTHS = (64, 768, 64)
+"""Per shape, each linear layer's side (``WIDTH x WIDTH`` weights and a bias, a ``BATCH x WIDTH`` input)."""
+LINEARS = (1, 1, 8)
+"""Per shape, the linear layers one sharded layer holds: the hooks, the copies, then the per-tensor work."""
+TENSORS_PER_LINEAR = 2
+"""A weight and a bias."""
 BATCH = 16
 CALLS_PER_LAYER = 2
 """A forward and a backward."""
@@ -55,9 +64,10 @@ ELEMENT_BYTES = 4
 """The stacks' weights are float32."""
 
 
-def layer_bytes(width: int, group_size: int) -> int:
-    """The unsharded bytes of one ``width``-wide linear layer's weights and bias, padded to the group."""
-    params = width * width + width
+def layer_bytes(width: int, group_size: int, linears: int = 1) -> int:
+    """The unsharded bytes of a sharded layer of ``linears`` ``width``-wide linear layers' weights and biases,
+    padded to the group."""
+    params = linears * (width * width + width)
     return -(-params // group_size) * group_size * ELEMENT_BYTES
 
 
@@ -73,9 +83,16 @@ class FsdpHostPoint:
     repeats: int
     group_size: int
     widths: tuple[int, ...] = WIDTHS
+    linears: tuple[int, ...] = LINEARS
+    """Per shape, the linear layers one sharded layer holds (its tensors: :data:`TENSORS_PER_LINEAR` each)."""
     priced_s: tuple[float, ...] | None = None
-    """Per width, what the profile's measured links price one layer's three collectives at
+    """Per shape, what the profile's measured links price one layer's three collectives at
     (:func:`priced_layer_comm_s`); None: not compared (no per-collective figure)."""
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Per shape, a sharded layer's unsharded bytes."""
+        return tuple(layer_bytes(w, self.group_size, n) for w, n in zip(self.widths, self.linears))
 
     def extra_s(self, width_index: int) -> tuple[float, ...]:
         """Per stack of the width, FSDP2's seconds beyond its compute and its collectives."""
@@ -97,14 +114,15 @@ class FsdpHostPoint:
         return tuple((c - p) / COLLECTIVES_PER_LAYER for c, p in zip(comm, self.priced_s))
 
     @property
-    def figures(self) -> tuple[float, float, float]:
-        """``(fsdp_host_s, fsdp_bytes_s, fsdp_collective_s)``: seconds per layer call (the hooks), per byte of a
-        layer per collective (the copies, and the collectives' excess per byte) and per collective (their fixed
-        excess), each >= 0."""
-        sizes = [float(layer_bytes(w, self.group_size)) for w in self.widths]
-        per_call, per_byte = split_per_byte(sizes, self.per_layer_s)
+    def figures(self) -> tuple[float, float, float, float]:
+        """``(fsdp_host_s, fsdp_bytes_s, fsdp_collective_s, fsdp_tensor_s)``: seconds per layer call (the hooks),
+        per byte of a layer per collective (the copies, and the collectives' excess per byte), per collective (their
+        fixed excess) and per tensor of a layer per collective, each >= 0."""
+        sizes = [float(b) for b in self.sizes]
+        per_call, per_byte, per_tensor = split_per_layer(
+            sizes, [TENSORS_PER_LINEAR * n for n in self.linears], self.per_layer_s)
         fixed, excess_per_byte = nonnegative_line(sizes, self.excess_s)
-        return per_call, per_byte + excess_per_byte, fixed
+        return per_call, per_byte + excess_per_byte, fixed, per_tensor
 
 
 def fit_host_s(calls: Sequence[float], extra_s: Sequence[float]) -> tuple[float, float]:
@@ -118,40 +136,65 @@ def fit_host_s(calls: Sequence[float], extra_s: Sequence[float]) -> tuple[float,
     return float(slope), float(intercept)
 
 
-def split_per_byte(sizes: Sequence[float], per_layer_s: Sequence[float]) -> tuple[float, float]:
-    """``(per_call, per_byte)`` of the least-squares fit ``per_layer = 2 per_call + 3 size per_byte`` over
-    the widths (:data:`CALLS_PER_LAYER`, :data:`COLLECTIVES_PER_LAYER`), each held at 0 or above (a negative
-    one is set to 0 and the other refitted alone)."""
-    fixed, per_byte = nonnegative_line(np.asarray(sizes, dtype=float) * COLLECTIVES_PER_LAYER, per_layer_s)
-    return fixed / CALLS_PER_LAYER, per_byte
+def split_per_layer(sizes: Sequence[float], tensors: Sequence[float],
+                    per_layer_s: Sequence[float]) -> tuple[float, float, float]:
+    """``(per_call, per_byte, per_tensor)`` of the least-squares fit ``per_layer = 2 per_call + 3 size per_byte +
+    3 tensors per_tensor`` over the shapes (:data:`CALLS_PER_LAYER`, :data:`COLLECTIVES_PER_LAYER`), each held at 0
+    or above (:func:`nonnegative_fit`); with one tensor count among the shapes, no per-tensor figure (0)."""
+    sizes, tensors = np.asarray(sizes, dtype=float), np.asarray(tensors, dtype=float)
+    if len(sizes) != len(per_layer_s) or len(np.unique(sizes)) < 2:
+        raise MpipeError(f"FSDP2 host-cost fit: {len(np.unique(sizes))} distinct layer sizes for {len(per_layer_s)} "
+                         "slopes; time two or more widths")  # the profiler's own sweep, not a user's quantity
+    columns = [np.full(len(sizes), float(CALLS_PER_LAYER)), COLLECTIVES_PER_LAYER * sizes]
+    if len(np.unique(tensors)) > 1:
+        columns.append(COLLECTIVES_PER_LAYER * tensors)
+    per_call, per_byte, *per_tensor = nonnegative_fit(columns, per_layer_s)
+    return per_call, per_byte, (per_tensor or [0.0])[0]
+
+
+def nonnegative_fit(columns: Sequence[Sequence[float]], y: Sequence[float]) -> tuple[float, ...]:
+    """The coefficients, each >= 0, of the least-squares fit of ``y`` on ``columns`` (non-negative least squares,
+    exactly: the best of the unconstrained fits on every subset of the columns whose coefficients are all >= 0;
+    the columns are few).
+
+    >>> [round(v, 9) for v in nonnegative_fit([[1.0, 1.0], [1.0, 3.0]], [4.0, 2.0])]  # a falling line: the mean
+    [3.0, 0.0]
+    """
+    a, y = np.asarray(columns, dtype=float).T, np.asarray(y, dtype=float)
+    scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)  # columns of seconds and of bytes
+    best, best_residual = np.zeros(a.shape[1]), float(y @ y)
+    for mask in range(1, 2 ** a.shape[1]):
+        keep = [j for j in range(a.shape[1]) if mask >> j & 1]
+        coef = np.linalg.lstsq(a[:, keep] / scale[keep], y, rcond=None)[0] / scale[keep]
+        residual = float(np.sum((a[:, keep] @ coef - y) ** 2))
+        if np.all(coef >= 0) and residual < best_residual * (1 - 1e-12):
+            best, best_residual = np.zeros(a.shape[1]), residual
+            best[keep] = coef
+    return tuple(float(v) for v in best)
 
 
 def nonnegative_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    """``(intercept, slope)`` of the least-squares line ``y = intercept + slope x``, each held at 0 or above (a
-    negative slope: the mean, flat; a negative intercept: the line through the origin).
+    """``(intercept, slope)`` of the least-squares line ``y = intercept + slope x``, each held at 0 or above
+    (:func:`nonnegative_fit`: a falling line reads as the mean, flat; one through below the origin as the line
+    through it, where that fits better).
 
     >>> [tuple(round(v, 9) for v in nonnegative_line([1.0, 3.0], y)) for y in ([2.0, 4.0], [4.0, 2.0])]
     [(1.0, 1.0), (3.0, 0.0)]
     """
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    x = np.asarray(x, dtype=float)
     if len(x) != len(y) or len(np.unique(x)) < 2:
         raise MpipeError(f"FSDP2 host-cost fit: {len(np.unique(x))} distinct layer sizes for {len(y)} slopes; "
                          "time two or more widths")
-    slope, intercept = np.polyfit(x, y, 1)
-    if slope < 0:
-        return max(0.0, float(y.mean())), 0.0
-    if intercept < 0:
-        return 0.0, max(0.0, float(x @ y / (x @ x)))
-    return float(intercept), float(slope)
+    intercept, slope = nonnegative_fit([np.ones_like(x), x], y)
+    return intercept, slope
 
 
-def priced_layer_comm_s(profile, widths: Sequence[int], group_size: int) -> tuple[float, ...]:
-    """Per width, the seconds ``profile`` (a :class:`~mpipe_tune.cost.HardwareProfile`) prices one resharding
-    layer's collectives at over ``group_size`` neighbouring ranks, as the cost model prices FSDP2's
+def priced_layer_comm_s(profile, sizes: Sequence[float], group_size: int) -> tuple[float, ...]:
+    """Per layer size (bytes), the seconds ``profile`` (a :class:`~mpipe_tune.cost.HardwareProfile`) prices one
+    resharding layer's collectives at over ``group_size`` neighbouring ranks, as the cost model prices FSDP2's
     (:func:`~mpipe_tune.cost.sharded_half_s`): two all-gathers and a reduce-scatter of the layer's bytes."""
     from mpipe_tune.cost import sharded_half_s
 
-    sizes = [float(layer_bytes(w, group_size)) for w in widths]
     return tuple(2 * sharded_half_s(profile, "all_gather", n, group_size, 1)
                  + sharded_half_s(profile, "reduce_scatter", n, group_size, 1) for n in sizes)
 
@@ -174,17 +217,22 @@ def _measure(torch, dist, where: str, rank: int, nproc: int, device: str, settin
     mesh = init_device_mesh(device, (nproc,))
     repeats = max(5, settings.repeats)
     out: dict[str, list[tuple[float, ...]]] = {"plain": [], "comm": [], "fsdp": []}
-    for width in WIDTHS:
+
+    def layer(width: int, linears: int):
+        made = [torch.nn.Linear(width, width, device=where) for _ in range(linears)]
+        return made[0] if linears == 1 else torch.nn.Sequential(*made)
+
+    for width, linears in zip(WIDTHS, LINEARS):
         x = torch.randn(BATCH, width, device=where)
         medians: dict[str, list[float]] = {k: [] for k in out}
         for units in UNITS:
             torch.manual_seed(0)
-            plain = torch.nn.Sequential(*(torch.nn.Linear(width, width, device=where) for _ in range(units)))
-            sharded = torch.nn.Sequential(*(torch.nn.Linear(width, width, device=where) for _ in range(units)))
-            for layer in sharded:
-                fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+            plain = torch.nn.Sequential(*(layer(width, linears) for _ in range(units)))
+            sharded = torch.nn.Sequential(*(layer(width, linears) for _ in range(units)))
+            for unit in sharded:
+                fully_shard(unit, mesh=mesh, reshard_after_forward=True)
             fully_shard(sharded, mesh=mesh, reshard_after_forward=True)
-            padded = layer_bytes(width, nproc) // ELEMENT_BYTES
+            padded = layer_bytes(width, nproc, linears) // ELEMENT_BYTES
             shard, whole = torch.zeros(padded // nproc, device=where), torch.zeros(padded, device=where)
 
             def step(module) -> Callable[[], Any]:
@@ -209,7 +257,7 @@ def _measure(torch, dist, where: str, rank: int, nproc: int, device: str, settin
             for name in fns:
                 medians[name].append(statistics.median(samples[name]))
             if messages is not None:
-                messages.put(("progress", f"FSDP2 host cost: {units} layers of {width}x{width}"))
+                messages.put(("progress", f"FSDP2 host cost: {units} layers of {linears} x {width}x{width}"))
         for name in out:
             out[name].append(tuple(medians[name]))
     return FsdpHostPoint(UNITS, tuple(out["plain"]), tuple(out["comm"]), tuple(out["fsdp"]), repeats, nproc)
@@ -217,20 +265,20 @@ def _measure(torch, dist, where: str, rank: int, nproc: int, device: str, settin
 
 def fsdp_host_entries(point: FsdpHostPoint, measured: dict[str, str], between: str,
                       how: str = "") -> dict[str, dict[str, Any]]:
-    """The profile's ``fsdp_host_s``, ``fsdp_bytes_s`` and ``fsdp_collective_s`` entries of a measurement: their
-    values with provenance, the first with the medians they came from."""
-    per_call, per_byte, per_collective = point.figures
-    stacks = (f"stacks of {', '.join(map(str, point.units))} fully_shard-ed linear layers "
-              f"({' and '.join(f'{w}x{w}' for w in point.widths)}) resharding after forward, {between} (medians of "
-              f"{point.repeats} repeats, the slowest rank's){how}")
+    """The profile's ``fsdp_host_s``, ``fsdp_bytes_s``, ``fsdp_collective_s`` and ``fsdp_tensor_s`` entries of a
+    measurement: their values with provenance, the first with the medians they came from."""
+    per_call, per_byte, per_collective, per_tensor = point.figures
+    shapes = ", ".join(f"{n} x {w}x{w}" for w, n in zip(point.widths, point.linears))
+    stacks = (f"stacks of {', '.join(map(str, point.units))} fully_shard-ed layers of linear layers ({shapes}) "
+              f"resharding after forward, {between} (medians of {point.repeats} repeats, the slowest rank's){how}")
     return {
         "fsdp_host_s": {
             "value": per_call, **measured,
             "ref": f"per layer call: FSDP2's step time beyond its compute and its collectives (t_fsdp - t_plain - "
-                   f"t_comm), its slope per layer at each width split into {CALLS_PER_LAYER} calls and "
-                   f"{COLLECTIVES_PER_LAYER} collectives of the layer's bytes, over {stacks}",
-            "units": list(point.units), "widths": list(point.widths),
-            "layer_bytes": [layer_bytes(w, point.group_size) for w in point.widths],
+                   f"t_comm), its slope per layer of each shape split into {CALLS_PER_LAYER} calls and "
+                   f"{COLLECTIVES_PER_LAYER} collectives of the layer's bytes and tensors, over {stacks}",
+            "units": list(point.units), "widths": list(point.widths), "linears": list(point.linears),
+            "layer_bytes": list(point.sizes),
             "plain_s": [list(v) for v in point.plain_s], "comm_s": [list(v) for v in point.comm_s],
             "fsdp_s": [list(v) for v in point.fsdp_s],
             **({} if point.priced_s is None else {"priced_comm_s": list(point.priced_s)}),
@@ -242,11 +290,16 @@ def fsdp_host_entries(point: FsdpHostPoint, measured: dict[str, str], between: s
                    f"collectives issued back to back take per byte beyond the profile's links (fsdp_collective_s), "
                    f"over {stacks}",
         },
+        "fsdp_tensor_s": {
+            "value": per_tensor, **measured,
+            "ref": f"per parameter tensor of a layer per all-gather or reduce-scatter FSDP2 issues: its work on each "
+                   f"tensor (the same fit as fsdp_host_s, whose entry holds the medians), over {stacks}",
+        },
         **({} if point.priced_s is None else {"fsdp_collective_s": {
             "value": per_collective, **measured,
             "ref": f"per all-gather or reduce-scatter FSDP2 issues: the fixed seconds its collectives, issued back to "
                    f"back as it issues them (t_comm), take beyond what this profile's measured links price them at "
-                   f"(priced_comm_s in fsdp_host_s, per layer), fitted over the two widths with fsdp_bytes_s, over "
+                   f"(priced_comm_s in fsdp_host_s, per layer), fitted over the layer sizes with fsdp_bytes_s, over "
                    f"{stacks}",
         }}),
     }

@@ -7,7 +7,9 @@ from mpipe_tune.algebra import Cut, Model, Schedule, Skeleton, Degrees, Bwd, Fwd
 from mpipe_tune.cost import Framework, load_profile, parse_profile
 from mpipe_tune.inputs import load_model
 
-from conftest import charged_s, predict_plan, uniform_workload
+from mpipe_tune.cost import LinkCost, sharded_half_s
+
+from conftest import charged_s, predict_plan, uniform_workload, with_link
 
 H100 = load_profile("h100-sxm")
 BACKBONE = Model("backbone", load_model("tiny-vit-llm").layers[4:])
@@ -113,18 +115,48 @@ def _fsdp_charge(opts, zero: int, reshard: bool, M: int) -> tuple[float, float]:
             gathers + ((M - 1) if reshard else 0) + 2)
 
 
-@pytest.mark.parametrize("key", ["fsdp_bytes_s", "fsdp_collective_s"])
+@pytest.mark.parametrize("key", ["fsdp_bytes_s", "fsdp_collective_s", "fsdp_tensor_s"])
 def test_fsdp2s_copies_and_collective_excess_are_charged_on_each_of_its_collectives(key):
     """With the profile's ``fsdp_bytes_s`` each FSDP2 collective pays it per byte of the layer's unsharded buffer;
     with its ``fsdp_collective_s`` once, one per sharded layer, the step-end reduce-scatter and gather too (FSDP2
-    issues them layer by layer, not as one)."""
-    value, M = {"fsdp_bytes_s": 1e-12, "fsdp_collective_s": 1e-4}[key], 4
+    issues them layer by layer, not as one); with its ``fsdp_tensor_s`` once per parameter tensor of the layer."""
+    value, M = {"fsdp_bytes_s": 1e-12, "fsdp_collective_s": 1e-4, "fsdp_tensor_s": 1e-5}[key], 4
     profile = parse_profile({**H100.to_dict(), key: {"value": value, "source": "measured"}}, where="test")
     for zero, reshard in ((1, True), (2, True), (3, True), (3, False)):
         opts = options(zero, reshard, overlap_dp_comm=False)
         without, charged = (run(BACKBONE, opts, p, pp=1, slabs=((6,),)) for p in (H100, profile))
         per_param, per_layer = _fsdp_charge(opts, zero, reshard, M)
-        count = (per_param * without.table.param_count.sum() if key == "fsdp_bytes_s"
-                 else per_layer * int((without.table.param_count > 0).sum()))
+        count = {"fsdp_bytes_s": per_param * without.table.param_count.sum(),
+                 "fsdp_collective_s": per_layer * int((without.table.param_count > 0).sum()),
+                 "fsdp_tensor_s": per_layer * without.table.param_tensor_count.sum()}[key]
+        assert key != "fsdp_tensor_s" or without.table.param_tensor_count.sum() > len(without.table.param_count)
         extra = charged.timeline.makespan_s - without.timeline.makespan_s
         assert extra == pytest.approx(value * count, rel=1e-6), (zero, reshard)
+
+
+def test_a_moe_layers_gathers_carry_its_routed_experts_whole_at_ep_1_and_their_share_at_ep_2():
+    """FSDP2 shards a MoE layer's routed experts with the rest of the layer without expert parallelism (every byte
+    gathered), and as their own unit on the experts' group with it (each rank gathers its experts' share there)."""
+    from mpipe_tune.cost._layers import build_layer_table
+    from mpipe_tune.cost._sharding_events import layer_collectives_s
+
+    model = load_model("tests/runtime/tiny-mla-moe.yaml")
+    link = LinkCost(alpha_s=0.0, beta_s_per_byte=1e-9)
+    per_byte = with_link("reduce_scatter", link, with_link("all_gather", link))
+    workload = uniform_workload(2, 16, 32)
+    moe = [i for i, layer in enumerate(model.layers) if layer.cost.kind == "moe_block"]
+    gathered = {}
+    for ep in (1, 2):
+        opts = Framework().cost_options(Degrees(1, dp=4, ep=ep), zero_stage=3, reshard_after_forward=True)
+        table = build_layer_table(model, workload, per_byte, opts)
+        gathers, _ = layer_collectives_s(table, per_byte, opts)
+        gathered[ep] = gathers[moe]
+        expected = [sharded_half_s(per_byte, "all_gather", (table.param_count[i] - table.expert_params()[i])
+                                   * opts.dtype_bytes(), 4, 1)
+                    + sharded_half_s(per_byte, "all_gather", table.expert_params()[i] / ep * opts.dtype_bytes(),
+                                     4 // ep, 1) for i in moe]
+        if ep == 1:
+            expected = [sharded_half_s(per_byte, "all_gather", table.param_count[i] * opts.dtype_bytes(), 4, 1)
+                        for i in moe]
+        assert gathered[ep] == pytest.approx(expected, rel=1e-9)
+    assert np.all(gathered[1] > gathered[2])
