@@ -199,10 +199,13 @@ def print_summary(profile, out: Path, elapsed_s: float) -> None:
         origin = profile.provenance[f"efficiency.{kind}"]
         fit = f"  (rms relative error {origin['rms_relative_error']:.0%})" if "rms_relative_error" in origin else ""
         split = ""
-        if (kind, 2) in profile.tp_overhead_s or (kind, 2) in profile.tp_slowdown:
-            (fwd_s, bwd_s), (fwd_x, bwd_x) = profile.tp_overhead_for(kind, 2), profile.tp_slowdown_for(kind, 2)
-            split = (f"  split at tp 2: +{fwd_x:.0%} +{fwd_s * 1e3:.3g} ms / +{bwd_x:.0%} +{bwd_s * 1e3:.3g} ms "
-                     f"per forward / backward")
+        for what, given, ((fwd_s, bwd_s), (fwd_x, bwd_x)) in (
+                ("split at tp 2", (kind, 2) in profile.tp_overhead_s or (kind, 2) in profile.tp_slowdown,
+                 (profile.tp_overhead_for(kind, 2), profile.tp_slowdown_for(kind, 2))),
+                ("experts at ep 2", (kind, 2) in profile.ep_overhead_s, profile.ep_overhead_for(kind, 2))):
+            if given:
+                split += (f"  {what}: +{fwd_x:.0%} +{fwd_s * 1e3:.3g} ms / +{bwd_x:.0%} +{bwd_s * 1e3:.3g} ms "
+                          f"per forward / backward")
         print(f"  efficiency {kind:14s} {value:8.4g}{fit}{split}")
     for shown_class in ("intra_node", "inter_node"):
         sources = {profile.provenance[f"links.{c}.{k}"].get("source") for c, k in profile.links if c == shown_class}

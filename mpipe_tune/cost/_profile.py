@@ -26,7 +26,10 @@ degree it does not give costs nothing extra. Optional ``tp_slowdown``, keyed the
 part that grows with the layer: ``[forward, backward]`` extra seconds of the split layer per second
 the cost model charges for it (its roofline, call overheads and all-reduces at that degree), so a
 split call costs ``(1 + slowdown) * charged + overhead``. The profiler fits both for degree 2 when it
-calibrates with an even number of ranks (:mod:`mpipe_tune.profiler._build`).
+calibrates with an even number of ranks (:mod:`mpipe_tune.profiler._build`). Optional ``ep_overhead_s`` and
+``ep_slowdown``, keyed by an expert-parallel degree, are the same for a layer with routed experts spread over that
+many ranks (its token dispatch and combine, all-to-alls included), for its own kind only (no ``default``): the
+profiler fits them for degree 2 on a calibration model with MoE layers.
 
 Optional top-level ``devices_per_package`` (default 1): the devices of one package, where the runtime counts each
 die of a multi-die chip as a device (a 910C: two dies, 16 a server); above 1 the profile adds the link class
@@ -47,8 +50,8 @@ layer per forward or backward call (its pre- and post-hooks) and an optional ``f
 adds per byte of a layer's unsharded buffer per all-gather or reduce-scatter it issues (the copies into and out
 of its flat buffers), an optional ``fsdp_collective_s`` the seconds per such collective beyond what the links
 price it at and an optional ``fsdp_tensor_s`` the seconds per parameter tensor of the layer per such collective
-(its work on each tensor around it); :mod:`mpipe_tune.profiler._fsdp_host` measures them: charged on ZeRO-2 and ZeRO-3's sharding actions
-and step-end collectives (:mod:`mpipe_tune.cost._sharding_events`); absent, 0.
+(its work on each tensor around it); :mod:`mpipe_tune.profiler._fsdp_host` measures them: charged on ZeRO-2
+and ZeRO-3's sharding actions and step-end collectives (:mod:`mpipe_tune.cost._sharding_events`); absent, 0.
 
 An optional ``fabric`` entry (``devices_per_pod`` and ``pod_oversubscription``, each a number with provenance)
 describes pods joined by an oversubscribed spine (:class:`~mpipe_tune.cost._collectives.Fabric`): a
@@ -124,8 +127,9 @@ sum of three rooflines, its matmuls', its attention core's and its memory-bound 
 the bandwidth), as the kernels run one after another on the device; where not, as one roofline of the whole
 layer, ``max(W / (eff * F), D / B)``, under which a compute-bound layer's elementwise traffic costs nothing."""
 _IMAGE_OVERHEADS = ("forward_image_overhead_s", "backward_image_overhead_s")
-_TP_TABLES = ("tp_overhead_s", "tp_slowdown")
-"""Tables keyed by tensor-parallel degree: fixed seconds per split call, and extra seconds per charged second."""
+_TP_TABLES = ("tp_overhead_s", "tp_slowdown", "ep_overhead_s", "ep_slowdown")
+"""Tables keyed by tensor- or expert-parallel degree: fixed seconds per split call, and extra seconds per charged
+second."""
 _EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s", *_IMAGE_OVERHEADS, *_TP_TABLES)
 """Optional numbers of an efficiency entry besides ``value`` (not provenance)."""
 
@@ -163,6 +167,12 @@ class HardwareProfile:
     tp_slowdown: Mapping[tuple[str, int], tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
     """(layer kind, tensor-parallel degree) -> (forward, backward) extra seconds of the split layer per
     second the cost model charges for it, for the entries that give them."""
+    ep_overhead_s: Mapping[tuple[str, int], tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
+    """(layer kind, expert-parallel degree) -> (forward, backward) fixed seconds per call of the layer with its
+    routed experts spread over that many ranks, beyond what the cost model charges for it."""
+    ep_slowdown: Mapping[tuple[str, int], tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
+    """(layer kind, expert-parallel degree) -> (forward, backward) extra seconds of such a layer per second the
+    cost model charges for it."""
     optimizer_update_bytes_per_s: float | None = None
     """Measured rate of the optimizer update; None: it runs at :attr:`memory_bytes_per_s`."""
     devices_per_package: int = 1
@@ -296,6 +306,12 @@ class HardwareProfile:
         entry = kind if kind in self.efficiency else "default"
         return self.tp_slowdown.get((entry, tp_degree), (0.0, 0.0))
 
+    def ep_overhead_for(self, kind: str, ep_degree: int) -> tuple[tuple[float, float], tuple[float, float]]:
+        """((forward, backward) fixed seconds per call, (forward, backward) extra seconds per charged second) of a
+        ``kind`` layer with its routed experts over ``ep_degree`` ranks: its own entry's, else none."""
+        key = (kind, ep_degree)
+        return self.ep_overhead_s.get(key, (0.0, 0.0)), self.ep_slowdown.get(key, (0.0, 0.0))
+
     @property
     def update_bytes_per_s(self) -> float:
         """Bytes per second of the optimizer update: the measured rate, else the memory bandwidth."""
@@ -393,7 +409,8 @@ class HardwareProfile:
             entry["forward_overhead_s"], entry["backward_overhead_s"] = self.call_overhead_s[kind]
         if kind in self.image_overhead_s:
             entry["forward_image_overhead_s"], entry["backward_image_overhead_s"] = self.image_overhead_s[kind]
-        for key, table in (("tp_overhead_s", self.tp_overhead_s), ("tp_slowdown", self.tp_slowdown)):
+        for key in _TP_TABLES:
+            table = getattr(self, key)
             degrees = sorted(tp for k, tp in table if k == kind)
             if degrees:
                 entry[key] = {str(tp): list(table[(kind, tp)]) for tp in degrees}
@@ -513,7 +530,8 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         notes=notes, backward_efficiency=MappingProxyType(backward_efficiency),
         call_overhead_s=MappingProxyType(call_overhead), image_overhead_s=MappingProxyType(image_overhead),
         tp_overhead_s=MappingProxyType(tp_tables["tp_overhead_s"]),
-        tp_slowdown=MappingProxyType(tp_tables["tp_slowdown"]), optimizer_update_bytes_per_s=update_bps,
+        tp_slowdown=MappingProxyType(tp_tables["tp_slowdown"]), ep_overhead_s=MappingProxyType(tp_tables["ep_overhead_s"]),
+        ep_slowdown=MappingProxyType(tp_tables["ep_slowdown"]), optimizer_update_bytes_per_s=update_bps,
         tp_comm_overlap=overlaps.get("tp_comm_overlap"), comm_compute_overlap=overlaps.get("comm_compute_overlap"),
         host=host, kernel_efficiency=curves, **fsdp, fabric=fabric,
     )

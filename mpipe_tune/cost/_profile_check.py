@@ -73,14 +73,14 @@ class Validator:
         return float(value)
 
     def tp_table(self, path: str, table: Any) -> dict[int, tuple[float, float]]:
-        """A ``tp_overhead_s`` or ``tp_slowdown`` table: tensor-parallel degree (a string key, >= 2) ->
-        ``[forward, backward]``, each >= 0."""
+        """A ``tp_overhead_s``, ``tp_slowdown``, ``ep_overhead_s`` or ``ep_slowdown`` table: tensor- or
+        expert-parallel degree (a string key, >= 2) -> ``[forward, backward]``, each >= 0."""
         if not isinstance(table, Mapping) or not table:
             self.fail(path, table, "must be a non-empty object", 'give {"2": [forward, backward]}')
         out = {}
         for key, pair in table.items():
             if not (isinstance(key, str) and key.isdigit() and int(key) >= 2):
-                self.fail(f"{path}.{key}", pair, "is keyed by a tensor-parallel degree", 'use an integer >= 2, e.g. "2"')
+                self.fail(f"{path}.{key}", pair, "is keyed by a parallel degree", 'use an integer >= 2, e.g. "2"')
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 self.fail(f"{path}.{key}", pair, "must be [forward, backward]", "give two non-negative numbers")
             out[int(key)] = tuple(self.scalar(f"{path}.{key}", x, positive=False) for x in pair)

@@ -11,7 +11,8 @@ seconds per forward and backward call, fitted to its layers' timings (and, for t
 seconds per image), and the profile gets the measured ``optimizer_update_bytes_per_s``; without one,
 ``default`` is 1.0, ``assumed``, and no call overhead. Where the layers were also timed split over
 pairs of ranks (tensor parallelism of degree 2, an even number of ranks), each kind gets
-``tp_overhead_s`` and ``tp_slowdown`` for degree 2 (:func:`tp_overhead_entries`).
+``tp_overhead_s`` and ``tp_slowdown`` for degree 2, and where their MoE layers' routed experts were also spread
+over the pairs, those kinds ``ep_overhead_s`` and ``ep_slowdown`` (:func:`split_call_entries`).
 
 On CPU one device is one of the ``nproc`` processes: the roofline runs with that process's share of
 the cores (:func:`~mpipe_tune.profiler._device.device_share`); the memory bandwidth is a process's share of
@@ -260,9 +261,10 @@ def assemble_profile(m: Measurements, *, name: str, date: str | None = None) -> 
         **extra,
         **_kernel_tables(m, date),
     }
-    split = [p for p in m.layer_points if p.tp > 1]
-    if split and m.calibration is not None:
-        tp_overhead_entries(profile, split, m.calibration, m.calibration_dtype, how=how)
+    for split in SPLITS:
+        points = [p for p in m.layer_points if getattr(p, split) > 1]
+        if points and m.calibration is not None:
+            split_call_entries(profile, points, m.calibration, m.calibration_dtype, how, split=split)
     if m.fsdp_host is not None:  # its collectives priced as the cost model prices them on this very profile
         assembled = parse_profile(profile, where="the profile being assembled")
         priced = priced_layer_comm_s(assembled, m.fsdp_host.sizes, m.fsdp_host.group_size)
@@ -374,7 +376,7 @@ def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: 
     every entry carries (source and date). Refitting a profile to fresh timings (a drifting machine)
     replaces its ``efficiency`` with this."""
     peak, bandwidth = peak_flops_per_s, bytes_per_s
-    layer_points = [p for p in layer_points if p.tp == 1]  # split layers: tp_overhead_entries
+    layer_points = [p for p in layer_points if p.tp == p.ep == 1]  # split layers: split_call_entries
     groups: dict[str, list[LayerPoint]] = {}
     for point in layer_points:
         groups.setdefault(point.kind, []).append(point)
@@ -432,7 +434,7 @@ def efficiency_entries(layer_points: Sequence[LayerPoint], *, peak_flops_per_s: 
 
 def _split_call_fit(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """``(overhead, slowdown)`` of split calls from their ``(priced, measured)`` seconds (see
-    :func:`tp_overhead_entries`)."""
+    :func:`split_call_entries`)."""
     if not pairs:
         return 0.0, 0.0
     priced, measured = (np.array(v, dtype=float) for v in zip(*pairs))
@@ -441,25 +443,31 @@ def _split_call_fit(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]
     return fit_nonnegative_line(priced, measured - priced, 1.0 / measured)
 
 
-def tp_overhead_entries(profile: dict[str, Any], points: Sequence[LayerPoint], model: Model, dtype: str,
-                        how: str = "") -> None:
-    """Add ``tp_overhead_s`` and ``tp_slowdown`` to the efficiency entries of ``profile`` (its JSON form,
-    fitted to the whole layers already) from layers timed split over ``tp`` ranks.
+SPLITS = {"tp": "split over {n} ranks with the runtime's tensor-parallel plans",
+          "ep": "with the MoE layers' routed experts spread over {n} ranks (the runtime's all-to-all dispatch)"}
+"""How the calibration chain was split, per parallelism whose split calls the profile prices (``tp``, ``ep``)."""
 
-    Each split point is priced by the cost model on that profile at its tensor-parallel degree (the
-    split roofline, the per-call overheads and the all-reduces over the profile's links). Per kind and
-    phase, what the split call took beyond that price is fitted as a line in the price, ``overhead +
+
+def split_call_entries(profile: dict[str, Any], points: Sequence[LayerPoint], model: Model, dtype: str,
+                       how: str = "", *, split: str = "tp") -> None:
+    """Add ``tp_overhead_s`` and ``tp_slowdown`` (``split="ep"``: ``ep_overhead_s`` and ``ep_slowdown``) to the
+    efficiency entries of ``profile`` (its JSON form, fitted to the whole layers already) from layers timed split
+    over ``tp`` ranks (their routed experts spread over ``ep`` ranks).
+
+    Each split point is priced by the cost model on that profile at its tensor- or expert-parallel degree (the
+    split roofline, the per-call overheads and the all-reduces or all-to-alls over the profile's links). Per kind
+    and phase, what the split call took beyond that price is fitted as a line in the price, ``overhead +
     slowdown * price``, both >= 0, minimising the relative error of the call's time (so the split
     calls of a large microbatch pay more than those of a small one, as they were measured to); a phase
     timed at one price only gets the overhead alone (the median beyond its price).
 
     A split call's time is its **mean** over the repeats: a step adds its calls up, and every split
-    call ends in an all-reduce that waits for the slower rank of the pair, so a long tail of slow calls
+    call ends in a collective that waits for the slower rank of the pair, so a long tail of slow calls
     is part of every run (on the 2-core CPU the split calls' means were 2-27% over their medians, the
     unsplit calls' within a few percent, where the whole layers keep their medians). Where the split
-    layers ran faster than priced, both are 0 (the cost model keeps its other terms as they are). The
-    ``default`` entry is fitted to every kind's points. The points and their prices are kept beside, as
-    the entry's ``tp_calibration``."""
+    layers ran faster than priced, both are 0 (the cost model keeps its other terms as they are). For ``tp`` the
+    ``default`` entry is fitted to every kind's points (for ``ep`` only the kinds with routed experts have any).
+    The points and their prices are kept beside, as the entry's ``tp_calibration`` (``ep_calibration``)."""
     from mpipe_tune.cost import CostOptions, layer_seconds, parse_profile
     from mpipe_tune.profiler._calibrate import calibration_microbatch
 
@@ -468,25 +476,27 @@ def tp_overhead_entries(profile: dict[str, Any], points: Sequence[LayerPoint], m
     pairs: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
     evidence: dict[tuple[str, int], list[tuple[LayerPoint, float]]] = {}
     for point in points:
-        options = CostOptions(dtype=dtype, degrees=Degrees(1, tp=point.tp), rope="none")  # the runtime applies none
+        n = getattr(point, split)
+        degrees = Degrees(1, tp=n) if split == "tp" else Degrees(1, dp=n, ep=n)
+        options = CostOptions(dtype=dtype, degrees=degrees, rope="none")  # the runtime applies none
         fwd, dgrad, wgrad, bwd_call = layer_seconds(layers[point.layer_name].cost, layers[point.layer_name].block,
                                                     calibration_microbatch(model, point.tokens), priced, options)
         predicted = fwd if point.phase == "fwd" else wgrad + bwd_call + (dgrad if point.input_grad else 0.0)
-        for kind in (point.kind, "default"):
-            pairs.setdefault((kind, point.tp, point.phase), []).append((predicted, point.seconds.mean))
-            evidence.setdefault((kind, point.tp), []).append((point, predicted))
-    for (kind, tp), rows in sorted(evidence.items()):
+        for kind in (point.kind, "default") if split == "tp" else (point.kind,):
+            pairs.setdefault((kind, n, point.phase), []).append((predicted, point.seconds.mean))
+            evidence.setdefault((kind, n), []).append((point, predicted))
+    for (kind, n), rows in sorted(evidence.items()):
         entry = profile["efficiency"].get(kind)
         if entry is None:
             continue
-        fits = [_split_call_fit(pairs.get((kind, tp, phase), [])) for phase in ("fwd", "bwd")]
-        entry.setdefault("tp_overhead_s", {})[str(tp)] = [overhead for overhead, _ in fits]
-        entry.setdefault("tp_slowdown", {})[str(tp)] = [slowdown for _, slowdown in fits]
-        entry.setdefault("tp_calibration", {})[str(tp)] = {
-            "ref": f"the calibration chain split over {tp} ranks with the runtime's tensor-parallel plans, timed "
-                   f"by every rank at once; per phase, measured minus the cost model's seconds at tp {tp} on this "
-                   f"profile fitted as overhead + slowdown x those seconds, both >= 0, minimising the relative "
-                   f"error of the measured mean times (a step adds its calls up){how}",
+        fits = [_split_call_fit(pairs.get((kind, n, phase), [])) for phase in ("fwd", "bwd")]
+        entry.setdefault(f"{split}_overhead_s", {})[str(n)] = [overhead for overhead, _ in fits]
+        entry.setdefault(f"{split}_slowdown", {})[str(n)] = [slowdown for _, slowdown in fits]
+        entry.setdefault(f"{split}_calibration", {})[str(n)] = {
+            "ref": f"the calibration chain {SPLITS[split].format(n=n)}, timed by every rank at once; per phase, "
+                   f"measured minus the cost model's seconds at {split} {n} on this profile fitted as overhead + "
+                   f"slowdown x those seconds, both >= 0, minimising the relative error of the measured mean times "
+                   f"(a step adds its calls up){how}",
             "layers": [p.layer_name for p, _ in rows], "tokens": [p.tokens for p, _ in rows],
             "phase": [p.phase for p, _ in rows], "median_s": [p.seconds.median for p, _ in rows],
             "mean_s": [p.seconds.mean for p, _ in rows], "predicted_s": [predicted for _, predicted in rows],

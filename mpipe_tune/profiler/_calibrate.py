@@ -40,7 +40,9 @@ Given a tensor-parallel mesh (:func:`layer_samples`' ``tp_mesh``), the chain is 
 the runtime's own tensor-parallel plans (:func:`~mpipe_tune.runtime._tensor_parallel.parallelize_layer`)
 and timed the same way inside :func:`~mpipe_tune.runtime._tensor_parallel.tp_context`, one image per
 size: each split layer's time, all-reduces included, for the profile's per-kind ``tp_overhead_s`` and
-``tp_slowdown``.
+``tp_slowdown``. Given an expert-parallel shard (``expert_shard``), the chain's MoE layers keep only the shard's
+routed experts and dispatch their tokens over its group, as the runtime's expert-parallel plans do, timed the
+same way: each such layer's time, all-to-alls included, for the profile's ``ep_overhead_s`` and ``ep_slowdown``.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class LayerPoint:
     """Ranks the layer was split over (tensor parallelism; 1: whole)."""
     input_grad: bool = True
     """Whether the backward computed the layer's input gradient (it was fed by the layer before it)."""
+    ep: int = 1
+    """Ranks the layer's routed experts were spread over (expert parallelism; 1: all held)."""
 
 
 PER_IMAGE_KINDS = frozenset({"vit_block"})
@@ -123,30 +127,33 @@ def calibration_layers(model: Model) -> list[int]:
 
 def layer_samples(torch: ModuleType, device: str, model: Model, dtype: str, settings: SweepSettings,
                   progress: Callable[[str], None], agreement: Agreement = Agreement(), tp_mesh=None,
-                  ) -> list[tuple[LayerPoint, list[float]]]:
+                  expert_shard=None) -> list[tuple[LayerPoint, list[float]]]:
     """Forward and backward seconds of each distinct layer of ``model``, every repeat's, timed in a
     chain (see the module docstring) at the settings' sizes, beside the point each belongs to (its
     ``seconds`` a placeholder until the samples of all ranks that timed together are summarized).
     With ``tp_mesh`` (a 1-D ``DeviceMesh`` of more than one rank), the chain split over it, one image
-    per size."""
+    per size; with ``expert_shard`` (a :class:`~mpipe_tune.runtime.ExpertShard`), the MoE layers' experts
+    spread over its group, one image per size, and only the points of layers with routed experts."""
     from mpipe_tune.runtime import blueprint, tp_context
 
     specs = blueprint(model)
     chain = calibration_layers(model)
-    modules = chain_modules(torch, device, model, dtype, tp_mesh)
+    modules = chain_modules(torch, device, model, dtype, tp_mesh, expert_shard)
     tp = 1 if tp_mesh is None else tp_mesh.size()
+    ep = 1 if expert_shard is None else expert_shard.degree
     with tp_context(tp_mesh):
-        return _layer_samples(torch, device, model, dtype, settings, progress, agreement, specs, chain, modules, tp)
+        return _layer_samples(torch, device, model, dtype, settings, progress, agreement, specs, chain, modules,
+                              tp, ep)
 
 
-def _layer_samples(torch, device, model, dtype, settings, progress, agreement, specs, chain, modules, tp):
+def _layer_samples(torch, device, model, dtype, settings, progress, agreement, specs, chain, modules, tp, ep):
     timer = Timer(torch, device)
     torch_dtype, where = getattr(torch, TORCH_DTYPES[dtype]), torch.device(device)
     tokens_timed = _sizes_within_limit(torch, timer, model, specs, chain, modules, torch_dtype, where, settings,
                                        agreement)
     points = []  # (tokens, images) of every microbatch timed, in the order of settings.calibration_tokens
     for tokens in tokens_timed:
-        for images in (1, CALIBRATION_IMAGES) if tp == 1 else (1,):
+        for images in (1, CALIBRATION_IMAGES) if tp == ep == 1 else (1,):
             if images == 1 or any(specs[i].kind in PER_IMAGE_KINDS for i in chain):
                 points.append((tokens, images))
     mbs = [calibration_microbatch(model, tokens, images) for tokens, images in points]
@@ -156,21 +163,21 @@ def _layer_samples(torch, device, model, dtype, settings, progress, agreement, s
         kinds = None if images == 1 else PER_IMAGE_KINDS
         for k, index in enumerate(chain):
             layer, kind = model.layers[index], specs[index].kind
-            if kinds is not None and kind not in kinds:
+            if kinds is not None and kind not in kinds or ep > 1 and kind != "moe_block":  # the routed experts' kind
                 continue
             work = estimate_arch_work(kind, layer.cost.dims_dict(), mb, dtype_bytes=DTYPE_BYTES[dtype],
-                                           tp_degree=tp, rope="none")  # the runtime applies no RoPE
+                                      tp_degree=tp, ep_degree=ep, rope="none")  # the runtime applies no RoPE
             bwd_flops = work.wgrad_flops + (work.dgrad_flops if fed[k] else 0.0)
             bwd_bytes = work.wgrad_bytes + (work.dgrad_bytes if fed[k] else 0.0)
             count = images if kind in IMAGE_STREAM_KINDS else 1
             blank = Spread(0.0, 0.0, 0, 0.0)
             out.append((LayerPoint(layer.name, kind, tokens, "fwd", work.fwd_flops, work.fwd_bytes, blank, count,
-                                   tp), fwd[k]))
+                                   tp, ep=ep), fwd[k]))
             out.append((LayerPoint(layer.name, kind, tokens, "bwd", bwd_flops, bwd_bytes, blank, count, tp,
-                                   fed[k]), bwd[k]))
-            if images == 1 and tp == 1:
+                                   fed[k], ep), bwd[k]))
+            if images == 1 and tp == ep == 1:
                 progress(f"layer {layer.name} {tokens} tokens")
-    for skipped in settings.calibration_tokens[len(tokens_timed):] if tp == 1 else ():
+    for skipped in settings.calibration_tokens[len(tokens_timed):] if tp == ep == 1 else ():
         for index in chain:
             progress(f"layer {model.layers[index].name} {skipped} tokens (skipped)")
     return out
@@ -200,9 +207,10 @@ def _sizes_within_limit(torch, timer: Timer, model: Model, specs, chain: list[in
     return out
 
 
-def chain_modules(torch: ModuleType, device: str, model: Model, dtype: str, tp_mesh=None) -> list:
+def chain_modules(torch: ModuleType, device: str, model: Model, dtype: str, tp_mesh=None, expert_shard=None) -> list:
     """The runtime's modules of the calibration chain (:func:`calibration_layers`), all trainable;
-    split over ``tp_mesh`` (the runtime's tensor-parallel plans) when one is given."""
+    split over ``tp_mesh`` (the runtime's tensor-parallel plans) when one is given, the MoE layers holding
+    ``expert_shard``'s routed experts when one is given."""
     from mpipe_tune.runtime import blueprint, build_layer, parallelize_layer
 
     specs = blueprint(model)
@@ -210,7 +218,7 @@ def chain_modules(torch: ModuleType, device: str, model: Model, dtype: str, tp_m
     modules = []
     for i in calibration_layers(model):
         spec = replace(specs[i], trainable=True)
-        module = build_layer(spec, seed=0, dtype=torch_dtype, device=where)
+        module = build_layer(spec, seed=0, dtype=torch_dtype, device=where, expert_shard=expert_shard)
         modules.append(parallelize_layer(module, spec, tp_mesh) if tp_mesh is not None else module)
     return modules
 

@@ -51,26 +51,40 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Al
 
 
 def fit_nonnegative_line(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
-    """``(a, b)``, both >= 0, minimising ``sum((weights * (y - a - b x))^2)``: the free least-squares fit
-    when both come out >= 0, else the best of the one-coefficient fits (each clamped at 0).
+    """``(a, b)``, both >= 0, minimising ``sum((weights * (y - a - b x))^2)`` (:func:`nonnegative_fit`: the free
+    least-squares fit when both come out >= 0, else the better of the one-coefficient fits).
 
     >>> [round(v, 9) for v in fit_nonnegative_line(np.array([1.0, 2.0, 3.0]), np.array([3.0, 5.0, 7.0]), np.ones(3))]
     [1.0, 2.0]
     >>> fit_nonnegative_line(np.array([1.0, 2.0]), np.array([-1.0, -2.0]), np.ones(2))
     (0.0, 0.0)
     """
-    x, y, w = (np.asarray(v, dtype=float) for v in (x, y, weights))
+    x = np.asarray(x, dtype=float)
+    a, b = nonnegative_fit([np.ones_like(x), x], y, weights)
+    return a, b
 
-    def sse(ab: tuple[float, float]) -> float:
-        return float(np.sum((w * (y - ab[0] - ab[1] * x)) ** 2))
 
-    (a, b), *_ = np.linalg.lstsq(np.column_stack([w, w * x]), w * y, rcond=None)
-    if a >= 0 and b >= 0:
-        return float(a), float(b)
-    wx, wy = w * x, w * y
-    candidates = [(0.0, max(0.0, float(wx @ wy / (wx @ wx))) if wx @ wx > 0 else 0.0),
-                  (max(0.0, float(w @ wy / (w @ w))), 0.0)]
-    return min(candidates, key=sse)
+def nonnegative_fit(columns: Sequence[Sequence[float]], y: Sequence[float],
+                    weights: Sequence[float] | None = None) -> tuple[float, ...]:
+    """The coefficients, each >= 0, of the (``weights``-weighted) least-squares fit of ``y`` on ``columns``:
+    non-negative least squares, exactly, as the best of the unconstrained fits on every subset of the columns
+    whose coefficients all come out >= 0 (the columns are few); all 0 where none fits better than nothing.
+
+    >>> [round(v, 9) for v in nonnegative_fit([[1.0, 1.0], [1.0, 3.0]], [4.0, 2.0])]  # a falling line: the mean
+    [3.0, 0.0]
+    """
+    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
+    a, y = np.asarray(columns, dtype=float).T * w[:, None], np.asarray(y, dtype=float) * w
+    scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)  # columns of seconds and of bytes
+    best, best_residual = np.zeros(a.shape[1]), float(y @ y)
+    for mask in range(1, 2 ** a.shape[1]):
+        keep = [j for j in range(a.shape[1]) if mask >> j & 1]
+        coef = np.linalg.lstsq(a[:, keep] / scale[keep], y, rcond=None)[0] / scale[keep]
+        residual = float(np.sum((a[:, keep] @ coef - y) ** 2))
+        if np.all(coef >= 0) and residual < best_residual * (1 - 1e-12):
+            best, best_residual = np.zeros(a.shape[1]), residual
+            best[keep] = coef
+    return tuple(float(v) for v in best)
 
 
 def _log_r2(measured: np.ndarray, predicted: np.ndarray) -> float:

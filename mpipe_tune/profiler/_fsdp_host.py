@@ -4,27 +4,28 @@ collective it issues), ``fsdp_collective_s`` (seconds per collective) and ``fsdp
 tensor of the layer per collective).
 
 On the profiled ranks, for stacks of ``K`` sharded layers (:data:`UNITS`) of three shapes (:data:`WIDTHS`,
-:data:`LINEARS`: one linear layer of each of two widths, and eight narrow ones as one layer), every
-rank times three things over the same repeats: one training step of the stack unsharded (``t_plain``: compute
-alone), the collectives FSDP2 runs for it issued by hand on buffers of the same sizes (``t_comm``: per layer two
-all-gathers of its weights, before its forward and again before its backward, and one reduce-scatter of its
-gradient), and the step of the stack with ``fully_shard`` on each layer and on the stack, resharding after
-forward (``t_fsdp``). What FSDP2 costs beyond its compute and its collectives, ``t_fsdp - t_plain - t_comm``, is
-its host work: the pre- and post-forward and backward hooks (a fixed cost per call) and, growing with the
-layer's size, the copies of the shards into the all-gather's flat buffer and of the gathered weights out of it,
-the gradient's copy into the reduce-scatter's, and the fresh buffers they fill. Per width, the line fitted
-through the stacks (:func:`fit_host_s`) gives the seconds per layer as its slope (the stack's own root hooks in
-its intercept); a layer takes two calls (its forward and its backward) and three collectives of its ``B``
-bytes. The narrow layers show the hooks, the wide ones (a few MB, a small model's block) the
-copies, and FSDP2's work on each parameter tensor around a collective (its views into the buffers, the swap
-of sharded and unsharded parameters, the sharded gradients) grows with the layer's tensors: the shapes' slopes
-``2 h + 3 B c + 3 T k`` (``T`` tensors) give the per-call ``h``, the per-byte ``c`` and the per-tensor ``k``
-(:func:`split_per_layer`), each held at 0 or above. The collectives issued by hand, back to back as FSDP2 issues them, are compared with what the profile's
-own measured links price them at (:func:`priced_layer_comm_s`, the cost model's reading of the sweeps, which
-time each collective on its own): per width their excess per collective, fitted against the layer's bytes
-(:func:`nonnegative_line`), gives ``fsdp_collective_s`` (fixed seconds per collective, a host's wake-ups
-between small ones) and a per-byte share added to ``fsdp_bytes_s``. Each figure is the slowest rank's per
-repeat and the medians are used; on a shared host the figures carry the load (say so in the profile's notes).
+:data:`LINEARS`: one linear layer of each of two widths, and eight narrow ones as one layer), every rank times
+three things over the same repeats: one training step of the stack unsharded (``t_plain``: compute alone), the
+collectives FSDP2 runs for it issued by hand on buffers of the same sizes (``t_comm``: per layer two all-gathers of
+its weights, before its forward and again before its backward, and one reduce-scatter of its gradient), and the
+step of the stack with ``fully_shard`` on each layer and on the stack, resharding after forward (``t_fsdp``). What
+FSDP2 costs beyond its compute and its collectives, ``t_fsdp - t_plain - t_comm``, is its host work: the pre- and
+post-forward and backward hooks (a fixed cost per call) and, growing with the layer's size, the copies of the
+shards into the all-gather's flat buffer and of the gathered weights out of it, the gradient's copy into the
+reduce-scatter's, and the fresh buffers they fill. Per width, the line fitted through the stacks
+(:func:`fit_host_s`) gives the seconds per layer as its slope (the stack's own root hooks in its intercept); a
+layer takes two calls (its forward and its backward) and three collectives of its ``B`` bytes. The narrow layers
+show the hooks, the wide ones (a few MB, a small model's block) the copies, and FSDP2's work on each parameter
+tensor around a collective (its views into the buffers, the swap of sharded and unsharded parameters, the sharded
+gradients) grows with the layer's tensors: the shapes' slopes ``2 h + 3 B c + 3 T k`` (``T`` tensors) give the
+per-call ``h``, the per-byte ``c`` and the per-tensor ``k`` (:func:`split_per_layer`), each held at 0 or above. The
+collectives issued by hand, back to back as FSDP2 issues them, are compared with what the profile's own measured
+links price them at (:func:`priced_layer_comm_s`, the cost model's reading of the sweeps, which time each
+collective on its own): per width their excess per collective, fitted against the layer's bytes
+(:func:`~mpipe_tune.profiler._fit.fit_nonnegative_line`), gives ``fsdp_collective_s`` (fixed seconds per
+collective, a host's wake-ups between small ones) and a per-byte share added to ``fsdp_bytes_s``. Each figure is
+the slowest rank's per repeat and the medians are used; on a shared host the figures carry the load (say so in the
+profile's notes).
 
 >>> [round(x, 12) for x in fit_host_s([2, 4, 8], [0.3, 0.5, 0.9])]  # 0.1 s per call, 0.1 s for the stack
 [0.1, 0.1]
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from mpipe_tune.errors import MpipeError
+from mpipe_tune.profiler._fit import fit_nonnegative_line, nonnegative_fit
 from mpipe_tune.profiler._links import run_ranks
 from mpipe_tune.profiler._overlap import slowest_rank_timer
 from mpipe_tune.profiler._settings import SweepSettings
@@ -121,7 +123,7 @@ class FsdpHostPoint:
         sizes = [float(b) for b in self.sizes]
         per_call, per_byte, per_tensor = split_per_layer(
             sizes, [TENSORS_PER_LINEAR * n for n in self.linears], self.per_layer_s)
-        fixed, excess_per_byte = nonnegative_line(sizes, self.excess_s)
+        fixed, excess_per_byte = fit_nonnegative_line(np.array(sizes), np.array(self.excess_s), np.ones(len(sizes)))
         return per_call, per_byte + excess_per_byte, fixed, per_tensor
 
 
@@ -140,7 +142,8 @@ def split_per_layer(sizes: Sequence[float], tensors: Sequence[float],
                     per_layer_s: Sequence[float]) -> tuple[float, float, float]:
     """``(per_call, per_byte, per_tensor)`` of the least-squares fit ``per_layer = 2 per_call + 3 size per_byte +
     3 tensors per_tensor`` over the shapes (:data:`CALLS_PER_LAYER`, :data:`COLLECTIVES_PER_LAYER`), each held at 0
-    or above (:func:`nonnegative_fit`); with one tensor count among the shapes, no per-tensor figure (0)."""
+    or above (:func:`~mpipe_tune.profiler._fit.nonnegative_fit`); with one tensor count among the shapes, no
+    per-tensor figure (0)."""
     sizes, tensors = np.asarray(sizes, dtype=float), np.asarray(tensors, dtype=float)
     if len(sizes) != len(per_layer_s) or len(np.unique(sizes)) < 2:
         raise MpipeError(f"FSDP2 host-cost fit: {len(np.unique(sizes))} distinct layer sizes for {len(per_layer_s)} "
@@ -150,43 +153,6 @@ def split_per_layer(sizes: Sequence[float], tensors: Sequence[float],
         columns.append(COLLECTIVES_PER_LAYER * tensors)
     per_call, per_byte, *per_tensor = nonnegative_fit(columns, per_layer_s)
     return per_call, per_byte, (per_tensor or [0.0])[0]
-
-
-def nonnegative_fit(columns: Sequence[Sequence[float]], y: Sequence[float]) -> tuple[float, ...]:
-    """The coefficients, each >= 0, of the least-squares fit of ``y`` on ``columns`` (non-negative least squares,
-    exactly: the best of the unconstrained fits on every subset of the columns whose coefficients are all >= 0;
-    the columns are few).
-
-    >>> [round(v, 9) for v in nonnegative_fit([[1.0, 1.0], [1.0, 3.0]], [4.0, 2.0])]  # a falling line: the mean
-    [3.0, 0.0]
-    """
-    a, y = np.asarray(columns, dtype=float).T, np.asarray(y, dtype=float)
-    scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)  # columns of seconds and of bytes
-    best, best_residual = np.zeros(a.shape[1]), float(y @ y)
-    for mask in range(1, 2 ** a.shape[1]):
-        keep = [j for j in range(a.shape[1]) if mask >> j & 1]
-        coef = np.linalg.lstsq(a[:, keep] / scale[keep], y, rcond=None)[0] / scale[keep]
-        residual = float(np.sum((a[:, keep] @ coef - y) ** 2))
-        if np.all(coef >= 0) and residual < best_residual * (1 - 1e-12):
-            best, best_residual = np.zeros(a.shape[1]), residual
-            best[keep] = coef
-    return tuple(float(v) for v in best)
-
-
-def nonnegative_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    """``(intercept, slope)`` of the least-squares line ``y = intercept + slope x``, each held at 0 or above
-    (:func:`nonnegative_fit`: a falling line reads as the mean, flat; one through below the origin as the line
-    through it, where that fits better).
-
-    >>> [tuple(round(v, 9) for v in nonnegative_line([1.0, 3.0], y)) for y in ([2.0, 4.0], [4.0, 2.0])]
-    [(1.0, 1.0), (3.0, 0.0)]
-    """
-    x = np.asarray(x, dtype=float)
-    if len(x) != len(y) or len(np.unique(x)) < 2:
-        raise MpipeError(f"FSDP2 host-cost fit: {len(np.unique(x))} distinct layer sizes for {len(y)} slopes; "
-                         "time two or more widths")
-    intercept, slope = nonnegative_fit([np.ones_like(x), x], y)
-    return intercept, slope
 
 
 def priced_layer_comm_s(profile, sizes: Sequence[float], group_size: int) -> tuple[float, ...]:

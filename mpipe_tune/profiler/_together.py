@@ -9,7 +9,11 @@ rank times the calibration chain (:func:`~mpipe_tune.profiler._calibrate.layer_s
 time, each repeat after a barrier, until every rank's medians are stable; the samples of all ranks
 are pooled per point. With an even number of ranks (and a model the runtime can split in two), they
 then time the chain again split over pairs of neighbouring ranks (tensor parallelism of degree 2,
-the runtime's layout: tp innermost), for the profile's ``tp_overhead_s`` and ``tp_slowdown``. The
+the runtime's layout: tp innermost), for the profile's ``tp_overhead_s`` and ``tp_slowdown``, and, where the
+model has MoE layers whose routed experts split in two, once more with each pair's MoE layers spreading their
+experts over the pair (expert parallelism of degree 2, the runtime's all-to-all dispatch), for the profile's
+``ep_overhead_s`` and ``ep_slowdown``: what a layer's calls took beyond the cost model's price there (its
+all-to-alls among it) is what the run's calls take too, waits for the pair's other rank included. The
 ranks then time the runtime's optimizer update (:func:`~mpipe_tune.runtime._compute.sgd_update`) on
 the chain's weights the same way, for the profile's ``optimizer_update_bytes_per_s``.
 
@@ -64,7 +68,7 @@ def calibrate_together(device: str, nproc: int, model: Model, dtype: str, settin
     pooled, update = launch_local(_calibrate_rank, (model, dtype, settings), nproc, device,
                                   timeout_s=timeout_s, deadline_s=timeout_s)
     points = [replace(point, seconds=summarize(samples)) for point, samples in pooled]
-    timed = [p for p in points if p.phase == "fwd" and p.images == 1 and p.tp == 1]
+    timed = [p for p in points if p.phase == "fwd" and p.images == 1 and p.tp == p.ep == 1]
     for point in timed:
         progress(f"layer {point.layer_name} {point.tokens} tokens")
     for _ in range(len(calibration_layers(model)) * len(settings.calibration_tokens) - len(timed)):
@@ -85,6 +89,10 @@ def _calibrate_rank(ctx, model: Model, dtype: str, settings: SweepSettings):
     tp_mesh = tp_calibration_mesh(ctx, model)
     if tp_mesh is not None:
         samples += layer_samples(torch, ctx.device_kind, model, dtype, settings, lambda _: None, agreement, tp_mesh)
+    expert_shard = ep_calibration_shard(ctx, model)
+    if expert_shard is not None:
+        samples += layer_samples(torch, ctx.device_kind, model, dtype, settings, lambda _: None, agreement,
+                                 expert_shard=expert_shard)
     modules = chain_modules(torch, ctx.device_kind, model, dtype)
     size_bytes, update_s = time_update(torch, ctx.device_kind, modules, settings, agreement)
     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
@@ -97,7 +105,7 @@ def _calibrate_rank(ctx, model: Model, dtype: str, settings: SweepSettings):
 
 
 TP_CALIBRATION_DEGREE = 2
-"""The tensor-parallel degree the ranks calibrate split layers at (pairs of neighbouring ranks)."""
+"""The tensor- and expert-parallel degree the ranks calibrate split layers at (pairs of neighbouring ranks)."""
 
 
 def tp_calibration_mesh(ctx, model: Model):
@@ -118,6 +126,21 @@ def tp_calibration_mesh(ctx, model: Model):
         return None
     mesh = init_device_mesh(ctx.device_kind, (ctx.world_size // tp, tp), mesh_dim_names=("rest", "tp"))
     return mesh["tp"]
+
+
+def ep_calibration_shard(ctx, model: Model):
+    """This rank's :class:`~mpipe_tune.runtime.ExpertShard` of its pair for the expert-parallel calibration, or
+    None: an odd number of ranks, or a model without MoE layers whose routed experts split in two."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from mpipe_tune.cost import expert_parallel_fits
+    from mpipe_tune.runtime import ExpertShard
+
+    ep = TP_CALIBRATION_DEGREE
+    if ctx.world_size < ep or ctx.world_size % ep or not expert_parallel_fits(model, ep):
+        return None
+    pair = init_device_mesh(ctx.device_kind, (ctx.world_size // ep, ep), mesh_dim_names=("rest", "ep"))["ep"]
+    return ExpertShard(pair.get_group(), pair.get_local_rank(), ep)
 
 
 def distributed_agreement(dist) -> Agreement:

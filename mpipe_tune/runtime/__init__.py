@@ -41,6 +41,7 @@ _LAZY = {
     "mpipe_tune.runtime._blueprint": ("output_shape", "validate_tensor_parallel"),
     "mpipe_tune.runtime._compute": ("sgd_update",),
     "mpipe_tune.runtime._data": ("MicrobatchInputs",),
+    "mpipe_tune.runtime._experts": ("ExpertShard",),
     "mpipe_tune.runtime._job": ("RunJob",),
     "mpipe_tune.runtime._launch": ("disable_backend_autoload", "launch_local"),
     "mpipe_tune.runtime._layers": ("build_layer",),

@@ -1,7 +1,7 @@
 """What a split layer call costs beyond its price (``tp_overhead_s`` fixed, ``tp_slowdown`` per priced
-second): parsed and written back by the profile, charged
-by the cost model at the profiled tensor-parallel degree only, and fitted by the profiler so that the
-cost model reproduces the split layers it timed."""
+second; ``ep_overhead_s`` and ``ep_slowdown`` for a MoE layer's experts spread): parsed and written back by the
+profile, charged by the cost model at the profiled tensor- or expert-parallel degree only, and fitted by the
+profiler so that the cost model reproduces the split layers it timed."""
 
 import json
 
@@ -12,7 +12,7 @@ from mpipe_tune.algebra import Degrees
 from mpipe_tune.cost import CostOptions, build_layer_table, layer_seconds, load_profile, parse_profile
 from mpipe_tune.errors import MpipeError
 from mpipe_tune.inputs import Microbatch, Workload
-from mpipe_tune.profiler._build import tp_overhead_entries
+from mpipe_tune.profiler._build import split_call_entries
 from mpipe_tune.profiler._calibrate import LayerPoint, calibration_microbatch
 from mpipe_tune.profiler import summarize
 from mpipe_tune.inputs import load_model
@@ -38,7 +38,7 @@ def test_the_profile_reads_and_writes_the_split_overheads():
 
 
 @pytest.mark.parametrize("table, words", [
-    ({"1": [0.0, 0.0]}, "is keyed by a tensor-parallel degree"),
+    ({"1": [0.0, 0.0]}, "is keyed by a parallel degree"),
     ({"2": [1e-4]}, "must be [forward, backward]"),
     ({"2": [-1e-4, 0.0]}, "must be >= 0"),
     ({}, "must be a non-empty object"),
@@ -87,7 +87,7 @@ def test_fitted_overheads_make_the_cost_model_reproduce_the_timed_split_layers()
                                      summarize([bwd * (1 + bwd_c) + bwd_a]), tp=2, input_grad=True))
     for kind in truth:
         base["efficiency"][kind] = {"value": 1.0, "source": "ideal"}
-    tp_overhead_entries(base, points, MODEL, "fp32")
+    split_call_entries(base, points, MODEL, "fp32")
     fitted = parse_profile(base, where="fitted")
     for kind in ("dense_block", "vit_block"):
         (fwd_a, fwd_c), (bwd_a, bwd_c) = truth[kind]
@@ -141,9 +141,49 @@ def test_split_calls_are_fitted_to_their_mean_time():
             points.append(LayerPoint(layer.name, "dense_block", tokens, phase, 0.0, 0.0, summarize(samples), tp=2,
                                      input_grad=phase == "bwd"))
     base["efficiency"]["dense_block"] = {"value": 1.0, "source": "ideal"}
-    tp_overhead_entries(base, points, MODEL, "fp32")
+    split_call_entries(base, points, MODEL, "fp32")
     fitted = parse_profile(base, where="fitted")
     assert fitted.tp_overhead_for("dense_block", 2) == pytest.approx((1e-3, 1e-3), abs=1e-12)
     assert fitted.tp_slowdown_for("dense_block", 2) == pytest.approx((0.0, 0.0), abs=1e-9)
     evidence = fitted.provenance["efficiency.dense_block"]["tp_calibration"]["2"]
     assert evidence["mean_s"] == pytest.approx([p.seconds.median + 1e-3 for p in points])
+
+
+def test_expert_parallel_calls_are_fitted_and_charged_for_the_moe_kind_at_that_degree_only():
+    """MoE layers timed with their experts over two ranks at (priced x (1 + slowdown) + overhead): the fit
+    recovers both numbers for the kind (no default entry: no other kind spreads experts), and the cost model
+    charges them to that kind at ep 2 alone, reproducing every timed point."""
+    moe = load_model("tests/runtime/tiny-mla-moe.yaml")
+    at_ep = CostOptions(dtype="fp32", degrees=Degrees(1, dp=2, ep=2), rope="none")
+    base = load_profile("ideal").to_dict()
+    priced = parse_profile(base, where="test")
+    (fwd_a, fwd_c), (bwd_a, bwd_c) = (2e-3, 0.25), (1e-3, 0.5)
+    points = []
+    for layer in (u for u in moe.layers if u.cost.kind == "moe_block"):
+        for tokens in (16, 64, 256):
+            fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(moe, tokens),
+                                                    priced, at_ep)
+            points.append(LayerPoint(layer.name, "moe_block", tokens, "fwd", 0.0, 0.0,
+                                     summarize([fwd * (1 + fwd_c) + fwd_a]), ep=2))
+            points.append(LayerPoint(layer.name, "moe_block", tokens, "bwd", 0.0, 0.0,
+                                     summarize([(dgrad + wgrad + call) * (1 + bwd_c) + bwd_a]), ep=2))
+    base["efficiency"]["moe_block"] = {"value": 1.0, "source": "ideal"}
+    split_call_entries(base, points, moe, "fp32", split="ep")
+    fitted = parse_profile(json.loads(json.dumps(base)), where="fitted")
+    assert fitted.ep_overhead_for("moe_block", 2) == (pytest.approx((fwd_a, bwd_a), abs=1e-12),
+                                                      pytest.approx((fwd_c, bwd_c), abs=1e-9))
+    assert fitted.ep_overhead_for("moe_block", 4) == fitted.ep_overhead_for("dense_block", 2) == ((0.0, 0.0),) * 2
+    assert "ep_overhead_s" not in base["efficiency"]["default"] and fitted.tp_overhead_for("moe_block", 2) == (0, 0)
+    assert parse_profile(fitted.to_dict(), where="round trip") == fitted
+    for point in points:
+        layer = next(u for u in moe.layers if u.name == point.layer_name)
+        fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(moe, point.tokens),
+                                                fitted, at_ep)
+        assert (fwd if point.phase == "fwd" else dgrad + wgrad + call) == pytest.approx(point.seconds.median, rel=1e-9)
+    whole = CostOptions(dtype="fp32", degrees=Degrees(1, dp=2), rope="none")  # ep 1: nothing spread, nothing charged
+    layer = next(u for u in moe.layers if u.cost.kind == "moe_block")
+    mb = calibration_microbatch(moe, 64)
+    assert layer_seconds(layer.cost, layer.block, mb, fitted, whole) == layer_seconds(layer.cost, layer.block, mb,
+                                                                                      priced, whole)
+    evidence = fitted.provenance["efficiency.moe_block"]["ep_calibration"]["2"]
+    assert len(evidence["median_s"]) == len(points) and "experts spread over 2 ranks" in evidence["ref"]

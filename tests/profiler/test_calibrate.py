@@ -1,5 +1,7 @@
 """The per-phase layer-time fit: efficiency and fixed seconds per call from timings of a few sizes."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -182,3 +184,35 @@ def test_the_first_two_sizes_are_timed_however_slow_the_machine(monkeypatch, pas
                                           settings, agreement)
     assert tuple(sizes) == timed
     assert len(votes) == len(sizes) - 1  # every rank votes on growing only past the first two sizes
+
+
+def test_ranks_calibrating_a_moe_model_also_time_its_moe_layers_with_the_experts_spread_over_each_pair():
+    """Two ranks at once on a model with MoE layers: the chain whole, split over the pair, and with the MoE layers'
+    routed experts spread over the pair (the runtime's all-to-all dispatch), each MoE layer at every size in both
+    phases; the profile fits ``ep_overhead_s`` and ``ep_slowdown`` to those points alone, for the MoE kind alone,
+    and the whole layers' fits see none of them."""
+    from mpipe_tune.cost import parse_profile
+    from mpipe_tune.profiler import assemble_profile
+    from mpipe_tune.profiler._together import calibrate_together
+
+    from test_profile_command import _measurements
+
+    model = load_model("tests/runtime/tiny-mla-moe.yaml")
+    points, _ = calibrate_together("cpu", 2, model, "fp32", sweep_settings("cpu", quick=True), lambda _: None)
+    spread = [p for p in points if p.ep > 1]
+    moe = {u.name for u in model.layers if u.cost.kind == "moe_block"}
+    assert {p.layer_name for p in spread} == moe and {p.ep for p in spread} == {2} and all(p.tp == 1 for p in spread)
+    whole = [p for p in points if p.tp == p.ep == 1]
+    assert {(p.tokens, p.phase) for p in spread} == {(p.tokens, p.phase) for p in whole if p.layer_name in moe}
+    assert all(p.seconds.mean > 0 for p in spread)
+    m = _measurements()
+    data = assemble_profile(type(m)(**{**m.__dict__, "layer_points": tuple(points), "calibration_model": model.name, "calibration": model,
+                                      "calibration_dtype": "fp32"}), name="t", date="2026-01-01")
+    entry = data["efficiency"]["moe_block"]
+    assert set(entry["ep_overhead_s"]) == set(entry["ep_slowdown"]) == {"2"}
+    assert len(entry["ep_calibration"]["2"]["median_s"]) == len(spread)
+    assert len(entry["median_s"]) == len([p for p in whole if p.kind == "moe_block"])  # the whole layers alone
+    assert all("ep_overhead_s" not in e for kind, e in data["efficiency"].items() if kind != "moe_block")
+    profile = parse_profile(json.loads(json.dumps(data)), where="test")
+    assert profile.ep_overhead_for("moe_block", 2) == (tuple(entry["ep_overhead_s"]["2"]),
+                                                       tuple(entry["ep_slowdown"]["2"]))

@@ -5,6 +5,7 @@ figures the cost model reads."""
 import doctest
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,8 +15,8 @@ from mpipe_tune.errors import MpipeError
 from mpipe_tune.profiler import assemble_profile
 from mpipe_tune.profiler import _fsdp_host
 from mpipe_tune.profiler._fsdp_host import (
-    LINEARS, UNITS, WIDTHS, FsdpHostPoint, fit_host_s, layer_bytes, nonnegative_fit, nonnegative_line,
-    priced_layer_comm_s, split_per_layer)
+    LINEARS, UNITS, WIDTHS, FsdpHostPoint, fit_host_s, layer_bytes, priced_layer_comm_s, split_per_layer)
+from mpipe_tune.profiler._fit import fit_nonnegative_line, nonnegative_fit
 
 from test_profile_command import _measurements
 
@@ -105,8 +106,9 @@ def test_the_measurement_is_profile_figures_with_their_provenance():
     priced = priced_layer_comm_s(parse_profile(data, where="test"), sizes, 2)
     assert entry["priced_comm_s"] == pytest.approx(list(priced))
     excess = _synthetic(2e-4, 3e-10, 1e-3, excess=(0.0, 0.0)).comm_s
-    expected = nonnegative_line(sizes,
-                                [(fit_host_s(UNITS, c)[0] - p) / 3 for c, p in zip(excess, priced)])
+    expected = fit_nonnegative_line(np.array(sizes, dtype=float),
+                                    np.array([(fit_host_s(UNITS, c)[0] - p) / 3 for c, p in zip(excess, priced)]),
+                                    np.ones(len(sizes)))
     assert data["fsdp_collective_s"]["value"] == pytest.approx(expected[0])
     profile = parse_profile(json.loads(json.dumps(data)), where="test")
     assert (profile.fsdp_host_s, profile.fsdp_bytes_s, profile.fsdp_tensor_s) == pytest.approx(
