@@ -74,6 +74,10 @@ def test_quick_cpu_sweep_writes_a_profile_that_loads(tmp_path):
     overlap = profile.provenance["comm_compute_overlap"]  # the two ranks' all-gather beside a product
     assert overlap["source"] == "measured" and 0 <= profile.comm_compute_overlap <= 1
     assert profile.comm_compute_overlap == overlap_share(overlap["gemm_s"], overlap["comm_s"], overlap["both_s"])
+    fsdp = profile.provenance["fsdp_host_s"]  # FSDP2 timed on real fully_shard-ed layers of 2 and of 16 tensors
+    assert fsdp["source"] == "measured" and list(fsdp["linears"]) == [1, 1, 8] and len(fsdp["fsdp_s"]) == 3
+    for key in ("fsdp_host_s", "fsdp_bytes_s", "fsdp_collective_s", "fsdp_tensor_s"):
+        assert profile.provenance[key]["source"] == "measured" and getattr(profile, key) >= 0
     assert "wrote" in stdout and "p2p" in stdout and "optimizer update" in stdout
     assert "host dispatch" in stdout and "kernel gemm" in stdout and "kernel attention" in stdout
     assert [p.name for p in tmp_path.iterdir()] == ["quick.json"]  # no scratch or temporary files left
