@@ -1,8 +1,8 @@
 """Measure FSDP2's host seconds per sharded layer per call, per byte, per collective and per tensor on this
 machine's gloo ranks and write them into a profile as its ``fsdp_host_s``, ``fsdp_bytes_s``, ``fsdp_collective_s``
 and ``fsdp_tensor_s`` (:mod:`mpipe_tune.profiler._fsdp_host`; ``fsdp_collective_s`` against the profile's own
-links), with the load average beside it: what ``mpipe-tune profile`` measures, for a profile measured before it did (``moe-vm-4.json``, which
-``bench_fidelity_parallel.py`` predicts on).
+links), with the load average beside it: what ``mpipe-tune profile`` measures, for a profile measured before it
+did (``moe-vm-4.json``, which ``bench_fidelity_parallel.py`` predicts on).
 
     python benchmarks/measure_fsdp_host.py benchmarks/profiles/moe-vm-4.json [--nproc 4]
 """

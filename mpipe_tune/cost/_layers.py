@@ -24,8 +24,8 @@ the layer's parameter count.
   (:func:`~mpipe_tune.cost._profile.estimate_collective_s`'s ``all_to_all`` over ``ep`` ranks, on the
   inter-node link once the group's ``tp * ep`` devices span more than a node), not overlapped with
   compute, and the profile's ``ep_overhead_s`` and ``ep_slowdown`` for its kind at that degree the same way
-  (what its calls with the experts spread took beyond all that, where the profile measured them). With ``cp > 1`` a decoder layer's attention core runs as ring attention: ``cp``
-  steps, each computing ``1/cp`` of the rank's core while the next share of k and v (backward: k,
+  (what its calls with the experts spread took beyond all that, where the profile measured them). With
+  ``cp > 1`` a decoder layer's attention core runs as ring attention: ``cp`` steps, each computing ``1/cp`` of the rank's core while the next share of k and v (backward: k,
   v, dk, dv) travels to the next rank over the point-to-point link, so the core pays
   ``(cp-1) * max(0, step transfer - step compute)`` beyond its compute: only what the compute does
   not hide (the overlap ring-attention implementations get by double-buffering the exchange).
@@ -693,13 +693,12 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         bound = (bound[0], bound[1], bound[2] + syncs_s, bound[3])
     fwd, dgrad, wgrad = fwd_call_s + passes[0], passes[1], passes[2]
     tp, ep = options.degrees.tp, options.degrees.ep
-    for degree, ((fwd_split_s, bwd_split_s), (fwd_slow, bwd_slow)) in (
-            (tp, (profile.tp_overhead_for(cost.kind, tp), profile.tp_slowdown_for(cost.kind, tp))),
-            (ep, profile.ep_overhead_for(cost.kind, ep))):
-        if degree > 1 and has_tokens:  # what the profile measured of split calls beyond all that
-            fwd = fwd * (1.0 + fwd_slow) + fwd_split_s
-            dgrad, wgrad = dgrad * (1.0 + bwd_slow), wgrad * (1.0 + bwd_slow)
-            bwd_call_s = bwd_call_s * (1.0 + bwd_slow) + bwd_split_s
+    splits = ([(profile.tp_overhead_for(cost.kind, tp), profile.tp_slowdown_for(cost.kind, tp))] if tp > 1 else []) \
+        + ([profile.ep_overhead_for(cost.kind, ep)] if ep > 1 else [])
+    for (fwd_split_s, bwd_split_s), (fwd_slow, bwd_slow) in splits if has_tokens else ():
+        fwd = fwd * (1.0 + fwd_slow) + fwd_split_s  # what the profile measured of split calls beyond all that
+        dgrad, wgrad = dgrad * (1.0 + bwd_slow), wgrad * (1.0 + bwd_slow)
+        bwd_call_s = bwd_call_s * (1.0 + bwd_slow) + bwd_split_s
     core_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth) + ring_fwd_s
     again = op_recompute_pieces(layer.pieces) if options.selective_recompute == "op" and layer is not None else ()
     selective_saved = work.selective_saved_activation_bytes

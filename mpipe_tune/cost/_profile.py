@@ -127,10 +127,10 @@ sum of three rooflines, its matmuls', its attention core's and its memory-bound 
 the bandwidth), as the kernels run one after another on the device; where not, as one roofline of the whole
 layer, ``max(W / (eff * F), D / B)``, under which a compute-bound layer's elementwise traffic costs nothing."""
 _IMAGE_OVERHEADS = ("forward_image_overhead_s", "backward_image_overhead_s")
-_TP_TABLES = ("tp_overhead_s", "tp_slowdown", "ep_overhead_s", "ep_slowdown")
+_SPLIT_TABLES = ("tp_overhead_s", "tp_slowdown", "ep_overhead_s", "ep_slowdown")
 """Tables keyed by tensor- or expert-parallel degree: fixed seconds per split call, and extra seconds per charged
 second."""
-_EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s", *_IMAGE_OVERHEADS, *_TP_TABLES)
+_EFFICIENCY_EXTRAS = ("backward_value", "forward_overhead_s", "backward_overhead_s", *_IMAGE_OVERHEADS, *_SPLIT_TABLES)
 """Optional numbers of an efficiency entry besides ``value`` (not provenance)."""
 
 
@@ -313,6 +313,11 @@ class HardwareProfile:
         return self.ep_overhead_s.get(key, (0.0, 0.0)), self.ep_slowdown.get(key, (0.0, 0.0))
 
     @property
+    def prices_fsdp2(self) -> bool:
+        """Whether the profile gives any of torch FSDP2's host figures (per call, byte, collective or tensor)."""
+        return any(getattr(self, key) > 0 for key in _FSDP_KEYS)
+
+    @property
     def update_bytes_per_s(self) -> float:
         """Bytes per second of the optimizer update: the measured rate, else the memory bandwidth."""
         return self.optimizer_update_bytes_per_s or self.memory_bytes_per_s
@@ -409,7 +414,7 @@ class HardwareProfile:
             entry["forward_overhead_s"], entry["backward_overhead_s"] = self.call_overhead_s[kind]
         if kind in self.image_overhead_s:
             entry["forward_image_overhead_s"], entry["backward_image_overhead_s"] = self.image_overhead_s[kind]
-        for key in _TP_TABLES:
+        for key in _SPLIT_TABLES:
             table = getattr(self, key)
             degrees = sorted(tp for k, tp in table if k == kind)
             if degrees:
@@ -475,7 +480,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
     if "default" not in effs:
         v.fail("efficiency.default", MISSING, "is required", 'add {"value": 1.0, "source": "assumed"}')
     efficiency, backward_efficiency, call_overhead, image_overhead = {}, {}, {}, {}
-    tp_tables: dict[str, dict[tuple[str, int], tuple[float, float]]] = {key: {} for key in _TP_TABLES}
+    split_tables: dict[str, dict[tuple[str, int], tuple[float, float]]] = {key: {} for key in _SPLIT_TABLES}
     for kind, entry in effs.items():
         path = f"efficiency.{kind}"
         efficiency[kind] = v.efficiency(f"{path}.value", v.number(path, entry, positive=True,
@@ -491,9 +496,9 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
             image_overhead[kind] = tuple(
                 v.scalar(f"{path}.{key}", entry[key], positive=False) if key in entry else 0.0
                 for key in _IMAGE_OVERHEADS)
-        for key in _TP_TABLES:
+        for key in _SPLIT_TABLES:
             if key in entry:
-                tp_tables[key].update({(kind, tp): pair for tp, pair in v.tp_table(f"{path}.{key}", entry[key]).items()})
+                split_tables[key].update({(kind, tp): pair for tp, pair in v.tp_table(f"{path}.{key}", entry[key]).items()})
 
     overlaps = {}
     for key, fix in _OVERLAP_FIXES.items():
@@ -529,9 +534,7 @@ def parse_profile(data: Mapping, *, where: str) -> HardwareProfile:
         links=MappingProxyType(links), provenance=MappingProxyType(v.provenance),
         notes=notes, backward_efficiency=MappingProxyType(backward_efficiency),
         call_overhead_s=MappingProxyType(call_overhead), image_overhead_s=MappingProxyType(image_overhead),
-        tp_overhead_s=MappingProxyType(tp_tables["tp_overhead_s"]),
-        tp_slowdown=MappingProxyType(tp_tables["tp_slowdown"]), ep_overhead_s=MappingProxyType(tp_tables["ep_overhead_s"]),
-        ep_slowdown=MappingProxyType(tp_tables["ep_slowdown"]), optimizer_update_bytes_per_s=update_bps,
+        **{key: MappingProxyType(table) for key, table in split_tables.items()}, optimizer_update_bytes_per_s=update_bps,
         tp_comm_overlap=overlaps.get("tp_comm_overlap"), comm_compute_overlap=overlaps.get("comm_compute_overlap"),
         host=host, kernel_efficiency=curves, **fsdp, fabric=fabric,
     )

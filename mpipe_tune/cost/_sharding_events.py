@@ -93,12 +93,11 @@ def layer_collectives_s(table: LayerTable, profile: HardwareProfile,
     ranks = options.degrees.dp * options.degrees.cp
     tp = table.tp_degrees(options)
     dense_tensors, expert_tensors = table.tensor_counts()
-    if options.degrees.ep > 1:  # the routed experts their own unit on their group, each rank's share of them
-        experts = table.expert_params() / tp
-        experts, expert_tensors = experts / options.degrees.ep, expert_tensors / options.degrees.ep
-    else:  # in the layer's unit
-        experts, dense_tensors = np.zeros_like(table.param_count), dense_tensors + expert_tensors
-    dense = table.param_count / tp - experts * options.degrees.ep
+    ep = options.degrees.ep
+    routed = table.expert_params() / tp if ep > 1 else np.zeros_like(table.param_count)  # at ep 1: the layer's unit
+    dense, experts = table.param_count / tp - routed, routed / ep  # the experts: each rank's share, its own unit
+    dense_tensors, expert_tensors = (dense_tensors, expert_tensors / ep) if ep > 1 else \
+        (dense_tensors + expert_tensors, expert_tensors * 0.0)
     span = options.degrees.tp * ranks  # the devices the data-parallel group's members are spread over
     replicas = np.ones_like(dense) if table.layer_replicas is None else table.layer_replicas
 
@@ -109,8 +108,8 @@ def layer_collectives_s(table: LayerTable, profile: HardwareProfile,
             size = int(group) * ranks
             out[at] += sharded_half_s(profile, collective, dense[at] * bytes_per_param, size, span // size) \
                 + fsdp_copies_s(profile, options, dense[at] * bytes_per_param, 1.0, dense_tensors[at]) * (size > 1)
-            if options.degrees.ep > 1 and experts[at].any():
-                size = ranks // options.degrees.ep
+            if ep > 1 and experts[at].any():
+                size = ranks // ep
                 out[at] += sharded_half_s(profile, collective, experts[at] * bytes_per_param, size, span // size) \
                     + fsdp_copies_s(profile, options, experts[at] * bytes_per_param, experts[at] > 0,
                                     expert_tensors[at]) * (size > 1)
@@ -258,8 +257,6 @@ def sharding_events(arrays: EventArrays, M: int, model: Model, profile: Hardware
 
 
 def takes_hooks(profile: HardwareProfile, options: CostOptions) -> bool:
-    """Whether FSDP2's per-layer host work is priced: the profile gives it (per call, byte or collective), the plan runs
-    FSDP2 (stage 2 or 3) and its data-parallel group shards something."""
-    priced = (profile.fsdp_host_s > 0 or profile.fsdp_bytes_s > 0 or profile.fsdp_collective_s > 0
-              or profile.fsdp_tensor_s > 0)
-    return priced and options.runs_fsdp2
+    """Whether FSDP2's per-layer host work is priced: the profile gives it (per call, byte, collective or tensor),
+    the plan runs FSDP2 (stage 2 or 3) and its data-parallel group shards something."""
+    return profile.prices_fsdp2 and options.runs_fsdp2
