@@ -26,14 +26,15 @@ def test_every_moe_run_is_cited_laid_out_and_split(bench) -> None:
 
 def test_the_stated_dispatch_reaches_the_prediction(bench) -> None:
     """Grok-1's runs pad every expert to a capacity of 1.0: at balanced routing the rows dropless routing gives, so
-    the same step; under the all-gather dispatcher (the group's tokens gathered, whatever top-k) a slower one."""
+    the same step but for the token counts dropless routing exchanges before each dispatch (a small collective);
+    under the all-gather dispatcher (the group's tokens gathered, whatever top-k) a slower one."""
     from published import predict_run, run_options
 
     run = next(r for r in bench.moe_runs() if r.name == "dgxc-grok1-314b@32-L4")
     assert run_options(run).moe_settings().pad_to_capacity
     step = predict_run(run).timeline.makespan_s
     dropless = replace(run, moe_capacity_factor=None, moe_pad_to_capacity=False)
-    assert predict_run(dropless).timeline.makespan_s == pytest.approx(step, rel=1e-9)  # balanced: the same rows
+    assert step < predict_run(dropless).timeline.makespan_s < 1.01 * step  # balanced: the same rows, and the counts
     assert predict_run(replace(run, moe_dispatcher="allgather")).timeline.makespan_s > step
 
 

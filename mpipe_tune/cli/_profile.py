@@ -51,6 +51,14 @@ class Profile(Command):
                              f"by torchrun on every node (torchrun --nnodes N --nproc-per-node K -m mpipe_tune.cli "
                              f"profile ...); on one host leave --compute out")
         device, dtypes, out, name, calibration = validate_request(args)
+        from mpipe_tune.runtime import shared_cores_note, usable_cores
+
+        cores = usable_cores()
+        note = shared_cores_note(device, args.nproc, "its figures describe ranks that share cores, not this host's "
+                                 + (f"devices; give --nproc {cores} or fewer" if cores >= 2 else
+                                    "devices (one core: no two ranks here get a core each)"))
+        if note:
+            print(f"mpipe-tune profile: note: {note}", file=sys.stderr)
         from tqdm import tqdm
 
         from mpipe_tune.cost import dump_profile, load_profile

@@ -215,8 +215,8 @@ class ParallelTraffic:
     ring_steps: int = 0
     """Ring attention: steps that exchange, ``cp - 1`` forward and as many backward (0 without)."""
     group_collectives: tuple[Collective, ...] = ()
-    """The forward's other collectives (a MoE dispatcher's gathers), their sizes in bytes; the backward runs as
-    many of the same size."""
+    """The forward's other collectives (a MoE dispatcher's gathers and its exchange of token counts), their sizes
+    in bytes; the backward runs the same but for the forward-only ones (:attr:`Collective.forward_only`)."""
 
 
 _NO_TRAFFIC = ParallelTraffic()
@@ -308,8 +308,9 @@ def estimate_parallel_traffic(
     """The expert- and context-parallel collectives of one layer (arguments as :func:`estimate_arch_work`'s).
 
     >>> dims = {"hidden": 64, "heads": 4, "experts": 8, "top_k": 2, "moe_ffn": 32}
-    >>> estimate_parallel_traffic("moe_block", dims, Microbatch(0, 16), dtype_bytes=2, ep_degree=4)
-    ParallelTraffic(all_to_all_bytes=(4096.0, 4096.0), ring_step_bytes=0, ring_steps=0, group_collectives=())
+    >>> traffic = estimate_parallel_traffic("moe_block", dims, Microbatch(0, 16), dtype_bytes=2, ep_degree=4)
+    >>> traffic.all_to_all_bytes, [(c.kind, c.elems, c.forward_only) for c in traffic.group_collectives]
+    ((4096.0, 4096.0), [('all_to_all', 64.0, True)])
     """
     if ep_degree == 1 and cp_degree == 1 and (tp_degree == 1 or kind != "moe_block"):
         return _NO_TRAFFIC

@@ -433,6 +433,7 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, t
                         input_shards=shards, **common), all_reduce(tokens * hidden, tp_degree=tp_degree)]
     exchange = moe.exchange_elems(expert_rows, hidden, dispatcher=settings.dispatcher, tp=tp_degree, ep=ep)
     gathers = moe.dispatcher_gathers(tokens, hidden, expert_rows, dispatcher=settings.dispatcher, tp=tp_degree, ep=ep)
+    counts = moe.count_exchange(experts, settings, tp=tp_degree, ep=ep, dtype_bytes=trainer.dtype_bytes)
     scores = tokens * experts / shards
     permuted, unpermuted = moe.permutation_elems(tokens, top_k, hidden, dispatcher=settings.dispatcher, ep=ep,
                                                  shards=shards, rows=expert_rows)
@@ -445,6 +446,7 @@ def _moe_block(dims: Mapping[str, Any], mb: Microbatch, degrees: LayerDegrees, t
         pointwise(scores, experts, 2.0 * scores, kernels=AUX_LOSS_KERNELS),  # the load-balancing loss
         _index(pointwise(permuted.read, permuted.write, 0.0, kernels=PERMUTE_KERNELS, fused_kernels=ONE_EACH),
                permuted),  # into expert order
+        Piece(group_collectives=counts),  # the per-expert token counts, exchanged before the dispatch
         all_to_all(exchange, ep_degree=ep),  # dispatch
         Piece(group_collectives=gathers),  # the dispatcher's gathers (and the combine's reduce-scatters)
         *routed,

@@ -112,8 +112,9 @@ class Piece:
     fp32 elements), as an eager norm that computes in fp32 moves them (:meth:`bytes_moved`); None: the same."""
     group_collectives: tuple["Collective", ...] = ()
     """Collectives of the forward over groups other than the tensor-parallel all-reduce's and the
-    expert-parallel all-to-all's (a MoE dispatcher's gathers, :mod:`mpipe_tune.cost._moe`); the backward runs
-    each one's mirror on the gradients, at the same cost."""
+    expert-parallel all-to-all's (a MoE dispatcher's gathers and its exchange of token counts,
+    :mod:`mpipe_tune.cost._moe`); the backward runs each one's mirror on the gradients, at the same cost, but for
+    the forward-only ones (:attr:`Collective.forward_only`)."""
     index: bool = False
     """A data-dependent index kernel (a MoE dispatcher's token gathers, sorts and scatter-adds): timed at the
     profile's ``kernel_efficiency.index`` curve where it gives one, else as any memory-bound kernel."""
@@ -147,12 +148,15 @@ class Collective:
     """One collective of a forward: ``kind`` (a :data:`~mpipe_tune.cost._profile.COLLECTIVES` name) over
     ``group`` ranks lying within ``span`` consecutive devices, on ``elems`` elements as
     :func:`~mpipe_tune.cost._profile.estimate_collective_s` takes its size (the gathered buffer of an
-    all-gather; a reduce-scatter costs the same on the same buffer, and is written as one)."""
+    all-gather; a reduce-scatter costs the same on the same buffer, and is written as one). The backward runs its
+    mirror on the gradients unless it is ``forward_only`` (an exchange of metadata, such as a MoE dispatcher's
+    per-expert token counts, that has no gradient)."""
 
     kind: str
     group: int
     span: int
     elems: float
+    forward_only: bool = False
 
 
 def matmul(

@@ -647,7 +647,7 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
                   * profile.tp_comm_exposed)
         if vector:
             comm_s = np.where(work.tp_comm_bytes > 0, comm_s, 0.0)
-    ring_fwd_s = ring_bwd_s = 0.0
+    ring_fwd_s = ring_bwd_s = counts_s = 0.0
     if options.degrees.ep > 1 or options.degrees.cp > 1 or options.degrees.tp > 1:
         ep = options.degrees.ep
         traffic = arch.estimate_parallel_traffic(
@@ -657,8 +657,12 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         if traffic.all_to_all_bytes:  # expert parallelism: dispatch and combine, again for their gradients
             link = profile.link_spanning("all_to_all", options.degrees.tp * ep)
             comm_s += sum(estimate_collective_s(link, "all_to_all", n, ep) for n in traffic.all_to_all_bytes)
-        for c in traffic.group_collectives:  # a MoE dispatcher's gathers, their mirrors in the backward
-            comm_s += estimate_collective_s(profile.link_spanning(c.kind, c.span), c.kind, c.elems, c.group)
+        for c in traffic.group_collectives:  # a MoE dispatcher's gathers (their mirrors in the backward), its counts
+            seconds = estimate_collective_s(profile.link_spanning(c.kind, c.span), c.kind, c.elems, c.group)
+            if c.forward_only:
+                counts_s += seconds
+            else:
+                comm_s += seconds
         if traffic.ring_steps:
             link = profile.link_spanning("p2p", options.degrees.tp * options.degrees.cp)
             core_fwd_s = maximum(core_fwd_compute_s, work.attention_core_fwd_bytes / bandwidth)
@@ -676,7 +680,7 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     else:
         device = pass_seconds(work, cost.kind, profile, options.dtype)
         compute = compute_bound(work, cost.kind, profile, options.dtype, device)
-    comm = (comm_s + ring_fwd_s, comm_s + ring_bwd_s, 0.0)
+    comm = (comm_s + ring_fwd_s + counts_s, comm_s + ring_bwd_s, 0.0)
     host = (0.0, 0.0, 0.0)
     syncs_s = 0.0
     inline = profile.host is not None and profile.host.inline

@@ -20,7 +20,12 @@ group's ranks ``tp`` devices apart):
 The backward runs each collective's mirror (an all-to-all again, a reduce-scatter for an all-gather and the
 reverse) on the gradients. Both read the per-expert token counts back to the host once per forward (the
 all-to-all's splits, the grouped GEMM's batch sizes, or the sequential experts' split sizes): one
-device-to-host sync that drains the device's queue.
+device-to-host sync that drains the device's queue. Before it, ``alltoall`` with ``ep > 1`` and routing that is
+not padded to capacity exchanges each rank's per-expert counts over the expert-parallel group (``E`` int64s;
+core_r0.6 all-gathers them over the group, later versions over ``tp x ep``, this project's runtime all-to-alls
+them: :func:`count_exchange`), so that each rank knows what it will receive: a small collective, its latency
+alone, in the forward only (the counts have no gradient; the backward reuses the splits). Padded to capacity
+every split is known beforehand and nothing is exchanged.
 
 Rows: dropless routing gives the busiest expert-parallel rank the stated imbalance times the mean; a capacity
 factor ``c`` caps each expert at ``ceil(c * tokens * k / E)`` rows of each source (tokens beyond it dropped), and
@@ -104,6 +109,26 @@ def dispatcher_gathers(tokens: float, hidden: int, rows: float, *, dispatcher: s
         assert dispatcher == "alltoall", dispatcher
         group, elems = tp, rows * hidden  # the tensor-parallel group's rows; their outputs back
     return () if group == 1 else (Collective("all_gather", group, group, elems),) * 2
+
+
+COUNT_BYTES = 8
+"""Bytes of one per-expert token count (an int64)."""
+
+
+def count_exchange(experts: int, settings: MoeSettings, *, tp: int, ep: int, dtype_bytes: int) -> tuple[Collective, ...]:
+    """The forward-only exchange of one MoE layer's per-expert token counts over its ``ep`` expert-parallel ranks
+    (``tp`` devices apart), its size in elements of the step's ``dtype_bytes``-wide dtype (see the module
+    docstring): ``alltoall`` dispatch with ``ep > 1`` and routing not padded to capacity; none otherwise.
+
+    >>> [(c.kind, c.group, c.span, c.elems, c.forward_only)
+    ...  for c in count_exchange(8, MoeSettings(), tp=2, ep=4, dtype_bytes=2)]
+    [('all_to_all', 4, 8, 32.0, True)]
+    >>> count_exchange(8, MoeSettings(dispatcher="allgather"), tp=1, ep=4, dtype_bytes=2)
+    ()
+    """
+    if settings.dispatcher != "alltoall" or ep == 1 or settings.pad_to_capacity:
+        return ()
+    return (Collective("all_to_all", ep, tp * ep, experts * COUNT_BYTES / dtype_bytes, forward_only=True),)
 
 
 def exchange_elems(rows: float, hidden: int, *, dispatcher: str, tp: int, ep: int) -> float:

@@ -43,7 +43,7 @@ _LAZY = {
     "mpipe_tune.runtime._data": ("MicrobatchInputs",),
     "mpipe_tune.runtime._experts": ("ExpertShard",),
     "mpipe_tune.runtime._job": ("RunJob",),
-    "mpipe_tune.runtime._launch": ("disable_backend_autoload", "launch_local"),
+    "mpipe_tune.runtime._launch": ("disable_backend_autoload", "launch_local", "shared_cores_note", "usable_cores"),
     "mpipe_tune.runtime._layers": ("build_layer",),
     "mpipe_tune.runtime._measure": ("dump_trace",),
     "mpipe_tune.runtime._mesh": ("ALL_GATHER_INTO", "REDUCE_SCATTER_FROM"),

@@ -141,7 +141,9 @@ def check_host(view: PlanView, job: RunJob, device_kind: str) -> list[str]:
         return []
     available, shared, where = launch.available_memory(device_kind)
     validate_memory(view, job, ranks, available, shared=shared, where=where)
-    notes = [launch.dtype_note(device_kind, job.dtype_for(view)), builtin_profile_note(view, job, device_kind)]
+    notes = [launch.dtype_note(device_kind, job.dtype_for(view)), builtin_profile_note(view, job, device_kind),
+             launch.shared_cores_note(device_kind, len(ranks), f"measured/predicted is fair only with at most "
+                                                               f"{launch.usable_cores()} ranks on this host")]
     return [note for note in notes if note]
 
 

@@ -191,6 +191,25 @@ def dtype_note(device_kind: str, dtype: str) -> str | None:
     return None
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity where the OS tells it, else the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call on this OS
+        return os.cpu_count() or 1
+
+
+def shared_cores_note(device_kind: str, ranks: int, fix: str) -> str | None:
+    """One line when ``ranks`` local CPU ranks outnumber the cores they may run on (they take turns, and the
+    operating system's time-slicing, which no profile or prediction prices, enters every timing), with ``fix``;
+    else ``None``."""
+    cores = usable_cores()
+    if device_kind != "cpu" or ranks <= cores:
+        return None
+    return (f"{ranks} CPU ranks on {cores} cores: the ranks take turns on the cores, so every time measured carries "
+            f"the operating system's time-slicing, which no profile or prediction prices; {fix}")
+
+
 def _import_torch_npu() -> None:
     try:
         import torch_npu  # noqa: F401  (registers the npu device and HCCL)

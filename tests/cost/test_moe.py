@@ -10,10 +10,11 @@ import pytest
 from mpipe_tune.algebra import Degrees
 from mpipe_tune.cli import main
 from mpipe_tune.cost._arch import estimate_parallel_traffic
+from mpipe_tune.cost._arch_pieces import Collective
 from mpipe_tune.cost import Framework, build_layer_table
 from mpipe_tune.cost._moe import DISPATCHERS, MoeSettings, dispatcher_gathers, expert_rows
 from mpipe_tune.errors import MpipeError
-from mpipe_tune.cost import load_profile
+from mpipe_tune.cost import estimate_collective_s, load_profile
 from mpipe_tune.inputs import load_model, Microbatch, Workload
 
 MIXTRAL = {"hidden": 4096, "heads": 32, "kv_heads": 8, "experts": 8, "top_k": 2, "moe_ffn": 14336}
@@ -38,11 +39,13 @@ def _traffic(dispatcher: str, *, tp: int, ep: int, top_k: int = 2):
 
 def test_alltoall_exchanges_the_routed_rows_and_gathers_them_over_tensor_parallelism() -> None:
     only_ep = _traffic("alltoall", tp=1, ep=8)
-    assert only_ep.all_to_all_bytes == (2 * 4096 * 2 * 4096,) * 2 and only_ep.group_collectives == ()
+    counts = Collective("all_to_all", 8, 8, 8 * 8, forward_only=True)  # each rank's 8 int64 counts, forward only
+    assert only_ep.all_to_all_bytes == (2 * 4096 * 2 * 4096,) * 2 and only_ep.group_collectives == (counts,)
     with_tp = _traffic("alltoall", tp=4, ep=8)
     assert with_tp.all_to_all_bytes == tuple(n / 4 for n in only_ep.all_to_all_bytes)  # each rank its shard's rows
-    assert [(c.kind, c.group) for c in with_tp.group_collectives] == [("all_gather", 4)] * 2
-    assert with_tp.group_collectives[0].elems == 2 * 4096 * 2 * 4096  # the group's T x k rows, gathered
+    assert [(c.kind, c.group, c.forward_only) for c in with_tp.group_collectives] == \
+        [("all_to_all", 8, True)] + [("all_gather", 4, False)] * 2  # the counts' group spans the tp x ep devices
+    assert with_tp.group_collectives[1].elems == 2 * 4096 * 2 * 4096  # the group's T x k rows, gathered
     assert _traffic("alltoall", tp=1, ep=1).all_to_all_bytes == ()
 
 
@@ -68,7 +71,9 @@ def test_the_dispatcher_and_the_capacity_change_a_moe_layers_time() -> None:
     skewed = _moe_fwd_s(Framework(), ep=8, imbalance=1.5)
     assert skewed > alltoall
     padded = Framework(moe_capacity_factor=1.0, moe_pad_to_capacity=True)
-    assert _moe_fwd_s(padded, ep=8, imbalance=1.5) == pytest.approx(alltoall)  # padded: the routing is moot
+    counts_s = estimate_collective_s(load_profile("h100-sxm").link_spanning("all_to_all", 8), "all_to_all", 8 * 8, 8)
+    assert counts_s > 0  # padded: the routing is moot, and every split known without exchanging the counts
+    assert _moe_fwd_s(padded, ep=8, imbalance=1.5) == pytest.approx(alltoall - counts_s)
     capped = Framework(moe_capacity_factor=1.25)
     assert alltoall < _moe_fwd_s(capped, ep=8, imbalance=1.5) < skewed
 

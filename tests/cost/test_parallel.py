@@ -71,7 +71,9 @@ def test_moe_layer_pays_dispatch_and_combine_forward_and_backward():
     buffer_bytes = TOKENS * TOP_K * HIDDEN * 2
     one = (ep - 1) * (alpha + beta * buffer_bytes / ep)
     expected = np.array([0, 0, 2 * one, 2 * one, 2 * one, 0])[:, None]  # two all-to-alls per MoE layer
-    assert paid.fwd_s - free.fwd_s == pytest.approx(np.broadcast_to(expected, free.fwd_s.shape), rel=1e-9, abs=1e-18)
+    counts = (ep - 1) * (alpha + beta * EXPERTS * 8 / ep)  # the forward's exchange of int64 token counts first
+    assert paid.fwd_s - free.fwd_s == pytest.approx(np.broadcast_to(expected + (expected > 0) * counts,
+                                                                    free.fwd_s.shape), rel=1e-9, abs=1e-18)
     assert paid.dgrad_s - free.dgrad_s == pytest.approx(np.broadcast_to(expected, free.fwd_s.shape), rel=1e-9,
                                                         abs=1e-18)
     assert np.array_equal(paid.wgrad_s, free.wgrad_s)

@@ -89,3 +89,17 @@ def test_a_plan_predicted_on_a_built_in_profile_gets_a_note_that_names_it(plan, 
     own = make_plan(tmp_path, "transpose,1f1b", (FIRST_LLM,), 2, profile=str(measured))
     assert builtin_profile_note(read_plan_file(str(own)), RunJob(str(own)), "cpu") is None
     assert builtin_profile_note(read_plan_file(str(plan)), RunJob(str(plan), profile_spec=str(measured)), "cpu") is None
+
+
+def test_more_cpu_ranks_than_cores_get_a_note_that_says_the_timings_carry_their_turns(plan, monkeypatch):
+    from mpipe_tune.runtime import _launch
+    from mpipe_tune.runtime._job import check_host
+
+    view, job = read_plan_file(str(plan)), RunJob(str(plan))  # pp 2 x dp 2: four local ranks
+    monkeypatch.setattr(_launch, "usable_cores", lambda: 2)
+    [note] = [n for n in check_host(view, job, "cpu") if "cores" in n]
+    assert note.startswith("4 CPU ranks on 2 cores") and "time-slicing" in note and "at most 2 ranks" in note
+    assert _launch.shared_cores_note("cuda", 4, "fix") is None  # a device per rank: nothing shared
+    assert check_host(view, RunJob(str(plan), compute="emulated"), "cpu") == []  # emulated: nothing timed by compute
+    monkeypatch.setattr(_launch, "usable_cores", lambda: 4)
+    assert not [n for n in check_host(view, job, "cpu") if "cores" in n]
