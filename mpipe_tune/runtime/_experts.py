@@ -8,8 +8,8 @@ token per chosen expert), exchanges the per-expert row counts (an all-to-all of 
 sends each row to its expert's rank (the dispatch: ``all_to_all_single`` with the split sizes the
 counts give), runs the local experts on the rows they received, sends the outputs back (the combine,
 the same exchange reversed) and sums each token's rows weighted by its routing scores. The two
-row exchanges are differentiable (``torch.distributed.nn.functional.all_to_all_single``): the
-backward runs the same two all-to-alls on the gradients.
+row exchanges are differentiable (torch's functional ``all_to_all_single_autograd``): the backward runs
+the same two all-to-alls on the gradients.
 
 Every rank of a group runs its MoE layers in the same order (they run the same plan's per-rank
 order on their own microbatches), so the collectives pair up; a rank that receives no rows still
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.nn.functional import all_to_all_single
+from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,7 @@ def route_parallel(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor,
     from_sources = received_counts.view(shard.degree, per_rank)
     recv_splits = from_sources.sum(1).tolist()
     rows = x[token_of]
-    received = all_to_all_single(rows.new_empty((sum(recv_splits), x.shape[1])), rows, recv_splits, send_splits,
-                                 group=shard.group)
+    received = all_to_all_single_autograd(rows, recv_splits, send_splits, shard.group)  # waited for at first use
     pieces, offset = [], 0
     local = list(shard.experts(num_experts))
     for source in range(shard.degree):
@@ -79,6 +78,6 @@ def route_parallel(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor,
                 pieces.append(experts[str(e)](received[offset:offset + n]))
             offset += n
     outputs = torch.cat(pieces) if pieces else received * 0  # on the autograd path either way
-    back = all_to_all_single(rows.new_empty(rows.shape), outputs, send_splits, recv_splits, group=shard.group)
+    back = all_to_all_single_autograd(outputs, send_splits, recv_splits, shard.group)
     scores = weights.reshape(-1)[order].unsqueeze(-1)
     return torch.zeros_like(x).index_add(0, token_of, back * scores)
