@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import mpipe_tune
@@ -36,6 +37,20 @@ def test_the_cli_prints_the_domain_error_with_its_flag_and_exits_2(capsys, tmp_p
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert "error: trial budget (--trials) is 0, but at least one trial is needed" in err
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_a_profile_without_the_plans_dtype_names_the_dtype_flag(capsys, tmp_path):
+    from mpipe_tune.cost import dump_profile, load_profile
+
+    profile = load_profile("ideal")
+    fp32_only = tmp_path / "fp32.json"
+    dump_profile(replace(profile, peak_flops_per_s={"fp32": profile.peak("fp32")}), fp32_only)
+    code = main(["plan", "--profile", str(fp32_only), "--no-progress", "--storage", "none",
+                 "--out", str(tmp_path / "plan.json")])  # plan's default dtype: bf16
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "has no peak_flops_per_s for 'bf16'; it has ['fp32']: pick one of those as the dtype (--dtype)" in err
     assert not (tmp_path / "plan.json").exists()
 
 

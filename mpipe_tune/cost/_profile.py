@@ -227,9 +227,9 @@ class HardwareProfile:
         """Peak FLOP/s for ``dtype``."""
         if dtype not in self.peak_flops_per_s:
             raise MpipeError(
-                f"profile {self.name!r} has no peak_flops_per_s for dtype {dtype!r}; it has "
-                f"{sorted(self.peak_flops_per_s)}: pick one of those or add the dtype to the profile"
-            )
+                f"profile {self.name!r} has no peak_flops_per_s for {dtype!r}; it has {sorted(self.peak_flops_per_s)}: "
+                f"pick one of those as the dtype or add {dtype!r} to the profile",
+                quantities=("dtype",))
         return self.peak_flops_per_s[dtype]
 
     def slow_dtype_note(self, dtype: str, *, factor: float = 4.0) -> str | None:
