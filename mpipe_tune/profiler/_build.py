@@ -461,10 +461,12 @@ def split_call_entries(profile: dict[str, Any], points: Sequence[LayerPoint], mo
     calls of a large microbatch pay more than those of a small one, as they were measured to); a phase
     timed at one price only gets the overhead alone (the median beyond its price).
 
-    A split call's time is its **mean** over the repeats: a step adds its calls up, and every split
-    call ends in a collective that waits for the slower rank of the pair, so a long tail of slow calls
-    is part of every run (on the 2-core CPU the split calls' means were 2-27% over their medians, the
-    unsplit calls' within a few percent, where the whole layers keep their medians). Where the split
+    A split call's time is its **median** over the repeats, as the whole layers' is. Its calls' means run 10-30%
+    over their medians (each ends in a collective that waits for the other rank of the pair), but in a step the
+    ranks run in lockstep and its split calls do not pay that tail: fitted to the means, this 2-core VM's tp 2
+    plans were predicted 12-16% over their measured steps on average (with the host's drift taken out by the speed
+    probe, three rounds), fitted to the medians 6-7% (docs/profiling.md; an older VM read the other way, raw, in
+    one round, when the means were taken). Where the split
     layers ran faster than priced, both are 0 (the cost model keeps its other terms as they are). For ``tp`` the
     ``default`` entry is fitted to every kind's points (for ``ep`` only the kinds with routed experts have any).
     The points and their prices are kept beside, as the entry's ``tp_calibration`` (``ep_calibration``)."""
@@ -483,7 +485,7 @@ def split_call_entries(profile: dict[str, Any], points: Sequence[LayerPoint], mo
                                                     calibration_microbatch(model, point.tokens), priced, options)
         predicted = fwd if point.phase == "fwd" else wgrad + bwd_call + (dgrad if point.input_grad else 0.0)
         for kind in (point.kind, "default") if split == "tp" else (point.kind,):
-            pairs.setdefault((kind, n, point.phase), []).append((predicted, point.seconds.mean))
+            pairs.setdefault((kind, n, point.phase), []).append((predicted, point.seconds.median))
             evidence.setdefault((kind, n), []).append((point, predicted))
     for (kind, n), rows in sorted(evidence.items()):
         entry = profile["efficiency"].get(kind)
@@ -495,8 +497,8 @@ def split_call_entries(profile: dict[str, Any], points: Sequence[LayerPoint], mo
         entry.setdefault(f"{split}_calibration", {})[str(n)] = {
             "ref": f"the calibration chain {SPLITS[split].format(n=n)}, timed by every rank at once; per phase, "
                    f"measured minus the cost model's seconds at {split} {n} on this profile fitted as overhead + "
-                   f"slowdown x those seconds, both >= 0, minimising the relative error of the measured mean times "
-                   f"(a step adds its calls up){how}",
+                   f"slowdown x those seconds, both >= 0, minimising the relative error of the measured median "
+                   f"times (the means beside them carry a tail a step's lockstep calls do not pay){how}",
             "layers": [p.layer_name for p, _ in rows], "tokens": [p.tokens for p, _ in rows],
             "phase": [p.phase for p, _ in rows], "median_s": [p.seconds.median for p, _ in rows],
             "mean_s": [p.seconds.mean for p, _ in rows], "predicted_s": [predicted for _, predicted in rows],

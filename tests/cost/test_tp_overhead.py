@@ -126,9 +126,10 @@ def test_a_slowdown_charges_a_large_split_call_more_than_a_small_one():
         parse_profile(data, where="test")
 
 
-def test_split_calls_are_fitted_to_their_mean_time():
-    """A step adds its calls up: a split point whose repeats have a slow tail is charged its mean, not
-    its median (the tail is the all-reduce waiting for the slower rank, part of every run)."""
+def test_split_calls_are_fitted_to_their_median_time():
+    """A split point whose repeats have a slow tail is charged its median, the typical call, not its mean: in a
+    step the ranks run in lockstep and its split calls do not pay the calibration's tail (measured, with the
+    host's drift taken out, in docs/profiling.md); the mean stays in the evidence beside it."""
     base = load_profile("ideal").to_dict()
     priced = parse_profile(base, where="test")
     layer = next(u for u in MODEL.layers if u.cost.kind == "dense_block")
@@ -137,7 +138,7 @@ def test_split_calls_are_fitted_to_their_mean_time():
         fwd, dgrad, wgrad, call = layer_seconds(layer.cost, layer.block, calibration_microbatch(MODEL, tokens),
                                                 priced, RUNTIME)
         for phase, price in (("fwd", fwd), ("bwd", dgrad + wgrad + call)):
-            samples = [price] * 3 + [price + 4e-3]  # median the price, mean 1 ms over it
+            samples = [price + 1e-3] * 3 + [price + 9e-3]  # median 1 ms over the price, mean 3 ms over it
             points.append(LayerPoint(layer.name, "dense_block", tokens, phase, 0.0, 0.0, summarize(samples), tp=2,
                                      input_grad=phase == "bwd"))
     base["efficiency"]["dense_block"] = {"value": 1.0, "source": "ideal"}
@@ -146,7 +147,8 @@ def test_split_calls_are_fitted_to_their_mean_time():
     assert fitted.tp_overhead_for("dense_block", 2) == pytest.approx((1e-3, 1e-3), abs=1e-12)
     assert fitted.tp_slowdown_for("dense_block", 2) == pytest.approx((0.0, 0.0), abs=1e-9)
     evidence = fitted.provenance["efficiency.dense_block"]["tp_calibration"]["2"]
-    assert evidence["mean_s"] == pytest.approx([p.seconds.median + 1e-3 for p in points])
+    assert evidence["median_s"] == pytest.approx([p.seconds.median for p in points])
+    assert evidence["mean_s"] == pytest.approx([p.seconds.median + 2e-3 for p in points])
 
 
 def test_expert_parallel_calls_are_fitted_and_charged_for_the_moe_kind_at_that_degree_only():
