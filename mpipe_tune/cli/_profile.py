@@ -210,7 +210,8 @@ def print_summary(profile, out: Path, elapsed_s: float) -> None:
         for what, given, ((fwd_s, bwd_s), (fwd_x, bwd_x)) in (
                 ("split at tp 2", (kind, 2) in profile.tp_overhead_s or (kind, 2) in profile.tp_slowdown,
                  (profile.tp_overhead_for(kind, 2), profile.tp_slowdown_for(kind, 2))),
-                ("experts at ep 2", (kind, 2) in profile.ep_overhead_s, profile.ep_overhead_for(kind, 2))):
+                ("experts at ep 2", (kind, 2) in profile.ep_overhead_s or (kind, 2) in profile.ep_slowdown,
+                 profile.ep_overhead_for(kind, 2))):
             if given:
                 split += (f"  {what}: +{fwd_x:.0%} +{fwd_s * 1e3:.3g} ms / +{bwd_x:.0%} +{bwd_s * 1e3:.3g} ms "
                           f"per forward / backward")

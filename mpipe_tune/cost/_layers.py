@@ -647,7 +647,7 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
                   * profile.tp_comm_exposed)
         if vector:
             comm_s = np.where(work.tp_comm_bytes > 0, comm_s, 0.0)
-    ring_fwd_s = ring_bwd_s = counts_s = 0.0
+    ring_fwd_s = ring_bwd_s = forward_only_s = 0.0
     if options.degrees.ep > 1 or options.degrees.cp > 1 or options.degrees.tp > 1:
         ep = options.degrees.ep
         traffic = arch.estimate_parallel_traffic(
@@ -660,7 +660,7 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
         for c in traffic.group_collectives:  # a MoE dispatcher's gathers (their mirrors in the backward), its counts
             seconds = estimate_collective_s(profile.link_spanning(c.kind, c.span), c.kind, c.elems, c.group)
             if c.forward_only:
-                counts_s += seconds
+                forward_only_s += seconds
             else:
                 comm_s += seconds
         if traffic.ring_steps:
@@ -680,7 +680,7 @@ def arch_seconds(cost: ArchCost, mb: Microbatch | arch.MicrobatchArray, profile:
     else:
         device = pass_seconds(work, cost.kind, profile, options.dtype)
         compute = compute_bound(work, cost.kind, profile, options.dtype, device)
-    comm = (comm_s + ring_fwd_s + counts_s, comm_s + ring_bwd_s, 0.0)
+    comm = (comm_s + ring_fwd_s + forward_only_s, comm_s + ring_bwd_s, 0.0)
     host = (0.0, 0.0, 0.0)
     syncs_s = 0.0
     inline = profile.host is not None and profile.host.inline

@@ -416,9 +416,9 @@ class HardwareProfile:
             entry["forward_image_overhead_s"], entry["backward_image_overhead_s"] = self.image_overhead_s[kind]
         for key in _SPLIT_TABLES:
             table = getattr(self, key)
-            degrees = sorted(tp for k, tp in table if k == kind)
+            degrees = sorted(degree for k, degree in table if k == kind)
             if degrees:
-                entry[key] = {str(tp): list(table[(kind, tp)]) for tp in degrees}
+                entry[key] = {str(degree): list(table[(kind, degree)]) for degree in degrees}
         return {**entry, **thaw(self.provenance[f"efficiency.{kind}"])}
 
     @cached_property
